@@ -1,0 +1,218 @@
+"""Where models and tokenizers meet transformers: loading (offline, safetensors only) and the forward call.
+
+Every call into a transformers model goes through :func:`forward`, so an API rename (transformers 5 calls the
+cache argument ``cache=`` and returns ``outputs.cache``; 4.x used ``past_key_values``) is handled here once.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .errors import ConfigError, ModelLoadError
+
+BUNDLED = ("tiny", "tiny-draft")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def bundled_dir(name: str) -> Path:
+    """The packaged folder of a bundled model (installed with the wheel, under decodelab/presets/models)."""
+    return Path(str(resources.files("decodelab.presets") / "models" / name))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise ConfigError(f"--device {name!r}: allowed: {', '.join(DEVICES)}")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available here; use --device cpu or auto")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("--device mps: no MPS device is available here; use --device cpu or auto")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: float32 on CPU (fast and exact there), bfloat16 on CUDA when supported, else float16."""
+    if name not in DTYPES:
+        raise ConfigError(f"--dtype {name!r}: allowed: {', '.join(DTYPES)}")
+    if DTYPES[name] is not None:
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer and the facts decoding needs about them."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: list[int] = field(default_factory=list)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int | None:
+        cfg = self.model.config
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        """Token ids of a prompt; with chat=True the tokenizer's chat template wraps it as one user turn."""
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ConfigError(f"--chat: the tokenizer of {self.name!r} has no chat template")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id])
+
+    def token_id(self, text: str) -> int:
+        """The id of a text that is exactly one token (for --logit-bias and friends)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ConfigError(
+                f"{text!r} is {len(ids)} tokens for {self.name!r} ({ids}); give a single-token text or a token id"
+            )
+        return int(ids[0])
+
+
+def _model_folder(spec: str) -> tuple[str, Path | None]:
+    """Where to load from: a bundled folder, a local folder, or (None) an id to look up in the local HF cache."""
+    if spec in BUNDLED:
+        folder = bundled_dir(spec)
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"--model {spec}: the bundled model's files are missing from {folder}")
+        return spec, folder
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return spec, path
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise ModelLoadError(f"--model {spec}: no model folder there; give a bundled name ({', '.join(BUNDLED)}), "
+                             "a local model folder or a model id in the local Hugging Face cache")
+    return spec, None
+
+
+def load_model(
+    spec: str = "tiny",
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    device_map: str | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer strictly offline, from safetensors weights only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name, folder = _model_folder(spec)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    source = str(folder) if folder is not None else spec
+    common = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **common)
+    except Exception as exc:  # transformers raises OSError/ValueError variants for a missing or foreign tokenizer
+        raise ModelLoadError(_load_failure(spec, folder, "tokenizer", exc)) from exc
+    kwargs = dict(common, dtype=torch_dtype, use_safetensors=True)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except ImportError as exc:
+        raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package ({exc})") from exc
+    except Exception as exc:
+        raise ModelLoadError(_load_failure(spec, folder, "model", exc)) from exc
+    if device_map is None:
+        model = model.to(dev)
+    else:
+        dev = next(model.parameters()).device
+    model.eval()
+    return LoadedModel(name, model, tokenizer, dev, torch_dtype, eos_token_ids(model, tokenizer))
+
+
+def _load_failure(spec: str, folder: Path | None, what: str, exc: Exception) -> str:
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if folder is None:
+        return (f"--model {spec}: not a bundled name ({', '.join(BUNDLED)}), a local folder, or a model in the "
+                f"local Hugging Face cache (decodelab never downloads): {first_line}")
+    return f"--model {spec}: cannot load the {what} from {folder} (safetensors only): {first_line}"
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """End-of-sequence ids from the generation config, the model config, then the tokenizer."""
+    candidates = []
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
+                   getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        candidates = [source] if isinstance(source, int) else list(source)
+        if candidates:
+            break
+    return [int(i) for i in candidates]
+
+
+def cache_kwarg(model) -> str:
+    """The name of the KV-cache argument of this model's forward: 'cache' (transformers 5) or 'past_key_values'."""
+    name = getattr(model, "_decodelab_cache_kwarg", None)
+    if name is None:
+        params = inspect.signature(model.forward).parameters
+        name = "cache" if "cache" in params else "past_key_values"
+        model._decodelab_cache_kwarg = name
+    return name
+
+
+@torch.inference_mode()
+def forward(
+    model,
+    ids: Tensor,
+    cache=None,
+    position_ids: Tensor | None = None,
+    attention_mask: Tensor | None = None,
+    logits_to_keep: int = 1,
+) -> Tensor:
+    """Run the model on ``ids`` [B, T] appending to ``cache``; returns float32 logits [B, logits_to_keep, V].
+
+    ``logits_to_keep=0`` returns logits for all T positions. The cache object is updated in place.
+    """
+    kwargs = {cache_kwarg(model): cache, "use_cache": cache is not None, "logits_to_keep": logits_to_keep}
+    if position_ids is not None:
+        kwargs["position_ids"] = position_ids
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    out = model(input_ids=ids, **kwargs)
+    return out.logits.float()

@@ -1,0 +1,289 @@
+"""Logit processors and the chain that runs them in the user's order.
+
+A processor maps ``(ids, logits) -> logits`` for a batch: ``ids`` is ``[B, T]`` (prompt and generated tokens so
+far), ``logits`` is ``[B, V]``. It is pure: it returns a new tensor and never edits its input. Filters remove a
+candidate by setting its logit to ``-inf``; a removed candidate stays removed through every later stage.
+
+Default order (``DEFAULT_ORDER``), used unless ``--chain`` names another:
+
+    softcap -> repetition-penalty -> no-repeat-ngram -> bias -> temperature -> top-k -> top-p -> min-p -> typical-p
+
+Soft-capping first because it reshapes the model's own output (as Gemma 2 does inside the model); penalties and
+bias act on (capped) logits; temperature rescales before the truncation filters, so the filters see the tempered
+distribution (as transformers does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .errors import ChainError, ConfigError
+
+NEG_INF = float("-inf")
+
+DEFAULT_ORDER = (
+    "softcap",
+    "repetition-penalty",
+    "no-repeat-ngram",
+    "bias",
+    "temperature",
+    "top-k",
+    "top-p",
+    "min-p",
+    "typical-p",
+)
+
+
+class LogitProcessor(Protocol):
+    name: str
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor: ...
+
+
+def log_softmax(logits: Tensor) -> Tensor:
+    """log p_i = z_i - m - log sum_j exp(z_j - m), m = max z: finite for logits of +-1e4, exactly -inf for -inf."""
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def softmax(logits: Tensor) -> Tensor:
+    """p_i = exp(z_i - m) / sum_j exp(z_j - m), m = max z (torch subtracts the max; -inf gives exactly 0)."""
+    return torch.softmax(logits.float(), dim=-1)
+
+
+def entropy(probs: Tensor) -> Tensor:
+    """H = -sum p log p in nats, with 0 log 0 = 0."""
+    return torch.special.entr(probs).sum(dim=-1)
+
+
+@dataclass
+class LogitBias:
+    """z_t += b_t for each biased token t (b = -inf bans t)."""
+
+    bias: dict[int, float]
+    name: str = "bias"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        out = logits.clone()
+        for token_id, value in self.bias.items():
+            out[..., token_id] += value
+        return out
+
+
+@dataclass
+class SoftCap:
+    """z -> c * tanh(z / c): every logit ends in (-c, c); removed candidates (-inf) stay removed."""
+
+    cap: float
+    name: str = "softcap"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        capped = self.cap * torch.tanh(logits / self.cap)
+        return torch.where(torch.isneginf(logits), logits, capped)
+
+
+@dataclass
+class RepetitionPenalty:
+    """For every token already in the sequence: z / theta if z > 0, else z * theta (CTRL, Keskar et al. 2019)."""
+
+    penalty: float
+    name: str = "repetition-penalty"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        seen = torch.gather(logits, 1, ids)
+        penalized = torch.where(seen > 0, seen / self.penalty, seen * self.penalty)
+        return logits.scatter(1, ids, penalized)
+
+
+@dataclass
+class NoRepeatNGram:
+    """Ban every token that would complete an n-gram already present in the sequence."""
+
+    n: int
+    name: str = "no-repeat-ngram"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        length = ids.shape[1]
+        if length + 1 < self.n:
+            return logits
+        out = logits.clone()
+        if self.n == 1:
+            return out.scatter(1, ids, NEG_INF)
+        grams = ids.unfold(1, self.n, 1)  # [B, G, n]: every n-gram seen so far
+        tail = ids[:, length - self.n + 1 :]  # the n-1 tokens a new n-gram would start with
+        matches = (grams[:, :, :-1] == tail[:, None, :]).all(dim=-1)  # [B, G]
+        for row in range(ids.shape[0]):
+            banned = grams[row, matches[row], -1]
+            out[row, banned] = NEG_INF
+        return out
+
+
+@dataclass
+class Temperature:
+    """z -> z / T. T = 0 is greedy: only the arg-max survives, so the processed distribution is a point mass."""
+
+    temperature: float
+    name: str = "temperature"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        if self.temperature == 0:
+            best = logits.argmax(dim=-1, keepdim=True)
+            return torch.full_like(logits, NEG_INF).scatter(1, best, logits.gather(1, best))
+        return logits / self.temperature
+
+
+@dataclass
+class TopK:
+    """Keep the k largest logits (and any tied with the k-th)."""
+
+    k: int
+    name: str = "top-k"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        k = min(self.k, logits.shape[-1])
+        kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+        return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def _keep_sorted_prefix(logits: Tensor, order: Tensor, keep_sorted: Tensor) -> Tensor:
+    """Scatter a keep-mask computed in sorted order back to vocabulary order and mask the rest."""
+    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    return logits.masked_fill(~keep, NEG_INF)
+
+
+@dataclass
+class TopP:
+    """Nucleus: keep the smallest set of most likely tokens whose mass reaches p.
+
+    Sorted by probability, token i is kept iff the mass strictly before it, sum_{j<i} p_j, is below p.
+    """
+
+    p: float
+    name: str = "top-p"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        probs, order = softmax(logits).sort(dim=-1, descending=True)
+        mass_before = probs.cumsum(dim=-1) - probs
+        keep = mass_before < self.p
+        keep[..., 0] = True
+        return _keep_sorted_prefix(logits, order, keep)
+
+
+@dataclass
+class MinP:
+    """Keep tokens with p_i >= min_p * max_j p_j."""
+
+    min_p: float
+    name: str = "min-p"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        probs = softmax(logits)
+        threshold = self.min_p * probs.amax(dim=-1, keepdim=True)
+        return logits.masked_fill(probs < threshold, NEG_INF)
+
+
+@dataclass
+class TypicalP:
+    """Locally typical sampling (Meister et al. 2022).
+
+    Rank tokens by |(-log p_i) - H|, the distance of their surprisal from the entropy H, and keep the smallest
+    prefix of that ranking whose mass reaches the given mass.
+    """
+
+    mass: float
+    name: str = "typical-p"
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        logp = log_softmax(logits)
+        probs = logp.exp()
+        h = entropy(probs).unsqueeze(-1)
+        distance = torch.where(torch.isneginf(logp), torch.inf, (-logp - h).abs())
+        order = distance.argsort(dim=-1, stable=True)
+        sorted_probs = probs.gather(1, order)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        keep = mass_before < self.mass
+        keep[..., 0] = True
+        return _keep_sorted_prefix(logits, order, keep)
+
+
+def stage_stats(before: Tensor, after: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per row: candidates kept after a stage, entropy after it, and the mass (before it) of what it removed."""
+    p_before = softmax(before)
+    p_after = softmax(after)
+    removed = torch.isneginf(after) & ~torch.isneginf(before)
+    kept = (~torch.isneginf(after)).sum(dim=-1)
+    mass_removed = (p_before * removed).sum(dim=-1)
+    return kept, entropy(p_after), mass_removed
+
+
+@dataclass
+class Chain:
+    """Processors run in order; optionally records per-stage (kept, entropy, mass_removed)."""
+
+    processors: list
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.processors]
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        for proc in self.processors:
+            logits = proc(ids, logits)
+        check_not_empty(logits, self.names)
+        return logits
+
+    def run_recorded(self, ids: Tensor, logits: Tensor) -> tuple[Tensor, list[tuple[str, Tensor]]]:
+        """Like __call__, also returns each stage's logits (for probs) in order, starting with the raw ones."""
+        stages = [("raw", logits)]
+        for proc in self.processors:
+            logits = proc(ids, logits)
+            stages.append((proc.name, logits))
+        check_not_empty(logits, self.names)
+        return logits, stages
+
+
+def check_not_empty(logits: Tensor, names: list[str]) -> None:
+    """A chain that leaves no finite logit in a row has no distribution to draw from."""
+    empty = torch.isneginf(logits).all(dim=-1) | torch.isnan(logits).any(dim=-1)
+    if bool(empty.any()):
+        raise ChainError(
+            f"the chain [{', '.join(names)}] removed every candidate token; loosen the filters or bans"
+        )
+
+
+def build_chain(settings: dict, order: list[str] | None = None) -> Chain:
+    """Build a chain from resolved processor settings (name -> value; None or absent = stage off).
+
+    ``order`` is the user's ``--chain``; every configured stage must appear in it, and it may name only
+    configured stages, so nothing is silently dropped or added.
+    """
+    factories = {
+        "softcap": SoftCap,
+        "repetition-penalty": RepetitionPenalty,
+        "no-repeat-ngram": NoRepeatNGram,
+        "bias": LogitBias,
+        "temperature": Temperature,
+        "top-k": TopK,
+        "top-p": TopP,
+        "min-p": MinP,
+        "typical-p": TypicalP,
+    }
+    active = [name for name in DEFAULT_ORDER if settings.get(name) is not None]
+    if order is None:
+        order = active
+    else:
+        unknown = [n for n in order if n not in factories]
+        if unknown:
+            raise ConfigError(f"--chain: unknown stage {unknown[0]!r}; allowed: {', '.join(DEFAULT_ORDER)}")
+        if len(set(order)) != len(order):
+            raise ConfigError("--chain: a stage is named twice")
+        unset = [n for n in order if n not in active]
+        if unset:
+            raise ConfigError(f"--chain names {unset[0]!r} but that stage has no value set; set it or drop it")
+        missing = [n for n in active if n not in order]
+        if missing:
+            raise ConfigError(f"--chain leaves out {missing[0]!r}, which is set; add it to --chain or unset it")
+    return Chain([factories[name](settings[name]) for name in order])

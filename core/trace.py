@@ -1,0 +1,77 @@
+"""Plain records of what a decoding run did: the single source of every number decodelab prints.
+
+Two distributions are reported for every token and are never mixed up:
+
+* ``raw_*``: the model's own softmax over its logits at temperature 1, before any processor;
+* ``prob`` / ``logprob`` / ``entropy`` / ``kept``: the processed distribution at the end of the chain, the one the
+  selector actually drew from (a point mass for greedy decoding at temperature 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Alternative:
+    token_id: int
+    token: str
+    prob: float  # processed distribution
+    raw_prob: float  # model softmax
+
+
+@dataclass
+class StageStat:
+    name: str
+    kept: int  # candidates with non-zero probability after this stage
+    entropy: float  # nats, of the distribution after this stage
+    mass_removed: float  # probability mass (before this stage) of the candidates this stage removed
+
+
+@dataclass
+class Step:
+    index: int  # 0 for the first generated token
+    position: int  # absolute position of the token in the sequence (prompt included)
+    token_id: int
+    token: str
+    prob: float
+    logprob: float
+    raw_prob: float
+    raw_logprob: float
+    raw_rank: int  # 1 = the model's own most likely token
+    entropy: float
+    raw_entropy: float
+    kept: int
+    alternatives: list[Alternative] = field(default_factory=list)
+    stages: list[StageStat] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SampleSummary:
+    new_tokens: int
+    mean_logprob: float  # mean processed log-probability of the emitted tokens
+    raw_perplexity: float  # exp(-mean raw log-probability): how surprised the model itself was
+    tokens_per_s: float
+    stop_reason: str  # eos | stop | length | context | interrupted
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(steps: list[Step], seconds: float, stop_reason: str) -> SampleSummary:
+    n = len(steps)
+    if n == 0:
+        return SampleSummary(0, float("nan"), float("nan"), 0.0, stop_reason)
+    mean_logprob = sum(s.logprob for s in steps) / n
+    mean_raw = sum(s.raw_logprob for s in steps) / n
+    return SampleSummary(
+        new_tokens=n,
+        mean_logprob=mean_logprob,
+        raw_perplexity=math.exp(-mean_raw),
+        tokens_per_s=n / seconds if seconds > 0 else float("inf"),
+        stop_reason=stop_reason,
+    )
