@@ -19,7 +19,7 @@ from .cache import FullCache, make_cache
 from .errors import ConfigError
 from .model import forward
 from .processors import Chain, entropy, log_softmax, stage_stats
-from .trace import Alternative, StageStat, Step, summarize
+from .trace import Alternative, StageStat, StageView, Step, TokenProb, TrackedToken, summarize
 
 
 @dataclass
@@ -189,3 +189,40 @@ class Sampler:
 
     def summary(self):
         return summarize(self.steps, self.seconds, self.stop_reason)
+
+
+def next_token_stages(
+    model, prompt_ids: list[int], chain: Chain, token_text: Callable[[int], str], top: int = 10,
+    context_length: int | None = None,
+) -> tuple[list[StageView], list[TrackedToken]]:
+    """The next-token distribution after every stage (no generation): per stage its own top tokens, plus the
+    union of those tokens followed through all stages (probability and rank after each)."""
+    check_prompt(len(prompt_ids), context_length)
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    raw = prefill(model, make_cache("full", model.config), ids)
+    _, stages = chain.run_recorded(ids, raw)
+    views, prob_rows = [], []
+    for i, (name, logits) in enumerate(stages):
+        probs = torch.softmax(logits[0], dim=-1)
+        prob_rows.append(probs)
+        if i == 0:
+            kept, ent, removed = stage_stats(logits, logits)
+        else:
+            kept, ent, removed = stage_stats(stages[i - 1][1], logits)
+        order = torch.topk(probs, min(top, probs.shape[-1])).indices.tolist()
+        views.append(StageView(name, int(kept[0]), float(ent[0]), float(removed[0]), [
+            TokenProb(t, token_text(t), float(logits[0, t]), float(probs[t])) for t in order if probs[t] > 0
+        ]))
+    union = list(dict.fromkeys(tp.token_id for view in views for tp in view.top))
+    final = prob_rows[-1]
+    union.sort(key=lambda t: (-float(final[t]), -float(prob_rows[0][t])))
+    tracked = []
+    for t in union:
+        row = TrackedToken(t, token_text(t), float(raw[0, t]), float(prob_rows[0][t]))
+        for (name, _), probs in zip(stages, prob_rows):
+            p = float(probs[t])
+            row.probs[name] = p
+            row.ranks[name] = int((probs > probs[t]).sum()) + 1 if p > 0 else None
+        tracked.append(row)
+    return views, tracked

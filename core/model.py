@@ -137,7 +137,10 @@ def load_model(
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer strictly offline, from safetensors weights only."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     name, folder = _model_folder(spec)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -216,3 +219,45 @@ def forward(
         kwargs["attention_mask"] = attention_mask
     out = model(input_ids=ids, **kwargs)
     return out.logits.float()
+
+
+def safetensors_parameters(path: Path) -> int:
+    """Count the parameters in a .safetensors file from its JSON header (8-byte little-endian length, then JSON)."""
+    import json
+    import math
+    import struct
+
+    with open(path, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+
+
+def describe_bundled() -> list[dict]:
+    """What `decodelab models` lists: for each bundled model its size and shape, without loading weights."""
+    import json
+
+    rows = []
+    for name in BUNDLED:
+        folder = bundled_dir(name)
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            rows.append({"name": name, "path": str(folder), "installed": False})
+            continue
+        cfg = json.loads(config_file.read_text())
+        weights = sorted(folder.glob("*.safetensors"))
+        rows.append({
+            "name": name,
+            "path": str(folder),
+            "installed": True,
+            "architecture": (cfg.get("architectures") or [cfg.get("model_type")])[0],
+            "parameters": sum(safetensors_parameters(w) for w in weights),
+            "layers": cfg.get("num_hidden_layers"),
+            "hidden_size": cfg.get("hidden_size"),
+            "heads": cfg.get("num_attention_heads"),
+            "kv_heads": cfg.get("num_key_value_heads", cfg.get("num_attention_heads")),
+            "context_length": cfg.get("max_position_embeddings"),
+            "vocab_size": cfg.get("vocab_size"),
+            "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
+        })
+    return rows

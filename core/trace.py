@@ -75,3 +75,34 @@ def summarize(steps: list[Step], seconds: float, stop_reason: str) -> SampleSumm
         tokens_per_s=n / seconds if seconds > 0 else float("inf"),
         stop_reason=stop_reason,
     )
+
+
+@dataclass
+class TokenProb:
+    token_id: int
+    token: str
+    logit: float  # this stage's logit (-inf once removed)
+    prob: float  # this stage's probability
+
+
+@dataclass
+class StageView:
+    """The next-token distribution after one stage of the chain ('raw' is the model's own softmax)."""
+
+    name: str
+    kept: int
+    entropy: float
+    mass_removed: float
+    top: list[TokenProb] = field(default_factory=list)
+
+
+@dataclass
+class TrackedToken:
+    """One candidate followed through every stage: its probability (and rank) after each."""
+
+    token_id: int
+    token: str
+    logit: float  # the model's raw logit
+    raw_prob: float
+    probs: dict[str, float] = field(default_factory=dict)
+    ranks: dict[str, int | None] = field(default_factory=dict)  # None once removed

@@ -1,0 +1,63 @@
+"""The `decodelab` entry point: registers the commands and turns bad input into one line and exit status 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+try:  # typer >= 0.20 vendors its own copy of click
+    from typer._click import exceptions as cli_errors
+except ImportError:  # older typer runs on click
+    from click import exceptions as cli_errors
+
+from ..core.errors import DecodelabError
+from .models import models
+from .probs import probs
+from .sample import sample
+
+app = typer.Typer(
+    name="decodelab",
+    help="A decoding workbench for language models: processor chains, per-token probabilities, KV-cache policies.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(sample)
+app.command()(probs)
+app.command()(models)
+
+
+def fail(message: str) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI. ``--debug`` (anywhere) shows tracebacks instead of one-line errors."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        result = app(args=args, prog_name="decodelab", standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except typer.Exit as exc:
+        return exc.exit_code
+    except cli_errors.NoArgsIsHelpError:
+        return 0  # the help has been printed
+    except cli_errors.UsageError as exc:
+        if debug:
+            raise
+        where = f" ({exc.ctx.command_path})" if exc.ctx is not None else ""
+        return fail(exc.format_message().replace("\n", " ") + where)
+    except (typer.Abort, KeyboardInterrupt):
+        sys.stderr.write("interrupted\n")
+        return 130
+    except DecodelabError as exc:
+        if debug:
+            raise
+        return fail(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Renderers: rich tables for people; JSON, JSONL, markdown and CSV for scripts. Every number comes from a trace."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+from tabulate import tabulate
+
+BAR_WIDTH = 10
+
+
+def clean(value):
+    """JSON has no NaN or infinity: non-finite floats become null; dataclasses become dicts."""
+    if is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def dumps(obj) -> str:
+    return json.dumps(clean(obj), ensure_ascii=False, allow_nan=False)
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(clean(obj), ensure_ascii=False, allow_nan=False, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def print_jsonl(obj) -> None:
+    """One line, flushed at once, so a reader (or an interrupted run) always has whole lines."""
+    sys.stdout.write(dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def document(command: str, lm, config: dict, chain_names: list[str], prompt_text: str, prompt_ids: list[int],
+             **rest) -> dict:
+    """The top level every command's JSON shares (CLI.md); commands add steps, text, token_ids, summary, ..."""
+    return {
+        "command": command,
+        "model": lm.name,
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).replace("torch.", ""),
+        "config": config,
+        "chain": chain_names,
+        "prompt": {"text": prompt_text, "token_ids": prompt_ids},
+        **rest,
+    }
+
+
+def show_token(text: str) -> str:
+    """A token as it reads in a table: whitespace made visible, control characters escaped."""
+    out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    return out.replace(" ", "␣") if out.strip() == "" or out != out.strip() else out
+
+
+def bar(p: float, width: int = BAR_WIDTH) -> str:
+    eighths = "▏▎▍▌▋▊▉"
+    cells = max(0.0, min(1.0, p)) * width
+    full = int(cells)
+    part = int((cells - full) * 8)
+    return ("█" * full + (eighths[part - 1] if part else "")).ljust(width)
+
+
+def fmt_p(p: float) -> str:
+    if p >= 0.001 or p == 0:
+        return f"{p:.3f}"
+    return f"{p:.1e}"
+
+
+def prob_style(p: float) -> str:
+    """Background from red (unlikely) through yellow to green (likely)."""
+    p = max(0.0, min(1.0, p))
+    red = int(255 * min(1.0, 2 * (1 - p)))
+    green = int(255 * min(1.0, 2 * p))
+    return f"black on rgb({red},{green},90)"
+
+
+def shaded_text(prompt: str, tokens: list[tuple[str, float]]) -> Text:
+    """The prompt dimmed, then each generated token shaded by the probability it was drawn with."""
+    text = Text(prompt, style="dim")
+    for token, p in tokens:
+        text.append(token, style=prob_style(p))
+    return text
+
+
+def steps_table(steps, top: int, title: str | None = None) -> Table:
+    table = Table(title=title, show_lines=False, header_style="bold")
+    table.add_column("#", justify="right")
+    table.add_column("token")
+    table.add_column("prob", justify="left", no_wrap=True)
+    table.add_column("raw prob", justify="right")
+    table.add_column("raw rank", justify="right")
+    table.add_column("kept", justify="right")
+    table.add_column("entropy", justify="right")
+    if top:
+        table.add_column(f"top {top} alternatives (processed p)", overflow="fold")
+    for s in steps:
+        alts = "  ".join(f"{show_token(a.token)} {fmt_p(a.prob)}" for a in s.alternatives)
+        row = [str(s.index), Text(show_token(s.token), style="bold"),
+               Text(f"{bar(s.prob)} {fmt_p(s.prob)}"), fmt_p(s.raw_prob), str(s.raw_rank), str(s.kept),
+               f"{s.entropy:.2f}"]
+        if top:
+            row.append(alts)
+        table.add_row(*row)
+    return table
+
+
+def step_rows(steps) -> list[dict]:
+    """Flat per-step rows for markdown and CSV."""
+    rows = []
+    for s in steps:
+        rows.append({
+            "index": s.index, "position": s.position, "token_id": s.token_id, "token": show_token(s.token),
+            "prob": s.prob, "logprob": s.logprob, "raw_prob": s.raw_prob, "raw_logprob": s.raw_logprob,
+            "raw_rank": s.raw_rank, "entropy": s.entropy, "raw_entropy": s.raw_entropy, "kept": s.kept,
+            "alternatives": " ".join(f"{show_token(a.token)}:{a.prob:.4f}" for a in s.alternatives),
+        })
+    return rows
+
+
+def print_rows(rows: list[dict], fmt: str) -> None:
+    """markdown (tabulate, GitHub style) or csv (RFC 4180 via the csv module)."""
+    if fmt == "markdown":
+        sys.stdout.write(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".6g") + "\n")
+    else:
+        buf = io.StringIO()
+        if rows:
+            writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+    sys.stdout.flush()
+
+
+def console() -> Console:
+    return Console(highlight=False)
+
+
+def show(renderables, save_html: Path | None = None, save_svg: Path | None = None, to_screen: bool = True) -> None:
+    """Print rich renderables, and also write them as HTML/SVG when asked (whatever the --format)."""
+    if to_screen:
+        out = console()
+        for r in renderables:
+            out.print(r)
+    if save_html is None and save_svg is None:
+        return
+    recorder = Console(record=True, file=io.StringIO(), width=160, highlight=False)
+    for r in renderables:
+        recorder.print(r)
+    if save_html is not None:
+        recorder.save_html(str(save_html), clear=False)
+    if save_svg is not None:
+        recorder.save_svg(str(save_svg), clear=False, title="decodelab")
+
+
+def summary_line(summary) -> Text:
+    d = clean(summary)
+    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items()]
+    return Text("summary: " + "  ".join(parts), style="cyan")

@@ -1,0 +1,226 @@
+"""Settings of each command as frozen dataclasses: defaults < preset TOML < explicit options < --set overrides.
+
+Keys are written with underscores in TOML (``top_p``) and accepted with dashes too in ``--set top-p=0.9``.
+Validation messages name the option as the user typed it (``--top-p``) and say what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import typing
+from dataclasses import dataclass, fields, replace
+from importlib import resources
+from pathlib import Path
+
+from .errors import ConfigError
+
+META_KEYS = ("description",)  # allowed in a preset file, not settings
+
+
+@dataclass(frozen=True)
+class ChainSettings:
+    """The processor chain; None switches a stage off. temperature 0 means greedy."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    softcap: float | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram: int | None = None
+    logit_bias: tuple[tuple[str, float], ...] = ()
+    chain: tuple[str, ...] | None = None
+
+    def stage_values(self, bias_ids: dict[int, float] | None) -> dict:
+        """Stage name -> constructor argument, the shape build_chain takes."""
+        return {
+            "softcap": self.softcap,
+            "repetition-penalty": self.repetition_penalty,
+            "no-repeat-ngram": self.no_repeat_ngram,
+            "bias": bias_ids or None,
+            "temperature": self.temperature,
+            "top-k": self.top_k,
+            "top-p": self.top_p,
+            "min-p": self.min_p,
+            "typical-p": self.typical_p,
+        }
+
+
+@dataclass(frozen=True)
+class SampleSettings(ChainSettings):
+    max_new_tokens: int = 64
+    seed: int = 0
+    top: int = 5
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+
+
+def option_name(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _check(ok: bool, key: str, value, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{option_name(key)} {value}: {allowed}")
+
+
+def validate_chain(s: ChainSettings) -> None:
+    t = s.temperature
+    if t is not None:
+        _check(math.isfinite(t) and t >= 0, "temperature", t, "must be >= 0 (0 means greedy)")
+    if s.top_k is not None:
+        _check(s.top_k >= 1, "top_k", s.top_k, "must be an integer >= 1")
+    if s.top_p is not None:
+        _check(0 < s.top_p <= 1, "top_p", s.top_p, "must be in (0, 1]")
+    if s.min_p is not None:
+        _check(0 <= s.min_p <= 1, "min_p", s.min_p, "must be in [0, 1]")
+    if s.typical_p is not None:
+        _check(0 < s.typical_p <= 1, "typical_p", s.typical_p, "must be in (0, 1]")
+    if s.softcap is not None:
+        _check(math.isfinite(s.softcap) and s.softcap > 0, "softcap", s.softcap, "must be > 0")
+    if s.repetition_penalty is not None:
+        rp = s.repetition_penalty
+        _check(math.isfinite(rp) and rp > 0, "repetition_penalty", rp, "must be > 0 (1 = off)")
+    if s.no_repeat_ngram is not None:
+        _check(s.no_repeat_ngram >= 1, "no_repeat_ngram", s.no_repeat_ngram, "must be an integer >= 1")
+    for token, bias in s.logit_bias:
+        _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")
+
+
+def validate_sample(s: SampleSettings) -> None:
+    validate_chain(s)
+    _check(s.max_new_tokens >= 1, "max_new_tokens", s.max_new_tokens, "must be >= 1")
+    _check(s.top >= 0, "top", s.top, "must be >= 0")
+    _check(s.seed >= 0, "seed", s.seed, "must be >= 0")
+
+
+# --- parsing values from TOML and from --set strings ---------------------------------------------------------
+
+
+def parse_logit_bias(items) -> tuple[tuple[str, float], ...]:
+    """TOKEN=BIAS strings (or a TOML table) -> ((token, bias), ...); TOKEN is an id or a single-token text."""
+    if isinstance(items, dict):
+        items = [f"{k}={v}" for k, v in items.items()]
+    out = []
+    for item in items:
+        if isinstance(item, (list, tuple)) and len(item) == 2:
+            out.append((str(item[0]), float(item[1])))
+            continue
+        token, sep, value = str(item).rpartition("=")
+        if not sep or not token:
+            raise ConfigError(f"--logit-bias {item!r}: expected TOKEN=BIAS, e.g. 42=-inf or ' the'=2.5")
+        try:
+            out.append((token, float(value)))
+        except ValueError:
+            raise ConfigError(f"--logit-bias {item!r}: BIAS {value!r} is not a number (use -inf to ban)") from None
+    return tuple(out)
+
+
+def _scalar(kind, key: str, raw):
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{option_name(key)} {raw!r}: expected true or false")
+    if kind is int and isinstance(raw, float) and not raw.is_integer():
+        raise ConfigError(f"{option_name(key)} {raw!r}: expected an integer")
+    try:
+        return kind(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{option_name(key)} {raw!r}: expected {kind.__name__}") from None
+
+
+def coerce(cls, key: str, raw):
+    """Turn a TOML value or a --set string into the type of field ``key`` of ``cls``."""
+    hint = typing.get_type_hints(cls)[key]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("none", "off")):
+        if type(None) in typing.get_args(hint):
+            return None
+        raise ConfigError(f"{option_name(key)}: cannot be switched off")
+    if key == "logit_bias":
+        return parse_logit_bias(raw if not isinstance(raw, str) else [p for p in raw.split(",") if p])
+    origin = typing.get_origin(hint)
+    if origin is tuple or (args and typing.get_origin(args[0]) is tuple):
+        items = raw.split(",") if isinstance(raw, str) else list(raw)
+        return tuple(str(i).strip() for i in items if str(i).strip())
+    kind = args[0] if args else hint
+    return _scalar(kind, key, raw)
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def normalize_key(cls, key: str) -> str:
+    name = key.strip().replace("-", "_")
+    if name not in field_names(cls):
+        allowed = ", ".join(field_names(cls))
+        raise ConfigError(f"unknown setting {key!r}; allowed: {allowed}")
+    return name
+
+
+# --- presets -------------------------------------------------------------------------------------------------
+
+
+def preset_dir() -> Path:
+    return Path(str(resources.files("decodelab.presets")))
+
+
+def bundled_presets() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(preset_dir().glob("*.toml"))}
+
+
+def load_preset(spec: str) -> tuple[str, dict]:
+    """A bundled preset name or a path to a .toml -> (name, table)."""
+    presets = bundled_presets()
+    if spec in presets:
+        path = presets[spec]
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"--preset {spec!r}: not a bundled preset ({', '.join(presets)}) nor a .toml file")
+    try:
+        table = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--preset {spec!r}: invalid TOML: {exc}") from None
+    return path.stem, table
+
+
+def resolve(cls, preset: str | None = None, options: dict | None = None, sets: list[str] | None = None):
+    """Build settings: dataclass defaults, then the preset, then explicit options (None = not given), then --set."""
+    values: dict = {}
+    if preset is not None:
+        name, table = load_preset(preset)
+        for key, raw in table.items():
+            if key in META_KEYS:
+                continue
+            try:
+                field = normalize_key(cls, key)
+            except ConfigError as exc:
+                raise ConfigError(f"--preset {name}: {exc}") from None
+            values[field] = coerce(cls, field, raw)
+    for key, raw in (options or {}).items():
+        if raw is not None and raw != ():
+            values[key] = raw
+    for item in sets or []:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE")
+        field = normalize_key(cls, key)
+        values[field] = coerce(cls, field, raw.strip())
+    return replace(cls(), **values)
+
+
+def as_dict(settings) -> dict:
+    """The resolved settings for the JSON 'config' field (None = stage off)."""
+    out = dataclasses.asdict(settings)
+    out["logit_bias"] = {token: bias for token, bias in settings.logit_bias}
+    return out

@@ -1,0 +1,83 @@
+"""Shared fixtures: small random models of several architectures built offline from configs, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_TOKENIZER = ROOT / "presets" / "models" / "tiny"
+
+
+def small_config(arch: str, vocab_size: int = 256, **overrides):
+    """A tiny random config per architecture: GQA for Llama/Qwen2, absolute positions for GPT-2, soft-capping for
+    Gemma 2 (its final logits pass through 30 * tanh(z / 30) inside the model)."""
+    from transformers import Gemma2Config, GPT2Config, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=vocab_size, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if arch == "llama":
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=256, **common)
+    elif arch == "qwen2":
+        cfg = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=1, max_position_embeddings=256, **common)
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128, **common)
+    elif arch == "gemma2":
+        cfg = Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=16,
+                           final_logit_softcapping=30.0, attn_logit_softcapping=50.0, **common)
+    else:
+        raise ValueError(arch)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def random_model(arch: str, seed: int = 0, vocab_size: int = 256, scale: float = 1.0, **overrides):
+    """A random model whose output logits are spread out enough (scale) for greedy ties to be unlikely."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(small_config(arch, vocab_size, **overrides), attn_implementation="eager")
+    if scale != 1.0:
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(scale)
+    return model.eval()
+
+
+ARCHS = ["llama", "qwen2", "gpt2", "gemma2"]
+
+
+@pytest.fixture(scope="session")
+def toy_model_dir(tmp_path_factory) -> Path:
+    """A saved random Llama (GQA) with the bundled byte-level BPE tokenizer: a real model folder for CLI tests."""
+    folder = tmp_path_factory.mktemp("toy")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (BUNDLED_TOKENIZER / name).exists():
+            shutil.copy(BUNDLED_TOKENIZER / name, folder / name)
+    vocab = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = random_model("llama", seed=1, vocab_size=max(vocab, len(tok)), scale=20.0,
+                         eos_token_id=tok.eos_token_id, max_position_embeddings=64)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `decodelab ARGS...` in-process through the real entry point; returns (exit code, stdout, stderr)."""
+    from decodelab.cli.main import main
+
+    def run(*args: str):
+        code = main([str(a) for a in args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run
