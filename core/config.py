@@ -88,6 +88,15 @@ def validate_chain(s: ChainSettings) -> None:
         _check(s.no_repeat_ngram >= 1, "no_repeat_ngram", s.no_repeat_ngram, "must be an integer >= 1")
     for token, bias in s.logit_bias:
         _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")
+    check_order(s)
+
+
+def check_order(s: ChainSettings) -> None:
+    """Check --chain against the set stages before any model loads (the bias ids are resolved later)."""
+    from .processors import build_chain
+
+    placeholder_bias = {0: 0.0} if s.logit_bias else None
+    build_chain(s.stage_values(placeholder_bias), list(s.chain) if s.chain is not None else None)
 
 
 def validate_sample(s: SampleSettings) -> None:

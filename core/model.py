@@ -141,9 +141,9 @@ def load_model(
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    name, folder = _model_folder(spec)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    name, folder = _model_folder(spec)
     source = str(folder) if folder is not None else spec
     common = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     try:

@@ -1,0 +1,180 @@
+"""The decode loop against transformers `generate` and against a recompute without cache; the selector's law."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import ARCHS, random_model
+
+from decodelab.core.decode import DecodeState, Sampler, StopRules, decode_tokens, next_token_stages
+from decodelab.core.errors import ConfigError
+from decodelab.core.processors import build_chain
+from decodelab.core.select import Greedy, Multinomial, make_generator, make_selector
+
+PROMPT = [5, 17, 42, 9, 77, 3]
+
+
+def greedy_ids(model, prompt, n, chain=None, eos=()):
+    chain = chain or build_chain({"temperature": 0})
+    state = DecodeState()
+    out = [d.token_id for d in decode_tokens(model, prompt, chain, Greedy(), StopRules(n, tuple(eos)), state=state)]
+    return out, state.stop_reason
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_greedy_equals_generate(arch, seed):
+    model = random_model(arch, seed=seed, scale=8.0)
+    ours, reason = greedy_ids(model, PROMPT, 24)
+    ref = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=24, min_new_tokens=24)
+    assert ours == ref[0, len(PROMPT):].tolist()
+    assert reason == "length"
+
+
+def test_greedy_with_eos_stops_where_generate_stops():
+    model = random_model("llama", seed=3, scale=8.0)
+    free, _ = greedy_ids(model, PROMPT, 30)
+    eos = free[7]  # a token the model emits at step 7 (maybe earlier too)
+    model.generation_config.eos_token_id = eos
+    ours, reason = greedy_ids(model, PROMPT, 30, eos=(eos,))
+    ref = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=30, eos_token_id=eos,
+                         pad_token_id=0)
+    assert ours == ref[0, len(PROMPT):].tolist()
+    assert ours[-1] == eos and reason == "eos" and len(ours) == free.index(eos) + 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_greedy_with_processors_equals_generate(arch):
+    model = random_model(arch, seed=2, scale=4.0)
+    chain = build_chain({"temperature": 0, "repetition-penalty": 1.5, "no-repeat-ngram": 2})
+    ours, _ = greedy_ids(model, PROMPT, 20, chain)
+    ref = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=20, min_new_tokens=20,
+                         repetition_penalty=1.5, no_repeat_ngram_size=2)
+    assert ours == ref[0, len(PROMPT):].tolist()
+
+
+def test_gemma2_softcap_chain_reproduces_the_models_own_capping():
+    capped = random_model("gemma2", seed=4, scale=40.0)  # large logits, so capping at 30 matters
+    uncapped = random_model("gemma2", seed=4, scale=40.0, final_logit_softcapping=None)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        z_capped = capped(ids).logits[0, -1]
+        z_raw = uncapped(ids).logits[0, -1]
+    assert z_raw.abs().max() > 40  # the test is only meaningful if capping changes the logits
+    ours = build_chain({"softcap": 30.0})(ids, z_raw[None])[0]
+    torch.testing.assert_close(ours, z_capped, rtol=1e-5, atol=1e-4)
+    chain = build_chain({"softcap": 30.0, "temperature": 0})
+    ours_ids, _ = greedy_ids(uncapped, PROMPT, 16, chain)
+    ref = capped.generate(ids, do_sample=False, max_new_tokens=16, min_new_tokens=16)
+    assert ours_ids == ref[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_cached_logits_equal_a_recompute_from_scratch(arch):
+    model = random_model(arch, seed=5, scale=4.0)
+    chain = build_chain({"temperature": 0.9})
+    sampler = Sampler(model, PROMPT, chain, make_selector(0.9, 0, "cpu"), StopRules(12), str, None, top=3)
+    steps = list(sampler)
+    seq = PROMPT + [s.token_id for s in steps]
+    with torch.no_grad():
+        full = torch.log_softmax(model(torch.tensor([seq])).logits[0].float(), dim=-1)
+    for s in steps:
+        expected = full[s.position - 1, s.token_id].item()
+        assert s.raw_logprob == pytest.approx(expected, abs=1e-4)
+        assert s.raw_prob == pytest.approx(math.exp(expected), rel=1e-3)
+
+
+def test_step_numbers_are_labelled_consistently():
+    model = random_model("llama", seed=6, scale=4.0)
+    chain = build_chain({"temperature": 0.7, "top-k": 5, "top-p": 0.8})
+    steps = list(Sampler(model, PROMPT, chain, make_selector(0.7, 1, "cpu"), StopRules(10), str, None, top=4))
+    for s in steps:
+        assert s.kept <= 5 and 1 <= s.raw_rank
+        assert s.prob == pytest.approx(math.exp(s.logprob), rel=1e-5)
+        assert [st.name for st in s.stages] == ["temperature", "top-k", "top-p"]
+        assert s.stages[0].kept == 256 and s.stages[0].mass_removed == 0.0
+        assert s.stages[-1].kept == s.kept
+        assert s.alternatives[0].prob >= s.alternatives[-1].prob
+        assert any(a.token_id == s.token_id for a in s.alternatives) or s.prob < s.alternatives[-1].prob
+
+
+def test_same_seed_same_trace_other_seed_other_trace():
+    model = random_model("llama", seed=7, scale=2.0)
+    chain = build_chain({"temperature": 1.0})
+
+    def run(seed):
+        return [s.token_id for s in Sampler(model, PROMPT, chain, make_selector(1.0, seed, "cpu"),
+                                            StopRules(20), str, None)]
+
+    assert run(0) == run(0)
+    assert run(0) != run(1)
+
+
+def test_stop_strings_and_context_limit():
+    model = random_model("gpt2", seed=8, scale=8.0)  # context 128
+    chain = build_chain({"temperature": 0})
+    free, _ = greedy_ids(model, PROMPT, 10)
+    detok = lambda ids: " ".join(map(str, ids))  # noqa: E731
+    state = DecodeState()
+    out = [d.token_id for d in decode_tokens(model, PROMPT, chain, Greedy(),
+                                             StopRules(10, stop_strings=(str(free[3]),)), detok, state=state)]
+    assert state.stop_reason == "stop" and out[-1] == free[3] and len(out) <= 4
+    state = DecodeState()
+    long_prompt = list(range(120))
+    out = [d.token_id for d in decode_tokens(model, long_prompt, chain, Greedy(),
+                                             StopRules(50, context_length=128), state=state)]
+    assert state.stop_reason == "context" and len(out) == 8
+    with pytest.raises(ConfigError, match="context is 128"):
+        list(decode_tokens(model, list(range(128)), chain, Greedy(), StopRules(5, context_length=128)))
+    with pytest.raises(ConfigError, match="empty"):
+        list(decode_tokens(model, [], chain, Greedy(), StopRules(5)))
+
+
+def test_probs_stages_show_temperature_keeps_order_and_top_p_count_varies():
+    model = random_model("llama", seed=9, scale=4.0)
+    chain = build_chain({"temperature": 0.5, "top-p": 0.9})
+    stages, tracked = next_token_stages(model, PROMPT, chain, str, top=8)
+    assert [s.name for s in stages] == ["raw", "temperature", "top-p"]
+    raw_order = [t.token_id for t in stages[0].top]
+    assert [t.token_id for t in stages[1].top] == raw_order  # same order, sharper
+    assert stages[1].top[0].prob > stages[0].top[0].prob
+    assert stages[1].entropy < stages[0].entropy
+    assert stages[2].kept < 256 and stages[2].mass_removed > 0
+    for t in tracked:
+        assert t.probs["raw"] == pytest.approx(t.raw_prob)
+
+
+# --- the selector's law ------------------------------------------------------------------------------------------
+
+CHI2_999 = {5: 20.52}  # chi-square critical value at p = 0.001 for 5 degrees of freedom
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_multinomial_selector_follows_the_distribution():
+    probs = torch.tensor([0.05, 0.1, 0.15, 0.2, 0.22, 0.28])
+    n = 40_000
+    draws = Multinomial(make_generator(123, "cpu"))(probs.expand(n, -1).contiguous())
+    counts = torch.bincount(draws, minlength=6).double()
+    assert chi_square(counts, probs.double()) < CHI2_999[5]
+
+
+def test_the_chi_square_check_rejects_a_biased_sampler():
+    probs = torch.tensor([0.05, 0.1, 0.15, 0.2, 0.22, 0.28])
+    n = 40_000
+    gen = make_generator(123, "cpu")
+    race = torch.empty(n, 6).exponential_(generator=gen)
+    wrong = (probs * race).argmax(dim=-1)  # multiplies instead of divides: not the right law
+    counts = torch.bincount(wrong, minlength=6).double()
+    assert chi_square(counts, probs.double()) > CHI2_999[5]
+
+
+def test_multinomial_never_draws_a_removed_token():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.5])
+    draws = Multinomial(make_generator(0, "cpu"))(probs.expand(5000, -1).contiguous())
+    assert set(draws.tolist()) <= {1, 3}
