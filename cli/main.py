@@ -15,6 +15,7 @@ from ..core.errors import DecodelabError
 from .models import models
 from .probs import probs
 from .sample import sample
+from .speculate import speculate
 
 app = typer.Typer(
     name="decodelab",
@@ -26,6 +27,7 @@ app = typer.Typer(
 app.command()(sample)
 app.command()(probs)
 app.command()(models)
+app.command()(speculate)
 
 
 def fail(message: str) -> int:

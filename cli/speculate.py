@@ -1,0 +1,250 @@
+"""`decodelab speculate`: speculative decoding with a draft model or an n-gram proposer, traced per round."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ..core.config import as_dict, resolve
+from ..core.decode import StopRules
+from ..core.errors import ModelLoadError
+from ..core.select import make_generator, make_selector
+from ..core.speculative import (
+    ModelProposer,
+    NGramProposer,
+    Speculator,
+    SpeculateSettings,
+    best_gamma,
+    check_same_vocabulary,
+    make_selector_for,
+    parse_gammas,
+    time_plain_decoding,
+    validate_speculate,
+)
+from . import options as o
+from . import render
+from .pipeline import chain_options, load, make_chain, read_prompt
+
+SPEC = "Speculative decoding"
+
+DraftOpt = Annotated[Optional[str], typer.Option(
+    "--draft", help="Proposer: a draft model sharing the target's vocabulary (bundled name or folder), or 'ngram' "
+    "(prompt lookup) [default: tiny-draft].", rich_help_panel=SPEC, show_default=False)]
+GammaOpt = Annotated[Optional[int], typer.Option("--gamma", "-g", help="Tokens drafted per round, >= 1 "
+                                                 "[default: 4].", rich_help_panel=SPEC, show_default=False)]
+NgramSizeOpt = Annotated[Optional[int], typer.Option("--ngram-size", help="Longest n-gram the 'ngram' proposer "
+                                                     "matches (falls back to shorter ones) [default: 3].",
+                                                     rich_help_panel=SPEC, show_default=False)]
+SweepOpt = Annotated[Optional[str], typer.Option("--sweep-gamma", help="Also measure these gammas, e.g. "
+                                                 "1,2,3,4,6,8, and name the best.", rich_help_panel=SPEC)]
+
+
+def speculate(
+    prompt: o.Prompt = None,
+    prompt_file: o.PromptFile = None,
+    model: o.Model = "tiny",
+    draft: DraftOpt = None,
+    gamma: GammaOpt = None,
+    ngram_size: NgramSizeOpt = None,
+    sweep_gamma: SweepOpt = None,
+    preset: o.Preset = None,
+    set_: o.Set = None,
+    max_new_tokens: o.MaxNew = None,
+    seed: o.Seed = None,
+    device: o.Device = "auto",
+    dtype: o.Dtype = "auto",
+    trust_remote_code: o.TrustRemoteCode = False,
+    chat: o.Chat = False,
+    stop: o.Stop = None,
+    ignore_eos: o.IgnoreEos = None,
+    fmt: o.Fmt = o.Format.table,
+    top: o.Top = None,
+    save_html: o.SaveHtml = None,
+    save_svg: o.SaveSvg = None,
+    temperature: o.Temperature = None,
+    top_k: o.TopK = None,
+    top_p: o.TopP = None,
+    min_p: o.MinP = None,
+    typical_p: o.TypicalP = None,
+    softcap: o.Softcap = None,
+    logit_bias: o.LogitBias = None,
+    repetition_penalty: o.RepetitionPenalty = None,
+    no_repeat_ngram: o.NoRepeatNgram = None,
+    chain: o.ChainOrder = None,
+) -> None:
+    """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
+    text = read_prompt(prompt, prompt_file)
+    explicit = chain_options(temperature, top_k, top_p, min_p, typical_p, softcap, logit_bias, repetition_penalty,
+                             no_repeat_ngram, chain)
+    explicit.update(max_new_tokens=max_new_tokens, seed=seed, top=top, ignore_eos=ignore_eos,
+                    stop=tuple(stop) if stop else None, draft=draft, gamma=gamma, ngram_size=ngram_size,
+                    sweep_gamma=parse_gammas(sweep_gamma))
+    settings = resolve(SpeculateSettings, preset, explicit, set_)
+    validate_speculate(settings)
+    lm = load(model, device, dtype, None, trust_remote_code)
+    draft_lm = None if settings.draft == "ngram" else load_draft(settings.draft, lm, dtype, trust_remote_code)
+    processors = make_chain(lm, settings)
+    prompt_ids = lm.encode(text, chat)
+    rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), settings.stop, settings.ignore_eos,
+                      lm.context_length)
+
+    def run(g: int, record: bool) -> Speculator:
+        greedy = settings.temperature == 0
+        gen = None if greedy else make_generator(settings.seed, lm.device)
+        if draft_lm is None:
+            proposer = NGramProposer(settings.ngram_size)
+        else:
+            proposer = ModelProposer(draft_lm.model, processors, make_selector_for(greedy, gen), draft_lm.name,
+                                     draft_lm.context_length)
+        return Speculator(lm.model, proposer, prompt_ids, processors, rules, g, gen, lm.token_text, lm.decode,
+                          settings.top, record)
+
+    def measured(spec: Speculator):
+        baseline = time_plain_decoding(lm.model, prompt_ids, processors,
+                                       make_selector(settings.temperature, settings.seed, lm.device),
+                                       len(spec.new_ids), lm.context_length)
+        return spec.summary(baseline)
+
+    spec = run(settings.gamma, record=True)
+    try:
+        for rnd in spec:
+            if fmt == o.Format.jsonl:
+                render.print_jsonl({"type": "step", **render.clean(rnd.to_dict())})
+    except KeyboardInterrupt:
+        spec.interrupted()
+    summary = measured(spec)
+    sweep = []
+    for g in (int(x) for x in settings.sweep_gamma):
+        row = run(g, record=False)
+        for _ in row:
+            pass
+        sweep.append(measured(row))
+    best = best_gamma(sweep) if sweep else None
+    emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg)
+
+
+def load_draft(spec: str, target, dtype: str, trust_remote_code: bool):
+    """The draft on the target's device; its messages name --draft."""
+    try:
+        draft_lm = load(spec, str(target.device), dtype, None, trust_remote_code)
+    except ModelLoadError as exc:
+        raise ModelLoadError(str(exc).replace(f"--model {spec}", f"--draft {spec}", 1)) from None
+    check_same_vocabulary(target, draft_lm, spec)
+    return draft_lm
+
+
+def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg) -> None:
+    token_ids = spec.new_ids
+    out_text = lm.decode(token_ids)
+    extra = {"sweep": [r.to_dict() for r in sweep], "best_gamma": best} if sweep else {}
+    if fmt == o.Format.jsonl:
+        for row in extra.get("sweep", []):
+            render.print_jsonl({"type": "sweep", **render.clean(row)})
+        render.print_jsonl({"type": "summary", "command": "speculate", "model": lm.name, "text": out_text,
+                            "token_ids": token_ids, **render.clean(summary.to_dict()),
+                            **({"best_gamma": best} if sweep else {})})
+    elif fmt == o.Format.json:
+        head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
+                               draft=settings.draft, gamma=settings.gamma,
+                               verification="greedy" if spec.greedy else "speculative-sampling")
+        render.print_json({**head, "steps": [r.to_dict() for r in spec.rounds], "text": out_text,
+                           "token_ids": token_ids, "summary": summary.to_dict(), **extra})
+    elif fmt in (o.Format.markdown, o.Format.csv):
+        rows = [sweep_row(r) for r in sweep] if sweep else round_rows(spec.rounds)
+        render.print_rows(rows, fmt.value)
+    if fmt == o.Format.table or save_html or save_svg:
+        title = (f"{lm.name} <- {spec.proposer.name} · gamma {settings.gamma} · "
+                 f"{'greedy verification' if spec.greedy else 'speculative sampling'} · chain: "
+                 f"{' -> '.join(processors.names) or '(none)'}")
+        views = [rounds_table(spec.rounds, title), marked_text(text, spec.rounds), render.summary_line(summary)]
+        if sweep:
+            views += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
+        render.show(views, save_html, save_svg, to_screen=fmt == o.Format.table)
+
+
+# --- views ---------------------------------------------------------------------------------------------------------
+
+
+def proposed_text(rnd) -> Text:
+    """Accepted drafts green, the rejected one red and struck, never-judged ones dim and struck."""
+    out = Text()
+    for t in rnd.proposed:
+        style = "bold green" if t.accepted else ("bold red strike" if t.reached else "dim strike")
+        out.append(render.show_token(t.token), style=style)
+        out.append(" ")
+    return out
+
+
+def final_text(rnd) -> Text:
+    f = rnd.final
+    if f is None:
+        return Text("")
+    out = Text(render.show_token(f.token), style="bold yellow" if f.emitted else "dim yellow strike")
+    out.append(f" {f.kind} {render.fmt_p(f.prob)}", style="yellow")
+    return out
+
+
+def rounds_table(rounds, title: str) -> Table:
+    table = Table(title=title, header_style="bold")
+    table.add_column("#", justify="right")
+    table.add_column("proposed", overflow="fold")
+    table.add_column("q->p u", overflow="fold")
+    table.add_column("acc", justify="right")
+    table.add_column("correction / bonus", overflow="fold")
+    table.add_column("drawn from", overflow="fold")
+    for r in rounds:
+        checks = "  ".join(f"{render.fmt_p(t.q)}->{render.fmt_p(t.p)}" + (f" u={t.u:.2f}" if t.u is not None else "")
+                           for t in r.proposed if t.reached)
+        top = "  ".join(f"{render.show_token(e.token)} {render.fmt_p(e.prob)}" for e in (r.final.top if r.final else []))
+        table.add_row(str(r.index), proposed_text(r), checks, f"{r.accepted}/{r.drafted}", final_text(r), top)
+    return table
+
+
+def marked_text(prompt: str, rounds) -> Text:
+    """The prompt dimmed, accepted drafts green, corrections and bonus tokens yellow."""
+    out = Text(prompt, style="dim")
+    for r in rounds:
+        for t in r.proposed[: r.accepted]:
+            out.append(t.token, style="green")
+        if r.final is not None and r.final.emitted:
+            out.append(r.final.token, style="black on yellow")
+    return out
+
+
+SWEEP_COLUMNS = ("gamma", "acceptance_rate", "mean_accepted", "tokens_per_target_call", "target_calls",
+                 "draft_calls", "cost_ratio", "predicted_speedup", "measured_speedup", "stop_reason")
+
+
+def sweep_row(summary) -> dict:
+    d = summary.to_dict()
+    return {k: d[k] for k in SWEEP_COLUMNS}
+
+
+def sweep_table(rows) -> Table:
+    table = Table(title="gamma sweep (speedups against plain target decoding, same run)", header_style="bold")
+    for name in SWEEP_COLUMNS:
+        table.add_column(name.replace("_", " "), justify="right")
+    for r in rows:
+        cells = []
+        for v in sweep_row(r).values():
+            cells.append(f"{v:.3f}" if isinstance(v, float) else ("-" if v is None else str(v)))
+        table.add_row(*cells)
+    return table
+
+
+def round_rows(rounds) -> list[dict]:
+    """One flat row per round for markdown and CSV."""
+    rows = []
+    for r in rounds:
+        f = r.final
+        rows.append({
+            "index": r.index, "position": r.position, "drafted": r.drafted, "accepted": r.accepted,
+            "proposed": " ".join(render.show_token(t.token) for t in r.proposed),
+            "q": " ".join(f"{t.q:.4f}" for t in r.proposed), "p": " ".join(f"{t.p:.4f}" for t in r.proposed),
+            "final_kind": f.kind if f else "", "final_token": render.show_token(f.token) if f else "",
+            "final_prob": f.prob if f else None, "emitted": render.show_token(r.emitted_text),
+        })
+    return rows

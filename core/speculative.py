@@ -1,0 +1,700 @@
+"""Speculative decoding: a cheap proposer drafts gamma tokens, the target scores them all in one forward.
+
+One verification round, with the sequence so far s (its last token not yet fed to the target):
+
+1. the proposer drafts x_1..x_g and, for each, q_i = its processed distribution given s + x_1..x_{i-1}
+   (a draft model: g single-token forwards through its own cache; the n-gram proposer: a point mass, q_i(x_i) = 1);
+2. the target runs ONE forward over [s_last, x_1, .., x_g] and keeps the logits of all g+1 positions;
+   p_i = the processed distribution (the same chain, the same prefix ids) for the token after s + x_1..x_{i-1};
+3. sampling (temperature > 0, Leviathan et al. 2023 / Chen et al. 2023): accept x_i iff u_i < p_i(x_i) / q_i(x_i),
+   u_i ~ U(0, 1), i.e. with probability min(1, p/q), stopping at the first rejection; at a rejection at i emit a
+   correction y ~ norm(max(0, p_i - q_i)); if all g are accepted emit a bonus y ~ p_{g+1}. Every emitted token is
+   then distributed exactly as under the target alone:
+       P(y) = min(p, q)(y) + (1 - sum_z min(p, q)(z)) * max(0, p - q)(y) / sum_z max(0, p - q)(z) = p(y),
+   because sum_z max(0, p - q) = 1 - sum_z min(p, q);
+   greedy (temperature 0): accept while x_i == argmax p_i, then emit argmax p at the first mismatch (correction)
+   or after the last draft (bonus): exactly the target's greedy output;
+4. both caches are cropped to the accepted prefix (``FullCache.crop``): the accepted positions are never recomputed.
+   The target's cache keeps s + x_1..x_k (the emitted token y is fed as the first token of the next round); the
+   draft model's cache keeps at most that and catches up at the start of its next round (1 or 2 tokens).
+
+Expected tokens per round with a per-token acceptance probability a and g drafts: (1 - a^(g+1)) / (1 - a)
+(g + 1 at a = 1); with a draft step costing c target steps, the speedup over plain decoding is that divided by
+g c + 1.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple, Protocol
+
+import torch
+from torch import Tensor
+
+from .cache import FullCache, make_cache
+from .config import SampleSettings, validate_sample
+from .decode import StopRules, check_prompt, decode_tokens
+from .errors import ConfigError
+from .model import LoadedModel, forward
+from .processors import Chain, softmax
+from .select import Greedy, Multinomial
+
+# ---------------------------------------------------------------------------------------------------------------
+# settings
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpeculateSettings(SampleSettings):
+    draft: str = "tiny-draft"  # a model (bundled name or folder) or "ngram"
+    gamma: int = 4  # tokens drafted per round
+    ngram_size: int = 3  # longest n-gram the prompt-lookup proposer matches
+    sweep_gamma: tuple[int, ...] = ()
+
+
+def validate_speculate(s: SpeculateSettings) -> None:
+    validate_sample(s)
+    if s.gamma < 1:
+        raise ConfigError(f"--gamma {s.gamma}: must be an integer >= 1")
+    if s.ngram_size < 1:
+        raise ConfigError(f"--ngram-size {s.ngram_size}: must be an integer >= 1")
+    parse_gammas(",".join(map(str, s.sweep_gamma)) if s.sweep_gamma else None)
+
+
+def parse_gammas(text: str | None) -> tuple[int, ...] | None:
+    """'1,2,4' -> (1, 2, 4); the message names --sweep-gamma."""
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
+        raise ConfigError(f"--sweep-gamma {text!r}: a comma-separated list of integers >= 1, e.g. 1,2,4,8")
+    return tuple(dict.fromkeys(int(t) for t in items))
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel, spec: str) -> None:
+    """The draft's q and the target's p must be distributions over the same token ids."""
+    if draft.vocab_size != target.vocab_size:
+        raise ConfigError(f"--draft {spec}: vocabulary {draft.vocab_size} differs from the target's "
+                          f"{target.vocab_size}; the draft must share the target's tokenizer and output size")
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ConfigError(f"--draft {spec}: its tokenizer maps tokens to ids differently from the target's "
+                          f"(both have {target.vocab_size} outputs); use a draft trained with the same tokenizer")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the verification rule: pure functions over batched distributions [B, ...]
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Verdict(NamedTuple):
+    accepted: Tensor  # [B] number of drafts accepted (a prefix)
+    token: Tensor  # [B] the token emitted after them: correction (accepted < g) or bonus (accepted == g)
+    final_probs: Tensor  # [B, V] the distribution that token was drawn from: norm(max(0, p - q)) or p
+
+
+def acceptance_probability(p_x: Tensor, q_x: Tensor) -> Tensor:
+    """min(1, p(x) / q(x)): q >= p only lowers the chance; q <= p always accepts."""
+    return torch.clamp(p_x / q_x, max=1.0)
+
+
+def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
+    """norm(max(0, p - q)) over the last dim: the mass p has beyond q. Where p <= q everywhere (only when p == q,
+    where a rejection cannot happen) the row falls back to p."""
+    excess = (p - q).clamp_min(0.0)
+    total = excess.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, excess / total.clamp_min(1e-30), p)
+
+
+def verify_sampled(p: Tensor, q: Tensor, drafts: Tensor, u: Tensor, race: Tensor) -> Verdict:
+    """Speculative sampling for B rows at once.
+
+    p [B, g+1, V] target (processed) distributions, q [B, g, V] the proposer's, drafts [B, g] the drafted ids,
+    u [B, g] uniforms in [0, 1), race [B, V] Exp(1) draws for the emitted token (argmax r_i / E_i ~ r).
+    """
+    rows, g = drafts.shape
+    p_x = p[:, :g].gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    q_x = q.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+    accept = u * q_x < p_x  # u < p/q  <=>  accepted with probability min(1, p/q)
+    accepted = accept.long().cumprod(dim=-1).sum(dim=-1)  # length of the accepted prefix
+    # position `accepted` of q padded with zeros: at g (all accepted) the residual max(0, p - 0) is p: the bonus
+    q_pad = torch.cat([q, q.new_zeros(rows, 1, q.shape[-1])], dim=1)
+    at = torch.arange(rows, device=p.device)
+    final = residual_distribution(p[at, accepted], q_pad[at, accepted])
+    return Verdict(accepted, (final / race).argmax(dim=-1), final)
+
+
+def verify_greedy(p_logits: Tensor, drafts: Tensor) -> Verdict:
+    """Greedy verification: accept while x_i == argmax p_i, then emit argmax p at the first mismatch (or the end).
+
+    p_logits [B, g+1, V] (processed logits or probabilities: only the argmax is used), drafts [B, g]."""
+    rows, g = drafts.shape
+    best = p_logits.argmax(dim=-1)  # [B, g+1]
+    accepted = (best[:, :g] == drafts).long().cumprod(dim=-1).sum(dim=-1)
+    token = best.gather(1, accepted.unsqueeze(1)).squeeze(1)
+    final = torch.nn.functional.one_hot(token, p_logits.shape[-1]).to(torch.float32)
+    return Verdict(accepted, token, final)
+
+
+def point_masses(tokens: Tensor, vocab: int) -> Tensor:
+    """q for a deterministic proposer: q_i(x_i) = 1, so its acceptance probability is min(1, p(x_i))."""
+    return torch.nn.functional.one_hot(tokens, vocab).to(torch.float32)
+
+
+def expected_tokens(a: float, g: int) -> float:
+    """Tokens per round: 1 + a + a^2 + .. + a^g = (1 - a^(g+1)) / (1 - a), and g + 1 in the limit a -> 1."""
+    if a >= 1.0:
+        return g + 1.0
+    return (1.0 - a ** (g + 1)) / (1.0 - a)
+
+
+def predicted_speedup(a: float, c: float, g: int) -> float:
+    """(1 - a^(g+1)) / ((1 - a)(g c + 1)): expected tokens per round over the round's cost in target steps."""
+    return expected_tokens(a, g) / (g * c + 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sequence and the proposers
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Sequence:
+    """The ids so far (prompt + emitted) in a preallocated [1, capacity] tensor, so prefixes are views; drafts are
+    written past ``length`` as scratch. ``tokens`` mirrors the committed ids as a Python list."""
+
+    def __init__(self, prompt_ids: list[int], capacity: int, device):
+        self.ids = torch.zeros(1, capacity, dtype=torch.long, device=device)
+        self.ids[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long)
+        self.tokens = list(prompt_ids)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    def prefix(self, extra: int = 0) -> Tensor:
+        """[1, length + extra]: the committed ids plus the first ``extra`` scratch (drafted) ids."""
+        return self.ids[:, : len(self.tokens) + extra]
+
+    def append(self, token_ids: list[int]) -> None:
+        start = len(self.tokens)
+        self.ids[0, start : start + len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
+        self.tokens.extend(token_ids)
+
+
+class Draft(NamedTuple):
+    tokens: Tensor  # [g] drafted ids
+    q: Tensor | None  # [g, V] processed draft distributions; None = point masses (a deterministic proposer)
+    raw_logits: Tensor | None  # [g, V] the draft model's own logits (None for the n-gram proposer)
+
+
+class Proposer(Protocol):
+    name: str
+    forwards: int  # draft forwards so far (prefill excluded)
+    context_length: int | None
+
+    def start(self, seq: Sequence) -> None: ...  # a new run on this prompt
+
+    def propose(self, seq: Sequence, gamma: int) -> Draft: ...  # up to gamma tokens (may be fewer, even 0)
+
+    def rollback(self, length: int) -> None: ...  # keep only the first `length` positions of the sequence
+
+
+class ModelProposer:
+    """A small model with the target's vocabulary drafts from its processed distribution q (same chain)."""
+
+    def __init__(self, model, chain: Chain, selector: Callable[[Tensor], Tensor], name: str = "draft",
+                 context_length: int | None = None):
+        self.model, self.chain, self.selector, self.name = model, chain, selector, name
+        self.context_length = context_length
+        self.uses_ids = chain_uses_ids(chain)
+        self.forwards = 0
+        self.cache: FullCache | None = None
+
+    def start(self, seq: Sequence) -> None:
+        """Prefill everything but the last prompt token (it is fed with the first round)."""
+        self.cache = make_cache("full", self.model.config)
+        self.forwards = 0
+        if seq.length > 1:
+            forward(self.model, seq.ids[:, : seq.length - 1], self.cache.model_cache,
+                    self.cache.positions(seq.length - 1), logits_to_keep=1)
+            self.cache.after_forward()
+
+    @torch.inference_mode()
+    def propose(self, seq: Sequence, gamma: int) -> Draft:
+        cache, n = self.cache, seq.length
+        behind = n - cache.length  # 1, or 2 after a round that accepted every draft
+        logits = forward(self.model, seq.ids[:, cache.length : n], cache.model_cache, cache.positions(behind))[:, -1]
+        cache.after_forward()
+        q_rows, raw_rows = [], []
+        for i in range(gamma):
+            processed = self.chain(seq.prefix(i), logits)  # same chain, same prefix ids as the target's p
+            q = softmax(processed)
+            token = self.selector(q)
+            seq.ids[0, n + i] = token[0]  # scratch: the target's forward reads the drafts from here
+            q_rows.append(q)
+            raw_rows.append(logits)
+            if i + 1 < gamma:
+                logits = forward(self.model, token.view(1, 1), cache.model_cache, cache.positions(1))[:, -1]
+                cache.after_forward()
+        self.forwards += gamma
+        return Draft(seq.ids[0, n : n + gamma].clone(), torch.cat(q_rows), torch.cat(raw_rows))
+
+    def rollback(self, length: int) -> None:
+        if self.cache.length > length:
+            self.cache.crop(length)
+
+
+class NGramProposer:
+    """Prompt lookup: find the most recent earlier occurrence of the last n tokens (n = size, size-1, .., 1) and
+    propose the tokens that followed it (copying on through the proposal itself when the match is close to the end,
+    so a repeating pattern continues). Deterministic: q is a point mass on each proposed token."""
+
+    context_length = None
+
+    def __init__(self, size: int = 3):
+        self.size = size
+        self.name = f"ngram-{size}"
+        self.forwards = 0
+        self.follow: list[dict[tuple[int, ...], int]] = []
+        self.indexed = 0
+
+    def start(self, seq: Sequence) -> None:
+        self.follow = [{} for _ in range(self.size)]  # per n: n-gram -> where its latest continuation starts
+        self.indexed = 0
+        self.forwards = 0
+
+    def _index(self, tokens: list[int]) -> None:
+        """Record every n-gram that ends before the last token, i.e. that has a continuation."""
+        for end in range(max(self.indexed, 1), len(tokens)):
+            for n in range(1, min(self.size, end) + 1):
+                self.follow[n - 1][tuple(tokens[end - n : end])] = end
+        self.indexed = len(tokens)
+
+    def lookup(self, tokens: list[int], gamma: int) -> list[int]:
+        self._index(tokens)
+        for n in range(min(self.size, len(tokens)), 0, -1):
+            start = self.follow[n - 1].get(tuple(tokens[len(tokens) - n :]))
+            if start is not None:
+                out: list[int] = []
+                for i in range(gamma):
+                    src = start + i  # < len(tokens) + i: the copy may run on into its own output
+                    out.append(tokens[src] if src < len(tokens) else out[src - len(tokens)])
+                return out
+        return []
+
+    def propose(self, seq: Sequence, gamma: int) -> Draft:
+        out = self.lookup(seq.tokens, gamma)
+        if out:
+            seq.ids[0, seq.length : seq.length + len(out)] = torch.tensor(out, dtype=torch.long)
+        return Draft(torch.tensor(out, dtype=torch.long, device=seq.ids.device), None, None)
+
+    def rollback(self, length: int) -> None:
+        return None  # the index only ever holds committed tokens
+
+
+def chain_uses_ids(chain: Chain) -> bool:
+    """Whether a stage reads the prefix ids (then each position needs its own prefix, so no batching)."""
+    return bool({"repetition-penalty", "no-repeat-ngram"} & set(chain.names))
+
+
+def process_block(chain: Chain, seq: Sequence, logits: Tensor, uses_ids: bool) -> Tensor:
+    """The chain on the target's g+1 rows; row i follows the prefix s + x_1..x_i."""
+    if uses_ids:
+        return torch.cat([chain(seq.prefix(i), logits[i : i + 1]) for i in range(logits.shape[0])])
+    return chain(seq.prefix().expand(logits.shape[0], -1), logits)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# trace records
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProposedToken:
+    token_id: int
+    token: str
+    q: float  # the proposer's processed probability of this token (1 for the n-gram proposer)
+    p: float  # the target's processed probability of it, same prefix
+    u: float | None  # the uniform drawn for it (None: greedy, or never judged after an earlier rejection)
+    accept_prob: float  # min(1, p/q); greedy: 1 if it is the target's argmax else 0
+    accepted: bool
+    reached: bool  # judged at all (False after the round's first rejection)
+    raw_q: float | None  # the draft model's own softmax (temperature 1); None for the n-gram proposer
+    raw_p: float  # the target model's own softmax
+
+
+@dataclass
+class ResidualEntry:
+    token_id: int
+    token: str
+    prob: float  # in the distribution the final token was drawn from (residual or p)
+    p: float  # the target's processed probability
+    raw_p: float
+
+
+@dataclass
+class FinalToken:
+    kind: str  # correction | bonus
+    token_id: int
+    token: str
+    prob: float  # in the distribution it was drawn from: norm(max(0, p - q)) (correction) or p (bonus)
+    p: float
+    raw_p: float
+    emitted: bool  # False when EOS / -n / a stop string ended the run before it
+    top: list[ResidualEntry] = field(default_factory=list)
+
+
+@dataclass
+class Round:
+    index: int
+    position: int  # absolute position of the round's first emitted token
+    drafted: int
+    accepted: int
+    emitted_ids: list[int]
+    emitted_text: str = ""
+    proposed: list[ProposedToken] = field(default_factory=list)
+    final: FinalToken | None = None
+    draft_ms: float = 0.0
+    target_ms: float = 0.0
+
+    def to_dict(self) -> dict:
+        out = {"index": self.index, "position": self.position, "drafted": self.drafted,
+               "proposed": [asdict(t) for t in self.proposed], "accepted": self.accepted,
+               "emitted": {"token_ids": self.emitted_ids, "text": self.emitted_text},
+               "draft_ms": self.draft_ms, "target_ms": self.target_ms}
+        if self.final is not None:
+            out[self.final.kind] = asdict(self.final)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the loop
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunStats:
+    """Counts and timings of one speculative run (the summary is computed from these)."""
+
+    gamma: int
+    rounds: int = 0
+    drafted: int = 0
+    judged: int = 0  # drafts whose verdict was reached: the accepted ones + the first rejected one per round
+    accepted: int = 0
+    reached_at: list[int] = field(default_factory=list)  # per draft position: judged there
+    accepted_at: list[int] = field(default_factory=list)
+    round_drafts: list[int] = field(default_factory=list)  # drafts per round (fewer near the end or no n-gram hit)
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    decode_seconds: float = 0.0  # every round (drafting, verifying, rollback, stop checks); prefill and trace excluded
+    new_ids: list[int] = field(default_factory=list)
+    stop_reason: str = "length"
+
+    def __post_init__(self):
+        self.reached_at = [0] * self.gamma
+        self.accepted_at = [0] * self.gamma
+
+
+class Speculator:
+    """Iterate to get one :class:`Round` per verification round; ``stats`` and ``summary(...)`` describe the run.
+
+    ``generator`` None means greedy verification (temperature 0); otherwise the explicit RNG for u and the
+    residual/bonus draws (the proposer's own selector should share it, for one seed per run)."""
+
+    def __init__(self, target, proposer: Proposer, prompt_ids: list[int], chain: Chain, rules: StopRules,
+                 gamma: int, generator: torch.Generator | None = None,
+                 token_text: Callable[[int], str] | None = None, detok: Callable[[list[int]], str] | None = None,
+                 top: int = 5, record: bool = True):
+        if gamma < 1:
+            raise ConfigError(f"--gamma {gamma}: must be an integer >= 1")
+        self.target, self.proposer, self.chain, self.rules = target, proposer, chain, rules
+        self.prompt_ids, self.gamma, self.generator = list(prompt_ids), gamma, generator
+        self.token_text, self.detok, self.top, self.record = token_text, detok, top, record
+        self.uses_ids = chain_uses_ids(chain)
+        self.stats = RunStats(gamma)
+        self.rounds: list[Round] = []
+        self.target_cache: FullCache | None = None
+        self.seq: Sequence | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.generator is None
+
+    def context_limit(self) -> int | None:
+        limits = [c for c in (self.rules.context_length, self.proposer.context_length) if c is not None]
+        return min(limits) if limits else None
+
+    def __iter__(self) -> Iterator[Round]:
+        check_prompt(len(self.prompt_ids), self.rules.context_length)
+        device = next(self.target.parameters()).device
+        capacity = len(self.prompt_ids) + self.rules.max_new_tokens + self.gamma + 2
+        self.seq = Sequence(self.prompt_ids, capacity, device)
+        self.start()
+        while True:
+            start = time.perf_counter()
+            outcome = self.step()
+            self.stats.decode_seconds += time.perf_counter() - start
+            rnd = self.build_round(outcome)
+            self.rounds.append(rnd)
+            yield rnd
+            if outcome.stop is not None:
+                self.stats.stop_reason = outcome.stop
+                return
+
+    @torch.inference_mode()
+    def start(self) -> None:
+        """Target prefill of all but the last prompt token; the proposer's own start."""
+        seq = self.seq
+        self.target_cache = make_cache("full", self.target.config)
+        if seq.length > 1:
+            forward(self.target, seq.ids[:, : seq.length - 1], self.target_cache.model_cache,
+                    self.target_cache.positions(seq.length - 1), logits_to_keep=1)
+            self.target_cache.after_forward()
+        self.proposer.start(seq)
+
+    def draft_budget(self) -> int:
+        """gamma, capped so one round never overshoots -n (it emits at most g + 1) nor the context."""
+        g = min(self.gamma, self.rules.max_new_tokens - len(self.stats.new_ids) - 1)
+        limit = self.context_limit()
+        if limit is not None:
+            g = min(g, limit - self.seq.length)
+        return max(g, 0)
+
+    @torch.inference_mode()
+    def step(self) -> _Outcome:
+        seq, stats, cache = self.seq, self.stats, self.target_cache
+        n = seq.length
+        g = self.draft_budget()
+        t0 = time.perf_counter()
+        draft = self.proposer.propose(seq, g) if g > 0 else Draft(seq.ids.new_zeros(0), None, None)
+        g = int(draft.tokens.shape[0])
+        t1 = time.perf_counter()
+        # one target forward over [s_last, x_1..x_g]: logits for the g+1 positions after them
+        logits = forward(self.target, seq.ids[:, n - 1 : n + g], cache.model_cache, cache.positions(g + 1),
+                         logits_to_keep=g + 1)[0]
+        cache.after_forward()
+        processed = process_block(self.chain, seq, logits, self.uses_ids)
+        verdict, p, q, u = self.verify(processed, draft)
+        k, token = int(verdict.accepted[0]), int(verdict.token[0])
+        cache.crop(n + k)  # keep s + x_1..x_k; y is fed with the next round
+        self.proposer.rollback(n + k)
+        t2 = time.perf_counter()
+        stats.rounds += 1
+        stats.draft_seconds += t1 - t0
+        stats.target_seconds += t2 - t1
+        stats.drafted += g
+        stats.round_drafts.append(g)
+        stats.accepted += k
+        stats.judged += min(k + 1, g)
+        for i in range(min(k + 1, g)):
+            stats.reached_at[i] += 1
+        for i in range(k):
+            stats.accepted_at[i] += 1
+        drafts = draft.tokens.tolist()
+        emitted, stop = self.commit(drafts[:k] + [token])
+        return _Outcome(n, draft, drafts, logits, processed, p, q, u, verdict, k, token, emitted, stop,
+                        (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+
+    def verify(self, processed: Tensor, draft: Draft):
+        g = int(draft.tokens.shape[0])
+        if self.greedy:
+            return verify_greedy(processed.unsqueeze(0), draft.tokens.unsqueeze(0)), None, None, None
+        p = softmax(processed)  # [g+1, V]
+        vocab = p.shape[-1]
+        q = draft.q if draft.q is not None else point_masses(draft.tokens, vocab)
+        u = torch.rand(g, generator=self.generator, device=p.device)
+        race = torch.empty(vocab, device=p.device).exponential_(1.0, generator=self.generator)
+        verdict = verify_sampled(p.unsqueeze(0), q.unsqueeze(0), draft.tokens.unsqueeze(0), u.unsqueeze(0),
+                                 race.unsqueeze(0))
+        return verdict, p, q, u
+
+    def commit(self, tokens: list[int]) -> tuple[list[int], str | None]:
+        """Append the round's tokens one by one, stopping like decode_tokens: EOS, stop string, context, -n."""
+        rules, stats, seq = self.rules, self.stats, self.seq
+        eos = () if rules.ignore_eos else rules.eos_ids
+        for i, t in enumerate(tokens):
+            stats.new_ids.append(t)
+            seq.append([t])
+            stop = None
+            if t in eos:
+                stop = "eos"
+            elif rules.stop_strings and self.detok is not None and any(
+                    s in self.detok(stats.new_ids) for s in rules.stop_strings):
+                stop = "stop"
+            elif rules.context_length is not None and seq.length >= rules.context_length:
+                stop = "context"
+            elif len(stats.new_ids) >= rules.max_new_tokens:
+                stop = "length"
+            if stop is not None:
+                return tokens[: i + 1], stop
+        return tokens, None
+
+    def build_round(self, o: _Outcome) -> Round:
+        """The traced record of a round (not timed: token texts and distributions for people)."""
+        rnd = Round(len(self.rounds), o.position, len(o.drafts), o.k, o.emitted, draft_ms=o.draft_ms,
+                    target_ms=o.target_ms)
+        if not self.record:
+            return rnd
+        text = self.token_text or str
+        raw_p = softmax(o.logits)
+        p = o.p if o.p is not None else softmax(o.processed)
+        q = o.q if o.q is not None else (o.draft.q if o.draft.q is not None
+                                         else point_masses(o.draft.tokens, p.shape[-1]))
+        raw_q = softmax(o.draft.raw_logits) if o.draft.raw_logits is not None else None
+        for i, x in enumerate(o.drafts):
+            reached = i <= o.k
+            if self.greedy:
+                accept_prob, u = float(x == int(p[i].argmax())), None
+            else:
+                accept_prob = float(acceptance_probability(p[i, x], q[i, x]))
+                u = float(o.u[i]) if reached else None
+            rnd.proposed.append(ProposedToken(
+                x, text(x), float(q[i, x]), float(p[i, x]), u, accept_prob, i < o.k, reached,
+                float(raw_q[i, x]) if raw_q is not None else None, float(raw_p[i, x])))
+        final = o.verdict.final_probs[0]
+        # greedy: the drawn-from distribution is a point mass, so rank the alternatives by the target's raw softmax
+        ranking = raw_p[o.k] if self.greedy else final
+        top = torch.topk(ranking, min(self.top, final.shape[-1])).indices.tolist() if self.top > 0 else []
+        entries = [ResidualEntry(t, text(t), float(final[t]), float(p[o.k, t]), float(raw_p[o.k, t]))
+                   for t in top if self.greedy or float(final[t]) > 0]
+        rnd.final = FinalToken("bonus" if o.k == len(o.drafts) else "correction", o.token, text(o.token),
+                               float(final[o.token]), float(p[o.k, o.token]), float(raw_p[o.k, o.token]),
+                               len(o.emitted) == o.k + 1, entries)
+        rnd.emitted_text = self.detok(o.emitted) if self.detok is not None else ""
+        return rnd
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.stats.new_ids
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stats.stop_reason
+
+    def interrupted(self) -> None:
+        self.stats.stop_reason = "interrupted"
+
+    def summary(self, baseline: BaselineTiming | None) -> SpeculativeSummary:
+        return summarize(self.stats, self.proposer.name, self.proposer.forwards, baseline)
+
+
+class _Outcome(NamedTuple):
+    position: int
+    draft: Draft
+    drafts: list[int]
+    logits: Tensor
+    processed: Tensor
+    p: Tensor | None
+    q: Tensor | None
+    u: Tensor | None
+    verdict: Verdict
+    k: int
+    token: int
+    emitted: list[int]
+    stop: str | None
+    draft_ms: float
+    target_ms: float
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the reference run and the summary
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BaselineTiming:
+    """Plain target decoding (decode_tokens, same chain) of the same number of tokens, timed in the same run."""
+
+    tokens: int
+    decode_seconds: float  # every token after the first (the first one carries the prefill)
+
+    @property
+    def step_seconds(self) -> float:
+        return self.decode_seconds / max(self.tokens - 1, 1)
+
+
+def time_plain_decoding(target, prompt_ids: list[int], chain: Chain, selector, tokens: int,
+                        context_length: int | None) -> BaselineTiming:
+    """Generate exactly ``tokens`` tokens (EOS ignored) with the bare loop; time the steps after the prefill."""
+    rules = StopRules(max(tokens, 2), ignore_eos=True, context_length=context_length)
+    loop = decode_tokens(target, prompt_ids, chain, selector, rules)
+    next(loop)  # prefill + the first token
+    start = time.perf_counter()
+    produced = 1 + sum(1 for _ in loop)
+    return BaselineTiming(produced, time.perf_counter() - start)
+
+
+@dataclass
+class SpeculativeSummary:
+    proposer: str
+    gamma: int
+    new_tokens: int
+    rounds: int
+    acceptance_rate: float  # a: accepted drafts / drafts judged (each round judges up to its first rejection)
+    drafted_accepted_fraction: float  # accepted drafts / all drafted (including never-judged ones)
+    mean_accepted: float  # accepted drafts per round
+    mean_drafted: float  # drafts per round (fewer than gamma near the end, or when the n-gram finds no match)
+    per_position_acceptance: list  # per draft position i: accepted there / judged there (None if never judged)
+    tokens_per_target_call: float  # emitted tokens per verification forward
+    target_calls: int  # verification forwards (the prefill excluded)
+    draft_calls: int  # draft-model forwards (the prefill excluded); 0 for the n-gram proposer
+    draft_step_ms: float  # drafting time per drafted token
+    target_step_ms: float | None  # one plain decoding step of the target (the reference run)
+    verify_ms: float  # target verification time per round (forward over g+1 positions, chain, verify, rollback)
+    cost_ratio: float | None  # c = draft_step_ms / target_step_ms
+    predicted_speedup: float | None  # (1 - a^(g+1)) / ((1 - a)(g c + 1)), g = gamma
+    measured_speedup: float | None  # plain decoding time per token / speculative time per token
+    tokens_per_s: float
+    baseline_tokens_per_s: float | None
+    stop_reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(stats: RunStats, proposer: str, draft_calls: int, baseline: BaselineTiming | None):
+    n, rounds = len(stats.new_ids), max(stats.rounds, 1)
+    a = stats.accepted / stats.judged if stats.judged else 0.0
+    draft_step = stats.draft_seconds / stats.drafted if stats.drafted else 0.0
+    spec_token = stats.decode_seconds / n if n else float("nan")
+    target_step = baseline.step_seconds if baseline is not None else None
+    c = draft_step / target_step if target_step else None
+    return SpeculativeSummary(
+        proposer=proposer,
+        gamma=stats.gamma,
+        new_tokens=n,
+        rounds=stats.rounds,
+        acceptance_rate=a,
+        drafted_accepted_fraction=stats.accepted / stats.drafted if stats.drafted else 0.0,
+        mean_accepted=stats.accepted / rounds,
+        mean_drafted=stats.drafted / rounds,
+        per_position_acceptance=[acc / seen if seen else None
+                                 for acc, seen in zip(stats.accepted_at, stats.reached_at)],
+        tokens_per_target_call=n / rounds,
+        target_calls=stats.rounds,
+        draft_calls=draft_calls,
+        draft_step_ms=draft_step * 1e3,
+        target_step_ms=target_step * 1e3 if target_step is not None else None,
+        verify_ms=stats.target_seconds / rounds * 1e3,
+        cost_ratio=c,
+        predicted_speedup=predicted_speedup(a, c, stats.gamma) if c is not None else None,
+        measured_speedup=target_step / spec_token if target_step is not None and n else None,
+        tokens_per_s=n / stats.decode_seconds if stats.decode_seconds > 0 else float("inf"),
+        baseline_tokens_per_s=1.0 / target_step if target_step else None,
+        stop_reason=stats.stop_reason,
+    )
+
+
+def best_gamma(rows: list[SpeculativeSummary]) -> int | None:
+    """The gamma with the highest measured speedup (ties: the smaller gamma)."""
+    scored = [r for r in rows if r.measured_speedup is not None and math.isfinite(r.measured_speedup)]
+    if not scored:
+        return None
+    return max(scored, key=lambda r: (r.measured_speedup, -r.gamma)).gamma
+
+
+def make_selector_for(greedy: bool, generator: torch.Generator | None):
+    """The proposer's selector: argmax at temperature 0, else a draw sharing the run's generator."""
+    return Greedy() if greedy else Multinomial(generator)
