@@ -7,6 +7,7 @@ caller can stream steps as they come and an interrupted run keeps what it produc
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from torch import Tensor
 from .cache import FullCache, make_cache
 from .errors import ConfigError
 from .model import forward
-from .processors import Chain, entropy, log_softmax, stage_stats
+from .processors import Chain, empty_chain_error, entropy, log_softmax, stage_stats
 from .trace import Alternative, StageStat, StageView, Step, TokenProb, TrackedToken, summarize
 
 
@@ -87,19 +88,26 @@ def decode_tokens(
     device = next(model.parameters()).device
     cache = cache if cache is not None else make_cache("full", model.config)
     state = state if state is not None else DecodeState()
-    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    logits = prefill(model, cache, ids)
+    # the whole sequence lives in one buffer; the chain sees the prefix view seq[:, :length]
+    seq = torch.empty(1, len(prompt_ids) + rules.max_new_tokens, dtype=torch.long, device=device)
+    seq[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long, device=device)
+    length = len(prompt_ids)
+    logits = prefill(model, cache, seq[:, :length])
     eos = set(rules.eos_ids) if not rules.ignore_eos else set()
     for _ in range(rules.max_new_tokens):
+        ids = seq[:, :length]
         if record:
             processed, stages = chain.run_recorded(ids, logits)
         else:
-            processed, stages = chain(ids, logits), None
-        token = selector(torch.softmax(processed, dim=-1))
+            processed, stages = chain.apply(ids, logits), None
+        token = selector.from_logits(processed)
         token_id = int(token)
+        if not math.isfinite(float(processed[0, token_id])):  # argmax over an all -inf (or NaN) row
+            raise empty_chain_error(chain.names)
         state.new_ids.append(token_id)
         yield Decoded(token_id, logits[0], processed[0], stages)
-        ids = torch.cat([ids, token.view(1, 1)], dim=1)
+        seq[0, length] = token_id
+        length += 1
         if token_id in eos:
             state.stop_reason = "eos"
             return
@@ -108,11 +116,11 @@ def decode_tokens(
             if any(s in text for s in rules.stop_strings):
                 state.stop_reason = "stop"
                 return
-        if rules.context_length is not None and ids.shape[1] >= rules.context_length:
+        if rules.context_length is not None and length >= rules.context_length:
             state.stop_reason = "context"
             return
         if len(state.new_ids) < rules.max_new_tokens:
-            logits = decode_one(model, cache, token.view(1, 1))
+            logits = decode_one(model, cache, seq[:, length - 1 : length])
     state.stop_reason = "length"
 
 

@@ -100,7 +100,12 @@ class LoadedModel:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def token_text(self, token_id: int) -> str:
-        return self.decode([token_id])
+        """The text of one token, memoised: traces ask for the same few thousand ids again and again."""
+        memo = self.__dict__.setdefault("_token_texts", {})
+        text = memo.get(token_id)
+        if text is None:
+            text = memo[token_id] = self.decode([token_id])
+        return text
 
     def token_id(self, text: str) -> int:
         """The id of a text that is exactly one token (for --logit-bias and friends)."""

@@ -230,9 +230,14 @@ class Chain:
         return [p.name for p in self.processors]
 
     def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        logits = self.apply(ids, logits)
+        check_not_empty(logits, self.names)
+        return logits
+
+    def apply(self, ids: Tensor, logits: Tensor) -> Tensor:
+        """The chain without the emptiness check (the decode loop checks the selected token instead)."""
         for proc in self.processors:
             logits = proc(ids, logits)
-        check_not_empty(logits, self.names)
         return logits
 
     def run_recorded(self, ids: Tensor, logits: Tensor) -> tuple[Tensor, list[tuple[str, Tensor]]]:
@@ -241,7 +246,6 @@ class Chain:
         for proc in self.processors:
             logits = proc(ids, logits)
             stages.append((proc.name, logits))
-        check_not_empty(logits, self.names)
         return logits, stages
 
 
@@ -249,9 +253,11 @@ def check_not_empty(logits: Tensor, names: list[str]) -> None:
     """A chain that leaves no finite logit in a row has no distribution to draw from."""
     empty = torch.isneginf(logits).all(dim=-1) | torch.isnan(logits).any(dim=-1)
     if bool(empty.any()):
-        raise ChainError(
-            f"the chain [{', '.join(names)}] removed every candidate token; loosen the filters or bans"
-        )
+        raise empty_chain_error(names)
+
+
+def empty_chain_error(names: list[str]) -> ChainError:
+    return ChainError(f"the chain [{', '.join(names)}] removed every candidate token; loosen the filters or bans")
 
 
 def build_chain(settings: dict, order: list[str] | None = None) -> Chain:

@@ -14,17 +14,23 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
 
 
 class Greedy:
+    """The arg-max of the processed distribution (softmax is monotone, so the arg-max of the logits too)."""
+
     name = "greedy"
 
     def __call__(self, probs: Tensor) -> Tensor:
         return probs.argmax(dim=-1)
 
+    def from_logits(self, logits: Tensor) -> Tensor:
+        return logits.argmax(dim=-1)
+
 
 class Multinomial:
     """Exact draw from probs by an exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d.
 
-    P(argmax = i) = p_i (the minimum of independent Exp(p_i)-distributed E_i / p_i is attained at i with
-    probability p_i / sum p). No host sync and no cumulative-sum rounding.
+    E_i / p_i ~ Exp(p_i), and the smallest of independent exponentials is the i-th with probability p_i / sum p.
+    From logits: argmax_i z_i - log E_i (the softmax normaliser is the same for every i), so no softmax. No
+    cumulative-sum rounding and no host sync; removed tokens (p = 0, z = -inf) never win.
     """
 
     name = "multinomial"
@@ -32,9 +38,14 @@ class Multinomial:
     def __init__(self, generator: torch.Generator):
         self.generator = generator
 
+    def _race(self, like: Tensor) -> Tensor:
+        return torch.empty_like(like, dtype=torch.float32).exponential_(1.0, generator=self.generator)
+
     def __call__(self, probs: Tensor) -> Tensor:
-        race = torch.empty_like(probs).exponential_(1.0, generator=self.generator)
-        return (probs / race).argmax(dim=-1)
+        return (probs.float() / self._race(probs)).argmax(dim=-1)
+
+    def from_logits(self, logits: Tensor) -> Tensor:
+        return (logits.float() - self._race(logits).log()).argmax(dim=-1)
 
 
 def make_selector(temperature: float | None, seed: int, device) -> Greedy | Multinomial:

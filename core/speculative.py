@@ -436,11 +436,12 @@ class Speculator:
             start = time.perf_counter()
             outcome = self.step()
             self.stats.decode_seconds += time.perf_counter() - start
+            if outcome.stop is not None:
+                self.stats.stop_reason = outcome.stop
             rnd = self.build_round(outcome)
             self.rounds.append(rnd)
             yield rnd
             if outcome.stop is not None:
-                self.stats.stop_reason = outcome.stop
                 return
 
     @torch.inference_mode()

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# The models in tests are tiny: one thread is as fast, and it avoids OpenMP spin-waits when the two cores are busy
+torch.set_num_threads(1)
+
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLED_TOKENIZER = ROOT / "presets" / "models" / "tiny"
 

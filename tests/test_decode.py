@@ -156,10 +156,13 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((counts - expected) ** 2 / expected).sum())
 
 
-def test_multinomial_selector_follows_the_distribution():
+@pytest.mark.parametrize("space", ["probs", "logits"])
+def test_multinomial_selector_follows_the_distribution(space):
     probs = torch.tensor([0.05, 0.1, 0.15, 0.2, 0.22, 0.28])
     n = 40_000
-    draws = Multinomial(make_generator(123, "cpu"))(probs.expand(n, -1).contiguous())
+    selector = Multinomial(make_generator(123, "cpu"))
+    batch = probs.expand(n, -1).contiguous()
+    draws = selector(batch) if space == "probs" else selector.from_logits(batch.log() + 3.0)
     counts = torch.bincount(draws, minlength=6).double()
     assert chi_square(counts, probs.double()) < CHI2_999[5]
 
@@ -176,5 +179,8 @@ def test_the_chi_square_check_rejects_a_biased_sampler():
 
 def test_multinomial_never_draws_a_removed_token():
     probs = torch.tensor([0.0, 0.5, 0.0, 0.5])
-    draws = Multinomial(make_generator(0, "cpu"))(probs.expand(5000, -1).contiguous())
+    selector = Multinomial(make_generator(0, "cpu"))
+    draws = selector(probs.expand(5000, -1).contiguous())
+    assert set(draws.tolist()) <= {1, 3}
+    draws = selector.from_logits(probs.log().expand(5000, -1).contiguous())
     assert set(draws.tolist()) <= {1, 3}
