@@ -1,0 +1,455 @@
+"""Speculative decoding: the verification rule on hand vectors, exactness (greedy token for token, sampling in
+distribution), cache rollback, the n-gram proposer, and the `speculate` command."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from decodelab.core import speculative as spec
+from decodelab.core.cache import FullCache
+from decodelab.core.decode import StopRules, decode_tokens
+from decodelab.core.model import forward
+from decodelab.core.processors import build_chain, softmax
+from decodelab.core.select import Greedy, Multinomial, make_generator
+from decodelab.core.speculative import (
+    ModelProposer,
+    NGramProposer,
+    Speculator,
+    acceptance_probability,
+    expected_tokens,
+    predicted_speedup,
+    residual_distribution,
+    verify_greedy,
+    verify_sampled,
+)
+
+from conftest import BUNDLED_TOKENIZER, random_model
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_WEIGHTS = ROOT / "presets" / "models" / "tiny" / "model.safetensors"
+DRAFT_WEIGHTS = ROOT / "presets" / "models" / "tiny-draft" / "model.safetensors"
+PROMPT = [3, 17, 42, 9, 100, 17, 42]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return random_model("llama", seed=0, vocab_size=256, scale=20.0)
+
+
+@pytest.fixture(scope="module")
+def unrelated_draft():
+    return random_model("qwen2", seed=5, vocab_size=256, scale=20.0)
+
+
+def perturbed_copy(model, noise: float, seed: int = 0):
+    """The same architecture and weights plus Gaussian noise: a draft that agrees often but not always."""
+    clone = random_model("llama", seed=0, vocab_size=model.config.vocab_size, scale=1.0)
+    clone.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in clone.parameters():
+            param.add_(noise * param.std() * torch.randn(param.shape, generator=gen))
+    return clone.eval()
+
+
+def run_spec(target, proposer, prompt, chain, rules, gamma, generator=None):
+    sp = Speculator(target, proposer, prompt, chain, rules, gamma, generator, record=False)
+    for _ in sp:
+        if len(sp.new_ids) < rules.max_new_tokens and sp.stop_reason == "length":  # not the last round
+            assert sp.target_cache.length == sp.seq.length - 1  # all but the token the next round feeds
+    return sp
+
+
+def reference(target, prompt, chain, rules, selector=None):
+    return [o.token_id for o in decode_tokens(target, prompt, chain, selector or Greedy(), rules)]
+
+
+# --- the rule on vectors checkable by hand ------------------------------------------------------------------------
+
+
+def test_accept_probability_and_residual_on_hand_vectors():
+    p = torch.tensor([0.4, 0.35, 0.25])
+    q = torch.tensor([0.2, 0.2, 0.6])
+    # x = 2: q over-proposes it, accepted with p/q = 0.25/0.6 = 5/12; x = 0: p > q, always accepted
+    assert float(acceptance_probability(p[2], q[2])) == pytest.approx(5 / 12)
+    assert float(acceptance_probability(p[0], q[0])) == 1.0
+    # max(0, p - q) = [0.2, 0.15, 0] -> normalised [4/7, 3/7, 0]
+    assert residual_distribution(p, q).tolist() == pytest.approx([4 / 7, 3 / 7, 0.0])
+    # a point-mass proposer (q = one-hot on x = 1): accept with p(1); residual = p without x, renormalised
+    one_hot = torch.tensor([0.0, 1.0, 0.0])
+    assert float(acceptance_probability(p[1], one_hot[1])) == pytest.approx(0.35)
+    assert residual_distribution(p, one_hot).tolist() == pytest.approx([0.4 / 0.65, 0.0, 0.25 / 0.65])
+    # p == q: nothing in excess; the rule never rejects there, the fallback is p itself
+    assert residual_distribution(p, p).tolist() == pytest.approx(p.tolist())
+
+
+def test_verify_sampled_hand_block():
+    p = torch.tensor([[[0.4, 0.35, 0.25], [0.1, 0.1, 0.8]]])  # [1, g+1 = 2, V = 3]
+    q = torch.tensor([[[0.2, 0.2, 0.6]]])
+    drafts = torch.tensor([[2]])
+    ones = torch.ones(1, 3)
+    accepted = verify_sampled(p, q, drafts, torch.tensor([[0.4]]), ones)  # 0.4 < 5/12: accepted
+    assert int(accepted.accepted) == 1
+    assert accepted.final_probs[0].tolist() == pytest.approx([0.1, 0.1, 0.8])  # bonus: p at position 2
+    assert int(accepted.token) == 2  # equal races: the argmax of the bonus distribution
+    rejected = verify_sampled(p, q, drafts, torch.tensor([[0.5]]), ones)  # 0.5 > 5/12: rejected
+    assert int(rejected.accepted) == 0
+    assert rejected.final_probs[0].tolist() == pytest.approx([4 / 7, 3 / 7, 0.0])
+    # the correction's law over many exponential races: 4/7, 3/7 and never the rejected token
+    n = 200_000
+    gen = torch.Generator().manual_seed(0)
+    race = torch.empty(n, 3).exponential_(1.0, generator=gen)
+    out = verify_sampled(p.expand(n, -1, -1), q.expand(n, -1, -1), drafts.expand(n, -1),
+                         torch.full((n, 1), 0.5), race)
+    freq = torch.bincount(out.token, minlength=3).double() / n
+    assert freq.tolist() == pytest.approx([4 / 7, 3 / 7, 0.0], abs=0.005)
+
+
+def test_verify_greedy_hand_block():
+    logits = torch.tensor([[[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]]])  # argmaxes 1, 0, 2
+    assert verify_greedy(logits, torch.tensor([[1, 0]])).accepted.tolist() == [2]
+    assert verify_greedy(logits, torch.tensor([[1, 0]])).token.tolist() == [2]  # bonus
+    assert verify_greedy(logits, torch.tensor([[1, 2]])).accepted.tolist() == [1]
+    assert verify_greedy(logits, torch.tensor([[1, 2]])).token.tolist() == [0]  # correction
+    assert verify_greedy(logits, torch.tensor([[0, 0]])).accepted.tolist() == [0]
+    assert verify_greedy(logits, torch.tensor([[0, 0]])).token.tolist() == [1]
+
+
+def test_predicted_speedup_formula():
+    # (1 - 0.8^5) / ((1 - 0.8)(4 * 0.1 + 1)) = 0.67232 / 0.28
+    assert predicted_speedup(0.8, 0.1, 4) == pytest.approx(0.67232 / 0.28)
+    assert predicted_speedup(1.0, 0.1, 4) == pytest.approx(5 / 1.4)  # the a -> 1 limit (g + 1) / (g c + 1)
+    assert predicted_speedup(0.999999, 0.1, 4) == pytest.approx(5 / 1.4, rel=1e-4)
+    assert predicted_speedup(0.0, 0.25, 2) == pytest.approx(1 / 1.5)
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+# --- the distribution of speculative sampling ---------------------------------------------------------------------
+
+
+def chi2_threshold(df: int, z: float = 4.753) -> float:
+    """Upper chi-square quantile by Wilson-Hilferty; z = 4.753 is the 1e-6 tail of the normal."""
+    h = 2.0 / (9.0 * df)
+    return df * (1.0 - h + z * math.sqrt(h)) ** 3
+
+
+def chi2_and_tv(counts: torch.Tensor, exact: torch.Tensor) -> tuple[float, float]:
+    n = counts.sum()
+    expected = exact * n
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    tv = 0.5 * float((counts / n - exact).abs().sum())
+    return stat, tv
+
+
+def draw(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return Multinomial(gen)(probs)
+
+
+def first_two_tokens(P1, P2, P3, Q1, Q2, n: int, seed: int) -> torch.Tensor:
+    """n independent runs of speculative sampling (gamma 2, then gamma 1 if the first round emitted only one
+    token), vectorised over rows; returns the first two emitted tokens [n, 2].
+
+    Target p(x1) = P1, p(x2 | x1) = P2[x1], p(x3 | x1 x2) = P3[x1, x2]; draft q likewise from Q1, Q2."""
+    gen = torch.Generator().manual_seed(seed)
+    V = P1.shape[0]
+    x1 = draw(Q1.expand(n, -1), gen)
+    x2 = draw(Q2[x1], gen)
+    p = torch.stack([P1.expand(n, -1), P2[x1], P3[x1, x2]], dim=1)
+    q = torch.stack([Q1.expand(n, -1), Q2[x1]], dim=1)
+    one = spec.verify_sampled(p, q, torch.stack([x1, x2], 1), torch.rand(n, 2, generator=gen),
+                              torch.empty(n, V).exponential_(1.0, generator=gen))
+    # rows that emitted a single token (a rejection at the first draft) run a second round from y
+    y = one.token
+    z1 = draw(Q2[y], gen)
+    two = spec.verify_sampled(torch.stack([P2[y], P3[y, z1]], 1), Q2[y].unsqueeze(1), z1.unsqueeze(1),
+                              torch.rand(n, 1, generator=gen), torch.empty(n, V).exponential_(1.0, generator=gen))
+    second_round_first = torch.where(two.accepted == 1, z1, two.token)
+    k = one.accepted
+    t1 = torch.where(k == 0, y, x1)
+    t2 = torch.where(k == 0, second_round_first, torch.where(k == 1, y, x2))
+    return torch.stack([t1, t2], 1)
+
+
+def random_tables(V: int, seed: int, point_mass_draft: bool):
+    gen = torch.Generator().manual_seed(seed)
+    P1 = torch.softmax(torch.randn(V, generator=gen), -1)
+    P2 = torch.softmax(torch.randn(V, V, generator=gen), -1)
+    P3 = torch.softmax(torch.randn(V, V, V, generator=gen), -1)
+    if point_mass_draft:  # a deterministic proposer (the n-gram case): always the same guess per prefix
+        Q1 = torch.nn.functional.one_hot(torch.tensor(3), V).float()
+        Q2 = torch.nn.functional.one_hot(torch.randint(0, V, (V,), generator=gen), V).float()
+    else:
+        Q1 = torch.softmax(1.5 * torch.randn(V, generator=gen), -1)
+        Q2 = torch.softmax(1.5 * torch.randn(V, V, generator=gen), -1)
+    return P1, P2, P3, Q1, Q2
+
+
+def joint_counts(tokens: torch.Tensor, V: int) -> torch.Tensor:
+    return torch.bincount(tokens[:, 0] * V + tokens[:, 1], minlength=V * V).double()
+
+
+@pytest.mark.parametrize("point_mass_draft", [False, True], ids=["draft-distribution", "point-mass"])
+def test_first_two_tokens_follow_the_target_distribution(point_mass_draft, monkeypatch):
+    V, n = 8, 200_000
+    P1, P2, P3, Q1, Q2 = random_tables(V, seed=1, point_mass_draft=point_mass_draft)
+    exact = (P1[:, None] * P2).flatten().double()  # p(x1) p(x2 | x1), enumerated
+    threshold = chi2_threshold(V * V - 1)
+    stat, tv = chi2_and_tv(joint_counts(first_two_tokens(P1, P2, P3, Q1, Q2, n, seed=2), V), exact)
+    assert stat < threshold, (stat, threshold, tv)
+    assert tv < 0.02
+    # the bound has teeth: resampling from p instead of norm(max(0, p - q)) after a rejection is caught
+    monkeypatch.setattr(spec, "residual_distribution", lambda p, q: p)
+    wrong, wrong_tv = chi2_and_tv(joint_counts(first_two_tokens(P1, P2, P3, Q1, Q2, n, seed=2), V), exact)
+    assert wrong > 10 * threshold, (wrong, threshold)
+    assert wrong_tv > 0.03
+
+
+def test_end_to_end_sampling_distribution():
+    """The real loop (models, caches, chain) over 800 seeds: the first two tokens match the exact law."""
+    V, runs = 16, 800
+    target = random_model("llama", seed=3, vocab_size=V, scale=3.0)
+    draft = random_model("llama", seed=4, vocab_size=V, scale=3.0)
+    chain = build_chain({"temperature": 1.5, "top-k": 5})  # the draft's top 5 differs: some q mass has p = 0
+    prompt = [7]
+    with torch.inference_mode():
+        p1 = softmax(chain(torch.tensor([prompt]), forward(target, torch.tensor([prompt]))[:, -1]))[0]
+        exact = torch.zeros(V, V, dtype=torch.float64)
+        for x1 in torch.nonzero(p1).flatten().tolist():
+            ids = torch.tensor([prompt + [x1]])
+            p2 = softmax(chain(ids, forward(target, ids)[:, -1]))[0]
+            exact[x1] = p1[x1].double() * p2.double()
+    counts = torch.zeros(V, V, dtype=torch.float64)
+    rules = StopRules(2)
+    for seed in range(runs):
+        gen = make_generator(seed, "cpu")
+        sp = run_spec(target, ModelProposer(draft, chain, Multinomial(gen)), prompt, chain, rules, 2, gen)
+        counts[sp.new_ids[0], sp.new_ids[1]] += 1
+    assert float(counts[exact == 0].sum()) == 0  # never a token the target's chain removed
+    keep = exact.flatten() * runs >= 5  # pool the cells too small for the chi-square approximation
+    observed = torch.cat([counts.flatten()[keep], counts.flatten()[~keep].sum().view(1)])
+    law = torch.cat([exact.flatten()[keep], exact.flatten()[~keep].sum().view(1)])
+    law, observed = law[law > 0], observed[law > 0]
+    stat, tv = chi2_and_tv(observed, law / law.sum())
+    assert stat < chi2_threshold(len(law) - 1), (stat, tv)
+
+
+# --- exactness of greedy verification ------------------------------------------------------------------------------
+
+
+CHAINS = {"greedy": {"temperature": 0}, "penalty": {"repetition-penalty": 1.3, "temperature": 0}}
+
+
+@pytest.mark.parametrize("chain_name", list(CHAINS))
+@pytest.mark.parametrize("proposer_kind", ["unrelated-draft", "ngram", "perturbed-draft"])
+def test_greedy_equals_plain_greedy(target, unrelated_draft, chain_name, proposer_kind):
+    chain = build_chain(CHAINS[chain_name])
+    rules = StopRules(32, context_length=256)
+    ref = reference(target, PROMPT, chain, rules)
+    draft = {"unrelated-draft": unrelated_draft, "perturbed-draft": perturbed_copy(target, 0.05)}.get(proposer_kind)
+    for gamma in (1, 4):
+        proposer = NGramProposer(3) if draft is None else ModelProposer(draft, chain, Greedy())
+        sp = run_spec(target, proposer, PROMPT, chain, rules, gamma)
+        assert sp.new_ids == ref, (proposer_kind, gamma)
+        assert sp.stop_reason == "length"
+        if proposer_kind == "perturbed-draft":
+            assert sp.stats.accepted > 0  # the block path was exercised, not just corrections
+
+
+@pytest.mark.parametrize("stop", ["eos", "context", "length"])
+def test_greedy_stops_like_plain_decoding(target, stop):
+    chain = build_chain({"temperature": 0})
+    free = reference(target, PROMPT, chain, StopRules(24, context_length=256))
+    rules = {"eos": StopRules(24, eos_ids=(free[9],), context_length=256),
+             "context": StopRules(24, context_length=len(PROMPT) + 11),
+             "length": StopRules(7, context_length=256)}[stop]
+    ref = reference(target, PROMPT, chain, rules)
+    sp = run_spec(target, ModelProposer(perturbed_copy(target, 0.05), chain, Greedy()), PROMPT, chain, rules, 4)
+    assert sp.new_ids == ref
+    assert sp.stop_reason == stop
+
+
+@pytest.mark.skipif(not (BUNDLED_WEIGHTS.exists() and DRAFT_WEIGHTS.exists()),
+                    reason="the bundled tiny / tiny-draft weights are not trained yet")
+def test_greedy_equals_plain_greedy_bundled_pair():
+    from decodelab.core.model import load_model
+
+    tiny, draft = load_model("tiny", device="cpu"), load_model("tiny-draft", device="cpu")
+    spec.check_same_vocabulary(tiny, draft, "tiny-draft")
+    chain = build_chain({"temperature": 0})
+    prompt = tiny.encode("Once upon a time, there was a little")
+    rules = StopRules(48, context_length=tiny.context_length)
+    ref = reference(tiny.model, prompt, chain, rules)
+    for gamma in (2, 5):
+        sp = run_spec(tiny.model, ModelProposer(draft.model, chain, Greedy()), prompt, chain, rules, gamma)
+        assert sp.new_ids == ref
+        assert sp.stats.accepted > 0
+    ngram = run_spec(tiny.model, NGramProposer(3), prompt, chain, rules, 4)
+    assert ngram.new_ids == ref
+
+
+def test_identical_draft_accepts_every_proposal(target):
+    chain = build_chain({"temperature": 1.5, "top-p": 0.95})
+    for seed in range(3):
+        gen = make_generator(seed, "cpu")
+        sp = run_spec(target, ModelProposer(target, chain, Multinomial(gen)), PROMPT, chain, StopRules(25), 4, gen)
+        assert len(sp.new_ids) == 25
+        assert sp.stats.drafted > 0 and sp.stats.accepted == sp.stats.drafted
+        summary = sp.summary(spec.BaselineTiming(25, 1.0))
+        assert summary.acceptance_rate == 1.0 and summary.per_position_acceptance == [1.0] * 4
+
+
+def test_same_seed_same_run(target, unrelated_draft):
+    chain = build_chain({"temperature": 1.2})
+    runs = []
+    for _ in range(2):
+        gen = make_generator(7, "cpu")
+        runs.append(run_spec(target, ModelProposer(unrelated_draft, chain, Multinomial(gen)), PROMPT, chain,
+                             StopRules(12), 3, gen).new_ids)
+    assert runs[0] == runs[1]
+
+
+# --- caches ----------------------------------------------------------------------------------------------------------
+
+
+def fresh_cache(model, ids: list[int]) -> FullCache:
+    cache = FullCache(model.config)
+    forward(model, torch.tensor([ids]), cache.model_cache)
+    return cache
+
+
+def assert_same_cache(a: FullCache, b: FullCache) -> None:
+    assert a.length == b.length
+    for la, lb in zip(a.model_cache.layers, b.model_cache.layers):
+        torch.testing.assert_close(la.keys, lb.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(la.values, lb.values, atol=1e-4, rtol=1e-4)
+
+
+def test_rollback_leaves_caches_equal_to_a_fresh_prefill(target):
+    chain = build_chain({"temperature": 1.0})
+    draft = perturbed_copy(target, 0.3, seed=1)
+    gen = make_generator(0, "cpu")
+    proposer = ModelProposer(draft, chain, Multinomial(gen))
+    sp = Speculator(target, proposer, PROMPT, chain, StopRules(30), 4, gen, record=False)
+    partial = 0
+    for rnd in sp:
+        if 0 < rnd.accepted < rnd.drafted:
+            partial += 1
+        if sp.stop_reason != "length" or len(sp.new_ids) == 30:
+            break
+        tokens = sp.seq.tokens
+        assert sp.target_cache.length == len(tokens) - 1  # everything but the token fed next round
+        assert_same_cache(sp.target_cache, fresh_cache(target, tokens[:-1]))
+        assert proposer.cache.length >= len(tokens) - 2  # at most 2 behind: caught up at its next round
+        assert_same_cache(proposer.cache, fresh_cache(draft, tokens[: proposer.cache.length]))
+    assert partial > 0  # some round accepted a strict, non-empty prefix (a rollback mid-block)
+
+
+# --- the n-gram proposer ---------------------------------------------------------------------------------------------
+
+
+def test_ngram_lookup():
+    ng = NGramProposer(3)
+    ng.start(None)
+    assert ng.lookup([1, 2, 3, 4, 1, 2, 3], 4) == [4, 1, 2, 3]
+    ng.start(None)
+    assert ng.lookup([1, 2, 3, 4, 1, 2, 3], 6) == [4, 1, 2, 3, 4, 1]  # copies on through its own proposal
+    ng.start(None)
+    assert ng.lookup([5, 6, 7, 9, 6, 7], 2) == [9, 6]  # [9, 6, 7] unseen: falls back to [6, 7]
+    ng.start(None)
+    assert ng.lookup([1, 2, 8, 1, 2, 9, 1, 2], 1) == [9]  # the most recent occurrence wins
+    ng.start(None)
+    assert ng.lookup([1, 2, 3], 3) == []
+    # incremental: the index grows with the sequence
+    ng.start(None)
+    seq = [4, 5, 6]
+    assert ng.lookup(seq, 2) == []
+    seq += [4, 5]
+    assert ng.lookup(seq, 2) == [6, 4]
+
+
+# --- the command -----------------------------------------------------------------------------------------------------
+
+
+def saved_model(folder: Path, seed: int, extra_vocab: int = 0) -> Path:
+    from transformers import AutoTokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (BUNDLED_TOKENIZER / name).exists():
+            shutil.copy(BUNDLED_TOKENIZER / name, folder / name)
+    tok = AutoTokenizer.from_pretrained(folder)
+    vocab = len(json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"])
+    model = random_model("llama", seed=seed, vocab_size=max(vocab, len(tok)) + extra_vocab, scale=20.0,
+                         eos_token_id=tok.eos_token_id, max_position_embeddings=64)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory) -> Path:
+    return saved_model(tmp_path_factory.mktemp("draft"), seed=2)
+
+
+@pytest.fixture(scope="module")
+def bad_vocab_dir(tmp_path_factory) -> Path:
+    return saved_model(tmp_path_factory.mktemp("badvocab"), seed=3, extra_vocab=8)
+
+
+def test_cli_json_matches_sample(cli, toy_model_dir, draft_dir):
+    code, out, err = cli("speculate", "--model", toy_model_dir, "--draft", draft_dir, "the cat sat", "-n", "8",
+                         "-t", "0", "--gamma", "3", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["command"] == "speculate" and doc["verification"] == "greedy"
+    for key in ("model", "device", "dtype", "config", "chain", "prompt", "steps", "text", "token_ids", "summary"):
+        assert key in doc
+    step = doc["steps"][0]
+    assert set(step["proposed"][0]) >= {"token_id", "token", "q", "p", "u", "accept_prob", "accepted"}
+    assert {"accepted", "emitted"} <= set(step) and ("correction" in step or "bonus" in step)
+    for key in ("acceptance_rate", "mean_accepted", "per_position_acceptance", "tokens_per_target_call",
+                "target_calls", "draft_calls", "cost_ratio", "predicted_speedup", "measured_speedup", "stop_reason"):
+        assert key in doc["summary"]
+    emitted = [t for s in doc["steps"] for t in s["emitted"]["token_ids"]]
+    assert emitted == doc["token_ids"]
+    code, out, _ = cli("sample", "--model", toy_model_dir, "the cat sat", "-n", "8", "-t", "0", "-f", "json")
+    assert code == 0 and json.loads(out)["token_ids"] == doc["token_ids"]
+
+
+def test_cli_ngram_sweep_json(cli, toy_model_dir):
+    code, out, err = cli("speculate", "--model", toy_model_dir, "--draft", "ngram", "a b c a b c a b c a b",
+                         "-n", "6", "-t", "0", "--sweep-gamma", "1,2", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [row["gamma"] for row in doc["sweep"]] == [1, 2]
+    assert doc["best_gamma"] in (1, 2)
+    assert doc["summary"]["proposer"] == "ngram-3" and doc["summary"]["draft_calls"] == 0
+
+
+def test_cli_table_and_jsonl(cli, toy_model_dir, draft_dir):
+    code, out, err = cli("speculate", "--model", toy_model_dir, "--draft", draft_dir, "hello", "-n", "5",
+                         "--temperature", "1.3", "--seed", "3")
+    assert code == 0, err
+    assert "summary:" in out and "acceptance_rate" in out
+    code, out, err = cli("speculate", "--model", toy_model_dir, "--draft", draft_dir, "hello", "-n", "5",
+                         "-f", "jsonl")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert {line["type"] for line in lines[:-1]} == {"step"} and lines[-1]["type"] == "summary"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--draft", "BAD", "--gamma", "2"], "vocabulary"),
+    (["--draft", "ngram", "--gamma", "0"], "--gamma 0"),
+    (["--draft", "ngram", "--sweep-gamma", "2,0"], "--sweep-gamma"),
+    (["--draft", "ngram", "--ngram-size", "0"], "--ngram-size"),
+])
+def test_cli_bad_input_one_line_exit_2(cli, toy_model_dir, bad_vocab_dir, args, needle):
+    args = [str(bad_vocab_dir) if a == "BAD" else a for a in args]
+    code, out, err = cli("speculate", "--model", toy_model_dir, "hi", "-n", "3", *args)
+    assert code == 2
+    assert err.startswith("error: ") and needle in err and err.strip().count("\n") == 0
