@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import shutil
 
 import pytest
 
@@ -206,3 +207,51 @@ def test_prompt_from_stdin_and_file(cli, toy_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("Once upon a time"))
     b = run_json(cli, "sample", "-", "-m", toy_model_dir, "-n", "2", "-t", "0")
     assert a["prompt"]["token_ids"] == b["prompt"]["token_ids"] and a["token_ids"] == b["token_ids"]
+
+
+def test_interrupted_jsonl_keeps_whole_lines_and_a_summary(cli, toy_model_dir, monkeypatch):
+    import decodelab.core.decode as decode
+
+    real = decode.build_step
+    calls = {"n": 0}
+
+    def interrupt_on_third(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "build_step", interrupt_on_third)
+    code, out, _ = cli("sample", "Hello", "-m", toy_model_dir, "-n", "10", "-f", "jsonl", "--ignore-eos")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert [x["type"] for x in lines] == ["step", "step", "summary"]
+    assert lines[-1]["stop_reason"] == "interrupted" and lines[-1]["new_tokens"] == 2
+
+
+def test_model_id_from_the_local_hf_cache(cli, toy_model_dir, tmp_path, monkeypatch):
+    """A model already in the Hugging Face cache layout loads by id, offline."""
+    snapshot = tmp_path / "hub" / "models--someorg--toy" / "snapshots" / ("0" * 40)
+    shutil.copytree(toy_model_dir, snapshot)
+    (tmp_path / "hub" / "models--someorg--toy" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someorg--toy" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("transformers.utils.hub.HF_HUB_CACHE", str(tmp_path / "hub"), raising=False)
+    direct = run_json(cli, "sample", "Hi", "-m", toy_model_dir, "-n", "3", "-t", "0")
+    cached = run_json(cli, "sample", "Hi", "-m", "someorg/toy", "-n", "3", "-t", "0")
+    assert cached["model"] == "someorg/toy" and cached["token_ids"] == direct["token_ids"]
+
+
+def test_pickle_weights_are_refused(cli, toy_model_dir, tmp_path):
+    """safetensors only: a folder whose weights are a pickle (.bin) does not load."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "pickled"
+    shutil.copytree(toy_model_dir, folder)
+    state = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+    code, _, err = cli("sample", "Hi", "-m", folder, "-n", "2")
+    assert code == 2 and "safetensors" in err and err.count("\n") == 1
