@@ -124,25 +124,36 @@ def decode_tokens(
     state.stop_reason = "length"
 
 
-def ranked_alternatives(logp: Tensor, raw_logp: Tensor, top: int) -> Tensor:
+def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int) -> Tensor:
     """Token ids of the top alternatives: kept candidates by processed probability, then removed ones by raw."""
     # kept candidates score 1 + p in [1, 2], removed ones their raw p in [0, 1]; float64 keeps the order exact
-    score = torch.where(torch.isneginf(logp), raw_logp.double().exp(), 1.0 + logp.double().exp())
+    score = torch.where(kept, 1.0 + probs.double(), raw_probs.double())
     return torch.topk(score, min(top, score.shape[-1])).indices
+
+
+def stage_rows(stages: list[tuple[str, Tensor]]) -> list[StageStat]:
+    """kept / entropy / mass removed per stage, each stage's softmax computed once."""
+    rows = []
+    prev_probs, prev_removed = None, None
+    for name, logits in stages:
+        probs = torch.softmax(logits[0], dim=-1)
+        removed = torch.isneginf(logits[0])
+        if prev_probs is not None:
+            newly = removed & ~prev_removed
+            rows.append(StageStat(name, int((~removed).sum()), float(entropy(probs)),
+                                  float((prev_probs * newly).sum())))
+        prev_probs, prev_removed = probs, removed
+    return rows
 
 
 def build_step(index: int, position: int, out: Decoded, token_text: Callable[[int], str], top: int) -> Step:
     """Every number of one step, labelled: raw (model softmax) vs processed (what the selector drew from)."""
-    token_id, stages = out.token_id, out.stages or []
+    token_id = out.token_id
     logp = log_softmax(out.processed_logits)
     raw_logp = log_softmax(out.raw_logits)
     probs, raw_probs = logp.exp(), raw_logp.exp()
-    raw_rank = int((raw_logp > raw_logp[token_id]).sum()) + 1
-    alt_ids = ranked_alternatives(logp, raw_logp, top).tolist() if top > 0 else []
-    stage_rows = []
-    for (_, before), (name, after) in zip(stages, stages[1:]):
-        kept, ent, removed = stage_stats(before, after)
-        stage_rows.append(StageStat(name, int(kept[0]), float(ent[0]), float(removed[0])))
+    kept = ~torch.isneginf(logp)
+    alt_ids = ranked_alternatives(probs, raw_probs, kept, top).tolist() if top > 0 else []
     return Step(
         index=index,
         position=position,
@@ -152,12 +163,12 @@ def build_step(index: int, position: int, out: Decoded, token_text: Callable[[in
         logprob=float(logp[token_id]),
         raw_prob=float(raw_probs[token_id]),
         raw_logprob=float(raw_logp[token_id]),
-        raw_rank=raw_rank,
+        raw_rank=int((raw_logp > raw_logp[token_id]).sum()) + 1,
         entropy=float(entropy(probs)),
         raw_entropy=float(entropy(raw_probs)),
-        kept=int((~torch.isneginf(logp)).sum()),
+        kept=int(kept.sum()),
         alternatives=[Alternative(i, token_text(i), float(probs[i]), float(raw_probs[i])) for i in alt_ids],
-        stages=stage_rows,
+        stages=stage_rows(out.stages or []),
     )
 
 

@@ -149,8 +149,9 @@ class TopK:
 
 
 def _keep_sorted_prefix(logits: Tensor, order: Tensor, keep_sorted: Tensor) -> Tensor:
-    """Scatter a keep-mask computed in sorted order back to vocabulary order and mask the rest."""
-    keep = torch.zeros_like(keep_sorted).scatter(1, order, keep_sorted)
+    """Scatter a keep-mask computed over ``order`` (all or the first few ids by rank) back to vocabulary order;
+    every id not kept there is masked."""
+    keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter(1, order, keep_sorted)
     return logits.masked_fill(~keep, NEG_INF)
 
 
@@ -163,9 +164,15 @@ class TopP:
 
     p: float
     name: str = "top-p"
+    head: int = 256  # rank only the most likely `head` tokens when they already hold mass p (no full sort)
 
     def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
-        probs, order = softmax(logits).sort(dim=-1, descending=True)
+        if self.p >= 1.0:  # the whole distribution; no float cumsum may drop underflowed tails
+            return logits.clone()
+        full = softmax(logits)
+        probs, order = full.topk(min(self.head, full.shape[-1]), dim=-1)
+        if probs.shape[-1] < full.shape[-1] and bool((probs.sum(dim=-1) < self.p).any()):
+            probs, order = full.sort(dim=-1, descending=True)
         mass_before = probs.cumsum(dim=-1) - probs
         keep = mass_before < self.p
         keep[..., 0] = True

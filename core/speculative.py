@@ -227,19 +227,26 @@ class ModelProposer:
         behind = n - cache.length  # 1, or 2 after a round that accepted every draft
         logits = forward(self.model, seq.ids[:, cache.length : n], cache.model_cache, cache.positions(behind))[:, -1]
         cache.after_forward()
-        q_rows, raw_rows = [], []
+        greedy = isinstance(self.selector, Greedy)
+        tokens, q_rows, raw_rows = [], [], []
         for i in range(gamma):
-            processed = self.chain(seq.prefix(i), logits)  # same chain, same prefix ids as the target's p
-            q = softmax(processed)
+            processed = run_stages(self.chain, seq.prefix(i), logits)  # same chain and prefix as the target's p
+            # greedy: q is the point mass on the argmax, so the logits' argmax is the draw (no softmax needed)
+            q = processed if greedy else softmax(processed)
             token = self.selector(q)
-            seq.ids[0, n + i] = token[0]  # scratch: the target's forward reads the drafts from here
+            if self.uses_ids:
+                seq.ids[0, n + i] = token[0]  # the next position's prefix includes this draft
+            tokens.append(token)
             q_rows.append(q)
             raw_rows.append(logits)
             if i + 1 < gamma:
                 logits = forward(self.model, token.view(1, 1), cache.model_cache, cache.positions(1))[:, -1]
                 cache.after_forward()
         self.forwards += gamma
-        return Draft(seq.ids[0, n : n + gamma].clone(), torch.cat(q_rows), torch.cat(raw_rows))
+        drafted = torch.cat(tokens)
+        if not self.uses_ids:
+            seq.ids[0, n : n + gamma] = drafted  # scratch: the target's forward reads the drafts from here
+        return Draft(drafted, None if greedy else torch.cat(q_rows), torch.cat(raw_rows))
 
     def rollback(self, length: int) -> None:
         if self.cache.length > length:
@@ -292,6 +299,14 @@ class NGramProposer:
 
     def rollback(self, length: int) -> None:
         return None  # the index only ever holds committed tokens
+
+
+def run_stages(chain: Chain, ids: Tensor, logits: Tensor) -> Tensor:
+    """The chain's stages without its emptiness check, for the draft's q: emptiness depends only on the prefix ids
+    (bans), never on the logits alone, so the target's checked chain on the same prefix raises it instead."""
+    for proc in chain.processors:
+        logits = proc(ids, logits)
+    return logits
 
 
 def chain_uses_ids(chain: Chain) -> bool:

@@ -71,6 +71,23 @@ def test_matches_transformers(ours, theirs, seed):
     torch.testing.assert_close(got[finite], expected[finite], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
+@pytest.mark.parametrize("spread", [0.5, 4.0])
+def test_top_p_large_vocab_fast_path_matches_transformers(p, spread):
+    """With 4096 candidates, top-p ranks only the head when it already holds mass p; both paths are exact."""
+    ids, logits = random_case(7, vocab=4096, masked=False)
+    logits = logits * spread
+    expected = hf.TopPLogitsWarper(p)(ids, logits.clone())
+    got = TopP(p)(ids, logits)
+    assert torch.equal(torch.isneginf(got), torch.isneginf(expected))
+
+
+def test_top_p_one_keeps_everything():
+    ids, logits = random_case(7, vocab=4096, masked=True)
+    got = TopP(1.0)(ids, logits * 8)
+    assert torch.equal(torch.isneginf(got), torch.isneginf(logits))
+
+
 @pytest.mark.parametrize("ours,_", PAIRS + [(SoftCap(5.0), None)], ids=lambda p: getattr(p, "name", "x"))
 def test_never_modifies_its_input(ours, _):
     ids, logits = random_case(0)
