@@ -185,7 +185,7 @@ class Sequence:
 
 class Draft(NamedTuple):
     tokens: Tensor  # [g] drafted ids
-    q: Tensor | None  # [g, V] processed draft distributions; None = point masses (a deterministic proposer)
+    q: Tensor | None  # [g, V] processed draft distributions; None = point masses (greedy, or the n-gram)
     raw_logits: Tensor | None  # [g, V] the draft model's own logits (None for the n-gram proposer)
 
 
@@ -230,7 +230,9 @@ class ModelProposer:
         greedy = isinstance(self.selector, Greedy)
         tokens, q_rows, raw_rows = [], [], []
         for i in range(gamma):
-            processed = run_stages(self.chain, seq.prefix(i), logits)  # same chain and prefix as the target's p
+            # same chain and prefix as the target's p; unchecked: only bans (-inf biases, no-repeat n-grams of the
+            # prefix) can empty a row, and the target's checked chain on the same prefix raises that in this round
+            processed = self.chain.apply(seq.prefix(i), logits)
             # greedy: q is the point mass on the argmax, so the logits' argmax is the draw (no softmax needed)
             q = processed if greedy else softmax(processed)
             token = self.selector(q)
@@ -299,14 +301,6 @@ class NGramProposer:
 
     def rollback(self, length: int) -> None:
         return None  # the index only ever holds committed tokens
-
-
-def run_stages(chain: Chain, ids: Tensor, logits: Tensor) -> Tensor:
-    """The chain's stages without its emptiness check, for the draft's q: emptiness depends only on the prefix ids
-    (bans), never on the logits alone, so the target's checked chain on the same prefix raises it instead."""
-    for proc in chain.processors:
-        logits = proc(ids, logits)
-    return logits
 
 
 def chain_uses_ids(chain: Chain) -> bool:
@@ -660,6 +654,7 @@ class SpeculativeSummary:
     target_step_ms: float | None  # one plain decoding step of the target (the reference run)
     verify_ms: float  # target verification time per round (forward over g+1 positions, chain, verify, rollback)
     cost_ratio: float | None  # c = draft_step_ms / target_step_ms
+    verify_cost_ratio: float | None  # v = verify_ms / target_step_ms; the prediction assumes v = 1
     predicted_speedup: float | None  # (1 - a^(g+1)) / ((1 - a)(g c + 1)), g = gamma
     measured_speedup: float | None  # plain decoding time per token / speculative time per token
     tokens_per_s: float
@@ -695,6 +690,7 @@ def summarize(stats: RunStats, proposer: str, draft_calls: int, baseline: Baseli
         target_step_ms=target_step * 1e3 if target_step is not None else None,
         verify_ms=stats.target_seconds / rounds * 1e3,
         cost_ratio=c,
+        verify_cost_ratio=stats.target_seconds / rounds / target_step if target_step else None,
         predicted_speedup=predicted_speedup(a, c, stats.gamma) if c is not None else None,
         measured_speedup=target_step / spec_token if target_step is not None and n else None,
         tokens_per_s=n / stats.decode_seconds if stats.decode_seconds > 0 else float("inf"),

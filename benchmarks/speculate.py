@@ -1,0 +1,185 @@
+"""Speculative decoding: predicted against measured speedup over plain target decoding, per gamma, in one run.
+
+For each proposer and gamma the plain loop (``decode_tokens``, same chain, same length) and the speculative loop
+run in alternation, ``--rounds`` times, and the medians are compared, so slow drift of a shared machine hits both:
+
+* measured speedup = plain time per token / speculative time per token (decode phase: prefill excluded from both;
+  the speculative time covers drafting, the block verification, rollback and the stop checks);
+* cost ratio c = drafting time per drafted token / plain time per token (the same runs);
+* a = accepted drafts / drafts judged (a round judges its drafts up to the first rejection);
+* predicted speedup = (1 - a^(g+1)) / ((1 - a)(g c + 1)).
+
+Goals: measured >= 0.8x predicted; a real speedup (> 1.0x) for the n-gram proposer on repetitive text and for the
+bundled pair at its best gamma.
+
+    python benchmarks/speculate.py [--tokens 128] [--gammas 1,2,3,4,6,8] [--rounds 3] [--threads 1] [--json]
+
+Without the trained bundled weights the draft-model rows are skipped and the n-gram rows use a random model of
+``tiny``'s shape (labelled as such).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from decodelab.core.decode import StopRules
+from decodelab.core.model import bundled_dir, load_model
+from decodelab.core.processors import build_chain
+from decodelab.core.select import make_generator, make_selector
+from decodelab.core.speculative import (
+    ModelProposer,
+    NGramProposer,
+    Speculator,
+    make_selector_for,
+    predicted_speedup,
+    time_plain_decoding,
+)
+
+STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+REPETITIVE = ("The quick brown fox jumps over the lazy dog. " * 6).strip()
+
+
+def bundled_ready() -> bool:
+    return all((bundled_dir(n) / "model.safetensors").exists() for n in ("tiny", "tiny-draft"))
+
+
+def random_tiny_shape():
+    """A random Llama of the bundled target's shape (for the n-gram rows before the weights exist)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    tok = AutoTokenizer.from_pretrained(str(bundled_dir("tiny")))
+    cfg = LlamaConfig(vocab_size=4096, hidden_size=192, num_hidden_layers=12, num_attention_heads=6,
+                      num_key_value_heads=2, intermediate_size=448, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    return model, tok
+
+
+def one_pair(target, proposer_factory, prompt_ids, chain, temperature, n, gamma, ctx):
+    """One plain run and one speculative run; returns their per-token times and the run's counts."""
+    greedy = temperature == 0
+    base = time_plain_decoding(target, prompt_ids, chain, make_selector(temperature, 0, "cpu"), n, ctx)
+    gen = None if greedy else make_generator(0, "cpu")
+    sp = Speculator(target, proposer_factory(make_selector_for(greedy, gen)), prompt_ids, chain,
+                    StopRules(n, ignore_eos=True, context_length=ctx), gamma, gen, record=False)
+    for _ in sp:
+        pass
+    s = sp.stats
+    return {
+        "plain_step": base.step_seconds,
+        "spec_token": s.decode_seconds / len(s.new_ids),
+        "draft_step": s.draft_seconds / s.drafted if s.drafted else 0.0,
+        "accepted": s.accepted, "judged": s.judged, "drafted": s.drafted, "rounds": s.rounds,
+        "tokens": len(s.new_ids),
+    }
+
+
+def measure(label, target, proposer_factory, prompt_ids, chain, temperature, n, gammas, rounds, ctx):
+    rows = []
+    one_pair(target, proposer_factory, prompt_ids, chain, temperature, min(n, 16), 2, ctx)  # warm-up
+    for g in gammas:
+        runs = [one_pair(target, proposer_factory, prompt_ids, chain, temperature, n, g, ctx) for _ in range(rounds)]
+        plain = statistics.median(r["plain_step"] for r in runs)
+        spec = statistics.median(r["spec_token"] for r in runs)
+        draft = statistics.median(r["draft_step"] for r in runs)
+        accepted, judged = sum(r["accepted"] for r in runs), sum(r["judged"] for r in runs)
+        a = accepted / judged if judged else 0.0
+        c = draft / plain
+        predicted = predicted_speedup(a, c, g)
+        measured = plain / spec
+        rows.append({
+            "proposer": label, "gamma": g, "acceptance_rate": a,
+            "mean_accepted": accepted / sum(r["rounds"] for r in runs),
+            "mean_drafted": sum(r["drafted"] for r in runs) / sum(r["rounds"] for r in runs),
+            "tokens_per_target_call": sum(r["tokens"] for r in runs) / sum(r["rounds"] for r in runs),
+            "plain_ms_per_token": plain * 1e3, "spec_ms_per_token": spec * 1e3, "cost_ratio": c,
+            "predicted_speedup": predicted, "measured_speedup": measured, "measured_over_predicted": measured / predicted,
+        })
+        print(f"  {label:<24} g={g:<2} a={a:.3f} tok/call={rows[-1]['tokens_per_target_call']:.2f} c={c:.3f} "
+              f"predicted={predicted:.2f}x measured={measured:.2f}x ratio={measured / predicted:.2f}", file=sys.stderr,
+              flush=True)
+    return rows
+
+
+def table(rows) -> str:
+    head = ("proposer", "g", "a", "acc/round", "tok/call", "c", "plain ms/tok", "spec ms/tok", "predicted",
+            "measured", "meas/pred")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append(
+            f"| {r['proposer']} | {r['gamma']} | {r['acceptance_rate']:.3f} | {r['mean_accepted']:.2f} | "
+            f"{r['tokens_per_target_call']:.2f} | {r['cost_ratio']:.3f} | {r['plain_ms_per_token']:.2f} | "
+            f"{r['spec_ms_per_token']:.2f} | {r['predicted_speedup']:.2f}x | {r['measured_speedup']:.2f}x | "
+            f"{r['measured_over_predicted']:.2f} |")
+    return "\n".join(lines)
+
+
+def goals(rows) -> list[str]:
+    out = []
+    worst = min(rows, key=lambda r: r["measured_over_predicted"])
+    out.append(f"measured >= 0.8x predicted: worst {worst['measured_over_predicted']:.2f} "
+               f"({worst['proposer']}, g={worst['gamma']}) -> {'met' if worst['measured_over_predicted'] >= 0.8 else 'MISSED'}")
+    for label in dict.fromkeys(r["proposer"] for r in rows):
+        best = max((r for r in rows if r["proposer"] == label), key=lambda r: r["measured_speedup"])
+        out.append(f"{label}: best gamma {best['gamma']}, measured {best['measured_speedup']:.2f}x "
+                   f"-> {'real speedup' if best['measured_speedup'] > 1.0 else 'NO speedup'}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--gammas", default="1,2,3,4,6,8")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable timings on a shared machine)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy verification (default)")
+    ap.add_argument("--ngram-size", type=int, default=3)
+    ap.add_argument("--only", choices=("draft", "ngram"), default=None)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    gammas = [int(g) for g in args.gammas.split(",")]
+    stages = {"temperature": args.temperature}
+    chain = build_chain(stages)
+    rows = []
+    if bundled_ready():
+        tiny, draft = load_model("tiny", device="cpu"), load_model("tiny-draft", device="cpu")
+        target, tok, ctx, name = tiny.model, tiny.tokenizer, tiny.context_length, "tiny"
+    else:
+        print("bundled weights missing: draft-model rows skipped; n-gram rows on a random model of tiny's shape",
+              file=sys.stderr)
+        target, tok = random_tiny_shape()
+        draft, ctx, name = None, 512, "random-tiny-shape"
+    print(f"target {name}, {args.tokens} tokens, temperature {args.temperature}, threads {args.threads}, "
+          f"rounds {args.rounds}", file=sys.stderr)
+    if draft is not None and args.only in (None, "draft"):
+        ids = list(tok.encode(STORY))
+        factory = lambda sel: ModelProposer(draft.model, chain, sel, "tiny-draft", draft.context_length)  # noqa: E731
+        rows += measure("tiny <- tiny-draft (story)", target, factory, ids, chain, args.temperature, args.tokens,
+                        gammas, args.rounds, ctx)
+    if args.only in (None, "ngram"):
+        ids = list(tok.encode(REPETITIVE))
+        factory = lambda sel: NGramProposer(args.ngram_size)  # noqa: E731
+        rows += measure(f"{name} <- ngram-{args.ngram_size} (repetitive)", target, factory, ids, chain,
+                        args.temperature, args.tokens, gammas, args.rounds, ctx)
+    print(table(rows))
+    for line in goals(rows):
+        print(line)
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    code = main()
+    print(f"({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    sys.exit(code)
