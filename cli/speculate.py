@@ -159,7 +159,7 @@ def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, 
         title = (f"{lm.name} <- {spec.proposer.name} · gamma {settings.gamma} · "
                  f"{'greedy verification' if spec.greedy else 'speculative sampling'} · chain: "
                  f"{' -> '.join(processors.names) or '(none)'}")
-        views = [rounds_table(spec.rounds, title), marked_text(text, spec.rounds), render.summary_line(summary)]
+        views = [rounds_table(spec.rounds, title, spec.greedy), marked_text(text, spec.rounds), render.summary_line(summary)]
         if sweep:
             views += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
         render.show(views, save_html, save_svg, to_screen=fmt == o.Format.table)
@@ -187,18 +187,20 @@ def final_text(rnd) -> Text:
     return out
 
 
-def rounds_table(rounds, title: str) -> Table:
+def rounds_table(rounds, title: str, greedy: bool) -> Table:
     table = Table(title=title, header_style="bold")
     table.add_column("#", justify="right")
     table.add_column("proposed", overflow="fold")
     table.add_column("q->p u", overflow="fold")
     table.add_column("acc", justify="right")
     table.add_column("correction / bonus", overflow="fold")
-    table.add_column("drawn from", overflow="fold")
+    # greedy draws from a point mass: show the target's own softmax around it instead
+    table.add_column("target raw p (top)" if greedy else "drawn from: residual or p (top)", overflow="fold")
     for r in rounds:
         checks = "  ".join(f"{render.fmt_p(t.q)}->{render.fmt_p(t.p)}" + (f" u={t.u:.2f}" if t.u is not None else "")
                            for t in r.proposed if t.reached)
-        top = "  ".join(f"{render.show_token(e.token)} {render.fmt_p(e.prob)}" for e in (r.final.top if r.final else []))
+        top = "  ".join(f"{render.show_token(e.token)} {render.fmt_p(e.raw_p if greedy else e.prob)}"
+                        for e in (r.final.top if r.final else []))
         table.add_row(str(r.index), proposed_text(r), checks, f"{r.accepted}/{r.drafted}", final_text(r), top)
     return table
 
@@ -214,8 +216,10 @@ def marked_text(prompt: str, rounds) -> Text:
     return out
 
 
-SWEEP_COLUMNS = ("gamma", "acceptance_rate", "mean_accepted", "tokens_per_target_call", "target_calls",
-                 "draft_calls", "cost_ratio", "predicted_speedup", "measured_speedup", "stop_reason")
+SWEEP_COLUMNS = {"gamma": "g", "acceptance_rate": "a", "mean_accepted": "acc/round",
+                 "tokens_per_target_call": "tok/call", "target_calls": "target calls", "draft_calls": "draft calls",
+                 "cost_ratio": "c", "predicted_speedup": "predicted", "measured_speedup": "measured",
+                 "stop_reason": "stop"}
 
 
 def sweep_row(summary) -> dict:
@@ -225,8 +229,8 @@ def sweep_row(summary) -> dict:
 
 def sweep_table(rows) -> Table:
     table = Table(title="gamma sweep (speedups against plain target decoding, same run)", header_style="bold")
-    for name in SWEEP_COLUMNS:
-        table.add_column(name.replace("_", " "), justify="right")
+    for header in SWEEP_COLUMNS.values():
+        table.add_column(header, justify="right")
     for r in rows:
         cells = []
         for v in sweep_row(r).values():

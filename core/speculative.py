@@ -39,7 +39,7 @@ from .config import SampleSettings, validate_sample
 from .decode import StopRules, check_prompt, decode_tokens
 from .errors import ConfigError
 from .model import LoadedModel, forward
-from .processors import Chain, softmax
+from .processors import Chain, empty_chain_error, softmax
 from .select import Greedy, Multinomial
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,16 +126,14 @@ def verify_sampled(p: Tensor, q: Tensor, drafts: Tensor, u: Tensor, race: Tensor
     return Verdict(accepted, (final / race).argmax(dim=-1), final)
 
 
-def verify_greedy(p_logits: Tensor, drafts: Tensor) -> Verdict:
-    """Greedy verification: accept while x_i == argmax p_i, then emit argmax p at the first mismatch (or the end).
-
-    p_logits [B, g+1, V] (processed logits or probabilities: only the argmax is used), drafts [B, g]."""
-    rows, g = drafts.shape
-    best = p_logits.argmax(dim=-1)  # [B, g+1]
-    accepted = (best[:, :g] == drafts).long().cumprod(dim=-1).sum(dim=-1)
-    token = best.gather(1, accepted.unsqueeze(1)).squeeze(1)
-    final = torch.nn.functional.one_hot(token, p_logits.shape[-1]).to(torch.float32)
-    return Verdict(accepted, token, final)
+def verify_greedy(best: list[int], drafts: list[int]) -> tuple[int, int]:
+    """Greedy verification: accept while x_i == argmax p_i, then emit argmax p at the first mismatch (correction)
+    or after the last draft (bonus). ``best`` = the g+1 argmaxes of the target's processed rows; returns
+    (accepted, token). Plain lists: one round is a handful of ints, cheaper than tensor ops."""
+    k = 0
+    while k < len(drafts) and drafts[k] == best[k]:
+        k += 1
+    return k, best[k]
 
 
 def point_masses(tokens: Tensor, vocab: int) -> Tensor:
@@ -186,7 +184,7 @@ class Sequence:
 class Draft(NamedTuple):
     tokens: Tensor  # [g] drafted ids
     q: Tensor | None  # [g, V] processed draft distributions; None = point masses (greedy, or the n-gram)
-    raw_logits: Tensor | None  # [g, V] the draft model's own logits (None for the n-gram proposer)
+    raw_logits: list[Tensor] | None  # g rows [1, V]: the draft model's own logits (None for the n-gram)
 
 
 class Proposer(Protocol):
@@ -248,7 +246,7 @@ class ModelProposer:
         drafted = torch.cat(tokens)
         if not self.uses_ids:
             seq.ids[0, n : n + gamma] = drafted  # scratch: the target's forward reads the drafts from here
-        return Draft(drafted, None if greedy else torch.cat(q_rows), torch.cat(raw_rows))
+        return Draft(drafted, None if greedy else torch.cat(q_rows), raw_rows)
 
     def rollback(self, length: int) -> None:
         if self.cache.length > length:
@@ -309,10 +307,11 @@ def chain_uses_ids(chain: Chain) -> bool:
 
 
 def process_block(chain: Chain, seq: Sequence, logits: Tensor, uses_ids: bool) -> Tensor:
-    """The chain on the target's g+1 rows; row i follows the prefix s + x_1..x_i."""
+    """The chain on the target's g+1 rows; row i follows the prefix s + x_1..x_i. Unchecked: a row after a rejected
+    draft is never used, so only the row the emitted token comes from is checked (in ``Speculator.step``)."""
     if uses_ids:
-        return torch.cat([chain(seq.prefix(i), logits[i : i + 1]) for i in range(logits.shape[0])])
-    return chain(seq.prefix().expand(logits.shape[0], -1), logits)
+        return torch.cat([chain.apply(seq.prefix(i), logits[i : i + 1]) for i in range(logits.shape[0])])
+    return chain.apply(seq.prefix().expand(logits.shape[0], -1), logits)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -486,8 +485,13 @@ class Speculator:
                          logits_to_keep=g + 1)[0]
         cache.after_forward()
         processed = process_block(self.chain, seq, logits, self.uses_ids)
-        verdict, p, q, u = self.verify(processed, draft)
-        k, token = int(verdict.accepted[0]), int(verdict.token[0])
+        drafts = draft.tokens.tolist()
+        if self.greedy:
+            (k, token), p, q, u, final = verify_greedy(processed.argmax(dim=-1).tolist(), drafts), None, None, None, None
+        else:
+            k, token, p, q, u, final = self.verify(processed, draft)
+        if not math.isfinite(float(processed[k, token])):  # the chain left nothing at the position decided
+            raise empty_chain_error(self.chain.names)
         cache.crop(n + k)  # keep s + x_1..x_k; y is fed with the next round
         self.proposer.rollback(n + k)
         t2 = time.perf_counter()
@@ -502,15 +506,13 @@ class Speculator:
             stats.reached_at[i] += 1
         for i in range(k):
             stats.accepted_at[i] += 1
-        drafts = draft.tokens.tolist()
         emitted, stop = self.commit(drafts[:k] + [token])
-        return _Outcome(n, draft, drafts, logits, processed, p, q, u, verdict, k, token, emitted, stop,
+        return _Outcome(n, draft, drafts, logits, processed, p, q, u, final, k, token, emitted, stop,
                         (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
     def verify(self, processed: Tensor, draft: Draft):
+        """Speculative sampling of one round: (accepted, token, p, q, u, the distribution the token came from)."""
         g = int(draft.tokens.shape[0])
-        if self.greedy:
-            return verify_greedy(processed.unsqueeze(0), draft.tokens.unsqueeze(0)), None, None, None
         p = softmax(processed)  # [g+1, V]
         vocab = p.shape[-1]
         q = draft.q if draft.q is not None else point_masses(draft.tokens, vocab)
@@ -518,28 +520,29 @@ class Speculator:
         race = torch.empty(vocab, device=p.device).exponential_(1.0, generator=self.generator)
         verdict = verify_sampled(p.unsqueeze(0), q.unsqueeze(0), draft.tokens.unsqueeze(0), u.unsqueeze(0),
                                  race.unsqueeze(0))
-        return verdict, p, q, u
+        return verdict.accepted.item(), verdict.token.item(), p, q, u, verdict.final_probs[0]
 
     def commit(self, tokens: list[int]) -> tuple[list[int], str | None]:
         """Append the round's tokens one by one, stopping like decode_tokens: EOS, stop string, context, -n."""
         rules, stats, seq = self.rules, self.stats, self.seq
         eos = () if rules.ignore_eos else rules.eos_ids
+        stop, cut = None, len(tokens)
         for i, t in enumerate(tokens):
             stats.new_ids.append(t)
-            seq.append([t])
-            stop = None
             if t in eos:
                 stop = "eos"
             elif rules.stop_strings and self.detok is not None and any(
                     s in self.detok(stats.new_ids) for s in rules.stop_strings):
                 stop = "stop"
-            elif rules.context_length is not None and seq.length >= rules.context_length:
+            elif rules.context_length is not None and seq.length + i + 1 >= rules.context_length:
                 stop = "context"
             elif len(stats.new_ids) >= rules.max_new_tokens:
                 stop = "length"
             if stop is not None:
-                return tokens[: i + 1], stop
-        return tokens, None
+                cut = i + 1
+                break
+        seq.append(tokens[:cut])
+        return tokens[:cut], stop
 
     def build_round(self, o: _Outcome) -> Round:
         """The traced record of a round (not timed: token texts and distributions for people)."""
@@ -552,7 +555,7 @@ class Speculator:
         p = o.p if o.p is not None else softmax(o.processed)
         q = o.q if o.q is not None else (o.draft.q if o.draft.q is not None
                                          else point_masses(o.draft.tokens, p.shape[-1]))
-        raw_q = softmax(o.draft.raw_logits) if o.draft.raw_logits is not None else None
+        raw_q = softmax(torch.cat(o.draft.raw_logits)) if o.draft.raw_logits else None
         for i, x in enumerate(o.drafts):
             reached = i <= o.k
             if self.greedy:
@@ -563,7 +566,7 @@ class Speculator:
             rnd.proposed.append(ProposedToken(
                 x, text(x), float(q[i, x]), float(p[i, x]), u, accept_prob, i < o.k, reached,
                 float(raw_q[i, x]) if raw_q is not None else None, float(raw_p[i, x])))
-        final = o.verdict.final_probs[0]
+        final = o.final if o.final is not None else point_masses(torch.tensor(o.token), p.shape[-1])
         # greedy: the drawn-from distribution is a point mass, so rank the alternatives by the target's raw softmax
         ranking = raw_p[o.k] if self.greedy else final
         top = torch.topk(ranking, min(self.top, final.shape[-1])).indices.tolist() if self.top > 0 else []
@@ -599,7 +602,7 @@ class _Outcome(NamedTuple):
     p: Tensor | None
     q: Tensor | None
     u: Tensor | None
-    verdict: Verdict
+    final: Tensor | None  # [V] the distribution the emitted token was drawn from (None: greedy, a point mass)
     k: int
     token: int
     emitted: list[int]

@@ -112,13 +112,11 @@ def test_verify_sampled_hand_block():
 
 
 def test_verify_greedy_hand_block():
-    logits = torch.tensor([[[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]]])  # argmaxes 1, 0, 2
-    assert verify_greedy(logits, torch.tensor([[1, 0]])).accepted.tolist() == [2]
-    assert verify_greedy(logits, torch.tensor([[1, 0]])).token.tolist() == [2]  # bonus
-    assert verify_greedy(logits, torch.tensor([[1, 2]])).accepted.tolist() == [1]
-    assert verify_greedy(logits, torch.tensor([[1, 2]])).token.tolist() == [0]  # correction
-    assert verify_greedy(logits, torch.tensor([[0, 0]])).accepted.tolist() == [0]
-    assert verify_greedy(logits, torch.tensor([[0, 0]])).token.tolist() == [1]
+    best = [1, 0, 2]  # the target's argmax after s, s + x1, s + x1 x2
+    assert verify_greedy(best, [1, 0]) == (2, 2)  # both accepted, bonus = argmax at the end
+    assert verify_greedy(best, [1, 2]) == (1, 0)  # x2 rejected, correction = the target's argmax there
+    assert verify_greedy(best, [0, 0]) == (0, 1)
+    assert verify_greedy([4], []) == (0, 4)  # nothing drafted: a plain target step
 
 
 def test_predicted_speedup_formula():
@@ -453,3 +451,12 @@ def test_cli_bad_input_one_line_exit_2(cli, toy_model_dir, bad_vocab_dir, args, 
     code, out, err = cli("speculate", "--model", toy_model_dir, "hi", "-n", "3", *args)
     assert code == 2
     assert err.startswith("error: ") and needle in err and err.strip().count("\n") == 0
+
+
+def test_chain_that_empties_the_decided_row_is_one_clean_error(target):
+    from decodelab.core.errors import ChainError
+
+    chain = build_chain({"bias": {t: float("-inf") for t in range(256)}, "temperature": 0})
+    sp = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4), 2, record=False)
+    with pytest.raises(ChainError):
+        list(sp)
