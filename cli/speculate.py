@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
@@ -91,7 +92,7 @@ def speculate(
     rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), settings.stop, settings.ignore_eos,
                       lm.context_length)
 
-    def run(g: int, record: bool) -> Speculator:
+    def run(g: int, record: bool, rules: StopRules = rules) -> Speculator:
         greedy = settings.temperature == 0
         gen = None if greedy else make_generator(settings.seed, lm.device)
         if draft_lm is None:
@@ -108,6 +109,8 @@ def speculate(
                                        len(spec.new_ids), lm.context_length)
         return spec.summary(baseline)
 
+    for _ in run(settings.gamma, False, replace(rules, max_new_tokens=min(4, rules.max_new_tokens))):
+        pass  # warm-up, not timed: the first forwards of each model are slow
     spec = run(settings.gamma, record=True)
     try:
         for rnd in spec:
