@@ -33,11 +33,11 @@ SPEC = "Speculative decoding"
 
 DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft", help="Proposer: a draft model sharing the target's vocabulary (bundled name or folder), or 'ngram' "
-    "(prompt lookup) [default: tiny-draft].", rich_help_panel=SPEC, show_default=False)]
+    "(prompt lookup) (default tiny-draft).", rich_help_panel=SPEC, show_default=False)]
 GammaOpt = Annotated[Optional[int], typer.Option("--gamma", "-g", help="Tokens drafted per round, >= 1 "
-                                                 "[default: 4].", rich_help_panel=SPEC, show_default=False)]
+                                                 "(default 4).", rich_help_panel=SPEC, show_default=False)]
 NgramSizeOpt = Annotated[Optional[int], typer.Option("--ngram-size", help="Longest n-gram the 'ngram' proposer "
-                                                     "matches (falls back to shorter ones) [default: 3].",
+                                                     "matches, falling back to shorter ones (default 3).",
                                                      rich_help_panel=SPEC, show_default=False)]
 SweepOpt = Annotated[Optional[str], typer.Option("--sweep-gamma", help="Also measure these gammas, e.g. "
                                                  "1,2,3,4,6,8, and name the best.", rich_help_panel=SPEC)]
