@@ -12,6 +12,7 @@ except ImportError:  # older typer runs on click
     from click import exceptions as cli_errors
 
 from ..core.errors import DecodelabError
+from .beam import beam
 from .models import models
 from .probs import probs
 from .sample import sample
@@ -28,6 +29,7 @@ app.command()(sample)
 app.command()(probs)
 app.command()(models)
 app.command()(speculate)
+app.command()(beam)
 
 
 def fail(message: str) -> int:

@@ -60,7 +60,7 @@ from .cache import FullCache, make_cache
 from .config import ChainSettings, _check, validate_chain
 from .decode import check_prompt, decode_one, prefill
 from .errors import ConfigError
-from .processors import Chain
+from .processors import Chain, empty_chain_error
 
 NORMS = ("hf", "gnmt", "prompt-inclusive", "none")
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
@@ -260,13 +260,14 @@ class BeamSearch:
 
     def __init__(self, stepper, prompt_ids: list[int], chain: Chain, settings: BeamSettings,
                  eos_ids: tuple[int, ...] = (), detok: Callable[[list[int]], str] | None = None,
-                 context_length: int | None = None, record: bool = False, device=None):
+                 context_length: int | None = None, record: bool = False,
+                 token_text: Callable[[int], str] | None = None):
         check_prompt(len(prompt_ids), context_length)
         self.stepper, self.prompt_ids, self.chain, self.s = stepper, list(prompt_ids), chain, settings
         self.eos = frozenset(() if settings.ignore_eos else eos_ids)
         self.detok = detok or (lambda ids: " ".join(map(str, ids)))
+        self.token_text = token_text or (lambda token: self.detok([token]))
         self.record = record
-        self.device = device if device is not None else getattr(stepper, "device", torch.device("cpu"))
         self.max_new = settings.max_new_tokens
         self.capped = False
         if context_length is not None and len(prompt_ids) + self.max_new > context_length:
@@ -317,7 +318,7 @@ class BeamSearch:
             logp = torch.log_softmax(logits.float(), dim=-1)
             if logp.shape[0] != B:
                 logp = logp.expand(B, V).contiguous()
-            proc = self.chain(ids, logp) if use_ids else logp
+            proc = self.chain.apply(ids, logp) if use_ids else logp  # emptiness: checked on the best candidate
             total = proc + running[:, None]  # c_{b,v} = s_b + d_{b,v}
             vals, idx = torch.topk(total.view(1, -1), k)  # ranked by sum_logprob, as transformers
             vals, idx = vals[0], idx[0]
@@ -325,6 +326,8 @@ class BeamSearch:
             best_possible = vals / self.norm(self.heuristic_length(length))
             rows = [vals, finish_scores, best_possible, idx.double(), logp.view(-1)[idx], proc.view(-1)[idx]]
             host = torch.stack([r.double() for r in rows]).tolist()  # the one host sync of the step
+            if host[0][0] == float("-inf"):
+                raise empty_chain_error(self.chain.names)
             live, fates = self._select(host, step, length, beams, V)
             self.n_steps = length
             live_t = torch.tensor(live, dtype=torch.long, device=dev)
@@ -396,11 +399,11 @@ class BeamSearch:
 
     def _snapshot(self, step, length, host, fates, live, parents, beams, V) -> BeamStep:
         vals, scores, _, flat, raw, proc = host
-        token_text = self.detok
+        token_text = self.token_text
         cands = []
         for i, fate in enumerate(fates):
             parent, token = int(flat[i]) // V, int(flat[i]) % V
-            cands.append(Candidate(i + 1, parent, token, token_text([token]), proc[i], raw[i], vals[i], scores[i],
+            cands.append(Candidate(i + 1, parent, token, token_text(token), proc[i], raw[i], vals[i], scores[i],
                                    length >= self.max_new or token in self.eos, fate))
         live_rows = []
         for row, (i, parent, beam) in enumerate(zip(live, parents, beams)):
@@ -441,10 +444,11 @@ class BeamSearch:
 
 
 def beam_search(model, prompt_ids: list[int], chain: Chain, settings: BeamSettings, eos_ids=(),
-                detok=None, context_length: int | None = None, record: bool = False) -> BeamSearch:
+                detok=None, context_length: int | None = None, record: bool = False,
+                token_text=None) -> BeamSearch:
     """Run a whole search over a transformers model; returns the finished :class:`BeamSearch`."""
     search = BeamSearch(ModelStepper(model), prompt_ids, chain, settings, tuple(eos_ids), detok, context_length,
-                        record)
+                        record, token_text)
     search.run()
     return search
 

@@ -1,0 +1,430 @@
+"""Beam search against transformers `generate`, against hand-computed log-probability tables, and through the CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from conftest import BUNDLED_TOKENIZER, ROOT, random_model
+
+from decodelab.core.beam import (BeamSearch, BeamSettings, ModelStepper, beam_search, length_norm,
+                                 sweep_length_penalty)
+from decodelab.core.processors import build_chain
+
+EOS = 3
+PROMPT = [5, 9, 17, 2]
+EARLY = {True: "true", False: "false", "never": "never"}
+# (arch, seed, EOS logit bias): EOS competes, so hypotheses finish at different lengths and the winner changes with
+# the length penalty (checked below, so the oracle grid is never vacuous)
+EOS_MODELS = [("llama", 0, 2.0), ("qwen2", 0, 2.0), ("gpt2", 1, 3.0)]
+
+
+def with_eos_bias(model, eos: int, bias: float):
+    """Add ``bias`` to the EOS logit inside the model (a hook on the LM head), so both decoders see it."""
+
+    def hook(module, inputs, output):
+        output = output.clone()
+        output[..., eos] += bias
+        return output
+
+    model.get_output_embeddings().register_forward_hook(hook)
+    return model
+
+
+def eos_model(arch: str, seed: int, bias: float):
+    return with_eos_bias(random_model(arch, seed=seed, vocab_size=64, scale=4.0, eos_token_id=EOS), EOS, bias)
+
+
+def settings(beams=3, lp=1.0, early=False, n=10, num_return=None, norm="hf"):
+    return BeamSettings(beams=beams, num_return=num_return, length_penalty=lp, early_stopping=EARLY[early],
+                        max_new_tokens=n, length_norm=norm)
+
+
+def generate(model, prompt, beams, lp, early, nret, n, eos=EOS, **extra):
+    return model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          num_beams=beams, num_return_sequences=nret, length_penalty=lp, early_stopping=early,
+                          do_sample=False, max_new_tokens=n, output_scores=True, return_dict_in_generate=True,
+                          eos_token_id=eos, pad_token_id=eos, **extra)
+
+
+def assert_same_as_generate(hyps, out, prompt_len, nret, eos=EOS):
+    """Token-for-token (padding after a short hypothesis is EOS) and score equality to 1e-4."""
+    assert len(hyps) == nret == out.sequences.shape[0]
+    for h, seq, score in zip(hyps, out.sequences, out.sequences_scores):
+        ref = seq[prompt_len:].tolist()
+        assert h.token_ids == ref[: h.length]
+        assert all(t == eos for t in ref[h.length:])
+        assert h.score == pytest.approx(score.item(), abs=1e-4)
+
+
+# --- oracle: transformers generate --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("early", [True, False, "never"])
+@pytest.mark.parametrize("arch,seed,bias", EOS_MODELS)
+def test_beam_equals_generate(arch, seed, bias, early):
+    model = eos_model(arch, seed, bias)
+    lengths, winners, reasons = set(), {}, set()
+    for beams, lp in itertools.product([2, 3, 4], [0.0, 0.5, 1.0, 2.0, -1.0]):
+        nret = min(3, beams)
+        search = beam_search(model, PROMPT, build_chain({}), settings(beams, lp, early, 10, nret), eos_ids=(EOS,))
+        out = generate(model, PROMPT, beams, lp, early, nret, 10)
+        assert_same_as_generate(search.hypotheses, out, len(PROMPT), nret)
+        lengths.update(h.length for h in search.hypotheses)
+        winners.setdefault(beams, set()).add(tuple(search.hypotheses[0].token_ids))
+        reasons.add(search.stop_reason)
+    assert len(lengths) >= 3  # hypotheses finished at different lengths
+    assert any(len(w) > 1 for w in winners.values())  # the winner changed with the penalty
+    assert reasons - {"length"}  # some searches stopped before the last allowed length
+
+
+def test_beam_with_processors_equals_generate():
+    """The chain runs on log-probabilities in transformers' order: sequence bias, repetition penalty, n-grams."""
+    model = eos_model("llama", 0, 2.0)
+    chain = build_chain({"bias": {7: 1.5}, "repetition-penalty": 1.3, "no-repeat-ngram": 2},
+                        ["bias", "repetition-penalty", "no-repeat-ngram"])
+    prompt = PROMPT + [5]
+    for beams, lp in [(2, 0.0), (4, 1.0), (3, 2.0)]:
+        search = beam_search(model, prompt, chain, settings(beams, lp, False, 12, 2), eos_ids=(EOS,))
+        out = generate(model, prompt, beams, lp, False, 2, 12, sequence_bias={(7,): 1.5}, repetition_penalty=1.3,
+                       no_repeat_ngram_size=2)
+        assert_same_as_generate(search.hypotheses, out, len(prompt), 2)
+        for h in search.hypotheses:
+            seq = prompt + h.token_ids
+            grams = [tuple(seq[i:i + 2]) for i in range(len(seq) - 1)]
+            assert len(grams) == len(set(grams))
+
+
+def test_beam_on_gemma2_sliding_cache_equals_generate():
+    """Gemma 2's sliding-window layers are reordered with the rest, past the window (16) too."""
+    model = with_eos_bias(random_model("gemma2", seed=0, vocab_size=64, scale=4.0, eos_token_id=EOS), EOS, -3.0)
+    prompt = list(range(4, 16))
+    search = beam_search(model, prompt, build_chain({}), settings(3, 1.0, "never", 10, 3), eos_ids=(EOS,))
+    assert_same_as_generate(search.hypotheses, generate(model, prompt, 3, 1.0, "never", 3, 10), len(prompt), 3)
+
+
+def test_raw_sum_logprob_is_the_models_own_log_probability():
+    """raw_sum_logprob = the teacher-forced log-probability of the tokens under the model; sum_logprob = the same
+    tokens' log-probabilities after the chain (not renormalized), as transformers scores beams."""
+    model = eos_model("qwen2", 0, 2.0)
+    chain = build_chain({"repetition-penalty": 1.5, "bias": {EOS: -0.5}})
+    search = beam_search(model, PROMPT, chain, settings(3, 1.0, False, 8), eos_ids=(EOS,))
+    for h in search.hypotheses:
+        ids = torch.tensor([PROMPT + h.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+        raw = processed = 0.0
+        for i, t in enumerate(h.token_ids):
+            row = len(PROMPT) - 1 + i
+            raw += float(logp[row, t])
+            processed += float(chain(ids[:, : row + 1], logp[row : row + 1])[0, t])
+        assert h.raw_sum_logprob == pytest.approx(raw, abs=1e-4)
+        assert h.sum_logprob == pytest.approx(processed, abs=1e-4)
+        assert h.score == pytest.approx(h.sum_logprob / h.length, rel=1e-6)
+    assert any(abs(h.sum_logprob - h.raw_sum_logprob) > 0.1 for h in search.hypotheses)
+
+
+def test_prompt_is_prefilled_once_and_each_step_feeds_one_token_per_beam():
+    model = eos_model("llama", 0, 2.0)
+    shapes = []
+    model.model.embed_tokens.register_forward_hook(lambda m, i, o: shapes.append(tuple(i[0].shape)))
+    search = beam_search(model, PROMPT, build_chain({}), settings(4, 1.0, "never", 6), eos_ids=())
+    assert search.n_steps == 6 and search.stop_reason == "length"
+    assert shapes == [(1, len(PROMPT))] + [(4, 1)] * 5  # no recompute: the cache rows follow the beams
+
+
+# --- hand-built log-probability tables ----------------------------------------------------------------------
+
+E, A, B = 0, 1, 2  # a three-token vocabulary: EOS, "a", "b"
+# p(next | generated prefix); any other prefix: OTHER
+TABLE = {
+    (): [0.30, 0.69, 0.01],
+    (A,): [0.40, 0.59, 0.01],
+    (A, A): [0.50, 0.49, 0.01],
+}
+OTHER = [0.2, 0.5, 0.3]
+
+
+class TableStepper:
+    """A fake model: fixed next-token probabilities per generated prefix (logits = log p)."""
+
+    def __init__(self, table, other):
+        self.table, self.other, self.prefixes = table, other, [()]
+
+    def logits(self):
+        return torch.log(torch.tensor([self.table.get(p, self.other) for p in self.prefixes], dtype=torch.float32))
+
+    def start(self, prompt_ids):
+        return self.logits()
+
+    def advance(self, parents, parents_t, tokens):
+        rows = [p if len(self.prefixes) > 1 else 0 for p in parents]
+        self.prefixes = [self.prefixes[p] + (t,) for p, t in zip(rows, tokens.tolist())]
+        return self.logits()
+
+
+def run_table(s, prompt=(7, 8), table=TABLE, other=OTHER, chain=None, record=False):
+    search = BeamSearch(TableStepper(table, other), list(prompt), chain or build_chain({}), s, eos_ids=(E,),
+                        record=record)
+    search.run()
+    return search
+
+
+# The three hypotheses that matter, by hand: H1 = [E], H2 = [a, E], H3 = [a, a, E]
+H1, H2, H3 = [E], [A, E], [A, A, E]
+HAND_SUMS = {
+    tuple(H1): math.log(0.30),
+    tuple(H2): math.log(0.69) + math.log(0.40),
+    tuple(H3): math.log(0.69) + math.log(0.59) + math.log(0.50),
+}
+
+
+def hand_score(norm: str, tokens: tuple, prompt_len: int, a: float) -> float:
+    length = len(tokens)
+    denominator = {"hf": length ** a, "gnmt": ((5 + length) / 6) ** a, "prompt-inclusive": (prompt_len + length) ** a,
+                   "none": 1.0}[norm]
+    return HAND_SUMS[tokens] / denominator
+
+
+@pytest.mark.parametrize("norm", ["hf", "gnmt", "prompt-inclusive", "none"])
+@pytest.mark.parametrize("prompt_len", [2, 4])
+def test_hand_table_winner_under_each_normalization(norm, prompt_len):
+    expected = max(HAND_SUMS, key=lambda t: hand_score(norm, t, prompt_len, 1.0))
+    search = run_table(settings(3, 1.0, "never", 3, norm=norm), prompt=range(10, 10 + prompt_len))
+    best = search.hypotheses[0]
+    assert tuple(best.token_ids) == expected
+    assert best.sum_logprob == pytest.approx(HAND_SUMS[expected], abs=1e-5)
+    assert best.raw_sum_logprob == pytest.approx(HAND_SUMS[expected], abs=1e-5)
+    assert best.score == pytest.approx(hand_score(norm, expected, prompt_len, 1.0), abs=1e-5)
+    assert best.length == len(expected)
+
+
+def test_hand_table_was_built_so_the_norms_disagree():
+    """none (raw sum) picks the shortest, gnmt the middle, hf the longest: the table really tests the formulas."""
+    winners = {norm: max(HAND_SUMS, key=lambda t: hand_score(norm, t, 2, 1.0)) for norm in ("none", "gnmt", "hf")}
+    assert winners == {"none": tuple(H1), "gnmt": tuple(H2), "hf": tuple(H3)}
+    for norm, tokens in winners.items():
+        assert tuple(run_table(settings(3, 1.0, "never", 3, norm=norm)).hypotheses[0].token_ids) == tokens
+
+
+def test_length_norm_formulas():
+    assert length_norm("hf", 4, 10, 1.5) == 4 ** 1.5
+    assert length_norm("gnmt", 4, 10, 0.6) == (9 / 6) ** 0.6
+    assert length_norm("prompt-inclusive", 4, 10, 1.0) == 14.0
+    assert length_norm("none", 4, 10, 2.0) == 1.0
+
+
+def test_early_stopping_modes_on_a_hand_table():
+    # beams 2, hf, penalty 1: after step 2 the pool holds [E] (-1.204) and [a, E] (-1.287 / 2 = -0.644)
+    true = run_table(settings(2, 1.0, True, 3))
+    assert true.stop_reason == "all-finished" and true.n_steps == 2
+    assert true.hypotheses[0].token_ids == H2
+    # false: the best live beam [a, a] scores log(.69 * .59) / 2 = -0.449 > -1.204, so the search goes on and
+    # finds [a, a, E] (-1.592 / 3 = -0.531)
+    false = run_table(settings(2, 1.0, False, 3))
+    assert false.n_steps == 3 and false.hypotheses[0].token_ids == H3
+    # a table where false's heuristic stops too early and never does not:
+    # [E] -0.693; [a, E] = log(.49 * .5) / 2 = -0.703; live [a, a] = log(.49 * .49) / 2 = -0.714 <= -0.703: stop.
+    # never tests [a, a] at the longest length: -1.427 / 4 = -0.357 > -0.703, goes on, [a, a, E] = -0.482 wins.
+    table = {(): [0.5, 0.49, 0.01], (A,): [0.5, 0.49, 0.01], (A, A): [0.98, 0.01, 0.01]}
+    false = run_table(settings(2, 1.0, False, 4), table=table)
+    assert false.stop_reason == "no-improvement" and false.n_steps == 2
+    assert false.hypotheses[0].token_ids == [E]
+    never = run_table(settings(2, 1.0, "never", 4), table=table)
+    assert never.hypotheses[0].token_ids == [A, A, E]
+    assert never.hypotheses[0].score == pytest.approx((math.log(0.49 * 0.49 * 0.98)) / 3, abs=1e-5)
+
+
+def test_hand_table_trace_and_processed_vs_raw_labels():
+    """A +0.5 bias on EOS enters sum_logprob (the decoding score) but not raw_sum_logprob (the model's)."""
+    chain = build_chain({"bias": {E: 0.5}})
+    search = run_table(settings(3, 1.0, "never", 3), chain=chain, record=True)
+    for h in search.hypotheses:
+        raw = sum(math.log(((TABLE.get(tuple(h.token_ids[:i]), OTHER))[t])) for i, t in enumerate(h.token_ids))
+        assert h.raw_sum_logprob == pytest.approx(raw, abs=1e-5)
+        assert h.sum_logprob == pytest.approx(raw + 0.5 * h.token_ids.count(E), abs=1e-5)
+    first = search.steps[0]
+    by_token = {c.token_id: c for c in first.candidates if c.parent == 0}
+    assert by_token[E].fate == "finished" and by_token[E].finishes
+    assert by_token[E].logprob == pytest.approx(math.log(0.30) + 0.5, abs=1e-5)
+    assert by_token[E].raw_logprob == pytest.approx(math.log(0.30), abs=1e-5)
+    assert by_token[A].fate == "live" and by_token[B].fate == "live"
+    assert [h.token_ids for h in first.finished] == [H1]
+    assert [c.rank for c in first.candidates] == list(range(1, len(first.candidates) + 1))
+    assert len(first.candidates) == 2 * 3 and len(first.beams) == 3
+    last = search.steps[-1]
+    assert all(c.finishes for c in last.candidates)  # the last allowed length: every candidate finishes
+    assert [h.rank for h in last.finished] == [1, 2, 3]
+    assert [h.score for h in last.finished] == sorted((h.score for h in last.finished), reverse=True)
+
+
+# --- the sweep ---------------------------------------------------------------------------------------------
+
+
+def test_sweep_marks_where_the_winner_flips_on_a_hand_table():
+    rows = sweep_length_penalty(lambda: TableStepper(TABLE, OTHER), [7, 8], build_chain({}),
+                                settings(3, 1.0, "never", 3), [0.0, 1.0, 2.0], eos_ids=(E,))
+    assert [r.winner.token_ids for r in rows] == [H1, H3, H3]
+    assert [r.changed for r in rows] == [False, True, False]
+    assert rows[1].winner.score == pytest.approx(HAND_SUMS[tuple(H3)] / 3, abs=1e-5)
+
+
+def test_sweep_winners_equal_generate_and_flips_are_marked():
+    model = eos_model("qwen2", 0, 2.0)
+    penalties = [0.0, 0.5, 1.0, 2.0]
+    rows = sweep_length_penalty(lambda: ModelStepper(model), PROMPT, build_chain({}), settings(3, 0.0, False, 10),
+                                penalties, eos_ids=(EOS,))
+    for row, lp in zip(rows, penalties):
+        out = generate(model, PROMPT, 3, lp, False, 1, 10)
+        assert_same_as_generate([row.winner], out, len(PROMPT), 1)
+    flips = [a.winner.token_ids != b.winner.token_ids for a, b in zip(rows, rows[1:])]
+    assert [r.changed for r in rows] == [False] + flips
+    assert any(flips)
+
+
+# --- the bundled model -------------------------------------------------------------------------------------
+
+TINY = ROOT / "presets" / "models" / "tiny"
+
+
+def test_bundled_tiny_equals_generate():
+    if not (TINY / "model.safetensors").is_file():
+        pytest.skip("the bundled tiny model's weights are not installed")
+    from decodelab.core.model import load_model
+
+    lm = load_model("tiny", device="cpu")
+    prompt = lm.encode("Once upon a time, a little fox")
+    for beams, lp, early in [(4, 1.0, False), (3, 0.0, True), (2, 2.0, "never")]:
+        search = beam_search(lm.model, prompt, build_chain({}), settings(beams, lp, early, 16, beams),
+                             eos_ids=tuple(lm.eos_ids))
+        out = generate(lm.model, prompt, beams, lp, early, beams, 16, eos=lm.eos_ids[0])
+        assert_same_as_generate(search.hypotheses, out, len(prompt), beams, eos=lm.eos_ids[0])
+
+
+# --- the command line --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def eos_toy_dir(tmp_path_factory):
+    """A saved random Llama with the bundled tokenizer whose EOS row is boosted: for 'Once upon a time' with 3
+    beams and 8 tokens the winner is 7 tokens + EOS at penalty 0 and 0.5, and 8 tokens at 1 and 2."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("beamtoy")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (BUNDLED_TOKENIZER / name).exists():
+            shutil.copy(BUNDLED_TOKENIZER / name, folder / name)
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = random_model("llama", seed=1, vocab_size=len(tok), scale=4.0, eos_token_id=tok.eos_token_id,
+                         max_position_embeddings=64)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[tok.eos_token_id] *= 4.0
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def run_json(cli, *args):
+    code, out, err = cli("beam", *args, "-f", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_cli_json_hypotheses_steps_sweep_and_generate(cli, eos_toy_dir):
+    doc = run_json(cli, "Once upon a time", "-m", eos_toy_dir, "-b", "3", "--return", "2", "-n", "8",
+                   "--sweep-length-penalty", "0,0.5,1,2", "--device", "cpu")
+    for key in ("command", "model", "config", "chain", "prompt", "steps", "text", "token_ids", "hypotheses",
+                "summary", "sweep"):
+        assert key in doc
+    assert doc["command"] == "beam" and doc["config"]["beams"] == 3 and doc["config"]["length_norm"] == "hf"
+    hyps = doc["hypotheses"]
+    assert [h["rank"] for h in hyps] == [1, 2]
+    assert doc["text"] == hyps[0]["text"] and doc["token_ids"] == hyps[0]["token_ids"]
+    for h in hyps:
+        assert set(h) >= {"rank", "text", "token_ids", "sum_logprob", "raw_sum_logprob", "length", "score"}
+        assert h["length"] == len(h["token_ids"])
+        assert h["score"] == pytest.approx(h["sum_logprob"] / h["length"], rel=1e-6)
+        assert h["raw_sum_logprob"] == pytest.approx(h["sum_logprob"], abs=1e-4)  # no processors here
+    assert hyps[0]["score"] >= hyps[1]["score"]
+    for i, step in enumerate(doc["steps"]):
+        assert step["index"] == i and step["length"] == i + 1
+        assert len(step["beams"]) == 3 and len(step["candidates"]) == 6
+        assert {c["fate"] for c in step["candidates"]} <= {"live", "finished", "rejected", "pruned"}
+        assert sum(c["fate"] == "live" for c in step["candidates"]) == 3 or i == len(doc["steps"]) - 1
+        assert all(len(b["token_ids"]) == i + 1 for b in step["beams"])
+    summary = doc["summary"]
+    assert summary["beams"] == 3 and summary["steps"] == len(doc["steps"]) and summary["returned"] == 2
+    assert summary["stop_reason"] in ("length", "no-improvement", "all-finished")
+    assert summary["tokens_per_s"] > 0
+    sweep = doc["sweep"]
+    assert [r["length_penalty"] for r in sweep] == [0, 0.5, 1, 2]
+    assert [r["changed"] for r in sweep] == [False, False, True, False]
+    assert sweep[0]["winner"]["token_ids"][-1] == 0 and sweep[2]["winner"]["length"] == 8
+    for r in sweep:
+        assert set(r["winner"]) >= {"text", "token_ids", "length", "score", "sum_logprob", "raw_sum_logprob"}
+    # the same search through transformers on the saved folder
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(eos_toy_dir).eval()
+    out = generate(model, doc["prompt"]["token_ids"], 3, 1.0, False, 2, 8, eos=0)
+    for h, seq, score in zip(hyps, out.sequences, out.sequences_scores):
+        assert h["token_ids"] == seq[len(doc["prompt"]["token_ids"]):].tolist()[: h["length"]]
+        assert h["score"] == pytest.approx(score.item(), abs=1e-4)
+    for r in sweep:
+        out = generate(model, doc["prompt"]["token_ids"], 3, r["length_penalty"], False, 1, 8, eos=0)
+        assert r["winner"]["score"] == pytest.approx(out.sequences_scores[0].item(), abs=1e-4)
+
+
+def test_cli_norms_and_processor_labels(cli, eos_toy_dir):
+    a = run_json(cli, "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "6", "--length-norm", "gnmt",
+                 "--length-penalty", "0.6", "--early-stopping", "never")
+    for h in a["hypotheses"]:
+        assert h["score"] == pytest.approx(h["sum_logprob"] / ((5 + h["length"]) / 6) ** 0.6, rel=1e-6)
+    p = len(a["prompt"]["token_ids"])
+    b = run_json(cli, "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "6", "--length-norm",
+                 "prompt-inclusive", "--repetition-penalty", "1.5", "--no-repeat-ngram", "2")
+    assert b["chain"] == ["repetition-penalty", "no-repeat-ngram"]
+    for h in b["hypotheses"]:
+        assert h["score"] == pytest.approx(h["sum_logprob"] / (p + h["length"]), rel=1e-6)
+        assert h["sum_logprob"] <= h["raw_sum_logprob"] + 1e-4  # the penalty only lowers log-probabilities
+    c = run_json(cli, "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "6", "--length-norm", "none",
+                 "--length-penalty", "3")
+    for h in c["hypotheses"]:
+        assert h["score"] == pytest.approx(h["sum_logprob"], rel=1e-6)
+
+
+def test_cli_jsonl_markdown_csv_and_table(cli, eos_toy_dir):
+    code, out, err = cli("beam", "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "4", "-f", "jsonl")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [x["type"] for x in lines] == ["step"] * (len(lines) - 1) + ["summary"]
+    assert lines[-1]["hypotheses"][0]["token_ids"] == lines[-1]["token_ids"]
+    code, out, err = cli("beam", "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "4", "-f", "csv",
+                         "--sweep-length-penalty", "0,1")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("length_penalty,text,length,raw_sum_logprob,sum_logprob,score,changed")
+    assert len(out.splitlines()) == 3
+    code, out, err = cli("beam", "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "4", "-f", "markdown")
+    assert code == 0, err and out.startswith("|")
+    code, out, err = cli("beam", "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "4",
+                         "--sweep-length-penalty", "0,1")
+    assert code == 0, err
+    assert "finished hypotheses" in out and "winner per length penalty" in out and "●" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-b", "0"], "--beams 0"),
+    (["-b", "2", "--return", "3"], "--return 3"),
+    (["--length-norm", "log"], "--length-norm 'log'"),
+    (["--early-stopping", "sometimes"], "--early-stopping 'sometimes'"),
+    (["--sweep-length-penalty", "0,x"], "--sweep-length-penalty"),
+    (["--set", "top_p=0.9"], "--top-p 0.9"),
+    (["-n", "0"], "--max-new-tokens 0"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2_before_loading(cli, args, needle):
+    code, out, err = cli("beam", "hi", "-m", "/nonexistent/model", *args)  # a load would fail differently
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and needle in err
