@@ -18,21 +18,21 @@ from .pipeline import chain_options, load, make_chain, read_prompt
 
 BEAM = "Beam search"
 
-Beams = Annotated[Optional[int], typer.Option("--beams", "-b", help="Live beams per step (>= 1) [default: 4].",
+Beams = Annotated[Optional[int], typer.Option("--beams", "-b", help="Live beams per step, >= 1 (default 4).",
                                               rich_help_panel=BEAM, show_default=False)]
-Return = Annotated[Optional[int], typer.Option("--return", help="Hypotheses returned, best first (1..beams) "
-                                               "[default: all beams].", rich_help_panel=BEAM, show_default=False)]
+Return = Annotated[Optional[int], typer.Option("--return", help="Hypotheses returned, best first, 1..beams "
+                                               "(default: all beams).", rich_help_panel=BEAM, show_default=False)]
 LengthPenalty = Annotated[Optional[float], typer.Option(
     "--length-penalty", help="a in score = sum_logprob / norm(L): > 0 favours longer hypotheses, < 0 shorter, 0 is "
-    "the raw sum [default: 1.0].", rich_help_panel=BEAM, show_default=False)]
+    "the raw sum (default 1.0).", rich_help_panel=BEAM, show_default=False)]
 LengthNorm = Annotated[Optional[str], typer.Option(
     "--length-norm", help="norm(L), L = generated tokens incl. EOS, P = prompt tokens, a = --length-penalty: "
     "hf = L ** a (transformers); gnmt = ((5 + L) / 6) ** a; prompt-inclusive = (P + L) ** a (vLLM); "
-    "none = 1 (raw sum) [default: hf].", rich_help_panel=BEAM, show_default=False)]
+    "none = 1 (raw sum) (default hf).", rich_help_panel=BEAM, show_default=False)]
 EarlyStopping = Annotated[Optional[str], typer.Option(
     "--early-stopping", help="transformers' meaning: true = stop once `beams` hypotheses finished; false = also stop "
     "when the best live beam, scored at its current length, cannot beat the worst finished one (heuristic); "
-    "never = the same test at the longest allowed length when a > 0 (exact) [default: false].",
+    "never = the same test at the longest allowed length when a > 0 (exact) (default false).",
     rich_help_panel=BEAM, show_default=False)]
 Sweep = Annotated[Optional[str], typer.Option(
     "--sweep-length-penalty", help="Comma-separated penalties, e.g. 0,0.5,1,1.5,2: one full search each, the "
