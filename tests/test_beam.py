@@ -48,7 +48,7 @@ def generate(model, prompt, beams, lp, early, nret, n, eos=EOS, **extra):
     return model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                           num_beams=beams, num_return_sequences=nret, length_penalty=lp, early_stopping=early,
                           do_sample=False, max_new_tokens=n, output_scores=True, return_dict_in_generate=True,
-                          eos_token_id=eos, pad_token_id=eos, **extra)
+                          eos_token_id=eos, **{"pad_token_id": eos, **extra})
 
 
 def assert_same_as_generate(hyps, out, prompt_len, nret, eos=EOS):
@@ -105,6 +105,23 @@ def test_beam_on_gemma2_sliding_cache_equals_generate():
     prompt = list(range(4, 16))
     search = beam_search(model, prompt, build_chain({}), settings(3, 1.0, "never", 10, 3), eos_ids=(EOS,))
     assert_same_as_generate(search.hypotheses, generate(model, prompt, 3, 1.0, "never", 3, 10), len(prompt), 3)
+
+
+def test_two_eos_ids_widen_the_candidate_pool_as_generate_does():
+    """With E EOS ids transformers ranks (1 + E) * beams candidates per step; either id finishes a hypothesis."""
+    model = with_eos_bias(eos_model("llama", 0, 2.0), 7, 1.5)
+    for beams, lp, early in [(2, 1.0, False), (3, 0.0, "never"), (4, 2.0, True)]:
+        search = beam_search(model, PROMPT, build_chain({}), settings(beams, lp, early, 10, beams), eos_ids=(3, 7))
+        out = generate(model, PROMPT, beams, lp, early, beams, 10, eos=[3, 7], pad_token_id=3)
+        assert_same_as_generate(search.hypotheses, out, len(PROMPT), beams, eos=3)
+
+
+def test_context_limit_caps_the_search():
+    model = random_model("gpt2", seed=0, vocab_size=64, scale=4.0)  # 128 positions
+    search = beam_search(model, list(range(4, 64)) * 2, build_chain({}), settings(2, 1.0, False, 20), eos_ids=(),
+                         context_length=128)
+    assert search.n_steps == 8 and search.stop_reason == "context"
+    assert all(h.length == 8 and h.reason == "context" for h in search.hypotheses)
 
 
 def test_raw_sum_logprob_is_the_models_own_log_probability():
@@ -311,7 +328,7 @@ def test_bundled_tiny_equals_generate():
 @pytest.fixture(scope="module")
 def eos_toy_dir(tmp_path_factory):
     """A saved random Llama with the bundled tokenizer whose EOS row is boosted: for 'Once upon a time' with 3
-    beams and 8 tokens the winner is 7 tokens + EOS at penalty 0 and 0.5, and 8 tokens at 1 and 2."""
+    beams and 8 new tokens the winner is 7 tokens long (EOS included) at penalty 0 and 0.5, and 8 at 1 and 2."""
     from transformers import AutoTokenizer
 
     folder = tmp_path_factory.mktemp("beamtoy")
