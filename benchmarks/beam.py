@@ -106,14 +106,16 @@ def check_equal(fns: dict, eos: int) -> int:
 
 
 def measure(fns: dict, rounds: int) -> dict[str, list[float]]:
-    """Seconds per variant and round, variants alternating within each round (after one warm-up round)."""
+    """Seconds per variant and round, variants alternating within each round (after one warm-up round), so drift
+    of a shared machine falls on all of them alike."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     for fn in fns.values():
         fn()
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:  # the order rotates round by round
             start = time.perf_counter()
-            fn()
+            fns[name]()
             times[name].append(time.perf_counter() - start)
     return times
 
