@@ -52,6 +52,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -251,6 +252,17 @@ class _Beam:
     raw: float
 
 
+class _Ranked(NamedTuple):
+    """The K best candidates of a step, best first (host lists)."""
+
+    sums: list[float]  # sum_logprob = running score + processed step log-prob
+    scores: list[float]  # sum / norm(length): the score if it finishes here
+    best: list[float]  # sum / norm(heuristic length): the early-stopping bound
+    raw: list[float]  # the model's own log-prob of the token
+    logp: list[float]  # the processed log-prob of the token
+    flat: list[int]  # parent * V + token
+
+
 class BeamSearch:
     """Iterate for one :class:`BeamStep` per step (detailed when ``record``); then read ``hypotheses``, ``summary()``.
 
@@ -322,19 +334,14 @@ class BeamSearch:
             total = proc + running[:, None]  # c_{b,v} = s_b + d_{b,v}
             vals, idx = torch.topk(total.view(1, -1), k)  # ranked by sum_logprob, as transformers
             vals, idx = vals[0], idx[0]
-            finish_scores = vals / self.norm(length)
-            best_possible = vals / self.norm(self.heuristic_length(length))
-            rows = [vals, finish_scores, best_possible, idx.double(), logp.view(-1)[idx], proc.view(-1)[idx]]
-            host = torch.stack([r.double() for r in rows]).tolist()  # the one host sync of the step
-            if host[0][0] == float("-inf"):
+            host = self._to_host(vals, idx, logp, proc, length)
+            if host.sums[0] == float("-inf"):
                 raise empty_chain_error(self.chain.names)
             live, fates = self._select(host, step, length, beams, V)
             self.n_steps = length
-            live_t = torch.tensor(live, dtype=torch.long, device=dev)
-            parents = [int(host[3][i]) // V for i in live]
-            tokens = [int(host[3][i]) % V for i in live]
-            running = vals[live_t]
-            beams = [_Beam(beams[p].tokens + [t], beams[p].raw + host[4][i]) for p, t, i in zip(parents, tokens, live)]
+            parents = [host.flat[i] // V for i in live]
+            tokens = [host.flat[i] % V for i in live]
+            beams = [_Beam(beams[p].tokens + [t], beams[p].raw + host.raw[i]) for p, t, i in zip(parents, tokens, live)]
             stop = self._stop_reason(length, host, live)
             if self.record:
                 self.steps.append(self._snapshot(step, length, host, fates, live, parents, beams, V))
@@ -344,23 +351,34 @@ class BeamSearch:
             if stop is not None:
                 self.stop_reason = stop
                 return
-            tokens_t = torch.tensor(tokens, dtype=torch.long, device=dev)
-            parents_t = torch.tensor(parents, dtype=torch.long, device=dev)
+            chosen = slice(0, B) if live == list(range(B)) else torch.tensor(live, dtype=torch.long, device=dev)
+            running, flat = vals[chosen], idx[chosen]
+            parents_t = flat // V
+            tokens_t = flat - parents_t * V
             if use_ids:
                 ids = torch.cat([ids[parents_t], tokens_t[:, None]], dim=1)
             logits = self.stepper.advance(parents, parents_t, tokens_t)
+
+    def _to_host(self, vals: Tensor, idx: Tensor, logp: Tensor, proc: Tensor, length: int) -> _Ranked:
+        """The K candidates' numbers in one device-to-host transfer (the one sync of a step)."""
+        finish = vals / self.norm(length)  # float32, as transformers scores a finished hypothesis
+        best = vals / self.norm(self.heuristic_length(length))  # the early-stopping test's bound
+        raw = logp.view(-1)[idx]
+        step_logp = raw if proc is logp else proc.view(-1)[idx]
+        rows = torch.cat([torch.stack([vals, finish, best, raw, step_logp]).double(), idx.double()[None]]).tolist()
+        return _Ranked(rows[0], rows[1], rows[2], rows[3], rows[4], [int(f) for f in rows[5]])
 
     def _select(self, host, step: int, length: int, beams: list[_Beam], V: int) -> tuple[list[int], list[str]]:
         """Fates of the K candidates: the finished pool takes finishing ones among the first B; the B best
         non-finishing ones stay live."""
         B = self.s.beams
-        vals, scores, _, flat, raw, _ = host
+        vals, scores, flat, raw = host.sums, host.scores, host.flat, host.raw
         at_end = length >= self.max_new
         live: list[int] = []
         fates = ["pruned"] * len(vals)
         new: list[tuple[int, Hypothesis]] = []
         for i in range(len(vals)):
-            parent, token = int(flat[i]) // V, int(flat[i]) % V
+            parent, token = flat[i] // V, flat[i] % V
             if at_end or token in self.eos:
                 if i < B:
                     tokens = beams[parent].tokens + [token]
@@ -392,17 +410,17 @@ class BeamSearch:
             return None
         if self.s.early is True:
             return "all-finished"
-        best_possible = host[2][live[0]]  # the best live beam's sum_logprob / norm(heuristic length)
+        best_possible = host.best[live[0]]  # the best live beam's sum_logprob / norm(heuristic length)
         if not best_possible > self.pool[-1].score:
             return "no-improvement"
         return None
 
     def _snapshot(self, step, length, host, fates, live, parents, beams, V) -> BeamStep:
-        vals, scores, _, flat, raw, proc = host
+        vals, scores, flat, raw, proc = host.sums, host.scores, host.flat, host.raw, host.logp
         token_text = self.token_text
         cands = []
         for i, fate in enumerate(fates):
-            parent, token = int(flat[i]) // V, int(flat[i]) % V
+            parent, token = flat[i] // V, flat[i] % V
             cands.append(Candidate(i + 1, parent, token, token_text(token), proc[i], raw[i], vals[i], scores[i],
                                    length >= self.max_new or token in self.eos, fate))
         live_rows = []
