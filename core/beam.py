@@ -44,7 +44,8 @@ After each step, with t generated tokens so far, N = max new tokens and s* the b
   result is the exact best under the normalized score within N tokens.
 
 All scores are float32 tensor operations in the order transformers uses, so scores agree to the last bit on the
-same logits and token ids agree with ``generate``.
+same logits and token ids agree with ``generate``. raw_sum_logprob is summed in float64 (it is reported, never
+ranked), so with no processors it can differ from sum_logprob in the seventh significant digit.
 """
 
 from __future__ import annotations
