@@ -85,7 +85,7 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel, spec: str) ->
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the verification rule: pure functions over batched distributions [B, ...]
+# the verification rule: pure functions (sampling batched over rows [B, ...], so tests can run thousands at once)
 # ---------------------------------------------------------------------------------------------------------------
 
 
