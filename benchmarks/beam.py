@@ -12,7 +12,7 @@ Goal: decodelab (trace off) / generate >= 1.2x on the bundled model on CPU. A th
 same search's model work alone (prefill once, then per step the cache reorder and one forward of B rows), so the
 report also shows how much of decodelab's time is the model's.
 
-    python benchmarks/beam.py [--model tiny] [--beams 4] [--tokens 64] [--rounds 5] [--threads N]
+    python benchmarks/beam.py [--model tiny] [--beams 4] [--tokens 64] [--rounds 5] [--threads 1]
 
 Without the bundled weights, a random Llama of the bundled model's shape is used (hidden 192, 12 layers, 6 heads,
 2 KV heads, MLP 448, vocab 4096).
@@ -130,7 +130,9 @@ def main() -> None:
     parser.add_argument("--allow-eos", action="store_true", help="let hypotheses finish at EOS")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: a B-row decode step of a "
+                        "small model is too small to split, and extra threads on a busy machine only wait; 0 = "
+                        "torch's default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
