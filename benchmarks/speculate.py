@@ -7,17 +7,20 @@ run in alternation, ``--rounds`` times, and the medians are compared, so slow dr
   the speculative time covers drafting, the block verification, rollback and the stop checks);
 * cost ratio c = drafting time per drafted token / plain time per token (the same runs);
 * a = accepted drafts / drafts judged (a round judges its drafts up to the first rejection);
-* predicted speedup = (1 - a^(g+1)) / ((1 - a)(g c + 1)), which assumes a verification forward over g+1
-  positions costs one plain step; v = measured verification time per round / plain step shows how far that holds
-  (on CPU the block's extra rows are not free), and "pred. with v" = (1 - a^(g+1)) / ((1 - a)(g c + v)).
+* predicted speedup = (1 - a^(g+1)) / ((1 - a)(g c + 1)). Two assumptions behind it are shown side by side:
+  - every draft is accepted independently with probability a, so E(a, g) = (1 - a^(g+1)) / (1 - a) tokens per
+    round (compare tok/call: bursty acceptance, all of a round or nothing, as with prompt lookup on repeated text,
+    gives fewer);
+  - a verification forward over g+1 positions costs one plain step: v = verification time per round / plain step
+    shows how far that holds (on CPU the block's extra rows are not free); "pred. with v" puts v in place of 1.
 
 Goals: measured >= 0.8x predicted; a real speedup (> 1.0x) for the n-gram proposer on repetitive text and for the
 bundled pair at its best gamma.
 
     python benchmarks/speculate.py [--tokens 128] [--gammas 1,2,3,4,6,8] [--rounds 3] [--threads 1] [--json]
 
-Without the trained bundled weights the draft-model rows are skipped and the n-gram rows use a random model of
-``tiny``'s shape (labelled as such).
+Without the trained bundled weights the draft-model rows are skipped (and the n-gram rows use a random model of
+``tiny``'s shape, labelled as such, while ``tiny`` itself is missing).
 """
 
 from __future__ import annotations
@@ -49,8 +52,8 @@ STORY = "Once upon a time, in a small village by the sea, there lived an old fis
 REPETITIVE = ("The quick brown fox jumps over the lazy dog. " * 6).strip()
 
 
-def bundled_ready() -> bool:
-    return all((bundled_dir(n) / "model.safetensors").exists() for n in ("tiny", "tiny-draft"))
+def bundled_ready(name: str) -> bool:
+    return (bundled_dir(name) / "model.safetensors").exists()
 
 
 def random_tiny_shape():
@@ -105,6 +108,7 @@ def measure(label, target, proposer_factory, prompt_ids, chain, temperature, n, 
             "mean_accepted": accepted / sum(r["rounds"] for r in runs),
             "mean_drafted": sum(r["drafted"] for r in runs) / sum(r["rounds"] for r in runs),
             "tokens_per_target_call": sum(r["tokens"] for r in runs) / sum(r["rounds"] for r in runs),
+            "expected_tokens_per_round": expected_tokens(a, g),
             "plain_ms_per_token": plain * 1e3, "spec_ms_per_token": spec * 1e3, "cost_ratio": c,
             "verify_cost_ratio": v, "predicted_with_v": expected_tokens(a, g) / (g * c + v),
             "predicted_speedup": predicted, "measured_speedup": measured, "measured_over_predicted": measured / predicted,
@@ -116,13 +120,13 @@ def measure(label, target, proposer_factory, prompt_ids, chain, temperature, n, 
 
 
 def table(rows) -> str:
-    head = ("proposer", "g", "a", "acc/round", "tok/call", "c", "v", "plain ms/tok", "spec ms/tok", "predicted",
+    head = ("proposer", "g", "a", "acc/round", "tok/call", "E(a,g)", "c", "v", "plain ms/tok", "spec ms/tok", "predicted",
             "measured", "meas/pred", "pred. with v")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(
             f"| {r['proposer']} | {r['gamma']} | {r['acceptance_rate']:.3f} | {r['mean_accepted']:.2f} | "
-            f"{r['tokens_per_target_call']:.2f} | {r['cost_ratio']:.3f} | {r['verify_cost_ratio']:.2f} | "
+            f"{r['tokens_per_target_call']:.2f} | {r['expected_tokens_per_round']:.2f} | {r['cost_ratio']:.3f} | {r['verify_cost_ratio']:.2f} | "
             f"{r['plain_ms_per_token']:.2f} | "
             f"{r['spec_ms_per_token']:.2f} | {r['predicted_speedup']:.2f}x | {r['measured_speedup']:.2f}x | "
             f"{r['measured_over_predicted']:.2f} | {r['predicted_with_v']:.2f}x |")
@@ -157,14 +161,16 @@ def main() -> int:
     stages = {"temperature": args.temperature}
     chain = build_chain(stages)
     rows = []
-    if bundled_ready():
-        tiny, draft = load_model("tiny", device="cpu"), load_model("tiny-draft", device="cpu")
+    if bundled_ready("tiny"):
+        tiny = load_model("tiny", device="cpu")
         target, tok, ctx, name = tiny.model, tiny.tokenizer, tiny.context_length, "tiny"
     else:
-        print("bundled weights missing: draft-model rows skipped; n-gram rows on a random model of tiny's shape",
-              file=sys.stderr)
+        print("bundled tiny missing: n-gram rows on a random model of tiny's shape", file=sys.stderr)
         target, tok = random_tiny_shape()
-        draft, ctx, name = None, 512, "random-tiny-shape"
+        ctx, name = 512, "random-tiny-shape"
+    draft = load_model("tiny-draft", device="cpu") if bundled_ready("tiny-draft") and name == "tiny" else None
+    if draft is None:
+        print("bundled tiny-draft missing: draft-model rows skipped", file=sys.stderr)
     print(f"target {name}, {args.tokens} tokens, temperature {args.temperature}, threads {args.threads}, "
           f"rounds {args.rounds}", file=sys.stderr)
     if draft is not None and args.only in (None, "draft"):

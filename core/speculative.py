@@ -651,6 +651,7 @@ class SpeculativeSummary:
     mean_drafted: float  # drafts per round (fewer than gamma near the end, or when the n-gram finds no match)
     per_position_acceptance: list  # per draft position i: accepted there / judged there (None if never judged)
     tokens_per_target_call: float  # emitted tokens per verification forward
+    expected_tokens_per_round: float  # (1 - a^(g+1)) / (1 - a): what the prediction assumes (independent accepts)
     target_calls: int  # verification forwards (the prefill excluded)
     draft_calls: int  # draft-model forwards (the prefill excluded); 0 for the n-gram proposer
     draft_step_ms: float  # drafting time per drafted token
@@ -687,6 +688,7 @@ def summarize(stats: RunStats, proposer: str, draft_calls: int, baseline: Baseli
         per_position_acceptance=[acc / seen if seen else None
                                  for acc, seen in zip(stats.accepted_at, stats.reached_at)],
         tokens_per_target_call=n / rounds,
+        expected_tokens_per_round=expected_tokens(a, stats.gamma),
         target_calls=stats.rounds,
         draft_calls=draft_calls,
         draft_step_ms=draft_step * 1e3,
