@@ -309,17 +309,24 @@ TINY = ROOT / "presets" / "models" / "tiny"
 
 
 def test_bundled_tiny_equals_generate():
+    """The trained model; a +7 EOS bias (transformers: sequence_bias) makes hypotheses end at different lengths."""
     if not (TINY / "model.safetensors").is_file():
         pytest.skip("the bundled tiny model's weights are not installed")
     from decodelab.core.model import load_model
 
     lm = load_model("tiny", device="cpu")
+    eos = lm.eos_ids[0]
     prompt = lm.encode("Once upon a time, a little fox")
-    for beams, lp, early in [(4, 1.0, False), (3, 0.0, True), (2, 2.0, "never")]:
-        search = beam_search(lm.model, prompt, build_chain({}), settings(beams, lp, early, 16, beams),
-                             eos_ids=tuple(lm.eos_ids))
-        out = generate(lm.model, prompt, beams, lp, early, beams, 16, eos=lm.eos_ids[0])
-        assert_same_as_generate(search.hypotheses, out, len(prompt), beams, eos=lm.eos_ids[0])
+    winners = {}
+    for beams, lp, early, bias in [(4, 1.0, False, 0.0), (4, 0.0, False, 7.0), (4, 2.0, "never", 7.0),
+                                   (3, 1.0, True, 7.0)]:
+        chain = build_chain({"bias": {eos: bias}} if bias else {})
+        extra = {"sequence_bias": {(eos,): bias}} if bias else {}
+        search = beam_search(lm.model, prompt, chain, settings(beams, lp, early, 16, beams), eos_ids=(eos,))
+        out = generate(lm.model, prompt, beams, lp, early, beams, 16, eos=eos, **extra)
+        assert_same_as_generate(search.hypotheses, out, len(prompt), beams, eos=eos)
+        winners[lp] = search.hypotheses[0]
+    assert winners[0.0].length < winners[2.0].length  # the penalty flips the winner from short to long
 
 
 # --- the command line --------------------------------------------------------------------------------------
