@@ -31,10 +31,10 @@ Preset = Annotated[Optional[str], typer.Option("--preset", "-p", help="Bundled p
                                                rich_help_panel=RUN)]
 Set = Annotated[Optional[list[str]], typer.Option("--set", help="Override one setting: KEY=VALUE (repeatable).",
                                                   rich_help_panel=RUN)]
-MaxNew = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Tokens to generate [default: 64].",
+MaxNew = Annotated[Optional[int], typer.Option("--max-new-tokens", "-n", help="Tokens to generate (default 64; beam: 32).",
                                                rich_help_panel=RUN, show_default=False)]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="RNG seed: the same command prints the same trace "
-                                             "[default: 0].", rich_help_panel=RUN, show_default=False)]
+                                             "(default 0).", rich_help_panel=RUN, show_default=False)]
 Device = Annotated[str, typer.Option("--device", help="auto (cuda, then mps, then cpu), cpu, cuda, mps.",
                                      rich_help_panel=RUN)]
 Dtype = Annotated[str, typer.Option("--dtype", help="auto, float32, bfloat16, float16.", rich_help_panel=RUN)]
@@ -51,7 +51,7 @@ IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos", help="Generat
 
 Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv.",
                                      rich_help_panel=OUT)]
-Top = Annotated[Optional[int], typer.Option("--top", help="Alternatives listed per step [default: 5].",
+Top = Annotated[Optional[int], typer.Option("--top", help="Alternatives listed per step (default 5).",
                                             rich_help_panel=OUT, show_default=False)]
 SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the rendered table as HTML.",
                                                   rich_help_panel=OUT)]
