@@ -17,7 +17,12 @@ run in alternation, ``--rounds`` times, and the medians are compared, so slow dr
 Goals: measured >= 0.8x predicted; a real speedup (> 1.0x) for the n-gram proposer on repetitive text and for the
 bundled pair at its best gamma.
 
-    python benchmarks/speculate.py [--tokens 128] [--gammas 1,2,3,4,6,8] [--rounds 3] [--threads 1] [--json]
+    python benchmarks/speculate.py [--tokens 128] [--gammas 1,2,3,4,6,8] [--rounds 3] [--prompts 4]
+                                   [--temperature 0] [--threads 1] [--json PATH]
+
+The draft-model rows decode --prompts passages of the bundled models' held-out text (presets/models/validation.txt:
+the kind of text the pair was trained on); the n-gram rows decode a repetitive prompt. Every figure sums over the
+prompts of a round before the median over rounds.
 
 Without the trained bundled weights the draft-model rows are skipped (and the n-gram rows use a random model of
 ``tiny``'s shape, labelled as such, while ``tiny`` itself is missing).
@@ -69,31 +74,52 @@ def random_tiny_shape():
     return model, tok
 
 
-def one_pair(target, proposer_factory, prompt_ids, chain, temperature, n, gamma, ctx):
-    """One plain run and one speculative run; returns their per-token times and the run's counts."""
+def held_out_prompts(count: int, chars: int = 200) -> list[str]:
+    """Passages of the bundled models' held-out text (validation.txt), evenly spaced, cut at spaces: text of the
+    kind the pair was trained on, none of it seen in training. Falls back to one story prompt."""
+    path = bundled_dir("tiny").parent / "validation.txt"
+    if not path.exists():
+        return [STORY]
+    text = path.read_text(encoding="utf-8")
+    out = []
+    for i in range(count):
+        start = text.find(" ", (i + 1) * len(text) // (count + 1)) + 1
+        out.append(text[start : text.rfind(" ", start, start + chars)])
+    return out
+
+
+def one_pair(target, proposer_factory, prompts, chain, temperature, n, gamma, ctx):
+    """Per prompt one plain run and one speculative run; returns their summed times and counts."""
     greedy = temperature == 0
-    base = time_plain_decoding(target, prompt_ids, chain, make_selector(temperature, 0, "cpu"), n, ctx)
-    gen = None if greedy else make_generator(0, "cpu")
-    sp = Speculator(target, proposer_factory(make_selector_for(greedy, gen)), prompt_ids, chain,
-                    StopRules(n, ignore_eos=True, context_length=ctx), gamma, gen, record=False)
-    for _ in sp:
-        pass
-    s = sp.stats
+    total = dict.fromkeys(("plain", "plain_tokens", "spec", "draft", "verify", "accepted", "judged", "drafted",
+                           "rounds", "tokens"), 0.0)
+    for prompt_ids in prompts:
+        base = time_plain_decoding(target, prompt_ids, chain, make_selector(temperature, 0, "cpu"), n, ctx)
+        gen = None if greedy else make_generator(0, "cpu")
+        sp = Speculator(target, proposer_factory(make_selector_for(greedy, gen)), prompt_ids, chain,
+                        StopRules(n, ignore_eos=True, context_length=ctx), gamma, gen, record=False)
+        for _ in sp:
+            pass
+        s = sp.stats
+        for key, value in (("plain", base.decode_seconds), ("plain_tokens", base.tokens - 1),
+                           ("spec", s.decode_seconds), ("draft", s.draft_seconds), ("verify", s.target_seconds),
+                           ("accepted", s.accepted), ("judged", s.judged), ("drafted", s.drafted),
+                           ("rounds", s.rounds), ("tokens", len(s.new_ids))):
+            total[key] += value
     return {
-        "plain_step": base.step_seconds,
-        "spec_token": s.decode_seconds / len(s.new_ids),
-        "draft_step": s.draft_seconds / s.drafted if s.drafted else 0.0,
-        "verify_step": s.target_seconds / s.rounds,
-        "accepted": s.accepted, "judged": s.judged, "drafted": s.drafted, "rounds": s.rounds,
-        "tokens": len(s.new_ids),
+        "plain_step": total["plain"] / total["plain_tokens"],
+        "spec_token": total["spec"] / total["tokens"],
+        "draft_step": total["draft"] / total["drafted"] if total["drafted"] else 0.0,
+        "verify_step": total["verify"] / total["rounds"],
+        **{k: total[k] for k in ("accepted", "judged", "drafted", "rounds", "tokens")},
     }
 
 
-def measure(label, target, proposer_factory, prompt_ids, chain, temperature, n, gammas, rounds, ctx):
+def measure(label, target, proposer_factory, prompts, chain, temperature, n, gammas, rounds, ctx):
     rows = []
-    one_pair(target, proposer_factory, prompt_ids, chain, temperature, min(n, 16), 2, ctx)  # warm-up
+    one_pair(target, proposer_factory, prompts[:1], chain, temperature, min(n, 16), 2, ctx)  # warm-up
     for g in gammas:
-        runs = [one_pair(target, proposer_factory, prompt_ids, chain, temperature, n, g, ctx) for _ in range(rounds)]
+        runs = [one_pair(target, proposer_factory, prompts, chain, temperature, n, g, ctx) for _ in range(rounds)]
         plain = statistics.median(r["plain_step"] for r in runs)
         spec = statistics.median(r["spec_token"] for r in runs)
         draft = statistics.median(r["draft_step"] for r in runs)
@@ -153,6 +179,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable timings on a shared machine)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy verification (default)")
     ap.add_argument("--ngram-size", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=4, help="held-out passages for the draft-model rows")
     ap.add_argument("--only", choices=("draft", "ngram"), default=None)
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
@@ -174,14 +201,16 @@ def main() -> int:
     print(f"target {name}, {args.tokens} tokens, temperature {args.temperature}, threads {args.threads}, "
           f"rounds {args.rounds}", file=sys.stderr)
     if draft is not None and args.only in (None, "draft"):
-        ids = list(tok.encode(STORY))
+        texts = held_out_prompts(args.prompts)
+        prompts = [list(tok.encode(t)) for t in texts]
         factory = lambda sel: ModelProposer(draft.model, chain, sel, "tiny-draft", draft.context_length)  # noqa: E731
-        rows += measure("tiny <- tiny-draft (story)", target, factory, ids, chain, args.temperature, args.tokens,
-                        gammas, args.rounds, ctx)
+        label = f"tiny <- tiny-draft ({len(prompts)} held-out)" if len(texts) > 1 else "tiny <- tiny-draft (story)"
+        rows += measure(label, target, factory, prompts, chain, args.temperature, args.tokens, gammas,
+                        args.rounds, ctx)
     if args.only in (None, "ngram"):
         ids = list(tok.encode(REPETITIVE))
         factory = lambda sel: NGramProposer(args.ngram_size)  # noqa: E731
-        rows += measure(f"{name} <- ngram-{args.ngram_size} (repetitive)", target, factory, ids, chain,
+        rows += measure(f"{name} <- ngram-{args.ngram_size} (repetitive)", target, factory, [ids], chain,
                         args.temperature, args.tokens, gammas, args.rounds, ctx)
     print(table(rows))
     for line in goals(rows):
