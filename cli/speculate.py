@@ -162,7 +162,8 @@ def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, 
         title = (f"{lm.name} <- {spec.proposer.name} · gamma {settings.gamma} · "
                  f"{'greedy verification' if spec.greedy else 'speculative sampling'} · chain: "
                  f"{' -> '.join(processors.names) or '(none)'}")
-        views = [rounds_table(spec.rounds, title, spec.greedy), marked_text(text, spec.rounds), render.summary_line(summary)]
+        views = [rounds_table(spec.rounds, title, spec.greedy), marked_text(text, spec.rounds),
+                 render.summary_line(summary)]
         if sweep:
             views += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
         render.show(views, save_html, save_svg, to_screen=fmt == o.Format.table)

@@ -487,7 +487,8 @@ class Speculator:
         processed = process_block(self.chain, seq, logits, self.uses_ids)
         drafts = draft.tokens.tolist()
         if self.greedy:
-            (k, token), p, q, u, final = verify_greedy(processed.argmax(dim=-1).tolist(), drafts), None, None, None, None
+            k, token = verify_greedy(processed.argmax(dim=-1).tolist(), drafts)
+            p = q = u = final = None
         else:
             k, token, p, q, u, final = self.verify(processed, draft)
         if not math.isfinite(float(processed[k, token])):  # the chain left nothing at the position decided
