@@ -288,7 +288,7 @@ def encode_docs(tok: PreTrainedTokenizerFast, docs: list[str]) -> torch.Tensor:
 def make_config(size: str, eot: int) -> LlamaConfig:
     dims = {  # hidden, layers, heads, kv heads, mlp
         "tiny": (128, 12, 4, 2, 352),   # deep and narrow: a CPU decode step costs ~per layer
-        "tiny-draft": (128, 1, 4, 2, 384),
+        "tiny-draft": (256, 1, 8, 2, 512),   # one wide layer: cheap per step, more capacity
     }[size]
     h, n_layers, heads, kv, mlp = dims
     return LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=h, num_hidden_layers=n_layers,
@@ -620,9 +620,10 @@ Validation perplexity ({r['n_curve_tokens']:,} held-out tokens):
 {t['n_tokens']} tokens of `validation.txt`): tiny val ppl {t['ppl']:.2f}; test asserts < {t['ppl_max']}.
 tiny-draft val ppl {t['ppl_draft']:.2f}; test asserts < {t['ppl_draft_max']}.
 Draft agreement {t['agreement']:.1%}; test asserts > {t['agree_min']:.0%}.{'' if t['agreement'] >= 0.6 else
- " **The project's goal of >= 60 % agreement (test floor 55 %) is not reached by this draft**: a one-layer "
- "draft trained for the time budget above stays well below it; the test floor is the measured value minus 5 "
- "points so that it guards these weights, not the goal."}
+ " **The project's goal of >= 60 % agreement (test floor 55 %) is not reached by this draft**: this "
+ f"one-layer draft, trained for the time budget above, reaches {t['agreement']:.1%} here and "
+ f"{r['agreement_full']:.1%} on all held-out tokens; the test floor is the measured value minus 5 points "
+ "so that it guards these weights, not the goal."}
 
 ### Attention sinks (`tiny`)
 
@@ -661,11 +662,11 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "decodelab-train")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--target-steps", type=int, default=1200)
-    ap.add_argument("--draft-steps", type=int, default=600)
-    ap.add_argument("--target-minutes", type=float, default=36.0, help="time budget of the target's training")
-    ap.add_argument("--draft-minutes", type=float, default=9.0, help="time budget of the draft's training")
+    ap.add_argument("--draft-steps", type=int, default=1200)
+    ap.add_argument("--target-minutes", type=float, default=38.0, help="time budget of the target's training")
+    ap.add_argument("--draft-minutes", type=float, default=14.0, help="time budget of the draft's training")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--alpha", type=float, default=0.7, help="distillation weight for the draft")
+    ap.add_argument("--alpha", type=float, default=0.9, help="distillation weight for the draft")
     ap.add_argument("--tokenizer-only", action="store_true", help="stop after writing the tokenizer")
     ap.add_argument("--eval-only", action="store_true", help="reuse the saved models; redo eval and card")
     ap.add_argument("--draft-only", action="store_true", help="reuse the saved target; retrain the draft")
