@@ -123,22 +123,17 @@ def beam(
         render.show(views, save_html, save_svg, to_screen=fmt == o.Format.table)
 
 
-def one_line(text: str) -> str:
-    """A hypothesis on one table line: newlines, tabs and carriage returns escaped, spaces kept."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-
-
 # --- rows for markdown / csv -------------------------------------------------------------------------------
 
 
 def hypothesis_rows(hyps) -> list[dict]:
-    return [{"rank": h.rank, "text": one_line(h.text), "length": h.length, "sum_logprob": h.sum_logprob,
+    return [{"rank": h.rank, "text": render.one_line(h.text), "length": h.length, "sum_logprob": h.sum_logprob,
              "raw_sum_logprob": h.raw_sum_logprob, "score": h.score, "reason": h.reason, "step": h.step,
              "token_ids": " ".join(map(str, h.token_ids))} for h in hyps]
 
 
 def sweep_table_rows(rows) -> list[dict]:
-    return [{"length_penalty": r.length_penalty, "text": one_line(r.winner.text),
+    return [{"length_penalty": r.length_penalty, "text": render.one_line(r.winner.text),
              "length": r.winner.length, "raw_sum_logprob": r.winner.raw_sum_logprob,
              "sum_logprob": r.winner.sum_logprob, "score": r.winner.score, "changed": r.changed,
              "token_ids": " ".join(map(str, r.winner.token_ids))} for r in rows]
@@ -180,7 +175,7 @@ def hypotheses_table(hyps) -> Table:
                           ("raw sum logprob", "right"), ("score", "right"), ("reason", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     for h in hyps:
-        table.add_row(str(h.rank), one_line(h.text), str(h.length), f"{h.sum_logprob:.4f}",
+        table.add_row(str(h.rank), render.one_line(h.text), str(h.length), f"{h.sum_logprob:.4f}",
                       f"{h.raw_sum_logprob:.4f}", f"{h.score:.4f}", h.reason)
     return table
 
@@ -192,7 +187,7 @@ def sweep_table(rows, norm: str) -> Table:
         table.add_column(name, justify=justify, overflow="fold")
     for r in rows:
         w = r.winner
-        table.add_row(f"{r.length_penalty:g}", one_line(w.text), str(w.length), f"{w.raw_sum_logprob:.4f}",
+        table.add_row(f"{r.length_penalty:g}", render.one_line(w.text), str(w.length), f"{w.raw_sum_logprob:.4f}",
                       f"{w.sum_logprob:.4f}", f"{w.score:.4f}",
                       Text("◀ winner changes", style="bold magenta") if r.changed else "")
     return table

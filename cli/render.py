@@ -61,9 +61,14 @@ def document(command: str, lm, config: dict, chain_names: list[str], prompt_text
     }
 
 
+def one_line(text: str) -> str:
+    """Text on one table line: backslashes, newlines, tabs and carriage returns escaped, spaces kept."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
 def show_token(text: str) -> str:
-    """A token as it reads in a table: whitespace made visible, control characters escaped."""
-    out = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    """A token as it reads in a table: control characters escaped, leading/trailing spaces made visible."""
+    out = one_line(text)
     return out.replace(" ", "␣") if out.strip() == "" or out != out.strip() else out
 
 
