@@ -103,24 +103,27 @@ def shaded_text(prompt: str, tokens: list[tuple[str, float]]) -> Text:
 
 
 def steps_table(steps, top: int, title: str | None = None) -> Table:
+    """One row per token; the fixed columns keep their width and the alternatives wrap in what is left."""
     table = Table(title=title, show_lines=False, header_style="bold")
-    table.add_column("#", justify="right")
-    table.add_column("token")
-    table.add_column("prob", justify="left", no_wrap=True)
-    table.add_column("raw prob", justify="right")
-    table.add_column("raw rank", justify="right")
-    table.add_column("kept", justify="right")
-    table.add_column("entropy", justify="right")
+    table.add_column("#", justify="right", no_wrap=True, min_width=2)
+    table.add_column("token", no_wrap=True, min_width=6, max_width=18, overflow="ellipsis")
+    table.add_column("prob", justify="left", no_wrap=True, min_width=BAR_WIDTH + 6)
+    table.add_column("raw p", justify="right", no_wrap=True, min_width=5)
+    table.add_column("raw rank", justify="right", no_wrap=True, min_width=4)
+    table.add_column("kept", justify="right", no_wrap=True, min_width=4)
+    table.add_column("H", justify="right", no_wrap=True, min_width=4)
     if top:
-        table.add_column(f"top {top} alternatives (processed p)", overflow="fold")
+        table.add_column(f"top {top} alternatives (p)", ratio=1)
     for s in steps:
-        alts = "  ".join(f"{show_token(a.token)} {fmt_p(a.prob)}" for a in s.alternatives)
+        alts = "  ".join(f"{show_token(a.token)}\u00a0{fmt_p(a.prob)}" for a in s.alternatives)
         row = [str(s.index), Text(show_token(s.token), style="bold"),
                Text(f"{bar(s.prob)} {fmt_p(s.prob)}"), fmt_p(s.raw_prob), str(s.raw_rank), str(s.kept),
                f"{s.entropy:.2f}"]
         if top:
             row.append(alts)
         table.add_row(*row)
+    table.caption = "prob: the processed distribution the token was drawn from; raw p / raw rank: the model's own " \
+                    "softmax; kept: candidates left after the chain; H: entropy (nats) of the processed distribution"
     return table
 
 
