@@ -664,7 +664,7 @@ def main() -> None:
     ap.add_argument("--target-steps", type=int, default=1200)
     ap.add_argument("--draft-steps", type=int, default=1200)
     ap.add_argument("--target-minutes", type=float, default=38.0, help="time budget of the target's training")
-    ap.add_argument("--draft-minutes", type=float, default=14.0, help="time budget of the draft's training")
+    ap.add_argument("--draft-minutes", type=float, default=24.0, help="time budget of the draft's training")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--alpha", type=float, default=0.9, help="distillation weight for the draft")
     ap.add_argument("--tokenizer-only", action="store_true", help="stop after writing the tokenizer")
