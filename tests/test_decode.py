@@ -184,3 +184,24 @@ def test_multinomial_never_draws_a_removed_token():
     assert set(draws.tolist()) <= {1, 3}
     draws = selector.from_logits(probs.log().expand(5000, -1).contiguous())
     assert set(draws.tolist()) <= {1, 3}
+
+
+def test_sampled_first_token_follows_the_processed_distribution_end_to_end():
+    """Many seeded runs of the real loop (model, cache, chain, selector): the first token's frequencies match the
+    chain's processed distribution (chi-square, 4 degrees of freedom), and removed tokens never appear."""
+    model = random_model("llama", seed=11, vocab_size=16, scale=3.0)
+    SHORT = [1, 5, 9]  # noqa: N806
+    chain = build_chain({"temperature": 1.5, "top-k": 5})
+    with torch.no_grad():
+        raw = model(torch.tensor([SHORT])).logits[0, -1].float()
+    probs = torch.softmax(chain(torch.tensor([SHORT]), raw[None])[0], dim=-1).double()
+    kept = torch.nonzero(probs > 0).flatten()
+    assert len(kept) == 5
+    counts = torch.zeros(16, dtype=torch.float64)
+    for seed in range(2000):
+        step = next(iter(Sampler(model, SHORT, chain, make_selector(1.5, seed, "cpu"), StopRules(1), str,
+                                 None, top=0)))
+        counts[step.token_id] += 1
+        assert step.prob == pytest.approx(float(probs[step.token_id]), rel=1e-4)
+    assert counts[probs == 0].sum() == 0
+    assert chi_square(counts[kept], probs[kept]) < 18.47  # p = 0.001, 4 degrees of freedom
