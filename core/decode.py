@@ -19,7 +19,7 @@ from torch import Tensor
 from .cache import FullCache, make_cache
 from .errors import ConfigError
 from .model import forward
-from .processors import Chain, empty_chain_error, entropy, log_softmax, stage_stats
+from .processors import Chain, empty_chain_error, entropy, log_softmax, stage_table
 from .trace import Alternative, StageStat, StageView, Step, TokenProb, TrackedToken, summarize
 
 
@@ -131,21 +131,6 @@ def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int
     return torch.topk(score, min(top, score.shape[-1])).indices
 
 
-def stage_rows(stages: list[tuple[str, Tensor]]) -> list[StageStat]:
-    """kept / entropy / mass removed per stage, each stage's softmax computed once."""
-    rows = []
-    prev_probs, prev_removed = None, None
-    for name, logits in stages:
-        probs = torch.softmax(logits[0], dim=-1)
-        removed = torch.isneginf(logits[0])
-        if prev_probs is not None:
-            newly = removed & ~prev_removed
-            rows.append(StageStat(name, int((~removed).sum()), float(entropy(probs)),
-                                  float((prev_probs * newly).sum())))
-        prev_probs, prev_removed = probs, removed
-    return rows
-
-
 def build_step(index: int, position: int, out: Decoded, token_text: Callable[[int], str], top: int) -> Step:
     """Every number of one step, labelled: raw (model softmax) vs processed (what the selector drew from)."""
     token_id = out.token_id
@@ -168,7 +153,7 @@ def build_step(index: int, position: int, out: Decoded, token_text: Callable[[in
         raw_entropy=float(entropy(raw_probs)),
         kept=int(kept.sum()),
         alternatives=[Alternative(i, token_text(i), float(probs[i]), float(raw_probs[i])) for i in alt_ids],
-        stages=stage_rows(out.stages or []),
+        stages=[stat for stat, _ in stage_table(out.stages or [])[1:]],
     )
 
 
@@ -221,16 +206,12 @@ def next_token_stages(
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     raw = prefill(model, make_cache("full", model.config), ids)
     _, stages = chain.run_recorded(ids, raw)
-    views, prob_rows = [], []
-    for i, (name, logits) in enumerate(stages):
-        probs = torch.softmax(logits[0], dim=-1)
-        prob_rows.append(probs)
-        if i == 0:
-            kept, ent, removed = stage_stats(logits, logits)
-        else:
-            kept, ent, removed = stage_stats(stages[i - 1][1], logits)
+    table = stage_table(stages)
+    prob_rows = [probs for _, probs in table]
+    views = []
+    for (name, logits), (stat, probs) in zip(stages, table):
         order = torch.topk(probs, min(top, probs.shape[-1])).indices.tolist()
-        views.append(StageView(name, int(kept[0]), float(ent[0]), float(removed[0]), [
+        views.append(StageView(name, stat.kept, stat.entropy, stat.mass_removed, [
             TokenProb(t, token_text(t), float(logits[0, t]), float(probs[t])) for t in order if probs[t] > 0
         ]))
     union = list(dict.fromkeys(tp.token_id for view in views for tp in view.top))

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from .errors import ChainError, ConfigError
+from .trace import StageStat
 
 NEG_INF = float("-inf")
 
@@ -216,14 +217,19 @@ class TypicalP:
         return _keep_sorted_prefix(logits, order, keep)
 
 
-def stage_stats(before: Tensor, after: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per row: candidates kept after a stage, entropy after it, and the mass (before it) of what it removed."""
-    p_before = softmax(before)
-    p_after = softmax(after)
-    removed = torch.isneginf(after) & ~torch.isneginf(before)
-    kept = (~torch.isneginf(after)).sum(dim=-1)
-    mass_removed = (p_before * removed).sum(dim=-1)
-    return kept, entropy(p_after), mass_removed
+def stage_table(stages: list[tuple[str, Tensor]]) -> list[tuple[StageStat, Tensor]]:
+    """Per stage (row 0 of each [1, V] logits): candidates kept, entropy after it, and the probability mass
+    (under the distribution before it) of the candidates it removed; with that stage's probabilities.
+    Each stage's softmax is computed once; the first stage removes nothing by definition."""
+    rows = []
+    prev_probs, prev_removed = None, None
+    for name, logits in stages:
+        probs = softmax(logits[0])
+        removed = torch.isneginf(logits[0])
+        mass = 0.0 if prev_probs is None else float((prev_probs * (removed & ~prev_removed)).sum())
+        rows.append((StageStat(name, int((~removed).sum()), float(entropy(probs)), mass), probs))
+        prev_probs, prev_removed = probs, removed
+    return rows
 
 
 @dataclass

@@ -24,7 +24,7 @@ from decodelab.core.processors import (
     TypicalP,
     build_chain,
     softmax,
-    stage_stats,
+    stage_table,
 )
 
 V = 50
@@ -160,11 +160,13 @@ def test_no_repeat_ngram_hand_vector():
 
 def test_stage_stats_hand_vector():
     after = TopK(2)(None, Z)
-    kept, ent, removed = stage_stats(Z, after)
-    assert int(kept[0]) == 2
-    assert float(removed[0]) == pytest.approx(0.3)
+    (raw, _), (stat, probs) = stage_table([("raw", Z), ("top-k", after)])
+    assert raw.kept == 4 and raw.mass_removed == 0.0
+    assert stat.kept == 2
+    assert stat.mass_removed == pytest.approx(0.3)
     q = torch.tensor([3 / 7, 4 / 7])
-    assert float(ent[0]) == pytest.approx(float(-(q * q.log()).sum()), rel=1e-5)
+    assert stat.entropy == pytest.approx(float(-(q * q.log()).sum()), rel=1e-5)
+    torch.testing.assert_close(probs[2:], q)
 
 
 # --- the chain -------------------------------------------------------------------------------------------------
@@ -259,5 +261,5 @@ def test_stable_softmax_equals_naive_where_finite(row):
 
 
 def test_entropy_of_uniform_is_log_v():
-    kept, ent, _ = stage_stats(torch.zeros(1, 8), torch.zeros(1, 8))
-    assert float(ent[0]) == pytest.approx(math.log(8))
+    ((stat, _),) = stage_table([("raw", torch.zeros(1, 8))])
+    assert stat.entropy == pytest.approx(math.log(8))
