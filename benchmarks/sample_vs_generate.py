@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from decodelab.core.cache import make_cache
+from decodelab.core.runtime import Runtime
 from decodelab.core.decode import Sampler, StopRules, decode_tokens
 from decodelab.core.model import forward, load_model
 from decodelab.core.processors import build_chain

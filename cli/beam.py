@@ -91,7 +91,7 @@ def beam(
             if fmt == o.Format.jsonl:
                 render.print_jsonl({"type": "step", **render.clean(step)})
     except KeyboardInterrupt:
-        search.interrupted()
+        search.interrupt()
     hyps = search.hypotheses
     summary = search.summary()
     sweep_rows = None

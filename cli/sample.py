@@ -62,7 +62,7 @@ def sample(
             if fmt == o.Format.jsonl:
                 render.print_jsonl({"type": "step", **render.clean(step)})
     except KeyboardInterrupt:
-        sampler.interrupted()
+        sampler.interrupt()
     token_ids = sampler.new_ids
     out_text = lm.decode(token_ids)
     summary = sampler.summary()

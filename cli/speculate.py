@@ -117,7 +117,7 @@ def speculate(
             if fmt == o.Format.jsonl:
                 render.print_jsonl({"type": "step", **render.clean(rnd.to_dict())})
     except KeyboardInterrupt:
-        spec.interrupted()
+        spec.interrupt()
     summary = measured(spec)
     sweep = []
     for g in (int(x) for x in settings.sweep_gamma):

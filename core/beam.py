@@ -50,7 +50,6 @@ ranked), so with no processors it can differ from sum_logprob in the seventh sig
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -58,11 +57,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .cache import FullCache, make_cache
 from .config import ChainSettings, _check, validate_chain
-from .decode import check_prompt, decode_one, prefill
 from .errors import ConfigError
+from .kv import CacheSpec
 from .processors import Chain, empty_chain_error
+from .run import Run, Stopwatch
+from .runtime import Runtime
+from .step import check_prompt
 
 NORMS = ("hf", "gnmt", "prompt-inclusive", "none")
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
@@ -211,9 +212,11 @@ class BeamSummary:
     best_length: int
     best_score: float
     forward_tokens: int  # steps * beams: tokens the model scored after the prompt
-    tokens_per_s: float  # forward_tokens / seconds (prefill included in the time)
-    seconds: float
+    tokens_per_s: float  # forward_tokens / (prefill + search + trace): end to end
+    seconds: float  # prefill + search + trace
     stop_reason: str  # length | context | all-finished | no-improvement | interrupted
+    decode_tokens_per_s: float = float("nan")  # forward_tokens / search time (prefill and trace excluded)
+    prefill_s: float = float("nan")
 
 
 # --- the model behind the search ---------------------------------------------------------------------------
@@ -222,26 +225,34 @@ class BeamSummary:
 class ModelStepper:
     """Prefill once, then one batched forward per step; the cache rows follow the parents of the live beams."""
 
-    def __init__(self, model, cache: FullCache | None = None):
-        self.model = model
-        self.cache = cache if cache is not None else make_cache("full", model.config)
+    def __init__(self, model, cache: CacheSpec | None = None, runtime: Runtime | None = None,
+                 capacity: int | None = None):
+        self.model, self.spec, self.capacity = model, cache, capacity
+        self.runtime = runtime
         self.device = next(model.parameters()).device
         self.rows = 1  # batch rows in the cache: 1 after the prefill, beams afterwards
 
+    def plan(self, positions: int) -> None:
+        """The search says how many positions it may need (a static cache preallocates them)."""
+        self.capacity = self.capacity or positions
+
     def start(self, prompt_ids: list[int]) -> Tensor:
         """Logits [1, V] after the prompt (computed once, whatever the beam count)."""
+        if self.runtime is None:
+            self.runtime = Runtime.create(self.model, self.spec, self.capacity or len(prompt_ids) + 1,
+                                          needs=frozenset({"reorder", "rows"}))
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        return prefill(self.model, self.cache, ids)
+        return self.runtime.prefill(ids)
 
     def advance(self, parents: list[int], parents_t: Tensor, tokens: Tensor) -> Tensor:
         """Keep the cache rows of ``parents`` (one per new beam), feed ``tokens`` [B]; returns logits [B, V]."""
         if self.rows == 1:
             # after the prefill every beam is the prompt: gathering row 0 B times expands the cache
-            self.cache.reorder(torch.zeros(len(parents), dtype=torch.long, device=self.device))
+            self.runtime.reorder(torch.zeros(len(parents), dtype=torch.long, device=self.device))
             self.rows = len(parents)
         elif parents != list(range(self.rows)):
-            self.cache.reorder(parents_t)
-        return decode_one(self.model, self.cache, tokens.view(-1, 1))
+            self.runtime.reorder(parents_t)
+        return self.runtime.feed(tokens.view(-1, 1))
 
 
 # --- the search --------------------------------------------------------------------------------------------
@@ -264,7 +275,7 @@ class _Ranked(NamedTuple):
     flat: list[int]  # parent * V + token
 
 
-class BeamSearch:
+class BeamSearch(Run):
     """Iterate for one :class:`BeamStep` per step (detailed when ``record``); then read ``hypotheses``, ``summary()``.
 
     ``stepper`` supplies logits: ``start(prompt_ids) -> [1, V]`` and ``advance(parents, parents_t, tokens) ->
@@ -290,7 +301,7 @@ class BeamSearch:
         self.steps: list[BeamStep] = []
         self.stop_reason = "length"
         self.n_steps = 0
-        self.seconds = 0.0
+        self.watch: Stopwatch | None = None
 
     # normalization of this search
     def norm(self, length: int) -> float:
@@ -303,11 +314,13 @@ class BeamSearch:
         return length
 
     def __iter__(self) -> Iterator[BeamStep]:
-        start = time.perf_counter()
-        try:
-            yield from self._run()
-        finally:
-            self.seconds = time.perf_counter() - start
+        self.watch = Stopwatch(getattr(self.stepper, "device", "cpu"))
+        self.watch.start()
+        for step in self._run():
+            self.watch.lap("trace" if self.record else "loop")
+            self.watch.pause()
+            yield step
+            self.watch.resume()
 
     def run(self) -> list[Hypothesis]:
         for _ in self:
@@ -317,7 +330,10 @@ class BeamSearch:
     def _run(self) -> Iterator[BeamStep]:
         B = self.s.beams
         n_eos = len(self.eos)
+        if hasattr(self.stepper, "plan"):
+            self.stepper.plan(len(self.prompt_ids) + self.max_new)
         logits = self.stepper.start(self.prompt_ids)  # [1, V]
+        self.watch.lap("prefill")
         V = logits.shape[-1]
         k = min(max(2, 1 + n_eos) * B, B * V)
         dev = logits.device
@@ -344,6 +360,7 @@ class BeamSearch:
             tokens = [host.flat[i] % V for i in live]
             beams = [_Beam(beams[p].tokens + [t], beams[p].raw + host.raw[i]) for p, t, i in zip(parents, tokens, live)]
             stop = self._stop_reason(length, host, live)
+            self.watch.lap("loop")
             if self.record:
                 self.steps.append(self._snapshot(step, length, host, fates, live, parents, beams, V))
                 yield self.steps[-1]
@@ -437,8 +454,9 @@ class BeamSearch:
                                   h.raw_sum_logprob, h.length, h.score, h.step, h.reason))
         return out
 
-    def interrupted(self) -> None:
-        self.stop_reason = "interrupted"
+    @property
+    def new_ids(self) -> list[int]:
+        return list(self.pool[0].token_ids) if self.pool else []
 
     @property
     def hypotheses(self) -> list[Hypothesis]:
@@ -448,6 +466,7 @@ class BeamSearch:
     def summary(self) -> BeamSummary:
         best = self.pool[0] if self.pool else None
         forward_tokens = self.n_steps * self.s.beams
+        timing = self.watch.timing
         return BeamSummary(
             beams=self.s.beams,
             steps=self.n_steps,
@@ -456,17 +475,19 @@ class BeamSearch:
             best_length=best.length if best else 0,
             best_score=best.score if best else float("nan"),
             forward_tokens=forward_tokens,
-            tokens_per_s=forward_tokens / self.seconds if self.seconds > 0 else float("inf"),
-            seconds=self.seconds,
+            tokens_per_s=timing.tokens_per_s(forward_tokens),
+            seconds=timing.total_s,
             stop_reason=self.stop_reason,
+            decode_tokens_per_s=timing.decode_tokens_per_s(forward_tokens),
+            prefill_s=timing.prefill_s,
         )
 
 
 def beam_search(model, prompt_ids: list[int], chain: Chain, settings: BeamSettings, eos_ids=(),
                 detok=None, context_length: int | None = None, record: bool = False,
-                token_text=None) -> BeamSearch:
+                token_text=None, cache: CacheSpec | None = None) -> BeamSearch:
     """Run a whole search over a transformers model; returns the finished :class:`BeamSearch`."""
-    search = BeamSearch(ModelStepper(model), prompt_ids, chain, settings, tuple(eos_ids), detok, context_length,
+    search = BeamSearch(ModelStepper(model, cache), prompt_ids, chain, settings, tuple(eos_ids), detok, context_length,
                         record, token_text)
     search.run()
     return search

@@ -1,14 +1,13 @@
-"""Autoregressive decoding: prefill once, then one token per forward through the KV cache.
+"""Autoregressive decoding: prefill once, then one token per forward through the runtime.
 
-``decode_tokens`` is the bare loop (token ids, raw and processed logits per step); ``Sampler`` wraps it and turns
-each step into a :class:`~decodelab.core.trace.Step` with both distributions labelled. Both are generators, so a
-caller can stream steps as they come and an interrupted run keeps what it produced.
+``decode_tokens`` is the bare loop (token ids, raw and processed logits per step); ``Sampler`` is the traced run:
+each step becomes a :class:`~decodelab.core.trace.Step` with both distributions labelled, every number of it moved
+to the host in one transfer. Both are generators, so a caller can stream steps as they come and an interrupted run
+keeps what it produced.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -16,45 +15,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .cache import FullCache, make_cache
-from .errors import ConfigError
-from .model import forward
-from .processors import Chain, empty_chain_error, entropy, log_softmax, stage_table
+from .kv import CacheSpec
+from .processors import Chain, stage_table
+from .run import Run, Stopwatch
+from .runtime import Runtime
+from .stats import Numbers, pack, unpack
+from .step import StopChecker, StopRules, TokenBuffer, check_prompt, check_selected, select
 from .trace import Alternative, StageStat, StageView, Step, TokenProb, TrackedToken, summarize
 
-
-@dataclass
-class StopRules:
-    """When generation ends: an EOS id (unless ignored), a stop string in the generated text, -n, or the context."""
-
-    max_new_tokens: int
-    eos_ids: tuple[int, ...] = ()
-    stop_strings: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    context_length: int | None = None
-
-
-def prefill(model, cache: FullCache, ids: Tensor) -> Tensor:
-    """Run the whole prompt once; returns the logits [B, V] for the next token."""
-    logits = forward(model, ids, cache.model_cache, cache.positions(ids.shape[1]), logits_to_keep=1)
-    cache.after_forward()
-    return logits[:, -1]
-
-
-def decode_one(model, cache: FullCache, token: Tensor) -> Tensor:
-    """Feed one token per row [B, 1]; returns the logits [B, V] for the token after it."""
-    logits = forward(model, token, cache.model_cache, cache.positions(1), logits_to_keep=1)
-    cache.after_forward()
-    return logits[:, -1]
-
-
-def check_prompt(prompt_len: int, context_length: int | None) -> None:
-    if prompt_len == 0:
-        raise ConfigError("PROMPT: the prompt is empty (0 tokens); give some text")
-    if context_length is not None and prompt_len >= context_length:
-        raise ConfigError(
-            f"PROMPT: the prompt is {prompt_len} tokens but the model's context is {context_length}; shorten it"
-        )
+__all__ = ["StopRules", "DecodeState", "Decoded", "decode_tokens", "Sampler", "next_token_stages", "check_prompt"]
 
 
 @dataclass
@@ -70,159 +39,164 @@ class Decoded(NamedTuple):
     raw_logits: Tensor  # [V], the model's output
     processed_logits: Tensor  # [V], after the chain: the distribution the selector drew from
     stages: list[tuple[str, Tensor]] | None  # ("raw", logits), then each stage's output ([1, V]); when recorded
+    numbers: Numbers | None = None  # every trace number of the step, on the host (when traced)
 
 
 def decode_tokens(
     model,
     prompt_ids: list[int],
     chain: Chain,
-    selector: Callable[[Tensor], Tensor],
+    selector,
     rules: StopRules,
     detok: Callable[[list[int]], str] | None = None,
-    cache: FullCache | None = None,
+    runtime: Runtime | None = None,
     state: DecodeState | None = None,
     record: bool = False,
+    top: int = 0,
+    watch: Stopwatch | None = None,
+    cache: CacheSpec | None = None,
 ) -> Iterator[Decoded]:
-    """Yield one :class:`Decoded` per generated token; ``record`` keeps every stage's logits for the trace."""
+    """Yield one :class:`Decoded` per generated token. ``record`` also computes every trace number of the step
+    (stages, alternatives: ``top``) and moves them to the host in the step's one transfer; otherwise the one
+    transfer is the token id and the check that the chain left it a finite logit."""
     check_prompt(len(prompt_ids), rules.context_length)
-    device = next(model.parameters()).device
-    cache = cache if cache is not None else make_cache("full", model.config)
+    runtime = runtime or Runtime.create(model, cache, capacity=len(prompt_ids) + rules.max_new_tokens)
     state = state if state is not None else DecodeState()
-    # the whole sequence lives in one buffer; the chain sees the prefix view seq[:, :length]
-    seq = torch.empty(1, len(prompt_ids) + rules.max_new_tokens, dtype=torch.long, device=device)
-    seq[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long, device=device)
-    length = len(prompt_ids)
-    logits = prefill(model, cache, seq[:, :length])
-    eos = set(rules.eos_ids) if not rules.ignore_eos else set()
-    for _ in range(rules.max_new_tokens):
-        ids = seq[:, :length]
+    watch = watch or Stopwatch(runtime.device)
+    buf = TokenBuffer(prompt_ids, len(prompt_ids) + rules.max_new_tokens, runtime.device)
+    stopper = StopChecker(rules, detok)
+    watch.start()
+    logits = runtime.prefill(buf.prefix())
+    watch.lap("prefill")
+    while True:
+        sel = select(chain, selector, buf.prefix(), logits, record)
         if record:
-            processed, stages = chain.run_recorded(ids, logits)
+            watch.lap("loop")
+            host = pack(sel.token, logits, sel.processed, sel.stages, top).tolist()
+            numbers = unpack(host, top, logits.shape[-1], len(sel.stages))
+            watch.lap("trace")
+            token_id, finite = numbers.token_id, numbers.finite
         else:
-            processed, stages = chain.apply(ids, logits), None
-        token = selector.from_logits(processed)
-        token_id = int(token)
-        if not math.isfinite(float(processed[0, token_id])):  # argmax over an all -inf (or NaN) row
-            raise empty_chain_error(chain.names)
+            token_id, finite = torch.stack([sel.token[0].float(), sel.finite[0].float()]).tolist()
+            token_id, numbers = int(token_id), None
+        check_selected(bool(finite), chain)
         state.new_ids.append(token_id)
-        yield Decoded(token_id, logits[0], processed[0], stages)
-        seq[0, length] = token_id
-        length += 1
-        if token_id in eos:
-            state.stop_reason = "eos"
+        buf.append([token_id], sel.token.view(1, 1))
+        watch.lap("loop")
+        watch.pause()
+        yield Decoded(token_id, logits[0], sel.processed[0], sel.stages, numbers)
+        watch.resume()
+        reason = stopper.check(state.new_ids, buf.length)
+        if reason is not None:
+            state.stop_reason = reason
+            watch.lap("loop")
             return
-        if rules.stop_strings and detok is not None:
-            text = detok(state.new_ids)
-            if any(s in text for s in rules.stop_strings):
-                state.stop_reason = "stop"
-                return
-        if rules.context_length is not None and length >= rules.context_length:
-            state.stop_reason = "context"
-            return
-        if len(state.new_ids) < rules.max_new_tokens:
-            logits = decode_one(model, cache, seq[:, length - 1 : length])
-    state.stop_reason = "length"
+        logits = runtime.feed(buf.last())
 
 
-def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int) -> Tensor:
-    """Token ids of the top alternatives: kept candidates by processed probability, then removed ones by raw."""
-    # kept candidates score 1 + p in [1, 2], removed ones their raw p in [0, 1]; float64 keeps the order exact
-    score = torch.where(kept, 1.0 + probs.double(), raw_probs.double())
-    return torch.topk(score, min(top, score.shape[-1])).indices
-
-
-def build_step(index: int, position: int, out: Decoded, token_text: Callable[[int], str], top: int) -> Step:
-    """Every number of one step, labelled: raw (model softmax) vs processed (what the selector drew from)."""
-    token_id = out.token_id
-    logp = log_softmax(out.processed_logits)
-    raw_logp = log_softmax(out.raw_logits)
-    probs, raw_probs = logp.exp(), raw_logp.exp()
-    kept = ~torch.isneginf(logp)
-    alt_ids = ranked_alternatives(probs, raw_probs, kept, top).tolist() if top > 0 else []
+def build_step(index: int, position: int, out: Decoded, token_text: Callable[[int], str],
+               stage_names: list[str]) -> Step:
+    """A traced step from its host numbers: raw (model softmax) vs processed (what the selector drew from)."""
+    n = out.numbers
     return Step(
-        index=index,
-        position=position,
-        token_id=token_id,
-        token=token_text(token_id),
-        prob=float(probs[token_id]),
-        logprob=float(logp[token_id]),
-        raw_prob=float(raw_probs[token_id]),
-        raw_logprob=float(raw_logp[token_id]),
-        raw_rank=int((raw_logp > raw_logp[token_id]).sum()) + 1,
-        entropy=float(entropy(probs)),
-        raw_entropy=float(entropy(raw_probs)),
-        kept=int(kept.sum()),
-        alternatives=[Alternative(i, token_text(i), float(probs[i]), float(raw_probs[i])) for i in alt_ids],
-        stages=[stat for stat, _ in stage_table(out.stages or [])[1:]],
+        index=index, position=position, token_id=n.token_id, token=token_text(n.token_id),
+        prob=n.prob, logprob=n.logprob, raw_prob=n.raw_prob, raw_logprob=n.raw_logprob, raw_rank=n.raw_rank,
+        entropy=n.entropy, raw_entropy=n.raw_entropy, kept=n.kept,
+        alternatives=[Alternative(i, token_text(i), p, r) for i, p, r in n.alternatives],
+        stages=[StageStat(name, kept, h, mass) for name, (kept, h, mass) in zip(stage_names, n.stages)][1:],
     )
 
 
-class Sampler:
-    """Iterate to get traced steps; afterwards ``stop_reason``, ``new_ids`` and ``summary()`` describe the run."""
+class Sampler(Run):
+    """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``."""
 
-    def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5):
+    def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5,
+                 cache: CacheSpec | None = None, runtime: Runtime | None = None, record: bool = True):
         self.model, self.prompt_ids, self.chain, self.selector = model, list(prompt_ids), chain, selector
         self.rules, self.token_text, self.detok, self.top = rules, token_text, detok, top
+        self.cache, self.runtime, self.record = cache, runtime, record
         self.state = DecodeState()
         self.steps: list[Step] = []
-        self.seconds = 0.0
+        self.watch: Stopwatch | None = None
 
     def __iter__(self) -> Iterator[Step]:
-        start = time.perf_counter()
+        runtime = self.runtime or Runtime.create(self.model, self.cache,
+                                                 capacity=len(self.prompt_ids) + self.rules.max_new_tokens)
+        self.runtime = runtime
+        self.watch = Stopwatch(runtime.device)
+        names = ["raw"] + self.chain.names
         loop = decode_tokens(self.model, self.prompt_ids, self.chain, self.selector, self.rules, self.detok,
-                             state=self.state, record=True)
-        try:
-            for index, out in enumerate(loop):
-                step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, self.top)
-                self.steps.append(step)
-                self.seconds = time.perf_counter() - start
-                yield step
-        finally:
-            self.seconds = time.perf_counter() - start
-
-    def interrupted(self) -> None:
-        self.state.stop_reason = "interrupted"
+                             runtime=runtime, state=self.state, record=self.record, top=self.top, watch=self.watch)
+        for index, out in enumerate(loop):
+            if not self.record:
+                continue
+            self.watch.resume()
+            step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, names)
+            self.steps.append(step)
+            self.watch.lap("trace")
+            self.watch.pause()
+            yield step
 
     @property
     def stop_reason(self) -> str:
         return self.state.stop_reason
 
+    @stop_reason.setter
+    def stop_reason(self, value: str) -> None:
+        self.state.stop_reason = value
+
     @property
     def new_ids(self) -> list[int]:
-        return [s.token_id for s in self.steps]
+        """The tokens delivered: traced steps (an interrupt can land between a token and its trace), or every
+        generated token when untraced."""
+        return [s.token_id for s in self.steps] if self.record else list(self.state.new_ids)
 
     def summary(self):
-        return summarize(self.steps, self.seconds, self.stop_reason)
+        return summarize(self.steps, self.watch.timing if self.watch else None, self.stop_reason,
+                         len(self.new_ids))
 
 
 def next_token_stages(
     model, prompt_ids: list[int], chain: Chain, token_text: Callable[[int], str], top: int = 10,
-    context_length: int | None = None,
+    context_length: int | None = None, cache: CacheSpec | None = None,
 ) -> tuple[list[StageView], list[TrackedToken]]:
     """The next-token distribution after every stage (no generation): per stage its own top tokens, plus the
     union of those tokens followed through all stages (probability and rank after each)."""
     check_prompt(len(prompt_ids), context_length)
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    raw = prefill(model, make_cache("full", model.config), ids)
+    runtime = Runtime.create(model, cache, capacity=len(prompt_ids))
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=runtime.device)
+    raw = runtime.prefill(ids)
     _, stages = chain.run_recorded(ids, raw)
     table = stage_table(stages)
-    prob_rows = [probs for _, probs in table]
-    views = []
-    for (name, logits), (stat, probs) in zip(stages, table):
-        order = torch.topk(probs, min(top, probs.shape[-1])).indices.tolist()
-        views.append(StageView(name, stat.kept, stat.entropy, stat.mass_removed, [
-            TokenProb(t, token_text(t), float(logits[0, t]), float(probs[t])) for t in order if probs[t] > 0
-        ]))
-    union = list(dict.fromkeys(tp.token_id for view in views for tp in view.top))
-    final = prob_rows[-1]
-    union.sort(key=lambda t: (-float(final[t]), -float(prob_rows[0][t])))
+    probs = torch.stack([p for _, p in table])  # [S, V]
+    logits = torch.stack([z[0] for _, z in stages])  # [S, V]
+    S, k = probs.shape[0], min(top, probs.shape[-1])
+    top_ids = probs.topk(k, dim=-1).indices  # [S, k]: each stage's own top tokens
+    cols = top_ids.flatten()  # [S * k]: every such token, followed through all stages
+    followed = probs[:, cols]  # [S, S * k]
+    ranks = (probs[:, None, :] > followed[:, :, None]).sum(dim=-1) + 1
+    # one transfer: the tokens, their logit at each stage's top, their raw logit, probabilities and ranks everywhere
+    host = torch.cat([cols.float(), logits.gather(1, top_ids).flatten(), raw[0, cols], followed.flatten(),
+                      ranks.float().flatten()]).tolist()
+    n = S * k
+    ids = [int(t) for t in host[:n]]
+    stage_logits, raw_logits = host[n : 2 * n], host[2 * n : 3 * n]
+    p_at = lambda s, c: host[3 * n + s * n + c]  # noqa: E731  probability of column c after stage s
+    rank_at = lambda s, c: int(host[3 * n + S * n + s * n + c])  # noqa: E731
+    views, first_col = [], {}
+    for s, ((name, _), (stat, _)) in enumerate(zip(stages, table)):
+        entries = []
+        for c in range(s * k, (s + 1) * k):
+            if p_at(s, c) > 0:
+                entries.append(TokenProb(ids[c], token_text(ids[c]), stage_logits[c], p_at(s, c)))
+                first_col.setdefault(ids[c], c)
+        views.append(StageView(name, stat.kept, stat.entropy, stat.mass_removed, entries))
     tracked = []
-    for t in union:
-        row = TrackedToken(t, token_text(t), float(raw[0, t]), float(prob_rows[0][t]))
-        for (name, _), probs in zip(stages, prob_rows):
-            p = float(probs[t])
-            row.probs[name] = p
-            row.ranks[name] = int((probs > probs[t]).sum()) + 1 if p > 0 else None
+    for t, c in first_col.items():
+        row = TrackedToken(t, token_text(t), raw_logits[c], p_at(0, c))
+        for s, (name, _) in enumerate(stages):
+            row.probs[name] = p_at(s, c)
+            row.ranks[name] = rank_at(s, c) if p_at(s, c) > 0 else None
         tracked.append(row)
+    tracked.sort(key=lambda r: (-r.probs[stages[-1][0]], -r.raw_prob))
     return views, tracked

@@ -226,6 +226,39 @@ def forward(
     return out.logits.float()
 
 
+def rotary_parameters(model) -> "Rotary | None":
+    """The model's RoPE as a KV policy needs it (inv_freq, rope type, rotary dims), or None without RoPE."""
+    from .kv import Rotary
+
+    emb = None
+    for module in model.modules():
+        if hasattr(module, "inv_freq") and hasattr(module, "rope_type"):
+            emb = module
+            break
+    if emb is None:
+        return None
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inv_freq = emb.inv_freq.detach().float()
+    return Rotary(inv_freq=inv_freq, rope_type=str(emb.rope_type), rotary_dim=2 * int(inv_freq.shape[-1]),
+                  head_dim=int(head_dim), attention_scaling=float(getattr(emb, "attention_scaling", 1.0)))
+
+
+def model_info(model) -> "ModelInfo":
+    """What a KV policy is told about the model: config, device, dtype, layer and head shapes, rotary parameters."""
+    from .kv import ModelInfo
+
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer", 0)
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1)
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0)
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    param = next(model.parameters())
+    return ModelInfo(config=model.config, device=param.device, dtype=param.dtype, rotary=rotary_parameters(model),
+                     num_layers=int(layers), kv_heads=int(kv_heads), head_dim=int(head_dim))
+
+
 def safetensors_parameters(path: Path) -> int:
     """Count the parameters in a .safetensors file from its JSON header (8-byte little-endian length, then JSON)."""
     import json

@@ -220,16 +220,12 @@ class TypicalP:
 def stage_table(stages: list[tuple[str, Tensor]]) -> list[tuple[StageStat, Tensor]]:
     """Per stage (row 0 of each [1, V] logits): candidates kept, entropy after it, and the probability mass
     (under the distribution before it) of the candidates it removed; with that stage's probabilities.
-    Each stage's softmax is computed once; the first stage removes nothing by definition."""
-    rows = []
-    prev_probs, prev_removed = None, None
-    for name, logits in stages:
-        probs = softmax(logits[0])
-        removed = torch.isneginf(logits[0])
-        mass = 0.0 if prev_probs is None else float((prev_probs * (removed & ~prev_removed)).sum())
-        rows.append((StageStat(name, int((~removed).sum()), float(entropy(probs)), mass), probs))
-        prev_probs, prev_removed = probs, removed
-    return rows
+    Computed together on the device (:func:`decodelab.core.stats.stage_stats`), read in one transfer."""
+    from .stats import stage_probs_and_stats
+
+    probs, stats = stage_probs_and_stats(stages)
+    host = stats.tolist()
+    return [(StageStat(name, int(k), h, m), probs[i]) for i, ((name, _), (k, h, m)) in enumerate(zip(stages, host))]
 
 
 @dataclass

@@ -14,7 +14,7 @@ One verification round, with the sequence so far s (its last token not yet fed t
    because sum_z max(0, p - q) = 1 - sum_z min(p, q);
    greedy (temperature 0): accept while x_i == argmax p_i, then emit argmax p at the first mismatch (correction)
    or after the last draft (bonus): exactly the target's greedy output;
-4. both caches are cropped to the accepted prefix (``FullCache.crop``): the accepted positions are never recomputed.
+4. both caches are cropped to the accepted prefix (the runtime's ``truncate``): the accepted positions are never recomputed.
    The target's cache keeps s + x_1..x_k (the emitted token y is fed as the first token of the next round); the
    draft model's cache keeps at most that and catches up at the start of its next round (1 or 2 tokens).
 
@@ -34,13 +34,16 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from .cache import FullCache, make_cache
 from .config import SampleSettings, validate_sample
-from .decode import StopRules, check_prompt, decode_tokens
+from .decode import decode_tokens
 from .errors import ConfigError
-from .model import LoadedModel, forward
-from .processors import Chain, empty_chain_error, softmax
+from .kv import CacheSpec
+from .model import LoadedModel
+from .processors import Chain, softmax
+from .run import Run, Stopwatch, synchronize
+from .runtime import Runtime
 from .select import Greedy, Multinomial
+from .step import StopChecker, StopRules, TokenBuffer, check_prompt, check_selected
 
 # ---------------------------------------------------------------------------------------------------------------
 # settings
@@ -158,27 +161,7 @@ def predicted_speedup(a: float, c: float, g: int) -> float:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class Sequence:
-    """The ids so far (prompt + emitted) in a preallocated [1, capacity] tensor, so prefixes are views; drafts are
-    written past ``length`` as scratch. ``tokens`` mirrors the committed ids as a Python list."""
-
-    def __init__(self, prompt_ids: list[int], capacity: int, device):
-        self.ids = torch.zeros(1, capacity, dtype=torch.long, device=device)
-        self.ids[0, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long)
-        self.tokens = list(prompt_ids)
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
-
-    def prefix(self, extra: int = 0) -> Tensor:
-        """[1, length + extra]: the committed ids plus the first ``extra`` scratch (drafted) ids."""
-        return self.ids[:, : len(self.tokens) + extra]
-
-    def append(self, token_ids: list[int]) -> None:
-        start = len(self.tokens)
-        self.ids[0, start : start + len(token_ids)] = torch.tensor(token_ids, dtype=torch.long)
-        self.tokens.extend(token_ids)
+Sequence = TokenBuffer  # the ids so far; drafts are written past its length as scratch
 
 
 class Draft(NamedTuple):
@@ -203,28 +186,25 @@ class ModelProposer:
     """A small model with the target's vocabulary drafts from its processed distribution q (same chain)."""
 
     def __init__(self, model, chain: Chain, selector: Callable[[Tensor], Tensor], name: str = "draft",
-                 context_length: int | None = None):
+                 context_length: int | None = None, cache: CacheSpec | None = None):
         self.model, self.chain, self.selector, self.name = model, chain, selector, name
-        self.context_length = context_length
+        self.context_length, self.spec = context_length, cache
         self.uses_ids = chain_uses_ids(chain)
         self.forwards = 0
-        self.cache: FullCache | None = None
+        self.runtime: Runtime | None = None
 
     def start(self, seq: Sequence) -> None:
         """Prefill everything but the last prompt token (it is fed with the first round)."""
-        self.cache = make_cache("full", self.model.config)
+        self.runtime = Runtime.create(self.model, self.spec, capacity=seq.ids.shape[1],
+                                      needs=frozenset({"truncate"}))
         self.forwards = 0
-        if seq.length > 1:
-            forward(self.model, seq.ids[:, : seq.length - 1], self.cache.model_cache,
-                    self.cache.positions(seq.length - 1), logits_to_keep=1)
-            self.cache.after_forward()
+        self.runtime.prefill(seq.prefix(), hold_last=True)
 
     @torch.inference_mode()
     def propose(self, seq: Sequence, gamma: int) -> Draft:
-        cache, n = self.cache, seq.length
-        behind = n - cache.length  # 1, or 2 after a round that accepted every draft
-        logits = forward(self.model, seq.ids[:, cache.length : n], cache.model_cache, cache.positions(behind))[:, -1]
-        cache.after_forward()
+        runtime, n = self.runtime, seq.length
+        # 1 token behind, or 2 after a round that accepted every draft
+        logits = runtime.feed(seq.ids[:, runtime.seen : n])
         greedy = isinstance(self.selector, Greedy)
         tokens, q_rows, raw_rows = [], [], []
         for i in range(gamma):
@@ -240,8 +220,7 @@ class ModelProposer:
             q_rows.append(q)
             raw_rows.append(logits)
             if i + 1 < gamma:
-                logits = forward(self.model, token.view(1, 1), cache.model_cache, cache.positions(1))[:, -1]
-                cache.after_forward()
+                logits = runtime.feed(token.view(1, 1))
         self.forwards += gamma
         drafted = torch.cat(tokens)
         if not self.uses_ids:
@@ -249,8 +228,8 @@ class ModelProposer:
         return Draft(drafted, None if greedy else torch.cat(q_rows), raw_rows)
 
     def rollback(self, length: int) -> None:
-        if self.cache.length > length:
-            self.cache.crop(length)
+        if self.runtime.seen > length:
+            self.runtime.truncate(length)
 
 
 class NGramProposer:
@@ -396,7 +375,6 @@ class RunStats:
     round_drafts: list[int] = field(default_factory=list)  # drafts per round (fewer near the end or no n-gram hit)
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
-    decode_seconds: float = 0.0  # every round (drafting, verifying, rollback, stop checks); prefill and trace excluded
     new_ids: list[int] = field(default_factory=list)
     stop_reason: str = "length"
 
@@ -405,26 +383,30 @@ class RunStats:
         self.accepted_at = [0] * self.gamma
 
 
-class Speculator:
+class Speculator(Run):
     """Iterate to get one :class:`Round` per verification round; ``stats`` and ``summary(...)`` describe the run.
 
     ``generator`` None means greedy verification (temperature 0); otherwise the explicit RNG for u and the
-    residual/bonus draws (the proposer's own selector should share it, for one seed per run)."""
+    residual/bonus draws (the proposer's own selector should share it, for one seed per run). ``cache`` is the
+    target's KV policy (it must be able to truncate: a rejected draft suffix is rolled back)."""
 
     def __init__(self, target, proposer: Proposer, prompt_ids: list[int], chain: Chain, rules: StopRules,
                  gamma: int, generator: torch.Generator | None = None,
                  token_text: Callable[[int], str] | None = None, detok: Callable[[list[int]], str] | None = None,
-                 top: int = 5, record: bool = True):
+                 top: int = 5, record: bool = True, cache: CacheSpec | None = None):
         if gamma < 1:
             raise ConfigError(f"--gamma {gamma}: must be an integer >= 1")
         self.target, self.proposer, self.chain, self.rules = target, proposer, chain, rules
         self.prompt_ids, self.gamma, self.generator = list(prompt_ids), gamma, generator
         self.token_text, self.detok, self.top, self.record = token_text, detok, top, record
+        self.spec = cache
         self.uses_ids = chain_uses_ids(chain)
         self.stats = RunStats(gamma)
         self.rounds: list[Round] = []
-        self.target_cache: FullCache | None = None
+        self.runtime: Runtime | None = None
         self.seq: Sequence | None = None
+        self.stopper = StopChecker(rules, detok)
+        self.watch: Stopwatch | None = None
 
     @property
     def greedy(self) -> bool:
@@ -439,28 +421,31 @@ class Speculator:
         device = next(self.target.parameters()).device
         capacity = len(self.prompt_ids) + self.rules.max_new_tokens + self.gamma + 2
         self.seq = Sequence(self.prompt_ids, capacity, device)
+        self.watch = Stopwatch(device)
+        self.watch.start()
         self.start()
+        self.watch.lap("prefill")
         while True:
-            start = time.perf_counter()
             outcome = self.step()
-            self.stats.decode_seconds += time.perf_counter() - start
+            self.watch.lap("loop")
             if outcome.stop is not None:
                 self.stats.stop_reason = outcome.stop
             rnd = self.build_round(outcome)
             self.rounds.append(rnd)
+            self.watch.lap("trace")
+            self.watch.pause()
             yield rnd
             if outcome.stop is not None:
                 return
+            self.watch.resume()
 
     @torch.inference_mode()
     def start(self) -> None:
-        """Target prefill of all but the last prompt token; the proposer's own start."""
+        """Target prefill of all but the last prompt token (fed with the first block); the proposer's own start."""
         seq = self.seq
-        self.target_cache = make_cache("full", self.target.config)
-        if seq.length > 1:
-            forward(self.target, seq.ids[:, : seq.length - 1], self.target_cache.model_cache,
-                    self.target_cache.positions(seq.length - 1), logits_to_keep=1)
-            self.target_cache.after_forward()
+        self.runtime = Runtime.create(self.target, self.spec, capacity=seq.ids.shape[1],
+                                      needs=frozenset({"truncate"}))
+        self.runtime.prefill(seq.prefix(), hold_last=True)
         self.proposer.start(seq)
 
     def draft_budget(self) -> int:
@@ -473,28 +458,28 @@ class Speculator:
 
     @torch.inference_mode()
     def step(self) -> _Outcome:
-        seq, stats, cache = self.seq, self.stats, self.target_cache
+        seq, stats, runtime = self.seq, self.stats, self.runtime
         n = seq.length
         g = self.draft_budget()
+        device = seq.ids.device
+        synchronize(device)
         t0 = time.perf_counter()
         draft = self.proposer.propose(seq, g) if g > 0 else Draft(seq.ids.new_zeros(0), None, None)
         g = int(draft.tokens.shape[0])
+        synchronize(device)
         t1 = time.perf_counter()
-        # one target forward over [s_last, x_1..x_g]: logits for the g+1 positions after them
-        logits = forward(self.target, seq.ids[:, n - 1 : n + g], cache.model_cache, cache.positions(g + 1),
-                         logits_to_keep=g + 1)[0]
-        cache.after_forward()
+        # one target forward over [s_last, x_1..x_g] at positions seen .. seen + g: logits for the g+1 positions
+        logits = runtime.feed(seq.ids[:, n - 1 : n + g], keep="all")[0]
         processed = process_block(self.chain, seq, logits, self.uses_ids)
-        drafts = draft.tokens.tolist()
         if self.greedy:
-            k, token = verify_greedy(processed.argmax(dim=-1).tolist(), drafts)
+            drafts, k, token, finite = self.verify_greedy(processed, draft)
             p = q = u = final = None
         else:
-            k, token, p, q, u, final = self.verify(processed, draft)
-        if not math.isfinite(float(processed[k, token])):  # the chain left nothing at the position decided
-            raise empty_chain_error(self.chain.names)
-        cache.crop(n + k)  # keep s + x_1..x_k; y is fed with the next round
+            drafts, k, token, finite, p, q, u, final = self.verify(processed, draft)
+        check_selected(finite, self.chain)  # the chain left nothing at the position decided
+        runtime.truncate(n + k)  # keep s + x_1..x_k; y is fed with the next round
         self.proposer.rollback(n + k)
+        synchronize(device)
         t2 = time.perf_counter()
         stats.rounds += 1
         stats.draft_seconds += t1 - t0
@@ -511,8 +496,19 @@ class Speculator:
         return _Outcome(n, draft, drafts, logits, processed, p, q, u, final, k, token, emitted, stop,
                         (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
+    def verify_greedy(self, processed: Tensor, draft: Draft) -> tuple[list[int], int, int, bool]:
+        """Greedy verification; the drafts, the target's argmaxes and their finiteness in one transfer."""
+        g = int(draft.tokens.shape[0])
+        best = processed.argmax(dim=-1)
+        finite = torch.isfinite(processed.gather(-1, best[:, None])[:, 0])
+        host = torch.cat([draft.tokens.to(best.device), best, finite.long()]).tolist()
+        drafts, best_ids = host[:g], host[g : 2 * g + 1]
+        k, token = verify_greedy(best_ids, drafts)
+        return drafts, k, token, bool(host[2 * g + 1 + k])
+
     def verify(self, processed: Tensor, draft: Draft):
-        """Speculative sampling of one round: (accepted, token, p, q, u, the distribution the token came from)."""
+        """Speculative sampling of one round, decided on the device and read in one transfer: (drafts, accepted,
+        token, finite, p, q, u, the distribution the token came from)."""
         g = int(draft.tokens.shape[0])
         p = softmax(processed)  # [g+1, V]
         vocab = p.shape[-1]
@@ -521,24 +517,17 @@ class Speculator:
         race = torch.empty(vocab, device=p.device).exponential_(1.0, generator=self.generator)
         verdict = verify_sampled(p.unsqueeze(0), q.unsqueeze(0), draft.tokens.unsqueeze(0), u.unsqueeze(0),
                                  race.unsqueeze(0))
-        return verdict.accepted.item(), verdict.token.item(), p, q, u, verdict.final_probs[0]
+        finite = torch.isfinite(processed[verdict.accepted[0], verdict.token[0]])
+        host = torch.cat([draft.tokens.to(p.device), verdict.accepted, verdict.token, finite.long()[None]]).tolist()
+        return host[:g], host[g], host[g + 1], bool(host[g + 2]), p, q, u, verdict.final_probs[0]
 
     def commit(self, tokens: list[int]) -> tuple[list[int], str | None]:
-        """Append the round's tokens one by one, stopping like decode_tokens: EOS, stop string, context, -n."""
-        rules, stats, seq = self.rules, self.stats, self.seq
-        eos = () if rules.ignore_eos else rules.eos_ids
+        """Append the round's tokens one by one, stopping like plain decoding (the same stop checker)."""
+        stats, seq = self.stats, self.seq
         stop, cut = None, len(tokens)
         for i, t in enumerate(tokens):
             stats.new_ids.append(t)
-            if t in eos:
-                stop = "eos"
-            elif rules.stop_strings and self.detok is not None and any(
-                    s in self.detok(stats.new_ids) for s in rules.stop_strings):
-                stop = "stop"
-            elif rules.context_length is not None and seq.length + i + 1 >= rules.context_length:
-                stop = "context"
-            elif len(stats.new_ids) >= rules.max_new_tokens:
-                stop = "length"
+            stop = self.stopper.check(stats.new_ids, seq.length + i + 1)
             if stop is not None:
                 cut = i + 1
                 break
@@ -546,36 +535,49 @@ class Speculator:
         return tokens[:cut], stop
 
     def build_round(self, o: _Outcome) -> Round:
-        """The traced record of a round (not timed: token texts and distributions for people)."""
+        """The traced record of a round: every number gathered on the device, read in one transfer."""
         rnd = Round(len(self.rounds), o.position, len(o.drafts), o.k, o.emitted, draft_ms=o.draft_ms,
                     target_ms=o.target_ms)
         if not self.record:
             return rnd
         text = self.token_text or str
+        g, k, y = len(o.drafts), o.k, o.token
         raw_p = softmax(o.logits)
         p = o.p if o.p is not None else softmax(o.processed)
-        q = o.q if o.q is not None else (o.draft.q if o.draft.q is not None
-                                         else point_masses(o.draft.tokens, p.shape[-1]))
-        raw_q = softmax(torch.cat(o.draft.raw_logits)) if o.draft.raw_logits else None
-        for i, x in enumerate(o.drafts):
-            reached = i <= o.k
-            if self.greedy:
-                accept_prob, u = float(x == int(p[i].argmax())), None
-            else:
-                accept_prob = float(acceptance_probability(p[i, x], q[i, x]))
-                u = float(o.u[i]) if reached else None
-            rnd.proposed.append(ProposedToken(
-                x, text(x), float(q[i, x]), float(p[i, x]), u, accept_prob, i < o.k, reached,
-                float(raw_q[i, x]) if raw_q is not None else None, float(raw_p[i, x])))
-        final = o.final if o.final is not None else point_masses(torch.tensor(o.token), p.shape[-1])
-        # greedy: the drawn-from distribution is a point mass, so rank the alternatives by the target's raw softmax
-        ranking = raw_p[o.k] if self.greedy else final
-        top = torch.topk(ranking, min(self.top, final.shape[-1])).indices.tolist() if self.top > 0 else []
-        entries = [ResidualEntry(t, text(t), float(final[t]), float(p[o.k, t]), float(raw_p[o.k, t]))
-                   for t in top if self.greedy or float(final[t]) > 0]
-        rnd.final = FinalToken("bonus" if o.k == len(o.drafts) else "correction", o.token, text(o.token),
-                               float(final[o.token]), float(p[o.k, o.token]), float(raw_p[o.k, o.token]),
-                               len(o.emitted) == o.k + 1, entries)
+        vocab = p.shape[-1]
+        dev = p.device
+        x = torch.tensor(o.drafts, dtype=torch.long, device=dev)
+        rows = torch.arange(g, device=dev)
+        q = o.q if o.q is not None else (o.draft.q if o.draft.q is not None else point_masses(o.draft.tokens, vocab))
+        final = o.final if o.final is not None else point_masses(torch.tensor(y, device=dev), vocab)
+        # greedy draws from a point mass, so its alternatives are ranked by the target's raw softmax instead
+        ranking = raw_p[k] if self.greedy else final
+        top = torch.topk(ranking, min(self.top, vocab)).indices if self.top > 0 else x.new_zeros(0)
+        accept = ((p[rows].argmax(dim=-1) == x).float() if self.greedy
+                  else acceptance_probability(p[rows, x], q[rows, x]))  # greedy: 1 iff x is the target's argmax
+        parts = [q[rows, x], p[rows, x], raw_p[rows, x], accept,
+                 softmax(torch.cat(o.draft.raw_logits))[rows, x] if o.draft.raw_logits else None,
+                 o.u if not self.greedy else None,
+                 top.float(), final[top], p[k, top], raw_p[k, top],
+                 torch.stack([final[y], p[k, y], raw_p[k, y]])]
+        host = torch.cat([t.reshape(-1).float() for t in parts if t is not None]).tolist()
+        columns = [host[i * g : (i + 1) * g] for i in range(4)]
+        host = host[4 * g :]
+        raw_qx, host = (host[:g], host[g:]) if o.draft.raw_logits else ([None] * g, host)
+        us, host = (host[:g], host[g:]) if not self.greedy else ([None] * g, host)
+        t = (len(host) - 3) // 4
+        top_ids, top_final, top_p, top_raw = (host[i * t : (i + 1) * t] for i in range(4))
+        last = host[4 * t :]
+        qx, px, raw_px, accept_p = columns
+        for i, tok in enumerate(o.drafts):
+            reached = i <= k
+            u = us[i] if reached else None
+            rnd.proposed.append(ProposedToken(tok, text(tok), qx[i], px[i], u, accept_p[i], i < k, reached,
+                                              raw_qx[i], raw_px[i]))
+        entries = [ResidualEntry(int(i), text(int(i)), f, pk, r)
+                   for i, f, pk, r in zip(top_ids, top_final, top_p, top_raw) if self.greedy or f > 0]
+        rnd.final = FinalToken("bonus" if k == g else "correction", y, text(y), last[0], last[1], last[2],
+                               len(o.emitted) == k + 1, entries)
         rnd.emitted_text = self.detok(o.emitted) if self.detok is not None else ""
         return rnd
 
@@ -587,11 +589,12 @@ class Speculator:
     def stop_reason(self) -> str:
         return self.stats.stop_reason
 
-    def interrupted(self) -> None:
-        self.stats.stop_reason = "interrupted"
+    @stop_reason.setter
+    def stop_reason(self, value: str) -> None:
+        self.stats.stop_reason = value
 
     def summary(self, baseline: BaselineTiming | None) -> SpeculativeSummary:
-        return summarize(self.stats, self.proposer.name, self.proposer.forwards, baseline)
+        return summarize(self.stats, self.proposer.name, self.proposer.forwards, baseline, self.watch.timing)
 
 
 class _Outcome(NamedTuple):
@@ -622,7 +625,7 @@ class BaselineTiming:
     """Plain target decoding (decode_tokens, same chain) of the same number of tokens, timed in the same run."""
 
     tokens: int
-    decode_seconds: float  # every token after the first (the first one carries the prefill)
+    decode_seconds: float  # the loop after the prefill (its loop_s): one decode forward per token after the first
 
     @property
     def step_seconds(self) -> float:
@@ -630,14 +633,13 @@ class BaselineTiming:
 
 
 def time_plain_decoding(target, prompt_ids: list[int], chain: Chain, selector, tokens: int,
-                        context_length: int | None) -> BaselineTiming:
-    """Generate exactly ``tokens`` tokens (EOS ignored) with the bare loop; time the steps after the prefill."""
+                        context_length: int | None, cache: CacheSpec | None = None) -> BaselineTiming:
+    """Generate exactly ``tokens`` tokens (EOS ignored) with the bare loop under the same KV policy; its loop time
+    (the prefill excluded, as for the speculative run)."""
     rules = StopRules(max(tokens, 2), ignore_eos=True, context_length=context_length)
-    loop = decode_tokens(target, prompt_ids, chain, selector, rules)
-    next(loop)  # prefill + the first token
-    start = time.perf_counter()
-    produced = 1 + sum(1 for _ in loop)
-    return BaselineTiming(produced, time.perf_counter() - start)
+    watch = Stopwatch(next(target.parameters()).device)
+    produced = sum(1 for _ in decode_tokens(target, prompt_ids, chain, selector, rules, watch=watch, cache=cache))
+    return BaselineTiming(produced, watch.timing.loop_s)
 
 
 @dataclass
@@ -661,20 +663,22 @@ class SpeculativeSummary:
     cost_ratio: float | None  # c = draft_step_ms / target_step_ms
     verify_cost_ratio: float | None  # v = verify_ms / target_step_ms; the prediction assumes v = 1
     predicted_speedup: float | None  # (1 - a^(g+1)) / ((1 - a)(g c + 1)), g = gamma
-    measured_speedup: float | None  # plain decoding time per token / speculative time per token
-    tokens_per_s: float
-    baseline_tokens_per_s: float | None
+    measured_speedup: float | None  # plain decoding time per token / speculative time per token (loops only)
+    tokens_per_s: float  # new tokens / (prefill + rounds + trace): end to end
+    baseline_tokens_per_s: float | None  # the plain loop, 1 / target_step
     stop_reason: str
+    decode_tokens_per_s: float = float("nan")  # new tokens / the rounds' time (prefill and trace excluded)
+    prefill_s: float = float("nan")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def summarize(stats: RunStats, proposer: str, draft_calls: int, baseline: BaselineTiming | None):
+def summarize(stats: RunStats, proposer: str, draft_calls: int, baseline: BaselineTiming | None, timing):
     n, rounds = len(stats.new_ids), max(stats.rounds, 1)
     a = stats.accepted / stats.judged if stats.judged else 0.0
     draft_step = stats.draft_seconds / stats.drafted if stats.drafted else 0.0
-    spec_token = stats.decode_seconds / n if n else float("nan")
+    spec_token = timing.loop_s / n if n else float("nan")
     target_step = baseline.step_seconds if baseline is not None else None
     c = draft_step / target_step if target_step else None
     return SpeculativeSummary(
@@ -699,9 +703,11 @@ def summarize(stats: RunStats, proposer: str, draft_calls: int, baseline: Baseli
         verify_cost_ratio=stats.target_seconds / rounds / target_step if target_step else None,
         predicted_speedup=predicted_speedup(a, c, stats.gamma) if c is not None else None,
         measured_speedup=target_step / spec_token if target_step is not None and n else None,
-        tokens_per_s=n / stats.decode_seconds if stats.decode_seconds > 0 else float("inf"),
+        tokens_per_s=timing.tokens_per_s(n),
         baseline_tokens_per_s=1.0 / target_step if target_step else None,
         stop_reason=stats.stop_reason,
+        decode_tokens_per_s=timing.decode_tokens_per_s(n),
+        prefill_s=timing.prefill_s,
     )
 
 

@@ -55,26 +55,25 @@ class SampleSummary:
     new_tokens: int
     mean_logprob: float  # mean processed log-probability of the emitted tokens
     raw_perplexity: float  # exp(-mean raw log-probability): how surprised the model itself was
-    tokens_per_s: float
+    tokens_per_s: float  # new tokens / (prefill + loop + trace): end to end
     stop_reason: str  # eos | stop | length | context | interrupted
+    decode_tokens_per_s: float = float("nan")  # new tokens / loop time (prefill and trace excluded)
+    prefill_s: float = float("nan")  # the forward over the prompt
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def summarize(steps: list[Step], seconds: float, stop_reason: str) -> SampleSummary:
-    n = len(steps)
-    if n == 0:
-        return SampleSummary(0, float("nan"), float("nan"), 0.0, stop_reason)
-    mean_logprob = sum(s.logprob for s in steps) / n
-    mean_raw = sum(s.raw_logprob for s in steps) / n
-    return SampleSummary(
-        new_tokens=n,
-        mean_logprob=mean_logprob,
-        raw_perplexity=math.exp(-mean_raw),
-        tokens_per_s=n / seconds if seconds > 0 else float("inf"),
-        stop_reason=stop_reason,
-    )
+def summarize(steps: list[Step], timing, stop_reason: str, new_tokens: int | None = None) -> SampleSummary:
+    """``timing``: a :class:`~decodelab.core.run.Timing` (None: unmeasured)."""
+    n = len(steps) if new_tokens is None else new_tokens
+    nan = float("nan")
+    rates = (timing.tokens_per_s(n), timing.decode_tokens_per_s(n), timing.prefill_s) if timing else (nan,) * 3
+    if not steps:
+        return SampleSummary(n, nan, nan, rates[0], stop_reason, rates[1], rates[2])
+    mean_logprob = sum(s.logprob for s in steps) / len(steps)
+    mean_raw = sum(s.raw_logprob for s in steps) / len(steps)
+    return SampleSummary(n, mean_logprob, math.exp(-mean_raw), rates[0], stop_reason, rates[1], rates[2])
 
 
 @dataclass

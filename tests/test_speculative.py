@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from decodelab.core import speculative as spec
-from decodelab.core.cache import FullCache
 from decodelab.core.decode import StopRules, decode_tokens
 from decodelab.core.model import forward
+from decodelab.core.runtime import Runtime
 from decodelab.core.processors import build_chain, softmax
 from decodelab.core.select import Greedy, Multinomial, make_generator
 from decodelab.core.speculative import (
@@ -62,7 +62,7 @@ def run_spec(target, proposer, prompt, chain, rules, gamma, generator=None):
     sp = Speculator(target, proposer, prompt, chain, rules, gamma, generator, record=False)
     for _ in sp:
         if len(sp.new_ids) < rules.max_new_tokens and sp.stop_reason == "length":  # not the last round
-            assert sp.target_cache.length == sp.seq.length - 1  # all but the token the next round feeds
+            assert sp.runtime.seen == sp.seq.length - 1  # all but the token the next round feeds
     return sp
 
 
@@ -315,15 +315,15 @@ def test_same_seed_same_run(target, unrelated_draft):
 # --- caches ----------------------------------------------------------------------------------------------------------
 
 
-def fresh_cache(model, ids: list[int]) -> FullCache:
-    cache = FullCache(model.config)
-    forward(model, torch.tensor([ids]), cache.model_cache)
-    return cache
+def fresh_cache(model, ids: list[int]) -> Runtime:
+    runtime = Runtime.create(model)
+    runtime.prefill(torch.tensor([ids]))
+    return runtime
 
 
-def assert_same_cache(a: FullCache, b: FullCache) -> None:
-    assert a.length == b.length
-    for la, lb in zip(a.model_cache.layers, b.model_cache.layers):
+def assert_same_cache(a: Runtime, b: Runtime) -> None:
+    assert a.seen == b.seen
+    for la, lb in zip(a.policy.model_cache.layers, b.policy.model_cache.layers):
         torch.testing.assert_close(la.keys, lb.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(la.values, lb.values, atol=1e-4, rtol=1e-4)
 
@@ -341,10 +341,10 @@ def test_rollback_leaves_caches_equal_to_a_fresh_prefill(target):
         if sp.stop_reason != "length" or len(sp.new_ids) == 30:
             break
         tokens = sp.seq.tokens
-        assert sp.target_cache.length == len(tokens) - 1  # everything but the token fed next round
-        assert_same_cache(sp.target_cache, fresh_cache(target, tokens[:-1]))
-        assert proposer.cache.length >= len(tokens) - 2  # at most 2 behind: caught up at its next round
-        assert_same_cache(proposer.cache, fresh_cache(draft, tokens[: proposer.cache.length]))
+        assert sp.runtime.seen == len(tokens) - 1  # everything but the token fed next round
+        assert_same_cache(sp.runtime, fresh_cache(target, tokens[:-1]))
+        assert proposer.runtime.seen >= len(tokens) - 2  # at most 2 behind: caught up at its next round
+        assert_same_cache(proposer.runtime, fresh_cache(draft, tokens[: proposer.runtime.seen]))
     assert partial > 0  # some round accepted a strict, non-empty prefix (a rollback mid-block)
 
 

@@ -1,0 +1,78 @@
+"""The runtime: the only code that calls the model.
+
+Every method (sample, probs, score, beam, the draft model and the target of speculative decoding) feeds tokens
+through a :class:`Runtime`, which takes positions from its KV policy's ``seen`` count, calls
+:func:`decodelab.core.model.forward` and tells the policy how many tokens it fed. So a policy that evicts, re-rotates
+or quantizes works under every method, and positions are never inferred from what the cache happens to store.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .kv import CacheSpec, KVPolicy, make_policy
+from .model import forward, model_info
+
+
+class Runtime:
+    """A model and its KV policy. ``calls`` counts forwards (the prefill included)."""
+
+    def __init__(self, model, policy: KVPolicy):
+        self.model, self.policy = model, policy
+        self.device = policy.info.device
+        self.calls = 0
+        self._compiled = None
+
+    @classmethod
+    def create(cls, model, spec: CacheSpec | None = None, capacity: int | None = None,
+               needs: frozenset[str] = frozenset()) -> Runtime:
+        return cls(model, make_policy(spec or CacheSpec(), model_info(model), capacity, needs))
+
+    @property
+    def seen(self) -> int:
+        return self.policy.seen
+
+    def feed(self, ids: Tensor, keep: str = "last") -> Tensor:
+        """Run ``ids`` [B, n] at positions seen .. seen + n - 1; returns float32 logits [B, V] of the last position
+        (``keep="last"``) or [B, n, V] of all of them (``keep="all"``)."""
+        n = ids.shape[1]
+        positions = self.policy.positions(n)
+        if positions.shape[0] != ids.shape[0]:
+            positions = positions.expand(ids.shape[0], -1)
+        if self._compiled is not None and n == 1 and keep == "last":
+            logits = self._compiled(ids, positions)
+        else:
+            logits = forward(self.model, ids, self.policy.model_cache, positions, logits_to_keep=1 if keep == "last"
+                             else 0)
+        self.calls += 1
+        self.policy.after_forward(n)
+        return logits[:, -1] if keep == "last" else logits
+
+    def prefill(self, ids: Tensor, hold_last: bool = False, chunk: int | None = None) -> Tensor | None:
+        """Feed a prompt [B, T] (in chunks of ``chunk`` tokens if given); returns the logits [B, V] for the token
+        after it. ``hold_last`` feeds all but the last token and returns None: the caller feeds that token with
+        the next block (speculative decoding verifies [last prompt token, drafts...] in one forward)."""
+        end = ids.shape[1] - 1 if hold_last else ids.shape[1]
+        step = chunk or max(end, 1)
+        logits = None
+        for start in range(0, end, step):
+            logits = self.feed(ids[:, start : min(start + step, end)])
+        return None if hold_last else logits
+
+    def truncate(self, seen: int) -> None:
+        """Forget every token from absolute position ``seen`` on."""
+        self.policy.truncate(seen)
+
+    def reorder(self, rows: Tensor) -> None:
+        self.policy.reorder(rows)
+
+    def compile_decode(self) -> None:
+        """Compile the one-token decode forward (static cache: fixed shapes, in-place updates). Raises RuntimeError
+        where the platform cannot compile (the caller turns it into one line)."""
+        model, cache = self.model, self.policy.model_cache
+
+        def one_token(ids: Tensor, positions: Tensor) -> Tensor:
+            return forward(model, ids, cache, positions, logits_to_keep=1)
+
+        self._compiled = torch.compile(one_token, dynamic=False, fullgraph=False)

@@ -1,0 +1,107 @@
+"""Every number of a traced position computed together on the device, moved to the host in one transfer.
+
+``pack`` lays out, for one row, in one float32 vector (token ids, ranks and counts are exact integers in float32
+below 2**24; every probability is a float32 value already, so nothing is rounded):
+
+    [token, finite, prob, logprob, raw_prob, raw_logprob, raw_rank, entropy, raw_entropy, kept,
+     alt_id * A, alt_prob * A, alt_raw_prob * A, (stage_kept, stage_entropy, stage_mass_removed) * S]
+
+``unpack`` reads the host list back into named fields. A = min(top, V) alternatives, S recorded stages (the raw
+distribution first).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .processors import entropy, log_softmax
+
+HEAD = 10  # scalar fields before the alternatives
+
+
+def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int) -> Tensor:
+    """Ids of the ``top`` alternatives: kept candidates by processed probability, then removed ones by raw
+    probability. Two top-k's and a stable sort on the group, so no precision is lost mixing the two scales."""
+    k = min(top, probs.shape[-1])
+    kept_vals, kept_ids = torch.where(kept, probs, -1.0).topk(k)
+    removed_vals, removed_ids = torch.where(kept, -1.0, raw_probs).topk(k)
+    ids = torch.cat([kept_ids, removed_ids])
+    group = torch.cat([torch.where(kept_vals >= 0, 0, 2), torch.where(removed_vals >= 0, 1, 2)])
+    order = torch.sort(group, stable=True).indices[:k]
+    return ids[order]
+
+
+def stage_stats(stages: list[tuple[str, Tensor]]) -> Tensor:
+    """[S, 3] per stage of row 0: candidates kept, entropy after it (nats), and the probability mass, under the
+    distribution before it, of the candidates it removed (the first stage removes nothing by definition)."""
+    return stage_probs_and_stats(stages)[1]
+
+
+def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`)."""
+    logits = torch.stack([z[0] for _, z in stages])  # [S, V]
+    probs = torch.softmax(logits.float(), dim=-1)
+    removed = torch.isneginf(logits)
+    newly = removed.clone()
+    newly[1:] &= ~removed[:-1]
+    newly[0] = False
+    mass = torch.zeros(len(stages), device=logits.device)
+    mass[1:] = (probs[:-1] * newly[1:]).sum(dim=-1)
+    return probs, torch.stack([(~removed).sum(dim=-1).float(), entropy(probs), mass], dim=-1)
+
+
+def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
+         top: int) -> Tensor:
+    """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc)."""
+    t = token.reshape(-1)[:1]
+    logp = log_softmax(processed[0])
+    raw_logp = log_softmax(raw_logits[0])
+    probs, raw_probs = logp.exp(), raw_logp.exp()
+    kept = ~torch.isneginf(logp)
+    chosen_raw = raw_logp[t]
+    scalars = torch.stack([
+        t.float()[0],
+        torch.isfinite(processed[0, t]).float()[0],
+        probs[t][0], logp[t][0], raw_probs[t][0], chosen_raw[0],
+        (raw_logp > chosen_raw).sum().float() + 1,
+        entropy(probs), entropy(raw_probs), kept.sum().float(),
+    ])
+    parts = [scalars]
+    if top > 0:
+        alt = ranked_alternatives(probs, raw_probs, kept, top)
+        parts += [alt.float(), probs[alt], raw_probs[alt]]
+    if stages:
+        parts.append(stage_stats(stages).reshape(-1))
+    return torch.cat(parts)
+
+
+class Numbers(NamedTuple):
+    token_id: int
+    finite: bool
+    prob: float
+    logprob: float
+    raw_prob: float
+    raw_logprob: float
+    raw_rank: int
+    entropy: float
+    raw_entropy: float
+    kept: int
+    alternatives: list[tuple[int, float, float]]  # (token id, processed prob, raw prob)
+    stages: list[tuple[int, float, float]]  # (kept, entropy, mass removed) per recorded stage
+
+
+def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
+    a = min(top, vocab) if top > 0 else 0
+    alt_ids = host[HEAD : HEAD + a]
+    alt_p = host[HEAD + a : HEAD + 2 * a]
+    alt_raw = host[HEAD + 2 * a : HEAD + 3 * a]
+    st = host[HEAD + 3 * a : HEAD + 3 * a + 3 * n_stages]
+    return Numbers(
+        token_id=int(host[0]), finite=bool(host[1]), prob=host[2], logprob=host[3], raw_prob=host[4],
+        raw_logprob=host[5], raw_rank=int(host[6]), entropy=host[7], raw_entropy=host[8], kept=int(host[9]),
+        alternatives=[(int(i), p, r) for i, p, r in zip(alt_ids, alt_p, alt_raw)],
+        stages=[(int(st[3 * i]), st[3 * i + 1], st[3 * i + 2]) for i in range(n_stages)],
+    )

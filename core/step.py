@@ -1,0 +1,143 @@
+"""One decode step, one stop checker, one token buffer: shared by plain decoding, the draft model of speculative
+decoding and beam search.
+
+A step is: chain (processed logits) -> selector (token) -> append. Nothing here reads a device value: whether the
+chain left the selected token a finite logit (an all -inf row makes the argmax meaningless) travels to the host
+with the token id, in the step's one transfer, and :func:`check_selected` turns it into a clean error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .errors import ConfigError
+from .processors import Chain, empty_chain_error
+
+
+# --- the token buffer ---------------------------------------------------------------------------------------------
+
+
+class TokenBuffer:
+    """The ids so far (prompt + generated) in a preallocated [rows, capacity] tensor, so the prefix the chain sees is
+    a view; positions past ``length`` are scratch (drafts). ``tokens`` mirrors row 0 on the host."""
+
+    def __init__(self, prompt_ids: list[int], capacity: int, device, rows: int = 1):
+        self.ids = torch.zeros(rows, max(capacity, len(prompt_ids)), dtype=torch.long, device=device)
+        self.ids[:, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long, device=device)
+        self.tokens = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    def prefix(self, extra: int = 0) -> Tensor:
+        """[rows, length + extra]: the committed ids plus the first ``extra`` scratch ids."""
+        return self.ids[:, : len(self.tokens) + extra]
+
+    def last(self) -> Tensor:
+        """[rows, 1]: the newest committed token (the one the next forward feeds)."""
+        n = len(self.tokens)
+        return self.ids[:, n - 1 : n]
+
+    def append(self, token_ids: list[int], device_tokens: Tensor | None = None) -> None:
+        """Commit host ids (row 0); ``device_tokens`` [rows, k] writes them without a host-to-device copy."""
+        start = len(self.tokens)
+        values = device_tokens if device_tokens is not None else torch.tensor(token_ids, dtype=torch.long)
+        self.ids[:, start : start + len(token_ids)] = values
+        self.tokens.extend(token_ids)
+
+    def reorder(self, rows: Tensor) -> None:
+        """Rows follow their parents (beam search)."""
+        n = len(self.tokens)
+        self.ids[:, :n] = self.ids[rows, :n]
+
+
+# --- stopping --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StopRules:
+    """When generation ends: an EOS id (unless ignored), a stop string in the generated text, -n, or the context."""
+
+    max_new_tokens: int
+    eos_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    context_length: int | None = None
+
+
+class StopChecker:
+    """Checks one appended token at a time, in this order: eos, stop string, context, length.
+
+    A stop string is looked for only in the text of the newest tokens: a match that does not involve the newest
+    token would have stopped the run earlier. Each token is at least one byte and a character at most four, so
+    the last 4 * (longest stop string) + 4 tokens cover every match that ends in the newest token; the cost per
+    token is constant, not the length of the text so far.
+    """
+
+    def __init__(self, rules: StopRules, detok: Callable[[list[int]], str] | None = None):
+        self.rules = rules
+        self.eos = frozenset(() if rules.ignore_eos else rules.eos_ids)
+        self.strings = tuple(s for s in rules.stop_strings if s) if detok is not None else ()
+        self.detok = detok
+        self.window = 4 * max((len(s) for s in self.strings), default=0) + 4
+
+    def check(self, new_ids: list[int], length: int) -> str | None:
+        """``new_ids``: generated so far (the newest last); ``length``: the whole sequence, prompt included."""
+        if new_ids[-1] in self.eos:
+            return "eos"
+        if self.strings:
+            tail = self.detok(new_ids[-self.window :])
+            if any(s in tail for s in self.strings):
+                return "stop"
+        if self.rules.context_length is not None and length >= self.rules.context_length:
+            return "context"
+        if len(new_ids) >= self.rules.max_new_tokens:
+            return "length"
+        return None
+
+
+def check_prompt(prompt_len: int, context_length: int | None) -> None:
+    if prompt_len == 0:
+        raise ConfigError("PROMPT: the prompt is empty (0 tokens); give some text")
+    if context_length is not None and prompt_len >= context_length:
+        raise ConfigError(
+            f"PROMPT: the prompt is {prompt_len} tokens but the model's context is {context_length}; shorten it"
+        )
+
+
+# --- one step ----------------------------------------------------------------------------------------------------
+
+
+class Selected(NamedTuple):
+    token: Tensor  # [B] on the device
+    processed: Tensor  # [B, V] the distribution the selector drew from (logits)
+    stages: list[tuple[str, Tensor]] | None  # ("raw", logits), then each stage's output, when recorded
+    finite: Tensor  # [B] bool: the chain left the selected token a finite logit
+
+
+def select(chain: Chain, selector, ids: Tensor, logits: Tensor, record: bool = False) -> Selected:
+    """Chain, then selector, on the device (no host read)."""
+    if record:
+        processed, stages = chain.run_recorded(ids, logits)
+    else:
+        processed, stages = chain.apply(ids, logits), None
+    token = selector.from_logits(processed)
+    finite = torch.isfinite(processed.gather(-1, token.unsqueeze(-1)).squeeze(-1))
+    return Selected(token, processed, stages, finite)
+
+
+def check_selected(finite: bool, chain: Chain) -> None:
+    """The argmax of an all -inf (or NaN) row is meaningless: one clean error instead."""
+    if not finite:
+        raise empty_chain_error(chain.names)
