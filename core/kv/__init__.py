@@ -253,7 +253,7 @@ def _load_policies() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import full, static  # noqa: F401
+    from . import full, quant, static  # noqa: F401
 
 
 def listing() -> list[dict]:
