@@ -117,12 +117,13 @@ class Stream:
         return self.quantized + self.exact
 
     def append(self, x: Tensor) -> None:
-        self.tail = x if self.tail is None else torch.cat([self.tail, x], 2)
+        # clone/cat/slice-clone: the stream owns exactly the storage it reports (no view into a larger tensor)
+        self.tail = x.clone() if self.tail is None else torch.cat([self.tail, x], 2)
         # tokens beyond the last `residual` leave the tail, in whole blocks
         leaving = (self.exact - self.residual) // self.layout.block * self.layout.block
         if leaving > 0:
             self.q = cat_q(self.q, self.layout.quantize(self.tail[:, :, :leaving]))
-            self.tail = self.tail[:, :, leaving:]
+            self.tail = self.tail[:, :, leaving:].clone()
 
     def states(self, dtype: torch.dtype) -> Tensor:
         """Every stored token, dequantized, then the exact tail: [B, H, tokens, D]."""
@@ -134,21 +135,21 @@ class Stream:
         """Drop every token from index ``n`` on (rollback). Exact only within the tail or for one-token blocks."""
         if n >= self.quantized:
             if self.tail is not None:
-                self.tail = self.tail[:, :, : n - self.quantized]
+                self.tail = self.tail[:, :, : n - self.quantized].clone()
             return
         if self.layout.block != 1:
             raise ValueError("a rollback into a block of tokens that shares a scale cannot be exact")
-        self.q = self.q.map(lambda t: t[:, :, :n])
-        self.tail = self.tail[:, :, :0] if self.tail is not None else None
+        self.q = self.q.map(lambda t: t[:, :, :n].clone())
+        self.tail = None
 
     def drop_first(self, n: int) -> int:
         """Forget the ``n`` oldest tokens where whole blocks allow (sliding layers); returns how many went."""
         blocks = min(n // self.layout.block, 0 if self.q is None else self.q.codes.shape[2])
         if blocks:
-            self.q = self.q.map(lambda t: t[:, :, blocks:])
+            self.q = self.q.map(lambda t: t[:, :, blocks:].clone())
         gone = blocks * self.layout.block
         if self.quantized == 0 and self.tail is not None and n > gone:
-            self.tail = self.tail[:, :, n - gone :]
+            self.tail = self.tail[:, :, n - gone :].clone()
             gone = n
         return gone
 
@@ -378,7 +379,7 @@ class QuantPolicy(KVPolicy):
 ALIASES.update({
     "int8": "quant:bits=8,axis=token,symmetric=true",
     "fp8": "quant:bits=fp8,axis=token",
-    "int4": "quant:bits=4,axis=group,group=32",
-    "int4-kivi": "quant:bits=4,axis=kivi,group=32,residual=32",
-    "int2-kivi": "quant:bits=2,axis=kivi,group=32,residual=32",
+    "int4": "quant:bits=4,axis=group",  # group: 32 channels, or the whole head when 32 does not divide head_dim
+    "int4-kivi": "quant:bits=4,axis=kivi,residual=32",
+    "int2-kivi": "quant:bits=2,axis=kivi,residual=32",
 })
