@@ -406,3 +406,20 @@ def test_greedy_sampling_with_a_4bit_cache_runs_end_to_end(tiny):
     assert len(out["int4-kivi"]) == 40
     assert out["int4-kivi"][:8] == out["full"][:8]  # the first tokens read only the exact residual window
     assert out["int4-kivi bytes"] < out["full bytes"]
+
+
+@pytest.mark.parametrize("arch,spec", [("llama", "int8"), ("llama", "int2-kivi"), ("llama", "fp8"),
+                                       ("llama", "quant:bits=4,axis=tensor,group=8,residual=3"),
+                                       ("qwen2", "quant:bits=4,axis=channel,group=8,residual=5"),
+                                       ("gemma2", "quant:bits=4,axis=kivi,group=8,residual=3"),
+                                       ("gemma2", "int8")])
+def test_projected_bytes_equal_the_stored_bytes(arch, spec):
+    """bytes_at(T) (formula, no tensors) = the real bytes after T tokens fed one a forward, at several T
+    (sliding layers of Gemma 2 included: window 16)."""
+    model = random_model(arch)
+    rt = Runtime.create(model, parse_cache_spec(spec))
+    rt.prefill(torch.tensor([[3]]))
+    for t in range(1, 41):
+        if t in (1, 7, 16, 23, 40):
+            assert rt.policy.bytes_at(t) == rt.policy.nbytes(), t
+        rt.feed(torch.tensor([[3 + t]]))

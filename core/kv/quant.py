@@ -82,6 +82,23 @@ class Layout:
             return v.flatten(-2)  # [B, H, n, D/G, G] -> [B, H, n, D]
         return v.reshape(v.shape[0], v.shape[1], -1, v.shape[-1])  # blocks [B, H, n/G, G, D] -> [B, H, n, D]
 
+    def nbytes_for(self, tokens: int, rows: int, heads: int, head_dim: int) -> int:
+        """Bytes of ``tokens`` quantized tokens (a multiple of ``block``) without building them: codes packed along
+        the view's last dim, one scale (and zero) per group."""
+        if tokens == 0:
+            return 0
+        scale_bytes = torch.empty(0, dtype=self.scale_dtype).element_size() * (1 if self.symmetric else 2)
+        packed = (lambda n: n) if self.bits in (8, "fp8") else (lambda n: -(-n * self.bits // 8))
+        if self.axis == "token":
+            return rows * heads * tokens * (packed(head_dim) + scale_bytes)
+        if self.axis == "group":
+            groups = head_dim // self.group
+            return rows * heads * tokens * groups * (packed(self.group) + scale_bytes)
+        blocks = tokens // self.block
+        codes = rows * heads * tokens * packed(head_dim)
+        scales = rows * heads * blocks * head_dim if self.axis == "channel" else rows * blocks
+        return codes + scales * scale_bytes
+
     def describe(self) -> str:
         per = {"token": "per token", "group": f"per token, groups of {self.group} channels",
                "channel": f"per channel, blocks of {self.group} tokens",
@@ -162,6 +179,27 @@ class Stream:
     def nbytes(self) -> int:
         tail = 0 if self.tail is None else self.tail.numel() * self.tail.element_size()
         return (0 if self.q is None else self.q.nbytes) + tail
+
+
+def held_after(tokens: int, residual: int, block: int, window: int | None = None) -> tuple[int, int]:
+    """(quantized, exact) tokens a stream holds after ``tokens`` tokens, mirroring :class:`Stream` without tensors
+    (sliding layers: fed one token a forward, the decode path). Exact tokens: R + (T - R) mod block once T >= R."""
+    if window is None:
+        exact = tokens if tokens < residual else residual + (tokens - residual) % block
+        return tokens - exact, exact
+    quantized = exact = 0
+    for _ in range(tokens):
+        exact += 1
+        leaving = (exact - residual) // block * block
+        if leaving > 0:
+            quantized, exact = quantized + leaving, exact - leaving
+        extra = quantized + exact - (window - 1)
+        if extra > 0:
+            gone = min(extra // block, quantized // block) * block
+            quantized -= gone
+            if quantized == 0 and extra > gone:
+                exact -= extra - gone
+    return quantized, exact
 
 
 # --- the cache layer the model calls ------------------------------------------------------------------------------
@@ -365,6 +403,20 @@ class QuantPolicy(KVPolicy):
 
     def layer_nbytes(self) -> list[int]:
         return [layer.nbytes() for layer in self.model_cache.layers]
+
+    def bytes_at(self, tokens: int, rows: int = 1) -> int:
+        """Projected bytes of this cache after ``tokens`` tokens in each of ``rows`` rows, from the layouts' byte
+        formulas (tests check them against the stored tensors): per layer, keys and values, quantized + exact."""
+        info = self.info
+        exact_bytes = torch.empty(0, dtype=info.dtype).element_size()
+        total = 0
+        for layer in self.model_cache.layers:
+            window = None if layer.hold else layer.window
+            for layout in (self.layouts["key"], self.layouts["value"]):
+                quantized, exact = held_after(tokens, self.residual, layout.block, window)
+                total += layout.nbytes_for(quantized, rows, info.kv_heads, info.head_dim)
+                total += rows * info.kv_heads * exact * info.head_dim * exact_bytes
+        return total
 
     def describe(self) -> dict:
         out = super().describe()
