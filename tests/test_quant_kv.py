@@ -278,6 +278,22 @@ def test_rollback_is_exact_where_declared():
     assert torch.equal(a.feed(nxt), b.feed(nxt))
 
 
+def test_rollback_through_sliding_layers_is_exact():
+    """Gemma 2 (window 16): a rolling-back int8 run holds what its sliding layers would evict, so after feeding
+    30 + 5 drafts and rolling back 3, the next logits equal those of a run that never saw the drafts' tail."""
+    model = random_model("gemma2", scale=4.0)
+    X, Y = torch.arange(3, 33).unsqueeze(0), torch.tensor([[9, 8, 7, 6, 5]])
+    a = Runtime.create(model, parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    a.prefill(X)
+    a.feed(Y)
+    a.truncate(X.shape[1] + 2)
+    b = Runtime.create(model, parse_cache_spec("int8"))
+    b.prefill(X)
+    b.feed(Y[:, :2])
+    for t in (11, 12, 13):
+        assert torch.equal(a.feed(torch.tensor([[t]])), b.feed(torch.tensor([[t]])))
+
+
 def test_rollback_with_a_residual_window_would_not_be_exact():
     """Why kivi refuses rollback: after the same experiment, tokens that should be back in the exact window are
     quantized (the refusal is not over-cautious)."""

@@ -214,14 +214,13 @@ def _layer_base():
 class QuantLayerMixin:
     """One attention layer's quantized keys and values (the transformers cache-layer interface: ``update`` returns
     the states attention uses; ``get_mask_sizes`` says how many that is). ``window``: the model's sliding window
-    (the layer keeps its last window - 1 tokens, as transformers' sliding layers do); ``hold``: keep evicted tokens
-    until the next rollback, so a rollback is exact (speculative runs)."""
+    (the layer keeps its last window - 1 tokens, as transformers' sliding layers do); ``hold``: never evict, so a
+    rollback finds every token it needs (runs that roll back; attention still sees only the window)."""
 
     def setup(self, keys: Stream, values: Stream, window: int | None, hold: bool) -> None:
         self.k, self.v, self.window, self.hold = keys, values, window, hold
         self.is_sliding = window is not None
         self.cumulative_length = 0  # tokens this layer has seen
-        self.dropped = 0  # oldest tokens forgotten (sliding layers)
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -266,7 +265,6 @@ class QuantLayerMixin:
             extra = stream.tokens - (self.window - 1)
             if extra > 0:
                 stream.drop_first(extra)
-        self.dropped = self.cumulative_length - max(self.k.tokens, self.v.tokens)
 
     def keep_first(self, seen: int) -> None:
         """Roll back to ``seen`` tokens."""
@@ -295,7 +293,7 @@ def quant_layer_class():
     """The layer class, built on transformers' DynamicLayer on first use (so importing decodelab stays light)."""
     global _layer_class
     if _layer_class is None:
-        _layer_class = type("QuantLayer", (QuantLayerMixin, _layer_base()), {"is_croppable": True})
+        _layer_class = type("QuantLayer", (QuantLayerMixin, _layer_base()), {})
     return _layer_class
 
 
@@ -364,6 +362,7 @@ class QuantPolicy(KVPolicy):
             new = quant_layer_class()()
             new.setup(Stream(layouts["key"], residual), Stream(layouts["value"], residual), window,
                       hold="truncate" in needs)
+            new.is_croppable = "truncate" in self.capabilities_for({"axis": axis, "residual": residual})
             layers.append(new)
         self.model_cache = template
         template.layers = layers
