@@ -15,6 +15,7 @@ from ..core.errors import DecodelabError
 from .beam import beam
 from .models import models
 from .probs import probs
+from .quantize_kv import quantize_kv
 from .sample import sample
 from .score import score
 from .speculate import speculate
@@ -32,6 +33,7 @@ app.command()(models)
 app.command()(speculate)
 app.command()(beam)
 app.command()(score)
+app.command("quantize-kv")(quantize_kv)
 
 
 def fail(message: str) -> int:

@@ -333,6 +333,10 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
     cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", info.kv_heads)
     policy = QuantPolicy(info, **spec.options)
+    if settings.activations is not None:
+        layers = len(decoder_layers(lm.model))
+        if not 0 <= settings.activations < layers:
+            raise ConfigError(f"--activations {settings.activations}: the model has decoder layers 0..{layers - 1}")
     free = available_memory(lm.device)
     tell("full-precision keys and values")
     kv = capture_kv(lm, ids)
