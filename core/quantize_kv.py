@@ -266,19 +266,30 @@ def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_s
     for _ in scorer:
         pass
     summary = scorer.summary()
-    held = held_bytes(lm, ids, spec)
+    held = held_bytes(lm, ids, spec, None if spec.name == "quant" and not sliding(lm) else feed)
     info = model_info(lm.model)
     fp16 = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
     return Fidelity(str(spec), summary.tokens, summary.kl_mean, summary.top1_agreement, summary.perplexity,
                     summary.reference_perplexity, held, held / fp16, scorer.steps if keep_steps else [])
 
 
-def held_bytes(lm: LoadedModel, ids: list[int], spec: CacheSpec) -> int:
-    """Real bytes of a ``spec`` cache after the text (fed in one forward; the stored state of a cache without
-    sliding layers does not depend on how the text was split into forwards)."""
+def held_bytes(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int | None = None) -> int:
+    """Real bytes of a ``spec`` cache after the text, fed ``feed`` tokens a forward (None: all at once; a quant
+    cache without sliding layers stores the same whatever the split, while a cache that flushes its residual window
+    when full, as transformers' QuantizedCache does, must be fed as the fidelity run fed it)."""
     runtime = Runtime.create(lm.model, spec)
-    runtime.feed(torch.tensor([ids], device=lm.device))
+    ids_t = torch.tensor([ids], device=lm.device)
+    step = feed or len(ids)
+    for start in range(0, len(ids), step):
+        runtime.feed(ids_t[:, start : start + step])
     return runtime.policy.nbytes()
+
+
+def sliding(lm: LoadedModel) -> bool:
+    """Whether the model has sliding-window layers of its own."""
+    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    return getattr(cfg, "sliding_window", None) is not None or "sliding_attention" in (
+        getattr(cfg, "layer_types", None) or ())
 
 
 def grid_specs(bits: tuple = GRID_BITS, axes: tuple[str, ...] = GRID_AXES, group: int | None = None,
