@@ -65,6 +65,9 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     body = _read(text, text_file)
     lm = load(opts)
     ids = lm.encode(body)[: settings.limit]
+    if lm.context_length is not None and len(ids) > lm.context_length:
+        raise ConfigError(f"--limit {settings.limit}: {len(ids)} tokens exceed the context of {lm.name!r} "
+                          f"({lm.context_length}); give --limit {lm.context_length} or less")
     status = render.error_console()
     report = run_quantize_kv(lm, ids, settings, spec, progress=lambda label: status.print(f"[dim]{label}[/dim]")
                              if opts.fmt == o.Format.table else None)

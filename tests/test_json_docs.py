@@ -54,6 +54,7 @@ RUNS = {
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
               ["score", "Once upon a time"]],
     "models": [["models"]],
+    "quantize-kv": [["quantize-kv", "Once upon a time there was", "--limit", "6", "--activations", "0", "--grid"]],
 }
 
 
