@@ -128,7 +128,8 @@ def projection(policy: QuantPolicy, tokens: int, rows: int, free: int | None) ->
     baseline = full * dtype_bytes(info.dtype)
     return {"tokens": tokens, "batch": rows, "kv_bytes": quant, "baseline_kv_bytes": baseline,
             "fp16_kv_bytes": full * 2, "bytes_ratio": quant / (full * 2),
-            "fits": None if free is None else quant <= free, "baseline_fits": None if free is None else baseline <= free}
+            "fits": None if free is None else quant <= free,
+            "baseline_fits": None if free is None else baseline <= free}
 
 
 # --- reconstruction and outliers -------------------------------------------------------------------------------------

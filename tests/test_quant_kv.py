@@ -14,8 +14,7 @@ from decodelab.core.decode import decode_tokens
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import parse_cache_spec, policy_capabilities, require
 from decodelab.core.kv.quant import Layout, Stream
-from decodelab.core.kv.quantize import (QTensor, dequantize, dequantize_view, pack, quantize, quantize_over,
-                                        round_down, round_up, unpack)
+from decodelab.core.kv.quantize import dequantize, pack, quantize, round_down, round_up, unpack
 from decodelab.core.processors import build_chain
 from decodelab.core.runtime import Runtime
 from decodelab.core.select import Greedy
