@@ -32,8 +32,10 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from . import ALIASES, KVPolicy, ModelInfo, boolean, choice, non_negative_int, positive_int, register
+from . import ALIASES, KVPolicy, ModelInfo, _load_policies, boolean, choice, non_negative_int, positive_int, register
 from .quantize import QTensor, dequantize_view, fp8_supported, quantize_over
+
+_load_policies()  # the built-in policies register first, whoever imports this module first (listing order)
 
 AXES = ("tensor", "token", "channel", "group", "kivi")
 DEFAULT_GROUP = 32
@@ -308,7 +310,8 @@ def scale_dtype_for(dtype: torch.dtype) -> torch.dtype:
 class QuantPolicy(KVPolicy):
     name = "quant"
     capabilities = frozenset({"truncate", "reorder", "rows"})
-    summary = "quantized keys and values (8/4/2 bits packed, fp8), per tensor, token, channel, group or kivi"
+    summary = ("quantized keys and values (8/4/2 bits packed, fp8), per tensor, token, channel, group or kivi; "
+               "rolls back only per token/group with residual=0")
     params = {"bits": parse_bits, "axis": choice(*AXES), "group": positive_int, "residual": non_negative_int,
               "symmetric": boolean}
 
