@@ -253,7 +253,7 @@ def _load_policies() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import full, static  # noqa: F401
+    from . import full, recompute, static, window  # noqa: F401
 
 
 def listing() -> list[dict]:
