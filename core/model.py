@@ -226,6 +226,21 @@ def forward(
     return out.logits.float()
 
 
+@torch.inference_mode()
+def attention_weights(model, ids: Tensor) -> list[Tensor]:
+    """Per-layer attention weights [B, H, T, T] of one causal forward over ``ids`` without a cache (eager attention
+    for this call, since fused kernels do not return weights; the model's own implementation is restored)."""
+    previous = getattr(model.config, "_attn_implementation", None)
+    if previous != "eager":
+        model.set_attn_implementation("eager")
+    try:
+        out = model(input_ids=ids, use_cache=False, output_attentions=True)
+    finally:
+        if previous not in (None, "eager"):
+            model.set_attn_implementation(previous)
+    return [a for a in out.attentions if a is not None]
+
+
 def rotary_parameters(model) -> "Rotary | None":
     """The model's RoPE as a KV policy needs it (inv_freq, rope type, rotary dims), or None without RoPE."""
     from .kv import Rotary
