@@ -123,3 +123,26 @@ def sink_profile(weights: list[Tensor], sinks: int, late_from: int) -> list[Head
             s, a = float(sink_mass[head]), float(average[head])
             rows.append(HeadSinkMass(layer, head, s, a, s / a if a > 0 else float("inf")))
     return rows
+
+
+# --- generation past the context -----------------------------------------------------------------------------------
+
+
+def slot_ranges(policy) -> list[list[int]]:
+    """What the next forward attends to: [original start, original end, assigned start] per contiguous run of
+    tokens (full: everything at its own position; recompute: the last W - 1 tokens, re-encoded from position 0)."""
+    own = getattr(policy, "slot_ranges", None)
+    if own is not None:
+        return own()
+    size = getattr(policy, "size", None)
+    if policy.name == "recompute" and size is not None:
+        start = max(policy.seen - (size - 1), 0)
+        return [[start, policy.seen, 0]] if policy.seen > start else []
+    return [[0, policy.seen, 0]] if policy.seen else []
+
+
+def cache_state(policy) -> dict:
+    """The per-step cache fields of `stream` (after the forward that produced the step's logits)."""
+    evicted = list(getattr(policy, "last_evicted", (0, 0)))
+    return {"cache_tokens": policy.stored, "kv_bytes": policy.nbytes(), "evicted": evicted if evicted[1] > evicted[0]
+            else [], "slots": slot_ranges(policy)}

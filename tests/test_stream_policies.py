@@ -289,11 +289,13 @@ def test_slot_map_and_evicted_positions():
     rt.feed(ids_of(9))
     assert rt.policy.last_evicted == (2, 4)
     assert rt.policy.slot_map() == [(0, 0), (1, 1), (4, 2), (5, 3), (6, 4), (7, 5), (8, 6)]
+    assert rt.policy.slot_ranges() == [[0, 2, 0], [4, 9, 2]]
     rt.feed(ids_of(1))
     assert rt.policy.last_evicted == (4, 5) and rt.policy.evicted == 3
     keep = Runtime.create(model, parse_cache_spec("window:size=3"))
     keep.feed(ids_of(5))
     assert keep.policy.slot_map() == [(2, 2), (3, 3), (4, 4)]
+    assert keep.policy.slot_ranges() == [[2, 5, 2]]
     assert keep.policy.positions(2).tolist() == [[5, 6]]
     assert rt.policy.positions(2).tolist() == [[7, 8]]
 

@@ -124,6 +124,20 @@ class BoundedPolicy(KVPolicy):
             return [(p, slot) for slot, p in enumerate(originals)]
         return [(p, p) for p in originals]
 
+    def slot_ranges(self) -> list[list[int]]:
+        """The slot map compactly: [original start, original end, assigned start] per contiguous run."""
+        held_sinks = min(self.sinks, self._stored)
+        recent = self._stored - held_sinks
+        runs = [[0, held_sinks], [self.seen - recent, self.seen]]
+        runs = [r for r in runs if r[1] > r[0]]
+        if len(runs) == 2 and runs[0][1] == runs[1][0]:
+            runs = [[runs[0][0], runs[1][1]]]
+        slot, out = 0, []
+        for a, b in runs:
+            out.append([a, b, slot if self.mode == "rerotate" else a])
+            slot += b - a
+        return out
+
     def truncate(self, seen: int) -> None:
         raise ConfigError(f"--cache {self.spec_text()}: cannot roll back (evicted tokens are gone)")
 
