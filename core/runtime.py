@@ -67,6 +67,7 @@ class Runtime:
                              logits_to_keep=1)
             rows.append(logits[:, -1].view(b, k, -1))
             self.calls += 1
+        self.fed += ids.shape[1]
         self.policy.after_forward(ids.shape[1])
         out = torch.cat(rows, dim=1)
         return out[:, -1] if keep == "last" else out

@@ -224,7 +224,7 @@ def test_a_run_that_needs_a_missing_capability_is_refused(monkeypatch):
     kv.parse_cache_spec("full")
     monkeypatch.setitem(kv.POLICIES, "forgetful", Forgetful)
     spec = parse_cache_spec("forgetful")
-    with pytest.raises(ConfigError, match="roll back .* policies that can: full, static"):
+    with pytest.raises(ConfigError, match="roll back .* policies that can: full, recompute, static"):
         require(spec, {"truncate"}, "speculate")
     require(spec, {"rows"}, "batch")  # what it has passes
 
