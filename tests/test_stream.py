@@ -7,32 +7,56 @@ import math
 import torch
 
 from decodelab.core.kv import parse_cache_spec
-from decodelab.core.model import attention_weights, forward
+from decodelab.core.model import attention_weights, forward, model_info
 from decodelab.core.runtime import Runtime
-from decodelab.core.stream import cache_state, perplexity, score_stream, sink_profile
+from decodelab.core.processors import build_chain
+from decodelab.core.stream import StreamScore, StreamSettings, cache_state, compare_policies, sink_profile
 
 from conftest import random_model
 
 
-def test_score_stream_full_equals_one_forward_and_spans_add_up():
+def scored(model, ids, cache: str, chunk: int, feed: int):
+    settings = StreamSettings(cache=cache, chunk=chunk, feed=feed)
+    run = StreamScore(model, ids, build_chain({}), str, settings)
+    return list(run), run
+
+
+def test_stream_score_full_equals_one_forward_and_spans_add_up():
     model = random_model("llama", seed=7)
     ids = torch.randint(0, 256, (1, 50), generator=torch.Generator().manual_seed(7))
     logits = forward(model, ids, None, torch.arange(50).unsqueeze(0), logits_to_keep=0)[0]
-    nll = -torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:].view(-1, 1)).sum()
-    spans = list(score_stream(model, ids[0].tolist(), parse_cache_spec("full"), chunk=3, report_every=10))
-    assert sum(s.tokens for s in spans) == 49 and spans[0].start == 0 and spans[-1].end == 50
-    assert [s.start for s in spans[1:]] == [s.end for s in spans[:-1]]
-    assert math.isclose(sum(s.nll for s in spans), float(nll), rel_tol=1e-5)
-    assert math.isclose(perplexity(spans), math.exp(float(nll) / 49), rel_tol=1e-5)
-    assert spans[-1].cache_tokens == 50
+    nll = float(-torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:].view(-1, 1)).sum())
+    chunks, run = scored(model, ids[0].tolist(), "full", chunk=10, feed=3)
+    assert [c.tokens for c in chunks] == [10, 10, 10, 10, 9] and chunks[0].start == 1 and chunks[-1].end == 50
+    assert [c.start for c in chunks[1:]] == [c.end for c in chunks[:-1]]
+    summary = run.summary()
+    assert math.isclose(summary.perplexity, math.exp(nll / 49), rel_tol=1e-5)
+    assert summary.tokens == 49 and summary.policy == "full" and summary.max_cache_tokens == 49
 
 
-def test_score_stream_bounded_memory_is_flat():
+def test_stream_score_bounded_memory_is_flat_and_matches_the_runtime():
     model = random_model("llama", seed=7)
     ids = torch.randint(0, 256, (60,), generator=torch.Generator().manual_seed(8)).tolist()
-    spans = list(score_stream(model, ids, parse_cache_spec("sinks:sinks=2,recent=8"), chunk=1, report_every=10))
-    assert {s.cache_tokens for s in spans[1:]} == {10}
-    assert len({s.kv_bytes for s in spans[1:]}) == 1
+    chunks, run = scored(model, ids, "sinks:sinks=2,recent=8", chunk=10, feed=1)
+    assert {c.cache_tokens for c in chunks[1:]} == {10}
+    assert len({c.kv_bytes for c in chunks[1:]}) == 1 and run.summary().kv_bytes_peak == chunks[-1].kv_bytes
+    # the same numbers as feeding the runtime by hand, one token per forward
+    rt = Runtime.create(model, parse_cache_spec("sinks:sinks=2,recent=8"))
+    logp = torch.cat([torch.log_softmax(rt.feed(torch.tensor([[t]])), -1) for t in ids[:-1]])
+    nll = float(-logp.gather(1, torch.tensor(ids[1:]).view(-1, 1)).sum())
+    assert math.isclose(run.summary().perplexity, math.exp(nll / 59), rel_tol=1e-5)
+
+
+def test_compare_policies_names_each_policy_and_skips_what_gpt2_cannot():
+    settings = StreamSettings(window=8, sinks=2, chunk=16, feed=1)
+    ids = list(range(1, 30))
+    llama = dict(compare_policies(random_model("llama"), ids, build_chain({}), str, settings))
+    assert list(llama) == ["full", "window keep", "window rerotate", "sinks keep", "sinks rerotate", "recompute"]
+    assert str(llama["sinks rerotate"].spec) == "sinks:positions=rerotate,recent=6,sinks=2"
+    gpt2 = random_model("gpt2")
+    out = dict(compare_policies(gpt2, ids, build_chain({}), str, settings, model_info(gpt2)))
+    assert isinstance(out["window rerotate"], str) and "absolute positions" in out["window rerotate"]
+    assert not isinstance(out["window keep"], str)
 
 
 def test_sink_profile_on_hand_weights():
