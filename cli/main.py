@@ -18,6 +18,7 @@ from .probs import probs
 from .sample import sample
 from .score import score
 from .speculate import speculate
+from .stream import stream
 
 app = typer.Typer(
     name="decodelab",
@@ -32,6 +33,7 @@ app.command()(models)
 app.command()(speculate)
 app.command()(beam)
 app.command()(score)
+app.command()(stream)
 
 
 def fail(message: str) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 
+import pytest
 import torch
 
 from decodelab.core.kv import parse_cache_spec
@@ -92,3 +94,79 @@ def test_cache_state_names_what_the_next_forward_sees():
     rec = Runtime.create(model, parse_cache_spec("recompute:size=4"))
     rec.feed(torch.arange(9).view(1, -1))
     assert cache_state(rec.policy) == {"cache_tokens": 0, "kv_bytes": 0, "evicted": [], "slots": [[6, 9, 0]]}
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+TEXT = ("In the beginning God created the heaven and the earth. And the earth was without form, and void; and "
+        "darkness was upon the face of the deep. ") * 6
+
+
+def test_cli_generates_past_the_context_with_a_bounded_cache(cli, toy_model_dir):
+    code, out, err = cli("stream", "In the beginning", "-m", toy_model_dir, "-n", "80", "--ignore-eos",
+                         "--cache", "sinks:sinks=2,recent=10", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    steps, summary = doc["steps"], doc["summary"]
+    assert len(steps) == 80 and steps[-1]["position"] > 64  # the toy model's context is 64 positions
+    assert max(s["cache_tokens"] for s in steps) == 12 == summary["max_cache_tokens"]
+    last = steps[-1]
+    assert last["slots"] == [[0, 2, 0], [last["position"] - 10, last["position"], 2]]
+    assert last["evicted"] == [last["position"] - 11, last["position"] - 10]
+    assert summary["policy"] == "sinks:positions=rerotate,recent=10,sinks=2" and summary["stop_reason"] == "length"
+    assert {"raw_prob", "alternatives", "kv_bytes"} <= set(last)
+
+
+def test_cli_scores_through_score_and_reports_spans(cli, toy_model_dir, tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT)
+    code, out, err = cli("stream", "--text-file", path, "-m", toy_model_dir, "--limit", "100", "--chunk", "20",
+                         "--cache", "window:size=16", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    chunks = doc["steps"]
+    assert [c["tokens"] for c in chunks] == [20] * 4 + [19] and {c["cache_tokens"] for c in chunks} == {16}
+    code, out, _ = cli("score", "--text-file", path, "-m", toy_model_dir, "--limit", "100", "--feed", "1",
+                       "--cache", "window:size=16", "-f", "json")
+    assert abs(json.loads(out)["summary"]["perplexity"] - doc["summary"]["perplexity"]) < 1e-6 * doc["summary"][
+        "perplexity"]
+
+
+def test_cli_compare_policies_and_plot(cli, toy_model_dir, tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(TEXT)
+    args = ["stream", "--text-file", path, "-m", toy_model_dir, "--limit", "90", "--compare-policies",
+            "--window", "12", "--sinks", "2", "--chunk", "30"]
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    rows = {p["label"]: p for p in json.loads(out)["policies"]}
+    assert list(rows) == ["full", "window keep", "window rerotate", "sinks keep", "sinks rerotate", "recompute"]
+    assert rows["full"]["summary"]["max_cache_tokens"] == 89
+    assert rows["sinks rerotate"]["summary"]["max_cache_tokens"] == 12
+    assert rows["recompute"]["summary"]["kv_bytes_peak"] == 0
+    # no sinks in a window: moving every key by the same shift changes no distance (exact up to float error)
+    keep, moved = rows["window keep"]["summary"]["perplexity"], rows["window rerotate"]["summary"]["perplexity"]
+    assert abs(keep - moved) < 1e-4 * keep
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert "perplexity per span over position" in out and "R recompute" in out
+
+
+def test_cli_attention_table_per_layer_and_head(cli, toy_model_dir):
+    code, out, err = cli("stream", TEXT, "-m", toy_model_dir, "--attention", "--sinks", "1", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert len(doc["attention"]) == 2 * 4  # the toy Llama: 2 layers x 4 heads
+    assert doc["summary"]["tokens"] == 64 and doc["summary"]["late_from"] == 32
+    assert all(r["ratio"] > 0 for r in doc["attention"])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--compare-policies"], "--compare-policies: needs --text-file"),
+    (["--window", "4", "--sinks", "4"], "--sinks"),
+    (["--cache", "sinks:recent=0"], "recent must be an integer >= 1"),
+    (["--feed", "0"], "--feed"),
+])
+def test_cli_bad_input_is_one_line(cli, toy_model_dir, args, needle):
+    code, out, err = cli("stream", "hello", "-m", toy_model_dir, *args)
+    assert code == 2 and needle in err and err.count("\n") == 1
