@@ -230,18 +230,20 @@ def _compare_row(r: dict, context: int | None) -> dict:
 
 def compare_table(results, lm, tokens: int) -> Table:
     table = Table(title=f"{lm.name} · {tokens} tokens scored · context {lm.context_length}", header_style="bold")
-    for name in ("policy", "spec", "perplexity", f"ppl past {lm.context_length}", "max cache", "peak KV bytes",
+    for name in ("policy", "perplexity", f"ppl past {lm.context_length}", "max cache", "peak KV bytes",
                  "tokens/s"):
-        table.add_column(name, justify="left" if name in ("policy", "spec") else "right")
+        table.add_column(name, justify="left" if name == "policy" else "right")
     for r in results:
         row = _compare_row(r, lm.context_length)
         if "skipped" in row:
-            table.add_row(row["policy"], Text(row["skipped"], style="yellow"), "", "", "", "", "")
+            table.add_row(row["policy"], Text("skipped: " + row["skipped"], style="yellow"), "", "", "", "")
             continue
-        table.add_row(row["policy"], row["spec"], f"{row['perplexity']:.2f}",
+        table.add_row(row["policy"], f"{row['perplexity']:.2f}",
                       _num(row["perplexity_past_context"]), str(row["max_cache_tokens"]),
                       f"{row['kv_bytes_peak']:,}", f"{row['tokens_per_s']:.1f}")
-    table.caption = "raw model perplexity of the text; bounded caches hold the same number of tokens"
+    specs = "; ".join(f"{r['label']}: {r['spec']}" for r in results if "spec" in r and r["label"] != "full")
+    table.caption = ("raw model perplexity of the text; full and recompute are fed --chunk tokens per forward (the "
+                     f"same numbers at any feed), the others --feed; {specs}")
     return table
 
 
@@ -263,7 +265,7 @@ def ppl_plot(results, context: int | None, height: int = 12, width: int = 64) ->
     lo, hi = min(values), max(values)
     hi = hi if hi > lo else lo + 1.0
     spans = max(len(chunks) for _, chunks in series)
-    cols = min(width, spans)
+    cols = min(width, spans * 5)
     grid = [[Text(" ") for _ in range(cols)] for _ in range(height)]
     for k, (label, chunks) in enumerate(series):
         for i, c in enumerate(chunks):
