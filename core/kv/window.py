@@ -23,8 +23,9 @@ tokens whatever the policy keeps, and with ``rerotate`` their keys are rotated b
 so every distance inside the model's window is unchanged.
 
 Capabilities: ``rows`` and ``reorder`` (all rows evict the same slots). Not ``truncate``: a rolled-back chunk may
-already have evicted tokens that the shorter history would still hold, and a verified chunk attends to more than
-one token at a time would, so speculative decoding is refused rather than silently different.
+already have evicted tokens that the shorter history would still hold, and the queries of a verified draft block
+see more tokens than one-at-a-time decoding would; so speculative decoding is refused rather than silently
+different.
 """
 
 from __future__ import annotations
