@@ -85,7 +85,7 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
     if opts.fmt == o.Format.jsonl:
         render.print_jsonl({"type": "summary", "command": "stream", "model": lm.name, **render.clean(summary)})
     elif opts.fmt == o.Format.json:
-        head = render.document("stream", lm, as_dict(settings), chain.names, body, ids[:0], mode="score")
+        head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="score")
         render.print_json({**head, "steps": run.chunks, "text": "", "token_ids": [], "summary": summary})
     elif opts.fmt in (o.Format.markdown, o.Format.csv):
         render.print_rows([render.clean(c) for c in run.chunks], opts.fmt.value)
@@ -108,7 +108,7 @@ def _scalars(summary) -> dict:
     return {k: v for k, v in render.clean(summary).items() if k != "chunks"}
 
 
-def with_progress(run, fmt: o.Format, label: str, total: int | None = None) -> None:
+def with_progress(run, fmt: o.Format, label: str) -> None:
     """Iterate a run (JSONL lines as spans come; a progress bar on a terminal); Ctrl-C keeps what was scored."""
     show = sys.stderr.isatty() and run.total > 256
     try:
@@ -203,7 +203,7 @@ def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], c
         for r in results:
             render.print_jsonl({"type": "policy", **render.clean(r)})
     elif opts.fmt == o.Format.json:
-        head = render.document("stream", lm, as_dict(settings), chain.names, body, ids[:0], mode="compare")
+        head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="compare")
         render.print_json({**head, "policies": results, "steps": [], "text": "", "token_ids": [],
                            "summary": {"tokens": len(ids) - 1, "context_length": lm.context_length}})
     elif opts.fmt in (o.Format.markdown, o.Format.csv):
