@@ -79,12 +79,13 @@ class Iteration:
     """What the scheduler did in one iteration (one forward)."""
 
     index: int
-    running: int  # rows in this forward
+    running: int  # sequences in the running set (after this iteration's joins)
+    rows: int  # rows in this forward (fewer than running only when the token budget ran out)
     joined: list[str]
     finished: list[str]
     waiting: int  # after this iteration
-    blocks_used: int
-    blocks_free: int
+    blocks_used: int  # held by running sequences during the forward
+    blocks_free: int  # on the free list then (cached blocks included: they are reusable)
     prefix_hit_tokens: int  # tokens the joining sequences found cached
     preempted: list[str]
     tokens: int  # tokens fed (all rows)
@@ -215,7 +216,9 @@ class Scheduler:
                     budget -= n
             if not schedule:
                 raise ConfigError("--max-tokens-per-iteration / --blocks: nothing could be scheduled")
+            used_in_forward = self.policy.blocks_used
             finished = self._forward(schedule, index)
+            in_set = len(running)
             for seq in finished:
                 done[seq.key] = seq
             if self.static:
@@ -227,14 +230,14 @@ class Scheduler:
                 for seq in finished:
                     running.remove(seq)
                     self.policy.free(seq.key)
-            self.peak_blocks = max(self.peak_blocks, self.policy.blocks_used + 0)
+            self.peak_blocks = max(self.peak_blocks, used_in_forward)
             synchronize(device)
             seconds = time.perf_counter() - start
             self.seconds += seconds
             fed = sum(n for _, n in schedule)
             decodes = self._decodes
-            record = Iteration(index, len(schedule), joined, [s.key for s in finished], len(waiting),
-                               self.policy.blocks_used, self.policy.blocks_free, hit_tokens, preempted, fed,
+            record = Iteration(index, in_set, len(schedule), joined, [s.key for s in finished], len(waiting),
+                               used_in_forward, self.policy.num_blocks - used_in_forward, hit_tokens, preempted, fed,
                                fed - decodes, decodes, seconds)
             self.iterations.append(record)
             index += 1
