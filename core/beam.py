@@ -57,9 +57,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .config import ChainSettings, _check, validate_chain
+from .config import ChainSettings, _check, cache_spec, validate_chain
 from .errors import ConfigError
-from .kv import CacheSpec
+from .kv import CacheSpec, require
 from .processors import Chain, empty_chain_error
 from .run import Run, Stopwatch
 from .runtime import Runtime
@@ -104,6 +104,7 @@ def validate_beam(s: BeamSettings) -> None:
             raise ConfigError(f"--{key.replace('_', '-')} {value}: not used by beam search (transformers applies it "
                               "only when sampling; every beam scores all tokens); allowed processors: "
                               "--repetition-penalty, --no-repeat-ngram, --logit-bias")
+    require(cache_spec(s), {"reorder", "rows"}, "beam search")
     if not isinstance(s.beams, int) or s.beams < 1:
         raise ConfigError(f"--beams {s.beams}: must be an integer >= 1")
     if s.num_return is not None and not 1 <= s.num_return <= s.beams:

@@ -34,10 +34,10 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from .config import SampleSettings, validate_sample
+from .config import SampleSettings, cache_spec, validate_sample
 from .decode import decode_tokens
 from .errors import ConfigError
-from .kv import CacheSpec
+from .kv import CacheSpec, require
 from .model import LoadedModel
 from .processors import Chain, softmax
 from .run import Run, Stopwatch, synchronize
@@ -60,6 +60,7 @@ class SpeculateSettings(SampleSettings):
 
 def validate_speculate(s: SpeculateSettings) -> None:
     validate_sample(s)
+    require(cache_spec(s), {"truncate"}, "speculative decoding (a rejected draft is rolled back)")
     if s.gamma < 1:
         raise ConfigError(f"--gamma {s.gamma}: must be an integer >= 1")
     if s.ngram_size < 1:
