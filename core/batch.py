@@ -196,3 +196,32 @@ def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: l
     tokens = sum(len(r.new_ids) for r in reference)
     same = sum(list(o) == r.new_ids for o, r in zip(outputs, reference))
     return Baseline("transformers", tokens / seconds, seconds, same)
+
+
+def run_batch(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False,
+              on_iteration=None) -> BatchReport:
+    """The iteration-level run (each iteration record handed to ``on_iteration`` as it ends), then the baselines
+    in ``settings.baselines`` on the same requests."""
+    warm_up(lm, settings)
+    requests = build_requests(lm, entries, chat)
+    sched = scheduler_for(lm, settings, requests, static=False)
+    for record in sched:
+        if on_iteration is not None:
+            on_iteration(record)
+    report = BatchReport(settings, sched.results, sched.iterations, sched.seconds, sched.peak_blocks,
+                         sched.policy.num_blocks)
+    for name in settings.baselines:
+        if name == "static":
+            report.baselines.append(static_baseline(lm, settings, entries, sched.results, chat))
+        else:
+            report.baselines.append(transformers_baseline(lm, settings, sched.results))
+    return report
+
+
+def warm_up(lm: LoadedModel, settings: BatchSettings) -> None:
+    """A few untimed iterations of two short rows: the first forwards of a model are slow, and the baselines
+    would otherwise be timed warm against a cold iteration-level run."""
+    rules = StopRules(2, ignore_eos=True)
+    requests = [Request(f"warm{i}", [0] * (3 + i), build_chain({}), make_selector(0, 0, lm.device), rules)
+                for i in range(2)]
+    Scheduler(lm.model, requests, max_batch=2, block_size=settings.block_size).run()

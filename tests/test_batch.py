@@ -351,3 +351,93 @@ def test_bad_settings_are_refused():
         Scheduler(model, reqs, max_batch=0)
     with pytest.raises(ConfigError, match="block"):
         parse_cache_spec("paged:block=0")
+
+
+# --- the command line ---------------------------------------------------------------------------------------------
+
+
+def run_json(cli, *args):
+    import json
+
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_cli_batch_equals_each_request_sampled_alone(cli, toy_model_dir, tmp_path):
+    """JSONL with per-request settings: each request's tokens equal `decodelab sample` with those settings; the
+    static baseline gives the same tokens; every field CLI.md names is there."""
+    import json
+
+    lines = [{"id": "g", "prompt": "Once upon a time", "temperature": 0, "max_new_tokens": 9},
+             {"id": "s", "prompt": "Once upon a time there was", "seed": 4, "top_k": 20, "max_new_tokens": 12},
+             {"id": "t", "prompt": "The machine", "temperature": 0.7, "seed": 9, "max_new_tokens": 5}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    doc = run_json(cli, "batch", "--prompts-file", path, "-m", toy_model_dir, "--ignore-eos", "--max-batch", "2",
+                   "--block-size", "4", "--max-tokens-per-iteration", "8")
+    for key in ("command", "model", "config", "requests", "iterations", "summary"):
+        assert key in doc
+    assert [r["id"] for r in doc["requests"]] == ["g", "s", "t"]
+    for line, req in zip(lines, doc["requests"]):
+        args = ["sample", line["prompt"], "-m", toy_model_dir, "--ignore-eos", "-n", str(line["max_new_tokens"])]
+        for key in ("temperature", "seed", "top_k"):
+            if key in line:
+                args += [f"--{key.replace('_', '-')}", str(line[key])]
+        alone = run_json(cli, *args)
+        assert req["token_ids"] == alone["token_ids"], req["id"]
+        assert req["text"] == alone["text"]
+        assert [s["token_id"] for s in req["steps"]] == req["token_ids"]
+        for key in ("id", "prompt", "token_ids", "text", "prefix_hit_tokens"):
+            assert key in req
+    assert doc["requests"][1]["prefix_hit_tokens"] == 4  # "Once upon a time" fills one block of 4 ids
+    for it in doc["iterations"]:
+        for key in ("index", "running", "joined", "finished", "waiting", "blocks_used"):
+            assert key in it
+    s = doc["summary"]
+    for key in ("tokens_per_s", "static_tokens_per_s", "speedup_vs_static", "prefix_hit_rate", "peak_blocks",
+                "slot_utilisation"):
+        assert key in s
+    assert s["static_same_tokens"] == 3 and s["tokens"] == 26
+    assert max(it["running"] for it in doc["iterations"]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["table", "jsonl", "markdown", "csv"])
+def test_cli_batch_every_format(cli, toy_model_dir, tmp_path, fmt):
+    import json
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("Once upon a time\n\nThe machine\n")
+    code, out, err = cli("batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "3", "--ignore-eos",
+                         "--baselines", "none", "-f", fmt)
+    assert code == 0, err
+    if fmt == "jsonl":
+        rows = [json.loads(line) for line in out.splitlines()]
+        assert [r["type"] for r in rows][-3:] == ["request", "request", "summary"]
+        assert {r["type"] for r in rows[:-3]} == {"iteration"}
+        assert "static_tokens_per_s" not in rows[-1]
+    elif fmt == "csv":
+        assert out.splitlines()[0].startswith("id,prompt,")
+        assert len(out.splitlines()) == 3
+    elif fmt == "markdown":
+        assert "Once upon a time" in out and out.splitlines()[0].split()[:4] == ["|", "id", "|", "prompt"]
+    else:
+        assert "paged pool of 2 blocks x 16 tokens" in out and "slot_utilisation" in out
+
+
+@pytest.mark.parametrize("content, args, needle", [
+    (None, (), "--prompts-file"),
+    ("", (), "no prompts"),
+    ('{"prompt": "a"}\n{"prompt": "b", "top_p": 2}\n', (), "line 2: --top-p"),
+    ('{"prompt": "a", "colour": 1}\n', (), "line 1: unknown setting 'colour'"),
+    ('{"text": "a"}\n', (), "prompt"),
+    ("a\n", ("--max-batch", "0"), "--max-batch 0"),
+    ("a\n", ("--block-size", "0"), "--block-size 0"),
+    ("a\n", ("--baselines", "vllm"), "--baselines 'vllm'"),
+])
+def test_cli_batch_bad_input_is_one_line(cli, tmp_path, content, args, needle):
+    path = tmp_path / "prompts.txt"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = cli("batch", "--prompts-file", path, "-m", "/nonexistent-model-folder", *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
