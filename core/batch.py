@@ -174,7 +174,8 @@ def scheduler_for(lm: LoadedModel, settings: BatchSettings, requests: list[Reque
 def static_baseline(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], reference: list[Result],
                     chat: bool = False) -> Baseline:
     """The same requests (fresh generators) in fixed batches of max_batch that run until every member ends."""
-    sched = scheduler_for(lm, settings, build_requests(lm, entries, chat), static=True)
+    # its own pool, sized for whole batches (a --blocks small enough to preempt would stop static batching)
+    sched = scheduler_for(lm, replace(settings, blocks=None), build_requests(lm, entries, chat), static=True)
     results = sched.run()
     tokens = sum(len(r.new_ids) for r in results)
     same = sum(a.new_ids == b.new_ids for a, b in zip(results, reference))
