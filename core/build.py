@@ -97,13 +97,18 @@ def beam_stepper(lm: LoadedModel, settings: BeamSettings) -> ModelStepper:
 # --- speculate -------------------------------------------------------------------------------------------------
 
 
-def load_draft(spec: str, target: LoadedModel, dtype: str, trust_remote_code: bool) -> LoadedModel:
-    """The draft on the target's device; its messages name --draft."""
+def load_draft(spec: str, target: LoadedModel, dtype: str, trust_remote_code: bool,
+               option: str = "--draft") -> LoadedModel:
+    """A second model sharing the target's vocabulary, on its device (a draft, or a reference to score against);
+    its messages name ``option``."""
     try:
         draft = load_model(spec, device=str(target.device), dtype=dtype, trust_remote_code=trust_remote_code)
     except ModelLoadError as exc:
-        raise ModelLoadError(str(exc).replace(f"--model {spec}", f"--draft {spec}", 1)) from None
-    check_same_vocabulary(target, draft, spec)
+        raise ModelLoadError(str(exc).replace(f"--model {spec}", f"{option} {spec}", 1)) from None
+    try:
+        check_same_vocabulary(target, draft, spec)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("--draft", option, 1).replace("the draft", option)) from None
     return draft
 
 
