@@ -163,86 +163,99 @@ class Scheduler:
 
     def __iter__(self) -> Iterator[Iteration]:
         device = self.runtime.device
-        waiting: deque[Seq] = deque(self._seq(i, r, device) for i, r in enumerate(self.requests))
-        running: list[Seq] = []
+        self.waiting: deque[Seq] = deque(self._seq(i, r, device) for i, r in enumerate(self.requests))
+        self.running: list[Seq] = []
+        self._joins = 0
         done: dict[str, Seq] = {}
-        joins = 0
         index = 0
         synchronize(device)
-        while waiting or running:
+        while self.waiting or self.running:
             start = time.perf_counter()
-            budget = self.budget
-            schedule: list[tuple[Seq, int]] = []
-            preempted: list[str] = []
-            for seq in sorted(running, key=lambda s: (s.pending > 1, s.join_seq)):
-                n = min(seq.pending, budget)
-                if n <= 0 or seq not in running:
-                    continue
-                while seq in running:
-                    try:
-                        self.policy.reserve(seq.key, n)
-                        break
-                    except PoolFull:
-                        victim = max(running, key=lambda s: s.join_seq)
-                        if self.static or victim is seq and len(running) == 1:
-                            raise ConfigError("--blocks: the pool is too small for this batch") from None
-                        budget += self._preempt(victim, running, waiting, schedule)
-                        preempted.append(victim.key)
-                if seq in running:
-                    schedule.append((seq, n))
-                    budget -= n
-            joined, hit_tokens = [], 0
-            if not preempted:
-                for seq in self._admissible(waiting, running):
-                    if len(running) >= self.max_batch or budget <= 0:
-                        break
-                    hit = self.policy.admit(seq.key, seq.tokens, share=self.prefix_caching)
-                    n = min(len(seq.tokens) - hit, budget)
-                    try:
-                        self.policy.reserve(seq.key, n)
-                    except PoolFull:
-                        self.policy.free(seq.key)
-                        break
-                    seq.computed = hit
-                    if seq.hits is None:
-                        seq.hits, seq.joined_at = hit, index
-                    hit_tokens += hit
-                    joins += 1
-                    seq.join_seq = joins
-                    waiting.remove(seq)
-                    running.append(seq)
-                    schedule.append((seq, n))
-                    joined.append(seq.key)
-                    budget -= n
+            schedule, budget, preempted = self._schedule_running()
+            joined, hit_tokens = ([], 0) if preempted else self._admit(schedule, budget, index)
             if not schedule:
                 raise ConfigError("--max-tokens-per-iteration / --blocks: nothing could be scheduled")
-            used_in_forward = self.policy.blocks_used
-            finished = self._forward(schedule, index)
-            in_set = len(running)
-            for seq in finished:
-                done[seq.key] = seq
-            if self.static:
-                if all(s.stop_reason is not None for s in running):
-                    for s in running:
-                        self.policy.free(s.key)
-                    running.clear()
-            else:
-                for seq in finished:
-                    running.remove(seq)
-                    self.policy.free(seq.key)
-            self.peak_blocks = max(self.peak_blocks, used_in_forward)
+            used = self.policy.blocks_used
+            finished, decodes = self._forward(schedule, index)
+            in_set = len(self.running)
+            done.update((s.key, s) for s in finished)
+            self._retire(finished)
+            self.peak_blocks = max(self.peak_blocks, used)
             synchronize(device)
             seconds = time.perf_counter() - start
             self.seconds += seconds
             fed = sum(n for _, n in schedule)
-            decodes = self._decodes
-            record = Iteration(index, in_set, len(schedule), joined, [s.key for s in finished], len(waiting),
-                               used_in_forward, self.policy.num_blocks - used_in_forward, hit_tokens, preempted, fed,
-                               fed - decodes, decodes, seconds)
+            record = Iteration(index, in_set, len(schedule), joined, [s.key for s in finished], len(self.waiting),
+                               used, self.policy.num_blocks - used, hit_tokens, preempted, fed, fed - decodes,
+                               decodes, seconds)
             self.iterations.append(record)
             index += 1
             yield record
         self.results = [self._result(done[r.id]) for r in self.requests]
+
+    def _schedule_running(self) -> tuple[list[tuple[Seq, int]], float, list[str]]:
+        """Decodes first, then prefill chunks in join order, within the token budget; blocks reserved for each,
+        preempting the last to join while the pool is short. Returns (schedule, budget left, preempted ids)."""
+        running, budget = self.running, self.budget
+        schedule: list[tuple[Seq, int]] = []
+        preempted: list[str] = []
+        for seq in sorted(running, key=lambda s: (s.pending > 1, s.join_seq)):
+            n = min(seq.pending, budget)
+            if n <= 0 or seq not in running:
+                continue
+            while seq in running:
+                try:
+                    self.policy.reserve(seq.key, n)
+                    break
+                except PoolFull:
+                    victim = max(running, key=lambda s: s.join_seq)
+                    if self.static or (victim is seq and len(running) == 1):
+                        raise ConfigError("--blocks: the pool is too small for this batch") from None
+                    budget += self._preempt(victim, schedule)
+                    preempted.append(victim.key)
+            if seq in running:
+                schedule.append((seq, n))
+                budget -= n
+        return schedule, budget, preempted
+
+    def _admit(self, schedule: list[tuple[Seq, int]], budget: float, index: int) -> tuple[list[str], int]:
+        """Waiting sequences join while there is a free row, token budget and blocks for their first chunk; each
+        shares its cached prefix. Returns (joined ids, prefix-hit tokens)."""
+        joined, hit_tokens = [], 0
+        for seq in self._admissible():
+            if len(self.running) >= self.max_batch or budget <= 0:
+                break
+            hit = self.policy.admit(seq.key, seq.tokens, share=self.prefix_caching)
+            n = min(len(seq.tokens) - hit, budget)
+            try:
+                self.policy.reserve(seq.key, n)
+            except PoolFull:
+                self.policy.free(seq.key)
+                break
+            seq.computed = hit
+            if seq.hits is None:
+                seq.hits, seq.joined_at = hit, index
+            self._joins += 1
+            seq.join_seq = self._joins
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            schedule.append((seq, n))
+            joined.append(seq.key)
+            hit_tokens += hit
+            budget -= n
+        return joined, hit_tokens
+
+    def _retire(self, finished: list[Seq]) -> None:
+        """Finished sequences leave and release their blocks (static batching: only once the whole batch is done)."""
+        if self.static:
+            if all(s.stop_reason is not None for s in self.running):
+                for s in self.running:
+                    self.policy.free(s.key)
+                self.running.clear()
+            return
+        for seq in finished:
+            self.running.remove(seq)
+            self.policy.free(seq.key)
 
     def run(self) -> list[Result]:
         for _ in self:
@@ -256,16 +269,16 @@ class Scheduler:
         names = chain_hashes(req.prompt_ids, self.policy.block, self.policy.salt) if self.prefix_caching else []
         return Seq(req, order, list(req.prompt_ids), buf, StopChecker(req.rules, req.detok), names)
 
-    def _admissible(self, waiting: deque[Seq], running: list[Seq]) -> list[Seq]:
+    def _admissible(self) -> list[Seq]:
         """Waiting sequences in queue order; static batching admits only into an empty batch. A sequence waits
         while the next full block it would compute is being computed by a running prefill (then it hits)."""
-        if self.static and running:
+        if self.static and self.running:
             return []
         if not self.prefix_caching:
-            return list(waiting)
-        in_flight = {name for s in running for name in s.names[s.computed // self.policy.block :]}
+            return list(self.waiting)
+        in_flight = {name for s in self.running for name in s.names[s.computed // self.policy.block :]}
         out = []
-        for seq in waiting:
+        for seq in self.waiting:
             hit_blocks = self.policy.match(seq.tokens) // self.policy.block
             if hit_blocks < len(seq.names) and seq.names[hit_blocks] in in_flight:
                 continue
@@ -273,14 +286,13 @@ class Scheduler:
             in_flight.update(seq.names[hit_blocks:])
         return out
 
-    def _preempt(self, victim: Seq, running: list[Seq], waiting: deque[Seq],
-                 schedule: list[tuple[Seq, int]]) -> int:
+    def _preempt(self, victim: Seq, schedule: list[tuple[Seq, int]]) -> int:
         """Release the victim's blocks and requeue it at the front; returns the budget it had been given."""
         self.policy.free(victim.key)
-        running.remove(victim)
+        self.running.remove(victim)
         victim.computed = 0
         victim.preemptions += 1
-        waiting.appendleft(victim)
+        self.waiting.appendleft(victim)
         given = 0
         for item in list(schedule):
             if item[0] is victim:
@@ -288,11 +300,12 @@ class Scheduler:
                 given += item[1]
         return given
 
-    def _forward(self, schedule: list[tuple[Seq, int]], index: int) -> list[Seq]:
-        """One forward over the scheduled rows; rows that computed their last pending token select the next one."""
+    def _forward(self, schedule: list[tuple[Seq, int]], index: int) -> tuple[list[Seq], int]:
+        """One forward over the scheduled rows; rows that computed their last pending token select the next one.
+        Returns the sequences that finished and the number of decode rows."""
         rows = [(s.key, s.tokens[s.computed : s.computed + n]) for s, n in schedule]
         # a decode feeds the newest generated token, everything before it computed (else: prompt or recompute)
-        self._decodes = sum(1 for s, _ in schedule if s.pending == 1 and len(s.tokens) > len(s.req.prompt_ids))
+        decodes = sum(1 for s, _ in schedule if s.pending == 1 and len(s.tokens) > len(s.req.prompt_ids))
         ids = self.policy.plan(rows)
         logits = self.runtime.feed(ids)  # [B, V]: every row's last new token (rows are left-padded)
         for s, n in schedule:
@@ -325,7 +338,7 @@ class Scheduler:
             for s, _ in schedule:
                 if s.stop_reason is not None and not s.pending:
                     s.tokens.append(s.tokens[-1])
-        return finished
+        return finished, decodes
 
     def _result(self, s: Seq) -> Result:
         return Result(s.req.id, s.req.prompt, list(s.req.prompt_ids), list(s.new_ids), s.stop_reason or "length",
