@@ -73,7 +73,7 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
 
 
 def request_rows(lm, report: BatchReport) -> list[dict]:
-    return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "token_ids": r.new_ids,
+    return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain, "token_ids": r.new_ids,
              "text": lm.decode(r.new_ids), "stop_reason": r.stop_reason, "prefix_hit_tokens": r.prefix_hit_tokens,
              "computed_tokens": r.computed_tokens, "preemptions": r.preemptions, "joined": r.joined,
              "finished": r.finished,
@@ -93,13 +93,14 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
     elif fmt == o.Format.json:
         render.print_json({"command": "batch", "model": lm.name, "device": str(lm.device),
                            "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(settings),
-                           "requests": requests, "iterations": report.iterations, "summary": summary})
+                           "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
+                           "summary": summary})
     elif fmt in (o.Format.markdown, o.Format.csv):
         if rows == Rows.iterations:
             table = [{k: (",".join(v) if isinstance(v, list) else v) for k, v in render.clean(i).items()}
                      for i in report.iterations]
         else:
-            table = [{k: v for k, v in r.items() if k not in ("steps", "prompt_token_ids", "token_ids")}
+            table = [{k: v for k, v in r.items() if k not in ("steps", "prompt_token_ids", "token_ids", "chain")}
                      for r in requests]
             for row, r in zip(table, report.results):
                 row["prompt"] = render.one_line(row["prompt"] or "")
@@ -109,6 +110,14 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
     if fmt == o.Format.table or opts.save_html or opts.save_svg:
         views = [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]
         render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+
+
+def chain_names(settings: BatchSettings) -> list[str]:
+    """The command-level chain (a JSONL request may set its own: requests[].chain)."""
+    from ..core.processors import build_chain
+
+    bias = {0: 0.0} if settings.logit_bias else None
+    return build_chain(settings.stage_values(bias), list(settings.chain) if settings.chain else None).names
 
 
 LOG_ROWS = 60  # iterations shown in the table; past that only those where a sequence joined, finished or was preempted

@@ -64,6 +64,7 @@ class Result:
     id: str
     prompt: str | None
     prompt_ids: list[int]
+    chain: list[str]  # its processor stages, in order
     new_ids: list[int]
     stop_reason: str
     steps: list[TokenStep]
@@ -341,5 +342,6 @@ class Scheduler:
         return finished, decodes
 
     def _result(self, s: Seq) -> Result:
-        return Result(s.req.id, s.req.prompt, list(s.req.prompt_ids), list(s.new_ids), s.stop_reason or "length",
+        return Result(s.req.id, s.req.prompt, list(s.req.prompt_ids), list(s.req.chain.names), list(s.new_ids),
+                      s.stop_reason or "length",
                       s.steps, s.hits or 0, s.fed, s.preemptions, s.joined_at, s.finished_at)

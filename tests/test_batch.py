@@ -447,3 +447,25 @@ def test_cli_batch_bad_input_is_one_line(cli, tmp_path, content, args, needle):
         path.write_text(content)
     code, out, err = cli("batch", "--prompts-file", path, "-m", "/nonexistent-model-folder", *args)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_batch_json_fields_are_the_readmes(cli, toy_model_dir, tmp_path):
+    """The README's JSON table for batch against real output, both ways (as tests/test_json_docs.py does)."""
+    import json
+
+    from test_json_docs import documented, fields
+
+    table = documented()["batch"]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "Once upon a time", "id": "x", "temperature": 0}\n{"prompt": "Once upon a time it"}\n')
+    printed = set()
+    for args in (["--baselines", "static,transformers"], ["--baselines", "none"]):
+        code, out, err = cli("batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "3", "--block-size", "4",
+                             *args, "-f", "json")
+        assert code == 0, err
+        printed |= fields(json.loads(out), wild=frozenset({"config"}))
+    listed = {(p, f) for p, f in table if f != "*"}
+    undocumented = {(p, f) for p, f in printed if p != "config"} - listed
+    assert not undocumented, f"batch prints fields the README does not list: {sorted(undocumented)}"
+    missing = {(p, f) for (p, f), required in table.items() if required and f != "*"} - printed
+    assert not missing, f"the README lists batch fields it does not print: {sorted(missing)}"
