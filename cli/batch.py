@@ -44,13 +44,14 @@ RowsOpt = Annotated[Rows, typer.Option("--rows", help="What markdown/csv print: 
                                        rich_help_panel=o.OUT)]
 
 
-@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN, without=("prompt", "prompt_file", "cache"))
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN,
+           without=("prompt", "prompt_file", "cache", "top"))
 def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, max_tokens_per_iteration: MaxTokens =
           None, block_size: BlockSize = None, blocks: Blocks = None, baselines: Baselines = None,
           rows: RowsOpt = Rows.requests) -> None:
     """Serve many requests at once: one forward per iteration over the running sequences (prefill chunks and
     decodes together), finished ones leave and waiting ones join; KV in a paged pool with shared prefix blocks."""
-    explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
+    explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "stop")
     explicit.pop("cache", None)
     explicit.update(max_batch=max_batch, max_tokens_per_iteration=max_tokens_per_iteration, block_size=block_size,
                     blocks=blocks)
