@@ -174,6 +174,20 @@ def test_non_contiguous_blocks_equal_a_contiguous_cache():
     torch.testing.assert_close(torch.cat(got), full_logits(model, ids), rtol=1e-5, atol=1e-5)
 
 
+def test_layout_by_hand():
+    """Block 2; row 0 has 3 tokens stored in physical blocks [5, 2] and 1 new; row 1 has 0 stored, 2 new in block
+    7. Row 0's new token (position 3) goes to block 2 offset 1 = slot 5; its padding column writes to scratch and
+    sees key 0 only."""
+    table = torch.tensor([[5, 2], [7, 0]])
+    pos, write, gather, mask = paged_mod.layout([3, 0], [1, 2], table, 2, 99, torch.float32)
+    assert pos.tolist() == [[0, 3], [0, 1]]
+    assert write.tolist() == [99, 5, 14, 15]
+    assert gather.tolist() == [10, 11, 4, 5, 14, 15, 99, 99]
+    seen = (mask[:, 0] == 0).int().tolist()
+    assert seen == [[[1, 0, 0, 0], [1, 1, 1, 1]], [[1, 0, 0, 0], [1, 1, 0, 0]]]
+    assert mask.min().item() == torch.finfo(torch.float32).min
+
+
 def test_rows_of_different_lengths_in_one_forward_equal_their_own_prefills():
     """Left padding, per-row positions and the 4D mask: two rows with different pasts and chunk lengths."""
     model = random_model("qwen2", scale=20.0)

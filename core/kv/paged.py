@@ -255,25 +255,9 @@ class PagedPolicy(KVPolicy):
                 ids[b, n - counts[b] :] = torch.tensor(new, dtype=torch.long)
             blocks = self.seqs[key].blocks
             table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
-        past_t, count_t = torch.tensor(past), torch.tensor(counts)
-        col = torch.arange(n)
-        # query column c of row b is new token j = c - (n - count) at position past + j; j < 0 is padding
-        j = col[None, :] - (n - count_t[:, None])
-        real = j >= 0
-        pos = torch.where(real, past_t[:, None] + j, torch.zeros_like(j))  # [B, n]
-        slot = lambda p: table.gather(1, p // bs) * bs + p % bs  # noqa: E731  logical position -> pool slot
-        write = torch.where(real, slot(pos), torch.full_like(pos, self.scratch))
-        key_pos = torch.arange(L)[None, :].expand(B, L)
-        in_row = key_pos < (past_t + count_t)[:, None]
-        gather = torch.where(in_row, slot(key_pos.clamp(max=table.shape[1] * bs - 1)),
-                             torch.full_like(key_pos, self.scratch))
-        # a real query sees keys at positions <= its own; a padding query sees key 0 only (no empty softmax row)
-        allowed = torch.where(real[:, :, None], key_pos[:, None, :] <= pos[:, :, None],
-                              key_pos[:, None, :] == 0)
-        mask = torch.zeros(B, 1, n, L, dtype=self.info.dtype)
-        mask.masked_fill_(~allowed[:, None], torch.finfo(self.info.dtype).min)
+        pos, write, gather, mask = layout(past, counts, table, bs, self.scratch, self.info.dtype)
         self.plan_ = Plan([k for k, _ in rows], counts, [None if isinstance(x, int) else list(x) for _, x in rows],
-                          pos.to(device), mask.to(device), write.flatten().to(device), gather.flatten().to(device), L)
+                          pos.to(device), mask.to(device), write.to(device), gather.to(device), L)
         return ids.to(device)
 
     def positions(self, n: int) -> Tensor:
@@ -323,6 +307,32 @@ class PagedPolicy(KVPolicy):
     def describe(self) -> dict:
         return {"policy": self.name, "seen": self.seen, "stored": self.stored, "blocks_used": self.blocks_used,
                 "blocks_free": self.blocks_free}
+
+
+def layout(past: list[int], counts: list[int], table: Tensor, block: int, scratch: int, dtype: torch.dtype):
+    """Index tensors of one forward. Row b has ``past[b]`` tokens stored and ``counts[b]`` new ones, left-padded
+    to n = max(counts); ``table`` [B, blocks] maps its logical blocks to physical ones. Returns positions [B, n],
+    the slot each new token is written to [B * n] (padding: ``scratch``), the slot of each key of the padded view
+    [B * L] (past a row's length: ``scratch``) and the additive mask [B, 1, n, L]."""
+    B, n, L = len(past), max(counts), max(p + c for p, c in zip(past, counts))
+    past_t, count_t = torch.tensor(past), torch.tensor(counts)
+    # query column c of row b is new token j = c - (n - count) at position past + j; j < 0 is padding
+    j = torch.arange(n)[None, :] - (n - count_t[:, None])
+    real = j >= 0
+    pos = torch.where(real, past_t[:, None] + j, torch.zeros_like(j))  # [B, n]
+
+    def slot(p: Tensor) -> Tensor:  # logical position -> pool slot: table[p // block] * block + p % block
+        return table.gather(1, p // block) * block + p % block
+
+    write = torch.where(real, slot(pos), torch.full_like(pos, scratch))
+    key_pos = torch.arange(L)[None, :].expand(B, L)
+    in_row = key_pos < (past_t + count_t)[:, None]
+    gather = torch.where(in_row, slot(key_pos.clamp(max=table.shape[1] * block - 1)), torch.full_like(key_pos, scratch))
+    # a real query sees keys at positions <= its own; a padding query sees key 0 only (no empty softmax row)
+    allowed = torch.where(real[:, :, None], key_pos[:, None, :] <= pos[:, :, None], key_pos[:, None, :] == 0)
+    mask = torch.zeros(B, 1, n, L, dtype=dtype)
+    mask.masked_fill_(~allowed[:, None], torch.finfo(dtype).min)
+    return pos, write.flatten(), gather.flatten(), mask
 
 
 class PagedCache:
