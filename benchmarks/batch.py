@@ -8,12 +8,13 @@ evenly from 8 to 256 tokens (shuffled with a fixed seed; EOS ignored, so each re
   finished row keeps computing, as ``generate`` does with padding). Same runtime, same paged attention, so the
   ratio is the scheduling alone. Goal: iteration-level / static >= 1.5x.
 * transformers continuous batching (``init_continuous_batching``, sdpa, per-request ``max_new_tokens``, the same
-  batch size and tokens per iteration, page size = the block size). Goal: decodelab / transformers >= 1.0x.
+  batch size, tokens per iteration and page size). Goal: decodelab / transformers >= 1.0x.
 
 tokens/s = generated tokens / seconds of the whole workload (setup and prefills included), both wall seconds and
 CPU seconds of this process (all its threads): on a machine shared with other jobs the wall time swings with their
-load, while CPU time counts only the work each variant did. Variants alternate round after round; medians. Before timing, every variant's tokens are checked against decodelab's (greedy: equal runs
-must give equal tokens; a mismatch is printed, not hidden).
+load, while CPU time counts only the work each variant did. Variants alternate round after round; medians. Before
+timing, every variant's tokens are checked against decodelab's (greedy: equal runs must give equal tokens; a
+mismatch is printed, not hidden).
 
 Workload B: 32 requests sharing a 90% prefix (each prompt = the same 144 tokens + 16 of its own), 16 new tokens
 each: prefill tokens computed with prefix caching against the prompt tokens without it. Goal: >= 80% fewer.
@@ -30,7 +31,7 @@ import time
 
 import torch
 
-from decodelab.core.model import bundled_dir, load_model
+from decodelab.core.model import bundled_dir, continuous_batching_generate, load_model
 from decodelab.core.processors import build_chain
 from decodelab.core.scheduler import Request, Scheduler
 from decodelab.core.select import Greedy
@@ -80,32 +81,8 @@ def ours(model, work, args, static: bool, prefix_caching: bool | None = None):
 
 
 def transformers_cb(model, work, args):
-    """transformers' own continuous batching; returns (token lists, seconds) or raises with the reason."""
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0, max_new_tokens=max(n for _, n in work))
-    longest = max(len(p) + n for p, n in work)
-    cfg = ContinuousBatchingConfig(page_size=args.block_size, num_blocks=args.max_batch * -(-longest // args.block_size),
-                                   max_batch_tokens=args.max_tokens_per_iteration,
-                                   max_requests_per_batch=args.max_batch, use_cuda_graph=False)
-    with torch.inference_mode():
-        start = time.perf_counter()
-        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
-        manager.start()
-        ids = [manager.add_request(p, request_id=f"r{i}", max_new_tokens=n) for i, (p, n) in enumerate(work)]
-        done = {}
-        while len(done) < len(ids):
-            out = manager.get_result(timeout=1.0)
-            if out is None:
-                if not manager.is_running():
-                    raise RuntimeError("the transformers manager stopped before finishing")
-                continue
-            if out.is_finished():
-                done[out.request_id] = list(out.generated_tokens)
-        manager.stop(block=True)
-        seconds = time.perf_counter() - start
-    return [done[i] for i in ids], seconds
+    """transformers' own continuous batching (core.model.continuous_batching_generate); (token lists, seconds)."""
+    return continuous_batching_generate(model, work, args.max_batch, args.max_tokens_per_iteration, args.block_size)
 
 
 def main() -> None:
@@ -120,9 +97,6 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    import logging
-
-    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
     lm = load_model(args.model, device=args.device)
     model = lm.model
     work = workload_a(lm)

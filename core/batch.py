@@ -10,7 +10,7 @@ overrides the command's settings for that request only.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .config import SampleSettings, coerce, normalize_key, validate_sample
@@ -33,7 +33,7 @@ class BatchSettings(SampleSettings):
     baselines: tuple[str, ...] = ("static",)
 
 
-BATCH_ONLY = {f.name for f in fields(BatchSettings)} - {f.name for f in fields(SampleSettings)}
+NOT_PER_REQUEST = ("cache", "compile", "top")  # the pool, the forward and the trace are shared by every request
 
 
 def validate_batch(s: BatchSettings) -> None:
@@ -87,6 +87,9 @@ def read_prompts(path: str | Path, base: BatchSettings) -> list[Entry]:
                 overrides[name] = coerce(SampleSettings, name, raw)
             except ConfigError as exc:
                 raise ConfigError(f"{where}: {exc}") from None
+            if name in NOT_PER_REQUEST:
+                raise ConfigError(f"{where}: {key!r} is not a per-request setting (allowed: the chain's, seed, "
+                                  "max_new_tokens, stop, ignore_eos)")
         settings = replace(base, **overrides)
         try:
             validate_sample(settings)

@@ -451,6 +451,7 @@ def test_cli_batch_every_format(cli, toy_model_dir, tmp_path, fmt):
     ('{"prompt": "a"}\n{"prompt": "b", "top_p": 2}\n', (), "line 2: --top-p"),
     ('{"prompt": "a", "colour": 1}\n', (), "line 1: unknown setting 'colour'"),
     ('{"text": "a"}\n', (), "prompt"),
+    ('{"prompt": "a", "cache": "full"}\n', (), "line 1: 'cache' is not a per-request setting"),
     ("a\n", ("--max-batch", "0"), "--max-batch 0"),
     ("a\n", ("--block-size", "0"), "--block-size 0"),
     ("a\n", ("--baselines", "vllm"), "--baselines 'vllm'"),
