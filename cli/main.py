@@ -12,6 +12,7 @@ except ImportError:  # older typer runs on click
     from click import exceptions as cli_errors
 
 from ..core.errors import DecodelabError
+from .batch import batch
 from .beam import beam
 from .models import models
 from .probs import probs
@@ -34,6 +35,7 @@ app.command()(speculate)
 app.command()(beam)
 app.command()(score)
 app.command()(stream)
+app.command()(batch)
 
 
 def fail(message: str) -> int:

@@ -48,10 +48,11 @@ class Runtime:
         positions = self.policy.positions(n)
         if positions.shape[0] != ids.shape[0]:
             positions = positions.expand(ids.shape[0], -1)
+        mask = self.policy.attention_mask(n)  # None but for a policy that lays rows out itself (paged)
         if self._compiled is not None and n == 1 and keep == "last":
             logits = self._compiled_call(ids, positions)
         else:
-            logits = forward(self.model, ids, self.policy.model_cache, positions,
+            logits = forward(self.model, ids, self.policy.model_cache, positions, attention_mask=mask,
                              logits_to_keep=1 if keep == "last" else 0, inference=self._compiled is None)
         self.calls += 1
         self.fed += n
