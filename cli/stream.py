@@ -145,8 +145,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
                        slots=_slots(step.slots))
         render.print_rows(rows, opts.fmt.value)
     if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [cache_table(run.steps, f"{lm.name} · cache {summary.policy} · generated past the context "
-                             f"({lm.context_length} positions)"),
+        views = [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache {summary.policy}"),
                  render.shaded_text(text, [(s.token, s.raw_prob) for s in run.steps]),
                  render.summary_line(_scalars(summary))]
         render.show(views, opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)

@@ -135,6 +135,7 @@ ONE_LAYER = {
     "gemma2-full": lambda: one_layer("gemma2", layer_types=["full_attention"]),
     "mistral": lambda: _mistral(),
     "qwen3": lambda: _qwen3(),
+    "gemma": lambda: _gemma(),
     "llama-yarn": lambda: one_layer("llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
                                                               "original_max_position_embeddings": 64}),
     "tiny-layer0": bundled_first_layer,
@@ -147,6 +148,15 @@ def _mistral():
     torch.manual_seed(2)
     cfg = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                         num_attention_heads=4, num_key_value_heads=2, sliding_window=None)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+
+
+def _gemma():
+    from transformers import AutoModelForCausalLM, GemmaConfig
+
+    torch.manual_seed(2)
+    cfg = GemmaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=16)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
 
 
