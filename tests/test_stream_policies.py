@@ -391,16 +391,26 @@ def test_speculate_under_window_is_refused_and_under_recompute_equals_sample():
         assert sp.new_ids == ref
 
 
-def test_sample_and_beam_run_under_sinks():
-    from decodelab.core.beam import BeamSettings  # noqa: F401  (beam needs reorder + rows, which sinks has)
+def test_beam_under_a_large_window_equals_full_and_rows_evict_together():
+    """beam reorders rows (each beam's cache follows its parent): under a window longer than the text it must
+    find exactly the full cache's hypotheses; under a short one every row holds the same bounded slots."""
+    from decodelab.core.beam import BeamSettings, beam_search
 
     target = random_model("llama", seed=0, scale=20.0)
-    chain = build_chain({"temperature": 0})
-    spec = parse_cache_spec("sinks:sinks=2,recent=6")
-    out = [o.token_id for o in decode_tokens(target, [1, 2, 3], chain, Greedy(), StopRules(20), cache=spec)]
-    assert len(out) == 20
-    rt = Runtime.create(target, spec, needs=frozenset({"reorder", "rows"}))
+    settings = BeamSettings(beams=3, max_new_tokens=12)
+    chain = build_chain({})
+    prompt = [1, 2, 3, 4]
+
+    def hyps(cache):
+        return [(h.token_ids, round(h.score, 4)) for h in beam_search(target, prompt, chain, settings,
+                                                                       cache=cache).hypotheses]
+
+    assert hyps(parse_cache_spec("window:size=64,positions=rerotate")) == hyps(None)
+    short = hyps(parse_cache_spec("sinks:sinks=2,recent=6"))
+    assert len(short) == 3 and short != hyps(None)
+    rt = Runtime.create(target, parse_cache_spec("sinks:sinks=2,recent=6"), needs=frozenset({"reorder", "rows"}))
     rt.feed(ids_of(12))
     rt.reorder(torch.tensor([0, 0, 0]))
     logits = rt.feed(ids_of(3).view(3, 1))
     assert logits.shape[0] == 3 and rt.policy.stored == 8
+    assert {layer.keys.shape for layer in rt.policy.model_cache.layers} == {(3, 2, 8, 16)}
