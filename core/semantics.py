@@ -30,6 +30,7 @@ Where the facts come from (read in each engine's own code; no code is taken from
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -37,11 +38,12 @@ from torch import Tensor
 
 from .config import ChainSettings
 from .errors import ConfigError
-from .processors import DEFAULT_ORDER, softmax
+from .processors import DEFAULT_ORDER, Chain, build_chain, softmax
 from .samplers import StageContext
 from .select import Greedy, Multinomial, make_generator
 
 ENGINES = ("hf", "vllm", "llamacpp")
+DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp common/common.h dry_sequence_breakers
 PENALTIES = ("repetition-penalty", "frequency-penalty", "presence-penalty")
 VLLM_SAMPLING_EPS = 1e-5  # vllm/v1/sample/sampler.py _SAMPLING_EPS: below it a temperature means greedy
 
@@ -320,3 +322,76 @@ def _llamacpp(s: ChainSettings) -> Plan:
     s = _finish("llamacpp", s, user_chain, notes, engine_order)
     selector = "greedy" if temperature == 0 and s.dynatemp_range is None else "multinomial"
     return Plan("llamacpp", s, counting, selector, "raw", stop_ends_min_tokens=True, trim_stop=True, notes=notes)
+
+
+# --- building what a plan describes -----------------------------------------------------------------------------
+
+
+def token_sequence(text: str, option: str, vocab: int, encode: Callable[[str], list[int]] | None) -> tuple[int, ...]:
+    """A token sequence named on the command line: with a tokenizer its text's tokens, without one ids ('3 4')."""
+    if encode is not None:
+        ids = tuple(encode(text))
+        if not ids:
+            raise ConfigError(f"{option} {text!r}: encodes to no tokens")
+        return ids
+    try:
+        ids = tuple(int(t) for t in text.replace(",", " ").split())
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: without a model give token ids, e.g. '3' or '3 4'") from None
+    if not ids:
+        raise ConfigError(f"{option} {text!r}: give at least one token id")
+    bad = [t for t in ids if not 0 <= t < vocab]
+    if bad:
+        raise ConfigError(f"{option} {text!r}: token id {bad[0]} out of range [0, {vocab})")
+    return ids
+
+
+def dry_breakers(texts, vocab: int, encode=None, token_text: Callable[[int], str] | None = None):
+    """DRY breakers as token sequences. With a tokenizer each text is its tokens, and every token whose own text
+    contains the breaker is a one-token breaker too (as llama.cpp's get_overlapping_token_sequences does for whole
+    tokens; its partial-overlap sequences are not reproduced). Default with a tokenizer: llama.cpp's."""
+    if encode is not None and not texts:
+        texts = DEFAULT_DRY_BREAKERS
+    out = [token_sequence(t, "--dry-breaker", vocab, encode) for t in texts]
+    if encode is not None and token_text is not None:
+        for t in texts:
+            out += [(i,) for i in range(vocab) if t in token_text(i)]
+    return tuple(dict.fromkeys(out))
+
+
+def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=None, token_text=None):
+    """-> (logit bias {id: bias}, {"sequence-bias", "ban", "allow", "dry-breakers"} as token ids).
+
+    ``encode`` (text -> ids) and ``token_id`` (a text that is one token -> its id) come from a tokenizer; without
+    them every token is given by id."""
+    bias: dict[int, float] = {}
+    for token, value in s.logit_bias:
+        if token.lstrip("-").isdigit():
+            t = int(token)
+        elif token_id is not None:
+            t = token_id(token)
+        else:
+            raise ConfigError(f"--logit-bias {token}={value}: without a model TOKEN must be a token id")
+        if not 0 <= t < vocab:
+            raise ConfigError(f"--logit-bias {token}={value}: token id out of range [0, {vocab})")
+        bias[t] = bias.get(t, 0.0) + value
+    resolved = {
+        "sequence-bias": tuple((token_sequence(t, "--sequence-bias", vocab, encode), b) for t, b in s.sequence_bias),
+        "ban": tuple(token_sequence(t, "--ban", vocab, encode) for t in s.ban),
+        "allow": tuple(i for t in s.allow for i in token_sequence(t, "--allow", vocab, encode)),
+    }
+    if s.dry_multiplier is not None:
+        resolved["dry-breakers"] = dry_breakers(s.dry_breaker, vocab, encode, token_text)
+    return bias, resolved
+
+
+def build(settings: ChainSettings, vocab: int, seed: int, device, eos_ids=(), stop_ids=(), encode=None,
+          token_id=None, token_text=None) -> tuple[Plan, Chain, object]:
+    """The plan of ``settings``, its chain and its selector, sharing one generator (the selector's draws and XTC's
+    coin come from the run's seed). Token-naming settings are resolved with the tokenizer's functions if given."""
+    p = plan(settings)
+    selector = p.make_selector(seed, device)
+    generator = getattr(selector, "generator", None) or make_generator(seed, device)
+    bias, resolved = resolve_token_settings(p.settings, vocab, encode, token_id, token_text)
+    chain = build_chain(p.settings.stage_values(bias, resolved), p.order, p.context(generator, eos_ids, stop_ids))
+    return p, chain, selector
