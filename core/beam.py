@@ -54,12 +54,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from .config import ChainSettings, _check, validate_chain
+from .config import ChainSettings, _check, cache_spec, validate_chain
 from .errors import ConfigError
-from .kv import CacheSpec
+from .kv import CacheSpec, require
 from .processors import Chain, empty_chain_error
 from .run import Run, Stopwatch
 from .runtime import Runtime
@@ -104,6 +105,7 @@ def validate_beam(s: BeamSettings) -> None:
             raise ConfigError(f"--{key.replace('_', '-')} {value}: not used by beam search (transformers applies it "
                               "only when sampling; every beam scores all tokens); allowed processors: "
                               "--repetition-penalty, --no-repeat-ngram, --logit-bias")
+    require(cache_spec(s), {"reorder", "rows"}, "beam search")
     if not isinstance(s.beams, int) or s.beams < 1:
         raise ConfigError(f"--beams {s.beams}: must be an integer >= 1")
     if s.num_return is not None and not 1 <= s.num_return <= s.beams:
@@ -383,8 +385,12 @@ class BeamSearch(Run):
         best = vals / self.norm(self.heuristic_length(length))  # the early-stopping test's bound
         raw = logp.view(-1)[idx]
         step_logp = raw if proc is logp else proc.view(-1)[idx]
-        rows = torch.cat([torch.stack([vals, finish, best, raw, step_logp]).double(), idx.double()[None]]).tolist()
-        return _Ranked(rows[0], rows[1], rows[2], rows[3], rows[4], [int(f) for f in rows[5]])
+        # float32 bits and int64 ids in one int64 tensor (no float64: MPS has none); exact both ways
+        bits = torch.stack([vals, finish, best, raw, step_logp]).float().contiguous().view(torch.int32).long()
+        host = np.asarray(torch.cat([bits.flatten(), idx]).tolist(), dtype=np.int64)
+        k = idx.shape[0]
+        rows = host[: 5 * k].astype(np.int32).view(np.float32).astype(np.float64).reshape(5, k).tolist()
+        return _Ranked(rows[0], rows[1], rows[2], rows[3], rows[4], host[5 * k :].tolist())
 
     def _select(self, host, step: int, length: int, beams: list[_Beam], V: int) -> tuple[list[int], list[str]]:
         """Fates of the K candidates: the finished pool takes finishing ones among the first B; the B best

@@ -33,6 +33,7 @@ class ChainSettings:
     no_repeat_ngram: int | None = None
     logit_bias: tuple[tuple[str, float], ...] = ()
     chain: tuple[str, ...] | None = None
+    cache: str = "full"  # the KV-cache policy, `NAME[:key=value,...]` (every command that runs a model)
     # the stages of core/samplers.py (None / empty = off)
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -123,6 +124,12 @@ class SampleSettings(ChainSettings):
     stop: tuple[str, ...] = ()
     stop_id: tuple[int, ...] = ()  # token ids that end the run (stop_reason "stop")
     trim_stop: bool | None = None  # leave the stop string (or stop id) out of the text; None: the semantics' own
+    compile: bool = False  # torch.compile the one-token decode step (needs cache=static)
+
+
+@dataclass(frozen=True)
+class ProbsSettings(SampleSettings):
+    top: int = 10  # tokens listed per stage (a preset's `top` still wins over this default)
 
 
 def option_name(key: str) -> str:
@@ -143,6 +150,7 @@ def validate_chain(s: ChainSettings) -> None:
     effective = plan(s)
     validate_chain_ranges(effective.settings)
     check_order(effective.settings, effective.context())
+    cache_spec(s)
 
 
 def validate_chain_ranges(s: ChainSettings) -> None:
@@ -173,6 +181,13 @@ def validate_chain_ranges(s: ChainSettings) -> None:
                "needs a temperature > 0 (-t 0 is greedy); the range is around -t")
 
 
+def cache_spec(s: ChainSettings):
+    """The parsed --cache policy (every key and value checked; no model needed)."""
+    from .kv import parse_cache_spec
+
+    return parse_cache_spec(s.cache)
+
+
 def check_order(s: ChainSettings, context=None) -> None:
     """Check --chain against the set stages before any model loads (the bias ids are resolved later)."""
     from .processors import build_chain
@@ -188,6 +203,10 @@ def validate_sample(s: SampleSettings) -> None:
     _check(s.max_new_tokens >= 1, "max_new_tokens", s.max_new_tokens, "must be >= 1")
     _check(s.top >= 0, "top", s.top, "must be >= 0")
     _check(s.seed >= 0, "seed", s.seed, "must be >= 0")
+    if s.compile:
+        from .kv import require
+
+        require(cache_spec(s), {"compile"}, "--compile")
 
 
 # --- parsing values from TOML and from --set strings ---------------------------------------------------------

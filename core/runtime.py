@@ -16,12 +16,14 @@ from .model import forward, model_info
 
 
 class Runtime:
-    """A model and its KV policy. ``calls`` counts forwards (the prefill included)."""
+    """A model and its KV policy. ``calls`` counts forwards (the prefill included); ``fed`` counts the tokens of the
+    caller's sequence fed so far (its index space), while positions follow the policy's ``seen``."""
 
     def __init__(self, model, policy: KVPolicy):
         self.model, self.policy = model, policy
         self.device = policy.info.device
         self.calls = 0
+        self.fed = 0
         self._compiled = None
 
     @classmethod
@@ -46,6 +48,7 @@ class Runtime:
             logits = forward(self.model, ids, self.policy.model_cache, positions, logits_to_keep=1 if keep == "last"
                              else 0)
         self.calls += 1
+        self.fed += n
         self.policy.after_forward(n)
         return logits[:, -1] if keep == "last" else logits
 
@@ -62,7 +65,13 @@ class Runtime:
 
     def truncate(self, seen: int) -> None:
         """Forget every token from absolute position ``seen`` on."""
+        self.fed -= self.policy.seen - seen
         self.policy.truncate(seen)
+
+    def rollback(self, tokens: int) -> None:
+        """Forget the last ``tokens`` fed (a rejected draft suffix), whatever positions they ran at."""
+        if tokens:
+            self.truncate(self.policy.seen - tokens)
 
     def reorder(self, rows: Tensor) -> None:
         self.policy.reorder(rows)
