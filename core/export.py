@@ -98,11 +98,14 @@ def _hf(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
         kw["repetition_penalty"] = s.repetition_penalty
     if s.no_repeat_ngram is not None:
         kw["no_repeat_ngram_size"] = s.no_repeat_ngram
-    seq = [[[t], b] for t, b in bias.items()] + [[list(ids), b] for ids, b in resolved["sequence-bias"]]
+    # a -inf bias is a ban: bad_words_ids (JSON has no -inf; NoBadWordsLogitsProcessor masks exactly the same)
+    pairs = [((t,), b) for t, b in bias.items()] + list(resolved["sequence-bias"])
+    seq = [[list(ids), b] for ids, b in pairs if b != float("-inf")]
+    bans = [list(ids) for ids, b in pairs if b == float("-inf")] + [list(ids) for ids in resolved["ban"]]
     if seq:
         kw["sequence_bias"] = seq
-    if resolved["ban"]:
-        kw["bad_words_ids"] = [list(ids) for ids in resolved["ban"]]
+    if bans:
+        kw["bad_words_ids"] = bans
     if s.min_new_tokens is not None:
         kw["min_new_tokens"] = s.min_new_tokens
     if sample["max_new_tokens"] is not None:

@@ -46,6 +46,7 @@ class Counted:
     scope: str = "all"
     last_n: int | None = None
     prompt_len: int | None = field(default=None, repr=False)
+    reads_ids = True  # each position needs its own prefix (Chain.uses_ids)
 
     def check_counted(self, option: str) -> None:
         if self.scope not in SCOPES:
@@ -165,6 +166,7 @@ class DRY:
     breakers: tuple[tuple[int, ...], ...] = ()
     last_n: int | None = None  # None: the whole sequence (llama.cpp's -1, the context size)
     name: str = "dry"
+    reads_ids = True
 
     def __post_init__(self):
         if not (_finite(self.multiplier) and self.multiplier > 0):
@@ -430,6 +432,7 @@ class MinNewTokens:
     end_ids: tuple[int, ...] = ()
     name: str = "min-new-tokens"
     prompt_len: int | None = field(default=None, repr=False)
+    reads_ids = True
 
     def __post_init__(self):
         if not isinstance(self.n, int) or self.n < 0:
@@ -455,6 +458,7 @@ class SequenceBias:
 
     biases: tuple[tuple[tuple[int, ...], float], ...]
     name: str = "sequence-bias"
+    reads_ids = True
 
     def __post_init__(self):
         cleaned = []

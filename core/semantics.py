@@ -309,7 +309,8 @@ def _llamacpp(s: ChainSettings) -> Plan:
         s = replace(s, temperature=None)  # llama_sampler_init_temp(1.0) is the empty sampler
     window = None if last_n == -1 else last_n
     counting = {name: ("all", window) for name in PENALTIES}
-    notes.append(f"penalties count prompt and output, the last {'all' if window is None else window} tokens")
+    if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
+        notes.append(f"penalties count prompt and output, the last {'all' if window is None else window} tokens")
     if s.mirostat_tau is not None or s.mirostat_eta is not None:
         s = _dropped(s, [n for n in DEFAULT_ORDER if n not in LLAMACPP_MIROSTAT_ORDER],
                      "ignored by llama.cpp when mirostat is on (its chain is logit bias, temperature, mirostat)",
