@@ -361,3 +361,22 @@ def test_chain_reset_and_accept_reach_only_the_stages_that_have_them():
     chain.accept(torch.tensor([0]))
     assert [k for k, _ in chain.states()] == ["mirostat.mu"]
     assert not build_chain({"temperature": 0.5}).stateful
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_device_stages_keep_one_transfer_per_token(monkeypatch, record):
+    """Penalties, sequence bias, XTC, top-n-sigma, eta, dynamic temperature and mirostat (whose mu travels in the
+    trace's one transfer) read nothing on the host: one read per token, traced or not. DRY reads its window."""
+    from test_runtime import TransferCounter
+
+    model = random_model("llama", seed=0, scale=4.0)
+    s = SampleSettings(frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=8, sequence_bias=(("3 4", 1.0),),
+                       top_n_sigma=2.0, eta_cutoff=1e-3, xtc_probability=0.5, dynatemp_range=0.3, temperature=0.9,
+                       mirostat_tau=4.0, min_new_tokens=2, max_new_tokens=12, seed=1)
+    _, chain, selector = build(s, 256, s.seed, "cpu", eos_ids=(7,))
+    sampler = Sampler(model, PROMPT, chain, selector, StopRules(12, ignore_eos=True), str, None, top=3, record=record)
+    counter = TransferCounter(monkeypatch)
+    steps = list(sampler)
+    assert len(sampler.new_ids) == 12 and counter.count == 12
+    if record:
+        assert all(set(x.state) == {"xtc.coin", "dynatemp.temperature", "mirostat.mu"} for x in steps)
