@@ -64,7 +64,7 @@ from .kv import CacheSpec, require
 from .processors import Chain, empty_chain_error
 from .run import Run, Stopwatch
 from .runtime import Runtime
-from .step import check_prompt
+from .step import TokenBuffer, check_prompt
 
 NORMS = ("hf", "gnmt", "prompt-inclusive", "none")
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
@@ -343,13 +343,14 @@ class BeamSearch(Run):
         running[0] = 0.0
         beams = [_Beam([], 0.0) for _ in range(B)]
         use_ids = bool(self.chain.processors)
-        ids = torch.tensor([self.prompt_ids], dtype=torch.long, device=dev).expand(B, -1) if use_ids else None
+        # the B rows' ids (prompt + generated), for the stages that read them; rows follow their parents
+        buf = TokenBuffer(self.prompt_ids, len(self.prompt_ids) + self.max_new, dev, rows=B) if use_ids else None
         for step in range(self.max_new):
             length = step + 1
             logp = torch.log_softmax(logits.float(), dim=-1)
             if logp.shape[0] != B:
                 logp = logp.expand(B, V).contiguous()
-            proc = self.chain.apply(ids, logp) if use_ids else logp  # emptiness: checked on the best candidate
+            proc = self.chain.apply(buf.prefix(), logp) if use_ids else logp  # emptiness: checked on the best one
             total = proc + running[:, None]  # c_{b,v} = s_b + d_{b,v}
             vals, idx = torch.topk(total.view(1, -1), k)  # ranked by sum_logprob, as transformers
             vals, idx = vals[0], idx[0]
@@ -376,7 +377,8 @@ class BeamSearch(Run):
             parents_t = flat // V
             tokens_t = flat - parents_t * V
             if use_ids:
-                ids = torch.cat([ids[parents_t], tokens_t[:, None]], dim=1)
+                buf.reorder(parents_t)
+                buf.push(tokens_t[:, None])
             logits = self.stepper.advance(parents, parents_t, tokens_t)
 
     def _to_host(self, vals: Tensor, idx: Tensor, logp: Tensor, proc: Tensor, length: int) -> _Ranked:

@@ -8,9 +8,12 @@ or quantizes works under every method, and positions are never inferred from wha
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
+from .errors import ConfigError
 from .kv import CacheSpec, KVPolicy, make_policy
 from .model import forward, model_info
 
@@ -43,10 +46,10 @@ class Runtime:
         if positions.shape[0] != ids.shape[0]:
             positions = positions.expand(ids.shape[0], -1)
         if self._compiled is not None and n == 1 and keep == "last":
-            logits = self._compiled(ids, positions)
+            logits = self._compiled_call(ids, positions)
         else:
-            logits = forward(self.model, ids, self.policy.model_cache, positions, logits_to_keep=1 if keep == "last"
-                             else 0)
+            logits = forward(self.model, ids, self.policy.model_cache, positions,
+                             logits_to_keep=1 if keep == "last" else 0, inference=self._compiled is None)
         self.calls += 1
         self.fed += n
         self.policy.after_forward(n)
@@ -82,6 +85,20 @@ class Runtime:
         model, cache = self.model, self.policy.model_cache
 
         def one_token(ids: Tensor, positions: Tensor) -> Tensor:
-            return forward(model, ids, cache, positions, logits_to_keep=1)
+            return forward(model, ids, cache, positions, logits_to_keep=1, inference=False)
 
         self._compiled = torch.compile(one_token, dynamic=False, fullgraph=False)
+        self.compile_s = None  # seconds of the first compiled call (tracing and code generation included)
+
+    def _compiled_call(self, ids: Tensor, positions: Tensor) -> Tensor:
+        if self.compile_s is not None:
+            return self._compiled(ids, positions)
+        start = time.perf_counter()
+        try:
+            logits = self._compiled(ids, positions)
+        except Exception as exc:  # inductor needs a C++ toolchain on CPU, Triton on CUDA
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"--compile: torch.compile cannot compile here ({first}); run without --compile") \
+                from exc
+        self.compile_s = time.perf_counter() - start
+        return logits

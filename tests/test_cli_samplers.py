@@ -128,3 +128,23 @@ def test_stop_id_trim_stop_and_mirostat_trace(cli, toy_model_dir):
     assert doc["chain"] == ["mirostat"] and doc["steps"][0]["state"] == {"mirostat.mu": 4.0}
     code, _, err = cli("speculate", "Once", "-m", toy_model_dir, "--draft", "ngram", "--mirostat-tau", "2")
     assert code == 2 and "--mirostat-tau/--mirostat-eta" in err
+
+
+@pytest.mark.parametrize("command,args", [
+    ("sample", ["sample", "Once upon", "-n", "3", "--semantics", "llamacpp", "--mirostat-tau", "3",
+                "--dynatemp-range", "0.2", "--penalty-last-n", "4", "--presence-penalty", "0.5"]),
+    ("probs", ["probs", "--dist", "0.1,0.2,0.7", "--history", "1", "--semantics", "vllm", "--presence-penalty",
+               "0.5", "--xtc-probability", "1"]),
+])
+def test_readme_documents_the_new_json_fields(cli, toy_model_dir, command, args):
+    """What --semantics and the no-model path add to the JSON is in the README's tables (test_json_docs's check,
+    on runs that print the optional fields)."""
+    from test_json_docs import documented, fields
+
+    table = documented()[command]
+    wild = frozenset(p for p, f in table if f == "*")
+    extra = ["-m", toy_model_dir] if command == "sample" else []
+    printed = fields(run_json(cli, *args, *extra), wild=wild)
+    listed = {(p, f) for p, f in table if f != "*"}
+    assert not printed - listed - {(p, f) for p, f in printed if p in wild}
+    assert {("top", "semantics"), ("semantics", "notes")} <= printed
