@@ -24,10 +24,9 @@ import time
 
 import torch
 
+from decodelab.core.build import build_sampler, make_chain
 from decodelab.core.config import SampleSettings, validate_sample
-from decodelab.core.decode import Sampler, StopRules, decode_tokens
 from decodelab.core.model import load_model
-from decodelab.core.semantics import build
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 HF = dict(temperature=0.8, top_p=0.95, repetition_penalty=1.2)
@@ -36,15 +35,14 @@ NEW_STAGES = dict(semantics="llamacpp", temperature=0.8, top_k=0, top_p=1.0, min
                   xtc_probability=0.5, xtc_threshold=0.1)
 
 
-def decodelab_run(lm, prompt_ids, n: int, settings: SampleSettings, traced: bool):
-    validate_sample(settings)
-    _, chain, selector = build(settings, lm.vocab_size, settings.seed, lm.device, eos_ids=lm.eos_ids,
-                               encode=lambda t: lm.encode(t), token_text=lm.token_text)
-    rules = StopRules(n, tuple(lm.eos_ids), ignore_eos=False)
-    if traced:
-        return [s.token_id for s in Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, None,
-                                            top=5)]
-    return [d.token_id for d in decode_tokens(lm.model, prompt_ids, chain, selector, rules)]
+def decodelab_run(lm, prompt_ids, settings: SampleSettings, traced: bool, chain=None):
+    """Built by core.build as the CLI builds it (semantics plan, selector, chain, stop rules). ``chain``: built once
+    outside the timed runs (resolving DRY's breakers scans the vocabulary: setup, not per-token cost); the plan's
+    selector gets a fresh generator every run, and the chain is reset by the run."""
+    sampler = build_sampler(lm, settings, prompt_ids, chain=chain, record=traced)
+    for _ in sampler:
+        pass
+    return sampler.new_ids
 
 
 def variants(lm, prompt_ids: list[int], n: int, seed: int) -> dict:
@@ -52,6 +50,9 @@ def variants(lm, prompt_ids: list[int], n: int, seed: int) -> dict:
     hf = SampleSettings(semantics="hf", min_new_tokens=n, max_new_tokens=n, seed=seed, **HF)
     native = SampleSettings(min_new_tokens=n, max_new_tokens=n, seed=seed, top_k=50, **HF)
     new = SampleSettings(min_new_tokens=n, max_new_tokens=n, seed=seed, **NEW_STAGES)
+    for s in (hf, native, new):
+        validate_sample(s)
+    native_chain, new_chain = make_chain(lm, native), make_chain(lm, new)
 
     def generate():
         torch.manual_seed(seed)
@@ -60,11 +61,11 @@ def variants(lm, prompt_ids: list[int], n: int, seed: int) -> dict:
 
     return {
         "generate(do_sample=True)": generate,
-        "decodelab --semantics hf, trace off": lambda: decodelab_run(lm, prompt_ids, n, hf, False),
-        "decodelab --semantics hf, trace on": lambda: decodelab_run(lm, prompt_ids, n, hf, True),
-        "decodelab native race, trace off": lambda: decodelab_run(lm, prompt_ids, n, native, False),
-        "new stages (DRY, XTC, penalties), trace off": lambda: decodelab_run(lm, prompt_ids, n, new, False),
-        "new stages (DRY, XTC, penalties), trace on": lambda: decodelab_run(lm, prompt_ids, n, new, True),
+        "decodelab --semantics hf, trace off": lambda: decodelab_run(lm, prompt_ids, hf, False),
+        "decodelab --semantics hf, trace on": lambda: decodelab_run(lm, prompt_ids, hf, True),
+        "decodelab native race, trace off": lambda: decodelab_run(lm, prompt_ids, native, False, native_chain),
+        "new stages (DRY, XTC, penalties), trace off": lambda: decodelab_run(lm, prompt_ids, new, False, new_chain),
+        "new stages (DRY, XTC, penalties), trace on": lambda: decodelab_run(lm, prompt_ids, new, True, new_chain),
     }
 
 
