@@ -266,8 +266,9 @@ def coerce(cls, key: str, raw):
         return tuple(_scalar(int, key, str(i).strip()) for i in items if str(i).strip())
     origin = typing.get_origin(hint)
     if origin is tuple or (args and typing.get_origin(args[0]) is tuple):
-        items = raw.split(",") if isinstance(raw, str) else list(raw)
-        return tuple(str(i).strip() for i in items if str(i).strip())
+        if not isinstance(raw, str):  # a TOML list: items exactly as written (a stop or breaker may be "\n")
+            return tuple(str(i) for i in raw if str(i) != "")
+        return tuple(i.strip() for i in raw.split(",") if i.strip())
     kind = args[0] if args else hint
     return _scalar(kind, key, raw)
 

@@ -380,3 +380,15 @@ def test_device_stages_keep_one_transfer_per_token(monkeypatch, record):
     assert len(sampler.new_ids) == 12 and counter.count == 12
     if record:
         assert all(set(x.state) == {"xtc.coin", "dynatemp.temperature", "mirostat.mu"} for x in steps)
+
+
+def test_preset_keys_are_the_option_names_in_snake_case(tmp_path):
+    from decodelab.core.config import resolve
+
+    path = tmp_path / "p.toml"
+    path.write_text('dry_multiplier = 0.8\ndry_breaker = ["\\n", ":"]\nxtc_probability = 0.5\nmirostat_tau = 3.0\n'
+                    'sequence_bias = { "a b" = 2.0 }\nban = ["x y"]\nstop_id = [7, 9]\nsemantics = "llamacpp"\n')
+    s = resolve(SampleSettings, str(path), {}, ["penalty_last_n=16", "trim_stop=true"])
+    assert s.dry_breaker == ("\n", ":") and s.sequence_bias == (("a b", 2.0),) and s.stop_id == (7, 9)
+    assert s.penalty_last_n == 16 and s.trim_stop is True and s.semantics == "llamacpp" and s.ban == ("x y",)
+    validate_sample(s)
