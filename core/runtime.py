@@ -101,15 +101,21 @@ class Runtime:
         self.policy.reorder(rows)
 
     def compile_decode(self) -> None:
-        """Compile the one-token decode forward (static cache: fixed shapes, in-place updates). Raises RuntimeError
-        where the platform cannot compile (the caller turns it into one line)."""
-        model, cache = self.model, self.policy.model_cache
+        """Compile the one-token decode forward (static cache: fixed shapes, in-place updates). Compiled once per
+        model and reused by every later run on it (the cache is an argument, so a new run's cache of the same shape
+        does not recompile). A platform that cannot compile is refused at the first decode step."""
+        compiled = getattr(self.model, "_decodelab_compiled_step", None)
+        if compiled is None:
+            model = self.model
 
-        def one_token(ids: Tensor, positions: Tensor) -> Tensor:
-            return forward(model, ids, cache, positions, logits_to_keep=1, inference=False)
+            def one_token(ids: Tensor, positions: Tensor, cache) -> Tensor:
+                return forward(model, ids, cache, positions, logits_to_keep=1, inference=False)
 
-        self._compiled = torch.compile(one_token, dynamic=False, fullgraph=False)
-        self.compile_s = None  # seconds of the first compiled call (tracing and code generation included)
+            compiled = torch.compile(one_token, dynamic=False, fullgraph=False)
+            model._decodelab_compiled_step = compiled
+        cache = self.policy.model_cache
+        self._compiled = lambda ids, positions: compiled(ids, positions, cache)
+        self.compile_s = None  # seconds of the first compiled call (tracing and code generation, if any, included)
 
     def _compiled_call(self, ids: Tensor, positions: Tensor) -> Tensor:
         if self.compile_s is not None:
