@@ -4,7 +4,12 @@
 below 2**24; every probability is a float32 value already, so nothing is rounded):
 
     [token, finite, prob, logprob, raw_prob, raw_logprob, raw_rank, entropy, raw_entropy, kept,
-     alt_id * A, alt_prob * A, alt_raw_prob * A, (stage_kept, stage_entropy, stage_mass_removed) * S]
+     alt_id * A, alt_prob * A, alt_raw_prob * A, (stage_kept, stage_entropy, stage_mass_removed) * S,
+     winner * S, chosen_rank * S, removed_previous_winner * (S - 1)]
+
+The last three groups say which stage decided the step (:mod:`decodelab.core.why`): the token the selector's own
+race draws would pick from each stage's distribution, the chosen token's rank there, and whether a stage removed
+the previous stage's winner.
 
 ``unpack`` reads the host list back into named fields. A = min(top, V) alternatives, S recorded stages (the raw
 distribution first).
@@ -18,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .processors import entropy, log_softmax
+from .why import race_noise, split, stage_winners
 
 HEAD = 10  # scalar fields before the alternatives
 
@@ -54,8 +60,9 @@ def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Ten
 
 
 def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
-         top: int) -> Tensor:
-    """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc)."""
+         top: int, race: Tensor | None = None) -> Tensor:
+    """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc).
+    ``race``: the selector's Exp(1) draws of this step (None: greedy)."""
     t = token.reshape(-1)[:1]
     logp = log_softmax(processed[0])
     raw_logp = log_softmax(raw_logits[0])
@@ -75,6 +82,8 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
         parts += [alt.float(), probs[alt], raw_probs[alt]]
     if stages:
         parts.append(stage_stats(stages).reshape(-1))
+        z = torch.stack([l[0] for _, l in stages])
+        parts.append(stage_winners(z, race_noise(None if race is None else race[:1], z[0]), t))
     return torch.cat(parts)
 
 
@@ -91,6 +100,9 @@ class Numbers(NamedTuple):
     kept: int
     alternatives: list[tuple[int, float, float]]  # (token id, processed prob, raw prob)
     stages: list[tuple[int, float, float]]  # (kept, entropy, mass removed) per recorded stage
+    winners: list[int] = []  # per recorded stage: the token the step's race draws pick from its distribution
+    ranks: list[int] = []  # per recorded stage: the chosen token's rank there
+    removed: list[bool] = []  # per stage after the first: it removed the previous stage's winner
 
 
 def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
@@ -99,9 +111,11 @@ def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
     alt_p = host[HEAD + a : HEAD + 2 * a]
     alt_raw = host[HEAD + 2 * a : HEAD + 3 * a]
     st = host[HEAD + 3 * a : HEAD + 3 * a + 3 * n_stages]
+    winners, ranks, removed = split(host[HEAD + 3 * a + 3 * n_stages :], n_stages) if n_stages else ([], [], [])
     return Numbers(
         token_id=int(host[0]), finite=bool(host[1]), prob=host[2], logprob=host[3], raw_prob=host[4],
         raw_logprob=host[5], raw_rank=int(host[6]), entropy=host[7], raw_entropy=host[8], kept=int(host[9]),
         alternatives=[(int(i), p, r) for i, p, r in zip(alt_ids, alt_p, alt_raw)],
         stages=[(int(st[3 * i]), st[3 * i + 1], st[3 * i + 2]) for i in range(n_stages)],
+        winners=winners, ranks=ranks, removed=removed,
     )
