@@ -304,3 +304,19 @@ def test_resume_continues_with_the_same_draws(llama, tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ConfigError, match="--resume"):
         load_trace(tmp_path / "bad.json")
+
+
+# --- bench: the pairing is checked (same token count, same greedy search), not timed -------------------------------
+
+
+def test_bench_pairs_the_same_work(llama):
+    from decodelab.core.bench import Bench, parse_settings
+
+    draft = random_model("llama", seed=9, scale=4.0, num_hidden_layers=1)
+    bench = Bench(llama, [5, 17, 42, 5, 17], 6, draft=draft, gammas=(2,))
+    bench.time(1)
+    rows = {r.setting: r for r in bench.rows()}
+    assert "greedy, trace on" in rows and "speculative draft: best vs best" in rows
+    assert all(r.tokens == 6 and r.rounds == 1 and r.ratio > 0 for r in rows.values())
+    with pytest.raises(ConfigError, match="--settings"):
+        parse_settings("greedy,warp")
