@@ -124,3 +124,39 @@ def load_trace(path: str | Path) -> ResumePoint:
     summary = doc.get("summary") or {}
     return ResumePoint(prompt_ids, generated, dict(doc.get("config") or {}), doc.get("model"),
                        summary.get("stop_reason"))
+
+
+class Branched:
+    """A traced sampling run with forced steps and/or resumed from a saved trace: the selector skips the draws of
+    the ``resumed`` tokens already generated, forced steps replace the pick after the draw, and the steps are
+    numbered from ``resumed`` on (step indices count from the original run's first token). Everything else (steps,
+    new_ids, summary, interrupt) is the wrapped run's."""
+
+    def __init__(self, sampler, force: dict[int, int] | None = None, resumed: list[int] | None = None,
+                 vocab: int | None = None):
+        self.run, self.force, self.resumed = sampler, dict(force or {}), list(resumed or [])
+        offset = len(self.resumed)
+        device = next(sampler.model.parameters()).device
+        skip_draws(sampler.selector, offset, vocab or sampler.model.get_output_embeddings().weight.shape[0], device)
+        if self.force:
+            early = [s for s in self.force if s < offset]
+            if early:
+                raise ConfigError(f"--force {early[0]}=...: step {early[0]} is part of the resumed trace "
+                                  f"(steps 0-{offset - 1}); force a step >= {offset}")
+            sampler.selector = Forced(sampler.selector, self.force, offset)
+
+    def __iter__(self):
+        offset = len(self.resumed)
+        for step in self.run:
+            step.index += offset
+            if step.index in self.force:
+                mark_forced([step], self.force)
+            yield step
+
+    def __getattr__(self, name):
+        return getattr(self.run, name)
+
+    @property
+    def all_ids(self) -> list[int]:
+        """The resumed tokens and the new ones: what a saved trace of this run continues from."""
+        return self.resumed + list(self.run.new_ids)

@@ -320,3 +320,21 @@ def test_bench_pairs_the_same_work(llama):
     assert all(r.tokens == 6 and r.rounds == 1 and r.ratio > 0 for r in rows.values())
     with pytest.raises(ConfigError, match="--settings"):
         parse_settings("greedy,warp")
+
+
+def test_branched_run_resumes_and_forces_with_step_numbers_of_the_original(llama):
+    from decodelab.core.branch import Branched
+
+    prompt = [5, 17, 42]
+    chain = build_chain({"temperature": 0.9, "top-k": 30})
+    whole = run_ids(llama, prompt, chain, make_selector(0.9, 6, "cpu"), 12)
+    ids = [s.token_id for s in whole]
+    sampler = Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(7, ignore_eos=True),
+                      str, None, top=0)
+    run = Branched(sampler, resumed=ids[:5])
+    steps = list(run)
+    assert [s.index for s in steps] == list(range(5, 12)) and run.all_ids == ids
+    assert [s.decided_by for s in steps] == [s.decided_by for s in whole[5:]]
+    with pytest.raises(ConfigError, match="part of the resumed trace"):
+        Branched(Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(3), str, None),
+                 force={2: 7}, resumed=ids[:5])
