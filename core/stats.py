@@ -46,9 +46,11 @@ def stage_stats(stages: list[tuple[str, Tensor]]) -> Tensor:
     return stage_probs_and_stats(stages)[1]
 
 
-def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`)."""
-    logits = torch.stack([z[0] for _, z in stages])  # [S, V]
+def stage_probs_and_stats(stages: list[tuple[str, Tensor]], logits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`); ``logits``:
+    the stages' row-0 logits already stacked [S, V]."""
+    if logits is None:
+        logits = torch.stack([z[0] for _, z in stages])  # [S, V]
     probs = torch.softmax(logits.float(), dim=-1)
     removed = torch.isneginf(logits)
     newly = removed.clone()
@@ -81,8 +83,8 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
         alt = ranked_alternatives(probs, raw_probs, kept, top)
         parts += [alt.float(), probs[alt], raw_probs[alt]]
     if stages:
-        parts.append(stage_stats(stages).reshape(-1))
-        z = torch.stack([l[0] for _, l in stages])
+        z = torch.stack([l[0] for _, l in stages])  # [S, V]
+        parts.append(stage_probs_and_stats(stages, z)[1].reshape(-1))
         parts.append(stage_winners(z, race_noise(None if race is None else race[:1], z[0]), t))
     return torch.cat(parts)
 

@@ -27,19 +27,19 @@ MODEL = "model"
 FORCED = "forced"
 
 
-def race_noise(race: Tensor | None, like: Tensor) -> Tensor:
-    """g = -log E for a race draw E [V] (the selector's), zeros for greedy (the argmax is the race without noise)."""
+def race_noise(race: Tensor | None, like: Tensor) -> Tensor | None:
+    """g = -log E for a race draw E [V] (the selector's); None for greedy (the argmax is the race without noise)."""
     if race is None:
-        return torch.zeros_like(like, dtype=torch.float32)
+        return None
     return -race.reshape(like.shape).float().log()
 
 
-def stage_winners(stage_logits: Tensor, noise: Tensor, chosen: Tensor) -> Tensor:
-    """For stage logits [S, V] (raw first), the race noise [V] and the chosen token [1]: one float vector
+def stage_winners(stage_logits: Tensor, noise: Tensor | None, chosen: Tensor) -> Tensor:
+    """For stage logits [S, V] (raw first), the race noise [V] (None: greedy) and the chosen token [1]: one float vector
     [winners (S), rank of the chosen token under each stage (S), whether stage s removed the winner of stage s-1
     (S - 1)], all on the device. Ranks: 1 + the number of strictly larger logits."""
     z = stage_logits.float()
-    winners = (z + noise).argmax(dim=-1)  # [S]
+    winners = (z if noise is None else z + noise).argmax(dim=-1)  # [S]
     chosen_z = z[:, chosen.reshape(-1)[0]]  # [S]
     ranks = (z > chosen_z[:, None]).sum(dim=-1) + 1
     removed = torch.isneginf(z[1:].gather(1, winners[:-1, None])[:, 0])  # [S - 1]
