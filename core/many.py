@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .kv import CacheSpec, POLICIES, _load_policies, policy_capabilities
+from .errors import ConfigError
+from .kv import CacheSpec, require
 from .processors import Chain, log_softmax
 from .run import synchronize
 from .runtime import Runtime
@@ -62,9 +63,12 @@ class SpreadSummary:
 
 
 def can_batch(spec: CacheSpec | None) -> bool:
-    _load_policies()
-    spec = spec or CacheSpec()
-    return spec.name in POLICIES and "rows" in policy_capabilities(spec)
+    """Whether the KV policy can hold several rows (else the samples run one after another)."""
+    try:
+        require(spec or CacheSpec(), {"rows"}, "-N")
+    except ConfigError:
+        return False
+    return True
 
 
 def row_races(generators: list[torch.Generator], vocab: int, device) -> torch.Tensor:
