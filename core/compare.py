@@ -30,20 +30,17 @@ from pathlib import Path
 
 import torch
 
-from .beam import BeamSearch, BeamSettings, ModelStepper, validate_beam
+from .beam import BeamSettings, validate_beam
+from .build import bias_token_ids, build_beam, build_sampler, build_speculator, make_chain
 from .config import META_KEYS, SampleSettings, coerce, load_preset, normalize_key, validate_sample
-from .decode import Sampler
 from .errors import ConfigError
-from .kv import CacheSpec, parse_cache_spec
 from .processors import DEFAULT_ORDER, Chain, build_chain, entropy, log_softmax
 from .runtime import Runtime
-from .select import make_generator, make_selector
-from .speculative import (ModelProposer, NGramProposer, SpeculateSettings, Speculator, make_selector_for,
-                          validate_speculate)
-from .step import StopRules
+from .select import make_generator
+from .speculative import SpeculateSettings, validate_speculate
 
 METHODS = {"sample": SampleSettings, "beam": BeamSettings, "speculate": SpeculateSettings}
-SPECIAL = ("method", "cache", "preset")
+SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
 
 
@@ -54,17 +51,16 @@ NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
 
 @dataclass(frozen=True)
 class Variant:
-    """One column of the comparison: a method, a KV policy and settings (raw values, coerced per method)."""
+    """One column of the comparison: a method, an optional preset and settings (raw values, coerced per method;
+    ``cache`` is one of them)."""
 
     name: str
     method: str = "sample"
-    cache: CacheSpec = CacheSpec()
     preset: str | None = None
     values: tuple[tuple[str, object], ...] = ()
 
     def describe(self) -> str:
         parts = [f"method={self.method}"] if self.method != "sample" else []
-        parts += [f"cache={self.cache}"] if str(self.cache) != "full" else []
         parts += [f"preset={self.preset}"] if self.preset else []
         parts += [f"{k}={v}" for k, v in self.values]
         return ",".join(parts)
@@ -75,9 +71,9 @@ def _all_keys() -> set[str]:
 
 
 def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) -> Variant:
-    """A variant from key -> value pairs (method, cache and preset taken out)."""
+    """A variant from key -> value pairs (method and preset taken out)."""
     pairs = list(items.items()) if isinstance(items, dict) else list(items)
-    method, cache, preset, values = "sample", CacheSpec(), None, []
+    method, preset, values = "sample", None, []
     known = _all_keys()
     for key, raw in pairs:
         k = str(key).strip().replace("-", "_")
@@ -85,8 +81,6 @@ def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) 
             method = str(raw).strip()
             if method not in METHODS:
                 raise ConfigError(f"{where}: method={method!r}; allowed: {', '.join(METHODS)}")
-        elif k == "cache":
-            cache = parse_cache_spec(str(raw), option=f"{where}: cache")
         elif k == "preset":
             preset = str(raw).strip()
         elif k in NOT_PER_VARIANT:
@@ -96,7 +90,7 @@ def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) 
                               f"{', '.join(sorted(known - set(SPECIAL)))}")
         else:
             values.append((k, raw))
-    variant = Variant(name, method, cache, preset, tuple(values))
+    variant = Variant(name, method, preset, tuple(values))
     allowed = {f.name for f in fields(METHODS[method])}
     for k, _ in values:
         if k not in allowed:
@@ -340,46 +334,24 @@ def teacher_forced(model, prompt_ids: list[int], out_ids: list[int], chain: Chai
     return Scored(host[0], host[1], [int(k) for k in host[2]], host[3])
 
 
-def numeric_bias(settings) -> dict[int, float]:
-    """--logit-bias with token ids only (the CLI passes its own resolver, which also takes single-token texts)."""
-    out: dict[int, float] = {}
-    for token, bias in settings.logit_bias:
-        if not token.lstrip("-").isdigit():
-            raise ConfigError(f"--logit-bias {token}={bias}: give a token id here")
-        out[int(token)] = out.get(int(token), 0.0) + bias
-    return out
-
-
-@dataclass
-class Model:
-    """What a comparison needs of a loaded model (a LoadedModel fits)."""
-
-    model: object
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    token_text: Callable[[int], str]
-    eos_ids: tuple[int, ...] = ()
-    context_length: int | None = None
-
-
 class Comparison:
     """Run every (prompt, seed, variant), then compare the variants pairwise on each (prompt, seed).
 
-    ``bias_ids(settings) -> {id: bias}`` resolves --logit-bias; ``load_draft(spec) -> model`` loads a speculative
-    variant's draft model (once per spec); ``base``: the command's typed options (None = not given)."""
+    ``lm``: a :class:`~decodelab.core.model.LoadedModel` (or anything with its attributes); runs are built by
+    :mod:`decodelab.core.build` as every command builds them. ``load_draft(spec) -> LoadedModel`` loads a
+    speculative variant's draft model (once per spec); ``base``: the command's typed options (None = not given)."""
 
     def __init__(self, lm, variants: list[Variant], prompts: list[Prompt], seeds: list[int], base: dict | None = None,
-                 bias_ids: Callable = numeric_bias, load_draft: Callable | None = None,
-                 on_row: Callable[[Row], None] | None = None):
+                 load_draft: Callable | None = None, on_row: Callable[[Row], None] | None = None):
         check_names(variants)
         if not prompts:
             raise ConfigError("PROMPT: nothing to compare on; give prompts or --prompts-file")
         self.lm, self.variants, self.prompts, self.seeds = lm, variants, prompts, seeds
         self.base = base or {}
-        self.bias_ids, self.load_draft, self.on_row = bias_ids, load_draft, on_row
+        self.load_draft, self.on_row = load_draft, on_row
         self.drafts: dict[str, object] = {}
-        # every setting checked before anything runs
-        self.settings = {(v.name, s): settings_for(v, self.base, s) for v in variants for s in seeds}
+        # every setting checked before anything runs; no alternatives in the trace (rows need none)
+        self.settings = {(v.name, s): settings_for(v, {**self.base, "top": 0}, s) for v in variants for s in seeds}
         self.rows: list[Row] = []
         self.pairs: list[Pair] = []
 
@@ -387,13 +359,8 @@ class Comparison:
     def total(self) -> int:
         return len(self.prompts) * len(self.seeds) * len(self.variants)
 
-    def chain(self, settings) -> Chain:
-        order = list(settings.chain) if settings.chain is not None else None
-        return build_chain(settings.stage_values(self.bias_ids(settings) or None), order)
-
-    def rules(self, settings) -> StopRules:
-        return StopRules(settings.max_new_tokens, tuple(self.lm.eos_ids), tuple(getattr(settings, "stop", ())),
-                         settings.ignore_eos, self.lm.context_length)
+    def bias_ids(self, settings) -> dict[int, float]:
+        return bias_token_ids(self.lm, settings.logit_bias)
 
     def run(self) -> Comparison:
         for prompt in self.prompts:
@@ -413,49 +380,30 @@ class Comparison:
     # --- one run -------------------------------------------------------------------------------------------------
 
     def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> Row:
-        chain = self.chain(settings)
+        chain = make_chain(self.lm, settings)
         if v.method == "sample":
-            return self.run_sample(v, settings, chain, prompt, prompt_ids, seed)
+            sampler = build_sampler(self.lm, settings, prompt_ids, chain)
+            steps = list(sampler)
+            ids = sampler.new_ids
+            return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), sampler.stop_reason,
+                       mean_or_none([s.logprob for s in steps]),
+                       math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
+                       distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
+                       mean_or_none([s.kept for s in steps]), mean_or_none([s.entropy for s in steps]),
+                       sampler.summary().tokens_per_s, [s.decided_by for s in steps])
         if v.method == "beam":
-            search = BeamSearch(ModelStepper(self.lm.model, v.cache), prompt_ids, chain, settings,
-                                tuple(self.lm.eos_ids), self.lm.decode, self.lm.context_length)
+            search = build_beam(self.lm, settings, prompt_ids, chain, record=False)
             best = search.run()[0]
-            timing = search.watch.timing
             return self.scored_row(v, prompt, seed, prompt_ids, chain, best.token_ids, best.reason,
-                                   timing.tokens_per_s(len(best.token_ids)))
-        return self.run_speculate(v, settings, chain, prompt, prompt_ids, seed)
-
-    def run_sample(self, v, settings, chain, prompt, prompt_ids, seed) -> Row:
-        device = next(self.lm.model.parameters()).device
-        selector = make_selector(settings.temperature, seed, device)
-        sampler = Sampler(self.lm.model, prompt_ids, chain, selector, self.rules(settings), self.lm.token_text,
-                          self.lm.decode, top=0, cache=v.cache)
-        steps = list(sampler)
-        ids = sampler.new_ids
-        summary = sampler.summary()
-        return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), sampler.stop_reason,
-                   mean_or_none([s.logprob for s in steps]),
-                   math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
-                   distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
-                   mean_or_none([s.kept for s in steps]), mean_or_none([s.entropy for s in steps]),
-                   summary.tokens_per_s, [s.decided_by for s in steps])
-
-    def run_speculate(self, v, settings, chain, prompt, prompt_ids, seed) -> Row:
-        device = next(self.lm.model.parameters()).device
-        greedy = settings.temperature == 0
-        gen = None if greedy else make_generator(seed, device)
-        if settings.draft == "ngram":
-            proposer = NGramProposer(settings.ngram_size)
-        else:
+                                   search.watch.timing.tokens_per_s(len(best.token_ids)))
+        draft = None
+        if settings.draft != "ngram":
             if self.load_draft is None:
                 raise ConfigError(f"variant {v.name}: draft={settings.draft}: no draft loader here; use draft=ngram")
             if settings.draft not in self.drafts:
                 self.drafts[settings.draft] = self.load_draft(settings.draft)
             draft = self.drafts[settings.draft]
-            proposer = ModelProposer(getattr(draft, "model", draft), chain, make_selector_for(greedy, gen),
-                                     settings.draft, getattr(draft, "context_length", None), v.cache)
-        spec = Speculator(self.lm.model, proposer, prompt_ids, chain, self.rules(settings), settings.gamma, gen,
-                          self.lm.token_text, self.lm.decode, top=0, record=False, cache=v.cache)
+        spec = build_speculator(self.lm, draft, settings, prompt_ids, settings.gamma, chain, record=False)
         for _ in spec:
             pass
         ids = list(spec.new_ids)
@@ -486,7 +434,7 @@ class Comparison:
         if a.method != b.method:
             pair.deciding_stage, pair.why = "method", f"{a.method} vs {b.method}"
         elif a.method != "sample":
-            keys = differing_keys(sa, sb) + (["cache"] if a.cache != b.cache else [])
+            keys = differing_keys(sa, sb)
             pair.deciding_stage = "method"
             pair.why = (f"{a.method} settings differ ({', '.join(keys)})" if keys
                         else f"{a.method} with the same settings")
@@ -516,7 +464,7 @@ class Comparison:
 
         current = pick(va, list(sa.chain) if sa.chain is not None else None)
         if current != token_a:
-            reason = "cache" if a.cache != b.cache else "numerics"
+            reason = "cache" if sa.cache != sb.cache else "numerics"
             return reason, f"a's token is not reproduced from a full-cache recompute ({reason} differs)"
         values = dict(va)
         for name in DEFAULT_ORDER:
@@ -530,8 +478,8 @@ class Comparison:
                 return name, f"{name} {_show(va.get(name))} -> {_show(vb.get(name))} changes the token"
         if not same_order:
             return "chain", "the stage order (--chain) differs"
-        if a.cache != b.cache:
-            return "cache", f"cache {a.cache} vs {b.cache}: the raw logits differ"
+        if sa.cache != sb.cache:
+            return "cache", f"cache {sa.cache} vs {sb.cache}: the raw logits differ"
         return "numerics", "no setting explains it (floating-point differences between the runs)"
 
 

@@ -33,6 +33,7 @@ class ChainSettings:
     no_repeat_ngram: int | None = None
     logit_bias: tuple[tuple[str, float], ...] = ()
     chain: tuple[str, ...] | None = None
+    cache: str = "full"  # the KV-cache policy, `NAME[:key=value,...]` (every command that runs a model)
 
     def stage_values(self, bias_ids: dict[int, float] | None) -> dict:
         """Stage name -> constructor argument, the shape build_chain takes."""
@@ -56,6 +57,12 @@ class SampleSettings(ChainSettings):
     top: int = 5
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+    compile: bool = False  # torch.compile the one-token decode step (needs cache=static)
+
+
+@dataclass(frozen=True)
+class ProbsSettings(SampleSettings):
+    top: int = 10  # tokens listed per stage (a preset's `top` still wins over this default)
 
 
 def option_name(key: str) -> str:
@@ -89,6 +96,14 @@ def validate_chain(s: ChainSettings) -> None:
     for token, bias in s.logit_bias:
         _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")
     check_order(s)
+    cache_spec(s)
+
+
+def cache_spec(s: ChainSettings):
+    """The parsed --cache policy (every key and value checked; no model needed)."""
+    from .kv import parse_cache_spec
+
+    return parse_cache_spec(s.cache)
 
 
 def check_order(s: ChainSettings) -> None:
@@ -104,6 +119,10 @@ def validate_sample(s: SampleSettings) -> None:
     _check(s.max_new_tokens >= 1, "max_new_tokens", s.max_new_tokens, "must be >= 1")
     _check(s.top >= 0, "top", s.top, "must be >= 0")
     _check(s.seed >= 0, "seed", s.seed, "must be >= 0")
+    if s.compile:
+        from .kv import require
+
+        require(cache_spec(s), {"compile"}, "--compile")
 
 
 # --- parsing values from TOML and from --set strings ---------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .processors import entropy, log_softmax
+from .processors import entropy
 from .why import race_noise, split, stage_winners
 
 HEAD = 10  # scalar fields before the alternatives
@@ -64,28 +64,33 @@ def stage_probs_and_stats(stages: list[tuple[str, Tensor]], logits: Tensor | Non
 def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
          top: int, race: Tensor | None = None) -> Tensor:
     """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc).
-    ``race``: the selector's Exp(1) draws of this step (None: greedy)."""
+    With ``stages`` recorded, the raw and processed distributions are its first and last rows (one softmax each).
+    ``race``: the selector's Exp(1) draws of this step (None: greedy), for the deciding stage."""
     t = token.reshape(-1)[:1]
-    logp = log_softmax(processed[0])
-    raw_logp = log_softmax(raw_logits[0])
-    probs, raw_probs = logp.exp(), raw_logp.exp()
-    kept = ~torch.isneginf(logp)
-    chosen_raw = raw_logp[t]
-    scalars = torch.stack([
-        t.float()[0],
-        torch.isfinite(processed[0, t]).float()[0],
-        probs[t][0], logp[t][0], raw_probs[t][0], chosen_raw[0],
-        (raw_logp > chosen_raw).sum().float() + 1,
-        entropy(probs), entropy(raw_probs), kept.sum().float(),
+    if stages:
+        stage_z = torch.stack([l[0] for _, l in stages])  # [S, V]
+        probs_all, stats = stage_probs_and_stats(stages, stage_z)
+        raw_probs, probs = probs_all[0], probs_all[-1]
+        raw_h, h = stats[0, 1], stats[-1, 1]
+    else:
+        raw_probs, probs = torch.softmax(raw_logits[0].float(), -1), torch.softmax(processed[0].float(), -1)
+        raw_h, h = entropy(raw_probs), entropy(probs)
+    z, raw_z = processed[0].float(), raw_logits[0].float()
+    logp_t = z[t] - torch.logsumexp(z, -1)  # log p_t = z_t - log sum exp z
+    raw_logp_t = raw_z[t] - torch.logsumexp(raw_z, -1)
+    kept = ~torch.isneginf(z)
+    scalars = torch.cat([
+        t.float(), torch.isfinite(z[t]).float(), probs[t], logp_t, raw_probs[t], raw_logp_t,
+        ((raw_z > raw_z[t]).sum().float() + 1)[None],  # rank by logits: softmax is monotone
+        h[None], raw_h[None], kept.sum().float()[None],
     ])
     parts = [scalars]
     if top > 0:
         alt = ranked_alternatives(probs, raw_probs, kept, top)
         parts += [alt.float(), probs[alt], raw_probs[alt]]
     if stages:
-        z = torch.stack([l[0] for _, l in stages])  # [S, V]
-        parts.append(stage_probs_and_stats(stages, z)[1].reshape(-1))
-        parts.append(stage_winners(z, race_noise(None if race is None else race[:1], z[0]), t))
+        parts.append(stats.reshape(-1))
+        parts.append(stage_winners(stage_z, race_noise(None if race is None else race[:1], stage_z[0]), t))
     return torch.cat(parts)
 
 

@@ -28,8 +28,28 @@ def llama():
     return random_model("llama", seed=3, scale=4.0)
 
 
+class Ids:
+    """A LoadedModel stand-in whose "text" is space-separated token ids."""
+
+    def __init__(self, model):
+        self.model, self.name, self.device, self.dtype = model, "random-llama", torch.device("cpu"), torch.float32
+        self.eos_ids, self.context_length, self.vocab_size = [], 256, V
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+    def token_text(self, token_id: int) -> str:
+        return str(token_id)
+
+    def token_id(self, text: str) -> int:
+        return int(text)
+
+
 def lm_for(model):
-    return cmp.Model(model, lambda s: [int(t) for t in s.split()], lambda ids: " ".join(map(str, ids)), str)
+    return Ids(model)
 
 
 def compare(model, variants, seeds=(0,), prompts=(PROMPT,), n=12):
@@ -112,9 +132,10 @@ def test_metrics_on_hand_made_lists():
 
 
 def test_parsing_variants_seeds_jobs_and_prompts(tmp_path):
-    v = cmp.parse_variant("cold: temperature=0.3,chain=temperature,top-p,top_p=0.9,cache=full")
+    v = cmp.parse_variant("cold: temperature=0.3,chain=temperature,top-p,top_p=0.9,cache=static")
     assert v.name == "cold" and dict(v.values) == {"temperature": "0.3", "chain": "temperature,top-p",
-                                                     "top_p": "0.9"}
+                                                     "top_p": "0.9", "cache": "static"}
+    assert cmp.settings_for(v, {"cache": "full"}, 0).cache == "static"
     assert cmp.parse_variant("top_k=5", 2).name == "v3"
     b = cmp.parse_variant("b: method=beam,beams=3")
     assert b.method == "beam" and cmp.settings_for(b, {}, 0).beams == 3
