@@ -13,6 +13,8 @@ except ImportError:  # older typer runs on click
 
 from ..core.errors import DecodelabError
 from .beam import beam
+from .bench import bench
+from .compare import compare
 from .models import models
 from .probs import probs
 from .sample import sample
@@ -32,6 +34,8 @@ app.command()(models)
 app.command()(speculate)
 app.command()(beam)
 app.command()(score)
+app.command()(compare)
+app.command()(bench)
 
 
 def fail(message: str) -> int:

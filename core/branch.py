@@ -50,7 +50,7 @@ class Forced:
 
     def __init__(self, selector: Greedy | Multinomial, force: dict[int, int], offset: int = 0):
         self.inner, self.force, self.step = selector, dict(force), offset
-        self.name = selector.name + "+forced"
+        self.name = selector.name  # forced steps say so in their decided_by
 
     @property
     def last_race(self) -> Tensor | None:
@@ -96,6 +96,7 @@ class ResumePoint:
 
     prompt_ids: list[int]
     generated_ids: list[int]
+    prompt_text: str
     config: dict  # the run's resolved settings (its seed and chain), to continue with the same ones
     model: str | None
     stop_reason: str | None
@@ -122,7 +123,8 @@ def load_trace(path: str | Path) -> ResumePoint:
         raise ConfigError(f"--resume {path}: expected a `sample -f json` trace with prompt.token_ids and "
                           "token_ids") from None
     summary = doc.get("summary") or {}
-    return ResumePoint(prompt_ids, generated, dict(doc.get("config") or {}), doc.get("model"),
+    return ResumePoint(prompt_ids, generated, str(doc["prompt"].get("text", "")), dict(doc.get("config") or {}),
+                       doc.get("model"),
                        summary.get("stop_reason"))
 
 
@@ -160,3 +162,21 @@ class Branched:
     def all_ids(self) -> list[int]:
         """The resumed tokens and the new ones: what a saved trace of this run continues from."""
         return self.resumed + list(self.run.new_ids)
+
+
+def resume_values(point: ResumePoint, cls) -> dict:
+    """The saved run's settings as typed values of ``cls`` (unknown keys ignored). JSON has no infinity, so a ban
+    (a -inf logit bias) was saved as null and is read back as -inf."""
+    from dataclasses import fields
+
+    from .config import coerce
+
+    names = {f.name for f in fields(cls)}
+    out = {}
+    for key, raw in point.config.items():
+        if key not in names or raw is None:
+            continue
+        if key == "logit_bias" and isinstance(raw, dict):
+            raw = {t: (float("-inf") if b is None else b) for t, b in raw.items()}
+        out[key] = coerce(cls, key, raw)
+    return out

@@ -359,3 +359,101 @@ def test_branched_run_resumes_and_forces_with_step_numbers_of_the_original(llama
     with pytest.raises(ConfigError, match="part of the resumed trace"):
         Branched(Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(3), str, None),
                  force={2: 7}, resumed=ids[:5])
+
+
+# --- the commands -------------------------------------------------------------------------------------------------
+
+
+def test_cli_compare_json_rows_pairs_and_greedy_row_equals_sample(cli, toy_model_dir):
+    code, out, err = cli("compare", "The machine", "-m", toy_model_dir, "-V", "g: temperature=0",
+                         "-V", "h: temperature=0.9,top_k=5", "--preset", "nucleus", "--seeds", "0-1", "-n", "6",
+                         "--ignore-eos", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["command"] == "compare" and len(doc["rows"]) == 6 and len(doc["pairs"]) == 6
+    assert [r["variant"] for r in doc["rows"][:3]] == ["nucleus", "g", "h"]  # job, presets, then --variant
+    row = doc["rows"][1]
+    for key in ("variant", "prompt", "seed", "text", "token_ids", "stop_reason", "mean_logprob", "raw_perplexity",
+                "distinct_1", "distinct_2", "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s"):
+        assert key in row
+    assert {"a", "b", "prompt", "seed", "first_divergence", "deciding_stage"} <= set(doc["pairs"][0])
+    code, out, err = cli("sample", "The machine", "-m", toy_model_dir, "-t", "0", "-n", "6", "--ignore-eos",
+                         "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["token_ids"] == row["token_ids"]
+
+
+def test_cli_compare_formats_and_bad_input(cli, toy_model_dir, tmp_path):
+    code, out, err = cli("compare", "a", "b", "-m", toy_model_dir, "-V", "x: temperature=0", "-V", "y: top_k=3",
+                         "-n", "3", "-f", "csv")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("variant,prompt,seed,text") and len(lines) == 5
+    code, out, err = cli("compare", "a", "-m", toy_model_dir, "-V", "x: top_p=2", "-f", "json")
+    assert code == 2 and "--top-p" in err and "x" in err and len(err.strip().splitlines()) == 1
+    code, out, err = cli("compare", "a", "-m", toy_model_dir, "-V", "x: temperature=0", "--seeds", "z", "-f", "json")
+    assert code == 2 and "--seeds" in err
+    html = tmp_path / "c.html"
+    code, out, err = cli("compare", "a", "-m", toy_model_dir, "-V", "x: temperature=0", "-V", "y: temperature=1",
+                         "-n", "3", "-f", "jsonl", "--save-html", html)
+    assert code == 0, err
+    kinds = [json.loads(line)["type"] for line in out.strip().splitlines()]
+    assert kinds == ["row", "row", "pair", "summary"] and "where the variants part" in html.read_text()
+
+
+def test_cli_sample_steps_carry_decided_by(cli, toy_model_dir):
+    code, out, err = cli("sample", "The machine", "-m", toy_model_dir, "-t", "0.9", "--top-k", "5", "-n", "5",
+                         "--ignore-eos", "-f", "json")
+    assert code == 0, err
+    steps = json.loads(out)["steps"]
+    assert all(s["decided_by"] in ("model", "temperature", "top-k") and s["why"] for s in steps)
+
+
+def test_cli_sample_many(cli, toy_model_dir):
+    code, out, err = cli("sample", "The machine", "-m", toy_model_dir, "-t", "1.0", "-N", "6", "-n", "4",
+                         "--ignore-eos", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert len(doc["samples"]) == 6 and doc["summary"]["num_samples"] == 6
+    assert sum(f["count"] for f in doc["summary"]["first_tokens"]) == 6
+    code, out, err = cli("sample", "The machine", "-m", toy_model_dir, "-t", "1.0", "--seed", "3", "-n", "4",
+                         "--ignore-eos", "-f", "json")
+    assert json.loads(out)["token_ids"] == doc["samples"][3]["token_ids"]  # sample i is seed + i
+    code, out, err = cli("sample", "x", "-m", toy_model_dir, "-N", "0")
+    assert code == 2 and "--num-samples" in err
+
+
+def test_cli_force_and_resume(cli, toy_model_dir, tmp_path):
+    args = ("-m", toy_model_dir, "-t", "0.9", "--seed", "5", "--ignore-eos", "-f", "json")
+    code, out, err = cli("sample", "The machine", "-n", "10", *args)
+    assert code == 0, err
+    whole = json.loads(out)
+    code, out, err = cli("sample", "The machine", "-n", "4", *args)
+    (tmp_path / "t.json").write_text(out)
+    code, out, err = cli("sample", "--resume", tmp_path / "t.json", "-n", "6", *args)
+    assert code == 0, err
+    resumed = json.loads(out)
+    assert resumed["token_ids"] == whole["token_ids"]
+    assert [s["index"] for s in resumed["steps"]] == list(range(4, 10))
+    alt = next(a["token_id"] for a in whole["steps"][2]["alternatives"] if a["token_id"] != whole["token_ids"][2]
+               and a["prob"] > 0)
+    code, out, err = cli("sample", "The machine", "-n", "10", "--force", f"2={alt}", *args)
+    assert code == 0, err
+    forced = json.loads(out)
+    assert forced["token_ids"][:2] == whole["token_ids"][:2] and forced["token_ids"][2] == alt
+    assert forced["steps"][2]["decided_by"] == "forced"
+    code, out, err = cli("sample", "The machine", "--force", "two=3", *args)
+    assert code == 2 and "--force" in err
+
+
+def test_cli_bench_rows(cli, toy_model_dir):
+    code, out, err = cli("bench", "-m", toy_model_dir, "--settings", "greedy,sampling,prompt-lookup", "-n", "4",
+                         "--rounds", "1", "--gammas", "2", "-f", "json")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert {"greedy, trace on", "greedy, trace off", "prompt lookup: best vs best"} <= {r["setting"] for r in rows}
+    for r in rows:
+        assert {"setting", "decodelab_tokens_per_s", "transformers_tokens_per_s", "ratio"} <= set(r)
+        assert r["ratio"] > 0
+    code, out, err = cli("bench", "-m", toy_model_dir, "--settings", "warp")
+    assert code == 2 and "--settings" in err
