@@ -22,8 +22,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-import torch
-
 from .beam import BeamSearch, BeamSettings, ModelStepper
 from .decode import Sampler, decode_tokens
 from .errors import ConfigError
