@@ -12,6 +12,7 @@ except ImportError:  # older typer runs on click
     from click import exceptions as cli_errors
 
 from ..core.errors import DecodelabError
+from .batch import batch
 from .beam import beam
 from .bench import bench
 from .compare import compare
@@ -20,6 +21,7 @@ from .probs import probs
 from .sample import sample
 from .score import score
 from .speculate import speculate
+from .stream import stream
 
 app = typer.Typer(
     name="decodelab",
@@ -36,6 +38,8 @@ app.command()(beam)
 app.command()(score)
 app.command()(compare)
 app.command()(bench)
+app.command()(stream)
+app.command()(batch)
 
 
 def fail(message: str) -> int:

@@ -8,14 +8,16 @@ from typing import Annotated, Optional
 import typer
 
 from ..core.branch import Branched, load_trace, parse_force, resume_values
-from ..core.build import build_sampler, make_chain, stop_rules
+from ..core.build import build_sampler, make_chain, refuse_stepwise_stages, stop_rules
 from ..core.config import SampleSettings, as_dict, cache_spec, resolve, validate_sample
 from ..core.errors import ConfigError
 from ..core.many import sample_many
+from ..core.semantics import plan
+from ..core.step import trim_stop
 from . import options as o
 from . import render
 from .loop import drive
-from .pipeline import load, read_prompt
+from .pipeline import export_instead, load, read_prompt
 
 Compile = Annotated[Optional[bool], typer.Option(
     "--compile", help="torch.compile the one-token decode step over the static cache (needs --cache static; the "
@@ -32,7 +34,7 @@ Resume = Annotated[Optional[Path], typer.Option(
     "given override the saved settings).", rich_help_panel=BRANCH, show_default=False)]
 
 
-@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN)
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.STOPS, o.OUTPUT, o.CHAIN, o.SAMPLERS)
 def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = None, force: Force = None,
            resume: Resume = None) -> None:
     """Generate text token by token and show, per token, the processed and the raw probability."""
@@ -43,7 +45,6 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
     point = load_trace(resume) if resume is not None else None
     if point is not None and (opts.prompt is not None or opts.prompt_file is not None):
         raise ConfigError("--resume: the prompt comes from the saved trace; give no PROMPT")
-    text = point.prompt_text if point is not None else read_prompt(opts.prompt, opts.prompt_file)
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit["compile"] = compile_
     if point is not None:  # the saved settings, below what is given now
@@ -51,8 +52,12 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
                                                                if v is not None and v != ()}}
     settings = resolve(SampleSettings, opts.preset, explicit, opts.set_)
     validate_sample(settings)
+    if opts.export is not None:
+        export_instead(opts, settings, load(opts))
+        return
     if force:
         parse_force(force, token_id=lambda token: 0)  # the STEP=TOKEN shape, before the model loads
+    text = point.prompt_text if point is not None else read_prompt(opts.prompt, opts.prompt_file)
     lm = load(opts)
     if point is not None and point.model is not None and point.model != lm.name:
         raise ConfigError(f"--resume: the trace was made with model {point.model!r}; pass -m {point.model}")
@@ -60,8 +65,9 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
     prompt_ids = point.prompt_ids if point is not None else lm.encode(text, opts.chat)
     if num_samples is not None:
         return many(opts, lm, settings, text, prompt_ids, num_samples)
-    context = point.context_ids if point is not None else prompt_ids
-    sampler = build_sampler(lm, settings, context)
+    sampler = build_sampler(lm, settings, point.context_ids if point is not None else prompt_ids)
+    if point is not None:  # skipping the saved steps' draws assumes one race vector per step and no carried state
+        refuse_stepwise_stages(sampler.chain, "sample --resume")
     if point is not None or force_steps:
         sampler = Branched(sampler, force_steps, point.generated_ids if point else None, lm.vocab_size)
     drive(sampler, opts.fmt)
@@ -71,6 +77,7 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
 def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], n: int) -> None:
     """-N: the samples and their spread."""
     chain = make_chain(lm, settings)
+    refuse_stepwise_stages(chain, "sample -N")
     rows, spread = sample_many(lm.model, prompt_ids, chain, settings.temperature == 0, settings.seed, n,
                                stop_rules(lm, settings), lm.decode, lm.token_text, cache_spec(settings))
     fmt = opts.fmt
@@ -94,6 +101,9 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     fmt, names = opts.fmt, sampler.chain.names
     token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
     out_text = lm.decode(token_ids)
+    effective = plan(settings)
+    if settings.trim_stop if settings.trim_stop is not None else effective.trim_stop:
+        token_ids, out_text = trim_stop(token_ids, sampler.stop_reason, sampler.rules, lm.decode)
     summary = sampler.summary()
     if fmt == o.Format.jsonl:
         render.print_jsonl({"type": "summary", "command": "sample", "model": lm.name, "text": out_text,
@@ -101,6 +111,8 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     elif fmt == o.Format.json:
         head = render.document("sample", lm, as_dict(settings), names, text, prompt_ids,
                                selector=sampler.selector.name)
+        if settings.semantics is not None:
+            head["semantics"] = effective.describe()
         render.print_json({**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids,
                            "summary": summary})
     elif fmt in (o.Format.markdown, o.Format.csv):

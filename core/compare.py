@@ -13,7 +13,9 @@ marginal law is untouched; only the joint law of the variants is chosen. Under i
 * so a difference between two rows comes from the settings, not from luck, and the first step where they part is
   a step where the settings changed the outcome (the pair's ``deciding_stage`` names the stage).
 
-What breaks the coupling: speculative decoding draws from the same seed but consumes the generator differently (a
+What breaks the coupling: XTC draws its own coin from the run's generator before the selector draws, so a variant
+with XTC sees shifted draws (exact, not coupled; its pairs are reported as ``stateful``, as are mirostat's, whose
+state a one-step replay cannot restore); speculative decoding draws from the same seed but consumes the generator differently (a
 uniform per judged draft and a race per round, plus the draft model's own draws), so its rows are exact but not
 coupled to plain sampling; beam search is deterministic (no draws). Greedy variants use no draws at all.
 """
@@ -380,9 +382,8 @@ class Comparison:
     # --- one run -------------------------------------------------------------------------------------------------
 
     def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> Row:
-        chain = make_chain(self.lm, settings)
-        if v.method == "sample":
-            sampler = build_sampler(self.lm, settings, prompt_ids, chain)
+        if v.method == "sample":  # the chain shares the selector's generator, as `sample` builds it
+            sampler = build_sampler(self.lm, settings, prompt_ids)
             steps = list(sampler)
             ids = sampler.new_ids
             return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), sampler.stop_reason,
@@ -391,6 +392,7 @@ class Comparison:
                        distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
                        mean_or_none([s.kept for s in steps]), mean_or_none([s.entropy for s in steps]),
                        sampler.summary().tokens_per_s, [s.decided_by for s in steps])
+        chain = make_chain(self.lm, settings)
         if v.method == "beam":
             search = build_beam(self.lm, settings, prompt_ids, chain, record=False)
             best = search.run()[0]
@@ -438,6 +440,9 @@ class Comparison:
             pair.deciding_stage = "method"
             pair.why = (f"{a.method} settings differ ({', '.join(keys)})" if keys
                         else f"{a.method} with the same settings")
+        elif {"xtc", "mirostat"} & set(make_chain(self.lm, sa).names + make_chain(self.lm, sb).names):
+            pair.deciding_stage = "stateful"
+            pair.why = "xtc draws its own coin from the run's generator and mirostat carries state: not attributed"
         else:
             pair.deciding_stage, pair.why = self.attribute(a, b, sa, sb, prompt_ids + ra.token_ids[:d], d, seed,
                                                            pair.a_token, pair.b_token)

@@ -64,33 +64,33 @@ def stage_probs_and_stats(stages: list[tuple[str, Tensor]], logits: Tensor | Non
 def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
          top: int, race: Tensor | None = None) -> Tensor:
     """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc).
-    With ``stages`` recorded, the raw and processed distributions are its first and last rows (one softmax each).
-    ``race``: the selector's Exp(1) draws of this step (None: greedy), for the deciding stage."""
+
+    The distributions of the step are stacked as rows of one [S, V] tensor (raw first, processed last; with
+    ``stages`` recorded, every stage in between), so each statistic is one operation over all of them: a traced
+    step costs a few dozen tensor operations whatever the chain, and one transfer. ``race``: the selector's Exp(1)
+    draws of this step (None: greedy), for the deciding stage."""
     t = token.reshape(-1)[:1]
-    if stages:
-        stage_z = torch.stack([l[0] for _, l in stages])  # [S, V]
-        probs_all, stats = stage_probs_and_stats(stages, stage_z)
-        raw_probs, probs = probs_all[0], probs_all[-1]
-        raw_h, h = stats[0, 1], stats[-1, 1]
-    else:
-        raw_probs, probs = torch.softmax(raw_logits[0].float(), -1), torch.softmax(processed[0].float(), -1)
-        raw_h, h = entropy(raw_probs), entropy(probs)
-    z, raw_z = processed[0].float(), raw_logits[0].float()
-    logp_t = z[t] - torch.logsumexp(z, -1)  # log p_t = z_t - log sum exp z
-    raw_logp_t = raw_z[t] - torch.logsumexp(raw_z, -1)
-    kept = ~torch.isneginf(z)
+    L = (torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])).float()
+    P = torch.softmax(L, dim=-1)
+    removed = torch.isneginf(L)
+    at_t = L[:, t][:, 0]  # [S] each row's logit of the token
+    logp_t = at_t - torch.logsumexp(L, dim=-1)  # log p_t = z_t - log sum exp z
+    p_t = P[:, t][:, 0]
+    H = torch.special.entr(P).sum(dim=-1)
+    kept_n = (~removed).sum(dim=-1).float()
+    mass = torch.cat([P.new_zeros(1), (P[:-1] * (removed[1:] & ~removed[:-1])).sum(dim=-1)])
     scalars = torch.cat([
-        t.float(), torch.isfinite(z[t]).float(), probs[t], logp_t, raw_probs[t], raw_logp_t,
-        ((raw_z > raw_z[t]).sum().float() + 1)[None],  # rank by logits: softmax is monotone
-        h[None], raw_h[None], kept.sum().float()[None],
+        t.float(), torch.isfinite(at_t[-1:]).float(), p_t[-1:], logp_t[-1:], p_t[:1], logp_t[:1],
+        (L[0] > at_t[0]).sum(dim=-1, keepdim=True).float() + 1,  # raw rank, by logits (softmax is monotone)
+        H[-1:], H[:1], kept_n[-1:],
     ])
     parts = [scalars]
     if top > 0:
-        alt = ranked_alternatives(probs, raw_probs, kept, top)
-        parts += [alt.float(), probs[alt], raw_probs[alt]]
+        alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)
+        parts += [alt.float(), P[-1, alt], P[0, alt]]
     if stages:
-        parts.append(stats.reshape(-1))
-        parts.append(stage_winners(stage_z, race_noise(None if race is None else race[:1], stage_z[0]), t))
+        parts.append(torch.stack([kept_n, H, mass], dim=-1).reshape(-1))
+        parts.append(stage_winners(L, race_noise(None if race is None else race[:1], L[0]), t))
     return torch.cat(parts)
 
 

@@ -57,8 +57,14 @@ RUNS = {
     "compare": [["compare", "Once upon", "-V", "g: temperature=0", "-V", "h: temperature=0.9,top_k=5",
                  "-V", "b: method=beam,beams=2", "-n", "3"]],
     "bench": [["bench", "--settings", "greedy", "-n", "2", "--rounds", "1"]],
+    "stream": [["stream", "Once upon", "-n", "4", "--cache", "sinks:sinks=1,recent=2", "--top", "2", "-t", "0.7"],
+               ["stream", "--text-file", "{text}", "--limit", "40", "--chunk", "16", "--cache", "window:size=8"],
+               ["stream", "--text-file", "{text}", "--limit", "40", "--compare-policies", "--window", "8", "--sinks",
+                "2", "--chunk", "16"],
+               ["stream", "Once upon a time there was a", "--attention", "--sinks", "1"]],
     "models": [["models"]],
 }
+TEXT = ROOT / "presets" / "models" / "validation.txt"
 
 
 @pytest.mark.parametrize("command", list(RUNS))
@@ -69,7 +75,7 @@ def test_readme_documents_every_json_field_both_ways(cli, toy_model_dir, command
     wild = frozenset(p for p, f in table if f == "*")  # objects whose keys vary: not descended into
     printed = set()
     for args in RUNS[command]:
-        args = [a.replace("{model}", str(toy_model_dir)) for a in args]
+        args = [a.replace("{model}", str(toy_model_dir)).replace("{text}", str(TEXT)) for a in args]
         extra = [] if command == "models" else ["-m", toy_model_dir]
         code, out, err = cli(*args, *extra, "-f", "json")
         assert code == 0, err
