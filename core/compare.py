@@ -15,9 +15,9 @@ marginal law is untouched; only the joint law of the variants is chosen. Under i
 
 What breaks the coupling: XTC draws its own coin from the run's generator before the selector draws, so a variant
 with XTC sees shifted draws (exact, not coupled; its pairs are reported as ``stateful``, as are mirostat's, whose
-state a one-step replay cannot restore); speculative decoding draws from the same seed but consumes the generator differently (a
-uniform per judged draft and a race per round, plus the draft model's own draws), so its rows are exact but not
-coupled to plain sampling; beam search is deterministic (no draws). Greedy variants use no draws at all.
+state a one-step replay cannot restore); speculative decoding draws from the same seed but consumes the generator
+differently (a uniform per judged draft and a race per round, plus the draft model's own draws), so its rows are
+exact but not coupled to plain sampling; beam search is deterministic (no draws). Greedy variants use no draws at all.
 """
 
 from __future__ import annotations
