@@ -124,9 +124,9 @@ def steps_table(steps, top: int, title: str | None = None) -> Table:
             row.append(alts)
         table.add_row(*row)
     table.caption = "prob: the processed distribution the token was drawn from; raw p / raw rank: the model's own " \
-                    "softmax; kept: candidates left after the chain; H: entropy (nats) of the processed distribution; " \
-                    "decided by: the stage that chose this token with the step's own random draws (model: none " \
-                    "changed the model's pick)"
+                    "softmax; kept: candidates left after the chain; H: entropy (nats) of the processed " \
+                    "distribution; decided by: the stage that chose this token with the step's own random draws " \
+                    "(model: none changed the model's pick)"
     return table
 
 
