@@ -14,6 +14,8 @@ except ImportError:  # older typer runs on click
 from ..core.errors import DecodelabError
 from .batch import batch
 from .beam import beam
+from .bench import bench
+from .compare import compare
 from .models import models
 from .probs import probs
 from .quantize_kv import quantize_kv
@@ -35,6 +37,8 @@ app.command()(models)
 app.command()(speculate)
 app.command()(beam)
 app.command()(score)
+app.command()(compare)
+app.command()(bench)
 app.command()(stream)
 app.command()(batch)
 app.command("quantize-kv")(quantize_kv)

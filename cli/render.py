@@ -112,18 +112,21 @@ def steps_table(steps, top: int, title: str | None = None) -> Table:
     table.add_column("raw rank", justify="right", no_wrap=True, min_width=4)
     table.add_column("kept", justify="right", no_wrap=True, min_width=4)
     table.add_column("H", justify="right", no_wrap=True, min_width=4)
+    table.add_column("decided by", no_wrap=True, min_width=5, max_width=18, overflow="ellipsis")
     if top:
         table.add_column(f"top {top} alternatives (p)", ratio=1)
     for s in steps:
         alts = "  ".join(f"{show_token(a.token)}\u00a0{fmt_p(a.prob)}" for a in s.alternatives)
         row = [str(s.index), Text(show_token(s.token), style="bold"),
                Text(f"{bar(s.prob)} {fmt_p(s.prob)}"), fmt_p(s.raw_prob), str(s.raw_rank), str(s.kept),
-               f"{s.entropy:.2f}"]
+               f"{s.entropy:.2f}", s.decided_by or "-"]
         if top:
             row.append(alts)
         table.add_row(*row)
     table.caption = "prob: the processed distribution the token was drawn from; raw p / raw rank: the model's own " \
-                    "softmax; kept: candidates left after the chain; H: entropy (nats) of the processed distribution"
+                    "softmax; kept: candidates left after the chain; H: entropy (nats) of the processed " \
+                    "distribution; decided by: the stage that chose this token with the step's own random draws " \
+                    "(model: none changed the model's pick)"
     return table
 
 
@@ -136,6 +139,7 @@ def step_rows(steps) -> list[dict]:
             "prob": s.prob, "logprob": s.logprob, "raw_prob": s.raw_prob, "raw_logprob": s.raw_logprob,
             "raw_rank": s.raw_rank, "entropy": s.entropy, "raw_entropy": s.raw_entropy, "kept": s.kept,
             "alternatives": " ".join(f"{show_token(a.token)}:{a.prob:.4f}" for a in s.alternatives),
+            "decided_by": s.decided_by, "why": s.why,
         })
     return rows
 
@@ -189,3 +193,23 @@ def summary_line(summary) -> Text:
     d = clean(summary)
     parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items() if v is not None]
     return Text("summary: " + "  ".join(parts), style="cyan")
+
+
+def samples_views(rows, spread, title: str) -> list:
+    """`sample -N`: one row per sample, the first-token frequencies, and the spread summary."""
+    table = Table(title=title, header_style="bold")
+    for name, justify in (("#", "right"), ("seed", "right"), ("text", "left"), ("len", "right"),
+                          ("stop", "left"), ("sum logp", "right"), ("mean logp", "right")):
+        table.add_column(name, justify=justify, no_wrap=name != "text", ratio=1 if name == "text" else None)
+    for r in rows:
+        table.add_row(str(r.index), str(r.seed), one_line(r.text), str(r.length), r.stop_reason,
+                      f"{r.sum_logprob:.3f}", f"{r.mean_logprob:.3f}")
+    table.caption = "logp: processed log-probability (the distribution each token was drawn from)"
+    firsts = Table(title="first token", header_style="bold")
+    for name in ("token", "id", "count", "share"):
+        firsts.add_column(name, justify="left" if name == "token" else "right", no_wrap=True)
+    for f in spread.first_tokens:
+        firsts.add_row(show_token(f.token), str(f.token_id), str(f.count), f"{bar(f.frequency)} {f.frequency:.2f}")
+    d = clean(spread)
+    d.pop("first_tokens", None)
+    return [table, firsts, summary_line(d)]

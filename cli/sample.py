@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from ..core.build import build_sampler
-from ..core.config import SampleSettings, as_dict, resolve, validate_sample
+from ..core.branch import Branched, load_trace, parse_force, resume_values
+from ..core.build import build_sampler, make_chain, refuse_stepwise_stages, stop_rules
+from ..core.config import SampleSettings, as_dict, cache_spec, resolve, validate_sample
+from ..core.errors import ConfigError
+from ..core.many import sample_many
 from ..core.semantics import plan
 from ..core.step import trim_stop
 from . import options as o
@@ -18,29 +22,84 @@ from .pipeline import export_instead, load, read_prompt
 Compile = Annotated[Optional[bool], typer.Option(
     "--compile", help="torch.compile the one-token decode step over the static cache (needs --cache static; the "
     "first steps pay the compile time).", rich_help_panel=o.RUN, show_default=False)]
+BRANCH = "Branching and many samples"
+NumSamples = Annotated[Optional[int], typer.Option(
+    "--num-samples", "-N", help="Draw N continuations (sample i with seed + i; batched when the cache holds rows) "
+    "and summarise their spread.", rich_help_panel=BRANCH, show_default=False)]
+Force = Annotated[Optional[list[str]], typer.Option(
+    "--force", help="STEP=TOKEN (repeatable): pick TOKEN (an id or a one-token text) at STEP; every other step keeps "
+    "its random draws.", rich_help_panel=BRANCH, show_default=False)]
+Resume = Annotated[Optional[Path], typer.Option(
+    "--resume", help="Continue a saved `sample -f json` trace with its settings and seed (-n more tokens; options "
+    "given override the saved settings).", rich_help_panel=BRANCH, show_default=False)]
 
 
 @o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.STOPS, o.OUTPUT, o.CHAIN, o.SAMPLERS)
-def sample(opts: o.Opts, compile_: Compile = None) -> None:
+def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = None, force: Force = None,
+           resume: Resume = None) -> None:
     """Generate text token by token and show, per token, the processed and the raw probability."""
+    if num_samples is not None and num_samples < 1:
+        raise ConfigError(f"--num-samples {num_samples}: must be >= 1")
+    if num_samples is not None and (force or resume):
+        raise ConfigError("--num-samples: cannot be combined with --force or --resume (one run each)")
+    point = load_trace(resume) if resume is not None else None
+    if point is not None and (opts.prompt is not None or opts.prompt_file is not None):
+        raise ConfigError("--resume: the prompt comes from the saved trace; give no PROMPT")
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit["compile"] = compile_
+    if point is not None:  # the saved settings, below what is given now
+        explicit = {**resume_values(point, SampleSettings), **{k: v for k, v in explicit.items()
+                                                               if v is not None and v != ()}}
     settings = resolve(SampleSettings, opts.preset, explicit, opts.set_)
     validate_sample(settings)
     if opts.export is not None:
         export_instead(opts, settings, load(opts))
         return
-    text = read_prompt(opts.prompt, opts.prompt_file)
+    if force:
+        parse_force(force, token_id=lambda token: 0)  # the STEP=TOKEN shape, before the model loads
+    text = point.prompt_text if point is not None else read_prompt(opts.prompt, opts.prompt_file)
     lm = load(opts)
-    prompt_ids = lm.encode(text, opts.chat)
-    sampler = build_sampler(lm, settings, prompt_ids)
+    if point is not None and point.model is not None and point.model != lm.name:
+        raise ConfigError(f"--resume: the trace was made with model {point.model!r}; pass -m {point.model}")
+    force_steps = parse_force(force, lm.token_id) if force else None
+    prompt_ids = point.prompt_ids if point is not None else lm.encode(text, opts.chat)
+    if num_samples is not None:
+        return many(opts, lm, settings, text, prompt_ids, num_samples)
+    sampler = build_sampler(lm, settings, point.context_ids if point is not None else prompt_ids)
+    if point is not None:  # skipping the saved steps' draws assumes one race vector per step and no carried state
+        refuse_stepwise_stages(sampler.chain, "sample --resume")
+    if point is not None or force_steps:
+        sampler = Branched(sampler, force_steps, point.generated_ids if point else None, lm.vocab_size)
     drive(sampler, opts.fmt)
     emit(opts, lm, settings, text, prompt_ids, sampler)
 
 
+def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], n: int) -> None:
+    """-N: the samples and their spread."""
+    chain = make_chain(lm, settings)
+    refuse_stepwise_stages(chain, "sample -N")
+    rows, spread = sample_many(lm.model, prompt_ids, chain, settings.temperature == 0, settings.seed, n,
+                               stop_rules(lm, settings), lm.decode, lm.token_text, cache_spec(settings))
+    fmt = opts.fmt
+    if fmt == o.Format.json:
+        head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids,
+                               selector="greedy" if settings.temperature == 0 else "multinomial")
+        render.print_json({**head, "samples": rows, "summary": spread})
+    elif fmt == o.Format.jsonl:
+        for r in rows:
+            render.print_jsonl({"type": "sample", **render.clean(r)})
+        render.print_jsonl({"type": "summary", "command": "sample", "model": lm.name, **render.clean(spread)})
+    elif fmt in (o.Format.markdown, o.Format.csv):
+        render.print_rows([{**render.clean(r), "text": render.one_line(r.text)} for r in rows], fmt.value)
+    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+        render.show(render.samples_views(rows, spread, f"{lm.name} · {n} samples · chain: "
+                                         f"{' -> '.join(chain.names) or '(none)'}"),
+                    opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+
+
 def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler) -> None:
     fmt, names = opts.fmt, sampler.chain.names
-    token_ids = sampler.new_ids
+    token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
     out_text = lm.decode(token_ids)
     effective = plan(settings)
     if settings.trim_stop if settings.trim_stop is not None else effective.trim_stop:

@@ -22,6 +22,7 @@ from .runtime import Runtime
 from .stats import Numbers, pack, unpack
 from .step import StopChecker, StopRules, TokenBuffer, check_prompt, check_selected, select
 from .trace import Alternative, StageStat, StageView, Step, TokenProb, TrackedToken, summarize
+from .why import decide
 
 __all__ = ["StopRules", "DecodeState", "Decoded", "decode_tokens", "Sampler", "next_token_stages", "check_prompt"]
 
@@ -77,7 +78,7 @@ def decode_tokens(
         step_state = None
         if record:
             watch.lap("loop")
-            packed = pack(sel.token, logits, sel.processed, sel.stages, top)
+            packed = pack(sel.token, logits, sel.processed, sel.stages, top, getattr(selector, "last_race", None))
             if states:  # the stages' numbers travel in the same transfer
                 packed = torch.cat([packed] + [v.reshape(-1)[:1].float() for _, v in states])
             host = packed.tolist()
@@ -106,15 +107,17 @@ def decode_tokens(
 
 
 def build_step(index: int, position: int, out: Decoded, token_text: Callable[[int], str],
-               stage_names: list[str]) -> Step:
+               stage_names: list[str], greedy: bool = True) -> Step:
     """A traced step from its host numbers: raw (model softmax) vs processed (what the selector drew from)."""
     n = out.numbers
+    decision = decide(stage_names, n.token_id, n.winners, n.ranks, n.removed, greedy) if n.winners else None
     return Step(
         index=index, position=position, token_id=n.token_id, token=token_text(n.token_id),
         prob=n.prob, logprob=n.logprob, raw_prob=n.raw_prob, raw_logprob=n.raw_logprob, raw_rank=n.raw_rank,
         entropy=n.entropy, raw_entropy=n.raw_entropy, kept=n.kept,
         alternatives=[Alternative(i, token_text(i), p, r) for i, p, r in n.alternatives],
         stages=[StageStat(name, kept, h, mass) for name, (kept, h, mass) in zip(stage_names, n.stages)][1:],
+        decided_by=decision.decided_by if decision else None, why=decision.why if decision else None,
         state=dict(out.state or {}),
     )
 
@@ -143,7 +146,8 @@ class Sampler(Run):
             if not self.record:
                 continue
             self.watch.resume()
-            step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, names)
+            step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, names,
+                              getattr(self.selector, "last_race", None) is None)
             self.steps.append(step)
             self.watch.lap("trace")
             self.watch.pause()

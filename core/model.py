@@ -323,6 +323,16 @@ def describe_bundled() -> list[dict]:
     return rows
 
 
+@torch.inference_mode()
+def hf_generate(model, prompt_ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+    """transformers' own ``model.generate`` on one prompt (the reference `bench` measures against); returns the
+    generated ids. EOS is ignored (``eos_token_id=None``) so it produces exactly ``max_new_tokens`` tokens, as
+    decodelab does with ``ignore_eos``; no ``min_new_tokens`` (that adds a processor to every step)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, eos_token_id=None,
+                         pad_token_id=0, **kwargs)
+    return out[0, len(prompt_ids) :].tolist()
 def continuous_batching_generate(model, work: list[tuple[list[int], int]], max_batch: int, tokens_per_iteration: int,
                                  page_size: int) -> tuple[list[list[int]], float]:
     """transformers' own continuous batching (``init_continuous_batching``) over ``work`` = [(prompt ids, new

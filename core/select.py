@@ -37,9 +37,11 @@ class Multinomial:
 
     def __init__(self, generator: torch.Generator):
         self.generator = generator
+        self.last_race: Tensor | None = None  # this step's draws E, kept for the trace's "why this token"
 
     def _race(self, like: Tensor) -> Tensor:
-        return torch.empty_like(like, dtype=torch.float32).exponential_(1.0, generator=self.generator)
+        self.last_race = torch.empty_like(like, dtype=torch.float32).exponential_(1.0, generator=self.generator)
+        return self.last_race
 
     def __call__(self, probs: Tensor) -> Tensor:
         return (probs.float() / self._race(probs)).argmax(dim=-1)

@@ -4,7 +4,12 @@
 below 2**24; every probability is a float32 value already, so nothing is rounded):
 
     [token, finite, prob, logprob, raw_prob, raw_logprob, raw_rank, entropy, raw_entropy, kept,
-     alt_id * A, alt_prob * A, alt_raw_prob * A, (stage_kept, stage_entropy, stage_mass_removed) * S]
+     alt_id * A, alt_prob * A, alt_raw_prob * A, (stage_kept, stage_entropy, stage_mass_removed) * S,
+     winner * S, chosen_rank * S, removed_previous_winner * (S - 1)]
+
+The last three groups say which stage decided the step (:mod:`decodelab.core.why`): the token the selector's own
+race draws would pick from each stage's distribution, the chosen token's rank there, and whether a stage removed
+the previous stage's winner.
 
 ``unpack`` reads the host list back into named fields. A = min(top, V) alternatives, S recorded stages (the raw
 distribution first).
@@ -18,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .processors import entropy
+from .why import race_noise, split, stage_winners
 
 HEAD = 10  # scalar fields before the alternatives
 
@@ -40,9 +46,11 @@ def stage_stats(stages: list[tuple[str, Tensor]]) -> Tensor:
     return stage_probs_and_stats(stages)[1]
 
 
-def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`)."""
-    logits = torch.stack([z[0] for _, z in stages])  # [S, V]
+def stage_probs_and_stats(stages: list[tuple[str, Tensor]], logits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`); ``logits``:
+    the stages' row-0 logits already stacked [S, V]."""
+    if logits is None:
+        logits = torch.stack([z[0] for _, z in stages])  # [S, V]
     probs = torch.softmax(logits.float(), dim=-1)
     removed = torch.isneginf(logits)
     newly = removed.clone()
@@ -54,12 +62,13 @@ def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Ten
 
 
 def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
-         top: int) -> Tensor:
+         top: int, race: Tensor | None = None) -> Tensor:
     """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc).
 
     The distributions of the step are stacked as rows of one [S, V] tensor (raw first, processed last; with
     ``stages`` recorded, every stage in between), so each statistic is one operation over all of them: a traced
-    step costs a few dozen tensor operations whatever the chain, and one transfer."""
+    step costs a few dozen tensor operations whatever the chain, and one transfer. ``race``: the selector's Exp(1)
+    draws of this step (None: greedy), for the deciding stage."""
     t = token.reshape(-1)[:1]
     L = (torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])).float()
     P = torch.softmax(L, dim=-1)
@@ -81,6 +90,7 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
         parts += [alt.float(), P[-1, alt], P[0, alt]]
     if stages:
         parts.append(torch.stack([kept_n, H, mass], dim=-1).reshape(-1))
+        parts.append(stage_winners(L, race_noise(None if race is None else race[:1], L[0]), t))
     return torch.cat(parts)
 
 
@@ -97,6 +107,9 @@ class Numbers(NamedTuple):
     kept: int
     alternatives: list[tuple[int, float, float]]  # (token id, processed prob, raw prob)
     stages: list[tuple[int, float, float]]  # (kept, entropy, mass removed) per recorded stage
+    winners: list[int] = []  # per recorded stage: the token the step's race draws pick from its distribution
+    ranks: list[int] = []  # per recorded stage: the chosen token's rank there
+    removed: list[bool] = []  # per stage after the first: it removed the previous stage's winner
 
 
 def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
@@ -105,9 +118,11 @@ def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
     alt_p = host[HEAD + a : HEAD + 2 * a]
     alt_raw = host[HEAD + 2 * a : HEAD + 3 * a]
     st = host[HEAD + 3 * a : HEAD + 3 * a + 3 * n_stages]
+    winners, ranks, removed = split(host[HEAD + 3 * a + 3 * n_stages :], n_stages) if n_stages else ([], [], [])
     return Numbers(
         token_id=int(host[0]), finite=bool(host[1]), prob=host[2], logprob=host[3], raw_prob=host[4],
         raw_logprob=host[5], raw_rank=int(host[6]), entropy=host[7], raw_entropy=host[8], kept=int(host[9]),
         alternatives=[(int(i), p, r) for i, p, r in zip(alt_ids, alt_p, alt_raw)],
         stages=[(int(st[3 * i]), st[3 * i + 1], st[3 * i + 2]) for i in range(n_stages)],
+        winners=winners, ranks=ranks, removed=removed,
     )

@@ -45,6 +45,8 @@ class Step:
     kept: int
     alternatives: list[Alternative] = field(default_factory=list)
     stages: list[StageStat] = field(default_factory=list)
+    decided_by: str | None = None  # the stage that decided this token, "model" or "forced" (core/why.py)
+    why: str | None = None  # the same in one sentence
     state: dict[str, float] = field(default_factory=dict)  # stateful stages this step: mirostat.mu, xtc.coin, ...
 
     def to_dict(self) -> dict:

@@ -45,7 +45,8 @@ def fields(obj, path: str = "top", wild: frozenset = frozenset()) -> set[tuple[s
 
 
 RUNS = {
-    "sample": [["sample", "Once upon", "-n", "4", "-t", "0.7", "--top-p", "0.9", "--top", "3"]],
+    "sample": [["sample", "Once upon", "-n", "4", "-t", "0.7", "--top-p", "0.9", "--top", "3"],
+               ["sample", "Once upon", "-n", "3", "-t", "0.9", "-N", "3"]],
     "probs": [["probs", "Once upon", "-t", "0.7", "--top-k", "5"]],
     "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
@@ -53,6 +54,9 @@ RUNS = {
                   ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
               ["score", "Once upon a time"]],
+    "compare": [["compare", "Once upon", "-V", "g: temperature=0", "-V", "h: temperature=0.9,top_k=5",
+                 "-V", "b: method=beam,beams=2", "-n", "3"]],
+    "bench": [["bench", "--settings", "greedy", "-n", "2", "--rounds", "1"]],
     "stream": [["stream", "Once upon", "-n", "4", "--cache", "sinks:sinks=1,recent=2", "--top", "2", "-t", "0.7"],
                ["stream", "--text-file", "{text}", "--limit", "40", "--chunk", "16", "--cache", "window:size=8"],
                ["stream", "--text-file", "{text}", "--limit", "40", "--compare-policies", "--window", "8", "--sinks",

@@ -1,0 +1,85 @@
+"""Why this token: which stage of the chain decided a step's outcome.
+
+The selector picks ``argmax_i (z_i + g_i)`` over the processed logits z, with g_i = -log E_i (E_i ~ Exp(1), the
+step's race draws; g = 0 for greedy). Running that same race on every stage's logits z^(s) (the raw logits first)
+gives the token each stage's distribution would have produced with the same draws, w_s = argmax_i (z^(s)_i + g_i).
+The last stage's winner is the chosen token c (unless the token was forced). So:
+
+* if w_s = c for every s, the model decided: its own distribution, with the same draws, already gives c
+  (greedy: c is the raw argmax);
+* otherwise the deciding stage is the one after which the winner became c for good, s* = 1 + max{s : w_s != c}:
+  either it removed the previous winner w_{s*-1} (its logit went to -inf: "top-p removed the raw argmax"), or it
+  reshaped the logits so that c overtook it ("temperature lifted it from rank 3", c's rank before that stage).
+
+A truncation filter (top-k, top-p, min-p, typical-p, bans) only ever sets logits to -inf, so it changes the
+winner exactly when it removes the current winner; temperature, soft-capping, penalties and biases change it by
+re-scoring. All of it is computed on the device with the step's other trace numbers (:mod:`decodelab.core.stats`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+MODEL = "model"
+FORCED = "forced"
+
+
+def race_noise(race: Tensor | None, like: Tensor) -> Tensor | None:
+    """g = -log E for a race draw E [V] (the selector's); None for greedy (the argmax is the race without noise)."""
+    if race is None:
+        return None
+    return -race.reshape(like.shape).float().log()
+
+
+def stage_winners(stage_logits: Tensor, noise: Tensor | None, chosen: Tensor) -> Tensor:
+    """For stage logits [S, V] (raw first), the race noise [V] (None: greedy) and the chosen token [1]: one float vector
+    [winners (S), rank of the chosen token under each stage (S), whether stage s removed the winner of stage s-1
+    (S - 1)], all on the device. Ranks: 1 + the number of strictly larger logits."""
+    z = stage_logits.float()
+    winners = (z if noise is None else z + noise).argmax(dim=-1)  # [S]
+    chosen_z = z[:, chosen.reshape(-1)[0]]  # [S]
+    ranks = (z > chosen_z[:, None]).sum(dim=-1) + 1
+    removed = torch.isneginf(z[1:].gather(1, winners[:-1, None])[:, 0])  # [S - 1]
+    return torch.cat([winners.float(), ranks.float(), removed.float()])
+
+
+class Decision(NamedTuple):
+    decided_by: str  # a stage name, "model" or "forced"
+    why: str  # one sentence
+
+
+def split(host: list[float], n_stages: int) -> tuple[list[int], list[int], list[bool]]:
+    s = n_stages
+    return ([int(v) for v in host[:s]], [int(v) for v in host[s : 2 * s]],
+            [bool(v) for v in host[2 * s : 3 * s - 1]])
+
+
+def decide(names: list[str], chosen: int, winners: list[int], ranks: list[int], removed: list[bool],
+           greedy: bool) -> Decision:
+    """The deciding stage from the per-stage winners (``names``: "raw" first, then the chain's stages)."""
+    if not winners:
+        return Decision(MODEL, "no stage recorded")
+    if winners[-1] != chosen:
+        return Decision(FORCED, "not the selector's pick")
+    off = [s for s, w in enumerate(winners) if w != chosen]
+    pick = "argmax" if greedy else "pick (same draws)"
+    if not off:
+        return Decision(MODEL, f"the model's own {pick}; no stage changed it")
+    s = off[-1] + 1
+    stage = names[s]
+    before = "the raw " + pick if s == 1 else f"the {pick} after {names[s - 1]}"
+    if removed[s - 1]:
+        return Decision(stage, f"{stage} removed {before}")
+    verb = "brought it in" if stage == "bias" else "lifted it"
+    return Decision(stage, f"{stage} {verb} from rank {ranks[s - 1]}")
+
+
+def decide_from_logits(names: list[str], stage_logits: list[Tensor], chosen: int, race: Tensor | None) -> Decision:
+    """The same decision for a hand-built chain (tests, one-off calls): stage logits [V] each, raw first."""
+    z = torch.stack([t.reshape(-1) for t in stage_logits])
+    host = stage_winners(z, race_noise(race, z[0]), torch.tensor([chosen])).tolist()
+    winners, ranks, removed = split(host, len(names))
+    return decide(names, chosen, winners, ranks, removed, race is None)

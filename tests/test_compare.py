@@ -1,0 +1,459 @@
+"""compare (coupled variants, rows, pairs), why this token, many samples, forcing and resuming."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import random_model
+from decodelab.core import compare as cmp
+from decodelab.core.branch import Forced, load_trace, mark_forced, parse_force, skip_draws
+from decodelab.core.decode import Sampler, StopRules
+from decodelab.core.errors import ConfigError
+from decodelab.core.many import sample_many
+from decodelab.core.processors import build_chain, softmax
+from decodelab.core.runtime import Runtime
+from decodelab.core.select import make_selector
+from decodelab.core.why import decide_from_logits
+
+V = 256
+PROMPT = "5 17 42 9 100 3"
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return random_model("llama", seed=3, scale=4.0)
+
+
+class Ids:
+    """A LoadedModel stand-in whose "text" is space-separated token ids."""
+
+    def __init__(self, model):
+        self.model, self.name, self.device, self.dtype = model, "random-llama", torch.device("cpu"), torch.float32
+        self.eos_ids, self.context_length, self.vocab_size = [], 256, V
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(map(str, ids))
+
+    def token_text(self, token_id: int) -> str:
+        return str(token_id)
+
+    def token_id(self, text: str) -> int:
+        return int(text)
+
+
+def lm_for(model):
+    return Ids(model)
+
+
+def compare(model, variants, seeds=(0,), prompts=(PROMPT,), n=12):
+    vs = [cmp.parse_variant(v, i) for i, v in enumerate(variants)]
+    run = cmp.Comparison(lm_for(model), vs, [cmp.Prompt(str(i), p) for i, p in enumerate(prompts)], list(seeds),
+                         base={"max_new_tokens": n, "ignore_eos": True})
+    return run.run()
+
+
+def rows_by(run, variant):
+    return [r for r in run.rows if r.variant == variant]
+
+
+def pair(run, a, b, seed=0):
+    return next(p for p in run.pairs if p.a == a and p.b == b and p.seed == seed)
+
+
+# --- why this token: hand-built chains where the deciding stage is known -----------------------------------------
+
+
+def test_why_top_p_removed_the_raw_pick():
+    z = torch.tensor([0.5, 0.3, 0.2]).log()
+    race = torch.tensor([1.0, 1.0, 0.01])  # the draw picks token 2 from the raw distribution
+    top_p = build_chain({"top-p": 0.7}).processors[0](None, z[None])[0]  # keeps {0, 1}
+    d = decide_from_logits(["raw", "top-p"], [z, top_p], 0, race)
+    assert (d.decided_by, d.why) == ("top-p", "top-p removed the raw pick (same draws)")
+
+
+def test_why_temperature_lifted_it_from_rank_3():
+    z = torch.tensor([3.0, 2.0, 1.0])
+    race = torch.tensor([1.0, 1.0, 0.3])  # T=1: 3, 2, 2.2 -> token 0; T=5: 0.6, 0.4, 1.4 -> token 2
+    d = decide_from_logits(["raw", "temperature"], [z, z / 5], 2, race)
+    assert (d.decided_by, d.why) == ("temperature", "temperature lifted it from rank 3")
+
+
+def test_why_bias_brought_it_in_and_a_later_filter_did_not_decide():
+    z = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    biased = z + torch.tensor([0.0, 0.0, 5.0, 0.0])
+    top_k = torch.tensor([-math.inf, -math.inf, 5.0, -math.inf])
+    d = decide_from_logits(["raw", "bias", "top-k"], [z, biased, top_k], 2, None)  # greedy
+    assert (d.decided_by, d.why) == ("bias", "bias brought it in from rank 3")
+
+
+def test_why_the_model_decided_when_no_stage_changed_the_pick():
+    z = torch.tensor([0.1, 2.0, 1.0])
+    d = decide_from_logits(["raw", "temperature", "top-k"], [z, z / 0.5, torch.tensor([-math.inf, 4.0, 2.0])], 1,
+                           None)
+    assert d.decided_by == "model"
+
+
+def test_why_in_a_traced_run_names_the_bias_exactly_where_it_changed_the_argmax(llama):
+    prompt = [5, 17, 42]
+    rules = StopRules(8, ignore_eos=True)
+    plain = [s.token_id for s in Sampler(llama, prompt, build_chain({"temperature": 0}), make_selector(0, 0, "cpu"),
+                                         rules, str, None, top=0)]
+    chain = build_chain({"bias": {7: 1e4}, "temperature": 0})
+    steps = list(Sampler(llama, prompt, chain, make_selector(0, 0, "cpu"), rules, str, None, top=0))
+    assert all(s.token_id == 7 for s in steps)
+    # step 0 shares the prompt: the bias decided unless the model's own argmax was already 7
+    assert steps[0].decided_by == ("model" if plain[0] == 7 else "bias")
+    assert all(s.decided_by in ("bias", "model") for s in steps)
+    sampled = list(Sampler(llama, prompt, build_chain({"temperature": 0.7, "top-k": 3}),
+                           make_selector(0.7, 1, "cpu"), rules, str, None, top=0))
+    assert all(s.decided_by in ("model", "temperature", "top-k") and s.why for s in sampled)
+
+
+# --- metrics on hand-made token lists --------------------------------------------------------------------------------
+
+
+def test_metrics_on_hand_made_lists():
+    assert cmp.distinct_n([1, 2, 1, 2, 3], 1) == 3 / 5
+    assert cmp.distinct_n([1, 2, 1, 2, 3], 2) == 3 / 4  # (1,2) twice, (2,1), (2,3)
+    assert cmp.distinct_n([4], 2) is None
+    assert cmp.repetition_rate([1, 2, 3, 4, 1, 2, 3, 4, 1]) == pytest.approx(1 - 4 / 6)  # 6 4-grams, 4 distinct
+    assert cmp.repetition_rate([1, 2, 3, 4, 5, 6]) == 0.0
+    assert cmp.repetition_rate([9] * 10) == pytest.approx(1 - 1 / 7)
+    assert cmp.first_divergence([1, 2, 3], [1, 2, 4]) == 2
+    assert cmp.first_divergence([1, 2], [1, 2, 4]) == 2
+    assert cmp.first_divergence([1, 2], [1, 2]) is None
+
+
+def test_parsing_variants_seeds_jobs_and_prompts(tmp_path):
+    v = cmp.parse_variant("cold: temperature=0.3,chain=temperature,top-p,top_p=0.9,cache=static")
+    assert v.name == "cold" and dict(v.values) == {"temperature": "0.3", "chain": "temperature,top-p",
+                                                     "top_p": "0.9", "cache": "static"}
+    assert cmp.settings_for(v, {"cache": "full"}, 0).cache == "static"
+    assert cmp.parse_variant("top_k=5", 2).name == "v3"
+    b = cmp.parse_variant("b: method=beam,beams=3")
+    assert b.method == "beam" and cmp.settings_for(b, {}, 0).beams == 3
+    for bad, says in [("x: temprature=1", "known key"), ("x: seed=3", "--seeds"), ("x: beams=2", "beam"),
+                      ("x: method=foo", "allowed"), ("x: top_p=1.5", "--top-p")]:
+        with pytest.raises(ConfigError, match=says):
+            cmp.settings_for(cmp.parse_variant(bad), {}, 0)
+    assert cmp.parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
+    with pytest.raises(ConfigError, match="--seeds"):
+        cmp.parse_seeds("3-1")
+    job = tmp_path / "job.toml"
+    job.write_text('seeds = "0-1"\n[defaults]\nmax_new_tokens = 5\n[[variant]]\nname = "g"\ntemperature = 0.0\n'
+                   '[[variant]]\nname = "n"\npreset = "nucleus"\n')
+    variants, extras = cmp.load_job(job)
+    assert [x.name for x in variants] == ["g", "n"] and extras["seeds"] == "0-1"
+    assert cmp.settings_for(variants[1], {}, 4).top_p == 0.95 and cmp.settings_for(variants[1], {}, 4).seed == 4
+    jl = tmp_path / "job.jsonl"
+    jl.write_text('{"name": "a", "temperature": 0.5}\n{"name": "b", "method": "beam", "beams": 2}\n')
+    assert [x.method for x in cmp.load_job(jl)[0]] == ["sample", "beam"]
+    pf = tmp_path / "p.jsonl"
+    pf.write_text('{"id": "q1", "prompt": "hello"}\n{"text": "bye"}\n')
+    assert [(p.id, p.text) for p in cmp.read_prompts(pf)] == [("q1", "hello"), ("2", "bye")]
+
+
+# --- rows ----------------------------------------------------------------------------------------------------------
+
+
+def test_greedy_row_equals_generate(llama):
+    run = compare(llama, ["g: temperature=0"], n=10)
+    ids = torch.tensor([[int(t) for t in PROMPT.split()]])
+    ref = llama.generate(ids, do_sample=False, max_new_tokens=10, min_new_tokens=10, pad_token_id=0)[0, 6:].tolist()
+    row = run.rows[0]
+    assert row.token_ids == ref
+    assert row.length == 10 and row.stop_reason == "length" and row.mean_logprob == 0.0  # a point mass
+    assert row.raw_perplexity > 1 and row.mean_kept == 1 and set(row.decided_by) == {"model"}
+
+
+def test_same_seed_same_rows_and_beam_and_speculative_rows(llama):
+    variants = ["s: temperature=0.9,top_p=0.95", "b: method=beam,beams=2", "n: method=speculate,draft=ngram,gamma=2"]
+    one, two = compare(llama, variants, seeds=(0, 1)), compare(llama, variants, seeds=(0, 1))
+    strip = lambda r: {k: v for k, v in r.to_dict().items() if k != "tokens_per_s"}  # noqa: E731
+    assert [strip(r) for r in one.rows] == [strip(r) for r in two.rows]
+    assert [p.to_dict() for p in one.pairs] == [p.to_dict() for p in two.pairs]
+    s0, s1 = rows_by(one, "s")
+    assert s0.token_ids != s1.token_ids  # the seed matters
+    beam = rows_by(one, "b")[0]
+    assert beam.mean_logprob < 0 and beam.mean_entropy > 0 and beam.mean_kept == V
+    assert pair(one, "s", "b").deciding_stage in ("method", None)
+
+
+# --- coupling ------------------------------------------------------------------------------------------------------
+
+
+def test_a_setting_that_keeps_the_distribution_keeps_every_token(llama):
+    run = compare(llama, ["a: temperature=0.9", f"b: temperature=0.9,top_k={V}", "c: temperature=0.9,top_p=1.0"],
+                  seeds=range(4), n=16)
+    for seed in range(4):
+        assert pair(run, "a", "b", seed).first_divergence is None
+        assert pair(run, "a", "c", seed).first_divergence is None
+
+
+def test_a_filter_changes_the_token_only_where_it_removes_the_pick(llama):
+    """Under the race coupling, top-k changes step t's token only if the unfiltered pick is outside the top k."""
+    seeds = range(8)
+    run = compare(llama, ["a: temperature=1.2", "k: temperature=1.2,top_k=3", "t: temperature=0.6"], seeds=seeds,
+                  n=16)
+    diverged = 0
+    for seed in seeds:
+        ra, rk = rows_by(run, "a")[seed], rows_by(run, "k")[seed]
+        p = pair(run, "a", "k", seed)
+        d = p.first_divergence
+        if d is None:
+            continue
+        diverged += 1
+        assert p.deciding_stage == "top-k"
+        prefix = [int(t) for t in PROMPT.split()] + ra.token_ids[:d]
+        z = Runtime.create(llama).prefill(torch.tensor([prefix]))
+        rank = int((z[0] > z[0, ra.token_ids[d]]).sum()) + 1
+        assert rank > 3, "top-k changed a token it kept: the draws are not shared"
+        assert rk.token_ids[d] in z[0].topk(3).indices.tolist()
+    assert diverged >= 3
+    stages = {pair(run, "a", "t", seed).deciding_stage for seed in seeds}
+    assert stages - {None} == {"temperature"}
+
+
+def test_no_repeat_ngram_parts_only_where_it_bans(llama):
+    run = compare(llama, ["a: temperature=0", "b: temperature=0,no_repeat_ngram=2"], n=40)
+    ra, rb = run.rows
+    p = run.pairs[0]
+    assert p.first_divergence is not None  # the random model's greedy output loops, so the ban must bite
+    d = p.first_divergence
+    if True:
+        seq = [int(t) for t in PROMPT.split()] + ra.token_ids[: d + 1]
+        grams = list(zip(seq[:-1], seq[1:]))
+        assert grams[-1] in grams[:-1], "the rows parted at a step where no bigram was banned"
+        assert p.deciding_stage == "no-repeat-ngram"
+
+
+# --- many samples ---------------------------------------------------------------------------------------------------
+
+
+def test_many_samples_follow_the_processed_distribution(llama):
+    prompt = [5, 17, 42]
+    chain = build_chain({"temperature": 1.5, "top-k": 6})
+    z = Runtime.create(llama).prefill(torch.tensor([prompt]))
+    probs = softmax(chain.apply(torch.tensor([prompt]), z))[0].double()
+    n = 1200
+    rows, summary = sample_many(llama, prompt, chain, False, 0, n, StopRules(1, ignore_eos=True))
+    assert summary.batched and summary.num_samples == n
+    counts = torch.zeros(V, dtype=torch.float64)
+    for r in rows:
+        counts[r.token_ids[0]] += 1
+    kept = probs > 0
+    assert int(kept.sum()) == 6 and counts[~kept].sum() == 0
+    expected = probs[kept] * n
+    chi2 = float(((counts[kept] - expected) ** 2 / expected).sum())
+    assert chi2 < 20.52  # p = 0.001, 5 degrees of freedom
+    assert sum(f.count for f in summary.first_tokens) == n
+    assert summary.first_tokens[0].count == max(f.count for f in summary.first_tokens)
+
+
+def test_batched_row_i_is_the_single_run_with_seed_plus_i(llama):
+    prompt = [5, 17, 42]
+    chain = build_chain({"temperature": 1.0, "top-p": 0.9})
+    rules = StopRules(6, ignore_eos=True)
+    rows, summary = sample_many(llama, prompt, chain, False, 10, 4, rules)
+    seq, _ = sample_many(llama, prompt, chain, False, 10, 4, rules, batched=False)
+    assert not _.batched
+    for i, r in enumerate(rows):
+        single = [s.token_id for s in Sampler(llama, prompt, chain, make_selector(1.0, 10 + i, "cpu"), rules, str,
+                                              None, top=0)]
+        assert r.token_ids == single == seq[i].token_ids
+        assert r.sum_logprob == pytest.approx(seq[i].sum_logprob, abs=1e-4)
+    assert summary.distinct_outputs == len({tuple(r.token_ids) for r in rows})
+
+
+# --- forcing and resuming ------------------------------------------------------------------------------------------
+
+
+def run_ids(model, prompt, chain, selector, n, force=None):
+    sel = Forced(selector, force) if force else selector
+    steps = list(Sampler(model, prompt, chain, sel, StopRules(n, ignore_eos=True), str, None, top=0))
+    if force:
+        mark_forced(steps, force)
+    return steps
+
+
+def test_force_changes_that_step_and_nothing_before_and_keeps_later_draws(llama):
+    prompt = [5, 17, 42]
+    chain = build_chain({"temperature": 1.0, "top-k": 20})
+    base = [s.token_id for s in run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10)]
+    z_ids = prompt + base[:4]
+    z = Runtime.create(llama).prefill(torch.tensor([z_ids]))
+    alt = next(t for t in z[0].topk(5).indices.tolist() if t != base[4])
+    steps = run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10, force={4: alt})
+    forced = [s.token_id for s in steps]
+    assert forced[:4] == base[:4] and forced[4] == alt
+    assert steps[4].decided_by == "forced" and steps[3].decided_by != "forced"
+    # the later steps used the same draws: continuing from the forced prefix with the draws of steps 5.. agrees
+    sel = make_selector(1.0, 4, "cpu")
+    skip_draws(sel, 5, V, "cpu")
+    tail = [s.token_id for s in Sampler(llama, prompt + forced[:5], chain, sel, StopRules(5, ignore_eos=True), str,
+                                        None, top=0)]
+    assert tail == forced[5:]
+    with pytest.raises(ConfigError, match="removed that token"):
+        far = z[0].argsort()[0].item()  # the least likely token: outside top-20
+        run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10, force={4: far} if False else {0: far})
+    assert parse_force(["3=42", "0=7"]) == {3: 42, 0: 7}
+    with pytest.raises(ConfigError, match="--force"):
+        parse_force(["x=1"])
+
+
+def test_resume_continues_with_the_same_draws(llama, tmp_path):
+    prompt = [5, 17, 42]
+    chain = build_chain({"temperature": 0.8})
+    whole = [s.token_id for s in run_ids(llama, prompt, chain, make_selector(0.8, 2, "cpu"), 14)]
+    doc = {"command": "sample", "config": {"temperature": 0.8, "seed": 2}, "prompt": {"token_ids": prompt},
+           "token_ids": whole[:8], "summary": {"stop_reason": "length"}}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(doc))
+    point = load_trace(path)
+    assert point.context_ids == prompt + whole[:8] and point.config["seed"] == 2
+    sel = make_selector(point.config["temperature"], point.config["seed"], "cpu")
+    skip_draws(sel, len(point.generated_ids), V, "cpu")
+    rest = [s.token_id for s in run_ids(llama, point.context_ids, chain, sel, 6)]
+    assert whole[8:] == rest
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="--resume"):
+        load_trace(tmp_path / "bad.json")
+
+
+# --- bench: the pairing is checked (same token count, same greedy search), not timed -------------------------------
+
+
+def test_bench_pairs_the_same_work(llama):
+    from decodelab.core.bench import Bench, parse_settings
+
+    draft = random_model("llama", seed=9, scale=4.0, num_hidden_layers=1)
+    bench = Bench(llama, [5, 17, 42, 5, 17], 6, draft=draft, gammas=(2,))
+    bench.time(1)
+    rows = {r.setting: r for r in bench.rows()}
+    assert "greedy, trace on" in rows and "speculative draft: best vs best" in rows
+    assert all(r.tokens == 6 and r.rounds == 1 and r.ratio > 0 for r in rows.values())
+    with pytest.raises(ConfigError, match="--settings"):
+        parse_settings("greedy,warp")
+
+
+def test_branched_run_resumes_and_forces_with_step_numbers_of_the_original(llama):
+    from decodelab.core.branch import Branched
+
+    prompt = [5, 17, 42]
+    chain = build_chain({"temperature": 0.9, "top-k": 30})
+    whole = run_ids(llama, prompt, chain, make_selector(0.9, 6, "cpu"), 12)
+    ids = [s.token_id for s in whole]
+    sampler = Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(7, ignore_eos=True),
+                      str, None, top=0)
+    run = Branched(sampler, resumed=ids[:5])
+    steps = list(run)
+    assert [s.index for s in steps] == list(range(5, 12)) and run.all_ids == ids
+    assert [s.decided_by for s in steps] == [s.decided_by for s in whole[5:]]
+    with pytest.raises(ConfigError, match="part of the resumed trace"):
+        Branched(Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(3), str, None),
+                 force={2: 7}, resumed=ids[:5])
+
+
+# --- the commands -------------------------------------------------------------------------------------------------
+
+
+def test_cli_compare_json_rows_pairs_and_greedy_row_equals_sample(cli, toy_model_dir):
+    code, out, err = cli("compare", "The machine", "-m", toy_model_dir, "-V", "g: temperature=0",
+                         "-V", "h: temperature=0.9,top_k=5", "--preset", "nucleus", "--seeds", "0-1", "-n", "6",
+                         "--ignore-eos", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["command"] == "compare" and len(doc["rows"]) == 6 and len(doc["pairs"]) == 6
+    assert [r["variant"] for r in doc["rows"][:3]] == ["nucleus", "g", "h"]  # job, presets, then --variant
+    row = doc["rows"][1]
+    for key in ("variant", "prompt", "seed", "text", "token_ids", "stop_reason", "mean_logprob", "raw_perplexity",
+                "distinct_1", "distinct_2", "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s"):
+        assert key in row
+    assert {"a", "b", "prompt", "seed", "first_divergence", "deciding_stage"} <= set(doc["pairs"][0])
+    code, out, err = cli("sample", "The machine", "-m", toy_model_dir, "-t", "0", "-n", "6", "--ignore-eos",
+                         "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["token_ids"] == row["token_ids"]
+
+
+def test_cli_compare_formats_and_bad_input(cli, toy_model_dir, tmp_path):
+    code, out, err = cli("compare", "a", "b", "-m", toy_model_dir, "-V", "x: temperature=0", "-V", "y: top_k=3",
+                         "-n", "3", "-f", "csv")
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("variant,prompt,seed,text") and len(lines) == 5
+    code, out, err = cli("compare", "a", "-m", toy_model_dir, "-V", "x: top_p=2", "-f", "json")
+    assert code == 2 and "--top-p" in err and "x" in err and len(err.strip().splitlines()) == 1
+    code, out, err = cli("compare", "a", "-m", toy_model_dir, "-V", "x: temperature=0", "--seeds", "z", "-f", "json")
+    assert code == 2 and "--seeds" in err
+    html = tmp_path / "c.html"
+    code, out, err = cli("compare", "a", "-m", toy_model_dir, "-V", "x: temperature=0", "-V", "y: temperature=1",
+                         "-n", "3", "-f", "jsonl", "--save-html", html)
+    assert code == 0, err
+    kinds = [json.loads(line)["type"] for line in out.strip().splitlines()]
+    assert kinds == ["row", "row", "pair", "summary"] and "where the variants part" in html.read_text()
+
+
+def test_cli_sample_steps_carry_decided_by(cli, toy_model_dir):
+    code, out, err = cli("sample", "The machine", "-m", toy_model_dir, "-t", "0.9", "--top-k", "5", "-n", "5",
+                         "--ignore-eos", "-f", "json")
+    assert code == 0, err
+    steps = json.loads(out)["steps"]
+    assert all(s["decided_by"] in ("model", "temperature", "top-k") and s["why"] for s in steps)
+
+
+def test_cli_sample_many(cli, toy_model_dir):
+    code, out, err = cli("sample", "The machine", "-m", toy_model_dir, "-t", "1.0", "-N", "6", "-n", "4",
+                         "--ignore-eos", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert len(doc["samples"]) == 6 and doc["summary"]["num_samples"] == 6
+    assert sum(f["count"] for f in doc["summary"]["first_tokens"]) == 6
+    code, out, err = cli("sample", "The machine", "-m", toy_model_dir, "-t", "1.0", "--seed", "3", "-n", "4",
+                         "--ignore-eos", "-f", "json")
+    assert json.loads(out)["token_ids"] == doc["samples"][3]["token_ids"]  # sample i is seed + i
+    code, out, err = cli("sample", "x", "-m", toy_model_dir, "-N", "0")
+    assert code == 2 and "--num-samples" in err
+
+
+def test_cli_force_and_resume(cli, toy_model_dir, tmp_path):
+    args = ("-m", toy_model_dir, "-t", "0.9", "--seed", "5", "--ignore-eos", "-f", "json")
+    code, out, err = cli("sample", "The machine", "-n", "10", *args)
+    assert code == 0, err
+    whole = json.loads(out)
+    code, out, err = cli("sample", "The machine", "-n", "4", *args)
+    (tmp_path / "t.json").write_text(out)
+    code, out, err = cli("sample", "--resume", tmp_path / "t.json", "-n", "6", *args)
+    assert code == 0, err
+    resumed = json.loads(out)
+    assert resumed["token_ids"] == whole["token_ids"]
+    assert [s["index"] for s in resumed["steps"]] == list(range(4, 10))
+    alt = next(a["token_id"] for a in whole["steps"][2]["alternatives"] if a["token_id"] != whole["token_ids"][2]
+               and a["prob"] > 0)
+    code, out, err = cli("sample", "The machine", "-n", "10", "--force", f"2={alt}", *args)
+    assert code == 0, err
+    forced = json.loads(out)
+    assert forced["token_ids"][:2] == whole["token_ids"][:2] and forced["token_ids"][2] == alt
+    assert forced["steps"][2]["decided_by"] == "forced"
+    code, out, err = cli("sample", "The machine", "--force", "two=3", *args)
+    assert code == 2 and "--force" in err
+
+
+def test_cli_bench_rows(cli, toy_model_dir):
+    code, out, err = cli("bench", "-m", toy_model_dir, "--settings", "greedy,sampling,prompt-lookup", "-n", "4",
+                         "--rounds", "1", "--gammas", "2", "-f", "json")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert {"greedy, trace on", "greedy, trace off", "prompt lookup: best vs best"} <= {r["setting"] for r in rows}
+    for r in rows:
+        assert {"setting", "decodelab_tokens_per_s", "transformers_tokens_per_s", "ratio"} <= set(r)
+        assert r["ratio"] > 0
+    code, out, err = cli("bench", "-m", toy_model_dir, "--settings", "warp")
+    assert code == 2 and "--settings" in err
