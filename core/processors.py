@@ -108,8 +108,8 @@ class NoRepeatNGram:
 
     def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
         length = ids.shape[1]
-        if length + 1 < self.n:
-            return logits
+        if length < self.n:  # no complete n-gram yet, so nothing to ban (n-1 tokens would give unfold nothing)
+            return logits.clone()
         out = logits.clone()
         if self.n == 1:
             return out.scatter(1, ids, NEG_INF)
