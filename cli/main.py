@@ -40,8 +40,9 @@ def fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI. ``--debug`` (anywhere) shows tracebacks instead of one-line errors."""
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args
-    args = [a for a in args if a != "--debug"]
+    cut = args.index("--") if "--" in args else len(args)  # after "--" every word is an argument, even "--debug"
+    debug = "--debug" in args[:cut]
+    args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
     try:
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
         return result if isinstance(result, int) else 0

@@ -58,12 +58,17 @@ class SpeculateSettings(SampleSettings):
     sweep_gamma: tuple[int, ...] = ()
 
 
+# A round emits (1 - a^(g+1)) / (1 - a) < 1 / (1 - a) tokens on average: past a few dozen drafts more only costs,
+# even at an acceptance rate of 0.99; the bound keeps the per-position statistics a readable size.
+MAX_GAMMA = 128
+
+
 def validate_speculate(s: SpeculateSettings) -> None:
     validate_sample(s)
-    if s.gamma < 1:
-        raise ConfigError(f"--gamma {s.gamma}: must be an integer >= 1")
-    if s.ngram_size < 1:
-        raise ConfigError(f"--ngram-size {s.ngram_size}: must be an integer >= 1")
+    if not 1 <= s.gamma <= MAX_GAMMA:
+        raise ConfigError(f"--gamma {s.gamma}: must be an integer in [1, {MAX_GAMMA}]")
+    if not 1 <= s.ngram_size <= MAX_GAMMA:
+        raise ConfigError(f"--ngram-size {s.ngram_size}: must be an integer in [1, {MAX_GAMMA}]")
     parse_gammas(",".join(map(str, s.sweep_gamma)) if s.sweep_gamma else None)
 
 
@@ -72,8 +77,9 @@ def parse_gammas(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
-        raise ConfigError(f"--sweep-gamma {text!r}: a comma-separated list of integers >= 1, e.g. 1,2,4,8")
+    if not items or not all(t.isdecimal() and 1 <= int(t) <= MAX_GAMMA for t in items):
+        raise ConfigError(f"--sweep-gamma {text!r}: a comma-separated list of integers in [1, {MAX_GAMMA}], "
+                          "e.g. 1,2,4,8")
     return tuple(dict.fromkeys(int(t) for t in items))
 
 
@@ -419,7 +425,7 @@ class Speculator(Run):
     def __iter__(self) -> Iterator[Round]:
         check_prompt(len(self.prompt_ids), self.rules.context_length)
         device = next(self.target.parameters()).device
-        capacity = len(self.prompt_ids) + self.rules.max_new_tokens + self.gamma + 2
+        capacity = self.rules.capacity(len(self.prompt_ids)) + self.gamma + 2
         self.seq = Sequence(self.prompt_ids, capacity, device)
         self.watch = Stopwatch(device)
         self.watch.start()

@@ -75,6 +75,12 @@ class StopRules:
     ignore_eos: bool = False
     context_length: int | None = None
 
+    def capacity(self, prompt_len: int) -> int:
+        """Positions a run can fill: the prompt and -n new tokens, never past the context (a huge -n allocates no
+        more than the context)."""
+        total = prompt_len + self.max_new_tokens
+        return total if self.context_length is None else max(prompt_len, min(total, self.context_length))
+
 
 class StopChecker:
     """Checks one appended token at a time, in this order: eos, stop string, context, length.

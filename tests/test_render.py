@@ -129,6 +129,10 @@ def test_step_rows_and_markdown():
     cells = [c.strip() for c in md[2].strip("|").split("|")]
     assert len(md) == 3 and cells[4:8] == ["0.5", "-0.693147", "0.25", "-1.38629"]  # floatfmt .6g
     assert captured(render.print_rows, [], "csv") == ""
+    tiny = captured(render.print_rows, [{"p": 1.5e-07, "q": 0.123456789}], "markdown").splitlines()[2]
+    assert [c.strip() for c in tiny.strip("|").split("|")] == ["1.5e-07", "0.123457"]
+    out = captured(render.print_rows, rows, "csv")
+    assert "\r" not in out and out.count("\n") == 2  # header and one row, Unix line ends
 
 
 def test_summary_line():
@@ -137,6 +141,7 @@ def test_summary_line():
     line = render.summary_line(s).plain
     assert line.startswith("summary: new_tokens=3  mean_logprob=-1.235  raw_perplexity=None  tokens_per_s=12.35  "
                            "stop_reason=eos")
+    assert str(render.summary_line(s).style) == "cyan"
 
 
 def test_document_top_level():
