@@ -216,8 +216,7 @@ def load_preset(spec: str) -> tuple[str, dict]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--preset {spec!r}: invalid TOML: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"--preset {spec!r}: {path} is not UTF-8 text (byte {exc.start}); TOML files are UTF-8"
-                          ) from None
+        raise ConfigError(f"--preset {spec!r}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"--preset {spec!r}: cannot read {path} ({exc.strerror})") from None
     return path.stem, table
@@ -235,7 +234,7 @@ def resolve(cls, preset: str | None = None, options: dict | None = None, sets: l
                 field = normalize_key(cls, key)
                 values[field] = coerce(cls, field, raw)
             except ConfigError as exc:  # name the file: the option the message names was never typed
-                raise ConfigError(f"--preset {preset}: key {key!r} in the file: {exc}") from None
+                raise ConfigError(f"--preset {preset!r}: key {key!r} in the file: {exc}") from None
     for key, raw in (options or {}).items():
         if raw is not None and raw != ():
             values[key] = raw
