@@ -79,7 +79,7 @@ def decode_tokens(
         else:
             token_id, finite = torch.stack([sel.token[0].float(), sel.finite[0].float()]).tolist()
             token_id, numbers = int(token_id), None
-        check_selected(bool(finite), chain)
+        check_selected(bool(finite), chain, sel.processed)
         state.new_ids.append(token_id)
         buf.append([token_id], sel.token.view(1, 1))
         watch.lap("loop")

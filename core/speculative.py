@@ -482,7 +482,7 @@ class Speculator(Run):
             p = q = u = final = None
         else:
             drafts, k, token, finite, p, q, u, final = self.verify(processed, draft)
-        check_selected(finite, self.chain)  # the chain left nothing at the position decided
+        check_selected(finite, self.chain, processed)  # the chain left nothing at the position decided
         runtime.truncate(n + k)  # keep s + x_1..x_k; y is fed with the next round
         self.proposer.rollback(n + k)
         synchronize(device)

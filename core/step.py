@@ -143,7 +143,8 @@ def select(chain: Chain, selector, ids: Tensor, logits: Tensor, record: bool = F
     return Selected(token, processed, stages, finite)
 
 
-def check_selected(finite: bool, chain: Chain) -> None:
-    """The argmax of an all -inf (or NaN) row is meaningless: one clean error instead."""
+def check_selected(finite: bool, chain: Chain, logits: Tensor | None = None) -> None:
+    """The argmax of an all -inf (or NaN) row is meaningless: one clean error instead (``logits``, the processed
+    rows, tell an overflow from a chain that removed everything)."""
     if not finite:
-        raise empty_chain_error(chain.names)
+        raise empty_chain_error(chain.names, logits)

@@ -117,3 +117,13 @@ def test_no_repeat_ngram_on_a_prompt_shorter_than_n(cli, toy_model_dir, command)
 ])
 def test_beam_bounds(cli, args, needle):
     assert needle in one_line_error(cli, "beam", "Hi", "-m", "/nonexistent/model", *args)
+
+
+@pytest.mark.parametrize("args", [["-t", "1e-45"], ["--logit-bias", "0=1e39"]])
+def test_an_overflow_is_not_reported_as_an_empty_chain(cli, toy_model_dir, args):
+    """logits / 1e-45 and a bias past float32's 3.4e38 give +inf, whose softmax is NaN: the message says overflow,
+    not that the chain removed every candidate."""
+    err = one_line_error(cli, "sample", "Hello", "-m", toy_model_dir, "-n", "2", *args, "-f", "json")
+    assert "overflow to +inf or NaN" in err and "removed every candidate" not in err
+    err = one_line_error(cli, "speculate", "Hello", "-m", toy_model_dir, "-n", "2", "--draft", "ngram", *args)
+    assert "overflow to +inf or NaN" in err
