@@ -53,3 +53,43 @@ def test_the_checked_chain_passes_the_ids_to_its_stages():
 def test_point_masses_are_float_distributions():
     q = point_masses(torch.tensor([2, 0]), 3)
     assert q.dtype == torch.float32 and q.tolist() == [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
+
+
+def test_stage_table_names_each_stage():
+    from decodelab.core.processors import TopK, stage_table
+
+    z = torch.tensor([[0.0, 1.0, 2.0]])
+    assert [stat.name for stat, _ in stage_table([("raw", z), ("top-k", TopK(1)(None, z))])] == ["raw", "top-k"]
+
+
+def test_a_kept_candidate_whose_probability_underflows_stays_among_the_kept():
+    """Logit -200 is kept (finite) but its float32 probability is exactly 0: it still ranks before the removed id 2,
+    whose raw probability is 0.99."""
+    from decodelab.core.stats import ranked_alternatives
+
+    raw = torch.tensor([0.0, -200.0, 5.0])
+    processed = torch.tensor([0.0, -200.0, NEG])
+    probs = softmax(processed[None])[0]
+    assert probs[1].item() == 0.0  # the premise
+    alts = ranked_alternatives(probs, softmax(raw[None])[0], torch.isfinite(processed), 3)
+    assert alts.tolist() == [0, 1, 2]
+
+
+def test_residual_is_normalised_per_row():
+    """Row 0: max(0, p - q) = (0, 1/2, 0) -> (0, 1, 0). Row 1: p == q leaves no excess: the row falls back to p."""
+    from decodelab.core.speculative import residual_distribution
+
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.25, 0.25, 0.5]])
+    q = torch.tensor([[1.0, 0.0, 0.0], [0.25, 0.25, 0.5]])
+    assert residual_distribution(p, q).tolist() == [[0.0, 1.0, 0.0], [0.25, 0.25, 0.5]]
+
+
+def test_a_draft_the_target_gives_probability_zero_is_never_accepted():
+    """u = 0 and p(x) = 0: the rule accepts iff u < p/q, so 0 < 0 rejects (u <= p/q would accept an impossible
+    token). The correction then comes from norm(max(0, p - q)) = the one token p allows."""
+    from decodelab.core.speculative import verify_sampled
+
+    p = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]])  # [B=1, g+1=2, V=2]
+    q = torch.tensor([[[1.0, 0.0]]])  # the draft proposed token 0 with certainty
+    verdict = verify_sampled(p, q, torch.tensor([[0]]), torch.tensor([[0.0]]), torch.ones(1, 2))
+    assert verdict.accepted.tolist() == [0] and verdict.token.tolist() == [1]

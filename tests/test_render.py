@@ -59,7 +59,7 @@ def test_one_line_and_show_token():
 
 @pytest.mark.parametrize("p, expected", [
     (0.0, " " * 10), (-1.0, " " * 10), (1.0, "█" * 10), (2.0, "█" * 10), (0.5, "█████     "),
-    (0.55, "█████▌    "), (0.0125, "▏         "), (0.01, " " * 10), (0.9875, "█████████▉"), (0.3375, "███▍      "),
+    (0.55, "█████▌    "), (0.0125, "▏         "), (0.08, "▊         "), (0.099, "▉         "), (0.01, " " * 10), (0.9875, "█████████▉"), (0.3375, "███▍      "),
 ])
 def test_bar_in_eighths(p, expected):
     # cells = 10 p; full blocks, then one of 7 partial blocks for the eighths left (none below 1/8)
@@ -161,3 +161,20 @@ def test_show_saves_html_and_svg(tmp_path, capsys):
     assert svg.read_text().lstrip().startswith("<svg") and "decodelab" in svg.read_text()
     render.show([render.summary_line(SampleSummary(1, 0.0, 1.0, 1.0, "length"))])
     assert "summary: new_tokens=1" in capsys.readouterr().out
+
+
+def test_show_saves_either_file_alone_at_160_columns(tmp_path):
+    """Each of --save-html / --save-svg works without the other; the recording is 160 columns wide (a 170-character
+    line wraps after 160) and plain (no automatic highlighting of numbers); the SVG is titled decodelab."""
+    from rich.text import Text
+
+    html = tmp_path / "only.html"
+    render.show([Text("value 12345"), Text("x" * 170)], save_html=html, to_screen=False)
+    page = html.read_text()
+    assert "value 12345" in page and "x" * 160 in page and "x" * 161 not in page
+    svg = tmp_path / "only.svg"
+    render.show([Text("abc")], save_svg=svg, to_screen=False)
+    assert "abc" in svg.read_text() and ">decodelab<" in svg.read_text()
+    both_html, both_svg = tmp_path / "b.html", tmp_path / "b.svg"
+    render.show([Text("shared")], both_html, both_svg, to_screen=False)
+    assert "shared" in both_html.read_text() and "shared" in both_svg.read_text()  # the HTML did not clear it
