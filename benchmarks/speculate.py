@@ -23,9 +23,6 @@ bundled pair at its best gamma.
 The draft-model rows decode --prompts passages of the bundled models' held-out text (presets/models/validation.txt:
 the kind of text the pair was trained on); the n-gram rows decode a repetitive prompt. Every figure sums over the
 prompts of a round before the median over rounds.
-
-Without the trained bundled weights the draft-model rows are skipped (and the n-gram rows use a random model of
-``tiny``'s shape, labelled as such, while ``tiny`` itself is missing).
 """
 
 from __future__ import annotations
@@ -57,23 +54,6 @@ STORY = "Once upon a time, in a small village by the sea, there lived an old fis
 REPETITIVE = ("The quick brown fox jumps over the lazy dog. " * 6).strip()
 
 
-def bundled_ready(name: str) -> bool:
-    return (bundled_dir(name) / "model.safetensors").exists()
-
-
-def random_tiny_shape():
-    """A random Llama of the bundled target's shape (for the n-gram rows before the weights exist)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
-
-    tok = AutoTokenizer.from_pretrained(str(bundled_dir("tiny")))
-    cfg = LlamaConfig(vocab_size=4096, hidden_size=192, num_hidden_layers=12, num_attention_heads=6,
-                      num_key_value_heads=2, intermediate_size=448, max_position_embeddings=512,
-                      tie_word_embeddings=True)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
-    return model, tok
-
-
 def held_out_prompts(count: int, chars: int = 200) -> list[str]:
     """Passages of the bundled models' held-out text (validation.txt), evenly spaced, cut at spaces: text of the
     kind the pair was trained on, none of it seen in training. Falls back to one story prompt."""
@@ -93,16 +73,17 @@ def one_pair(target, proposer_factory, prompts, chain, temperature, n, gamma, ct
     greedy = temperature == 0
     total = dict.fromkeys(("plain", "plain_tokens", "spec", "draft", "verify", "accepted", "judged", "drafted",
                            "rounds", "tokens"), 0.0)
+    device = next(target.parameters()).device
     for prompt_ids in prompts:
-        base = time_plain_decoding(target, prompt_ids, chain, make_selector(temperature, 0, "cpu"), n, ctx)
-        gen = None if greedy else make_generator(0, "cpu")
+        base = time_plain_decoding(target, prompt_ids, chain, make_selector(temperature, 0, device), n, ctx)
+        gen = None if greedy else make_generator(0, device)
         sp = Speculator(target, proposer_factory(make_selector_for(greedy, gen)), prompt_ids, chain,
                         StopRules(n, ignore_eos=True, context_length=ctx), gamma, gen, record=False)
         for _ in sp:
             pass
         s = sp.stats
         for key, value in (("plain", base.decode_seconds), ("plain_tokens", base.tokens - 1),
-                           ("spec", s.decode_seconds), ("draft", s.draft_seconds), ("verify", s.target_seconds),
+                           ("spec", sp.watch.timing.loop_s), ("draft", s.draft_seconds), ("verify", s.target_seconds),
                            ("accepted", s.accepted), ("judged", s.judged), ("drafted", s.drafted),
                            ("rounds", s.rounds), ("tokens", len(s.new_ids))):
             total[key] += value
@@ -183,6 +164,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: stable timings on a shared machine)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy verification (default)")
+    ap.add_argument("--model", default="tiny", help="the target (bundled name or folder)")
+    ap.add_argument("--draft", default="tiny-draft", help="the draft model (same tokenizer)")
+    ap.add_argument("--device", default="auto")
     ap.add_argument("--ngram-size", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4, help="held-out passages for the draft-model rows")
     ap.add_argument("--only", choices=("draft", "ngram"), default=None)
@@ -193,23 +177,16 @@ def main() -> int:
     stages = {"temperature": args.temperature}
     chain = build_chain(stages)
     rows = []
-    if bundled_ready("tiny"):
-        tiny = load_model("tiny", device="cpu")
-        target, tok, ctx, name = tiny.model, tiny.tokenizer, tiny.context_length, "tiny"
-    else:
-        print("bundled tiny missing: n-gram rows on a random model of tiny's shape", file=sys.stderr)
-        target, tok = random_tiny_shape()
-        ctx, name = 512, "random-tiny-shape"
-    draft = load_model("tiny-draft", device="cpu") if bundled_ready("tiny-draft") and name == "tiny" else None
-    if draft is None:
-        print("bundled tiny-draft missing: draft-model rows skipped", file=sys.stderr)
+    tiny = load_model(args.model, device=args.device)
+    target, tok, ctx, name = tiny.model, tiny.tokenizer, tiny.context_length, tiny.name
+    draft = load_model(args.draft, device=str(tiny.device))
     print(f"target {name}, {args.tokens} tokens, temperature {args.temperature}, threads {args.threads}, "
           f"rounds {args.rounds}", file=sys.stderr)
-    if draft is not None and args.only in (None, "draft"):
+    if args.only in (None, "draft"):
         texts = held_out_prompts(args.prompts)
         prompts = [list(tok.encode(t)) for t in texts]
-        factory = lambda sel: ModelProposer(draft.model, chain, sel, "tiny-draft", draft.context_length)  # noqa: E731
-        label = f"tiny <- tiny-draft ({len(prompts)} held-out)" if len(texts) > 1 else "tiny <- tiny-draft (story)"
+        factory = lambda sel: ModelProposer(draft.model, chain, sel, draft.name, draft.context_length)  # noqa: E731
+        label = f"{name} <- {draft.name} ({len(prompts)} held-out)" if len(texts) > 1 else f"{name} <- {draft.name}"
         rows += measure(label, target, factory, prompts, chain, args.temperature, args.tokens, gammas,
                         args.rounds, ctx)
     if args.only in (None, "ngram"):

@@ -9,12 +9,13 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ..core.beam import (BeamSearch, BeamSettings, ModelStepper, parse_penalties, sweep_length_penalty,
-                         validate_beam)
+from ..core.beam import BeamSettings, parse_penalties, sweep_length_penalty, validate_beam
+from ..core.build import beam_stepper, build_beam
 from ..core.config import as_dict, resolve
 from . import options as o
 from . import render
-from .pipeline import chain_options, load, make_chain, read_prompt
+from .loop import drive
+from .pipeline import load, read_prompt
 
 BEAM = "Beam search"
 
@@ -39,69 +40,46 @@ Sweep = Annotated[Optional[str], typer.Option(
     "winner per value, changes marked (JSON 'sweep'; csv prints the sweep rows).", rich_help_panel=BEAM)]
 
 
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, ("max_new_tokens", "ignore_eos"), ("fmt", "save_html", "save_svg"),
+           o.PENALTIES)
 def beam(
-    prompt: o.Prompt = None,
-    prompt_file: o.PromptFile = None,
-    model: o.Model = "tiny",
-    preset: o.Preset = None,
-    set_: o.Set = None,
-    max_new_tokens: o.MaxNew = None,
+    opts: o.Opts,
     beams: Beams = None,
     num_return: Return = None,
     length_penalty: LengthPenalty = None,
     length_norm: LengthNorm = None,
     early_stopping: EarlyStopping = None,
     sweep: Sweep = None,
-    device: o.Device = "auto",
-    dtype: o.Dtype = "auto",
-    device_map: o.DeviceMap = None,
-    trust_remote_code: o.TrustRemoteCode = False,
-    chat: o.Chat = False,
-    ignore_eos: o.IgnoreEos = None,
-    fmt: o.Fmt = o.Format.table,
-    save_html: o.SaveHtml = None,
-    save_svg: o.SaveSvg = None,
-    logit_bias: o.LogitBias = None,
-    repetition_penalty: o.RepetitionPenalty = None,
-    no_repeat_ngram: o.NoRepeatNgram = None,
-    chain: o.ChainOrder = None,
 ) -> None:
     """Beam search (transformers semantics) with a tree of every step: live beams, pruned candidates, finished
     hypotheses. Scores are labelled: sum_logprob = decoding sum after the processors (run on log-probabilities,
     as transformers does), raw_sum_logprob = the unprocessed model's log-probability, score = sum_logprob /
     norm(L). Processors: --repetition-penalty, --no-repeat-ngram, --logit-bias (sampling filters do not apply).
     Default -n is 32."""
-    text = read_prompt(prompt, prompt_file)
-    explicit = chain_options(None, None, None, None, None, None, logit_bias, repetition_penalty, no_repeat_ngram,
-                             chain)
-    explicit.update(max_new_tokens=max_new_tokens, beams=beams, num_return=num_return, length_penalty=length_penalty,
+    text = read_prompt(opts.prompt, opts.prompt_file)
+    explicit = o.explicit(opts, "max_new_tokens", "ignore_eos")
+    explicit.update(beams=beams, num_return=num_return, length_penalty=length_penalty,
                     length_norm=length_norm.strip().lower() if length_norm else None,
-                    early_stopping=early_stopping.strip().lower() if early_stopping else None,
-                    ignore_eos=ignore_eos)
-    settings = resolve(BeamSettings, preset, explicit, set_)
+                    early_stopping=early_stopping.strip().lower() if early_stopping else None)
+    settings = resolve(BeamSettings, opts.preset, explicit, opts.set_)
     validate_beam(settings)
     penalties = parse_penalties(sweep) if sweep is not None else None
-    lm = load(model, device, dtype, device_map, trust_remote_code)
-    processors = make_chain(lm, settings)
-    prompt_ids = lm.encode(text, chat)
-    search = BeamSearch(ModelStepper(lm.model), prompt_ids, processors, settings, tuple(lm.eos_ids), lm.decode,
-                        lm.context_length, record=True, token_text=lm.token_text)
-    try:
-        for step in search:
-            if fmt == o.Format.jsonl:
-                render.print_jsonl({"type": "step", **render.clean(step)})
-    except KeyboardInterrupt:
-        search.interrupt()
+    lm = load(opts)
+    prompt_ids = lm.encode(text, opts.chat)
+    search = build_beam(lm, settings, prompt_ids)
+    processors = search.chain
+    drive(search, opts.fmt)
     hyps = search.hypotheses
     summary = search.summary()
     sweep_rows = None
     if penalties is not None:
-        sweep_rows = sweep_length_penalty(lambda: ModelStepper(lm.model), prompt_ids, processors, settings, penalties,
-                                          tuple(lm.eos_ids), lm.decode, lm.context_length)
+        sweep_rows = sweep_length_penalty(lambda: beam_stepper(lm, settings), prompt_ids, processors, settings,
+                                          penalties, tuple(lm.eos_ids), lm.decode, lm.context_length)
     best = hyps[0] if hyps else None
     result = {"text": best.text if best else "", "token_ids": best.token_ids if best else [], "hypotheses": hyps}
     if sweep_rows is not None:
         result["sweep"] = sweep_rows
+    fmt = opts.fmt
     if fmt == o.Format.jsonl:
         render.print_jsonl({"type": "summary", "command": "beam", "model": lm.name, **render.clean(result),
                             **render.clean(summary)})
@@ -115,12 +93,12 @@ def beam(
             render.print_rows(sweep_table_rows(sweep_rows), "markdown")
     elif fmt == o.Format.csv:
         render.print_rows(sweep_table_rows(sweep_rows) if sweep_rows is not None else hypothesis_rows(hyps), "csv")
-    if fmt == o.Format.table or save_html or save_svg:
+    if fmt == o.Format.table or opts.save_html or opts.save_svg:
         views = [search_tree(lm.name, text, search, settings), hypotheses_table(hyps)]
         if sweep_rows is not None:
             views.append(sweep_table(sweep_rows, settings.length_norm))
         views.append(render.summary_line(summary))
-        render.show(views, save_html, save_svg, to_screen=fmt == o.Format.table)
+        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
 
 
 # --- rows for markdown / csv -------------------------------------------------------------------------------

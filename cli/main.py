@@ -16,6 +16,7 @@ from .beam import beam
 from .models import models
 from .probs import probs
 from .sample import sample
+from .score import score
 from .speculate import speculate
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ app.command()(probs)
 app.command()(models)
 app.command()(speculate)
 app.command()(beam)
+app.command()(score)
 
 
 def fail(message: str) -> int:

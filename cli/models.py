@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..core.config import META_KEYS, bundled_presets, load_preset
+from ..core.kv import listing as cache_policies
 from ..core.model import describe_bundled
 from . import options as o
 from . import render
@@ -20,11 +21,12 @@ def presets_listing() -> list[dict]:
 
 
 def models(fmt: o.Fmt = o.Format.table) -> None:
-    """List the bundled models (parameters, context, vocabulary, size) and the bundled presets."""
-    models_rows, preset_rows = describe_bundled(), presets_listing()
+    """List the bundled models (parameters, context, vocabulary, size), the bundled presets and the KV-cache
+    policies `--cache` accepts."""
+    models_rows, preset_rows, policy_rows = describe_bundled(), presets_listing(), cache_policies()
     if fmt in (o.Format.json, o.Format.jsonl):
         (render.print_json if fmt == o.Format.json else render.print_jsonl)(
-            {"command": "models", "models": models_rows, "presets": preset_rows})
+            {"command": "models", "models": models_rows, "presets": preset_rows, "cache_policies": policy_rows})
         return
     if fmt in (o.Format.markdown, o.Format.csv):
         flat = [{k: v for k, v in r.items() if k != "path"} for r in models_rows]
@@ -46,4 +48,9 @@ def models(fmt: o.Fmt = o.Format.table) -> None:
     presets.add_column("description")
     for p in preset_rows:
         presets.add_row(p["name"], ", ".join(f"{k}={v}" for k, v in p["settings"].items()), p["description"])
-    render.show([table, presets])
+    policies = Table(title="KV-cache policies (--cache NAME[:key=value,...])", header_style="bold")
+    for col in ("name", "keys", "can", "what it keeps"):
+        policies.add_column(col)
+    for p in policy_rows:
+        policies.add_row(p["name"], ", ".join(p["keys"]), ", ".join(p["capabilities"]), p["summary"])
+    render.show([table, presets, policies])

@@ -1,9 +1,19 @@
-"""Option definitions shared by the commands, defined once as Annotated aliases."""
+"""Option definitions shared by the commands, defined once: Annotated aliases, grouped, and a decorator that adds
+a group's options to a command's signature and hands the command their values as one ``opts`` object.
+
+    @command(PROMPT, MODEL, OUTPUT)
+    def probs(opts: Opts, own_option: OwnAlias = None) -> None: ...
+
+Each command keeps only its own options in its signature; the shared ones are written once, here.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from enum import Enum
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Optional
 
 import typer
@@ -49,6 +59,10 @@ Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Extra stop st
 IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos", help="Generate exactly -n tokens.",
                                                    rich_help_panel=RUN, show_default=False)]
 
+Cache = Annotated[Optional[str], typer.Option(
+    "--cache", help="KV-cache policy: NAME or NAME:key=value,... (default full; `decodelab models` lists them).",
+    rich_help_panel=RUN, show_default=False)]
+
 Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv.",
                                      rich_help_panel=OUT)]
 Top = Annotated[Optional[int], typer.Option("--top", help="Alternatives listed per step (default 5).",
@@ -81,3 +95,69 @@ ChainOrder = Annotated[Optional[str], typer.Option(
     "--chain", help="Explicit stage order, e.g. 'bias,softcap,temperature,top-k,top-p'. Default order: softcap, "
     "repetition-penalty, no-repeat-ngram, bias, temperature, top-k, top-p, min-p, typical-p (only set stages run).",
     rich_help_panel=PROC)]
+
+
+# --- groups ----------------------------------------------------------------------------------------------------
+
+DEFINITIONS: dict[str, tuple[object, object]] = {
+    "prompt": (Prompt, None), "prompt_file": (PromptFile, None), "chat": (Chat, False),
+    "model": (Model, "tiny"), "device": (Device, "auto"), "dtype": (Dtype, "auto"), "device_map": (DeviceMap, None),
+    "trust_remote_code": (TrustRemoteCode, False), "cache": (Cache, None),
+    "preset": (Preset, None), "set_": (Set, None), "max_new_tokens": (MaxNew, None), "seed": (Seed, None),
+    "stop": (Stop, None), "ignore_eos": (IgnoreEos, None),
+    "fmt": (Fmt, Format.table), "top": (Top, None), "save_html": (SaveHtml, None), "save_svg": (SaveSvg, None),
+    "temperature": (Temperature, None), "top_k": (TopK, None), "top_p": (TopP, None), "min_p": (MinP, None),
+    "typical_p": (TypicalP, None), "softcap": (Softcap, None), "logit_bias": (LogitBias, None),
+    "repetition_penalty": (RepetitionPenalty, None), "no_repeat_ngram": (NoRepeatNgram, None),
+    "chain": (ChainOrder, None),
+}
+
+PROMPT = ("prompt", "prompt_file", "chat")
+MODEL = ("model", "device", "dtype", "device_map", "trust_remote_code", "cache")
+SETTINGS = ("preset", "set_")
+GENERATE = ("max_new_tokens", "seed", "stop", "ignore_eos")
+OUTPUT = ("fmt", "top", "save_html", "save_svg")
+PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain")  # what beam search applies
+CHAIN = ("temperature", "top_k", "top_p", "min_p", "typical_p", "softcap") + PENALTIES
+CHAIN_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "softcap", "repetition_penalty",
+              "no_repeat_ngram")
+
+
+Opts = SimpleNamespace  # the shared options' values, by name
+
+
+def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
+    """Add the groups' options (less ``without``) to a command whose first parameter is ``opts``."""
+    names = [n for g in groups for n in g if n not in without]
+
+    def wrap(fn):
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "opts"]
+        shared = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=DEFINITIONS[n][1],
+                                    annotation=DEFINITIONS[n][0]) for n in names]
+        # the prompt argument first, then the command's own options, then the shared ones
+        params = [p for p in shared if p.name == "prompt"] + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+                                                             for p in own] + [p for p in shared if p.name != "prompt"]
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs):
+            opts = Opts(**{n: kwargs.pop(n) for n in names})
+            return fn(opts, **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return wrap
+
+
+def explicit(opts: Opts, *keys: str) -> dict:
+    """Options given on the command line as settings fields (None = not given), for config.resolve."""
+    from ..core.config import parse_logit_bias
+
+    out = {key: getattr(opts, key, None) for key in CHAIN_KEYS + ("cache",) + keys}
+    bias, chain = getattr(opts, "logit_bias", None), getattr(opts, "chain", None)
+    out["logit_bias"] = parse_logit_bias(bias) if bias else None
+    out["chain"] = tuple(s.strip() for s in chain.split(",") if s.strip()) if chain else None
+    if out.get("stop"):
+        out["stop"] = tuple(out["stop"])
+    return out

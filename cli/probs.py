@@ -4,56 +4,25 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from ..core.config import SampleSettings, as_dict, resolve, validate_sample
-from ..core.decode import next_token_stages
+from ..core.build import build_probs
+from ..core.config import ProbsSettings, as_dict, resolve, validate_sample
 from . import options as o
 from . import render
-from .pipeline import chain_options, load, make_chain, read_prompt
+from .pipeline import load, read_prompt
 
-DEFAULT_TOP = 10
-
-
-def probs(
-    prompt: o.Prompt = None,
-    prompt_file: o.PromptFile = None,
-    model: o.Model = "tiny",
-    preset: o.Preset = None,
-    set_: o.Set = None,
-    device: o.Device = "auto",
-    dtype: o.Dtype = "auto",
-    device_map: o.DeviceMap = None,
-    trust_remote_code: o.TrustRemoteCode = False,
-    chat: o.Chat = False,
-    fmt: o.Fmt = o.Format.table,
-    top: o.Top = None,
-    save_html: o.SaveHtml = None,
-    save_svg: o.SaveSvg = None,
-    temperature: o.Temperature = None,
-    top_k: o.TopK = None,
-    top_p: o.TopP = None,
-    min_p: o.MinP = None,
-    typical_p: o.TypicalP = None,
-    softcap: o.Softcap = None,
-    logit_bias: o.LogitBias = None,
-    repetition_penalty: o.RepetitionPenalty = None,
-    no_repeat_ngram: o.NoRepeatNgram = None,
-    chain: o.ChainOrder = None,
-) -> None:
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN)
+def probs(opts: o.Opts) -> None:
     """Show how each stage of the chain reshapes the next-token distribution (top tokens, kept, entropy)."""
-    text = read_prompt(prompt, prompt_file)
-    explicit = chain_options(temperature, top_k, top_p, min_p, typical_p, softcap, logit_bias, repetition_penalty,
-                             no_repeat_ngram, chain)
-    explicit["top"] = top if top is not None else DEFAULT_TOP
-    settings = resolve(SampleSettings, preset, explicit, set_)
+    text = read_prompt(opts.prompt, opts.prompt_file)
+    settings = resolve(ProbsSettings, opts.preset, o.explicit(opts, "top"), opts.set_)
     validate_sample(settings)
-    lm = load(model, device, dtype, device_map, trust_remote_code)
-    processors = make_chain(lm, settings)
-    prompt_ids = lm.encode(text, chat)
-    stages, tracked = next_token_stages(lm.model, prompt_ids, processors, lm.token_text, settings.top,
-                                        lm.context_length)
+    lm = load(opts)
+    prompt_ids = lm.encode(text, opts.chat)
+    stages, tracked = build_probs(lm, settings, prompt_ids)
     names = [s.name for s in stages]
+    fmt = opts.fmt
     if fmt == o.Format.json or fmt == o.Format.jsonl:
-        doc = render.document("probs", lm, as_dict(settings), processors.names, text, prompt_ids,
+        doc = render.document("probs", lm, as_dict(settings), names[1:], text, prompt_ids,
                               stages=stages, tokens=tracked)
         (render.print_json if fmt == o.Format.json else render.print_jsonl)(doc)
     elif fmt in (o.Format.markdown, o.Format.csv):
@@ -63,8 +32,8 @@ def probs(
             row.update({f"p_{name}": t.probs[name] for name in names})
             rows.append(row)
         render.print_rows(rows, fmt.value)
-    if fmt == o.Format.table or save_html or save_svg:
-        render.show([tokens_table(tracked, names, lm.name), stages_table(stages)], save_html, save_svg,
+    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+        render.show([tokens_table(tracked, names, lm.name), stages_table(stages)], opts.save_html, opts.save_svg,
                     to_screen=fmt == o.Format.table)
 
 

@@ -158,6 +158,15 @@ def console() -> Console:
     return Console(highlight=False)
 
 
+def error_console() -> Console:
+    """Progress and status lines go to stderr, so stdout stays the output."""
+    return Console(stderr=True, highlight=False)
+
+
+def exp(logprob: float) -> float:
+    return math.exp(logprob) if logprob != float("-inf") else 0.0
+
+
 def show(renderables, save_html: Path | None = None, save_svg: Path | None = None, to_screen: bool = True) -> None:
     """Print rich renderables, and also write them as HTML/SVG when asked (whatever the --format)."""
     if to_screen:
@@ -176,6 +185,7 @@ def show(renderables, save_html: Path | None = None, save_svg: Path | None = Non
 
 
 def summary_line(summary) -> Text:
+    """key=value for every scalar of a summary (a dataclass or a dict)."""
     d = clean(summary)
-    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items()]
+    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items() if v is not None]
     return Text("summary: " + "  ".join(parts), style="cyan")

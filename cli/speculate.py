@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
+from ..core.build import build_speculator, load_draft, make_chain, plain_baseline, warm_up_speculate
 from ..core.config import as_dict, resolve
-from ..core.decode import StopRules
-from ..core.errors import ModelLoadError
-from ..core.select import make_generator, make_selector
-from ..core.speculative import (
-    ModelProposer,
-    NGramProposer,
-    Speculator,
-    SpeculateSettings,
-    best_gamma,
-    check_same_vocabulary,
-    make_selector_for,
-    parse_gammas,
-    time_plain_decoding,
-    validate_speculate,
-)
+from ..core.speculative import SpeculateSettings, best_gamma, parse_gammas, validate_speculate
 from . import options as o
 from . import render
-from .pipeline import chain_options, load, make_chain, read_prompt
+from .loop import drive
+from .pipeline import load, read_prompt
 
 SPEC = "Speculative decoding"
 
@@ -43,100 +30,38 @@ SweepOpt = Annotated[Optional[str], typer.Option("--sweep-gamma", help="Also mea
                                                  "1,2,3,4,6,8, and name the best.", rich_help_panel=SPEC)]
 
 
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN, without=("device_map",))
 def speculate(
-    prompt: o.Prompt = None,
-    prompt_file: o.PromptFile = None,
-    model: o.Model = "tiny",
+    opts: o.Opts,
     draft: DraftOpt = None,
     gamma: GammaOpt = None,
     ngram_size: NgramSizeOpt = None,
     sweep_gamma: SweepOpt = None,
-    preset: o.Preset = None,
-    set_: o.Set = None,
-    max_new_tokens: o.MaxNew = None,
-    seed: o.Seed = None,
-    device: o.Device = "auto",
-    dtype: o.Dtype = "auto",
-    trust_remote_code: o.TrustRemoteCode = False,
-    chat: o.Chat = False,
-    stop: o.Stop = None,
-    ignore_eos: o.IgnoreEos = None,
-    fmt: o.Fmt = o.Format.table,
-    top: o.Top = None,
-    save_html: o.SaveHtml = None,
-    save_svg: o.SaveSvg = None,
-    temperature: o.Temperature = None,
-    top_k: o.TopK = None,
-    top_p: o.TopP = None,
-    min_p: o.MinP = None,
-    typical_p: o.TypicalP = None,
-    softcap: o.Softcap = None,
-    logit_bias: o.LogitBias = None,
-    repetition_penalty: o.RepetitionPenalty = None,
-    no_repeat_ngram: o.NoRepeatNgram = None,
-    chain: o.ChainOrder = None,
 ) -> None:
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
-    text = read_prompt(prompt, prompt_file)
-    explicit = chain_options(temperature, top_k, top_p, min_p, typical_p, softcap, logit_bias, repetition_penalty,
-                             no_repeat_ngram, chain)
-    explicit.update(max_new_tokens=max_new_tokens, seed=seed, top=top, ignore_eos=ignore_eos,
-                    stop=tuple(stop) if stop else None, draft=draft, gamma=gamma, ngram_size=ngram_size,
-                    sweep_gamma=parse_gammas(sweep_gamma))
-    settings = resolve(SpeculateSettings, preset, explicit, set_)
+    text = read_prompt(opts.prompt, opts.prompt_file)
+    explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
+    explicit.update(draft=draft, gamma=gamma, ngram_size=ngram_size, sweep_gamma=parse_gammas(sweep_gamma))
+    settings = resolve(SpeculateSettings, opts.preset, explicit, opts.set_)
     validate_speculate(settings)
-    lm = load(model, device, dtype, None, trust_remote_code)
-    draft_lm = None if settings.draft == "ngram" else load_draft(settings.draft, lm, dtype, trust_remote_code)
+    lm = load(opts)
+    draft_lm = None if settings.draft == "ngram" else load_draft(settings.draft, lm, opts.dtype,
+                                                                 opts.trust_remote_code)
     processors = make_chain(lm, settings)
-    prompt_ids = lm.encode(text, chat)
-    rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), settings.stop, settings.ignore_eos,
-                      lm.context_length)
-
-    def run(g: int, record: bool, rules: StopRules = rules) -> Speculator:
-        greedy = settings.temperature == 0
-        gen = None if greedy else make_generator(settings.seed, lm.device)
-        if draft_lm is None:
-            proposer = NGramProposer(settings.ngram_size)
-        else:
-            proposer = ModelProposer(draft_lm.model, processors, make_selector_for(greedy, gen), draft_lm.name,
-                                     draft_lm.context_length)
-        return Speculator(lm.model, proposer, prompt_ids, processors, rules, g, gen, lm.token_text, lm.decode,
-                          settings.top, record)
-
-    def measured(spec: Speculator):
-        baseline = time_plain_decoding(lm.model, prompt_ids, processors,
-                                       make_selector(settings.temperature, settings.seed, lm.device),
-                                       len(spec.new_ids), lm.context_length)
-        return spec.summary(baseline)
-
-    for _ in run(settings.gamma, False, replace(rules, max_new_tokens=min(4, rules.max_new_tokens))):
-        pass  # warm-up, not timed: the first forwards of each model are slow
-    spec = run(settings.gamma, record=True)
-    try:
-        for rnd in spec:
-            if fmt == o.Format.jsonl:
-                render.print_jsonl({"type": "step", **render.clean(rnd.to_dict())})
-    except KeyboardInterrupt:
-        spec.interrupt()
-    summary = measured(spec)
+    prompt_ids = lm.encode(text, opts.chat)
+    warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors)
+    spec = build_speculator(lm, draft_lm, settings, prompt_ids, settings.gamma, processors)
+    drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()))
+    summary = spec.summary(plain_baseline(lm, settings, prompt_ids, processors, len(spec.new_ids)))
     sweep = []
     for g in (int(x) for x in settings.sweep_gamma):
-        row = run(g, record=False)
+        row = build_speculator(lm, draft_lm, settings, prompt_ids, g, processors, record=False)
         for _ in row:
             pass
-        sweep.append(measured(row))
+        sweep.append(row.summary(plain_baseline(lm, settings, prompt_ids, processors, len(row.new_ids))))
     best = best_gamma(sweep) if sweep else None
-    emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg)
-
-
-def load_draft(spec: str, target, dtype: str, trust_remote_code: bool):
-    """The draft on the target's device; its messages name --draft."""
-    try:
-        draft_lm = load(spec, str(target.device), dtype, None, trust_remote_code)
-    except ModelLoadError as exc:
-        raise ModelLoadError(str(exc).replace(f"--model {spec}", f"--draft {spec}", 1)) from None
-    check_same_vocabulary(target, draft_lm, spec)
-    return draft_lm
+    emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
+         opts.save_svg)
 
 
 def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg) -> None:

@@ -54,16 +54,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from .config import ChainSettings, _check, validate_chain
+from .config import ChainSettings, _check, cache_spec, validate_chain
 from .errors import ConfigError
-from .kv import CacheSpec
+from .kv import CacheSpec, require
 from .processors import Chain, empty_chain_error
 from .run import Run, Stopwatch
 from .runtime import Runtime
-from .step import check_prompt
+from .step import TokenBuffer, check_prompt
 
 NORMS = ("hf", "gnmt", "prompt-inclusive", "none")
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
@@ -108,6 +109,7 @@ def validate_beam(s: BeamSettings) -> None:
             raise ConfigError(f"--{key.replace('_', '-')} {value}: not used by beam search (transformers applies it "
                               "only when sampling; every beam scores all tokens); allowed processors: "
                               "--repetition-penalty, --no-repeat-ngram, --logit-bias")
+    require(cache_spec(s), {"reorder", "rows"}, "beam search")
     if not isinstance(s.beams, int) or not 1 <= s.beams <= MAX_BEAMS:
         raise ConfigError(f"--beams {s.beams}: must be an integer in [1, {MAX_BEAMS}]")
     if s.num_return is not None and not 1 <= s.num_return <= s.beams:
@@ -346,13 +348,14 @@ class BeamSearch(Run):
         running[0] = 0.0
         beams = [_Beam([], 0.0) for _ in range(B)]
         use_ids = bool(self.chain.processors)
-        ids = torch.tensor([self.prompt_ids], dtype=torch.long, device=dev).expand(B, -1) if use_ids else None
+        # the B rows' ids (prompt + generated), for the stages that read them; rows follow their parents
+        buf = TokenBuffer(self.prompt_ids, len(self.prompt_ids) + self.max_new, dev, rows=B) if use_ids else None
         for step in range(self.max_new):
             length = step + 1
             logp = torch.log_softmax(logits.float(), dim=-1)
             if logp.shape[0] != B:
                 logp = logp.expand(B, V).contiguous()
-            proc = self.chain.apply(ids, logp) if use_ids else logp  # emptiness: checked on the best candidate
+            proc = self.chain.apply(buf.prefix(), logp) if use_ids else logp  # emptiness: checked on the best one
             total = proc + running[:, None]  # c_{b,v} = s_b + d_{b,v}
             vals, idx = torch.topk(total.view(1, -1), k)  # ranked by sum_logprob, as transformers
             vals, idx = vals[0], idx[0]
@@ -379,7 +382,8 @@ class BeamSearch(Run):
             parents_t = flat // V
             tokens_t = flat - parents_t * V
             if use_ids:
-                ids = torch.cat([ids[parents_t], tokens_t[:, None]], dim=1)
+                buf.reorder(parents_t)
+                buf.push(tokens_t[:, None])
             logits = self.stepper.advance(parents, parents_t, tokens_t)
 
     def _to_host(self, vals: Tensor, idx: Tensor, logp: Tensor, proc: Tensor, length: int) -> _Ranked:
@@ -388,8 +392,12 @@ class BeamSearch(Run):
         best = vals / self.norm(self.heuristic_length(length))  # the early-stopping test's bound
         raw = logp.view(-1)[idx]
         step_logp = raw if proc is logp else proc.view(-1)[idx]
-        rows = torch.cat([torch.stack([vals, finish, best, raw, step_logp]).double(), idx.double()[None]]).tolist()
-        return _Ranked(rows[0], rows[1], rows[2], rows[3], rows[4], [int(f) for f in rows[5]])
+        # float32 bits and int64 ids in one int64 tensor (no float64: MPS has none); exact both ways
+        bits = torch.stack([vals, finish, best, raw, step_logp]).float().contiguous().view(torch.int32).long()
+        host = np.asarray(torch.cat([bits.flatten(), idx]).tolist(), dtype=np.int64)
+        k = idx.shape[0]
+        rows = host[: 5 * k].astype(np.int32).view(np.float32).astype(np.float64).reshape(5, k).tolist()
+        return _Ranked(rows[0], rows[1], rows[2], rows[3], rows[4], host[5 * k :].tolist())
 
     def _select(self, host, step: int, length: int, beams: list[_Beam], V: int) -> tuple[list[int], list[str]]:
         """Fates of the K candidates: the finished pool takes finishing ones among the first B; the B best

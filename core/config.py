@@ -33,6 +33,7 @@ class ChainSettings:
     no_repeat_ngram: int | None = None
     logit_bias: tuple[tuple[str, float], ...] = ()
     chain: tuple[str, ...] | None = None
+    cache: str = "full"  # the KV-cache policy, `NAME[:key=value,...]` (every command that runs a model)
 
     def stage_values(self, bias_ids: dict[int, float] | None) -> dict:
         """Stage name -> constructor argument, the shape build_chain takes."""
@@ -56,6 +57,12 @@ class SampleSettings(ChainSettings):
     top: int = 5
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+    compile: bool = False  # torch.compile the one-token decode step (needs cache=static)
+
+
+@dataclass(frozen=True)
+class ProbsSettings(SampleSettings):
+    top: int = 10  # tokens listed per stage (a preset's `top` still wins over this default)
 
 
 def option_name(key: str) -> str:
@@ -92,6 +99,14 @@ def validate_chain(s: ChainSettings) -> None:
         _check(bias != math.inf, "logit_bias", f"{token}={bias}", "+inf cannot force a token (every other "
                "candidate would be NaN); use a large finite bias such as 100, or ban the others with -inf")
     check_order(s)
+    cache_spec(s)
+
+
+def cache_spec(s: ChainSettings):
+    """The parsed --cache policy (every key and value checked; no model needed)."""
+    from .kv import parse_cache_spec
+
+    return parse_cache_spec(s.cache)
 
 
 def check_order(s: ChainSettings) -> None:
@@ -110,6 +125,10 @@ def validate_sample(s: SampleSettings) -> None:
     for text in s.stop:
         check_text("--stop", text)
         _check(text != "", "stop", "''", "an empty stop string matches everywhere; give some text")
+    if s.compile:
+        from .kv import require
+
+        require(cache_spec(s), {"compile"}, "--compile")
 
 
 def check_text(option: str, text: str) -> None:

@@ -221,7 +221,6 @@ def cache_kwarg(model) -> str:
     return name
 
 
-@torch.inference_mode()
 def forward(
     model,
     ids: Tensor,
@@ -229,11 +228,19 @@ def forward(
     position_ids: Tensor | None = None,
     attention_mask: Tensor | None = None,
     logits_to_keep: int = 1,
+    inference: bool = True,
 ) -> Tensor:
     """Run the model on ``ids`` [B, T] appending to ``cache``; returns float32 logits [B, logits_to_keep, V].
 
     ``logits_to_keep=0`` returns logits for all T positions. The cache object is updated in place.
+    ``inference=False`` runs under no_grad instead of inference_mode: a cache that torch.compile mutates must not
+    hold inference tensors.
     """
+    with torch.inference_mode() if inference else torch.no_grad():
+        return _forward(model, ids, cache, position_ids, attention_mask, logits_to_keep)
+
+
+def _forward(model, ids, cache, position_ids, attention_mask, logits_to_keep) -> Tensor:
     kwargs = {cache_kwarg(model): cache, "use_cache": cache is not None, "logits_to_keep": logits_to_keep}
     if position_ids is not None:
         kwargs["position_ids"] = position_ids

@@ -92,6 +92,7 @@ class RepetitionPenalty:
 
     penalty: float
     name: str = "repetition-penalty"
+    reads_ids = True
 
     def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
         seen = torch.gather(logits, 1, ids)
@@ -105,6 +106,7 @@ class NoRepeatNGram:
 
     n: int
     name: str = "no-repeat-ngram"
+    reads_ids = True
 
     def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
         length = ids.shape[1]
@@ -237,6 +239,11 @@ class Chain:
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.processors]
+
+    @property
+    def uses_ids(self) -> bool:
+        """Whether a stage reads the prefix ids (then each position needs its own prefix)."""
+        return any(getattr(p, "reads_ids", False) for p in self.processors)
 
     def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
         logits = self.apply(ids, logits)

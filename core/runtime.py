@@ -8,20 +8,25 @@ or quantizes works under every method, and positions are never inferred from wha
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
+from .errors import ConfigError
 from .kv import CacheSpec, KVPolicy, make_policy
 from .model import forward, model_info
 
 
 class Runtime:
-    """A model and its KV policy. ``calls`` counts forwards (the prefill included)."""
+    """A model and its KV policy. ``calls`` counts forwards (the prefill included); ``fed`` counts the tokens of the
+    caller's sequence fed so far (its index space), while positions follow the policy's ``seen``."""
 
     def __init__(self, model, policy: KVPolicy):
         self.model, self.policy = model, policy
         self.device = policy.info.device
         self.calls = 0
+        self.fed = 0
         self._compiled = None
 
     @classmethod
@@ -41,11 +46,12 @@ class Runtime:
         if positions.shape[0] != ids.shape[0]:
             positions = positions.expand(ids.shape[0], -1)
         if self._compiled is not None and n == 1 and keep == "last":
-            logits = self._compiled(ids, positions)
+            logits = self._compiled_call(ids, positions)
         else:
-            logits = forward(self.model, ids, self.policy.model_cache, positions, logits_to_keep=1 if keep == "last"
-                             else 0)
+            logits = forward(self.model, ids, self.policy.model_cache, positions,
+                             logits_to_keep=1 if keep == "last" else 0, inference=self._compiled is None)
         self.calls += 1
+        self.fed += n
         self.policy.after_forward(n)
         return logits[:, -1] if keep == "last" else logits
 
@@ -62,7 +68,13 @@ class Runtime:
 
     def truncate(self, seen: int) -> None:
         """Forget every token from absolute position ``seen`` on."""
+        self.fed -= self.policy.seen - seen
         self.policy.truncate(seen)
+
+    def rollback(self, tokens: int) -> None:
+        """Forget the last ``tokens`` fed (a rejected draft suffix), whatever positions they ran at."""
+        if tokens:
+            self.truncate(self.policy.seen - tokens)
 
     def reorder(self, rows: Tensor) -> None:
         self.policy.reorder(rows)
@@ -73,6 +85,20 @@ class Runtime:
         model, cache = self.model, self.policy.model_cache
 
         def one_token(ids: Tensor, positions: Tensor) -> Tensor:
-            return forward(model, ids, cache, positions, logits_to_keep=1)
+            return forward(model, ids, cache, positions, logits_to_keep=1, inference=False)
 
         self._compiled = torch.compile(one_token, dynamic=False, fullgraph=False)
+        self.compile_s = None  # seconds of the first compiled call (tracing and code generation included)
+
+    def _compiled_call(self, ids: Tensor, positions: Tensor) -> Tensor:
+        if self.compile_s is not None:
+            return self._compiled(ids, positions)
+        start = time.perf_counter()
+        try:
+            logits = self._compiled(ids, positions)
+        except Exception as exc:  # inductor needs a C++ toolchain on CPU, Triton on CUDA
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(f"--compile: torch.compile cannot compile here ({first}); run without --compile") \
+                from exc
+        self.compile_s = time.perf_counter() - start
+        return logits

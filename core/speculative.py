@@ -34,10 +34,10 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-from .config import SampleSettings, validate_sample
+from .config import SampleSettings, cache_spec, validate_sample
 from .decode import decode_tokens
 from .errors import ConfigError
-from .kv import CacheSpec
+from .kv import CacheSpec, require
 from .model import LoadedModel
 from .processors import Chain, softmax
 from .run import Run, Stopwatch, synchronize
@@ -65,6 +65,7 @@ MAX_GAMMA = 128
 
 def validate_speculate(s: SpeculateSettings) -> None:
     validate_sample(s)
+    require(cache_spec(s), {"truncate"}, "speculative decoding (a rejected draft is rolled back)")
     if not 1 <= s.gamma <= MAX_GAMMA:
         raise ConfigError(f"--gamma {s.gamma}: must be an integer in [1, {MAX_GAMMA}]")
     if not 1 <= s.ngram_size <= MAX_GAMMA:
@@ -210,7 +211,7 @@ class ModelProposer:
     def propose(self, seq: Sequence, gamma: int) -> Draft:
         runtime, n = self.runtime, seq.length
         # 1 token behind, or 2 after a round that accepted every draft
-        logits = runtime.feed(seq.ids[:, runtime.seen : n])
+        logits = runtime.feed(seq.ids[:, runtime.fed : n])
         greedy = isinstance(self.selector, Greedy)
         tokens, q_rows, raw_rows = [], [], []
         for i in range(gamma):
@@ -234,8 +235,9 @@ class ModelProposer:
         return Draft(drafted, None if greedy else torch.cat(q_rows), raw_rows)
 
     def rollback(self, length: int) -> None:
-        if self.runtime.seen > length:
-            self.runtime.truncate(length)
+        """Keep the first ``length`` tokens of the sequence (the draft cache may already hold fewer)."""
+        if self.runtime.fed > length:
+            self.runtime.rollback(self.runtime.fed - length)
 
 
 class NGramProposer:
@@ -288,7 +290,7 @@ class NGramProposer:
 
 def chain_uses_ids(chain: Chain) -> bool:
     """Whether a stage reads the prefix ids (then each position needs its own prefix, so no batching)."""
-    return bool({"repetition-penalty", "no-repeat-ngram"} & set(chain.names))
+    return chain.uses_ids
 
 
 def process_block(chain: Chain, seq: Sequence, logits: Tensor, uses_ids: bool) -> Tensor:
@@ -483,7 +485,7 @@ class Speculator(Run):
         else:
             drafts, k, token, finite, p, q, u, final = self.verify(processed, draft)
         check_selected(finite, self.chain, processed)  # the chain left nothing at the position decided
-        runtime.truncate(n + k)  # keep s + x_1..x_k; y is fed with the next round
+        runtime.rollback(g - k)  # keep s + x_1..x_k (x_{k+1}.. rejected); y is fed with the next round
         self.proposer.rollback(n + k)
         synchronize(device)
         t2 = time.perf_counter()

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .processors import entropy, log_softmax
+from .processors import entropy
 
 HEAD = 10  # scalar fields before the alternatives
 
@@ -55,26 +55,32 @@ def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Ten
 
 def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
          top: int) -> Tensor:
-    """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc)."""
+    """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc).
+
+    The distributions of the step are stacked as rows of one [S, V] tensor (raw first, processed last; with
+    ``stages`` recorded, every stage in between), so each statistic is one operation over all of them: a traced
+    step costs a few dozen tensor operations whatever the chain, and one transfer."""
     t = token.reshape(-1)[:1]
-    logp = log_softmax(processed[0])
-    raw_logp = log_softmax(raw_logits[0])
-    probs, raw_probs = logp.exp(), raw_logp.exp()
-    kept = ~torch.isneginf(logp)
-    chosen_raw = raw_logp[t]
-    scalars = torch.stack([
-        t.float()[0],
-        torch.isfinite(processed[0, t]).float()[0],
-        probs[t][0], logp[t][0], raw_probs[t][0], chosen_raw[0],
-        (raw_logp > chosen_raw).sum().float() + 1,
-        entropy(probs), entropy(raw_probs), kept.sum().float(),
+    L = (torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])).float()
+    P = torch.softmax(L, dim=-1)
+    removed = torch.isneginf(L)
+    at_t = L[:, t][:, 0]  # [S] each row's logit of the token
+    logp_t = at_t - torch.logsumexp(L, dim=-1)  # log p_t = z_t - log sum exp z
+    p_t = P[:, t][:, 0]
+    H = torch.special.entr(P).sum(dim=-1)
+    kept_n = (~removed).sum(dim=-1).float()
+    mass = torch.cat([P.new_zeros(1), (P[:-1] * (removed[1:] & ~removed[:-1])).sum(dim=-1)])
+    scalars = torch.cat([
+        t.float(), torch.isfinite(at_t[-1:]).float(), p_t[-1:], logp_t[-1:], p_t[:1], logp_t[:1],
+        (L[0] > at_t[0]).sum(dim=-1, keepdim=True).float() + 1,  # raw rank, by logits (softmax is monotone)
+        H[-1:], H[:1], kept_n[-1:],
     ])
     parts = [scalars]
     if top > 0:
-        alt = ranked_alternatives(probs, raw_probs, kept, top)
-        parts += [alt.float(), probs[alt], raw_probs[alt]]
+        alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)
+        parts += [alt.float(), P[-1, alt], P[0, alt]]
     if stages:
-        parts.append(stage_stats(stages).reshape(-1))
+        parts.append(torch.stack([kept_n, H, mass], dim=-1).reshape(-1))
     return torch.cat(parts)
 
 

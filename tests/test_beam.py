@@ -432,7 +432,10 @@ def test_cli_jsonl_markdown_csv_and_table(cli, eos_toy_dir):
     assert out.splitlines()[0].startswith("length_penalty,text,length,raw_sum_logprob,sum_logprob,score,changed")
     assert len(out.splitlines()) == 3
     code, out, err = cli("beam", "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "4", "-f", "markdown")
-    assert code == 0, err and out.startswith("|")
+    assert code == 0, err
+    header = out.splitlines()[0].split("|")
+    assert out.startswith("|") and [h.strip() for h in header[1:4]] == ["rank", "text", "length"]  # was only in
+    # the assert message before, so never checked
     code, out, err = cli("beam", "Once upon a time", "-m", eos_toy_dir, "-b", "2", "-n", "4",
                          "--sweep-length-penalty", "0,1")
     assert code == 0, err

@@ -1,0 +1,146 @@
+"""Runs built from settings: the one place where a command's resolved settings and a loaded model become a chain,
+a selector, a KV policy, a runtime and a run. The CLI, the benchmarks and scripts all build their runs here, so
+they decode the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .beam import BeamSearch, BeamSettings, ModelStepper
+from .config import ChainSettings, SampleSettings, cache_spec
+from .decode import Sampler, next_token_stages
+from .errors import ConfigError, ModelLoadError
+from .kv import CacheSpec
+from .model import LoadedModel, load_model
+from .processors import Chain, build_chain
+from .runtime import Runtime
+from .select import make_generator, make_selector
+from .speculative import (BaselineTiming, ModelProposer, NGramProposer, Speculator, SpeculateSettings,
+                          check_same_vocabulary, make_selector_for, time_plain_decoding)
+from .step import StopRules
+
+
+def bias_token_ids(lm: LoadedModel, logit_bias) -> dict[int, float]:
+    """--logit-bias TOKEN=BIAS pairs -> {token id: bias}; TOKEN is an id or a text that is exactly one token."""
+    out: dict[int, float] = {}
+    for token, bias in logit_bias:
+        if token.lstrip("-").isdigit():
+            token_id = int(token)
+            if not 0 <= token_id < lm.vocab_size:
+                raise ConfigError(f"--logit-bias {token}={bias}: token id out of range [0, {lm.vocab_size})")
+        else:
+            try:
+                token_id = lm.token_id(token)
+            except ConfigError as exc:
+                raise ConfigError(f"--logit-bias {token}={bias}: {exc}") from None
+        out[token_id] = out.get(token_id, 0.0) + bias
+    return out
+
+
+def make_chain(lm: LoadedModel, settings: ChainSettings) -> Chain:
+    bias = bias_token_ids(lm, settings.logit_bias)
+    order = list(settings.chain) if settings.chain is not None else None
+    return build_chain(settings.stage_values(bias), order)
+
+
+def stop_rules(lm: LoadedModel, settings, max_new_tokens: int | None = None) -> StopRules:
+    return StopRules(max_new_tokens or settings.max_new_tokens, tuple(lm.eos_ids), tuple(getattr(settings, "stop", ())),
+                     settings.ignore_eos, lm.context_length)
+
+
+def runtime_for(lm: LoadedModel, spec: CacheSpec, capacity: int, needs=frozenset(), compile: bool = False) -> Runtime:
+    runtime = Runtime.create(lm.model, spec, capacity, frozenset(needs))
+    if compile:
+        runtime.compile_decode()  # compiles lazily: a platform that cannot is refused at the first decode step
+    return runtime
+
+
+# --- sample and probs ----------------------------------------------------------------------------------------------
+
+
+def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain | None = None,
+                  record: bool = True) -> Sampler:
+    chain = chain or make_chain(lm, settings)
+    rules = stop_rules(lm, settings)
+    selector = make_selector(settings.temperature, settings.seed, lm.device)
+    runtime = runtime_for(lm, cache_spec(settings), len(prompt_ids) + rules.max_new_tokens,
+                          compile=settings.compile)
+    return Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
+                   runtime=runtime, record=record)
+
+
+def build_probs(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain | None = None):
+    chain = chain or make_chain(lm, settings)
+    return next_token_stages(lm.model, prompt_ids, chain, lm.token_text, settings.top, lm.context_length,
+                             cache=cache_spec(settings))
+
+
+# --- beam ------------------------------------------------------------------------------------------------------
+
+
+def build_beam(lm: LoadedModel, settings: BeamSettings, prompt_ids: list[int], chain: Chain | None = None,
+               record: bool = True) -> BeamSearch:
+    chain = chain or make_chain(lm, settings)
+    return BeamSearch(beam_stepper(lm, settings), prompt_ids, chain, settings, tuple(lm.eos_ids), lm.decode,
+                      lm.context_length, record=record, token_text=lm.token_text)
+
+
+def beam_stepper(lm: LoadedModel, settings: BeamSettings) -> ModelStepper:
+    return ModelStepper(lm.model, cache_spec(settings))
+
+
+# --- speculate -------------------------------------------------------------------------------------------------
+
+
+def load_draft(spec: str, target: LoadedModel, dtype: str, trust_remote_code: bool,
+               option: str = "--draft") -> LoadedModel:
+    """A second model sharing the target's vocabulary, on its device (a draft, or a reference to score against);
+    its messages name ``option``."""
+    try:
+        draft = load_model(spec, device=str(target.device), dtype=dtype, trust_remote_code=trust_remote_code)
+    except ModelLoadError as exc:
+        raise ModelLoadError(str(exc).replace(f"--model {spec}", f"{option} {spec}", 1)) from None
+    try:
+        check_same_vocabulary(target, draft, spec)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("--draft", option, 1).replace("the draft", option)) from None
+    return draft
+
+
+def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: SpeculateSettings,
+                     prompt_ids: list[int], gamma: int, chain: Chain | None = None, record: bool = True,
+                     max_new_tokens: int | None = None) -> Speculator:
+    """A speculative run: the proposer (draft model or n-gram) and the target share the chain and, when sampling,
+    one generator seeded by --seed. Both caches follow --cache."""
+    chain = chain or make_chain(lm, settings)
+    greedy = settings.temperature == 0
+    gen = None if greedy else make_generator(settings.seed, lm.device)
+    spec = cache_spec(settings)
+    if draft is None:
+        proposer = NGramProposer(settings.ngram_size)
+    else:
+        proposer = ModelProposer(draft.model, chain, make_selector_for(greedy, gen), draft.name,
+                                 draft.context_length, cache=spec)
+    return Speculator(lm.model, proposer, prompt_ids, chain, stop_rules(lm, settings, max_new_tokens), gamma, gen,
+                      lm.token_text, lm.decode, settings.top, record, cache=spec)
+
+
+def warm_up_speculate(lm: LoadedModel, draft: LoadedModel | None, settings: SpeculateSettings,
+                      prompt_ids: list[int], chain: Chain) -> None:
+    """A few untimed rounds: the first forwards of each model are slow."""
+    for _ in build_speculator(lm, draft, settings, prompt_ids, settings.gamma, chain, record=False,
+                              max_new_tokens=min(4, settings.max_new_tokens)):
+        pass
+
+
+def plain_baseline(lm: LoadedModel, settings: SpeculateSettings, prompt_ids: list[int], chain: Chain,
+                   tokens: int) -> BaselineTiming:
+    """Plain target decoding of the same length, same chain and cache policy, timed in the same run."""
+    return time_plain_decoding(lm.model, prompt_ids, chain, make_selector(settings.temperature, settings.seed,
+                                                                           lm.device),
+                               tokens, lm.context_length, cache=cache_spec(settings))
+
+
+def with_gamma(settings: SpeculateSettings, gamma: int) -> SpeculateSettings:
+    return replace(settings, gamma=gamma)

@@ -1,0 +1,77 @@
+"""The README's JSON reference against real output, both ways: every field a command prints is documented there,
+and every documented field (not marked `?`) is printed."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import ROOT
+
+
+def documented() -> dict[str, dict[tuple[str, str], bool]]:
+    """command -> {(object path, field): required}; the shared top level is added to every command but models."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## JSON output", 1)[1].split("\n## ", 1)[0]
+    tables: dict[str, dict] = {}
+    current = "shared"
+    for line in section.splitlines():
+        heading = re.match(r"#### `([\w-]+)`", line)
+        if heading:
+            current = heading.group(1)
+            continue
+        row = re.match(r"\| ([\w\[\].]+) \| `([\w*]+)(\??)` \|", line)
+        if row:
+            tables.setdefault(current, {})[(row.group(1), row.group(2))] = not row.group(3)
+    shared = tables.pop("shared")
+    return {cmd: ({**shared, **rows} if cmd != "models" else rows) for cmd, rows in tables.items()}
+
+
+def fields(obj, path: str = "top", wild: frozenset = frozenset()) -> set[tuple[str, str]]:
+    """(object path, key) for every key of every object in the document; lists of objects as `name[]`."""
+    out = set()
+    if path in wild:
+        return out
+    for key, value in obj.items():
+        out.add((path, key))
+        child = key if path == "top" else f"{path}.{key}"
+        if isinstance(value, dict):
+            out |= fields(value, child, wild)
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            for item in value:
+                out |= fields(item, child + "[]", wild)
+    return out
+
+
+RUNS = {
+    "sample": [["sample", "Once upon", "-n", "4", "-t", "0.7", "--top-p", "0.9", "--top", "3"]],
+    "probs": [["probs", "Once upon", "-t", "0.7", "--top-k", "5"]],
+    "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
+    "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
+                  ["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "{model}"],  # all accepted: bonus
+                  ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
+    "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
+              ["score", "Once upon a time"]],
+    "models": [["models"]],
+}
+
+
+@pytest.mark.parametrize("command", list(RUNS))
+def test_readme_documents_every_json_field_both_ways(cli, toy_model_dir, command):
+    docs = documented()
+    assert command in docs, f"README's JSON section has no table for {command}"
+    table = docs[command]
+    wild = frozenset(p for p, f in table if f == "*")  # objects whose keys vary: not descended into
+    printed = set()
+    for args in RUNS[command]:
+        args = [a.replace("{model}", str(toy_model_dir)) for a in args]
+        extra = [] if command == "models" else ["-m", toy_model_dir]
+        code, out, err = cli(*args, *extra, "-f", "json")
+        assert code == 0, err
+        printed |= fields(json.loads(out), wild=wild)
+    listed = {(p, f) for p, f in table if f != "*"}
+    undocumented = printed - listed - {(p, f) for p, f in printed if p in wild}
+    assert not undocumented, f"{command} prints fields the README does not list: {sorted(undocumented)}"
+    missing = {(p, f) for (p, f), required in table.items() if required and f != "*"} - printed
+    assert not missing, f"the README lists {command} fields it does not print: {sorted(missing)}"
