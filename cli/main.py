@@ -12,6 +12,7 @@ except ImportError:  # older typer runs on click
     from click import exceptions as cli_errors
 
 from ..core.errors import DecodelabError
+from . import loop
 from .beam import beam
 from .models import models
 from .probs import probs
@@ -45,8 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     cut = args.index("--") if "--" in args else len(args)  # after "--" every word is an argument, even "--debug"
     debug = "--debug" in args[:cut]
     args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
+    loop.reset()
     try:
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
+        # a Ctrl-C inside a run: the command printed what it had, the status still says it was cut short;
+        # outside any run (loading, say) typer returns 130 itself
+        if loop.interrupted() or result == 130:
+            sys.stderr.write("interrupted\n")
+            return 130
         return result if isinstance(result, int) else 0
     except typer.Exit as exc:
         return exc.exit_code

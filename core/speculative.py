@@ -40,7 +40,7 @@ from .errors import ConfigError
 from .kv import CacheSpec, require
 from .model import LoadedModel
 from .processors import Chain, softmax
-from .run import Run, Stopwatch, synchronize
+from .run import Run, Stopwatch, Timing, synchronize
 from .runtime import Runtime
 from .select import Greedy, Multinomial
 from .step import StopChecker, StopRules, TokenBuffer, check_prompt, check_selected
@@ -602,7 +602,8 @@ class Speculator(Run):
         self.stats.stop_reason = value
 
     def summary(self, baseline: BaselineTiming | None) -> SpeculativeSummary:
-        return summarize(self.stats, self.proposer.name, self.proposer.forwards, baseline, self.watch.timing)
+        timing = self.watch.timing if self.watch is not None else Timing()  # never started: interrupted before
+        return summarize(self.stats, self.proposer.name, self.proposer.forwards, baseline, timing)
 
 
 class _Outcome(NamedTuple):

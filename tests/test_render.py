@@ -139,8 +139,7 @@ def test_summary_line():
     s = SampleSummary(new_tokens=3, mean_logprob=-1.23456, raw_perplexity=float("nan"), tokens_per_s=12.3456,
                       stop_reason="eos")
     line = render.summary_line(s).plain
-    assert line.startswith("summary: new_tokens=3  mean_logprob=-1.235  raw_perplexity=None  tokens_per_s=12.35  "
-                           "stop_reason=eos")
+    assert line.startswith("summary: new_tokens=3  mean_logprob=-1.235  tokens_per_s=12.35  stop_reason=eos")
     assert str(render.summary_line(s).style) == "cyan"
 
 
