@@ -131,6 +131,33 @@ def validate_sample(s: SampleSettings) -> None:
         require(cache_spec(s), {"compile"}, "--compile")
 
 
+def check_output_file(option: str, path: Path) -> None:
+    """A file written at the end of a run: not a folder, in a folder that exists and can be written."""
+    import os
+
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file name")
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        raise ConfigError(f"{option} {path}: cannot write there (permission denied)")
+
+
+def check_input_file(option: str, path: Path) -> None:
+    """A text file read as input: it exists, is a file, and is UTF-8."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{option} {path}: {'is a folder' if path.is_dir() else 'no such file'}; give a text file")
+    try:
+        check_text(option, path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{option} {path}: not UTF-8 text (byte {exc.start}); give a UTF-8 file") from None
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot read it ({exc.strerror})") from None
+
+
 def check_text(option: str, text: str) -> None:
     """Text from the command line or a file must be valid Unicode: undecodable bytes arrive as lone surrogates."""
     try:

@@ -137,6 +137,11 @@ def _model_folder(spec: str) -> tuple[str, Path | None]:
     return spec, None
 
 
+def set_threads(n: int) -> None:
+    """torch's intra-op CPU threads (--threads); the default stays torch's own choice."""
+    torch.set_num_threads(n)
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
@@ -174,11 +179,17 @@ def load_model(
         raise ModelLoadError(_load_failure(spec, folder, "tokenizer", exc)) from exc
     kwargs = dict(common, dtype=torch_dtype, use_safetensors=True)
     if device_map is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("accelerate") is None:
+            raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package: "
+                                 "pip install 'decodelab[multi-device]'")
         kwargs["device_map"] = device_map
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except ImportError as exc:
-        raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package ({exc})") from exc
+        raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package: pip install "
+                             f"'decodelab[multi-device]' ({exc})") from exc
     except Exception as exc:
         raise ModelLoadError(_load_failure(spec, folder, "model", exc)) from exc
     if device_map is None:

@@ -127,3 +127,49 @@ def test_an_overflow_is_not_reported_as_an_empty_chain(cli, toy_model_dir, args)
     assert "overflow to +inf or NaN" in err and "removed every candidate" not in err
     err = one_line_error(cli, "speculate", "Hello", "-m", toy_model_dir, "-n", "2", "--draft", "ngram", *args)
     assert "overflow to +inf or NaN" in err
+
+
+@pytest.mark.parametrize("option", ["--save-html", "--save-svg"])
+@pytest.mark.parametrize("target, needle", [
+    ("missing/out.html", "the folder missing does not exist"),
+    (".", "is a folder; give a file name"),
+])
+def test_save_targets_checked_before_the_model_loads(cli, tmp_path, monkeypatch, option, target, needle):
+    monkeypatch.chdir(tmp_path)
+    err = one_line_error(cli, "sample", "Hi", "-m", "/nonexistent/model", option, target)
+    assert f"{option} {target}: {needle}" in err
+
+
+@pytest.mark.parametrize("content, needle", [(b"caf\xe9", "not UTF-8 text (byte 3)"), (None, "is a folder"),
+                                             ("missing", "no such file")])
+def test_prompt_files_checked_before_the_model_loads(cli, tmp_path, content, needle):
+    path = tmp_path / "p.txt"
+    if content is None:
+        path.mkdir()
+    elif content != "missing":
+        path.write_bytes(content)
+    err = one_line_error(cli, "sample", "-m", "/nonexistent/model", "--prompt-file", str(path))
+    assert f"--prompt-file {path}: {needle}" in err
+
+
+def test_threads(cli, toy_model_dir):
+    import torch
+
+    assert "--threads 0: must be an integer in [1, 1024]" in one_line_error(cli, "sample", "Hi", "--threads", "0",
+                                                                           "-m", "/nonexistent/model")
+    before = torch.get_num_threads()
+    try:
+        code, _, err = cli("probs", "Hi", "-m", toy_model_dir, "--threads", "2", "-f", "json")
+        assert code == 0, err
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_device_map_names_the_extra_when_accelerate_is_missing(cli, toy_model_dir):
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is not None:
+        pytest.skip("accelerate is installed")
+    err = one_line_error(cli, "sample", "Hi", "-m", toy_model_dir, "--device-map", "auto")
+    assert "pip install 'decodelab[multi-device]'" in err
