@@ -51,6 +51,7 @@ pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow and not gpu"]
 pytest_add_cli_args_test_selection = [
     "tests/test_bug_classes.py",
     "tests/test_render.py",
+    "tests/test_exact_edges.py",
     "tests/test_processors.py",
     "tests/test_decode.py::test_step_numbers_are_labelled_consistently",
     "tests/test_decode.py::test_same_seed_same_trace_other_seed_other_trace",
