@@ -98,7 +98,8 @@ def prob_style(p: float) -> str:
 
 def shaded_text(prompt: str, tokens: list[tuple[str, float]]) -> Text:
     """The prompt dimmed, then each generated token shaded by the probability it was drawn with."""
-    text = Text(prompt, style="dim")
+    text = Text()
+    text.append(prompt, style="dim")  # a span, not the Text's base style, which would dim every token after it
     for token, p in tokens:
         text.append(token, style=prob_style(p))
     return text

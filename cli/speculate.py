@@ -146,7 +146,8 @@ def rounds_table(rounds, title: str, greedy: bool) -> Table:
 
 def marked_text(prompt: str, rounds) -> Text:
     """The prompt dimmed, accepted drafts green, corrections and bonus tokens yellow."""
-    out = Text(prompt, style="dim")
+    out = Text()
+    out.append(prompt, style="dim")  # a span: the Text's base style would dim every token after it
     for r in rounds:
         for t in r.proposed[: r.accepted]:
             out.append(t.token, style="green")

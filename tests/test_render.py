@@ -88,7 +88,7 @@ def test_shaded_text_marks_the_prompt_apart_and_shades_each_token():
     assert text.plain == "Once upon a"
     spans = [(s.start, s.end, str(s.style)) for s in text.spans]
     assert (4, 9, render.prob_style(1.0)) in spans and (9, 11, render.prob_style(0.0)) in spans
-    assert str(text.style) == "dim" or any(s.end <= 4 and "dim" in str(s.style) for s in text.spans)
+    assert str(text.style) == "" and (0, 4, "dim") in spans  # the prompt dimmed, and only the prompt
 
 
 def make_step(i: int, token: str, prob: float, alts=()) -> Step:
