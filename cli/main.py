@@ -12,13 +12,16 @@ except ImportError:  # older typer runs on click
     from click import exceptions as cli_errors
 
 from ..core.errors import DecodelabError
+from .batch import batch
 from . import loop
 from .beam import beam
 from .models import models
 from .probs import probs
+from .quantize_kv import quantize_kv
 from .sample import sample
 from .score import score
 from .speculate import speculate
+from .stream import stream
 
 app = typer.Typer(
     name="decodelab",
@@ -33,6 +36,9 @@ app.command()(models)
 app.command()(speculate)
 app.command()(beam)
 app.command()(score)
+app.command()(stream)
+app.command()(batch)
+app.command("quantize-kv")(quantize_kv)
 
 
 def fail(message: str) -> int:

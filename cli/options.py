@@ -20,6 +20,7 @@ import typer
 
 RUN = "Model and run"
 PROC = "Processor chain"
+MORE = "More samplers, semantics, export"
 OUT = "Output"
 
 
@@ -95,9 +96,55 @@ RepetitionPenalty = Annotated[Optional[float], typer.Option("--repetition-penalt
 NoRepeatNgram = Annotated[Optional[int], typer.Option("--no-repeat-ngram", help="Ban tokens completing an n-gram "
                                                       "already in the text.", rich_help_panel=PROC)]
 ChainOrder = Annotated[Optional[str], typer.Option(
-    "--chain", help="Explicit stage order, e.g. 'bias,softcap,temperature,top-k,top-p'. Default order: softcap, "
-    "repetition-penalty, no-repeat-ngram, bias, temperature, top-k, top-p, min-p, typical-p (only set stages run).",
-    rich_help_panel=PROC)]
+    "--chain", help="Explicit stage order, e.g. 'bias,softcap,temperature,top-k,top-p'. Default order: allow, softcap, "
+    "repetition-penalty, frequency-penalty, presence-penalty, dry, no-repeat-ngram, bias, sequence-bias, ban, "
+    "min-new-tokens, temperature (or dynatemp), top-n-sigma, top-k, top-p, min-p, typical-p, epsilon-cutoff, "
+    "eta-cutoff, xtc, mirostat (only set stages run).", rich_help_panel=PROC)]
+
+
+def _opt(name: str, kind, text: str, *aliases: str):
+    return Annotated[Optional[kind], typer.Option(name, *aliases, help=text, rich_help_panel=MORE,
+                                                  show_default=False)]
+
+
+PresencePenalty = _opt("--presence-penalty", float, "z -= A for every token already seen (once).")
+FrequencyPenalty = _opt("--frequency-penalty", float, "z -= A * (times the token was seen).")
+PenaltyLastN = _opt("--penalty-last-n", int, "The penalties count only the last N tokens (llama.cpp's last-n; "
+                    "0 = none).")
+DryMultiplier = _opt("--dry-multiplier", float, "DRY: a token extending a repeat of n >= L tokens loses "
+                     "M * base^(n - L) (0 < M).")
+DryBase = _opt("--dry-base", float, "DRY base, >= 1 (default 1.75).")
+DryAllowedLength = _opt("--dry-allowed-length", int, "DRY: repeats up to this length are free (default 2).")
+DryPenaltyLastN = _opt("--dry-penalty-last-n", int, "DRY scans only the last N tokens (default all).")
+DryBreaker = Annotated[Optional[list[str]], typer.Option(
+    "--dry-breaker", help="A DRY sequence breaker (repeatable; default llama.cpp's \\n : \" *; without a model: "
+    "token ids).", rich_help_panel=MORE)]
+XtcThreshold = _opt("--xtc-threshold", float, "XTC: tokens with p >= T are the top choices (default 0.1).")
+XtcProbability = _opt("--xtc-probability", float, "XTC: with this probability (a coin from --seed) remove every "
+                      "top choice but the least likely.")
+TopNSigma = _opt("--top-n-sigma", float, "Keep z >= max z - N * std(z).")
+MirostatTau = _opt("--mirostat-tau", float, "Mirostat 2.0 target surprise in bits (default 5).")
+MirostatEta = _opt("--mirostat-eta", float, "Mirostat 2.0 learning rate (default 0.1).")
+DynatempRange = _opt("--dynatemp-range", float, "Dynamic temperature: t +- R by the normalized entropy.")
+DynatempExponent = _opt("--dynatemp-exponent", float, "Dynamic temperature exponent (default 1).")
+EpsilonCutoff = _opt("--epsilon-cutoff", float, "Remove tokens with p < E, (0, 1).")
+EtaCutoff = _opt("--eta-cutoff", float, "Remove tokens with p < min(E, sqrt(E) exp(-entropy)), (0, 1).")
+MinNewTokens = _opt("--min-new-tokens", int, "Ban EOS (and --stop-id) until N tokens were generated.")
+SequenceBias = Annotated[Optional[list[str]], typer.Option(
+    "--sequence-bias", help="TEXT=BIAS (repeatable): bias the last token of a multi-token text when the text so far "
+    "ends with the rest of it.", rich_help_panel=MORE)]
+Ban = Annotated[Optional[list[str]], typer.Option("--ban", help="A multi-token text never to produce (repeatable).",
+                                                  rich_help_panel=MORE)]
+Allow = Annotated[Optional[list[str]], typer.Option("--allow", help="Allow only these tokens (repeatable; a text, "
+                                                    "all its tokens).", rich_help_panel=MORE)]
+Semantics = _opt("--semantics", str, "Read the settings as hf, vllm or llamacpp does (order, defaults, clamps, "
+                 "penalty counting, draw).")
+Export = _opt("--export", str, "Print the settings for hf (generate kwargs), vllm (SamplingParams) or llamacpp "
+              "(llama-cli flags) instead of running.")
+StopId = Annotated[Optional[list[int]], typer.Option("--stop-id", help="A token id that ends the run (repeatable).",
+                                                     rich_help_panel=RUN)]
+TrimStop = Annotated[Optional[bool], typer.Option("--trim-stop", help="Leave the stop string (or stop id) out of "
+                                                  "the text.", rich_help_panel=RUN, show_default=False)]
 
 
 # --- groups ----------------------------------------------------------------------------------------------------
@@ -113,6 +160,16 @@ DEFINITIONS: dict[str, tuple[object, object]] = {
     "typical_p": (TypicalP, None), "softcap": (Softcap, None), "logit_bias": (LogitBias, None),
     "repetition_penalty": (RepetitionPenalty, None), "no_repeat_ngram": (NoRepeatNgram, None),
     "chain": (ChainOrder, None),
+    "presence_penalty": (PresencePenalty, None), "frequency_penalty": (FrequencyPenalty, None),
+    "penalty_last_n": (PenaltyLastN, None), "dry_multiplier": (DryMultiplier, None), "dry_base": (DryBase, None),
+    "dry_allowed_length": (DryAllowedLength, None), "dry_penalty_last_n": (DryPenaltyLastN, None),
+    "dry_breaker": (DryBreaker, None), "xtc_threshold": (XtcThreshold, None),
+    "xtc_probability": (XtcProbability, None), "top_n_sigma": (TopNSigma, None), "mirostat_tau": (MirostatTau, None),
+    "mirostat_eta": (MirostatEta, None), "dynatemp_range": (DynatempRange, None),
+    "dynatemp_exponent": (DynatempExponent, None), "epsilon_cutoff": (EpsilonCutoff, None),
+    "eta_cutoff": (EtaCutoff, None), "min_new_tokens": (MinNewTokens, None), "sequence_bias": (SequenceBias, None),
+    "ban": (Ban, None), "allow": (Allow, None), "semantics": (Semantics, None), "export": (Export, None),
+    "stop_id": (StopId, None), "trim_stop": (TrimStop, None),
 }
 
 PROMPT = ("prompt", "prompt_file", "chat")
@@ -124,6 +181,12 @@ PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain")  # 
 CHAIN = ("temperature", "top_k", "top_p", "min_p", "typical_p", "softcap") + PENALTIES
 CHAIN_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "softcap", "repetition_penalty",
               "no_repeat_ngram")
+SAMPLER_KEYS = ("presence_penalty", "frequency_penalty", "penalty_last_n", "dry_multiplier", "dry_base",
+                "dry_allowed_length", "dry_penalty_last_n", "xtc_threshold", "xtc_probability", "top_n_sigma",
+                "mirostat_tau", "mirostat_eta", "dynatemp_range", "dynatemp_exponent", "epsilon_cutoff", "eta_cutoff",
+                "min_new_tokens", "semantics")
+SAMPLERS = SAMPLER_KEYS + ("dry_breaker", "sequence_bias", "ban", "allow", "export")  # sample, probs, speculate
+STOPS = ("stop_id", "trim_stop")
 
 
 Opts = SimpleNamespace  # the shared options' values, by name
@@ -173,10 +236,15 @@ def explicit(opts: Opts, *keys: str) -> dict:
     """Options given on the command line as settings fields (None = not given), for config.resolve."""
     from ..core.config import parse_logit_bias
 
-    out = {key: getattr(opts, key, None) for key in CHAIN_KEYS + ("cache",) + keys}
+    out = {key: getattr(opts, key, None) for key in CHAIN_KEYS + SAMPLER_KEYS + ("cache", "trim_stop") + keys}
     bias, chain = getattr(opts, "logit_bias", None), getattr(opts, "chain", None)
     out["logit_bias"] = parse_logit_bias(bias) if bias else None
     out["chain"] = tuple(s.strip() for s in chain.split(",") if s.strip()) if chain else None
     if out.get("stop"):
         out["stop"] = tuple(out["stop"])
+    sequence_bias = getattr(opts, "sequence_bias", None)
+    out["sequence_bias"] = parse_logit_bias(sequence_bias, "--sequence-bias") if sequence_bias else None
+    for key in ("dry_breaker", "ban", "allow", "stop_id"):
+        value = getattr(opts, key, None)
+        out[key] = tuple(value) if value else None
     return out

@@ -33,3 +33,32 @@ def load(opts: Opts) -> LoadedModel:
         set_threads(opts.threads)
     return load_model(opts.model, device=opts.device, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code,
                       device_map=device_map)
+
+
+def export_instead(opts: Opts, settings, lm: LoadedModel | None = None, vocab: int | None = None) -> bool:
+    """``--export``: print the settings for the other engine and return True (the command then runs nothing).
+    hf and vllm: their keyword arguments as one JSON object; llamacpp: the llama-cli command line; what has no
+    equivalent goes to stderr. With ``-f json`` everything is one object on stdout."""
+    target = getattr(opts, "export", None)
+    if target is None:
+        return False
+    from ..core.build import encode_plain
+    from ..core.export import export
+    from . import render
+    from .options import Format
+
+    if lm is not None:
+        result = export(settings, target, lm.vocab_size, encode=encode_plain(lm), token_id=lm.token_id,
+                        eos_ids=tuple(lm.eos_ids))
+    else:
+        result = export(settings, target, vocab)
+    if opts.fmt in (Format.json, Format.jsonl):
+        render.print_json(result.to_dict())
+        return True
+    if target == "llamacpp":
+        sys.stdout.write(result.command() + "\n")
+    else:
+        render.print_json(result.arguments)
+    for line in [f"no equivalent: {u}" for u in result.unsupported] + [f"note: {n}" for n in result.notes]:
+        sys.stderr.write(f"# {line}\n")
+    return True

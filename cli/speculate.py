@@ -14,7 +14,7 @@ from ..core.speculative import SpeculateSettings, best_gamma, parse_gammas, vali
 from . import options as o
 from . import render
 from .loop import drive, interrupted, phase
-from .pipeline import load, read_prompt
+from .pipeline import export_instead, load, read_prompt
 
 SPEC = "Speculative decoding"
 
@@ -30,7 +30,8 @@ SweepOpt = Annotated[Optional[str], typer.Option("--sweep-gamma", help="Also mea
                                                  "1,2,3,4,6,8, and name the best.", rich_help_panel=SPEC)]
 
 
-@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN, without=("device_map",))
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, ("stop_id",), o.OUTPUT, o.CHAIN, o.SAMPLERS,
+           without=("device_map",))
 def speculate(
     opts: o.Opts,
     draft: DraftOpt = None,
@@ -39,11 +40,14 @@ def speculate(
     sweep_gamma: SweepOpt = None,
 ) -> None:
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
-    text = read_prompt(opts.prompt, opts.prompt_file)
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(draft=draft, gamma=gamma, ngram_size=ngram_size, sweep_gamma=parse_gammas(sweep_gamma))
     settings = resolve(SpeculateSettings, opts.preset, explicit, opts.set_)
     validate_speculate(settings)
+    if opts.export is not None:
+        export_instead(opts, settings, load(opts))
+        return
+    text = read_prompt(opts.prompt, opts.prompt_file)
     lm = load(opts)
     draft_lm = None if settings.draft == "ngram" else load_draft(settings.draft, lm, opts.dtype,
                                                                  opts.trust_remote_code)

@@ -15,7 +15,9 @@ from .kv import CacheSpec
 from .model import LoadedModel, load_model
 from .processors import Chain, build_chain
 from .runtime import Runtime
-from .select import make_generator, make_selector
+from .select import make_generator
+from .semantics import plan as semantics_plan
+from .semantics import resolve_token_settings
 from .speculative import (BaselineTiming, ModelProposer, NGramProposer, Speculator, SpeculateSettings,
                           check_same_vocabulary, make_selector_for, time_plain_decoding)
 from .step import StopRules
@@ -38,15 +40,37 @@ def bias_token_ids(lm: LoadedModel, logit_bias) -> dict[int, float]:
     return out
 
 
-def make_chain(lm: LoadedModel, settings: ChainSettings) -> Chain:
-    bias = bias_token_ids(lm, settings.logit_bias)
-    order = list(settings.chain) if settings.chain is not None else None
-    return build_chain(settings.stage_values(bias), order)
+def make_chain(lm: LoadedModel, settings: ChainSettings, generator=None) -> Chain:
+    """The chain as the settings' semantics reads it (core/semantics.py), token-naming settings resolved with the
+    model's tokenizer. ``generator``: the run's (XTC's coin); by default one seeded by --seed."""
+    p = semantics_plan(settings)
+    bias = bias_token_ids(lm, p.settings.logit_bias)
+    _, resolved = resolve_token_settings(replace(p.settings, logit_bias=()), lm.vocab_size, encode=encode_plain(lm),
+                                         token_text=lm.token_text)
+    if generator is None:
+        generator = make_generator(getattr(settings, "seed", 0), lm.device)
+    context = p.context(generator, tuple(lm.eos_ids), tuple(getattr(settings, "stop_id", ())))
+    return build_chain(p.settings.stage_values(bias, resolved), p.order, context)
+
+
+def encode_plain(lm: LoadedModel):
+    """Text -> token ids without special tokens (sequence bias, bans, allow-list, DRY breakers)."""
+    return lambda text: list(lm.tokenizer.encode(text, add_special_tokens=False))
+
+
+def refuse_stepwise_stages(chain: Chain, method: str) -> None:
+    """Stages whose output is not a function of the prefix alone (their own coin, or state carried from step to
+    step) cannot score several continuations at once."""
+    options = {"xtc": "--xtc-probability", "mirostat": "--mirostat-tau/--mirostat-eta"}
+    for name in chain.names:
+        if name in options:
+            raise ConfigError(f"{options[name]}: {method} scores several continuations per step, and {name} draws its "
+                              "own coin or carries state from step to step; drop it for this command")
 
 
 def stop_rules(lm: LoadedModel, settings, max_new_tokens: int | None = None) -> StopRules:
     return StopRules(max_new_tokens or settings.max_new_tokens, tuple(lm.eos_ids), tuple(getattr(settings, "stop", ())),
-                     settings.ignore_eos, lm.context_length)
+                     settings.ignore_eos, lm.context_length, tuple(getattr(settings, "stop_id", ())))
 
 
 def runtime_for(lm: LoadedModel, spec: CacheSpec, capacity: int, needs=frozenset(), compile: bool = False) -> Runtime:
@@ -61,9 +85,9 @@ def runtime_for(lm: LoadedModel, spec: CacheSpec, capacity: int, needs=frozenset
 
 def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain | None = None,
                   record: bool = True) -> Sampler:
-    chain = chain or make_chain(lm, settings)
+    selector = semantics_plan(settings).make_selector(settings.seed, lm.device)
+    chain = chain or make_chain(lm, settings, getattr(selector, "generator", None))
     rules = stop_rules(lm, settings)
-    selector = make_selector(settings.temperature, settings.seed, lm.device)
     runtime = runtime_for(lm, cache_spec(settings), len(prompt_ids) + rules.max_new_tokens,
                           compile=settings.compile)
     return Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
@@ -82,6 +106,8 @@ def build_probs(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int]
 def build_beam(lm: LoadedModel, settings: BeamSettings, prompt_ids: list[int], chain: Chain | None = None,
                record: bool = True) -> BeamSearch:
     chain = chain or make_chain(lm, settings)
+    refuse_stepwise_stages(chain, "beam search")
+    chain.reset(len(prompt_ids))
     return BeamSearch(beam_stepper(lm, settings), prompt_ids, chain, settings, tuple(lm.eos_ids), lm.decode,
                       lm.context_length, record=record, token_text=lm.token_text)
 
@@ -114,7 +140,9 @@ def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: Specu
     """A speculative run: the proposer (draft model or n-gram) and the target share the chain and, when sampling,
     one generator seeded by --seed. Both caches follow --cache."""
     chain = chain or make_chain(lm, settings)
-    greedy = settings.temperature == 0
+    refuse_stepwise_stages(chain, "speculative decoding")
+    chain.reset(len(prompt_ids))
+    greedy = semantics_plan(settings).selector == "greedy"
     gen = None if greedy else make_generator(settings.seed, lm.device)
     spec = cache_spec(settings)
     if draft is None:
@@ -137,8 +165,8 @@ def warm_up_speculate(lm: LoadedModel, draft: LoadedModel | None, settings: Spec
 def plain_baseline(lm: LoadedModel, settings: SpeculateSettings, prompt_ids: list[int], chain: Chain,
                    tokens: int) -> BaselineTiming:
     """Plain target decoding of the same length, same chain and cache policy, timed in the same run."""
-    return time_plain_decoding(lm.model, prompt_ids, chain, make_selector(settings.temperature, settings.seed,
-                                                                           lm.device),
+    return time_plain_decoding(lm.model, prompt_ids, chain, semantics_plan(settings).make_selector(settings.seed,
+                                                                                                    lm.device),
                                tokens, lm.context_length, cache=cache_spec(settings))
 
 

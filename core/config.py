@@ -34,19 +34,84 @@ class ChainSettings:
     logit_bias: tuple[tuple[str, float], ...] = ()
     chain: tuple[str, ...] | None = None
     cache: str = "full"  # the KV-cache policy, `NAME[:key=value,...]` (every command that runs a model)
+    # the stages of core/samplers.py (None / empty = off)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    penalty_last_n: int | None = None  # the penalties count only the last N tokens (None: all)
+    dry_multiplier: float | None = None
+    dry_base: float | None = None  # default 1.75 when DRY is on
+    dry_allowed_length: int | None = None  # default 2
+    dry_penalty_last_n: int | None = None  # default: the whole sequence
+    dry_breaker: tuple[str, ...] = ()  # default (with a tokenizer): llama.cpp's "\n", ":", "\"", "*"
+    xtc_threshold: float | None = None  # default 0.1 when XTC is on
+    xtc_probability: float | None = None  # XTC is on when set
+    top_n_sigma: float | None = None
+    mirostat_tau: float | None = None  # mirostat v2 is on when tau or eta is set; default tau 5
+    mirostat_eta: float | None = None  # default 0.1
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None  # default 1
+    epsilon_cutoff: float | None = None
+    eta_cutoff: float | None = None
+    min_new_tokens: int | None = None
+    sequence_bias: tuple[tuple[str, float], ...] = ()  # TEXT=BIAS, TEXT any number of tokens
+    ban: tuple[str, ...] = ()  # multi-token bans
+    allow: tuple[str, ...] = ()  # the only tokens allowed
+    semantics: str | None = None  # hf | vllm | llamacpp: read the settings as that engine does
 
-    def stage_values(self, bias_ids: dict[int, float] | None) -> dict:
-        """Stage name -> constructor argument, the shape build_chain takes."""
+    def stage_values(self, bias_ids: dict[int, float] | None, resolved: dict | None = None) -> dict:
+        """Stage name -> constructor argument, the shape build_chain takes. ``resolved`` holds the token ids of the
+        text-valued settings ("sequence-bias", "ban", "allow", "dry-breakers"); without it (checking settings
+        before a tokenizer exists) placeholders stand in."""
+        resolved = resolved or {}
+        dry = None
+        if self.dry_multiplier is not None:
+            dry = {"multiplier": self.dry_multiplier,
+                   "base": 1.75 if self.dry_base is None else self.dry_base,
+                   "allowed_length": 2 if self.dry_allowed_length is None else self.dry_allowed_length,
+                   "last_n": self.dry_penalty_last_n,
+                   "breakers": resolved.get("dry-breakers", ())}
+        mirostat = None
+        if self.mirostat_tau is not None or self.mirostat_eta is not None:
+            mirostat = {"tau": 5.0 if self.mirostat_tau is None else self.mirostat_tau,
+                        "eta": 0.1 if self.mirostat_eta is None else self.mirostat_eta}
+        xtc = None
+        if self.xtc_probability is not None:
+            xtc = {"threshold": 0.1 if self.xtc_threshold is None else self.xtc_threshold,
+                   "probability": self.xtc_probability}
+        dynatemp = None
+        if self.dynatemp_range is not None:
+            dynatemp = {"temperature": 1.0 if self.temperature is None else self.temperature,
+                        "range": self.dynatemp_range,
+                        "exponent": 1.0 if self.dynatemp_exponent is None else self.dynatemp_exponent}
+
+        def texts(key: str, items, placeholder):
+            if not items:
+                return None
+            return resolved.get(key, placeholder)
+
         return {
+            "allow": texts("allow", self.allow, (0,)),
             "softcap": self.softcap,
             "repetition-penalty": self.repetition_penalty,
+            "frequency-penalty": self.frequency_penalty,
+            "presence-penalty": self.presence_penalty,
+            "dry": dry,
             "no-repeat-ngram": self.no_repeat_ngram,
             "bias": bias_ids or None,
-            "temperature": self.temperature,
+            "sequence-bias": texts("sequence-bias", self.sequence_bias, (((0,), 0.0),)),
+            "ban": texts("ban", self.ban, ((0,),)),
+            "min-new-tokens": self.min_new_tokens,
+            "temperature": self.temperature if dynatemp is None else None,
+            "dynatemp": dynatemp,
+            "top-n-sigma": self.top_n_sigma,
             "top-k": self.top_k,
             "top-p": self.top_p,
             "min-p": self.min_p,
             "typical-p": self.typical_p,
+            "epsilon-cutoff": self.epsilon_cutoff,
+            "eta-cutoff": self.eta_cutoff,
+            "xtc": xtc,
+            "mirostat": mirostat,
         }
 
 
@@ -57,6 +122,8 @@ class SampleSettings(ChainSettings):
     top: int = 5
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
+    stop_id: tuple[int, ...] = ()  # token ids that end the run (stop_reason "stop")
+    trim_stop: bool | None = None  # leave the stop string (or stop id) out of the text; None: the semantics' own
     compile: bool = False  # torch.compile the one-token decode step (needs cache=static)
 
 
@@ -75,6 +142,18 @@ def _check(ok: bool, key: str, value, allowed: str) -> None:
 
 
 def validate_chain(s: ChainSettings) -> None:
+    """The settings as the chosen semantics reads them (:func:`decodelab.core.semantics.plan`: an engine's defaults,
+    clamps and off-values first), then the ranges, then the order: building every stage once, each checks its own
+    parameters, before any model loads."""
+    from .semantics import plan
+
+    effective = plan(s)
+    validate_chain_ranges(effective.settings)
+    check_order(effective.settings, effective.context())
+    cache_spec(s)
+
+
+def validate_chain_ranges(s: ChainSettings) -> None:
     t = s.temperature
     if t is not None:
         _check(math.isfinite(t) and t >= 0, "temperature", t, "must be >= 0 (0 means greedy)")
@@ -98,8 +177,11 @@ def validate_chain(s: ChainSettings) -> None:
         _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")
         _check(bias != math.inf, "logit_bias", f"{token}={bias}", "+inf cannot force a token (every other "
                "candidate would be NaN); use a large finite bias such as 100, or ban the others with -inf")
-    check_order(s)
-    cache_spec(s)
+    if s.penalty_last_n is not None:
+        _check(s.penalty_last_n >= 0, "penalty_last_n", s.penalty_last_n, "must be an integer >= 0")
+    if s.dynatemp_range is not None:
+        _check(s.temperature != 0, "dynatemp_range", s.dynatemp_range,
+               "needs a temperature > 0 (-t 0 is greedy); the range is around -t")
 
 
 def cache_spec(s: ChainSettings):
@@ -109,16 +191,18 @@ def cache_spec(s: ChainSettings):
     return parse_cache_spec(s.cache)
 
 
-def check_order(s: ChainSettings) -> None:
+def check_order(s: ChainSettings, context=None) -> None:
     """Check --chain against the set stages before any model loads (the bias ids are resolved later)."""
     from .processors import build_chain
 
     placeholder_bias = {0: 0.0} if s.logit_bias else None
-    build_chain(s.stage_values(placeholder_bias), list(s.chain) if s.chain is not None else None)
+    build_chain(s.stage_values(placeholder_bias), list(s.chain) if s.chain is not None else None, context)
 
 
 def validate_sample(s: SampleSettings) -> None:
     validate_chain(s)
+    for token_id in s.stop_id:
+        _check(token_id >= 0, "stop_id", token_id, "must be a token id >= 0")
     _check(s.max_new_tokens >= 1, "max_new_tokens", s.max_new_tokens, "must be >= 1")
     _check(s.top >= 0, "top", s.top, "must be >= 0")
     _check(0 <= s.seed < 2**64, "seed", s.seed, "must be an integer in [0, 2**64)")
@@ -170,7 +254,7 @@ def check_text(option: str, text: str) -> None:
 # --- parsing values from TOML and from --set strings ---------------------------------------------------------
 
 
-def parse_logit_bias(items) -> tuple[tuple[str, float], ...]:
+def parse_logit_bias(items, option: str = "--logit-bias") -> tuple[tuple[str, float], ...]:
     """TOKEN=BIAS strings (or a TOML table) -> ((token, bias), ...); TOKEN is an id or a single-token text."""
     if isinstance(items, dict):
         items = [f"{k}={v}" for k, v in items.items()]
@@ -181,11 +265,11 @@ def parse_logit_bias(items) -> tuple[tuple[str, float], ...]:
             continue
         token, sep, value = str(item).rpartition("=")
         if not sep or not token:
-            raise ConfigError(f"--logit-bias {item!r}: expected TOKEN=BIAS, e.g. 42=-inf or ' the'=2.5")
+            raise ConfigError(f"{option} {item!r}: expected TOKEN=BIAS, e.g. 42=-inf or ' the'=2.5")
         try:
             out.append((token, float(value)))
         except ValueError:
-            raise ConfigError(f"--logit-bias {item!r}: BIAS {value!r} is not a number (use -inf to ban)") from None
+            raise ConfigError(f"{option} {item!r}: BIAS {value!r} is not a number (use -inf to ban)") from None
     return tuple(out)
 
 
@@ -215,12 +299,18 @@ def coerce(cls, key: str, raw):
         if type(None) in typing.get_args(hint):
             return None
         raise ConfigError(f"{option_name(key)}: cannot be switched off")
-    if key == "logit_bias":
-        return parse_logit_bias(raw if not isinstance(raw, str) else [p for p in raw.split(",") if p])
+    if key in ("logit_bias", "sequence_bias"):
+        pairs = parse_logit_bias(raw if not isinstance(raw, str) else [p for p in raw.split(",") if p],
+                                 option_name(key))
+        return pairs if key == "logit_bias" else tuple((t, b) for t, b in pairs)
+    if key == "stop_id":
+        items = raw.split(",") if isinstance(raw, str) else (raw if isinstance(raw, (list, tuple)) else [raw])
+        return tuple(_scalar(int, key, str(i).strip()) for i in items if str(i).strip())
     origin = typing.get_origin(hint)
     if origin is tuple or (args and typing.get_origin(args[0]) is tuple):
-        items = raw.split(",") if isinstance(raw, str) else list(raw)
-        return tuple(str(i).strip() for i in items if str(i).strip())
+        if not isinstance(raw, str):  # a TOML list: items exactly as written (a stop or breaker may be "\n")
+            return tuple(str(i) for i in raw if str(i) != "")
+        return tuple(i.strip() for i in raw.split(",") if i.strip())
     kind = args[0] if args else hint
     return _scalar(kind, key, raw)
 
@@ -297,4 +387,6 @@ def as_dict(settings) -> dict:
     """The resolved settings for the JSON 'config' field (None = stage off)."""
     out = dataclasses.asdict(settings)
     out["logit_bias"] = {token: bias for token, bias in settings.logit_bias}
+    if "sequence_bias" in out:
+        out["sequence_bias"] = {text: bias for text, bias in settings.sequence_bias}
     return out

@@ -40,6 +40,7 @@ class Decoded(NamedTuple):
     processed_logits: Tensor  # [V], after the chain: the distribution the selector drew from
     stages: list[tuple[str, Tensor]] | None  # ("raw", logits), then each stage's output ([1, V]); when recorded
     numbers: Numbers | None = None  # every trace number of the step, on the host (when traced)
+    state: dict[str, float] | None = None  # stateful stages' numbers this step used (mirostat.mu, xtc.coin, ...)
 
 
 def decode_tokens(
@@ -65,14 +66,24 @@ def decode_tokens(
     watch = watch or Stopwatch(runtime.device)
     buf = TokenBuffer(prompt_ids, rules.capacity(len(prompt_ids)), runtime.device)
     stopper = StopChecker(rules, detok)
+    chain.reset(len(prompt_ids))
     watch.start()
     logits = runtime.prefill(buf.prefix())
     watch.lap("prefill")
     while True:
         sel = select(chain, selector, buf.prefix(), logits, record)
+        states = chain.states() if record else []
+        chain.accept(sel.token)
+        step_state = None
         if record:
             watch.lap("loop")
-            host = pack(sel.token, logits, sel.processed, sel.stages, top).tolist()
+            packed = pack(sel.token, logits, sel.processed, sel.stages, top)
+            if states:  # the stages' numbers travel in the same transfer
+                packed = torch.cat([packed] + [v.reshape(-1)[:1].float() for _, v in states])
+            host = packed.tolist()
+            if states:
+                step_state = dict(zip([k for k, _ in states], host[len(host) - len(states):]))
+                host = host[: len(host) - len(states)]
             numbers = unpack(host, top, logits.shape[-1], len(sel.stages))
             watch.lap("trace")
             token_id, finite = numbers.token_id, numbers.finite
@@ -84,7 +95,7 @@ def decode_tokens(
         buf.append([token_id], sel.token.view(1, 1))
         watch.lap("loop")
         watch.pause()
-        yield Decoded(token_id, logits[0], sel.processed[0], sel.stages, numbers)
+        yield Decoded(token_id, logits[0], sel.processed[0], sel.stages, numbers, step_state)
         watch.resume()
         reason = stopper.check(state.new_ids, buf.length)
         if reason is not None:
@@ -104,6 +115,7 @@ def build_step(index: int, position: int, out: Decoded, token_text: Callable[[in
         entropy=n.entropy, raw_entropy=n.raw_entropy, kept=n.kept,
         alternatives=[Alternative(i, token_text(i), p, r) for i, p, r in n.alternatives],
         stages=[StageStat(name, kept, h, mass) for name, (kept, h, mass) in zip(stage_names, n.stages)][1:],
+        state=dict(out.state or {}),
     )
 
 
@@ -166,6 +178,14 @@ def next_token_stages(
     runtime = Runtime.create(model, cache, capacity=len(prompt_ids))
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=runtime.device)
     raw = runtime.prefill(ids)
+    chain.reset(len(prompt_ids))
+    return stage_views(ids, raw, chain, token_text, top)
+
+
+def stage_views(ids: Tensor, raw: Tensor, chain: Chain, token_text: Callable[[int], str],
+                top: int = 10) -> tuple[list[StageView], list[TrackedToken]]:
+    """The views of :func:`next_token_stages` for given raw logits [1, V] after the ids [1, T] (any source: a model,
+    or a distribution typed in by hand, see :func:`decodelab.core.dist.dist_stages`)."""
     _, stages = chain.run_recorded(ids, raw)
     table = stage_table(stages)
     probs = torch.stack([p for _, p in table])  # [S, V]

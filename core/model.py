@@ -261,6 +261,21 @@ def _forward(model, ids, cache, position_ids, attention_mask, logits_to_keep) ->
     return out.logits.float()
 
 
+@torch.inference_mode()
+def attention_weights(model, ids: Tensor) -> list[Tensor]:
+    """Per-layer attention weights [B, H, T, T] of one causal forward over ``ids`` without a cache (eager attention
+    for this call, since fused kernels do not return weights; the model's own implementation is restored)."""
+    previous = getattr(model.config, "_attn_implementation", None)
+    if previous != "eager":
+        model.set_attn_implementation("eager")
+    try:
+        out = model(input_ids=ids, use_cache=False, output_attentions=True)
+    finally:
+        if previous not in (None, "eager"):
+            model.set_attn_implementation(previous)
+    return [a for a in out.attentions if a is not None]
+
+
 def rotary_parameters(model) -> "Rotary | None":
     """The model's RoPE as a KV policy needs it (inv_freq, rope type, rotary dims), or None without RoPE."""
     from .kv import Rotary
@@ -334,3 +349,42 @@ def describe_bundled() -> list[dict]:
             "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
         })
     return rows
+
+
+def continuous_batching_generate(model, work: list[tuple[list[int], int]], max_batch: int, tokens_per_iteration: int,
+                                 page_size: int) -> tuple[list[list[int]], float]:
+    """transformers' own continuous batching (``init_continuous_batching``) over ``work`` = [(prompt ids, new
+    tokens)], greedy with EOS off, the same batch size, tokens per iteration and page size as ours; returns each
+    request's tokens and the wall seconds from the manager's start to the last result (a baseline for ``batch``)."""
+    import logging
+    import time
+
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
+    longest = max(len(p) + n for p, n in work)
+    gen = GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0, max_new_tokens=max(n for _, n in work))
+    cfg = ContinuousBatchingConfig(page_size=page_size, num_blocks=max_batch * -(-longest // page_size),
+                                   max_batch_tokens=tokens_per_iteration, max_requests_per_batch=max_batch,
+                                   use_cuda_graph=False)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cfg)
+        manager.start()
+        try:
+            ids = [manager.add_request(list(p), request_id=f"r{i}", max_new_tokens=n) for i, (p, n) in
+                   enumerate(work)]
+            done: dict[str, list[int]] = {}
+            while len(done) < len(ids):
+                out = manager.get_result(timeout=1.0)
+                if out is None:
+                    if not manager.is_running():
+                        raise RuntimeError("the continuous-batching manager stopped before finishing")
+                    continue
+                if out.is_finished():
+                    done[out.request_id] = [int(t) for t in out.generated_tokens]
+        finally:
+            manager.stop(block=True)
+        seconds = time.perf_counter() - start
+    return [done[i] for i in ids], seconds

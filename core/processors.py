@@ -4,9 +4,12 @@ A processor maps ``(ids, logits) -> logits`` for a batch: ``ids`` is ``[B, T]`` 
 far), ``logits`` is ``[B, V]``. It is pure: it returns a new tensor and never edits its input. Filters remove a
 candidate by setting its logit to ``-inf``; a removed candidate stays removed through every later stage.
 
-Default order (``DEFAULT_ORDER``), used unless ``--chain`` names another:
+Default order (``DEFAULT_ORDER``), used unless ``--chain`` names another (the stages of
+:mod:`decodelab.core.samplers` in brackets):
 
-    softcap -> repetition-penalty -> no-repeat-ngram -> bias -> temperature -> top-k -> top-p -> min-p -> typical-p
+    [allow] -> softcap -> repetition-penalty -> [frequency-penalty -> presence-penalty -> dry] -> no-repeat-ngram
+    -> bias -> [sequence-bias -> ban -> min-new-tokens] -> temperature [or dynatemp] -> [top-n-sigma] -> top-k
+    -> top-p -> min-p -> typical-p -> [epsilon-cutoff -> eta-cutoff -> xtc -> mirostat]
 
 Soft-capping first because it reshapes the model's own output (as Gemma 2 does inside the model); penalties and
 bias act on (capped) logits; temperature rescales before the truncation filters, so the filters see the tempered
@@ -27,15 +30,28 @@ from .trace import StageStat
 NEG_INF = float("-inf")
 
 DEFAULT_ORDER = (
+    "allow",
     "softcap",
     "repetition-penalty",
+    "frequency-penalty",
+    "presence-penalty",
+    "dry",
     "no-repeat-ngram",
     "bias",
+    "sequence-bias",
+    "ban",
+    "min-new-tokens",
     "temperature",
+    "dynatemp",
+    "top-n-sigma",
     "top-k",
     "top-p",
     "min-p",
     "typical-p",
+    "epsilon-cutoff",
+    "eta-cutoff",
+    "xtc",
+    "mirostat",
 )
 
 
@@ -256,6 +272,33 @@ class Chain:
             logits = proc(ids, logits)
         return logits
 
+    def reset(self, prompt_len: int) -> None:
+        """Before a run: stages that count only generated tokens, or hold state, learn where the prompt ends."""
+        for proc in self.processors:
+            if hasattr(proc, "reset"):
+                proc.reset(prompt_len)
+
+    def accept(self, token: Tensor) -> None:
+        """After each step: stages with state (mirostat's mu) see the selected token [B] (on the device)."""
+        for proc in self.processors:
+            if hasattr(proc, "accept"):
+                proc.accept(token)
+
+    @property
+    def stateful(self) -> bool:
+        """Whether some stage carries state from one step to the next (then every step must be accepted in order:
+        methods that score several continuations at once refuse such a chain)."""
+        return any(hasattr(proc, "accept") for proc in self.processors)
+
+    def states(self) -> list[tuple[str, Tensor]]:
+        """Per-step numbers of the stages that have them ("mirostat.mu", "xtc.coin", "dynatemp.temperature"),
+        each a [B] tensor on the device: the values this step used."""
+        out = []
+        for proc in self.processors:
+            for key, value in (proc.state() if hasattr(proc, "state") else {}).items():
+                out.append((f"{proc.name}.{key}", value))
+        return out
+
     def run_recorded(self, ids: Tensor, logits: Tensor) -> tuple[Tensor, list[tuple[str, Tensor]]]:
         """Like __call__, also returns each stage's logits (for probs) in order, starting with the raw ones."""
         stages = [("raw", logits)]
@@ -282,12 +325,17 @@ def empty_chain_error(names: list[str], logits: Tensor | None = None) -> ChainEr
     return ChainError(f"{chain} removed every candidate token; loosen the filters or bans")
 
 
-def build_chain(settings: dict, order: list[str] | None = None) -> Chain:
+def build_chain(settings: dict, order: list[str] | None = None, context=None) -> Chain:
     """Build a chain from resolved processor settings (name -> value; None or absent = stage off).
 
     ``order`` is the user's ``--chain``; every configured stage must appear in it, and it may name only
-    configured stages, so nothing is silently dropped or added.
+    configured stages, so nothing is silently dropped or added. ``context`` (a
+    :class:`decodelab.core.samplers.StageContext`) hands the stages of :mod:`decodelab.core.samplers` what they need
+    besides their value: the run's generator, the end ids, which tokens each penalty counts.
     """
+    from .samplers import NEW_FACTORIES, StageContext
+
+    context = context or StageContext()
     factories = {
         "softcap": SoftCap,
         "repetition-penalty": RepetitionPenalty,
@@ -299,6 +347,9 @@ def build_chain(settings: dict, order: list[str] | None = None) -> Chain:
         "min-p": MinP,
         "typical-p": TypicalP,
     }
+    factories.update({name: (lambda value, _n=name: NEW_FACTORIES[_n](value, context)) for name in NEW_FACTORIES})
+    if context.counts_differently("repetition-penalty"):  # a window, or the output only
+        factories["repetition-penalty"] = lambda value: context.windowed_repetition(value)
     active = [name for name in DEFAULT_ORDER if settings.get(name) is not None]
     if order is None:
         order = active

@@ -41,19 +41,40 @@ class Runtime:
     def feed(self, ids: Tensor, keep: str = "last") -> Tensor:
         """Run ``ids`` [B, n] at positions seen .. seen + n - 1; returns float32 logits [B, V] of the last position
         (``keep="last"``) or [B, n, V] of all of them (``keep="all"``)."""
+        rewrite = getattr(self.policy, "rewrite", None)
+        if rewrite is not None:
+            return self._feed_rewritten(ids, keep, rewrite)
         n = ids.shape[1]
         positions = self.policy.positions(n)
         if positions.shape[0] != ids.shape[0]:
             positions = positions.expand(ids.shape[0], -1)
+        mask = self.policy.attention_mask(n)  # None but for a policy that lays rows out itself (paged)
         if self._compiled is not None and n == 1 and keep == "last":
             logits = self._compiled_call(ids, positions)
         else:
-            logits = forward(self.model, ids, self.policy.model_cache, positions,
+            logits = forward(self.model, ids, self.policy.model_cache, positions, attention_mask=mask,
                              logits_to_keep=1 if keep == "last" else 0, inference=self._compiled is None)
         self.calls += 1
         self.fed += n
         self.policy.after_forward(n)
         return logits[:, -1] if keep == "last" else logits
+
+    def _feed_rewritten(self, ids: Tensor, keep: str, rewrite) -> Tensor:
+        """The one hook for a policy that rewrites what is fed (``recompute``: the last W ids at fresh positions).
+        ``rewrite(ids, keep)`` yields (windows [B, k, m], positions [1, m]): k forwards of m ids each, run without a
+        cache; the last logits of each are one wanted token's (the last of ``ids``, or each of them in order)."""
+        b = ids.shape[0]
+        rows = []
+        for windows, positions in rewrite(ids, keep):
+            k, m = windows.shape[1], windows.shape[2]
+            logits = forward(self.model, windows.reshape(b * k, m), None, positions.expand(b * k, -1),
+                             logits_to_keep=1)
+            rows.append(logits[:, -1].view(b, k, -1))
+            self.calls += 1
+        self.fed += ids.shape[1]
+        self.policy.after_forward(ids.shape[1])
+        out = torch.cat(rows, dim=1)
+        return out[:, -1] if keep == "last" else out
 
     def prefill(self, ids: Tensor, hold_last: bool = False, chunk: int | None = None) -> Tensor | None:
         """Feed a prompt [B, T] (in chunks of ``chunk`` tokens if given); returns the logits [B, V] for the token

@@ -139,7 +139,7 @@ class Scorer(Run):
 
     def __iter__(self) -> Iterator[ScoredToken]:
         device = next(self.model.parameters()).device
-        runtime = Runtime.create(self.model, self.spec, capacity=len(self.ids))
+        runtime = self.runtime = Runtime.create(self.model, self.spec, capacity=len(self.ids))
         ref = None
         if self.reference is not None:
             ref = Runtime.create(self.reference, self.reference_cache, capacity=len(self.ids))

@@ -82,6 +82,7 @@ class StopRules:
     stop_strings: tuple[str, ...] = ()
     ignore_eos: bool = False
     context_length: int | None = None
+    stop_ids: tuple[int, ...] = ()  # token ids that end the run like a stop string (--stop-id; not ignored)
 
     def capacity(self, prompt_len: int) -> int:
         """Positions a run can fill: the prompt and -n new tokens, never past the context (a huge -n allocates no
@@ -102,6 +103,7 @@ class StopChecker:
     def __init__(self, rules: StopRules, detok: Callable[[list[int]], str] | None = None):
         self.rules = rules
         self.eos = frozenset(() if rules.ignore_eos else rules.eos_ids)
+        self.stop_ids = frozenset(rules.stop_ids)
         self.strings = tuple(s for s in rules.stop_strings if s) if detok is not None else ()
         self.detok = detok
         self.window = 4 * max((len(s) for s in self.strings), default=0) + 4
@@ -110,6 +112,8 @@ class StopChecker:
         """``new_ids``: generated so far (the newest last); ``length``: the whole sequence, prompt included."""
         if new_ids[-1] in self.eos:
             return "eos"
+        if new_ids[-1] in self.stop_ids:
+            return "stop"
         if self.strings:
             tail = self.detok(new_ids[-self.window :])
             if any(s in tail for s in self.strings):
@@ -119,6 +123,20 @@ class StopChecker:
         if len(new_ids) >= self.rules.max_new_tokens:
             return "length"
         return None
+
+
+def trim_stop(new_ids: list[int], stop_reason: str, rules: StopRules,
+              detok: Callable[[list[int]], str]) -> tuple[list[int], str]:
+    """``--trim-stop``: the generated ids and text without what stopped the run. A stop id is dropped from both; a
+    stop string is cut from the text at its first occurrence (with whatever followed it in the last token), and
+    the ids stay as generated (the string may end inside a token)."""
+    if stop_reason == "stop" and new_ids and new_ids[-1] in set(rules.stop_ids):
+        return new_ids[:-1], detok(new_ids[:-1])
+    text = detok(new_ids)
+    if stop_reason != "stop":
+        return new_ids, text
+    hits = [text.find(s) for s in rules.stop_strings if s and s in text]
+    return new_ids, text[: min(hits)] if hits else text
 
 
 def check_prompt(prompt_len: int, context_length: int | None) -> None:

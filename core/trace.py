@@ -45,6 +45,7 @@ class Step:
     kept: int
     alternatives: list[Alternative] = field(default_factory=list)
     stages: list[StageStat] = field(default_factory=list)
+    state: dict[str, float] = field(default_factory=dict)  # stateful stages this step: mirostat.mu, xtc.coin, ...
 
     def to_dict(self) -> dict:
         return asdict(self)

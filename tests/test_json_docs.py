@@ -53,8 +53,15 @@ RUNS = {
                   ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
               ["score", "Once upon a time"]],
+    "stream": [["stream", "Once upon", "-n", "4", "--cache", "sinks:sinks=1,recent=2", "--top", "2", "-t", "0.7"],
+               ["stream", "--text-file", "{text}", "--limit", "40", "--chunk", "16", "--cache", "window:size=8"],
+               ["stream", "--text-file", "{text}", "--limit", "40", "--compare-policies", "--window", "8", "--sinks",
+                "2", "--chunk", "16"],
+               ["stream", "Once upon a time there was a", "--attention", "--sinks", "1"]],
     "models": [["models"]],
+    "quantize-kv": [["quantize-kv", "Once upon a time there was", "--limit", "6", "--activations", "0", "--grid"]],
 }
+TEXT = ROOT / "presets" / "models" / "validation.txt"
 
 
 @pytest.mark.parametrize("command", list(RUNS))
@@ -65,7 +72,7 @@ def test_readme_documents_every_json_field_both_ways(cli, toy_model_dir, command
     wild = frozenset(p for p, f in table if f == "*")  # objects whose keys vary: not descended into
     printed = set()
     for args in RUNS[command]:
-        args = [a.replace("{model}", str(toy_model_dir)) for a in args]
+        args = [a.replace("{model}", str(toy_model_dir)).replace("{text}", str(TEXT)) for a in args]
         extra = [] if command == "models" else ["-m", toy_model_dir]
         code, out, err = cli(*args, *extra, "-f", "json")
         assert code == 0, err

@@ -18,6 +18,7 @@ from decodelab.core.kv import CacheSpec, parse_cache_spec, require
 from decodelab.core.kv.full import FullPolicy
 from decodelab.core.processors import build_chain
 from decodelab.core.score import Scorer, ScoreSettings
+from decodelab.core.runtime import Runtime
 from decodelab.core.select import Greedy, make_generator, make_selector
 from decodelab.core.speculative import ModelProposer, NGramProposer, Speculator
 
@@ -224,8 +225,9 @@ def test_a_run_that_needs_a_missing_capability_is_refused(monkeypatch):
     kv.parse_cache_spec("full")
     monkeypatch.setitem(kv.POLICIES, "forgetful", Forgetful)
     spec = parse_cache_spec("forgetful")
-    with pytest.raises(ConfigError, match="roll back .* policies that can: full, static"):
+    with pytest.raises(ConfigError, match="roll back .* policies that can: ") as info:
         require(spec, {"truncate"}, "speculate")
+    assert {"full", "recompute", "static"} <= set(str(info.value).split("can: ")[1].split(", "))  # quant too
     require(spec, {"rows"}, "batch")  # what it has passes
 
 
@@ -396,3 +398,18 @@ def test_score_cli_json_and_errors(cli, toy_model_dir, tmp_path):
                          (["score"], "TEXT: missing")]:
         code, _, err = cli(*args, "-m", toy_model_dir)
         assert code == 2 and needle in err, err
+
+
+@pytest.mark.slow
+def test_compiled_static_decode_equals_eager():
+    """--compile: the compiled one-token step over the static cache gives the eager tokens and logits."""
+    model = random_model("llama", seed=11, scale=8.0)
+    chain = build_chain({"temperature": 0.9})
+    eager = list(Sampler(model, PROMPT, chain, make_selector(0.9, 1, "cpu"), StopRules(10), str, None))
+    runtime = Runtime.create(model, CacheSpec("static"), capacity=len(PROMPT) + 10)
+    runtime.compile_decode()
+    compiled = list(Sampler(model, PROMPT, chain, make_selector(0.9, 1, "cpu"), StopRules(10), str, None,
+                            runtime=runtime))
+    assert [s.token_id for s in compiled] == [s.token_id for s in eager]
+    assert [s.raw_logprob for s in compiled] == pytest.approx([s.raw_logprob for s in eager], abs=1e-4)
+    assert runtime.compile_s is not None and runtime.compile_s > 0

@@ -9,6 +9,7 @@ and is the only code that changes it. The runtime (:mod:`decodelab.core.runtime`
 * ``stored``: positions the cache holds now (``seen`` minus what was evicted; per row, all rows equal).
 * ``positions(n)``: the position ids [1, n] the next ``n`` tokens are run at: ``seen .. seen + n - 1`` for a policy
   that keeps original positions; a policy that moves tokens to cache slots (re-rotated keys) returns slot positions.
+* ``attention_mask(n)``: None (the model's causal mask), or the 4D mask of a policy that lays rows out itself.
 * ``after_forward(n)``: ``n`` tokens were just fed; ``seen += n``, and a bounded policy evicts here.
 * ``truncate(seen)``: forget every token from absolute position ``seen`` on (a speculative draft was rejected).
 * ``reorder(rows)``: gather batch rows (beam search follows the parents of the surviving beams).
@@ -102,6 +103,11 @@ class KVPolicy:
 
     def positions(self, n: int) -> Tensor:
         return torch.arange(self.seen, self.seen + n, device=self.info.device).unsqueeze(0)
+
+    def attention_mask(self, n: int) -> Tensor | None:
+        """A 4D mask for the next ``n`` tokens, for a policy that lays rows out itself (paged); None: the model
+        builds its causal mask."""
+        return None
 
     def after_forward(self, n: int) -> None:
         self.seen += n
@@ -253,7 +259,7 @@ def _load_policies() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import full, static  # noqa: F401
+    from . import full, paged, quant, recompute, static, window  # noqa: F401
 
 
 def listing() -> list[dict]:

@@ -1,0 +1,439 @@
+"""``quant``: keys and values stored quantized (8, 4 or 2 bits packed, or fp8), dequantized when attention needs them.
+
+``quant:bits=B,axis=tensor|token|channel|group|kivi[,group=G][,residual=R][,symmetric=true|false]``
+
+Each layer's keys and each layer's values are one :class:`Stream`: quantized tokens, oldest first, then a
+full-precision tail (the model's own dtype). A new token enters the tail; tokens leave it for the quantized part in
+*blocks*:
+
+* ``token``, ``group`` (and ``kivi`` values): a token is quantized alone (one scale per token, or per G channels of
+  it), so it leaves the tail as soon as ``R`` newer tokens follow it: the last ``R`` tokens stay exact.
+* ``channel``, ``tensor`` (and ``kivi`` keys): one scale spans ``G`` tokens (per channel, or per whole block of one
+  row), so tokens leave in blocks of ``G`` once ``R + G`` are in the tail: the last ``R`` tokens (up to ``R + G - 1``)
+  stay exact.
+
+``kivi`` is KIVI's layout (Liu et al. 2024): keys per channel (their outliers live in fixed channels), values per
+token in groups of G channels, asymmetric by default. Every batch row has its own scales (a beam never shares a
+scale with another beam). Scales and zero points are stored in float16 (bfloat16 for a bfloat16 model).
+
+The tokens of the forward that adds them attend to their own full-precision keys and values; later forwards see
+what the cache stores. The model's own sliding layers stay sliding (the window's tokens are kept, older ones dropped).
+
+Capabilities: ``reorder``/``rows`` always (rows of codes, scales, zero points and tails are gathered, which is
+exact). ``truncate`` only where the stored state after a rollback equals the state of never having fed the dropped
+tokens: every token quantized alone and no residual window (``axis=token|group``, ``residual=0``). With a residual
+window, rolled-back tokens would leave behind quantized tokens that should be exact again; with token-spanning
+scales, a block's scale would have been set by dropped tokens. Those configurations are refused for ``speculate``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+from . import ALIASES, KVPolicy, ModelInfo, _load_policies, boolean, choice, non_negative_int, positive_int, register
+from .quantize import QTensor, dequantize_view, fp8_supported, quantize_over
+
+_load_policies()  # the built-in policies register first, whoever imports this module first (listing order)
+
+AXES = ("tensor", "token", "channel", "group", "kivi")
+DEFAULT_GROUP = 32
+DEFAULT_KIVI_RESIDUAL = 32
+
+
+def parse_bits(key: str, text: str):
+    if text == "fp8":
+        if not fp8_supported():
+            raise ValueError(f"{key}=fp8 needs a torch with float8_e4m3fn; use bits=8")
+        return "fp8"
+    if text not in ("2", "4", "8"):
+        raise ValueError(f"{key} must be 2, 4, 8 or fp8")
+    return int(text)
+
+
+# --- one layout: how a [B, H, n, D] chunk is viewed for its scales ----------------------------------------------------
+
+
+class Layout:
+    """How a stream quantizes: ``axis`` one of token|group|channel|tensor; ``group`` channels per group (group) or
+    tokens per block (channel, tensor). Every view has the chunk axis (tokens or blocks) at dim 2."""
+
+    def __init__(self, axis: str, group: int, bits, symmetric: bool, scale_dtype: torch.dtype):
+        self.axis, self.group, self.bits, self.symmetric, self.scale_dtype = axis, group, bits, symmetric, scale_dtype
+        self.block = group if axis in ("channel", "tensor") else 1  # tokens that share a scale
+
+    def quantize(self, x: Tensor) -> QTensor:
+        """x [B, H, n, D], n a multiple of ``block``."""
+        if self.axis == "token":
+            view, dims = x, (-1,)  # scale [B, H, n, 1]
+        elif self.axis == "group":
+            view, dims = x.unflatten(-1, (x.shape[-1] // self.group, self.group)), (-1,)  # [B, H, n, D/G, 1]
+        elif self.axis == "channel":
+            view, dims = x.unflatten(2, (-1, self.block)), (-2,)  # [B, H, n/G, 1, D]
+        else:  # tensor: one scale per row and block, over heads, tokens and channels
+            view, dims = x.unflatten(2, (-1, self.block)), (1, 3, 4)  # [B, 1, n/G, 1, 1]
+        return quantize_over(view, self.bits, dims, self.symmetric, self.scale_dtype)
+
+    def tokens(self, q: QTensor) -> int:
+        return q.codes.shape[2] * self.block
+
+    def dequantize(self, q: QTensor, dtype: torch.dtype) -> Tensor:
+        v = dequantize_view(q, dtype)
+        if self.axis == "group":
+            return v.flatten(-2)  # [B, H, n, D/G, G] -> [B, H, n, D]
+        return v.reshape(v.shape[0], v.shape[1], -1, v.shape[-1])  # blocks [B, H, n/G, G, D] -> [B, H, n, D]
+
+    def nbytes_for(self, tokens: int, rows: int, heads: int, head_dim: int) -> int:
+        """Bytes of ``tokens`` quantized tokens (a multiple of ``block``) without building them: codes packed along
+        the view's last dim, one scale (and zero) per group."""
+        if tokens == 0:
+            return 0
+        scale_bytes = torch.empty(0, dtype=self.scale_dtype).element_size() * (1 if self.symmetric else 2)
+        packed = (lambda n: n) if self.bits in (8, "fp8") else (lambda n: -(-n * self.bits // 8))
+        if self.axis == "token":
+            return rows * heads * tokens * (packed(head_dim) + scale_bytes)
+        if self.axis == "group":
+            groups = head_dim // self.group
+            return rows * heads * tokens * groups * (packed(self.group) + scale_bytes)
+        blocks = tokens // self.block
+        codes = rows * heads * tokens * packed(head_dim)
+        scales = rows * heads * blocks * head_dim if self.axis == "channel" else rows * blocks
+        return codes + scales * scale_bytes
+
+    def describe(self) -> str:
+        per = {"token": "per token", "group": f"per token, groups of {self.group} channels",
+               "channel": f"per channel, blocks of {self.group} tokens",
+               "tensor": f"per row, blocks of {self.group} tokens"}[self.axis]
+        return f"{self.bits}-bit {per}" if self.bits != "fp8" else f"fp8 e4m3 {per}"
+
+
+def cat_q(a: QTensor | None, b: QTensor) -> QTensor:
+    if a is None:
+        return b
+    return QTensor(torch.cat([a.codes, b.codes], 2), torch.cat([a.scale, b.scale], 2),
+                   None if a.zero is None else torch.cat([a.zero, b.zero], 2), a.bits, a.last)
+
+
+class Stream:
+    """The keys (or values) of one layer: quantized tokens, then a full-precision tail of the newest ones."""
+
+    def __init__(self, layout: Layout, residual: int):
+        self.layout, self.residual = layout, residual
+        self.q: QTensor | None = None
+        self.tail: Tensor | None = None
+
+    @property
+    def quantized(self) -> int:
+        return 0 if self.q is None else self.layout.tokens(self.q)
+
+    @property
+    def exact(self) -> int:
+        return 0 if self.tail is None else self.tail.shape[2]
+
+    @property
+    def tokens(self) -> int:
+        return self.quantized + self.exact
+
+    def append(self, x: Tensor) -> None:
+        # clone/cat/slice-clone: the stream owns exactly the storage it reports (no view into a larger tensor)
+        self.tail = x.clone() if self.tail is None else torch.cat([self.tail, x], 2)
+        # tokens beyond the last `residual` leave the tail, in whole blocks
+        leaving = (self.exact - self.residual) // self.layout.block * self.layout.block
+        if leaving > 0:
+            self.q = cat_q(self.q, self.layout.quantize(self.tail[:, :, :leaving]))
+            self.tail = self.tail[:, :, leaving:].clone()
+
+    def states(self, dtype: torch.dtype) -> Tensor:
+        """Every stored token, dequantized, then the exact tail: [B, H, tokens, D]."""
+        parts = [] if self.q is None else [self.layout.dequantize(self.q, dtype)]
+        parts += [] if self.tail is None else [self.tail]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+
+    def keep_first(self, n: int) -> None:
+        """Drop every token from index ``n`` on (rollback). Exact only within the tail or for one-token blocks."""
+        if n >= self.quantized:
+            if self.tail is not None:
+                self.tail = self.tail[:, :, : n - self.quantized].clone()
+            return
+        if self.layout.block != 1:
+            raise ValueError("a rollback into a block of tokens that shares a scale cannot be exact")
+        self.q = self.q.map(lambda t: t[:, :, :n].clone())
+        self.tail = None
+
+    def drop_first(self, n: int) -> int:
+        """Forget the ``n`` oldest tokens where whole blocks allow (sliding layers); returns how many went."""
+        blocks = min(n // self.layout.block, 0 if self.q is None else self.q.codes.shape[2])
+        if blocks:
+            self.q = self.q.map(lambda t: t[:, :, blocks:].clone())
+        gone = blocks * self.layout.block
+        if self.quantized == 0 and self.tail is not None and n > gone:
+            self.tail = self.tail[:, :, n - gone :].clone()
+            gone = n
+        return gone
+
+    def reorder(self, rows: Tensor) -> None:
+        if self.q is not None:
+            self.q = self.q.map(lambda t: t.index_select(0, rows.to(t.device)))
+        if self.tail is not None:
+            self.tail = self.tail.index_select(0, rows.to(self.tail.device))
+
+    def nbytes(self) -> int:
+        tail = 0 if self.tail is None else self.tail.numel() * self.tail.element_size()
+        return (0 if self.q is None else self.q.nbytes) + tail
+
+
+def held_after(tokens: int, residual: int, block: int, window: int | None = None) -> tuple[int, int]:
+    """(quantized, exact) tokens a stream holds after ``tokens`` tokens, mirroring :class:`Stream` without tensors
+    (sliding layers: fed one token a forward, the decode path). Exact tokens: R + (T - R) mod block once T >= R."""
+    if window is None:
+        exact = tokens if tokens < residual else residual + (tokens - residual) % block
+        return tokens - exact, exact
+    quantized = exact = 0
+    for _ in range(tokens):
+        exact += 1
+        leaving = (exact - residual) // block * block
+        if leaving > 0:
+            quantized, exact = quantized + leaving, exact - leaving
+        extra = quantized + exact - (window - 1)
+        if extra > 0:
+            gone = min(extra // block, quantized // block) * block
+            quantized -= gone
+            if quantized == 0 and extra > gone:
+                exact -= extra - gone
+    return quantized, exact
+
+
+# --- the cache layer the model calls ------------------------------------------------------------------------------
+
+
+def _layer_base():
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer
+
+
+class QuantLayerMixin:
+    """One attention layer's quantized keys and values (the transformers cache-layer interface: ``update`` returns
+    the states attention uses; ``get_mask_sizes`` says how many that is). ``window``: the model's sliding window
+    (the layer keeps its last window - 1 tokens, as transformers' sliding layers do); ``hold``: never evict, so a
+    rollback finds every token it needs (runs that roll back; attention still sees only the window)."""
+
+    def setup(self, keys: Stream, values: Stream, window: int | None, hold: bool) -> None:
+        self.k, self.v, self.window, self.hold = keys, values, window, hold
+        self.is_sliding = window is not None
+        self.cumulative_length = 0  # tokens this layer has seen
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    def visible(self, query_length: int) -> int:
+        """Tokens attention sees in a forward of ``query_length`` new tokens (the new ones included)."""
+        if self.window is None:
+            return self.cumulative_length + query_length
+        return min(self.cumulative_length, self.window - 1) + query_length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        kv_length = self.visible(query_length)
+        offset = 0 if self.window is None else max(self.cumulative_length - self.window + 1, 0)
+        return kv_length, offset
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = self.visible(key_states.shape[-2])
+        # this forward's tokens in full precision after the stored ones, dequantized
+        keys = self._with(self.k, key_states)
+        values = self._with(self.v, value_states)
+        self.k.append(key_states)
+        self.v.append(value_states)
+        self.cumulative_length += key_states.shape[-2]
+        if self.window is not None and not self.hold:
+            self.evict()
+        return keys[:, :, -n:], values[:, :, -n:]
+
+    def _with(self, stream: Stream, new: Tensor) -> Tensor:
+        if stream.tokens == 0:
+            return new
+        return torch.cat([stream.states(new.dtype), new], 2)
+
+    def evict(self) -> None:
+        """Sliding layers: forget tokens older than the last window - 1 (whole blocks at a time)."""
+        for stream in (self.k, self.v):
+            extra = stream.tokens - (self.window - 1)
+            if extra > 0:
+                stream.drop_first(extra)
+
+    def keep_first(self, seen: int) -> None:
+        """Roll back to ``seen`` tokens."""
+        for stream in (self.k, self.v):
+            stream.keep_first(seen - (self.cumulative_length - stream.tokens))
+        self.cumulative_length = seen
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.keep_first(self.cumulative_length - abs(tokens_to_remove))
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        for stream in (self.k, self.v):
+            stream.reorder(beam_idx)
+
+    def batch_select_indices(self, indices: Tensor) -> None:
+        self.reorder_cache(torch.as_tensor(indices))
+
+    def nbytes(self) -> int:
+        return self.k.nbytes() + self.v.nbytes()
+
+
+_layer_class = None
+
+
+def quant_layer_class():
+    """The layer class, built on transformers' DynamicLayer on first use (so importing decodelab stays light)."""
+    global _layer_class
+    if _layer_class is None:
+        _layer_class = type("QuantLayer", (QuantLayerMixin, _layer_base()), {})
+    return _layer_class
+
+
+# --- the policy ----------------------------------------------------------------------------------------------------
+
+
+def scale_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float16
+
+
+@register
+class QuantPolicy(KVPolicy):
+    name = "quant"
+    capabilities = frozenset({"truncate", "reorder", "rows"})
+    summary = ("quantized keys and values (8/4/2 bits packed, fp8), per tensor, token, channel, group or kivi; "
+               "rolls back only per token/group with residual=0")
+    params = {"bits": parse_bits, "axis": choice(*AXES), "group": positive_int, "residual": non_negative_int,
+              "symmetric": boolean}
+
+    @staticmethod
+    def check_options(values: dict) -> dict:
+        """Fill the defaults so the spec names every setting: bits=8, axis=token, residual 0 (32 for kivi),
+        symmetric for bits=8 and fp8, asymmetric (zero points) for 4 and 2 bits."""
+        out = dict(values)
+        out.setdefault("bits", 8)
+        out.setdefault("axis", "token")
+        out.setdefault("residual", DEFAULT_KIVI_RESIDUAL if out["axis"] == "kivi" else 0)
+        out.setdefault("symmetric", out["bits"] in (8, "fp8"))
+        if out["bits"] == "fp8" and not out["symmetric"]:
+            raise ValueError("bits=fp8 is symmetric (no zero point); drop symmetric=false")
+        if "group" in out and out["axis"] == "token":
+            raise ValueError("group applies to axis=group, channel, tensor or kivi, not to axis=token")
+        return out
+
+    @staticmethod
+    def capabilities_for(options: dict) -> frozenset[str]:
+        caps = {"reorder", "rows"}
+        if options.get("axis", "token") in ("token", "group") and options.get("residual", 0) == 0:
+            caps.add("truncate")
+        return frozenset(caps)
+
+    def __init__(self, info: ModelInfo, capacity: int | None = None, needs: frozenset[str] = frozenset(),
+                 bits=8, axis: str = "token", group: int | None = None, residual: int = 0, symmetric: bool = True):
+        super().__init__(info, capacity, needs)
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+        self.bits, self.axis, self.residual, self.symmetric = bits, axis, residual, symmetric
+        self.group = self._group(group, info.head_dim)
+        missing = set(needs) - self.capabilities_for({"axis": axis, "residual": residual})
+        if missing:
+            raise ConfigError(f"--cache quant: this run needs the cache to {sorted(missing)[0]}, which "
+                              f"axis={axis},residual={residual} cannot do exactly")
+        sd = scale_dtype_for(info.dtype)
+        layouts = {"key": self._layout("key", sd), "value": self._layout("value", sd)}
+        self.layouts = layouts
+        template = DynamicCache(config=info.config)
+        layers = []
+        for i, layer in enumerate(template.layers):
+            if isinstance(layer, DynamicSlidingWindowLayer):
+                window = layer.sliding_window
+            elif type(layer) is DynamicLayer:
+                window = None
+            else:
+                raise ConfigError(f"--cache quant: layer {i} of this model is a {type(layer).__name__}; quant "
+                                  "handles full and sliding attention layers only")
+            new = quant_layer_class()()
+            new.setup(Stream(layouts["key"], residual), Stream(layouts["value"], residual), window,
+                      hold="truncate" in needs)
+            new.is_croppable = "truncate" in self.capabilities_for({"axis": axis, "residual": residual})
+            layers.append(new)
+        self.model_cache = template
+        template.layers = layers
+
+    def _group(self, group: int | None, head_dim: int) -> int:
+        """Channels per group (axis=group; kivi values) must divide head_dim; the default is 32, or head_dim when
+        32 does not divide it. For token blocks (axis=channel|tensor) any size works; default 32."""
+        splits_channels = self.axis in ("group", "kivi")
+        if group is None:
+            return head_dim if splits_channels and head_dim % DEFAULT_GROUP else DEFAULT_GROUP
+        if splits_channels and head_dim % group:
+            raise ConfigError(f"--cache quant:group={group}: must divide the model's head_dim ({head_dim})")
+        return group
+
+    def _layout(self, which: str, scale_dtype: torch.dtype) -> Layout:
+        axis = self.axis
+        if axis == "kivi":
+            axis = "channel" if which == "key" else "group"
+        return Layout(axis, self.group, self.bits, self.symmetric, scale_dtype)
+
+    @property
+    def stored(self) -> int:
+        return max((max(layer.k.tokens, layer.v.tokens) for layer in self.model_cache.layers), default=0)
+
+    def truncate(self, seen: int) -> None:
+        drop = self.seen - seen
+        if drop < 0:
+            raise ValueError(f"cannot truncate a cache that has seen {self.seen} tokens to {seen}")
+        if drop:
+            for layer in self.model_cache.layers:
+                if layer.is_initialized:
+                    layer.keep_first(seen)
+            self.seen = seen
+
+    def reorder(self, rows: Tensor) -> None:
+        self.model_cache.reorder_cache(rows)
+
+    def layer_nbytes(self) -> list[int]:
+        return [layer.nbytes() for layer in self.model_cache.layers]
+
+    def bytes_at(self, tokens: int, rows: int = 1) -> int:
+        """Projected bytes of this cache after ``tokens`` tokens in each of ``rows`` rows, from the layouts' byte
+        formulas (tests check them against the stored tensors): per layer, keys and values, quantized + exact."""
+        info = self.info
+        exact_bytes = torch.empty(0, dtype=info.dtype).element_size()
+        total = 0
+        for layer in self.model_cache.layers:
+            window = None if layer.hold else layer.window
+            for layout in (self.layouts["key"], self.layouts["value"]):
+                quantized, exact = held_after(tokens, self.residual, layout.block, window)
+                total += layout.nbytes_for(quantized, rows, info.kv_heads, info.head_dim)
+                total += rows * info.kv_heads * exact * info.head_dim * exact_bytes
+        return total
+
+    def describe(self) -> dict:
+        out = super().describe()
+        first = self.model_cache.layers[0] if self.model_cache.layers else None
+        if first is not None:
+            out.update(keys=self.layouts["key"].describe(), values=self.layouts["value"].describe(),
+                       exact_tokens=max(first.k.exact, first.v.exact))
+        return out
+
+
+# short names (the long form keeps working)
+ALIASES.update({
+    "int8": "quant:bits=8,axis=token,symmetric=true",
+    "fp8": "quant:bits=fp8,axis=token",
+    "int4": "quant:bits=4,axis=group",  # group: 32 channels, or the whole head when 32 does not divide head_dim
+    "int4-kivi": "quant:bits=4,axis=kivi,residual=32",
+    "int2-kivi": "quant:bits=2,axis=kivi,residual=32",
+})

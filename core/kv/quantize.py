@@ -1,0 +1,200 @@
+"""Quantization math: integer (8, 4, 2 bits) and fp8 (e4m3) codes with scales over a chosen axis.
+
+A tensor is quantized over *groups*: the elements that share one scale (and, asymmetric, one zero point). The
+group is what the amax/amin reduce over:
+
+* ``tensor``  every element of the tensor;
+* ``token``   one token's head vector (the last dim, D);
+* ``channel`` one channel across tokens (the token dim, -2);
+* ``group``   G consecutive channels of one token (the last dim split into D / G groups of G).
+
+Integer grids (b bits, L = 2^b - 1 steps):
+
+* asymmetric: zero z = min rounded *down* to the scale dtype, scale s = (max - z) / L rounded *up*; code
+  q = round((x - z) / s) in [0, L]; x' = z + q s. Rounding z down and s up keeps [min, max] inside the grid
+  [z, z + L s], so |x - x'| <= s / 2 for every element (no clamping error).
+* symmetric: s = absmax / (2^(b-1) - 1) rounded up; q = round(x / s) in [-(2^(b-1) - 1), 2^(b-1) - 1], stored as
+  q + 2^(b-1) (unsigned); x' = q s; |x - x'| <= s / 2.
+
+fp8 (e4m3, symmetric): s = absmax / 448 rounded up, code = fp8(x / s); x' = code * s. The error is relative: half a
+unit in the last place of 3 mantissa bits, |x - x'| <= 2^-4 |x| for normal codes and <= 2^-10 s for subnormal ones.
+
+4- and 2-bit codes are packed along the last dim, 8 / b codes per uint8 byte (code j of a byte in bits
+[j b, (j + 1) b)), the last byte zero-padded when the dim is not a multiple of 8 / b. So ``QTensor.nbytes`` is the
+real storage: packed codes + scales + zero points.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+BITS = (2, 4, 8, "fp8")
+AXES = ("tensor", "token", "channel", "group")
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def fp8_supported() -> bool:
+    return hasattr(torch, "float8_e4m3fn")
+
+
+@dataclass
+class QTensor:
+    """Codes, scales and zero points of a quantized tensor. ``codes`` has the quantized view's shape with its last
+    dim packed (``last`` = that dim's length before packing); ``scale``/``zero`` broadcast against the unpacked view.
+    """
+
+    codes: Tensor
+    scale: Tensor
+    zero: Tensor | None  # asymmetric only: the grid's lowest value
+    bits: int | str
+    last: int
+
+    @property
+    def symmetric(self) -> bool:
+        return self.zero is None
+
+    @property
+    def nbytes(self) -> int:
+        """Real bytes of the stored tensors: codes + scales + zero points."""
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.zero) if t is not None)
+
+    def step(self) -> Tensor:
+        """The quantization step of each element's group (broadcastable to the view): the scale."""
+        return self.scale.float()
+
+    def map(self, fn) -> QTensor:
+        """The same quantization with ``fn`` applied to codes, scale and zero (slicing or gathering a dim that
+        every one of them has in full, e.g. the batch or the block dim)."""
+        return QTensor(fn(self.codes), fn(self.scale), None if self.zero is None else fn(self.zero), self.bits,
+                       self.last)
+
+
+# --- rounding into the scale dtype, in the safe direction ------------------------------------------------------------
+
+
+def round_down(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """The largest value of ``dtype`` <= x (x float32)."""
+    y = x.to(dtype)
+    return torch.where(y.float() > x, torch.nextafter(y, torch.full_like(y, -math.inf)), y)
+
+
+def round_up(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """The smallest value of ``dtype`` >= x (x float32)."""
+    y = x.to(dtype)
+    return torch.where(y.float() < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
+
+
+# --- packing ---------------------------------------------------------------------------------------------------------
+
+
+def pack(codes: Tensor, bits: int) -> Tensor:
+    """uint8 codes < 2^bits along the last dim -> 8 / bits codes per byte (last byte zero-padded)."""
+    per = 8 // bits
+    if per == 1:
+        return codes.to(torch.uint8)
+    n = codes.shape[-1]
+    pad = (-n) % per
+    if pad:
+        codes = torch.nn.functional.pad(codes, (0, pad))
+    grouped = codes.to(torch.uint8).unflatten(-1, (-1, per))  # [..., bytes, per]
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)  # code j in bits [j b, (j + 1) b)
+    return (grouped << shifts).sum(dim=-1, dtype=torch.uint8)
+
+
+def unpack(packed: Tensor, bits: int, n: int) -> Tensor:
+    """Inverse of :func:`pack`: the first ``n`` codes of the last dim, as uint8."""
+    per = 8 // bits
+    if per == 1:
+        return packed
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+    mask = (1 << bits) - 1
+    codes = (packed.unsqueeze(-1) >> shifts) & mask  # [..., bytes, per]
+    return codes.flatten(-2)[..., :n]
+
+
+# --- quantize / dequantize over explicit reduce dims -----------------------------------------------------------------
+
+
+def quantize_over(x: Tensor, bits: int | str, dims: tuple[int, ...], symmetric: bool = True,
+                  scale_dtype: torch.dtype = torch.float16) -> QTensor:
+    """Quantize ``x`` with one scale (and zero point) per slice over ``dims`` (the dims reduced)."""
+    v = x.float()
+    if bits == "fp8":
+        absmax = v.abs().amax(dim=dims, keepdim=True)
+        scale = round_up(absmax / FP8_MAX, scale_dtype)
+        safe = torch.where(scale > 0, scale.float(), torch.ones_like(absmax))
+        codes = (v / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return QTensor(codes, scale, None, bits, x.shape[-1])
+    if symmetric:
+        qmax = 2 ** (bits - 1) - 1
+        scale = round_up(v.abs().amax(dim=dims, keepdim=True) / qmax, scale_dtype)
+        safe = torch.where(scale > 0, scale.float(), torch.ones_like(scale, dtype=torch.float32))
+        q = torch.round(v / safe).clamp(-qmax, qmax) + 2 ** (bits - 1)
+        return QTensor(pack(q.to(torch.uint8), bits), scale, None, bits, x.shape[-1])
+    levels = 2**bits - 1
+    zero = round_down(v.amin(dim=dims, keepdim=True), scale_dtype)
+    scale = round_up((v.amax(dim=dims, keepdim=True) - zero.float()) / levels, scale_dtype)
+    safe = torch.where(scale > 0, scale.float(), torch.ones_like(scale, dtype=torch.float32))
+    q = torch.round((v - zero.float()) / safe).clamp(0, levels)
+    return QTensor(pack(q.to(torch.uint8), bits), scale, zero, bits, x.shape[-1])
+
+
+def dequantize_view(q: QTensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The quantized view's values x' (see the module docstring), in ``dtype``."""
+    if q.bits == "fp8":
+        return (q.codes.float() * q.scale.float()).to(dtype)
+    codes = unpack(q.codes, q.bits, q.last).float()
+    if q.zero is None:
+        return ((codes - 2 ** (q.bits - 1)) * q.scale.float()).to(dtype)
+    return (codes * q.scale.float() + q.zero.float()).to(dtype)
+
+
+# --- named layouts on a [..., T, D] tensor ---------------------------------------------------------------------------
+
+
+def layout_view(x: Tensor, axis: str, group: int | None = None) -> tuple[Tensor, tuple[int, ...]]:
+    """The view of ``x`` [..., T, D] whose ``dims`` one scale spans, for a named axis."""
+    if axis == "tensor":
+        return x, tuple(range(x.dim()))
+    if axis == "token":
+        return x, (-1,)
+    if axis == "channel":
+        return x, (-2,)
+    if axis == "group":
+        if group is None or x.shape[-1] % group:
+            raise ValueError(f"group={group} must divide the last dim ({x.shape[-1]})")
+        return x.unflatten(-1, (x.shape[-1] // group, group)), (-1,)
+    raise ValueError(f"axis must be one of {', '.join(AXES)}")
+
+
+@dataclass
+class Quantized:
+    """A tensor quantized with a named layout: its codes, and the shape to give back."""
+
+    q: QTensor
+    shape: torch.Size
+    axis: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.nbytes
+
+    def step(self) -> Tensor:
+        """Each element's quantization step (its group's scale), in the original shape."""
+        view_shape = self.q.codes.shape[:-1] + (self.q.last,)
+        return self.q.step().expand(view_shape).reshape(self.shape)
+
+
+def quantize(x: Tensor, bits: int | str, axis: str, group: int | None = None, symmetric: bool = True,
+             scale_dtype: torch.dtype = torch.float16) -> Quantized:
+    """Quantize ``x`` [..., T, D] with one scale per tensor, token, channel or group of ``group`` channels."""
+    view, dims = layout_view(x, axis, group)
+    return Quantized(quantize_over(view, bits, dims, symmetric, scale_dtype), x.shape, axis)
+
+
+def dequantize(qx: Quantized, dtype: torch.dtype = torch.float32) -> Tensor:
+    return dequantize_view(qx.q, dtype).reshape(qx.shape)

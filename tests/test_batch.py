@@ -1,0 +1,486 @@
+"""Paged KV and iteration-level batching against solo decoding and a contiguous cache.
+
+Oracles: each request's own solo decode (core.decode.decode_tokens with the full cache), a fresh prefill with the
+full cache, and bookkeeping facts checked by hand (names appear exactly when a block fills, every block is
+released). The ``*_catches_*`` tests inject the bugs the checks exist for and require the check to fail.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from conftest import ROOT, random_model
+
+from decodelab.core.decode import decode_tokens
+from decodelab.core.errors import ConfigError
+from decodelab.core.kv import CacheSpec, parse_cache_spec
+from decodelab.core.kv import paged as paged_mod
+from decodelab.core.processors import build_chain
+from decodelab.core.runtime import Runtime
+from decodelab.core.scheduler import Request, Scheduler
+from decodelab.core.select import Greedy, Multinomial, make_generator
+from decodelab.core.step import StopRules
+
+TINY = ROOT / "presets" / "models" / "tiny"
+BS = 4  # block size of most tests: small, so prompts span several blocks
+
+
+def prompts_of(lengths, vocab=256, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
+
+
+def solo(model, prompt, n, settings=None, seed=None, eos=()):
+    """The oracle: the request alone, full cache."""
+    selector = Greedy() if seed is None else Multinomial(make_generator(seed, "cpu"))
+    return [d.token_id for d in decode_tokens(model, prompt, build_chain(settings or {}), selector,
+                                              StopRules(n, tuple(eos)))]
+
+
+def request(i, prompt, n, settings=None, seed=None, eos=()):
+    selector = Greedy() if seed is None else Multinomial(make_generator(seed, "cpu"))
+    return Request(str(i), prompt, build_chain(settings or {}), selector, StopRules(n, tuple(eos)))
+
+
+def paged_runtime(model, blocks=64, block=BS):
+    return Runtime.create(model, CacheSpec("paged", (("block", block), ("blocks", blocks))))
+
+
+def full_logits(model, ids):
+    """Logits of every position of ``ids`` from one fresh prefill with the full cache."""
+    return Runtime.create(model).feed(torch.tensor([ids]), keep="all")[0]
+
+
+def paged_logits(runtime, key, ids, share=True):
+    """Admit ``ids`` as a sequence (sharing its cached prefix) and compute the rest; returns (hit, logits of the
+    computed positions)."""
+    policy = runtime.policy
+    hit = policy.admit(key, ids, share=share)
+    out = runtime.feed(policy.plan([(key, ids[hit:])]), keep="all")[0]
+    return hit, out
+
+
+# --- batching equals solo --------------------------------------------------------------------------------------
+
+
+LENGTHS = [5, 17, 33, 3, 40, 9, 12]
+OUTPUTS = [10, 3, 25, 7, 12, 30, 1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_batched_greedy_equals_solo(arch):
+    """Catches: a row reading another row's blocks, wrong per-row positions, a pad token written into a block,
+    a chunk boundary that drops or repeats a token, a mask off by one."""
+    model = random_model(arch, scale=20.0)
+    prompts = prompts_of(LENGTHS)
+    expected = [solo(model, p, n) for p, n in zip(prompts, OUTPUTS)]
+    sched = Scheduler(model, [request(i, p, n) for i, (p, n) in enumerate(zip(prompts, OUTPUTS))],
+                      max_batch=3, max_tokens_per_iteration=16, block_size=BS)
+    records = list(sched)
+    assert [r.new_ids for r in sched.results] == expected
+    assert any(len(r.joined) and r.index > 0 for r in records)  # requests joined mid-run
+    checked = 0
+    for r, after in zip(records, records[1:]):  # a freed row is taken in the very next iteration (budget allowing)
+        if r.finished and r.waiting and after.tokens < 16:
+            assert len(after.joined) >= min(len(r.finished), r.waiting)
+            checked += 1
+    assert checked >= 2
+    assert any(r.prefill_tokens and r.decode_tokens for r in records)  # prefill chunks and decodes in one forward
+    assert max(r.running for r in records) == 3
+
+
+def test_batched_sampling_equals_solo_with_own_generators():
+    """Each request its own chain and seeded generator: a shared generator, or a chain applied to the wrong row,
+    changes some request's tokens."""
+    model = random_model("llama", scale=3.0)
+    prompts = prompts_of(LENGTHS, seed=1)
+    settings = [{"temperature": 1.0}, {"temperature": 0.7, "top-k": 20}, {"repetition-penalty": 1.3},
+                {"temperature": 1.5, "top-p": 0.9}, {"temperature": 1.0}, {"min-p": 0.05}, {"temperature": 2.0}]
+    seeds = [11, 12, 13, 14, 15, 16, 11]
+    expected = [solo(model, p, n, s, seed) for p, n, s, seed in zip(prompts, OUTPUTS, settings, seeds)]
+    reqs = [request(i, p, n, s, seed) for i, (p, n, s, seed) in enumerate(zip(prompts, OUTPUTS, settings, seeds))]
+    sched = Scheduler(model, reqs, max_batch=4, max_tokens_per_iteration=20, block_size=BS)
+    assert [r.new_ids for r in sched.run()] == expected
+
+
+def test_bundled_tiny_batched_equals_solo_with_eos():
+    if not (TINY / "model.safetensors").is_file():
+        pytest.skip("the bundled tiny model's weights are not installed")
+    from decodelab.core.model import load_model
+
+    lm = load_model("tiny", device="cpu")
+    texts = ["Once upon a time", "The little fox ran to the", "She said", "In the morning, the sun"]
+    prompts = [lm.encode(t) for t in texts]
+    outs = [12, 20, 6, 16]
+    eos = tuple(lm.eos_ids)
+    bias = {"bias": {lm.eos_ids[0]: 6.0}}  # an EOS bias: the last request stops early (EOS at 6)
+    expected = [solo(lm.model, p, n, bias, eos=eos) for p, n in zip(prompts, outs)]
+    sched = Scheduler(lm.model, [request(i, p, n, bias, eos=eos) for i, (p, n) in enumerate(zip(prompts, outs))],
+                      max_batch=2, max_tokens_per_iteration=8, block_size=BS)
+    results = sched.run()
+    assert [r.new_ids for r in results] == expected
+    assert any(r.stop_reason == "eos" for r in results)
+
+
+def test_static_batching_gives_the_same_tokens():
+    model = random_model("llama", scale=20.0)
+    prompts = prompts_of(LENGTHS)
+    expected = [solo(model, p, n) for p, n in zip(prompts, OUTPUTS)]
+    sched = Scheduler(model, [request(i, p, n) for i, (p, n) in enumerate(zip(prompts, OUTPUTS))],
+                      max_batch=3, block_size=BS, static=True)
+    records = list(sched)
+    assert [r.new_ids for r in sched.results] == expected
+    joins = [r.index for r in records if r.joined]
+    # a batch joins only when the previous one has entirely finished: batches of 3, 3, 1 start at 0, 25, 55
+    assert [len(r.joined) for r in records if r.joined] == [3, 3, 1]
+    assert joins == [0, max(OUTPUTS[:3]), max(OUTPUTS[:3]) + max(OUTPUTS[3:6])]
+
+
+def test_paged_cache_as_a_one_row_policy_equals_full():
+    model = random_model("qwen2", scale=20.0)
+    prompt = prompts_of([13])[0]
+    expected = solo(model, prompt, 20)
+    got = [d.token_id for d in decode_tokens(model, prompt, build_chain({}), Greedy(), StopRules(20),
+                                             cache=parse_cache_spec("paged:block=4"))]
+    assert got == expected
+
+
+def test_models_with_sliding_layers_are_refused():
+    with pytest.raises(ConfigError, match="sliding"):
+        paged_runtime(random_model("gemma2"))
+
+
+# --- exact attention over blocks ----------------------------------------------------------------------------------
+
+
+def test_non_contiguous_blocks_equal_a_contiguous_cache():
+    """The free list scrambled, so consecutive logical blocks land in scattered physical blocks; logits of a
+    chunked prefill and of single-token steps equal a fresh full-cache prefill."""
+    model = random_model("llama", scale=20.0)
+    ids = prompts_of([23])[0]
+    runtime = paged_runtime(model, blocks=16)
+    policy = runtime.policy
+    order = list(policy.pool.free)
+    random.Random(5).shuffle(order)
+    policy.pool.free = type(policy.pool.free)((b, None) for b in order)
+    policy.admit("a", [])
+    got = [runtime.feed(policy.plan([("a", ids[:10])]), keep="all")[0]]
+    for t in ids[10:]:
+        got.append(runtime.feed(policy.plan([("a", [t])]), keep="all")[0])
+    table = policy.table("a")
+    assert table != sorted(table) and any(b - a != 1 for a, b in zip(table, table[1:]))
+    torch.testing.assert_close(torch.cat(got), full_logits(model, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_layout_by_hand():
+    """Block 2; row 0 has 3 tokens stored in physical blocks [5, 2] and 1 new; row 1 has 0 stored, 2 new in block
+    7. Row 0's new token (position 3) goes to block 2 offset 1 = slot 5; its padding column writes to scratch and
+    sees key 0 only."""
+    table = torch.tensor([[5, 2], [7, 0]])
+    pos, write, gather, mask = paged_mod.layout([3, 0], [1, 2], table, 2, 99, torch.float32)
+    assert pos.tolist() == [[0, 3], [0, 1]]
+    assert write.tolist() == [99, 5, 14, 15]
+    assert gather.tolist() == [10, 11, 4, 5, 14, 15, 99, 99]
+    seen = (mask[:, 0] == 0).int().tolist()
+    assert seen == [[[1, 0, 0, 0], [1, 1, 1, 1]], [[1, 0, 0, 0], [1, 1, 0, 0]]]
+    assert mask.min().item() == torch.finfo(torch.float32).min
+
+
+def test_rows_of_different_lengths_in_one_forward_equal_their_own_prefills():
+    """Left padding, per-row positions and the 4D mask: two rows with different pasts and chunk lengths."""
+    model = random_model("qwen2", scale=20.0)
+    a, b = prompts_of([14, 6], seed=3)
+    runtime = paged_runtime(model)
+    policy = runtime.policy
+    policy.admit("a", [])
+    policy.admit("b", [])
+    runtime.feed(policy.plan([("a", a[:9]), ("b", b[:2])]))
+    out = runtime.feed(policy.plan([("a", a[9:]), ("b", b[2:])]), keep="all")  # 5 and 4 new tokens
+    torch.testing.assert_close(out[0], full_logits(model, a)[9:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[1, 1:], full_logits(model, b)[2:], rtol=1e-5, atol=1e-5)
+
+
+# --- prefix caching -----------------------------------------------------------------------------------------------
+
+
+def check_shared_prefix_logits():
+    """A second sequence sharing 3 full blocks computes only its own tail, and its logits equal a fresh prefill."""
+    model = random_model("llama", scale=20.0)
+    base = prompts_of([3 * BS + 2], seed=7)[0]
+    other = base[: 3 * BS] + prompts_of([5], seed=8)[0]
+    runtime = paged_runtime(model)
+    paged_logits(runtime, "a", base)
+    hit, logits = paged_logits(runtime, "b", other)
+    assert hit == 3 * BS
+    torch.testing.assert_close(logits, full_logits(model, other)[hit:], rtol=1e-5, atol=1e-5)
+    assert runtime.policy.table("b")[:3] == runtime.policy.table("a")[:3]
+
+
+def check_same_block_elsewhere_never_hits():
+    """Block X at position 1 of a cached sequence is not block X at position 0 of another: its keys were computed
+    after other tokens (the parent's name is in the hash)."""
+    model = random_model("llama", scale=20.0)
+    x, y = prompts_of([BS, BS], seed=9)
+    runtime = paged_runtime(model)
+    paged_logits(runtime, "a", y + x + [1])
+    hit, logits = paged_logits(runtime, "b", x + [2, 3])
+    assert hit == 0
+    torch.testing.assert_close(logits, full_logits(model, x + [2, 3]), rtol=1e-5, atol=1e-5)
+
+
+def check_block_named_exactly_when_full():
+    """A block gets its name (becomes shareable) when its last slot is written, not a token earlier or later;
+    a block-aligned cached prompt still leaves its last token to compute."""
+    model = random_model("llama", scale=20.0)
+    ids = prompts_of([3 * BS], seed=10)[0]
+    runtime = paged_runtime(model)
+    policy = runtime.policy
+    policy.admit("a", [])
+    runtime.feed(policy.plan([("a", ids[: 2 * BS - 1])]))
+    assert len(policy.pool.by_name) == 1
+    runtime.feed(policy.plan([("a", ids[2 * BS - 1 : 2 * BS])]))
+    assert len(policy.pool.by_name) == 2
+    runtime.feed(policy.plan([("a", ids[2 * BS :])]))
+    assert len(policy.pool.by_name) == 3
+    assert policy.match(ids[: 2 * BS + 1]) == 2 * BS
+    assert policy.match(ids) == 2 * BS  # all 3 blocks cached, but the last token needs a forward
+    hit, logits = paged_logits(runtime, "b", ids)
+    assert hit == 2 * BS
+    torch.testing.assert_close(logits, full_logits(model, ids)[hit:], rtol=1e-5, atol=1e-5)
+
+
+def check_every_block_returns():
+    """Reference counts: shared blocks count their holders; after a scheduled run every block is free again."""
+    model = random_model("llama", scale=20.0)
+    runtime = paged_runtime(model)
+    policy = runtime.policy
+    base = prompts_of([2 * BS + 1], seed=11)[0]
+    paged_logits(runtime, "a", base)
+    paged_logits(runtime, "b", base[: 2 * BS] + [7, 8])
+    shared = policy.table("a")[:2]
+    assert [policy.pool.refs[b] for b in shared] == [2, 2]
+    policy.free("a")
+    assert [policy.pool.refs[b] for b in shared] == [1, 1]
+    policy.free("b")
+    assert policy.blocks_used == 0 and set(policy.pool.refs) == {0}
+    prompts = [base + p for p in prompts_of([3, 9, 1, 6], seed=12)]
+    sched = Scheduler(model, [request(i, p, 6) for i, p in enumerate(prompts)], max_batch=2, block_size=BS,
+                      num_blocks=12)
+    sched.run()
+    assert sched.policy.blocks_used == 0 and set(sched.policy.pool.refs) == {0}
+
+
+CHECKS = [check_shared_prefix_logits, check_same_block_elsewhere_never_hits, check_block_named_exactly_when_full,
+          check_every_block_returns]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_prefix_cache(check):
+    check()
+
+
+def _hash_without_parent(parent, token_ids, salt):
+    return paged_mod.__dict__["_original_block_hash"](None, token_ids, salt)
+
+
+MUTANTS = {
+    "hash-without-parent": ("block_hash", _hash_without_parent, check_same_block_elsewhere_never_hits),
+    "named-a-token-early": ("full_blocks", lambda tokens, block: (tokens + 1) // block,
+                            check_block_named_exactly_when_full),
+    "named-a-token-late": ("full_blocks", lambda tokens, block: max(tokens - 1, 0) // block,
+                           check_block_named_exactly_when_full),
+    "refcount-not-decremented": ("release", None, check_every_block_returns),
+}
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS))
+def test_prefix_cache_checks_catch_injected_bugs(mutant, monkeypatch):
+    name, replacement, check = MUTANTS[mutant]
+    if name == "release":
+        monkeypatch.setattr(paged_mod.BlockPool, "release", lambda self, block: None)
+    else:
+        monkeypatch.setattr(paged_mod, "_original_block_hash", paged_mod.block_hash, raising=False)
+        monkeypatch.setattr(paged_mod, name, replacement)
+    with pytest.raises(AssertionError):
+        check()
+
+
+def test_text_that_tokenizes_differently_never_hits():
+    """The same text as other token ids (one id per character instead of the tokenizer's merges) shares nothing,
+    while the tokenizer's own ids for it do."""
+    if not (TINY / "tokenizer.json").is_file():
+        pytest.skip("the bundled tokenizer is missing")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TINY)
+    text = "Once upon a time there was a little fox who lived in the forest"
+    merged = tok.encode(text, add_special_tokens=False)
+    chars = [i for c in text for i in tok.encode(c, add_special_tokens=False)]
+    assert tok.decode(merged) == tok.decode(chars) == text and merged != chars
+    model = random_model("llama", vocab_size=len(tok), scale=5.0)
+    runtime = paged_runtime(model, blocks=64)
+    paged_logits(runtime, "merged", merged + [5])
+    assert paged_logits(runtime, "chars", chars + [5])[0] == 0
+    assert paged_logits(runtime, "again", merged + [6])[0] == len(merged) // BS * BS
+
+
+def test_shared_prefix_requests_hit_and_wait_for_an_in_flight_prefix():
+    """Requests sharing a long prefix: the first computes it, the others share its blocks (one waits an iteration
+    rather than computing the same blocks) and still equal their solo decodes."""
+    model = random_model("llama", scale=20.0)
+    prefix = prompts_of([6 * BS], seed=13)[0]
+    prompts = [prefix + tail for tail in prompts_of([3, 2, 5, 1], seed=14)]
+    expected = [solo(model, p, 8) for p in prompts]
+    sched = Scheduler(model, [request(i, p, 8) for i, p in enumerate(prompts)], max_batch=4, block_size=BS)
+    results = sched.run()
+    assert [r.new_ids for r in results] == expected
+    assert [r.prefix_hit_tokens for r in results] == [0] + [6 * BS] * 3
+    assert sum(r.computed_tokens for r in results) == sum(len(p) + 8 - 1 for p in prompts) - 3 * 6 * BS
+
+
+# --- preemption ---------------------------------------------------------------------------------------------------
+
+
+def test_preemption_and_recompute_give_the_same_tokens():
+    """A pool too small for every running sequence: the last to join is preempted, recomputes its prompt and
+    output later, and every request's tokens equal its solo decode (greedy and sampled)."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([9, 14, 6, 11, 7], seed=15)
+    outs = [20, 18, 22, 15, 19]
+    seeds = [None, 3, None, 4, 5]
+    temp = lambda seed: None if seed is None else {"temperature": 1.0}  # noqa: E731
+    expected = [solo(model, p, n, temp(s), s) for p, n, s in zip(prompts, outs, seeds)]
+    reqs = [request(i, p, n, temp(s), s) for i, (p, n, s) in enumerate(zip(prompts, outs, seeds))]
+    sched = Scheduler(model, reqs, max_batch=4, max_tokens_per_iteration=32, block_size=BS, num_blocks=20)
+    records = list(sched)
+    assert sum(len(r.preempted) for r in records) > 0
+    assert sum(r.preemptions for r in sched.results) == sum(len(r.preempted) for r in records)
+    assert [r.new_ids for r in sched.results] == expected
+    assert max(r.blocks_used for r in records) <= 20
+    assert sched.policy.blocks_used == 0
+
+
+def test_bad_settings_are_refused():
+    model = random_model("llama")
+    reqs = [request(0, [1, 2, 3], 40)]
+    with pytest.raises(ConfigError, match="--blocks"):
+        Scheduler(model, reqs, block_size=4, num_blocks=3)
+    with pytest.raises(ConfigError, match="--max-batch"):
+        Scheduler(model, reqs, max_batch=0)
+    with pytest.raises(ConfigError, match="block"):
+        parse_cache_spec("paged:block=0")
+
+
+# --- the command line ---------------------------------------------------------------------------------------------
+
+
+def run_json(cli, *args):
+    import json
+
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_cli_batch_equals_each_request_sampled_alone(cli, toy_model_dir, tmp_path):
+    """JSONL with per-request settings: each request's tokens equal `decodelab sample` with those settings; the
+    static baseline gives the same tokens; every field CLI.md names is there."""
+    import json
+
+    lines = [{"id": "g", "prompt": "Once upon a time", "temperature": 0, "max_new_tokens": 9},
+             {"id": "s", "prompt": "Once upon a time there was", "seed": 4, "top_k": 20, "max_new_tokens": 12},
+             {"id": "t", "prompt": "The machine", "temperature": 0.7, "seed": 9, "max_new_tokens": 5}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    doc = run_json(cli, "batch", "--prompts-file", path, "-m", toy_model_dir, "--ignore-eos", "--max-batch", "2",
+                   "--block-size", "4", "--max-tokens-per-iteration", "8")
+    for key in ("command", "model", "config", "requests", "iterations", "summary"):
+        assert key in doc
+    assert [r["id"] for r in doc["requests"]] == ["g", "s", "t"]
+    for line, req in zip(lines, doc["requests"]):
+        args = ["sample", line["prompt"], "-m", toy_model_dir, "--ignore-eos", "-n", str(line["max_new_tokens"])]
+        for key in ("temperature", "seed", "top_k"):
+            if key in line:
+                args += [f"--{key.replace('_', '-')}", str(line[key])]
+        alone = run_json(cli, *args)
+        assert req["token_ids"] == alone["token_ids"], req["id"]
+        assert req["text"] == alone["text"]
+        assert [s["token_id"] for s in req["steps"]] == req["token_ids"]
+        for key in ("id", "prompt", "token_ids", "text", "prefix_hit_tokens"):
+            assert key in req
+    assert doc["requests"][1]["prefix_hit_tokens"] == 4  # "Once upon a time" fills one block of 4 ids
+    for it in doc["iterations"]:
+        for key in ("index", "running", "joined", "finished", "waiting", "blocks_used"):
+            assert key in it
+    s = doc["summary"]
+    for key in ("tokens_per_s", "static_tokens_per_s", "speedup_vs_static", "prefix_hit_rate", "peak_blocks",
+                "slot_utilisation"):
+        assert key in s
+    assert s["static_same_tokens"] == 3 and s["tokens"] == 26
+    assert max(it["running"] for it in doc["iterations"]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["table", "jsonl", "markdown", "csv"])
+def test_cli_batch_every_format(cli, toy_model_dir, tmp_path, fmt):
+    import json
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("Once upon a time\n\nThe machine\n")
+    code, out, err = cli("batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "3", "--ignore-eos",
+                         "--baselines", "none", "-f", fmt)
+    assert code == 0, err
+    if fmt == "jsonl":
+        rows = [json.loads(line) for line in out.splitlines()]
+        assert [r["type"] for r in rows][-3:] == ["request", "request", "summary"]
+        assert {r["type"] for r in rows[:-3]} == {"iteration"}
+        assert "static_tokens_per_s" not in rows[-1]
+    elif fmt == "csv":
+        assert out.splitlines()[0].startswith("id,prompt,")
+        assert len(out.splitlines()) == 3
+    elif fmt == "markdown":
+        assert "Once upon a time" in out and out.splitlines()[0].split()[:4] == ["|", "id", "|", "prompt"]
+    else:
+        assert "paged pool of 2 blocks x 16 tokens" in out and "slot_utilisation" in out
+
+
+@pytest.mark.parametrize("content, args, needle", [
+    (None, (), "--prompts-file"),
+    ("", (), "no prompts"),
+    ('{"prompt": "a"}\n{"prompt": "b", "top_p": 2}\n', (), "line 2: --top-p"),
+    ('{"prompt": "a", "colour": 1}\n', (), "line 1: unknown setting 'colour'"),
+    ('{"text": "a"}\n', (), "prompt"),
+    ('{"prompt": "a", "cache": "full"}\n', (), "line 1: 'cache' is not a per-request setting"),
+    ("a\n", ("--max-batch", "0"), "--max-batch 0"),
+    ("a\n", ("--block-size", "0"), "--block-size 0"),
+    ("a\n", ("--baselines", "vllm"), "--baselines 'vllm'"),
+])
+def test_cli_batch_bad_input_is_one_line(cli, tmp_path, content, args, needle):
+    path = tmp_path / "prompts.txt"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = cli("batch", "--prompts-file", path, "-m", "/nonexistent-model-folder", *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_batch_json_fields_are_the_readmes(cli, toy_model_dir, tmp_path):
+    """The README's JSON table for batch against real output, both ways (as tests/test_json_docs.py does)."""
+    import json
+
+    from test_json_docs import documented, fields
+
+    table = documented()["batch"]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "Once upon a time", "id": "x", "temperature": 0}\n{"prompt": "Once upon a time it"}\n')
+    printed = set()
+    for args in (["--baselines", "static,transformers"], ["--baselines", "none"]):
+        code, out, err = cli("batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "3", "--block-size", "4",
+                             *args, "-f", "json")
+        assert code == 0, err
+        printed |= fields(json.loads(out), wild=frozenset({"config"}))
+    listed = {(p, f) for p, f in table if f != "*"}
+    undocumented = {(p, f) for p, f in printed if p != "config"} - listed
+    assert not undocumented, f"batch prints fields the README does not list: {sorted(undocumented)}"
+    missing = {(p, f) for (p, f), required in table.items() if required and f != "*"} - printed
+    assert not missing, f"the README lists batch fields it does not print: {sorted(missing)}"

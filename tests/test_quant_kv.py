@@ -1,0 +1,440 @@
+"""Quantized KV caches: the quantization math (error bound, packing, scales), the stored bytes, the residual window,
+outliers, rollback and reorder, and fidelity on the bundled model."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import random_model
+
+from decodelab.core.decode import decode_tokens
+from decodelab.core.errors import ConfigError
+from decodelab.core.kv import parse_cache_spec, policy_capabilities, require
+from decodelab.core.kv.quant import Layout, Stream
+from decodelab.core.kv.quantize import dequantize, pack, quantize, round_down, round_up, unpack
+from decodelab.core.processors import build_chain
+from decodelab.core.runtime import Runtime
+from decodelab.core.select import Greedy
+from decodelab.core.step import StopRules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def kv_like(seed: int = 0, shape=(2, 3, 37, 32)) -> torch.Tensor:
+    """Keys-like data: per-channel offsets and scales (what per-channel quantization is for), a few large values."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.rand(shape[-1], generator=g) * 3
+    return x + torch.randn(shape[-1], generator=g) * 2
+
+
+# --- the quantization math --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("axis,group", [("tensor", None), ("token", None), ("channel", None), ("group", 8)])
+def test_round_trip_error_is_at_most_half_a_step(bits, axis, group, symmetric):
+    """|x - dequantize(quantize(x))| <= step / 2 per element, the step being the element's own group scale.
+    Catches a floor/ceil instead of round (error up to one step), a scale taken over the wrong axis or a zero point
+    rounded the wrong way (values outside the grid get clamped: error above half a step)."""
+    x = kv_like()
+    qx = quantize(x, bits, axis, group, symmetric)
+    err = (dequantize(qx) - x).abs()
+    half = qx.step() / 2
+    assert err.shape == x.shape
+    assert torch.all(err <= half * (1 + 1e-5) + 1e-7), (err - half).max()
+    # and the bound is not vacuous: the step is what b bits over the group's range give
+    levels = 2 ** (bits - 1) - 1 if symmetric else 2**bits - 1
+    widest = (x.abs().max() if symmetric else x.max() - x.min()) / levels
+    assert qx.step().max() <= widest * 1.001 + 1e-6
+
+
+def test_fp8_round_trip_error_is_relative():
+    """e4m3 keeps 3 mantissa bits: |x - x'| <= 2^-4 |x| (normal) or 2^-10 scale (subnormal)."""
+    x = kv_like(1)
+    qx = quantize(x, "fp8", "token")
+    err = (dequantize(qx) - x).abs()
+    bound = torch.maximum(x.abs() * 2**-4, qx.step() * 2**-10)
+    assert torch.all(err <= bound * (1 + 1e-5))
+    assert qx.q.codes.dtype == torch.float8_e4m3fn
+
+
+def test_scales_by_hand():
+    """Hand-checkable scales: per token (over the row), per channel (over the column), per tensor."""
+    x = torch.tensor([[1.0, -2.0, 4.0, 0.5], [0.25, 8.0, -1.0, 2.0]])
+    tok = quantize(x, 8, "token", symmetric=True)
+    assert tok.q.scale.flatten().tolist() == [round_up(torch.tensor(4 / 127), torch.float16).item(),
+                                                round_up(torch.tensor(8 / 127), torch.float16).item()]
+    ch = quantize(x, 8, "channel", symmetric=True)
+    expected = [round_up(torch.tensor(v / 127), torch.float16).item() for v in (1.0, 8.0, 4.0, 2.0)]
+    assert ch.q.scale.flatten().tolist() == expected
+    ten = quantize(x, 4, "tensor", symmetric=False)  # zero = min = -2, scale = (8 - -2) / 15
+    assert ten.q.zero.item() == -2.0
+    assert ten.q.scale.item() == round_up(torch.tensor(10 / 15), torch.float16).item()
+    assert dequantize(ten)[1, 1].item() == pytest.approx(8.0, abs=ten.q.scale.item() / 2)
+
+
+def test_zero_and_scale_round_in_the_safe_direction():
+    x = torch.tensor([0.1, 1 / 3, -2.7, 1e-6])
+    assert torch.all(round_down(x, torch.float16).float() <= x)
+    assert torch.all(round_up(x, torch.float16).float() >= x)
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 8, 33])
+def test_packed_codes_round_trip_exactly(bits, n):
+    """Catches an off-by-one in the shifts, the padding or the slice back."""
+    g = torch.Generator().manual_seed(n)
+    codes = torch.randint(0, 2**bits, (3, n), generator=g, dtype=torch.uint8)
+    packed = pack(codes, bits)
+    assert packed.dtype == torch.uint8
+    assert packed.shape == (3, math.ceil(n * bits / 8))  # 8 / bits codes a byte
+    assert torch.equal(unpack(packed, bits, n), codes)
+
+
+def test_packing_by_hand():
+    """Code j of a byte sits in bits [j b, (j + 1) b)."""
+    assert pack(torch.tensor([1, 2, 3, 0], dtype=torch.uint8), 2).tolist() == [1 | 2 << 2 | 3 << 4]
+    assert pack(torch.tensor([0xA, 0x5, 0x3], dtype=torch.uint8), 4).tolist() == [0x5A, 0x03]
+
+
+def test_quantized_bytes_are_codes_scales_and_zero_points():
+    x = kv_like(shape=(1, 2, 10, 32))
+    qx = quantize(x, 4, "group", 8, symmetric=False)
+    codes = 1 * 2 * 10 * 32 // 2  # 4 bits: two codes a byte
+    groups = 1 * 2 * 10 * (32 // 8)
+    assert qx.nbytes == codes + groups * 2 + groups * 2  # float16 scale + float16 zero per group
+
+
+def test_one_outlier_channel_costs_per_tensor_resolution():
+    """A planted outlier channel (x 50) sets the per-tensor scale: every other channel is then quantized with a
+    step about 50x too coarse. Margin stated: per-tensor mean squared error on the ordinary channels at least 100x
+    the per-channel error (theory: about 50^2)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 64, generator=g)
+    x[:, 5] *= 50
+    ordinary = torch.ones(64, dtype=torch.bool)
+    ordinary[5] = False
+    mse = {}
+    for axis in ("tensor", "channel"):
+        qx = quantize(x, 4, axis, symmetric=False)
+        mse[axis] = ((dequantize(qx) - x)[:, ordinary] ** 2).mean().item()
+    assert mse["tensor"] > 100 * mse["channel"], mse
+
+
+# --- streams: residual window, blocks, rollback, reorder -------------------------------------------------------------
+
+
+def stream(axis="channel", bits=4, residual=8, group=4, symmetric=False):
+    return Stream(Layout(axis, group, bits, symmetric, torch.float16), residual)
+
+
+@pytest.mark.parametrize("axis", ["token", "group", "channel", "tensor"])
+def test_residual_window_is_bit_identical(axis):
+    """The last R tokens are stored as given; older ones leave the tail (in blocks of G for token-spanning scales)."""
+    s = stream(axis, residual=8, group=4)
+    x = kv_like(shape=(2, 3, 29, 16))
+    for chunk in torch.split(x, [5, 1, 1, 9, 1, 12], dim=2):
+        s.append(chunk)
+    assert s.tokens == 29
+    assert 8 <= s.exact < 8 + s.layout.block
+    states = s.states(torch.float32)
+    assert torch.equal(states[:, :, -s.exact :], x[:, :, -s.exact :])
+    assert not torch.equal(states[:, :, : s.quantized], x[:, :, : s.quantized])  # the rest really is quantized
+    assert s.quantized % s.layout.block == 0
+
+
+def test_streamed_blocks_equal_one_shot_quantization():
+    """Per-channel blocks of G tokens quantized as they fill equal quantizing each block of G tokens at once."""
+    s = stream("channel", residual=0, group=4)
+    x = kv_like(shape=(1, 2, 12, 8))
+    for t in range(12):
+        s.append(x[:, :, t : t + 1])
+    expected = torch.cat([dequantize(quantize(b, 4, "channel", symmetric=False)) for b in x.split(4, dim=2)], 2)
+    assert torch.equal(s.states(torch.float32), expected)
+
+
+def test_stream_reorder_gathers_rows_exactly():
+    s = stream("tensor", residual=3, group=4)
+    x = kv_like(shape=(3, 2, 11, 8))
+    s.append(x)
+    before = s.states(torch.float32)
+    rows = torch.tensor([2, 0, 0])
+    s.reorder(rows)
+    assert torch.equal(s.states(torch.float32), before[rows])
+
+
+def stored_tensors(obj, seen=None) -> list[torch.Tensor]:
+    """Every tensor reachable from a cache layer's attributes (an independent walk, not the layer's own count)."""
+    seen = set() if seen is None else seen
+    found = []
+    if id(obj) in seen:
+        return found
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else None
+    if items is None and type(obj).__module__.startswith("decodelab"):
+        items = vars(obj).values()
+    for item in items or ():
+        found += stored_tensors(item, seen)
+    return found
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind the tensors (a view into a bigger tensor counts the bigger one)."""
+    storages = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        storages[st.data_ptr()] = st.nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4-kivi", "int2-kivi", "fp8", "quant:bits=4,axis=tensor,group=8",
+                                  "quant:bits=2,axis=group,group=8,symmetric=true"])
+def test_reported_bytes_are_the_stored_tensors(spec):
+    """layer_nbytes() = the bytes of the storages each layer really holds (walked independently)."""
+    model = random_model("llama")
+    rt = Runtime.create(model, parse_cache_spec(spec))
+    rt.prefill(torch.arange(3, 40).unsqueeze(0))
+    for t in range(5):
+        rt.feed(torch.tensor([[7 + t]]))
+    per_layer = rt.policy.layer_nbytes()
+    for layer, reported in zip(rt.policy.model_cache.layers, per_layer):
+        assert reported == storage_bytes(stored_tensors(layer.__dict__))
+    assert rt.policy.nbytes() == sum(per_layer) > 0
+
+
+def test_kivi_bytes_by_formula():
+    """4-bit kivi on the random Llama (2 KV heads, head_dim 16; group 16, residual 32), a 70-token prefill: keys
+    leave the tail in blocks of 16 while more than 32 remain -> 32 quantized (2 blocks), 38 exact; values leave
+    one by one -> 38 quantized, 32 exact. Exact tokens in the model's float32, scales and zeros in float16."""
+    model = random_model("llama")
+    rt = Runtime.create(model, parse_cache_spec("quant:bits=4,axis=kivi,group=16,residual=32"))
+    rt.prefill(torch.arange(3, 73).unsqueeze(0))
+    H, D, f32, f16 = 2, 16, 4, 2
+    keys = H * 32 * D // 2 + 2 * H * 2 * D * f16 + H * 38 * D * f32  # codes + (scale, zero) per block & channel
+    values = H * 38 * D // 2 + 2 * H * 38 * (D // 16) * f16 + H * 32 * D * f32
+    assert rt.policy.layer_nbytes() == [keys + values] * 2
+
+
+# --- policy: spec, capabilities, rollback, reorder -------------------------------------------------------------------
+
+
+def test_spec_aliases_and_defaults():
+    assert str(parse_cache_spec("int8")) == "quant:axis=token,bits=8,residual=0,symmetric=true"
+    assert str(parse_cache_spec("int4-kivi")) == "quant:axis=kivi,bits=4,residual=32,symmetric=false"
+    assert parse_cache_spec("quant:bits=fp8").options["symmetric"] is True
+
+
+@pytest.mark.parametrize("text,words", [
+    ("quant:bits=3", "bits must be 2, 4, 8 or fp8"),
+    ("quant:axis=row", "axis must be one of"),
+    ("quant:bits=fp8,symmetric=false", "fp8 is symmetric"),
+    ("quant:axis=token,group=8", "group applies to"),
+    ("quant:residual=-1", "residual must be an integer >= 0"),
+])
+def test_bad_specs_are_one_line(text, words):
+    with pytest.raises(ConfigError, match=words) as info:
+        parse_cache_spec(text)
+    assert "--cache" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_group_must_divide_head_dim():
+    with pytest.raises(ConfigError, match="must divide the model's head_dim"):
+        Runtime.create(random_model("llama"), parse_cache_spec("quant:bits=4,axis=group,group=5"))
+
+
+def test_capabilities_are_declared_before_the_model_loads():
+    require(parse_cache_spec("int8"), {"truncate", "reorder", "rows"}, "speculate")
+    require(parse_cache_spec("int4-kivi"), {"reorder", "rows"}, "beam")
+    for spec in ("int4-kivi", "quant:axis=channel", "quant:bits=4,axis=group,residual=4"):
+        assert "truncate" not in policy_capabilities(parse_cache_spec(spec))
+        with pytest.raises(ConfigError, match="roll back"):
+            require(parse_cache_spec(spec), {"truncate"}, "speculate")
+
+
+def test_rollback_is_exact_where_declared():
+    """int8 per token, no residual: feed X, then drafts Y, roll back to X + Y[:k]: the stored states equal those of
+    feeding X then Y[:k] (causal attention: Y[:k] does not see what follows it), and so does the next forward."""
+    model = random_model("llama")
+    X, Y = torch.arange(3, 30).unsqueeze(0), torch.tensor([[9, 8, 7, 6, 5]])
+    a = Runtime.create(model, parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    a.prefill(X)
+    a.feed(Y)
+    a.truncate(X.shape[1] + 2)
+    b = Runtime.create(model, parse_cache_spec("int8"))
+    b.prefill(X)
+    b.feed(Y[:, :2])
+    for la, lb in zip(a.policy.model_cache.layers, b.policy.model_cache.layers):
+        assert torch.equal(la.k.states(torch.float32), lb.k.states(torch.float32))
+        assert torch.equal(la.v.states(torch.float32), lb.v.states(torch.float32))
+    assert a.seen == b.seen == X.shape[1] + 2
+    nxt = torch.tensor([[11]])
+    assert torch.equal(a.feed(nxt), b.feed(nxt))
+
+
+def test_rollback_through_sliding_layers_is_exact():
+    """Gemma 2 (window 16): a rolling-back int8 run holds what its sliding layers would evict, so after feeding
+    30 + 5 drafts and rolling back 3, the next logits equal those of a run that never saw the drafts' tail."""
+    model = random_model("gemma2", scale=4.0)
+    X, Y = torch.arange(3, 33).unsqueeze(0), torch.tensor([[9, 8, 7, 6, 5]])
+    a = Runtime.create(model, parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    a.prefill(X)
+    a.feed(Y)
+    a.truncate(X.shape[1] + 2)
+    b = Runtime.create(model, parse_cache_spec("int8"))
+    b.prefill(X)
+    b.feed(Y[:, :2])
+    for t in (11, 12, 13):
+        assert torch.equal(a.feed(torch.tensor([[t]])), b.feed(torch.tensor([[t]])))
+
+
+def test_rollback_with_a_residual_window_would_not_be_exact():
+    """Why kivi refuses rollback: after the same experiment, tokens that should be back in the exact window are
+    quantized (the refusal is not over-cautious)."""
+    model = random_model("llama")
+    spec = parse_cache_spec("quant:bits=4,axis=group,group=16,residual=4")
+    with pytest.raises(ConfigError, match="cannot do exactly"):
+        Runtime.create(model, spec, needs=frozenset({"truncate"}))
+    X, Y = torch.arange(3, 30).unsqueeze(0), torch.tensor([[9, 8, 7, 6, 5]])
+    a, b = Runtime.create(model, spec), Runtime.create(model, spec)
+    a.prefill(X)
+    a.feed(Y)
+    a.policy.truncate(X.shape[1] + 1)
+    b.prefill(X)
+    b.feed(Y[:, :1])
+    la, lb = a.policy.model_cache.layers[0], b.policy.model_cache.layers[0]
+    assert not torch.equal(la.k.states(torch.float32), lb.k.states(torch.float32))
+
+
+def test_speculate_through_an_int8_cache_and_refused_for_kivi():
+    from decodelab.core.speculative import NGramProposer, Speculator
+
+    model = random_model("llama", scale=8.0)
+    chain = build_chain({"temperature": 0})
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    sp = Speculator(model, NGramProposer(2), prompt, chain, StopRules(12), 3, record=False,
+                    cache=parse_cache_spec("int8"))
+    list(sp)
+    assert len(sp.new_ids) == 12
+    with pytest.raises(ConfigError):
+        list(Speculator(model, NGramProposer(2), prompt, chain, StopRules(4), 2, record=False,
+                        cache=parse_cache_spec("int4-kivi")))
+
+
+def test_reorder_through_the_model_equals_separate_rows():
+    """Beam-style: one row expanded to three, rows gathered, then each row's next logits equal a run that had only
+    that row's history (per-row scales: a row never shares a scale with another)."""
+    model = random_model("llama")
+    spec = parse_cache_spec("quant:bits=4,axis=tensor,group=4,residual=2")
+    prompt = torch.arange(3, 20).unsqueeze(0)
+    rt = Runtime.create(model, spec, needs=frozenset({"reorder", "rows"}))
+    rt.prefill(prompt)
+    rt.reorder(torch.tensor([0, 0, 0]))
+    steps = [torch.tensor([[4], [5], [6]]), torch.tensor([[8], [9], [10]])]
+    rt.feed(steps[0])
+    rows = torch.tensor([2, 0, 2])
+    rt.reorder(rows)
+    out = rt.feed(steps[1])
+    for r in range(3):
+        single = Runtime.create(model, spec)
+        single.prefill(prompt)
+        single.feed(steps[0][rows[r]].view(1, 1))
+        ref = single.feed(steps[1][r].view(1, 1))
+        torch.testing.assert_close(out[r], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_sliding_layers_stay_sliding():
+    """Gemma 2 (window 16): with a residual longer than the text nothing is quantized, so logits must equal the
+    full cache's exactly (window, mask sizes and eviction right); with int8, bytes stay bounded by the window."""
+    model = random_model("gemma2", scale=4.0)
+    ids = torch.arange(3, 43).unsqueeze(0)
+    outs = {}
+    for spec in ("full", "quant:bits=4,axis=kivi,residual=64", "int8"):
+        rt = Runtime.create(model, parse_cache_spec(spec))
+        logits = [rt.feed(ids[:, :5], keep="all")[0]]
+        logits += [rt.feed(ids[:, t : t + 1], keep="all")[0] for t in range(5, ids.shape[1])]
+        outs[spec] = torch.cat(logits)
+        if spec == "int8":
+            sliding = [la for la in rt.policy.model_cache.layers if la.is_sliding]
+            assert sliding and all(la.k.tokens == 15 for la in sliding)
+    assert torch.equal(outs["full"], outs["quant:bits=4,axis=kivi,residual=64"])
+    torch.testing.assert_close(outs["int8"], outs["full"], rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_other_architectures_run(arch):
+    model = random_model(arch, scale=4.0)
+    full = Runtime.create(model, parse_cache_spec("full"))
+    q = Runtime.create(model, parse_cache_spec("int8"))
+    ids = torch.arange(3, 25).unsqueeze(0)
+    full.prefill(ids[:, :10])
+    q.prefill(ids[:, :10])
+    for t in range(10, 22):
+        a, b = full.feed(ids[:, t : t + 1]), q.feed(ids[:, t : t + 1])
+    torch.testing.assert_close(a, b, rtol=0.02, atol=0.02)
+    assert q.policy.nbytes() < full.policy.nbytes() / 3
+
+
+# --- the bundled model -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from decodelab.core.model import load_model
+
+    return load_model("tiny", device="cpu")
+
+
+def teacher_forced_logits(lm, ids: torch.Tensor, spec: str, prefix: int) -> torch.Tensor:
+    """The decode path: a prefill, then one token a forward (each reads every earlier token from the cache)."""
+    rt = Runtime.create(lm.model, parse_cache_spec(spec))
+    rows = [rt.prefill(ids[:, :prefix])[0]]
+    rows += [rt.feed(ids[:, t : t + 1])[0] for t in range(prefix, ids.shape[1] - 1)]
+    return torch.stack(rows)  # predictions for positions prefix .. end
+
+
+def test_int8_per_token_agrees_with_the_full_cache_on_tiny(tiny):
+    text = (ROOT / "presets" / "models" / "validation.txt").read_text()
+    ids = torch.tensor([tiny.encode(text)[:240]])
+    full = teacher_forced_logits(tiny, ids, "full", 16)
+    q = teacher_forced_logits(tiny, ids, "int8", 16)
+    agreement = (full.argmax(-1) == q.argmax(-1)).float().mean().item()
+    assert agreement >= 0.99, agreement
+    kl = (full.log_softmax(-1).exp() * (full.log_softmax(-1) - q.log_softmax(-1))).sum(-1).mean().item()
+    assert kl < 1e-3
+
+
+def test_greedy_sampling_with_a_4bit_cache_runs_end_to_end(tiny):
+    prompt = tiny.encode("Once upon a time")
+    chain = build_chain({"temperature": 0})
+    out = {}
+    for spec in ("full", "int4-kivi"):
+        rt = Runtime.create(tiny.model, parse_cache_spec(spec), capacity=len(prompt) + 40)
+        out[spec] = [d.token_id for d in decode_tokens(tiny.model, prompt, chain, Greedy(), StopRules(40),
+                                                       runtime=rt)]
+        out[spec + " bytes"] = rt.policy.nbytes()
+    assert len(out["int4-kivi"]) == 40
+    assert out["int4-kivi"][:8] == out["full"][:8]  # the first tokens read only the exact residual window
+    assert out["int4-kivi bytes"] < out["full bytes"]
+
+
+@pytest.mark.parametrize("arch,spec", [("llama", "int8"), ("llama", "int2-kivi"), ("llama", "fp8"),
+                                       ("llama", "quant:bits=4,axis=tensor,group=8,residual=3"),
+                                       ("qwen2", "quant:bits=4,axis=channel,group=8,residual=5"),
+                                       ("gemma2", "quant:bits=4,axis=kivi,group=8,residual=3"),
+                                       ("gemma2", "int8")])
+def test_projected_bytes_equal_the_stored_bytes(arch, spec):
+    """bytes_at(T) (formula, no tensors) = the real bytes after T tokens fed one a forward, at several T
+    (sliding layers of Gemma 2 included: window 16)."""
+    model = random_model(arch)
+    rt = Runtime.create(model, parse_cache_spec(spec))
+    rt.prefill(torch.tensor([[3]]))
+    for t in range(1, 41):
+        if t in (1, 7, 16, 23, 40):
+            assert rt.policy.bytes_at(t) == rt.policy.nbytes(), t
+        rt.feed(torch.tensor([[3 + t]]))

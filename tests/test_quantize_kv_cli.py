@@ -1,0 +1,111 @@
+"""`decodelab quantize-kv` and `--cache quant:...` on the other commands, through the real entry point."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+TEXT = "The quick brown fox jumps over the lazy dog. " * 4
+TINY = {"layers": 12, "kv_heads": 2, "heads": 4, "head_dim": 32}  # presets/models/tiny/config.json
+
+
+def run_json(cli, *args):
+    code, out, err = cli("quantize-kv", *args, "-f", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_json_summary_memory_and_steps(cli):
+    doc = run_json(cli, TEXT, "--cache", "int8", "--limit", "20")
+    s, m = doc["summary"], doc["memory"]
+    assert doc["command"] == "quantize-kv" and doc["config"]["cache"] == "int8"
+    T = len(doc["prompt"]["token_ids"])
+    assert T == 20 and len(doc["steps"]) == T - 1 and {"kl", "agree"} <= set(doc["steps"][0])
+    elements = 2 * TINY["layers"] * TINY["kv_heads"] * TINY["head_dim"]  # per token, keys and values
+    assert m["bytes_per_token"] == elements * 4  # float32 on CPU
+    assert m["fp16_bytes_per_token"] == elements * 2
+    assert m["bytes_per_token_without_gqa"] == elements * 4 * TINY["heads"] // TINY["kv_heads"]
+    # int8 per token, symmetric: per head and token 32 one-byte codes + one float16 scale
+    assert s["kv_bytes"] == T * 2 * TINY["layers"] * TINY["kv_heads"] * (TINY["head_dim"] + 2)
+    assert s["baseline_kv_bytes"] == T * elements * 4 and s["fp16_kv_bytes"] == T * elements * 2
+    assert s["bytes_ratio"] == pytest.approx(s["kv_bytes"] / s["fp16_kv_bytes"])
+    assert 0 <= s["kl_mean"] < 0.01 and s["top1_agreement"] >= 0.9
+    assert s["perplexity"] > 1 and s["baseline_perplexity"] > 1
+    assert len(doc["reconstruction"]) == TINY["layers"] * TINY["kv_heads"]
+    assert len(doc["outliers"]) == 2 * TINY["layers"]
+
+
+def test_baseline_perplexity_is_scores(cli):
+    """The fidelity figures come from `score`: the same text under --cache int8 against the full cache."""
+    doc = run_json(cli, TEXT, "--cache", "int8", "--limit", "16")
+    code, out, err = cli("score", TEXT, "--limit", "16", "--feed", "1", "--cache", "int8", "--against-cache", "full",
+                         "-f", "json")
+    assert code == 0, err
+    ref = json.loads(out)["summary"]
+    assert doc["summary"]["perplexity"] == pytest.approx(ref["perplexity"], rel=1e-6)
+    assert doc["summary"]["baseline_perplexity"] == pytest.approx(ref["reference_perplexity"], rel=1e-6)
+    assert doc["summary"]["kl_mean"] == pytest.approx(ref["kl_mean"], rel=1e-5, abs=1e-9)
+
+
+def test_overrides_projection_and_activations(cli):
+    doc = run_json(cli, TEXT, "--cache", "int4-kivi", "--bits", "2", "--residual", "4", "--limit", "12",
+                   "--context", "4096", "--batch", "8", "--activations", "3")
+    assert doc["summary"]["cache"] == "quant:axis=kivi,bits=2,residual=4,symmetric=false"
+    at = {p["at"]: p for p in doc["projections"]}
+    assert at["context_length"]["tokens"] == 512
+    assert at["context"]["tokens"] == 4096 and at["context"]["batch"] == 8
+    elements = 2 * TINY["layers"] * TINY["kv_heads"] * TINY["head_dim"]
+    assert at["context"]["fp16_kv_bytes"] == 4096 * 8 * elements * 2
+    assert at["context"]["bytes_ratio"] < 0.2
+    act = doc["activations"]
+    assert act["layer"] == 3 and act["channels"] == 128  # hidden size
+    assert act["layouts"]["channel"]["rel_error"] <= act["layouts"]["tensor"]["rel_error"]
+
+
+def test_grid(cli):
+    doc = run_json(cli, TEXT, "--limit", "4", "--grid")
+    rows = {(r["cache"].split("bits=")[1].split(",")[0], r["cache"].split("axis=")[1].split(",")[0]): r
+            for r in doc["grid"]}
+    assert len(rows) == 15
+    assert rows[("2", "token")]["kv_bytes"] < rows[("4", "token")]["kv_bytes"] < rows[("8", "token")]["kv_bytes"]
+
+
+def test_other_formats(cli):
+    code, out, _ = cli("quantize-kv", TEXT, "--limit", "8", "-f", "markdown")
+    assert code == 0 and "### memory" in out and "### reconstruction per layer and head" in out
+    code, out, _ = cli("quantize-kv", TEXT, "--limit", "8", "-f", "csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and len(rows) == TINY["layers"] * TINY["kv_heads"] and "key_rel_error" in rows[0]
+    code, out, _ = cli("quantize-kv", TEXT, "--limit", "8", "-f", "jsonl")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and lines[-1]["type"] == "summary" and len(lines) == 8
+    code, out, _ = cli("quantize-kv", TEXT, "--limit", "8")
+    assert code == 0 and "memory after 8 tokens" in out and "grouped-query attention" in out
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--bits", "3"), "--bits 3"),
+    (("--cache", "full"), "--cache full"),
+    (("--activations", "99"), "--activations 99"),
+    (("--axis", "group", "--group-size", "5"), "must divide the model's head_dim"),
+    (("--limit", "1"), "--limit 1"),
+])
+def test_bad_input_is_one_line(cli, args, words):
+    code, out, err = cli("quantize-kv", TEXT, *args)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_other_commands_take_a_quantized_cache(cli):
+    code, out, err = cli("sample", "Once upon a time", "--cache", "int4-kivi", "-n", "6", "-t", "0", "-f", "json")
+    assert code == 0, err
+    assert len(json.loads(out)["token_ids"]) == 6
+    code, out, err = cli("beam", "Once upon a time", "--cache", "int8", "--beams", "2", "-n", "4", "-f", "json")
+    assert code == 0, err
+    code, out, err = cli("speculate", "a b c a b c", "--cache", "int4-kivi", "--draft", "ngram", "-n", "4")
+    assert code == 2 and "roll back" in err
+    code, out, err = cli("speculate", "a b c a b c", "--cache", "int8", "--draft", "ngram", "-n", "4", "-t", "0",
+                         "-f", "json")
+    assert code == 0, err

@@ -1,0 +1,394 @@
+"""The stages of core/samplers.py: against transformers' own processors where one exists, against vectors computed
+by hand from the published formula where none does, and inside a decode run (state carried, seed reproduces)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import random_model
+from transformers.generation import logits_process as hf
+
+from decodelab.core.config import ChainSettings, SampleSettings, coerce, validate_chain, validate_sample
+from decodelab.core.decode import Sampler, StopRules
+from decodelab.core.errors import ChainError, ConfigError
+from decodelab.core.processors import Chain, build_chain, softmax
+from decodelab.core.samplers import (
+    DRY,
+    XTC,
+    AllowList,
+    Ban,
+    DynamicTemperature,
+    EpsilonCutoff,
+    EtaCutoff,
+    FrequencyPenalty,
+    MinNewTokens,
+    MirostatV2,
+    PresencePenalty,
+    SequenceBias,
+    TopNSigma,
+    WindowedRepetitionPenalty,
+    z_function,
+)
+from decodelab.core.select import make_generator
+from decodelab.core.semantics import build
+from decodelab.core.step import StopChecker, trim_stop
+
+NEG = float("-inf")
+
+
+def random_case(seed: int, batch: int = 4, length: int = 12, vocab: int = 40):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(batch, vocab, generator=gen) * 3
+    logits[0, :4] = NEG  # candidates an earlier stage removed
+    ids = torch.randint(0, 8, (batch, length), generator=gen)  # few ids: repeats and matching prefixes
+    return ids, logits
+
+
+def assert_same(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert torch.equal(torch.isneginf(got), torch.isneginf(expected))
+    finite = ~torch.isneginf(expected)
+    torch.testing.assert_close(got[finite], expected[finite], rtol=1e-6, atol=1e-6)
+
+
+# --- against transformers --------------------------------------------------------------------------------------
+
+SEQS = {(3,): 1.5, (2, 5): -2.0, (1, 2, 6): 3.0, (7, 7): -0.5, (4,): -1.0}
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("ours,theirs", [
+    (EpsilonCutoff(3e-2), hf.EpsilonLogitsWarper(3e-2)),
+    (EpsilonCutoff(0.2), hf.EpsilonLogitsWarper(0.2)),  # removes all but the top in some rows: the top stays
+    (EtaCutoff(1e-2), hf.EtaLogitsWarper(1e-2)),
+    (EtaCutoff(0.3), hf.EtaLogitsWarper(0.3)),
+    (SequenceBias(tuple(SEQS.items())), hf.SequenceBiasLogitsProcessor(dict(SEQS))),
+    (Ban(sequences=((3,), (2, 5), (1, 2, 6))), hf.NoBadWordsLogitsProcessor([[3], [2, 5], [1, 2, 6]])),
+    (WindowedRepetitionPenalty(penalty=1.4), hf.RepetitionPenaltyLogitsProcessor(1.4)),
+    (WindowedRepetitionPenalty(penalty=0.7), hf.RepetitionPenaltyLogitsProcessor(0.7)),
+], ids=lambda p: getattr(p, "name", type(p).__name__))
+def test_matches_transformers(ours, theirs, seed):
+    ids, logits = random_case(seed)
+    assert_same(ours(ids, logits), theirs(ids.clone(), logits.clone()))
+
+
+def test_sequence_bias_multi_token_actually_matched():
+    """Guard for the test above: with these ids some multi-token prefixes match, some do not."""
+    ids = torch.tensor([[0, 1, 2], [0, 0, 7]])
+    out = SequenceBias(tuple(SEQS.items()))(ids, torch.zeros(2, 10))
+    assert out[0, 6] == 3.0 and out[1, 6] == 0.0  # (1, 2) -> 6 only in row 0
+    assert out[1, 7] == -0.5 and out[0, 7] == 0.0  # (7,) -> 7 only in row 1
+    assert out[0, 5] == -2.0 and out[1, 5] == 0.0
+
+
+@pytest.mark.parametrize("generated", [0, 2, 3, 5])
+def test_min_new_tokens_matches_transformers(generated):
+    prompt_len, n, eos = 7, 3, (4, 9)
+    ids, logits = random_case(1, length=prompt_len + generated)
+    stage = MinNewTokens(n, eos)
+    stage.reset(prompt_len)
+    theirs = hf.MinNewTokensLengthLogitsProcessor(prompt_len, n, list(eos))
+    assert_same(stage(ids, logits), theirs(ids.clone(), logits.clone()))
+    assert bool(torch.isneginf(stage(ids, logits)[1, 4])) == (generated < n)
+
+
+@pytest.mark.parametrize("last_n", [1, 4, 30])
+def test_repetition_window_is_the_transformers_penalty_on_the_last_n(last_n):
+    ids, logits = random_case(2)
+    ours = WindowedRepetitionPenalty(penalty=1.5, last_n=last_n)(ids, logits)
+    theirs = hf.RepetitionPenaltyLogitsProcessor(1.5)(ids[:, -last_n:].clone(), logits.clone())
+    assert_same(ours, theirs)
+
+
+def test_stages_never_edit_their_input():
+    ids, logits = random_case(3)
+    before = logits.clone()
+    stages = [EpsilonCutoff(0.05), EtaCutoff(0.05), SequenceBias(tuple(SEQS.items())), AllowList((1, 2, 3)),
+              TopNSigma(1.0), FrequencyPenalty(value=0.5), PresencePenalty(value=0.5), DRY(1.0, 2.0, 1),
+              DynamicTemperature(1.0, 0.5), MirostatV2(), XTC(0.05, 1.0, make_generator(0, "cpu")),
+              WindowedRepetitionPenalty(penalty=1.3, last_n=3)]
+    for stage in stages:
+        stage(ids, logits)
+        assert torch.equal(logits, before), stage.name
+
+
+# --- hand-computed from the published formulas ------------------------------------------------------------------
+
+
+def test_presence_and_frequency_penalties_by_hand():
+    z = torch.tensor([[1.0, 2.0, 3.0, 4.0, 5.0]])
+    ids = torch.tensor([[0, 0, 1]])
+    freq = FrequencyPenalty(value=0.25)(ids, z)
+    pres = PresencePenalty(value=0.5)(ids, z)
+    assert freq.tolist() == [[0.5, 1.75, 3.0, 4.0, 5.0]]  # z - 0.25 * count: counts 2, 1
+    assert pres.tolist() == [[0.5, 1.5, 3.0, 4.0, 5.0]]  # z - 0.5 once seen
+    out_only = PresencePenalty(value=0.5, scope="output")
+    out_only.reset(2)  # the prompt is [0, 0]: only the generated 1 counts
+    assert out_only(ids, z).tolist() == [[1.0, 1.5, 3.0, 4.0, 5.0]]
+    window = FrequencyPenalty(value=0.25, last_n=2)  # [0, 1]
+    assert window(ids, z).tolist() == [[0.75, 1.75, 3.0, 4.0, 5.0]]
+    assert FrequencyPenalty(value=0.25, last_n=0)(ids, z).tolist() == z.tolist()
+
+
+def test_output_only_penalty_without_reset_is_an_error():
+    with pytest.raises(ChainError, match="prompt ends"):
+        PresencePenalty(value=0.5, scope="output")(torch.tensor([[1]]), torch.zeros(1, 4))
+
+
+def brute_dry(h, multiplier, base, allowed, breakers=()):
+    """DRY by its definition, quadratic: for each j the longest common suffix of h[:j+1] and h, capped by the
+    tokens after the last single-token breaker."""
+    n = len(h)
+    if n <= allowed:
+        return {}
+    after = [n - 1 - i for i in range(n) if h[i] in breakers]
+    limit = min(after) if after else n
+    if limit < allowed:
+        return {}
+    best = {}
+    for j in range(n - 1):
+        m = 0
+        while m <= j and h[j - m] == h[n - 1 - m]:
+            m += 1
+        m = min(m, limit)
+        if m >= allowed:
+            best[h[j + 1]] = max(best.get(h[j + 1], 0), m)
+    return {t: multiplier * base ** (m - allowed) for t, m in best.items() if t not in breakers}
+
+
+def test_dry_by_hand_on_llamacpps_example():
+    # llama.cpp's comment: "a b c c b c y a b c" -> c would extend "a b c" (3), y would extend "b c" (2)
+    a, b, c, y = 0, 1, 2, 3
+    h = [a, b, c, c, b, c, y, a, b, c]
+    assert DRY(1.0, 2.0, 2).penalties(h) == {c: 2.0, y: 1.0}  # 1 * 2^(3-2), 1 * 2^(2-2)
+    assert DRY(1.0, 2.0, 2, breakers=((y,),)).penalties(h) == {c: 2.0}  # y breaks: never penalized itself
+    assert DRY(1.0, 2.0, 2, breakers=((a,),)).penalties(h) == {c: 1.0, y: 1.0}  # 2 tokens after the last a
+    assert DRY(1.0, 2.0, 2, breakers=((b, c),)).penalties(h) == {}  # "b c" ends the window: limit 0
+    z = torch.zeros(1, 4)
+    out = DRY(1.0, 2.0, 2)(torch.tensor([h]), z)
+    assert out.tolist() == [[0.0, 0.0, -2.0, -1.0]]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dry_z_algorithm_equals_the_quadratic_definition(seed):
+    gen = torch.Generator().manual_seed(seed)
+    h = torch.randint(0, 3, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen).tolist()
+    for allowed in (0, 1, 2, 4):
+        for breakers in ((), (2,)):
+            stage = DRY(0.8, 1.75, allowed, breakers=tuple((t,) for t in breakers))
+            got = stage.penalties(h)
+            want = brute_dry(h, 0.8, 1.75, allowed, breakers)
+            assert got.keys() == want.keys() and all(math.isclose(got[k], want[k]) for k in got)
+
+
+def test_z_function():
+    assert z_function([0, 0, 1, 0, 0, 1, 0]) == [7, 1, 0, 4, 1, 0, 1]
+
+
+def test_dry_exponent_is_capped_so_the_penalty_stays_finite():
+    h = [5] * 300
+    pen = DRY(1.0, 3.0, 1).penalties(h)
+    assert math.isfinite(pen[5]) and pen[5] == 3.0 ** int(88.7228391 / math.log(3.0))
+
+
+def test_xtc_by_hand():
+    z = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    gen = make_generator(0, "cpu")
+    always = XTC(0.15, 1.0, gen)
+    assert softmax(always(None, z))[0].tolist() == pytest.approx([0, 0, 2 / 3, 1 / 3])  # 0.4, 0.3 go; 0.2 stays
+    assert torch.equal(XTC(0.35, 1.0, gen)(None, z), z)  # one token reaches 0.35: nothing happens
+    assert torch.equal(XTC(0.15, 0.0, gen)(None, z), z)  # the coin never says yes
+
+
+def test_xtc_coin_comes_from_the_generator_and_has_the_right_rate():
+    z = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log().expand(4000, -1)
+    runs = []
+    for _ in range(2):
+        stage = XTC(0.15, 0.3, make_generator(7, "cpu"))
+        runs.append(torch.isneginf(stage(None, z)[:, 0]))
+    assert torch.equal(runs[0], runs[1])  # the same seed, the same coins
+    rate = runs[0].float().mean().item()
+    assert abs(rate - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 4000)  # applied with probability 0.3
+    with pytest.raises(ChainError, match="generator"):
+        XTC(0.1, 0.5)(None, z)
+
+
+def test_top_n_sigma_by_hand_and_temperature_invariant():
+    z = torch.tensor([[0.0, 1.0, 2.0, 3.0, NEG]])  # finite: mean 1.5, sigma sqrt(1.25) = 1.118
+    keep = lambda n, zz: (~torch.isneginf(TopNSigma(n)(None, zz)))[0].tolist()  # noqa: E731
+    assert keep(1.0, z) == [False, False, True, True, False]  # z >= 3 - 1.118
+    assert keep(2.0, z) == [False, True, True, True, False]  # z >= 3 - 2.236
+    assert keep(1.0, z / 0.3) == keep(1.0, z)
+
+
+def test_dynamic_temperature_by_hand():
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    h = -(p * p.log()).sum().item()
+    t = 0.5 + (1.5 - 0.5) * (h / math.log(4)) ** 2.0  # t=1, range 0.5, exponent 2
+    stage = DynamicTemperature(1.0, 0.5, 2.0)
+    out = stage(None, p.log()[None])
+    torch.testing.assert_close(softmax(out)[0], torch.softmax(p.log() / t, -1), rtol=1e-6, atol=1e-7)
+    assert stage.state()["temperature"].item() == pytest.approx(t)
+    # a near point mass has entropy ~0: T ~ T_min = 0, sharper still
+    sharp = DynamicTemperature(0.2, 0.2)
+    out = sharp(None, torch.tensor([[8.0, 0.0, 0.0]]))
+    assert sharp.state()["temperature"].item() < 0.01 and softmax(out)[0, 0] == 1.0
+
+
+def test_mirostat_v2_by_hand():
+    z = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()  # surprises 1, 2, 3, 3 bits
+    m = MirostatV2(tau=1.5, eta=0.1)
+    out = m(None, z)  # mu = 2 tau = 3: all kept
+    assert not torch.isneginf(out).any() and m.mu.item() == 3.0
+    m.accept(torch.tensor([0]))  # observed 1 bit: mu = 3 - 0.1 (1 - 1.5)
+    assert m.mu.item() == pytest.approx(3.05)
+    m = MirostatV2(tau=1.0, eta=0.1)  # mu = 2: keeps surprises <= 2, renormalized to 2/3, 1/3
+    out = m(None, z)
+    assert softmax(out)[0].tolist() == pytest.approx([2 / 3, 1 / 3, 0, 0])
+    m.accept(torch.tensor([1]))
+    assert m.mu.item() == pytest.approx(2 - 0.1 * (math.log2(3) - 1.0))
+    m.mu = torch.tensor([0.1])  # below every surprise: the most likely token stays
+    assert (~torch.isneginf(m(None, z)))[0].tolist() == [True, False, False, False]
+
+
+def test_allow_list():
+    out = AllowList((3, 1))(None, torch.zeros(1, 5))
+    assert torch.isneginf(out)[0].tolist() == [True, False, True, False, True]
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: DRY(0.0), "--dry-multiplier 0.0"), (lambda: DRY(1.0, 0.5), "--dry-base 0.5"),
+    (lambda: XTC(1.5, 0.5), "--xtc-threshold 1.5"), (lambda: XTC(0.1, -1), "--xtc-probability -1"),
+    (lambda: TopNSigma(0), "--top-n-sigma 0"), (lambda: MirostatV2(tau=-1), "--mirostat-tau -1"),
+    (lambda: EpsilonCutoff(1.0), "--epsilon-cutoff 1.0"), (lambda: EtaCutoff(0.0), "--eta-cutoff 0.0"),
+    (lambda: DynamicTemperature(1.0, 0.0), "--dynatemp-range 0.0"), (lambda: MinNewTokens(-2), "--min-new-tokens"),
+    (lambda: FrequencyPenalty(value=float("nan")), "--frequency-penalty nan"),
+])
+def test_each_stage_checks_its_parameters_in_one_line(make, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")) as err:
+        make()
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"xtc_probability": 0.5, "xtc_threshold": 2.0}, "--xtc-threshold 2.0"),
+    ({"mirostat_eta": 0.0}, "--mirostat-eta 0.0"),
+    ({"dynatemp_range": 0.5, "temperature": 0.0}, "--dynatemp-range 0.5"),
+    ({"penalty_last_n": -3, "presence_penalty": 0.5}, "--penalty-last-n -3"),
+    ({"semantics": "ollama"}, "--semantics 'ollama'"),
+])
+def test_settings_are_checked_before_any_model(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_chain(ChainSettings(**fields))
+
+
+def test_new_settings_default_off_and_coerce_from_presets():
+    assert ChainSettings().stage_values(None) == {k: None for k in ChainSettings().stage_values(None)}
+    assert coerce(SampleSettings, "sequence_bias", "a b=2,c=-inf") == (("a b", 2.0), ("c", float("-inf")))
+    assert coerce(SampleSettings, "stop_id", "3,7") == (3, 7)
+    assert coerce(SampleSettings, "ban", ["x y"]) == ("x y",)
+    with pytest.raises(ConfigError, match="--stop-id"):
+        validate_sample(SampleSettings(stop_id=(-1,)))
+
+
+# --- in a decode run ------------------------------------------------------------------------------------------
+
+PROMPT = [5, 17, 42, 9, 77, 3]
+
+
+def sample_run(model, settings: SampleSettings, eos=()):
+    plan, chain, selector = build(settings, 256, settings.seed, "cpu", eos_ids=eos, stop_ids=settings.stop_id)
+    rules = StopRules(settings.max_new_tokens, tuple(eos), stop_ids=settings.stop_id)
+    sampler = Sampler(model, PROMPT, chain, selector, rules, str, None, top=2)
+    return list(sampler), sampler
+
+
+def test_mirostat_state_is_carried_and_traced():
+    model = random_model("llama", seed=1, scale=4.0)
+    steps, _ = sample_run(model, SampleSettings(mirostat_tau=3.0, mirostat_eta=0.2, max_new_tokens=10, seed=3))
+    mus = [s.state["mirostat.mu"] for s in steps]
+    assert mus[0] == 6.0  # 2 tau
+    for prev, step, mu in zip(steps, steps[1:], mus[1:]):  # mu_{t+1} = mu_t - eta (-log2 p_t - tau)
+        assert mu == pytest.approx(prev.state["mirostat.mu"] - 0.2 * (-prev.logprob / math.log(2) - 3.0), abs=1e-4)
+    assert len(set(round(m, 4) for m in mus)) > 3  # it really moves
+
+
+def test_xtc_run_is_reproduced_by_its_seed_and_traces_the_coin():
+    model = random_model("qwen2", seed=2, scale=6.0)
+    s = SampleSettings(xtc_threshold=0.05, xtc_probability=0.5, temperature=1.0, max_new_tokens=12, seed=11)
+    first, _ = sample_run(model, s)
+    again, _ = sample_run(model, s)
+    assert [x.token_id for x in first] == [x.token_id for x in again]
+    assert [x.state["xtc.coin"] for x in first] == [x.state["xtc.coin"] for x in again]
+    xtc = [next(st for st in x.stages if st.name == "xtc") for x in first]
+    acted = [st.mass_removed > 0 for st in xtc]
+    coins = [x.state["xtc.coin"] for x in first]
+    assert all(c <= 0.5 for c, a in zip(coins, acted) if a)  # it only ever acts when the coin says so
+    other, _ = sample_run(model, SampleSettings(**{**s.__dict__, "seed": 12}))
+    assert [x.state["xtc.coin"] for x in other] != coins
+
+
+def test_min_new_tokens_and_stop_ids_in_a_run():
+    model = random_model("gpt2", seed=3, scale=6.0)
+    free, _ = sample_run(model, SampleSettings(temperature=0.0, max_new_tokens=8))
+    first = free[0].token_id
+    steps, sampler = sample_run(model, SampleSettings(temperature=0.0, max_new_tokens=8, stop_id=(first,)))
+    assert [s.token_id for s in steps] == [first] and sampler.stop_reason == "stop"
+    steps, sampler = sample_run(model, SampleSettings(temperature=0.0, max_new_tokens=8, stop_id=(first,),
+                                                      min_new_tokens=3))
+    assert first not in [s.token_id for s in steps[:3]]  # banned until 3 tokens exist, stop ids included
+    assert sampler.stop_reason in ("stop", "length")
+
+
+def test_stop_ids_and_trim_stop():
+    rules = StopRules(10, eos_ids=(2,), stop_strings=("END",), stop_ids=(9,))
+    checker = StopChecker(rules, lambda ids: "".join(chr(65 + i) for i in ids))
+    assert checker.check([1, 9], 2) == "stop" and checker.check([1, 2], 2) == "eos"
+    detok = lambda ids: "".join({0: "ab", 1: "EN", 3: "Dx", 9: "<s>"}[i] for i in ids)  # noqa: E731
+    assert trim_stop([0, 9], "stop", rules, detok) == ([0], "ab")
+    assert trim_stop([0, 1, 3], "stop", rules, detok) == ([0, 1, 3], "ab")
+    assert trim_stop([0, 1, 3], "length", rules, detok) == ([0, 1, 3], "abENDx")
+
+
+def test_chain_reset_and_accept_reach_only_the_stages_that_have_them():
+    m = MirostatV2()
+    chain = Chain([FrequencyPenalty(value=1.0, scope="output"), m])
+    assert chain.stateful
+    chain.reset(3)
+    assert chain.processors[0].prompt_len == 3
+    chain(torch.tensor([[1, 2, 3, 4]]), torch.zeros(1, 6))
+    chain.accept(torch.tensor([0]))
+    assert [k for k, _ in chain.states()] == ["mirostat.mu"]
+    assert not build_chain({"temperature": 0.5}).stateful
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_device_stages_keep_one_transfer_per_token(monkeypatch, record):
+    """Penalties, sequence bias, XTC, top-n-sigma, eta, dynamic temperature and mirostat (whose mu travels in the
+    trace's one transfer) read nothing on the host: one read per token, traced or not. DRY reads its window."""
+    from test_runtime import TransferCounter
+
+    model = random_model("llama", seed=0, scale=4.0)
+    s = SampleSettings(frequency_penalty=0.2, presence_penalty=0.1, penalty_last_n=8, sequence_bias=(("3 4", 1.0),),
+                       top_n_sigma=2.0, eta_cutoff=1e-3, xtc_probability=0.5, dynatemp_range=0.3, temperature=0.9,
+                       mirostat_tau=4.0, min_new_tokens=2, max_new_tokens=12, seed=1)
+    _, chain, selector = build(s, 256, s.seed, "cpu", eos_ids=(7,))
+    sampler = Sampler(model, PROMPT, chain, selector, StopRules(12, ignore_eos=True), str, None, top=3, record=record)
+    counter = TransferCounter(monkeypatch)
+    steps = list(sampler)
+    assert len(sampler.new_ids) == 12 and counter.count == 12
+    if record:
+        assert all(set(x.state) == {"xtc.coin", "dynatemp.temperature", "mirostat.mu"} for x in steps)
+
+
+def test_preset_keys_are_the_option_names_in_snake_case(tmp_path):
+    from decodelab.core.config import resolve
+
+    path = tmp_path / "p.toml"
+    path.write_text('dry_multiplier = 0.8\ndry_breaker = ["\\n", ":"]\nxtc_probability = 0.5\nmirostat_tau = 3.0\n'
+                    'sequence_bias = { "a b" = 2.0 }\nban = ["x y"]\nstop_id = [7, 9]\nsemantics = "llamacpp"\n')
+    s = resolve(SampleSettings, str(path), {}, ["penalty_last_n=16", "trim_stop=true"])
+    assert s.dry_breaker == ("\n", ":") and s.sequence_bias == (("a b", 2.0),) and s.stop_id == (7, 9)
+    assert s.penalty_last_n == 16 and s.trim_stop is True and s.semantics == "llamacpp" and s.ban == ("x y",)
+    validate_sample(s)

@@ -1,0 +1,266 @@
+"""--semantics and --export: llama.cpp's own sampler test vectors through the no-model distribution function, each
+engine's plan (order, defaults, clamps, counting), transformers' `generate` reproduced greedy and sampled, and the
+exported `generate` keyword arguments fed back to `generate`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_model
+
+from decodelab.core.config import ChainSettings, SampleSettings, validate_chain, validate_sample
+from decodelab.core.decode import DecodeState, StopRules, decode_tokens
+from decodelab.core.dist import dist_stages, given_logits
+from decodelab.core.errors import ConfigError
+from decodelab.core.export import export
+from decodelab.core.semantics import build, merge_order, plan
+
+# --- llama.cpp tests/test-sampling.cpp, to 1e-5 -----------------------------------------------------------------
+# llama.cpp's tester sets logits = log(p) and checks p after the sampler (then `dist`, which renormalizes) in the
+# array's final order; here the expected values are written by token id (0 where the token was removed). The other
+# llama.cpp defaults are switched off the way a llama.cpp user would: --top-k 0 --top-p 1 --min-p 0 --temp 1.
+
+NEUTRAL = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
+P4 = "0.1,0.2,0.3,0.4"
+U5 = "0.2,0.2,0.2,0.2,0.2"
+U4 = "0.25,0.25,0.25,0.25"
+
+LLAMACPP_VECTORS = [
+    # test_temp, test_temp_ext
+    (P4, (), {"temperature": 1.0}, [0.1, 0.2, 0.3, 0.4]),
+    (P4, (), {"temperature": 0.0}, [0, 0, 0, 1]),
+    (P4, (), {"temperature": 1.0, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0}, [0.1, 0.2, 0.3, 0.4]),
+    (P4, (), {"temperature": 0.0, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0}, [0, 0, 0, 1]),
+    # test_top_k
+    (P4, (), {"top_k": 1}, [0, 0, 0, 1]),
+    (P4, (), {"top_k": 3}, [0, 0.22222, 0.33333, 0.44444]),
+    (P4, (), {"top_k": 4}, [0.1, 0.2, 0.3, 0.4]),
+    (P4, (), {"top_k": 0}, [0.1, 0.2, 0.3, 0.4]),
+    # test_top_p
+    (P4, (), {"top_p": 0.0}, [0, 0, 0, 1]),
+    (P4, (), {"top_p": 0.7}, [0, 0, 0.428571, 0.571429]),
+    (P4, (), {"top_p": 0.8}, [0, 0.22222, 0.33333, 0.44444]),
+    (P4, (), {"top_p": 1.0}, [0.1, 0.2, 0.3, 0.4]),
+    # test_min_p
+    (P4, (), {"min_p": 0.00}, [0.1, 0.2, 0.3, 0.4]),
+    (P4, (), {"min_p": 0.24}, [0.1, 0.2, 0.3, 0.4]),
+    (P4, (), {"min_p": 0.26}, [0, 0.2 / 0.9, 0.3 / 0.9, 0.4 / 0.9]),
+    (P4, (), {"min_p": 0.49}, [0, 0.2 / 0.9, 0.3 / 0.9, 0.4 / 0.9]),
+    (P4, (), {"min_p": 0.51}, [0, 0, 0.3 / 0.7, 0.4 / 0.7]),
+    (P4, (), {"min_p": 0.74}, [0, 0, 0.3 / 0.7, 0.4 / 0.7]),
+    (P4, (), {"min_p": 0.76}, [0, 0, 0, 1]),
+    (P4, (), {"min_p": 1.00}, [0, 0, 0, 1]),
+    (P4, (), {"min_p": 1.05}, [0, 0, 0, 1]),
+    # test_typical (no `dist` after it there: its p are renormalized here)
+    ("0.97,0.01,0.01,0.01", (), {"typical_p": 0.5}, [1, 0, 0, 0]),
+    ("0.4,0.2,0.2,0.2", (), {"typical_p": 0.5}, [0, 1 / 3, 1 / 3, 1 / 3]),
+    # test_penalties (penalty_last_n = the history's length, as the test builds them)
+    (U5, (0,), {"repetition_penalty": 50.0}, [0, 0.25, 0.25, 0.25, 0.25]),
+    (U5, (0, 1, 2), {"repetition_penalty": 50.0}, [0, 0, 0, 0.5, 0.5]),
+    (U5, (0, 1, 2, 0, 0), {"repetition_penalty": 50.0}, [0, 0, 0, 0.5, 0.5]),
+    (U5, (0,), {"frequency_penalty": 5.0, "presence_penalty": 5.0},
+     [0.000011, 0.249997, 0.249997, 0.249997, 0.249997]),
+    (U5, (0, 1, 2), {"frequency_penalty": 5.0, "presence_penalty": 5.0},
+     [0.000023, 0.000023, 0.000023, 0.499966, 0.499966]),
+    (U5, (0, 1, 2, 0, 0), {"frequency_penalty": 5.0, "presence_penalty": 5.0},
+     [0.000000, 0.000023, 0.000023, 0.499977, 0.499977]),
+    # test_dry
+    (U4, (0, 1), {"dry_multiplier": 1.0, "dry_base": 1.1, "dry_allowed_length": 2, "dry_penalty_last_n": 4},
+     [0.25, 0.25, 0.25, 0.25]),
+    (U4, (0, 1, 2, 0, 1), {"dry_multiplier": 1.0, "dry_base": 1.1, "dry_allowed_length": 2,
+                           "dry_penalty_last_n": 5}, [0.296923, 0.296923, 0.109232, 0.296923]),
+    (U5, (0, 1, 3, 4, 0, 1), {"dry_multiplier": 1.0, "dry_base": 1.1, "dry_allowed_length": 2,
+                              "dry_penalty_last_n": 6, "dry_breaker": ("3",)}, [0.2] * 5),
+    (U5, (0, 1, 2, 0, 1), {"dry_multiplier": 2.0, "dry_base": 1.1, "dry_allowed_length": 2,
+                           "dry_penalty_last_n": 5}, [0.241818, 0.241818, 0.032727, 0.241818, 0.241818]),
+    (U5, (0, 1, 2, 3, 4, 0, 1), {"dry_multiplier": 1.0, "dry_base": 1.1, "dry_allowed_length": 4,
+                                 "dry_penalty_last_n": 7}, [0.2] * 5),
+    # test_top_n_sigma (0 is off since llama.cpp PR 13345)
+    (P4, (), {"top_n_sigma": 1.0}, [0, 0, 0.428571, 0.571429]),
+    (P4, (), {"top_n_sigma": 0.0}, [0.1, 0.2, 0.3, 0.4]),
+    (P4, (), {"top_n_sigma": 3.0}, [0.1, 0.2, 0.3, 0.4]),
+]
+
+
+def llamacpp(dist: str, history=(), seed: int = 0, **fields):
+    s = ChainSettings(semantics="llamacpp", **{**NEUTRAL, **fields})
+    validate_chain(s)
+    return dist_stages(s, given_logits(dist=dist), list(history), seed=seed)
+
+
+@pytest.mark.parametrize("dist,history,fields,expected", LLAMACPP_VECTORS,
+                         ids=[f"{i}-{'-'.join(f)}" for i, (_, _, f, _) in enumerate(LLAMACPP_VECTORS)])
+def test_llamacpp_sampler_vectors(dist, history, fields, expected):
+    got = llamacpp(dist, history, **fields).probs()
+    assert got == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("threshold,kept", [(0.09, [0.1]), (0.19, [0.2, 0.1]), (0.29, [0.3, 0.2, 0.1]),
+                                            (0.39, [0.4, 0.3, 0.2, 0.1])])
+def test_llamacpp_xtc_vectors(threshold, kept):
+    """test_xtc: probability 0.99; llama.cpp's test reads p without renormalizing (XTC shifts the array), so the
+    expected kept probabilities are renormalized here. The coin of seed 0 is below 0.99, so XTC acts."""
+    r = llamacpp("0.4,0.3,0.2,0.1", xtc_probability=0.99, xtc_threshold=threshold)
+    assert r.state["xtc.coin"] <= 0.99
+    expected = [0.0] * (4 - len(kept)) + [k / sum(kept) for k in kept]
+    assert r.probs() == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_dist_function_matches_the_model_path_views():
+    """Same chain, same logits: the views of the no-model path are those next_token_stages builds."""
+    r = dist_stages(ChainSettings(temperature=0.5, top_k=3), given_logits(logits="1,2,3,-inf,0.5"), [])
+    assert [v.name for v in r.stages] == ["raw", "temperature", "top-k"]
+    assert r.stages[0].kept == 4 and r.stages[-1].kept == 3
+    assert r.stages[-1].mass_removed == pytest.approx(torch.softmax(torch.tensor([1, 2, 3, 0.5]) / 0.5, 0)[3].item())
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"dist": "0.1,x"}, "--dist 'x'"), ({"dist": "0,0"}, "--dist: the probabilities sum to 0"),
+    ({"dist": "0.5,-0.1"}, "--dist -0.1"), ({"logits": "1,inf"}, r"--logits: \+inf"),
+    ({"dist": "1", "logits": "1"}, "exactly one"),
+])
+def test_given_distribution_errors(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        given_logits(**kwargs)
+
+
+def test_history_and_token_ids_are_checked():
+    with pytest.raises(ConfigError, match="--history 7"):
+        dist_stages(ChainSettings(), given_logits(dist=P4), [7])
+    with pytest.raises(ConfigError, match="--ban 'a b'"):
+        dist_stages(ChainSettings(ban=("a b",)), given_logits(dist=P4), [])
+
+
+# --- each engine's plan ------------------------------------------------------------------------------------------
+
+
+def test_hf_plan_defaults_and_greedy():
+    p = plan(ChainSettings(semantics="hf", temperature=0.7, repetition_penalty=1.2, logit_bias=(("3", 1.0),)))
+    assert p.order == ["bias", "repetition-penalty", "temperature", "top-k"]  # sequence_bias first, top_k=50 added
+    assert p.settings.top_k == 50 and p.selector == "hf-multinomial" and p.logprobs == "processed"
+    g = plan(ChainSettings(semantics="hf", top_p=0.9, repetition_penalty=1.2))  # no temperature: greedy
+    assert g.order == ["repetition-penalty"] and g.selector == "greedy"
+    assert any("top-p" in n and "do_sample=False" in n for n in g.notes)
+
+
+def test_vllm_plan_counts_output_only_and_greedy_before_filters():
+    p = plan(ChainSettings(semantics="vllm", temperature=0.8, top_k=-1, top_p=0.9, min_p=0.1,
+                           presence_penalty=0.5, repetition_penalty=1.1))
+    assert p.order == ["repetition-penalty", "presence-penalty", "temperature", "min-p", "top-p"]
+    assert p.counting["presence-penalty"] == ("output", None) and "repetition-penalty" not in p.counting
+    assert p.logprobs == "raw" and p.trim_stop
+    g = plan(ChainSettings(semantics="vllm", temperature=1e-6, top_p=0.5, frequency_penalty=1.0))
+    assert g.order == ["frequency-penalty", "temperature"] and g.settings.temperature == 0.0
+    with pytest.raises(ConfigError, match=r"--presence-penalty 3.0: vLLM allows \[-2, 2\]"):
+        plan(ChainSettings(semantics="vllm", presence_penalty=3.0))
+
+
+def test_llamacpp_plan_defaults_order_and_mirostat():
+    p = plan(ChainSettings(semantics="llamacpp", repetition_penalty=1.1, xtc_probability=0.5))
+    assert p.settings.top_k == 40 and p.settings.top_p == 0.95 and p.settings.min_p == 0.05
+    assert p.order == ["repetition-penalty", "top-k", "top-p", "min-p", "xtc", "temperature"]  # temperature last
+    assert p.counting["repetition-penalty"] == ("all", 64)
+    m = plan(ChainSettings(semantics="llamacpp", mirostat_tau=4.0, top_k=10, repetition_penalty=1.3))
+    assert m.order == ["temperature", "mirostat"]
+    assert any("mirostat" in n and "top-k" in n for n in m.notes)
+    off = plan(ChainSettings(semantics="llamacpp", xtc_probability=0.5, xtc_threshold=0.6, penalty_last_n=0,
+                             presence_penalty=1.0, temperature=1.0))
+    assert "xtc" not in off.order and "presence-penalty" not in off.order and "temperature" not in off.order
+
+
+def test_stages_an_engine_lacks_keep_decodelabs_position_and_are_noted():
+    p = plan(ChainSettings(semantics="hf", temperature=0.5, softcap=30.0, dry_multiplier=0.8, top_p=0.9))
+    assert p.order == ["softcap", "dry", "temperature", "top-k", "top-p"]
+    assert any("has no softcap, dry" in n for n in p.notes)
+    assert merge_order(("top-p", "top-k"), ["softcap", "top-k", "top-p"]) == ["softcap", "top-p", "top-k"]
+    assert merge_order(("top-p", "top-k"), ["top-k", "top-p", "xtc"]) == ["top-p", "top-k", "xtc"]
+
+
+def test_user_chain_wins_over_the_engine_order():
+    p = plan(ChainSettings(semantics="llamacpp", temperature=0.5, top_k=5, top_p=1.0, min_p=0.0,
+                           chain=("temperature", "top-k")))
+    assert p.order == ["temperature", "top-k"]
+    validate_chain(ChainSettings(semantics="llamacpp", temperature=0.5, top_k=5, top_p=1.0, min_p=0.0,
+                                 chain=("temperature", "top-k")))
+
+
+# --- transformers generate, reproduced ------------------------------------------------------------------------
+
+PROMPT = [5, 17, 42, 9, 77, 3]
+
+
+def our_ids(model, settings: SampleSettings, eos=()):
+    validate_sample(settings)
+    _, chain, selector = build(settings, model.config.vocab_size, settings.seed, "cpu", eos_ids=eos,
+                               stop_ids=settings.stop_id)
+    state = DecodeState()
+    rules = StopRules(settings.max_new_tokens, tuple(eos))
+    return [d.token_id for d in decode_tokens(model, PROMPT, chain, selector, rules, state=state)], state
+
+
+def hf_ids(model, seed=None, **kwargs):
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = model.generate(torch.tensor([PROMPT]), pad_token_id=0, **kwargs)
+    return out[0, len(PROMPT):].tolist()
+
+
+def penalized(model, n=16):
+    """Greedy hf settings with penalties, bans and biases that really bite: chosen from the run without them."""
+    base = SampleSettings(semantics="hf", temperature=0.0, repetition_penalty=1.3, no_repeat_ngram=3,
+                          max_new_tokens=n)
+    free, _ = our_ids(model, base)
+    settings = SampleSettings(**{**base.__dict__, "ban": (f"{free[2]} {free[3]}",),
+                                 "sequence_bias": ((f"{free[5]}", -4.0), (f"{free[0]} {free[1]}", 3.0)),
+                                 "logit_bias": ((str(free[6]), -2.5),), "min_new_tokens": 4})
+    return free, settings, free[1]  # eos: the second free token (banned for 4 steps)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_hf_greedy_with_penalties_equals_generate(arch):
+    model = random_model(arch, seed=2, scale=4.0)
+    free, settings, eos = penalized(model)
+    ours, state = our_ids(model, settings, eos=(eos,))
+    ref = hf_ids(model, do_sample=False, max_new_tokens=16, repetition_penalty=1.3, no_repeat_ngram_size=3,
+                 bad_words_ids=[[free[2], free[3]]], min_new_tokens=4, eos_token_id=eos,
+                 sequence_bias=[[[free[5]], -4.0], [[free[0], free[1]], 3.0], [[free[6]], -2.5]])
+    assert ours == ref
+    assert ours != free  # the bans and biases changed the text
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_exported_hf_kwargs_reproduce_the_greedy_output(arch):
+    model = random_model(arch, seed=2, scale=4.0)
+    _, settings, eos = penalized(model)
+    native = SampleSettings(**{**settings.__dict__, "semantics": None})
+    ours, _ = our_ids(model, native, eos=(eos,))
+    kwargs = export(native, "hf", model.config.vocab_size).arguments
+    assert kwargs["do_sample"] is False and "sequence_bias" in kwargs and "bad_words_ids" in kwargs
+    assert ours == hf_ids(model, eos_token_id=eos, **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hf_sampling_equals_generate_do_sample_token_for_token(arch, seed):
+    model = random_model(arch, seed=4, scale=2.0)
+    settings = SampleSettings(semantics="hf", temperature=0.8, top_p=0.95, repetition_penalty=1.2,
+                              max_new_tokens=16, seed=seed)
+    ours, _ = our_ids(model, settings)
+    ref = hf_ids(model, seed=seed, do_sample=True, temperature=0.8, top_p=0.95, repetition_penalty=1.2,
+                 max_new_tokens=16)  # top_k=50: transformers' default, which the hf plan adds too
+    assert ours == ref
+    greedy = hf_ids(model, do_sample=False, max_new_tokens=16, repetition_penalty=1.2)
+    assert ours != greedy  # really sampled
+
+
+def test_export_unsupported_and_llamacpp_flags():
+    s = SampleSettings(temperature=0.7, dry_multiplier=0.8, mirostat_tau=4.0, top_k=20, max_new_tokens=8, seed=1)
+    hf = export(s, "hf", 100)
+    assert any(u.startswith("dry") for u in hf.unsupported) and any(u.startswith("mirostat") for u in hf.unsupported)
+    flags = export(s, "llamacpp", 100).arguments
+    assert flags[flags.index("--top-k") + 1] == "20" and flags[flags.index("--min-p") + 1] == "0"
+    assert flags[flags.index("--mirostat") + 1] == "2" and flags[flags.index("--mirostat-ent") + 1] == "4"
+    v = export(SampleSettings(temperature=0.0, presence_penalty=0.5, stop=("x",), trim_stop=False), "vllm", 100)
+    assert v.arguments["temperature"] == 0.0 and v.arguments["include_stop_str_in_output"] is True
+    with pytest.raises(ConfigError, match="--export 'tgi'"):
+        export(s, "tgi", 100)

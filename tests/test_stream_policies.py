@@ -1,0 +1,416 @@
+"""Bounded KV policies (window, sinks, recompute) and the delta re-rotation of cached keys.
+
+Oracles: the full cache (a window at least as long as the text changes nothing); transformers' own RoPE
+(R(-d) R(p) k = R(p - d) k); a fresh forward without cache over the kept tokens at their assigned positions. That
+last one is exact only on ONE layer: a deeper layer's cached keys and values depend on the tokens a kept token
+attended to when it was fed (evicted since), which no forward over the kept tokens can see. So it runs on one-layer
+models, the bundled tiny cut to its first layer included; multi-layer models are checked by the relative-position
+invariance (window with re-rotated positions = window with original positions) and by the bounds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from decodelab.core import kv
+from decodelab.core.decode import StopRules, decode_tokens
+from decodelab.core.errors import ConfigError
+from decodelab.core.kv import parse_cache_spec
+from decodelab.core.kv.rope import Shifter
+from decodelab.core.kv.window import BoundedPolicy
+from decodelab.core.model import forward, model_info
+from decodelab.core.processors import build_chain
+from decodelab.core.runtime import Runtime
+from decodelab.core.select import Greedy
+from decodelab.core.speculative import ModelProposer, NGramProposer, Speculator
+
+from conftest import random_model
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLED_WEIGHTS = ROOT / "presets" / "models" / "tiny" / "model.safetensors"
+
+
+def ids_of(n: int, vocab: int = 256, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def stream_logits(model, spec: str, ids: torch.Tensor, prefill: int, chunk: int = 1, watch=None):
+    """Feed ``ids`` (a prefill, then chunks); returns the logits of every position [T, V] (after the prefill)."""
+    rt = Runtime.create(model, parse_cache_spec(spec))
+    rows = [rt.feed(ids[:, :prefill], keep="all")[0]]
+    for start in range(prefill, ids.shape[1], chunk):
+        if watch is not None:
+            watch(rt)
+        rows.append(rt.feed(ids[:, start : start + chunk], keep="all")[0])
+        if watch is not None:
+            watch(rt)
+    return torch.cat(rows), rt
+
+
+# --- parsing -------------------------------------------------------------------------------------------------------
+
+
+def test_specs_parse_with_defaults_and_clear_errors():
+    assert str(parse_cache_spec("window:size=8")) == "window:positions=keep,size=8"
+    assert str(parse_cache_spec("sinks:recent=60")) == "sinks:positions=rerotate,recent=60,sinks=4"
+    assert parse_cache_spec("sinks:sinks=0,recent=5,positions=keep").options == {
+        "sinks": 0, "recent": 5, "positions": "keep"}
+    assert str(parse_cache_spec("recompute:size=16")) == "recompute:size=16"
+    for bad, needle in [("window", "size=W"), ("window:size=0", ">= 1"), ("window:size=4,positions=moved", "keep"),
+                        ("sinks:sinks=4", "recent=R"), ("recompute", "size=W"), ("window:sinks=2,size=4", "its keys")]:
+        with pytest.raises(ConfigError, match=needle) as err:
+            parse_cache_spec(bad)
+        assert "\n" not in str(err.value)
+
+
+# --- the rotation itself -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rope", [None, {"rope_type": "linear", "factor": 2.0},
+                                  {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+                                  {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}],
+                         ids=["default", "linear", "yarn", "llama3"])
+def test_shift_equals_rotating_at_the_shifted_position(rope):
+    """R(-d) applied to transformers' s R(p) k equals transformers' s R(p - d) k (yarn: s != 1)."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    extra = {} if rope is None else {"rope_parameters": {"rope_theta": 10000.0, **rope}}
+    model = random_model("llama", **extra)
+    rot = model_info(model).rotary
+    if rope is not None and rope["rope_type"] == "yarn":
+        assert rot.attention_scaling != 1.0  # the case where forgetting that s is already in the key matters
+    k = torch.randn(1, 2, 5, rot.head_dim, generator=torch.Generator().manual_seed(1))
+    p = torch.tensor([[40, 41, 57, 90, 200]])
+
+    def rotated(pos):
+        cos, sin = model.model.rotary_emb(k, pos)
+        return apply_rotary_pos_emb(k, k, cos, sin)[1]
+
+    for d in (1, 7, 40):
+        got = Shifter(rot, torch.device("cpu")).shift(rotated(p), d)
+        torch.testing.assert_close(got, rotated(p - d), rtol=0, atol=2e-5)
+
+
+# --- W at least the text: every policy is `full` -------------------------------------------------------------------
+
+LONG = ["window:size=64", "window:size=64,positions=rerotate", "sinks:sinks=4,recent=60",
+        "sinks:sinks=4,recent=60,positions=keep", "recompute:size=64"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("spec", LONG)
+def test_large_bound_equals_full(arch, spec):
+    model = random_model(arch, seed=3)
+    ids = ids_of(40, seed=3)
+    ref, _ = stream_logits(model, "full", ids, prefill=9, chunk=3)
+    got, rt = stream_logits(model, spec, ids, prefill=9, chunk=3)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    assert rt.seen == 40
+
+
+# --- the fresh-forward oracle on one layer -------------------------------------------------------------------------
+
+
+def one_layer(arch: str, **overrides):
+    return random_model(arch, seed=2, num_hidden_layers=1, **overrides)
+
+
+def bundled_first_layer():
+    from decodelab.core.model import load_model
+
+    m = load_model("tiny", device="cpu").model
+    m.model.layers = m.model.layers[:1]
+    m.config.num_hidden_layers = 1
+    return m
+
+
+ONE_LAYER = {
+    "llama": lambda: one_layer("llama"),
+    "qwen2-gqa4": lambda: one_layer("qwen2"),
+    "gemma2-sliding": lambda: one_layer("gemma2", layer_types=["sliding_attention"]),  # the model's window 16
+    "gemma2-full": lambda: one_layer("gemma2", layer_types=["full_attention"]),
+    "mistral": lambda: _mistral(),
+    "qwen3": lambda: _qwen3(),
+    "gemma": lambda: _gemma(),
+    "llama-yarn": lambda: one_layer("llama", rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                              "original_max_position_embeddings": 64}),
+    "tiny-layer0": bundled_first_layer,
+}
+
+
+def _mistral():
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    torch.manual_seed(2)
+    cfg = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=None)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+
+
+def _gemma():
+    from transformers import AutoModelForCausalLM, GemmaConfig
+
+    torch.manual_seed(2)
+    cfg = GemmaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=16)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+
+
+def _qwen3():
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    torch.manual_seed(2)
+    cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+
+
+def oracle_mismatch(model, spec: str, n: int = 48, prefill: int = 8, chunk: int = 1, vocab: int = 256) -> float:
+    """Largest |logit - oracle| over every fed position: each chunk's logits against a fresh forward without cache
+    over [the kept tokens, the chunk] at [their assigned positions, the chunk's positions]."""
+    ids = ids_of(n, vocab, seed=5)
+    rt = Runtime.create(model, parse_cache_spec(spec))
+    rt.feed(ids[:, :prefill])
+    worst = 0.0
+    for start in range(prefill, n, chunk):
+        kept = rt.policy.slot_map()
+        piece = ids[:, start : start + chunk]
+        positions = rt.policy.positions(piece.shape[1])
+        got = rt.feed(piece, keep="all")[0]
+        orig = torch.tensor([p for p, _ in kept], dtype=torch.long)
+        sub = torch.cat([ids[0, orig], piece[0]]).unsqueeze(0)
+        pos = torch.cat([torch.tensor([a for _, a in kept]), positions[0]]).unsqueeze(0)
+        want = forward(model, sub, None, pos, attention_mask=torch.ones_like(sub), logits_to_keep=0)[0, -piece.shape[1]:]
+        worst = max(worst, float((got - want).abs().max()))
+    assert rt.policy.evicted > 0
+    return worst
+
+
+@pytest.mark.parametrize("name", list(ONE_LAYER))
+@pytest.mark.parametrize("spec", ["sinks:sinks=4,recent=16", "sinks:sinks=4,recent=16,positions=keep",
+                                  "window:size=17,positions=rerotate", "window:size=17"])
+def test_kept_tokens_at_assigned_positions_equal_a_fresh_forward(name, spec):
+    model = ONE_LAYER[name]()
+    vocab = model.config.vocab_size
+    assert oracle_mismatch(model, spec, vocab=vocab) < 1e-4
+    # chunks: each query of a chunk attends to the kept tokens plus the chunk up to itself, then eviction
+    assert oracle_mismatch(model, spec, chunk=5, vocab=vocab) < 1e-4
+
+
+def test_oracle_catches_a_rotation_off_by_one(monkeypatch):
+    model = ONE_LAYER["llama"]()
+    honest = Shifter.shift
+    monkeypatch.setattr(Shifter, "shift", lambda self, keys, d: honest(self, keys, d + 1))
+    assert oracle_mismatch(model, "sinks:sinks=4,recent=16") > 1e-3
+
+
+@pytest.mark.parametrize("spec", ["sinks:sinks=4,recent=16", "sinks:sinks=4,recent=16,positions=keep"])
+def test_oracle_catches_tensors_evicted_late(monkeypatch, spec):
+    """The bookkeeping says a token left but the tensors still hold it (eviction one forward late)."""
+    model = ONE_LAYER["llama"]()
+    honest = BoundedPolicy._evict
+    monkeypatch.setattr(BoundedPolicy, "_evict", lambda self, drop: honest(self, drop - 1) if drop > 1 else None)
+    try:
+        worst = oracle_mismatch(model, spec)
+    except (RuntimeError, ValueError, IndexError):
+        return
+    assert worst > 1e-3
+
+
+def test_bound_check_catches_a_budget_one_too_large(monkeypatch):
+    monkeypatch.setattr(BoundedPolicy, "budget", property(lambda self: self.sinks + self.recent + 1))
+    assert max_held(random_model("llama", seed=1), "sinks:sinks=3,recent=17") == 21
+
+
+def test_keep_positions_differ_from_rerotate_after_eviction():
+    """keep and rerotate put the sinks at different distances: their logits differ once tokens are evicted (so
+    the keep oracle above is not passing by accident of both being the same)."""
+    model = ONE_LAYER["llama"]()
+    ids = ids_of(48, seed=5)
+    a, _ = stream_logits(model, "sinks:sinks=4,recent=16", ids, prefill=8)
+    b, _ = stream_logits(model, "sinks:sinks=4,recent=16,positions=keep", ids, prefill=8)
+    assert float((a[:21] - b[:21]).abs().max()) < 1e-5  # identical before the first eviction
+    assert float((a - b).abs().max()) > 1e-3
+
+
+# --- multi-layer models: invariance and bounds ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma2"])
+def test_window_rerotate_equals_window_keep_on_deep_models(arch):
+    """Without sinks, the kept tokens are contiguous, so moving them all to slots 0..W-1 changes no relative
+    distance: RoPE attention is the same (a wrong shift, or a sliding layer of Gemma 2 not shifted with the
+    query, breaks it)."""
+    model = random_model(arch, seed=4)
+    ids = ids_of(80, seed=4)
+    keep, _ = stream_logits(model, "window:size=20", ids, prefill=10, chunk=2)
+    moved, rt = stream_logits(model, "window:size=20,positions=rerotate", ids, prefill=10, chunk=2)
+    assert rt.policy.evicted == 60
+    torch.testing.assert_close(moved, keep, rtol=0, atol=1e-4)
+
+
+def max_held(model, spec: str) -> int:
+    """The most tokens any full-attention layer held after a forward (and `stored` says the same)."""
+    sizes = []
+
+    def watch(rt):
+        held = [layer.keys.shape[-2] for layer in rt.policy.model_cache.layers
+                if getattr(layer, "is_initialized", False) and not getattr(layer, "is_sliding", False)]
+        sizes.append(max(held, default=0))
+        assert rt.policy.stored == max(held, default=0)
+
+    stream_logits(model, spec, ids_of(70, seed=1), prefill=30, chunk=1, watch=watch)
+    return max(sizes)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+@pytest.mark.parametrize("spec,bound", [("sinks:sinks=3,recent=17", 20), ("window:size=12", 12),
+                                        ("window:size=12,positions=rerotate", 12)])
+def test_cache_never_holds_more_than_the_bound(arch, spec, bound):
+    model = random_model(arch, seed=1)
+    assert max_held(model, spec) == bound
+    sizes = []
+
+    def watch(rt):
+        held = [layer.keys.shape[-2] for layer in rt.policy.model_cache.layers
+                if getattr(layer, "is_initialized", False) and not getattr(layer, "is_sliding", False)]
+        sizes.append(max(held, default=0))
+        assert rt.policy.stored == max(held, default=0)
+
+    _, rt = stream_logits(model, spec, ids_of(70, seed=1), prefill=30, chunk=1, watch=watch)
+    assert max(sizes) == bound and rt.seen == 70
+    nbytes = rt.policy.nbytes()
+    assert nbytes > 0
+    # flat: one more token keeps the same bytes
+    rt.feed(ids_of(1, seed=2))
+    assert rt.policy.nbytes() == nbytes
+    if arch == "gemma2":  # its own sliding layers keep the model's window (sliding_window - 1 = 15 tokens)
+        sliding = [layer.keys.shape[-2] for layer in rt.policy.model_cache.layers if layer.is_sliding]
+        assert sliding and max(sliding) == 15
+
+
+def test_slot_map_and_evicted_positions():
+    model = random_model("llama", seed=1)
+    rt = Runtime.create(model, parse_cache_spec("sinks:sinks=2,recent=5"))
+    rt.feed(ids_of(9))
+    assert rt.policy.last_evicted == (2, 4)
+    assert rt.policy.slot_map() == [(0, 0), (1, 1), (4, 2), (5, 3), (6, 4), (7, 5), (8, 6)]
+    assert rt.policy.slot_ranges() == [[0, 2, 0], [4, 9, 2]]
+    rt.feed(ids_of(1))
+    assert rt.policy.last_evicted == (4, 5) and rt.policy.evicted == 3
+    keep = Runtime.create(model, parse_cache_spec("window:size=3"))
+    keep.feed(ids_of(5))
+    assert keep.policy.slot_map() == [(2, 2), (3, 3), (4, 4)]
+    assert keep.policy.slot_ranges() == [[2, 5, 2]]
+    assert keep.policy.positions(2).tolist() == [[5, 6]]
+    assert rt.policy.positions(2).tolist() == [[7, 8]]
+
+
+# --- models that cannot be shifted ---------------------------------------------------------------------------------
+
+
+def test_gpt2_rerotate_is_one_clear_line_and_keep_or_recompute_work():
+    model = random_model("gpt2")
+    for spec in ("sinks:recent=8", "window:size=8,positions=rerotate"):
+        with pytest.raises(ConfigError, match="absolute positions") as err:
+            Runtime.create(model, parse_cache_spec(spec))
+        assert "\n" not in str(err.value) and "recompute" in str(err.value)
+    ids = ids_of(40)
+    ref, _ = stream_logits(model, "full", ids, prefill=8)
+    got, _ = stream_logits(model, "recompute:size=64", ids, prefill=8)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    stream_logits(model, "window:size=8", ids, prefill=8)  # keep: original positions, within GPT-2's 128
+    with pytest.raises(ConfigError, match="absolute positions"):
+        stream_logits(model, "window:size=8", ids_of(140), prefill=8, chunk=16)
+
+
+def test_dynamic_ntk_is_refused():
+    model = random_model("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
+    with pytest.raises(ConfigError, match="'dynamic'.*cannot be shifted exactly"):
+        Runtime.create(model, parse_cache_spec("sinks:recent=8"))
+    Runtime.create(model, parse_cache_spec("sinks:recent=8,positions=keep"))  # nothing is moved: allowed
+
+
+# --- recompute -----------------------------------------------------------------------------------------------------
+
+
+def test_recompute_is_a_fresh_forward_over_the_last_w_tokens():
+    model = random_model("llama", seed=6)
+    ids = ids_of(30, seed=6)
+    got, rt = stream_logits(model, "recompute:size=7", ids, prefill=5, chunk=4)
+    for t in (4, 6, 7, 19, 29):
+        window = ids[:, max(t - 6, 0) : t + 1]
+        want = forward(model, window, None, torch.arange(window.shape[1]).unsqueeze(0))[0, -1]
+        torch.testing.assert_close(got[t], want, rtol=0, atol=1e-5)
+    assert rt.policy.nbytes() == 0
+    rt.truncate(20)
+    again = rt.feed(ids[:, 20:23], keep="all")[0]
+    torch.testing.assert_close(again, got[20:23], rtol=0, atol=1e-5)
+
+
+def test_plain_feed_is_unchanged_for_full():
+    """The rewrite hook is consulted only for a policy that has one."""
+    model = random_model("llama", seed=6)
+    assert not hasattr(Runtime.create(model).policy, "rewrite")
+
+
+# --- capabilities and commands -------------------------------------------------------------------------------------
+
+
+def test_bounded_policies_refuse_rollback_before_the_model_loads():
+    for text in ("window:size=8", "sinks:recent=8"):
+        spec = parse_cache_spec(text)
+        with pytest.raises(ConfigError, match="roll back") as err:
+            kv.require(spec, {"truncate"}, "speculate")
+        assert "recompute" in str(err.value)
+        kv.require(spec, {"reorder", "rows"}, "beam")
+    kv.require(parse_cache_spec("recompute:size=8"), {"truncate", "reorder", "rows"}, "speculate")
+
+
+def test_speculate_under_window_is_refused_and_under_recompute_equals_sample():
+    target = random_model("llama", seed=0, scale=20.0)
+    chain = build_chain({"temperature": 0})
+    prompt = [3, 17, 42, 9, 100, 17, 42]
+    rules = StopRules(30, context_length=256)
+    window = parse_cache_spec("window:size=12")
+    sp = Speculator(target, NGramProposer(3), prompt, chain, rules, 3, record=False, cache=window)
+    with pytest.raises(ConfigError, match="truncate|roll back"):
+        list(sp)
+    spec = parse_cache_spec("recompute:size=12")
+    ref = [o.token_id for o in decode_tokens(target, prompt, chain, Greedy(), rules, cache=spec)]
+    full = [o.token_id for o in decode_tokens(target, prompt, chain, Greedy(), rules)]
+    assert ref != full  # the window matters for this text, so equality below is not full vs full
+    draft = random_model("llama", seed=0, scale=20.0)
+    for proposer in (NGramProposer(3), ModelProposer(draft, chain, Greedy(), cache=spec)):
+        sp = Speculator(target, proposer, prompt, chain, rules, 3, record=False, cache=spec)
+        list(sp)
+        assert sp.new_ids == ref
+
+
+def test_beam_under_a_large_window_equals_full_and_rows_evict_together():
+    """beam reorders rows (each beam's cache follows its parent): under a window longer than the text it must
+    find exactly the full cache's hypotheses; under a short one every row holds the same bounded slots."""
+    from decodelab.core.beam import BeamSettings, beam_search
+
+    target = random_model("llama", seed=0, scale=20.0)
+    settings = BeamSettings(beams=3, max_new_tokens=12)
+    chain = build_chain({})
+    prompt = [1, 2, 3, 4]
+
+    def hyps(cache):
+        return [(h.token_ids, round(h.score, 4)) for h in beam_search(target, prompt, chain, settings,
+                                                                       cache=cache).hypotheses]
+
+    assert hyps(parse_cache_spec("window:size=64,positions=rerotate")) == hyps(None)
+    short = hyps(parse_cache_spec("sinks:sinks=2,recent=6"))
+    assert len(short) == 3 and short != hyps(None)
+    rt = Runtime.create(target, parse_cache_spec("sinks:sinks=2,recent=6"), needs=frozenset({"reorder", "rows"}))
+    rt.feed(ids_of(12))
+    rt.reorder(torch.tensor([0, 0, 0]))
+    logits = rt.feed(ids_of(3).view(3, 1))
+    assert logits.shape[0] == 3 and rt.policy.stored == 8
+    assert {layer.keys.shape for layer in rt.policy.model_cache.layers} == {(3, 2, 8, 16)}
