@@ -14,7 +14,7 @@ from ..core.build import beam_stepper, build_beam
 from ..core.config import as_dict, resolve
 from . import options as o
 from . import render
-from .loop import drive
+from .loop import drive, phase
 from .pipeline import load, read_prompt
 
 BEAM = "Beam search"
@@ -73,8 +73,9 @@ def beam(
     summary = search.summary()
     sweep_rows = None
     if penalties is not None:
-        sweep_rows = sweep_length_penalty(lambda: beam_stepper(lm, settings), prompt_ids, processors, settings,
-                                          penalties, tuple(lm.eos_ids), lm.decode, lm.context_length)
+        sweep_rows = phase(lambda: sweep_length_penalty(lambda: beam_stepper(lm, settings), prompt_ids, processors,
+                                                        settings, penalties, tuple(lm.eos_ids), lm.decode,
+                                                        lm.context_length))
     best = hyps[0] if hyps else None
     result = {"text": best.text if best else "", "token_ids": best.token_ids if best else [], "hypotheses": hyps}
     if sweep_rows is not None:

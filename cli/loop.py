@@ -7,6 +7,24 @@ from collections.abc import Callable
 from . import render
 from .options import Format
 
+# One interrupt path for every command and every phase: a Ctrl-C inside a run or a later phase (a baseline, a sweep)
+# is noted here, the command prints what it has (whole lines, the summary), and main() exits with status 130.
+_interrupted = False
+
+
+def reset() -> None:
+    global _interrupted
+    _interrupted = False
+
+
+def note_interrupt() -> None:
+    global _interrupted
+    _interrupted = True
+
+
+def interrupted() -> bool:
+    return _interrupted
+
 
 def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean) -> None:
     """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line. An interrupt ends the run with what it
@@ -17,3 +35,16 @@ def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean) -> Non
                 render.print_jsonl({"type": "step", **row(step)})
     except KeyboardInterrupt:
         run.interrupt()
+        note_interrupt()
+
+
+def phase(fn: Callable[[], object], default=None):
+    """A later phase of a command (a reference run, a sweep): skipped once interrupted, and a Ctrl-C inside it ends
+    it with ``default`` so the command still prints what it has."""
+    if _interrupted:
+        return default
+    try:
+        return fn()
+    except KeyboardInterrupt:
+        note_interrupt()
+        return default

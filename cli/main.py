@@ -13,6 +13,7 @@ except ImportError:  # older typer runs on click
 
 from ..core.errors import DecodelabError
 from .batch import batch
+from . import loop
 from .beam import beam
 from .bench import bench
 from .compare import compare
@@ -52,10 +53,17 @@ def fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI. ``--debug`` (anywhere) shows tracebacks instead of one-line errors."""
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args
-    args = [a for a in args if a != "--debug"]
+    cut = args.index("--") if "--" in args else len(args)  # after "--" every word is an argument, even "--debug"
+    debug = "--debug" in args[:cut]
+    args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
+    loop.reset()
     try:
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
+        # a Ctrl-C inside a run: the command printed what it had, the status still says it was cut short;
+        # outside any run (loading, say) typer returns 130 itself
+        if loop.interrupted() or result == 130:
+            sys.stderr.write("interrupted\n")
+            return 130
         return result if isinstance(result, int) else 0
     except typer.Exit as exc:
         return exc.exit_code

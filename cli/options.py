@@ -60,6 +60,9 @@ Stop = Annotated[Optional[list[str]], typer.Option("--stop", help="Extra stop st
 IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos", help="Generate exactly -n tokens.",
                                                    rich_help_panel=RUN, show_default=False)]
 
+Threads = Annotated[Optional[int], typer.Option(
+    "--threads", help="torch CPU threads (default: torch's choice); 1 avoids OpenMP spin-waits on a busy shared CPU.",
+    rich_help_panel=RUN, show_default=False)]
 Cache = Annotated[Optional[str], typer.Option(
     "--cache", help="KV-cache policy: NAME or NAME:key=value,... (default full; `decodelab models` lists them).",
     rich_help_panel=RUN, show_default=False)]
@@ -149,7 +152,7 @@ TrimStop = Annotated[Optional[bool], typer.Option("--trim-stop", help="Leave the
 DEFINITIONS: dict[str, tuple[object, object]] = {
     "prompt": (Prompt, None), "prompt_file": (PromptFile, None), "chat": (Chat, False),
     "model": (Model, "tiny"), "device": (Device, "auto"), "dtype": (Dtype, "auto"), "device_map": (DeviceMap, None),
-    "trust_remote_code": (TrustRemoteCode, False), "cache": (Cache, None),
+    "trust_remote_code": (TrustRemoteCode, False), "cache": (Cache, None), "threads": (Threads, None),
     "preset": (Preset, None), "set_": (Set, None), "max_new_tokens": (MaxNew, None), "seed": (Seed, None),
     "stop": (Stop, None), "ignore_eos": (IgnoreEos, None),
     "fmt": (Fmt, Format.table), "top": (Top, None), "save_html": (SaveHtml, None), "save_svg": (SaveSvg, None),
@@ -170,7 +173,7 @@ DEFINITIONS: dict[str, tuple[object, object]] = {
 }
 
 PROMPT = ("prompt", "prompt_file", "chat")
-MODEL = ("model", "device", "dtype", "device_map", "trust_remote_code", "cache")
+MODEL = ("model", "device", "dtype", "device_map", "trust_remote_code", "cache", "threads")
 SETTINGS = ("preset", "set_")
 GENERATE = ("max_new_tokens", "seed", "stop", "ignore_eos")
 OUTPUT = ("fmt", "top", "save_html", "save_svg")
@@ -204,6 +207,7 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         @functools.wraps(fn)
         def wrapper(**kwargs):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
+            check_paths(opts)
             return fn(opts, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(params)
@@ -211,6 +215,21 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         return wrapper
 
     return wrap
+
+
+def check_paths(opts: Opts) -> None:
+    """Files the command reads or writes are checked when it starts, before a model loads or a run is spent."""
+    from ..core.config import check_input_file, check_output_file
+    from ..core.errors import ConfigError
+
+    for name, option in (("save_html", "--save-html"), ("save_svg", "--save-svg")):
+        if getattr(opts, name, None) is not None:
+            check_output_file(option, getattr(opts, name))
+    if getattr(opts, "prompt_file", None) is not None:
+        check_input_file("--prompt-file", opts.prompt_file)
+    threads = getattr(opts, "threads", None)
+    if threads is not None and not 1 <= threads <= 1024:
+        raise ConfigError(f"--threads {threads}: must be an integer in [1, 1024]")
 
 
 def explicit(opts: Opts, *keys: str) -> dict:

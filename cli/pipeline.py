@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..core.errors import ConfigError
-from ..core.model import LoadedModel, load_model
+from ..core.model import LoadedModel, load_model, set_threads
 from .options import Opts
 
 
@@ -29,6 +29,8 @@ def load(opts: Opts) -> LoadedModel:
     device_map = getattr(opts, "device_map", None)
     if device_map is not None and device_map != "auto":
         raise ConfigError(f"--device-map {device_map!r}: allowed: auto")
+    if getattr(opts, "threads", None) is not None:
+        set_threads(opts.threads)
     return load_model(opts.model, device=opts.device, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code,
                       device_map=device_map)
 

@@ -15,6 +15,8 @@ from rich.table import Table
 from rich.text import Text
 from tabulate import tabulate
 
+from ..core.errors import ConfigError
+
 BAR_WIDTH = 10
 
 
@@ -96,7 +98,8 @@ def prob_style(p: float) -> str:
 
 def shaded_text(prompt: str, tokens: list[tuple[str, float]]) -> Text:
     """The prompt dimmed, then each generated token shaded by the probability it was drawn with."""
-    text = Text(prompt, style="dim")
+    text = Text()
+    text.append(prompt, style="dim")  # a span, not the Text's base style, which would dim every token after it
     for token, p in tokens:
         text.append(token, style=prob_style(p))
     return text
@@ -182,10 +185,13 @@ def show(renderables, save_html: Path | None = None, save_svg: Path | None = Non
     recorder = Console(record=True, file=io.StringIO(), width=160, highlight=False)
     for r in renderables:
         recorder.print(r)
-    if save_html is not None:
-        recorder.save_html(str(save_html), clear=False)
-    if save_svg is not None:
-        recorder.save_svg(str(save_svg), clear=False, title="decodelab")
+    try:  # checked when the command started; a disk that fills or turns read-only since is still one line
+        if save_html is not None:
+            recorder.save_html(str(save_html), clear=False)
+        if save_svg is not None:
+            recorder.save_svg(str(save_svg), clear=False, title="decodelab")
+    except OSError as exc:
+        raise ConfigError(f"--save-html/--save-svg: cannot write the file ({exc.strerror or exc})") from None
 
 
 def summary_line(summary) -> Text:

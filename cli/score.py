@@ -17,6 +17,7 @@ from ..core.config import as_dict, resolve
 from ..core.score import ScoreSettings, build_scorer, validate_score
 from . import options as o
 from . import render
+from .loop import note_interrupt
 from .pipeline import load, read_prompt
 
 SCORE = "Scoring"
@@ -80,6 +81,7 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
                 progress.advance(task)
     except KeyboardInterrupt:
         scorer.interrupt()
+        note_interrupt()
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:

@@ -13,7 +13,7 @@ from ..core.config import as_dict, resolve
 from ..core.speculative import SpeculateSettings, best_gamma, parse_gammas, validate_speculate
 from . import options as o
 from . import render
-from .loop import drive
+from .loop import drive, interrupted, phase
 from .pipeline import export_instead, load, read_prompt
 
 SPEC = "Speculative decoding"
@@ -53,16 +53,26 @@ def speculate(
                                                                  opts.trust_remote_code)
     processors = make_chain(lm, settings)
     prompt_ids = lm.encode(text, opts.chat)
-    warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors)
+    phase(lambda: warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors))
     spec = build_speculator(lm, draft_lm, settings, prompt_ids, settings.gamma, processors)
-    drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()))
-    summary = spec.summary(plain_baseline(lm, settings, prompt_ids, processors, len(spec.new_ids)))
+    if interrupted():
+        spec.interrupt()  # Ctrl-C during the warm-up: an empty run, reported as interrupted
+    else:
+        drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()))
+    summary = spec.summary(phase(lambda: plain_baseline(lm, settings, prompt_ids, processors, len(spec.new_ids))))
     sweep = []
-    for g in (int(x) for x in settings.sweep_gamma):
+
+    def measure_gamma(g: int):
         row = build_speculator(lm, draft_lm, settings, prompt_ids, g, processors, record=False)
         for _ in row:
             pass
-        sweep.append(row.summary(plain_baseline(lm, settings, prompt_ids, processors, len(row.new_ids))))
+        return row.summary(plain_baseline(lm, settings, prompt_ids, processors, len(row.new_ids)))
+
+    for g in (int(x) for x in settings.sweep_gamma):
+        measured = phase(lambda: measure_gamma(g))
+        if measured is None:
+            break  # interrupted: the rows measured so far are kept
+        sweep.append(measured)
     best = best_gamma(sweep) if sweep else None
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
          opts.save_svg)
@@ -140,7 +150,8 @@ def rounds_table(rounds, title: str, greedy: bool) -> Table:
 
 def marked_text(prompt: str, rounds) -> Text:
     """The prompt dimmed, accepted drafts green, corrections and bonus tokens yellow."""
-    out = Text(prompt, style="dim")
+    out = Text()
+    out.append(prompt, style="dim")  # a span: the Text's base style would dim every token after it
     for r in rounds:
         for t in r.proposed[: r.accepted]:
             out.append(t.token, style="green")

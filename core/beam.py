@@ -96,6 +96,10 @@ class BeamSettings(ChainSettings):
         return EARLY_STOPPING[str(self.early_stopping).strip().lower()]
 
 
+MAX_BEAMS = 256  # one batched forward of this many rows per step; more is not a workbench's search
+MAX_PENALTY = 10.0  # L^a for a context of 10^6 tokens stays within float range: 10^60 (a = 10), 10^-60 (a = -10)
+
+
 def validate_beam(s: BeamSettings) -> None:
     """Every check that needs no model, so bad input fails before anything loads."""
     validate_chain(s)
@@ -106,16 +110,16 @@ def validate_beam(s: BeamSettings) -> None:
                               "only when sampling; every beam scores all tokens); allowed processors: "
                               "--repetition-penalty, --no-repeat-ngram, --logit-bias")
     require(cache_spec(s), {"reorder", "rows"}, "beam search")
-    if not isinstance(s.beams, int) or s.beams < 1:
-        raise ConfigError(f"--beams {s.beams}: must be an integer >= 1")
+    if not isinstance(s.beams, int) or not 1 <= s.beams <= MAX_BEAMS:
+        raise ConfigError(f"--beams {s.beams}: must be an integer in [1, {MAX_BEAMS}]")
     if s.num_return is not None and not 1 <= s.num_return <= s.beams:
         raise ConfigError(f"--return {s.num_return}: must be between 1 and --beams ({s.beams})")
     if s.length_norm not in NORMS:
         raise ConfigError(f"--length-norm {s.length_norm!r}: allowed: {', '.join(NORMS)}")
     if str(s.early_stopping).strip().lower() not in EARLY_STOPPING:
         raise ConfigError(f"--early-stopping {s.early_stopping!r}: allowed: true, false, never")
-    _check(s.length_penalty == s.length_penalty and abs(s.length_penalty) != float("inf"), "length_penalty",
-           s.length_penalty, "must be a finite number")
+    _check(abs(s.length_penalty) <= MAX_PENALTY, "length_penalty", s.length_penalty,
+           f"must be a number in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}] (norm(L) = L^a must stay a finite float)")
     _check(s.max_new_tokens >= 1, "max_new_tokens", s.max_new_tokens, "must be >= 1")
 
 
@@ -129,8 +133,9 @@ def parse_penalties(text: str) -> list[float]:
         except ValueError:
             raise ConfigError(f"--sweep-length-penalty {text!r}: {part!r} is not a number; "
                               "give comma-separated penalties, e.g. 0,0.5,1,2") from None
-        if value != value or abs(value) == float("inf"):
-            raise ConfigError(f"--sweep-length-penalty {text!r}: every penalty must be finite")
+        if not abs(value) <= MAX_PENALTY:
+            raise ConfigError(f"--sweep-length-penalty {text!r}: every penalty must be in [-{MAX_PENALTY:g}, "
+                              f"{MAX_PENALTY:g}]")
         values.append(value)
     return values
 

@@ -173,7 +173,10 @@ def validate_chain_ranges(s: ChainSettings) -> None:
     if s.no_repeat_ngram is not None:
         _check(s.no_repeat_ngram >= 1, "no_repeat_ngram", s.no_repeat_ngram, "must be an integer >= 1")
     for token, bias in s.logit_bias:
+        check_text("--logit-bias", token)
         _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")
+        _check(bias != math.inf, "logit_bias", f"{token}={bias}", "+inf cannot force a token (every other "
+               "candidate would be NaN); use a large finite bias such as 100, or ban the others with -inf")
     if s.penalty_last_n is not None:
         _check(s.penalty_last_n >= 0, "penalty_last_n", s.penalty_last_n, "must be an integer >= 0")
     if s.dynatemp_range is not None:
@@ -202,11 +205,50 @@ def validate_sample(s: SampleSettings) -> None:
         _check(token_id >= 0, "stop_id", token_id, "must be a token id >= 0")
     _check(s.max_new_tokens >= 1, "max_new_tokens", s.max_new_tokens, "must be >= 1")
     _check(s.top >= 0, "top", s.top, "must be >= 0")
-    _check(s.seed >= 0, "seed", s.seed, "must be >= 0")
+    _check(0 <= s.seed < 2**64, "seed", s.seed, "must be an integer in [0, 2**64)")
+    for text in s.stop:
+        check_text("--stop", text)
+        _check(text != "", "stop", "''", "an empty stop string matches everywhere; give some text")
     if s.compile:
         from .kv import require
 
         require(cache_spec(s), {"compile"}, "--compile")
+
+
+def check_output_file(option: str, path: Path) -> None:
+    """A file written at the end of a run: not a folder, in a folder that exists and can be written."""
+    import os
+
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file name")
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        raise ConfigError(f"{option} {path}: cannot write there (permission denied)")
+
+
+def check_input_file(option: str, path: Path) -> None:
+    """A text file read as input: it exists, is a file, and is UTF-8."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{option} {path}: {'is a folder' if path.is_dir() else 'no such file'}; give a text file")
+    try:
+        check_text(option, path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{option} {path}: not UTF-8 text (byte {exc.start}); give a UTF-8 file") from None
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot read it ({exc.strerror})") from None
+
+
+def check_text(option: str, text: str) -> None:
+    """Text from the command line or a file must be valid Unicode: undecodable bytes arrive as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"{option} {text.encode('utf-8', 'backslashreplace').decode()!r}: not valid UTF-8 "
+                          f"(an undecodable byte at character {exc.start}); give UTF-8 text") from None
 
 
 # --- parsing values from TOML and from --set strings ---------------------------------------------------------
@@ -309,6 +351,10 @@ def load_preset(spec: str) -> tuple[str, dict]:
         table = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--preset {spec!r}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--preset {spec!r}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"--preset {spec!r}: cannot read {path} ({exc.strerror})") from None
     return path.stem, table
 
 
@@ -322,9 +368,9 @@ def resolve(cls, preset: str | None = None, options: dict | None = None, sets: l
                 continue
             try:
                 field = normalize_key(cls, key)
-            except ConfigError as exc:
-                raise ConfigError(f"--preset {name}: {exc}") from None
-            values[field] = coerce(cls, field, raw)
+                values[field] = coerce(cls, field, raw)
+            except ConfigError as exc:  # name the file: the option the message names was never typed
+                raise ConfigError(f"--preset {preset!r}: key {key!r} in the file: {exc}") from None
     for key, raw in (options or {}).items():
         if raw is not None and raw != ():
             values[key] = raw

@@ -62,10 +62,10 @@ def decode_tokens(
     (stages, alternatives: ``top``) and moves them to the host in the step's one transfer; otherwise the one
     transfer is the token id and the check that the chain left it a finite logit."""
     check_prompt(len(prompt_ids), rules.context_length)
-    runtime = runtime or Runtime.create(model, cache, capacity=len(prompt_ids) + rules.max_new_tokens)
+    runtime = runtime or Runtime.create(model, cache, capacity=rules.capacity(len(prompt_ids)))
     state = state if state is not None else DecodeState()
     watch = watch or Stopwatch(runtime.device)
-    buf = TokenBuffer(prompt_ids, len(prompt_ids) + rules.max_new_tokens, runtime.device)
+    buf = TokenBuffer(prompt_ids, rules.capacity(len(prompt_ids)), runtime.device)
     stopper = StopChecker(rules, detok)
     chain.reset(len(prompt_ids))
     watch.start()
@@ -91,7 +91,7 @@ def decode_tokens(
         else:
             token_id, finite = torch.stack([sel.token[0].float(), sel.finite[0].float()]).tolist()
             token_id, numbers = int(token_id), None
-        check_selected(bool(finite), chain)
+        check_selected(bool(finite), chain, sel.processed)
         state.new_ids.append(token_id)
         buf.append([token_id], sel.token.view(1, 1))
         watch.lap("loop")
@@ -136,7 +136,7 @@ class Sampler(Run):
 
     def __iter__(self) -> Iterator[Step]:
         runtime = self.runtime or Runtime.create(self.model, self.cache,
-                                                 capacity=len(self.prompt_ids) + self.rules.max_new_tokens)
+                                                 capacity=self.rules.capacity(len(self.prompt_ids)))
         self.runtime = runtime
         self.watch = Stopwatch(runtime.device)
         names = ["raw"] + self.chain.names

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .config import check_text
 from .errors import ConfigError, ModelLoadError
 
 BUNDLED = ("tiny", "tiny-draft")
@@ -85,6 +86,7 @@ class LoadedModel:
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         """Token ids of a prompt; with chat=True the tokenizer's chat template wraps it as one user turn."""
+        check_text("PROMPT", text)
         if chat:
             if not getattr(self.tokenizer, "chat_template", None):
                 raise ConfigError(f"--chat: the tokenizer of {self.name!r} has no chat template")
@@ -109,6 +111,7 @@ class LoadedModel:
 
     def token_id(self, text: str) -> int:
         """The id of a text that is exactly one token (for --logit-bias and friends)."""
+        check_text("token", text)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) != 1:
             raise ConfigError(
@@ -126,11 +129,30 @@ def _model_folder(spec: str) -> tuple[str, Path | None]:
         return spec, folder
     path = Path(spec).expanduser()
     if path.is_dir():
+        check_model_folder(spec, path)
         return spec, path
     if path.exists() or spec.startswith((".", "/", "~")):
         raise ModelLoadError(f"--model {spec}: no model folder there; give a bundled name ({', '.join(BUNDLED)}), "
                              "a local model folder or a model id in the local Hugging Face cache")
     return spec, None
+
+
+def set_threads(n: int) -> None:
+    """torch's intra-op CPU threads (--threads); the default stays torch's own choice."""
+    torch.set_num_threads(n)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def check_model_folder(spec: str, path: Path) -> None:
+    """A local folder needs a config, safetensors weights and a tokenizer; say which is missing before loading."""
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"--model {spec}: {path} has no config.json, so it is not a model folder")
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"--model {spec}: {path} has no .safetensors weights (decodelab loads safetensors only)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"--model {spec}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
 
 
 def load_model(
@@ -157,11 +179,17 @@ def load_model(
         raise ModelLoadError(_load_failure(spec, folder, "tokenizer", exc)) from exc
     kwargs = dict(common, dtype=torch_dtype, use_safetensors=True)
     if device_map is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("accelerate") is None:
+            raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package: "
+                                 "pip install 'decodelab[multi-device]'")
         kwargs["device_map"] = device_map
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except ImportError as exc:
-        raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package ({exc})") from exc
+        raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package: pip install "
+                             f"'decodelab[multi-device]' ({exc})") from exc
     except Exception as exc:
         raise ModelLoadError(_load_failure(spec, folder, "model", exc)) from exc
     if device_map is None:
@@ -173,7 +201,7 @@ def load_model(
 
 
 def _load_failure(spec: str, folder: Path | None, what: str, exc: Exception) -> str:
-    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first_line = str(exc).strip().splitlines()[0].rstrip(": ") if str(exc).strip() else type(exc).__name__
     if folder is None:
         return (f"--model {spec}: not a bundled name ({', '.join(BUNDLED)}), a local folder, or a model in the "
                 f"local Hugging Face cache (decodelab never downloads): {first_line}")

@@ -126,8 +126,8 @@ class NoRepeatNGram:
 
     def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
         length = ids.shape[1]
-        if length + 1 < self.n:
-            return logits
+        if length < self.n:  # no complete n-gram yet, so nothing to ban (n-1 tokens would give unfold nothing)
+            return logits.clone()
         out = logits.clone()
         if self.n == 1:
             return out.scatter(1, ids, NEG_INF)
@@ -312,11 +312,17 @@ def check_not_empty(logits: Tensor, names: list[str]) -> None:
     """A chain that leaves no finite logit in a row has no distribution to draw from."""
     empty = torch.isneginf(logits).all(dim=-1) | torch.isnan(logits).any(dim=-1)
     if bool(empty.any()):
-        raise empty_chain_error(names)
+        raise empty_chain_error(names, logits)
 
 
-def empty_chain_error(names: list[str]) -> ChainError:
-    return ChainError(f"the chain [{', '.join(names)}] removed every candidate token; loosen the filters or bans")
+def empty_chain_error(names: list[str], logits: Tensor | None = None) -> ChainError:
+    """Why a row has no distribution: every candidate removed (-inf), or a value that overflowed float32 (+inf, or
+    NaN from inf - inf), which the softmax cannot normalise."""
+    chain = f"the chain [{', '.join(names)}]"
+    if logits is not None and bool((torch.isnan(logits) | torch.isposinf(logits)).any()):
+        return ChainError(f"{chain} made a logit overflow to +inf or NaN: a value too extreme for float32 (such as a "
+                          "--temperature or --repetition-penalty near 0); use a less extreme value")
+    return ChainError(f"{chain} removed every candidate token; loosen the filters or bans")
 
 
 def build_chain(settings: dict, order: list[str] | None = None, context=None) -> Chain:

@@ -40,7 +40,7 @@ from .errors import ConfigError
 from .kv import CacheSpec, require
 from .model import LoadedModel
 from .processors import Chain, softmax
-from .run import Run, Stopwatch, synchronize
+from .run import Run, Stopwatch, Timing, synchronize
 from .runtime import Runtime
 from .select import Greedy, Multinomial
 from .step import StopChecker, StopRules, TokenBuffer, check_prompt, check_selected
@@ -58,13 +58,18 @@ class SpeculateSettings(SampleSettings):
     sweep_gamma: tuple[int, ...] = ()
 
 
+# A round emits (1 - a^(g+1)) / (1 - a) < 1 / (1 - a) tokens on average: past a few dozen drafts more only costs,
+# even at an acceptance rate of 0.99; the bound keeps the per-position statistics a readable size.
+MAX_GAMMA = 128
+
+
 def validate_speculate(s: SpeculateSettings) -> None:
     validate_sample(s)
     require(cache_spec(s), {"truncate"}, "speculative decoding (a rejected draft is rolled back)")
-    if s.gamma < 1:
-        raise ConfigError(f"--gamma {s.gamma}: must be an integer >= 1")
-    if s.ngram_size < 1:
-        raise ConfigError(f"--ngram-size {s.ngram_size}: must be an integer >= 1")
+    if not 1 <= s.gamma <= MAX_GAMMA:
+        raise ConfigError(f"--gamma {s.gamma}: must be an integer in [1, {MAX_GAMMA}]")
+    if not 1 <= s.ngram_size <= MAX_GAMMA:
+        raise ConfigError(f"--ngram-size {s.ngram_size}: must be an integer in [1, {MAX_GAMMA}]")
     parse_gammas(",".join(map(str, s.sweep_gamma)) if s.sweep_gamma else None)
 
 
@@ -73,8 +78,9 @@ def parse_gammas(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
-        raise ConfigError(f"--sweep-gamma {text!r}: a comma-separated list of integers >= 1, e.g. 1,2,4,8")
+    if not items or not all(t.isdecimal() and 1 <= int(t) <= MAX_GAMMA for t in items):
+        raise ConfigError(f"--sweep-gamma {text!r}: a comma-separated list of integers in [1, {MAX_GAMMA}], "
+                          "e.g. 1,2,4,8")
     return tuple(dict.fromkeys(int(t) for t in items))
 
 
@@ -421,7 +427,7 @@ class Speculator(Run):
     def __iter__(self) -> Iterator[Round]:
         check_prompt(len(self.prompt_ids), self.rules.context_length)
         device = next(self.target.parameters()).device
-        capacity = len(self.prompt_ids) + self.rules.max_new_tokens + self.gamma + 2
+        capacity = self.rules.capacity(len(self.prompt_ids)) + self.gamma + 2
         self.seq = Sequence(self.prompt_ids, capacity, device)
         self.watch = Stopwatch(device)
         self.watch.start()
@@ -478,7 +484,7 @@ class Speculator(Run):
             p = q = u = final = None
         else:
             drafts, k, token, finite, p, q, u, final = self.verify(processed, draft)
-        check_selected(finite, self.chain)  # the chain left nothing at the position decided
+        check_selected(finite, self.chain, processed)  # the chain left nothing at the position decided
         runtime.rollback(g - k)  # keep s + x_1..x_k (x_{k+1}.. rejected); y is fed with the next round
         self.proposer.rollback(n + k)
         synchronize(device)
@@ -596,7 +602,8 @@ class Speculator(Run):
         self.stats.stop_reason = value
 
     def summary(self, baseline: BaselineTiming | None) -> SpeculativeSummary:
-        return summarize(self.stats, self.proposer.name, self.proposer.forwards, baseline, self.watch.timing)
+        timing = self.watch.timing if self.watch is not None else Timing()  # never started: interrupted before
+        return summarize(self.stats, self.proposer.name, self.proposer.forwards, baseline, timing)
 
 
 class _Outcome(NamedTuple):

@@ -84,6 +84,12 @@ class StopRules:
     context_length: int | None = None
     stop_ids: tuple[int, ...] = ()  # token ids that end the run like a stop string (--stop-id; not ignored)
 
+    def capacity(self, prompt_len: int) -> int:
+        """Positions a run can fill: the prompt and -n new tokens, never past the context (a huge -n allocates no
+        more than the context)."""
+        total = prompt_len + self.max_new_tokens
+        return total if self.context_length is None else max(prompt_len, min(total, self.context_length))
+
 
 class StopChecker:
     """Checks one appended token at a time, in this order: eos, stop string, context, length.
@@ -163,7 +169,8 @@ def select(chain: Chain, selector, ids: Tensor, logits: Tensor, record: bool = F
     return Selected(token, processed, stages, finite)
 
 
-def check_selected(finite: bool, chain: Chain) -> None:
-    """The argmax of an all -inf (or NaN) row is meaningless: one clean error instead."""
+def check_selected(finite: bool, chain: Chain, logits: Tensor | None = None) -> None:
+    """The argmax of an all -inf (or NaN) row is meaningless: one clean error instead (``logits``, the processed
+    rows, tell an overflow from a chain that removed everything)."""
     if not finite:
-        raise empty_chain_error(chain.names)
+        raise empty_chain_error(chain.names, logits)

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Mutation testing (mutmut 3) of the processors, selector, stop rules, trace statistics, the speculative acceptance
+# rule and the renderers, against the fast tests that guard them.
+#
+#   pip install -e '.[test,mutation]' && bash tests/mutation/run.sh [WORKDIR]      # then: cd WORKDIR && mutmut results
+#
+# mutmut names a mutant after the module path of its file and compares it with the running function's __module__,
+# so the sources are laid out under decodelab/ in a scratch folder (the import name; the repository keeps core/ and
+# cli/ at the top level). Only the rule functions of core/speculative.py are mutated (the rest is fenced off with
+# mutmut's "no mutate" pragmas in the scratch copy, never in the repository).
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+work="${1:-/tmp/decodelab-mutation}"
+rm -rf "$work"
+mkdir -p "$work/decodelab"
+touch "$work/decodelab/__init__.py"
+for part in core cli presets; do
+    cp -r "$repo/$part" "$work/decodelab/$part"
+done
+cp -r "$repo/presets" "$work/presets"  # tests find the bundled tokenizer and weights at the repository root
+cp -r "$repo/tests" "$work/tests"
+rm -rf "$work/tests/mutation"
+find "$work" -name __pycache__ -prune -exec rm -rf {} +
+
+# core/speculative.py: mutate only the section "the verification rule: pure functions"
+python3 - "$work/decodelab/core/speculative.py" <<'PY'
+import sys
+path = sys.argv[1]
+lines = open(path).read().split("\n")
+rule = next(i for i, l in enumerate(lines) if "the verification rule" in l) - 1  # its "# ----" rule line
+after = next(i for i, l in enumerate(lines) if "the sequence and the proposers" in l) - 1
+first = next(i for i, l in enumerate(lines) if l.startswith("from __future__"))
+out = (lines[:first] + ["# pragma: no mutate start"] + lines[first:rule] + ["# pragma: no mutate end"]
+       + lines[rule:after] + ["# pragma: no mutate start"] + lines[after:] + ["# pragma: no mutate end", ""])
+open(path, "w").write("\n".join(out))
+PY
+
+cat > "$work/pyproject.toml" <<'TOML'
+[tool.mutmut]
+source_paths = ["decodelab/"]
+only_mutate = [
+    "decodelab/core/processors.py",
+    "decodelab/core/select.py",
+    "decodelab/core/step.py",
+    "decodelab/core/stats.py",
+    "decodelab/core/speculative.py",
+    "decodelab/cli/render.py",
+]
+also_copy = ["tests/", "presets/"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow and not gpu"]
+pytest_add_cli_args_test_selection = [
+    "tests/test_bug_classes.py",
+    "tests/test_render.py",
+    "tests/test_exact_edges.py",
+    "tests/test_processors.py",
+    "tests/test_decode.py::test_step_numbers_are_labelled_consistently",
+    "tests/test_decode.py::test_same_seed_same_trace_other_seed_other_trace",
+    "tests/test_decode.py::test_stop_strings_and_context_limit",
+    "tests/test_decode.py::test_multinomial_selector_follows_the_distribution",
+    "tests/test_decode.py::test_the_chi_square_check_rejects_a_biased_sampler",
+    "tests/test_decode.py::test_multinomial_never_draws_a_removed_token",
+    "tests/test_decode.py::test_greedy_with_eos_stops_where_generate_stops",
+    "tests/test_speculative.py::test_accept_probability_and_residual_on_hand_vectors",
+    "tests/test_speculative.py::test_verify_sampled_hand_block",
+    "tests/test_speculative.py::test_verify_greedy_hand_block",
+    "tests/test_speculative.py::test_predicted_speedup_formula",
+    "tests/test_speculative.py::test_first_two_tokens_follow_the_target_distribution",
+    "tests/test_cli.py",
+]
+
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+markers = ["slow: heavier checks", "gpu: needs CUDA"]
+TOML
+cd "$work"
+export OMP_NUM_THREADS=1
+mutmut run --max-children "${MUTMUT_CHILDREN:-1}"
+mutmut results > results.txt || true
+echo "survivors and other non-killed mutants: $(grep -vc ': killed' results.txt || true) (see $work/results.txt)"

@@ -1,0 +1,175 @@
+"""Bad input found by fuzzing and by hand: each is one line naming the option (or the file) and what is allowed,
+exit status 2, checked before the model loads where the value alone decides."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from decodelab.core.step import StopRules
+
+NON_UTF8 = os.fsdecode(b"caf\xe9")
+
+
+def one_line_error(cli, *args) -> str:
+    code, out, err = cli(*args)
+    assert code == 2, (code, out, err)
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--seed", str(2**70)], "--seed 1180591620717411303424: must be an integer in [0, 2**64)"),
+    (["--seed", "-1"], "--seed -1: must be an integer in [0, 2**64)"),
+    (["--set", f"seed={2**64}"], "--seed"),
+    (["--stop", ""], "--stop '': an empty stop string matches everywhere"),
+    (["--stop", NON_UTF8], "--stop 'caf\\\\udce9': not valid UTF-8"),
+    (["--logit-bias", " the=inf"], "+inf cannot force a token"),
+    (["--logit-bias", f"{NON_UTF8}=1"], "--logit-bias 'caf\\\\udce9': not valid UTF-8"),
+])
+def test_values_refused_before_the_model_loads(cli, args, needle):
+    # a model that does not exist: the value must be refused first
+    err = one_line_error(cli, "sample", "Hi", "-m", "/nonexistent/model", *args)
+    assert needle in err
+
+
+def test_non_utf8_prompt(cli, toy_model_dir):
+    assert "PROMPT 'caf\\\\udce9': not valid UTF-8" in one_line_error(cli, "sample", "-m", toy_model_dir, "--",
+                                                                       NON_UTF8)
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"temperature = 0.5\xff\n", "not UTF-8 text (byte 17)"),
+    (b'top_p = "high"\n', "key 'top_p' in the file: --top-p 'high': expected float"),
+    (b"temperature = [1, 2]\n", "key 'temperature' in the file"),
+])
+def test_preset_files(cli, tmp_path, content, needle):
+    preset = tmp_path / "mine.toml"
+    preset.write_bytes(content)
+    err = one_line_error(cli, "sample", "Hi", "-m", "/nonexistent/model", "-p", str(preset))
+    assert f"--preset '{preset}'" in err and needle in err
+
+
+def test_preset_that_is_a_folder(cli, tmp_path):
+    assert "nor a .toml file" in one_line_error(cli, "sample", "Hi", "-p", str(tmp_path))
+
+
+@pytest.mark.parametrize("keep, needle", [
+    ((), "has no config.json, so it is not a model folder"),
+    (("config.json",), "has no .safetensors weights"),
+    (("config.json", "model.safetensors"), "has no tokenizer"),
+])
+def test_incomplete_model_folders(cli, toy_model_dir, tmp_path, keep, needle):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for name in keep:
+        shutil.copy(toy_model_dir / name, folder / name)
+    err = one_line_error(cli, "sample", "Hi", "-m", str(folder))
+    assert needle in err and not err.rstrip().endswith(":")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--gamma", "10000"], "--gamma 10000: must be an integer in [1, 128]"),
+    (["--gamma", "0"], "--gamma 0: must be"),
+    (["--ngram-size", str(2**63)], "--ngram-size"),
+    (["--sweep-gamma", "1,²"], "--sweep-gamma"),
+    (["--sweep-gamma", "1,1000"], "--sweep-gamma"),
+])
+def test_speculate_bounds(cli, args, needle):
+    assert needle in one_line_error(cli, "speculate", "Hi", "-m", "/nonexistent/model", *args)
+
+
+def test_debug_after_double_dash_is_the_prompt(cli, toy_model_dir):
+    code, out, err = cli("sample", "-m", toy_model_dir, "-n", "2", "-f", "json", "--", "--debug")
+    assert code == 0, err
+    assert json.loads(out)["prompt"]["text"] == "--debug"
+
+
+def test_huge_max_new_tokens_stops_at_the_context(cli, toy_model_dir):
+    """-n 2**62 used to allocate prompt + n positions up front; the run fills the 64-position context instead."""
+    code, out, err = cli("sample", "Hi", "-m", toy_model_dir, "-n", str(2**62), "--ignore-eos", "-t", "0",
+                         "--top", "0", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["summary"]["stop_reason"] == "context" and len(doc["token_ids"]) == 64 - 2
+    assert StopRules(2**62, context_length=64).capacity(2) == 64
+    assert StopRules(5, context_length=64).capacity(2) == 7 and StopRules(5).capacity(2) == 7
+    assert StopRules(5, context_length=64).capacity(70) == 70  # a too-long prompt is refused elsewhere
+
+
+@pytest.mark.parametrize("command", ["sample", "probs", "beam", "speculate"])
+def test_no_repeat_ngram_on_a_prompt_shorter_than_n(cli, toy_model_dir, command):
+    """"Hi" is 2 tokens: --no-repeat-ngram 3 used to crash in every command."""
+    extra = {"speculate": ["--draft", "ngram", "-n", "3"], "probs": []}.get(command, ["-n", "3"])
+    code, out, err = cli(command, "Hi", "-m", toy_model_dir, "--no-repeat-ngram", "3", *extra, "-f", "json")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--beams", str(2**63)], "--beams 9223372036854775808: must be an integer in [1, 256]"),
+    (["--beams", "10000"], "--beams 10000: must be an integer in [1, 256]"),
+    (["--length-penalty", "1e308"], "--length-penalty 1e+308: must be a number in [-10, 10]"),
+    (["--length-penalty", "nan"], "--length-penalty nan"),
+    (["--sweep-length-penalty", "0,-1e300"], "--sweep-length-penalty '0,-1e300': every penalty must be in"),
+])
+def test_beam_bounds(cli, args, needle):
+    assert needle in one_line_error(cli, "beam", "Hi", "-m", "/nonexistent/model", *args)
+
+
+@pytest.mark.parametrize("args", [["-t", "1e-45"], ["--logit-bias", "0=1e39"]])
+def test_an_overflow_is_not_reported_as_an_empty_chain(cli, toy_model_dir, args):
+    """logits / 1e-45 and a bias past float32's 3.4e38 give +inf, whose softmax is NaN: the message says overflow,
+    not that the chain removed every candidate."""
+    err = one_line_error(cli, "sample", "Hello", "-m", toy_model_dir, "-n", "2", *args, "-f", "json")
+    assert "overflow to +inf or NaN" in err and "removed every candidate" not in err
+    err = one_line_error(cli, "speculate", "Hello", "-m", toy_model_dir, "-n", "2", "--draft", "ngram", *args)
+    assert "overflow to +inf or NaN" in err
+
+
+@pytest.mark.parametrize("option", ["--save-html", "--save-svg"])
+@pytest.mark.parametrize("target, needle", [
+    ("missing/out.html", "the folder missing does not exist"),
+    (".", "is a folder; give a file name"),
+])
+def test_save_targets_checked_before_the_model_loads(cli, tmp_path, monkeypatch, option, target, needle):
+    monkeypatch.chdir(tmp_path)
+    err = one_line_error(cli, "sample", "Hi", "-m", "/nonexistent/model", option, target)
+    assert f"{option} {target}: {needle}" in err
+
+
+@pytest.mark.parametrize("content, needle", [(b"caf\xe9", "not UTF-8 text (byte 3)"), (None, "is a folder"),
+                                             ("missing", "no such file")])
+def test_prompt_files_checked_before_the_model_loads(cli, tmp_path, content, needle):
+    path = tmp_path / "p.txt"
+    if content is None:
+        path.mkdir()
+    elif content != "missing":
+        path.write_bytes(content)
+    err = one_line_error(cli, "sample", "-m", "/nonexistent/model", "--prompt-file", str(path))
+    assert f"--prompt-file {path}: {needle}" in err
+
+
+def test_threads(cli, toy_model_dir):
+    import torch
+
+    assert "--threads 0: must be an integer in [1, 1024]" in one_line_error(cli, "sample", "Hi", "--threads", "0",
+                                                                           "-m", "/nonexistent/model")
+    before = torch.get_num_threads()
+    try:
+        code, _, err = cli("probs", "Hi", "-m", toy_model_dir, "--threads", "2", "-f", "json")
+        assert code == 0, err
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_device_map_names_the_extra_when_accelerate_is_missing(cli, toy_model_dir):
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is not None:
+        pytest.skip("accelerate is installed")
+    err = one_line_error(cli, "sample", "Hi", "-m", toy_model_dir, "--device-map", "auto")
+    assert "pip install 'decodelab[multi-device]'" in err

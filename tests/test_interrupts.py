@@ -1,0 +1,119 @@
+"""Ctrl-C in every phase of every command that runs: whole JSON lines, a summary, stop_reason "interrupted" where a
+run was cut, and exit status 130. The interrupt is raised from inside the phase (a patched function), exactly where
+a SIGINT would surface as KeyboardInterrupt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def raise_on_call(monkeypatch, owner, name: str, nth: int) -> None:
+    """Make owner.name raise KeyboardInterrupt on its nth call (earlier calls run as usual)."""
+    real = getattr(owner, name)
+    calls = {"n": 0}
+
+    def patched(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == nth:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, patched)
+
+
+def lines_of(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines()]  # every line whole: json.loads would fail on a cut one
+
+
+def run_jsonl(cli, *args):
+    code, out, err = cli(*args, "-f", "jsonl")
+    assert code == 130, (code, err)
+    assert err.strip().endswith("interrupted") and "Traceback" not in err
+    return lines_of(out)
+
+
+def test_sample_loop(cli, toy_model_dir, monkeypatch):
+    import decodelab.core.decode as decode
+
+    raise_on_call(monkeypatch, decode, "build_step", 3)
+    lines = run_jsonl(cli, "sample", "Hello", "-m", toy_model_dir, "-n", "10", "--ignore-eos")
+    assert [x["type"] for x in lines] == ["step", "step", "summary"]
+    assert lines[-1]["stop_reason"] == "interrupted" and lines[-1]["new_tokens"] == 2
+
+
+def test_beam_loop(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.beam import BeamSearch
+
+    raise_on_call(monkeypatch, BeamSearch, "_select", 3)
+    lines = run_jsonl(cli, "beam", "Hello", "-m", toy_model_dir, "-n", "8", "--beams", "2", "--ignore-eos")
+    assert lines[-1]["type"] == "summary" and lines[-1]["stop_reason"] == "interrupted"
+
+
+def test_beam_sweep(cli, toy_model_dir, monkeypatch):
+    import decodelab.cli.beam as cli_beam
+
+    raise_on_call(monkeypatch, cli_beam, "sweep_length_penalty", 1)
+    lines = run_jsonl(cli, "beam", "Hello", "-m", toy_model_dir, "-n", "4", "--beams", "2",
+                      "--sweep-length-penalty", "0,1")
+    assert lines[-1]["type"] == "summary" and lines[-1]["hypotheses"]  # the search itself finished
+
+
+def test_speculate_loop(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.speculative import Speculator
+
+    real, calls = Speculator.build_round, {"n": 0}
+
+    def third_traced_round(self, outcome):
+        calls["n"] += self.record  # the warm-up run is untraced
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, outcome)
+
+    monkeypatch.setattr(Speculator, "build_round", third_traced_round)
+    lines = run_jsonl(cli, "speculate", "a b c a b c a b", "-m", toy_model_dir, "--draft", "ngram", "-n", "20",
+                      "--ignore-eos", "-t", "0")
+    assert [x["type"] for x in lines] == ["step", "step", "summary"]
+    assert lines[-1]["stop_reason"] == "interrupted" and lines[-1]["measured_speedup"] is None
+
+
+def test_speculate_warm_up(cli, toy_model_dir, monkeypatch):
+    import decodelab.cli.speculate as cli_spec
+
+    raise_on_call(monkeypatch, cli_spec, "warm_up_speculate", 1)
+    lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4")
+    assert [x["type"] for x in lines] == ["summary"] and lines[0]["stop_reason"] == "interrupted"
+
+
+@pytest.mark.parametrize("nth, sweep_rows", [(1, 0), (2, 0), (3, 1)])
+def test_speculate_baseline_and_sweep(cli, toy_model_dir, monkeypatch, nth, sweep_rows):
+    """Call 1 of plain_baseline is the main run's reference, calls 2 and 3 the sweep's (gamma 1, then 2)."""
+    import decodelab.cli.speculate as cli_spec
+
+    raise_on_call(monkeypatch, cli_spec, "plain_baseline", nth)
+    lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
+                      "--ignore-eos", "--sweep-gamma", "1,2")
+    assert lines[-1]["type"] == "summary" and lines[-1]["new_tokens"] == 4
+    assert lines[-1]["stop_reason"] == "length"  # the run itself was complete; the reference was cut
+    assert (lines[-1]["measured_speedup"] is None) == (nth == 1)
+    assert sum(x["type"] == "sweep" for x in lines) == sweep_rows
+
+
+def test_score_loop(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.score import Scorer
+
+    raise_on_call(monkeypatch, Scorer, "_block", 2)
+    code, out, err = cli("score", "one two three four five six seven eight nine ten", "-m", toy_model_dir,
+                         "--feed", "3", "-f", "jsonl")
+    assert code == 130, err
+    lines = lines_of(out)
+    assert lines[-1]["type"] == "summary" and lines[-1]["stop_reason"] == "interrupted"
+
+
+def test_an_interrupt_while_loading_is_a_clean_130(cli, toy_model_dir, monkeypatch):
+    import decodelab.cli.pipeline as pipeline
+
+    raise_on_call(monkeypatch, pipeline, "load_model", 1)
+    code, out, err = cli("probs", "Hello", "-m", toy_model_dir, "-f", "json")
+    assert code == 130 and out == "" and err == "interrupted\n"

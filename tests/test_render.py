@@ -1,0 +1,179 @@
+"""The renderers (cli/render.py) on inputs whose output can be written down by hand: JSON cleaning, escaping,
+probability bars and formats, colours, tables, rows, saved files. No model."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from dataclasses import dataclass
+
+import pytest
+from rich.console import Console
+
+from decodelab.cli import render
+from decodelab.core.trace import Alternative, SampleSummary, Step
+
+
+def captured(fn, *args, **kwargs) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        fn(*args, **kwargs)
+    return buf.getvalue()
+
+
+@dataclass
+class Pair:
+    a: float
+    b: tuple
+
+
+def test_clean_makes_json_safe_values():
+    assert render.clean(float("nan")) is None
+    assert render.clean(float("inf")) is None and render.clean(float("-inf")) is None
+    assert render.clean(0.25) == 0.25 and render.clean(3) == 3 and render.clean("x") == "x"
+    assert render.clean({1: (float("nan"), 2.0)}) == {"1": [None, 2.0]}
+    assert render.clean(Pair(float("inf"), (1, "é"))) == {"a": None, "b": [1, "é"]}
+    assert render.clean(Pair) is Pair  # a class is not an instance: left alone
+
+
+def test_dumps_and_printers():
+    assert render.dumps({"t": "é\n", "x": float("nan")}) == '{"t": "é\\n", "x": null}'
+    line = captured(render.print_jsonl, {"a": [1, float("inf")]})
+    assert line == '{"a": [1, null]}\n'
+    out = captured(render.print_json, {"a": 1, "b": "ü"})
+    assert out == '{\n  "a": 1,\n  "b": "ü"\n}\n'
+
+
+def test_one_line_and_show_token():
+    assert render.one_line("a\\b\nc\td\re") == "a\\\\b\\nc\\td\\re"
+    assert render.show_token("hi") == "hi"
+    assert render.show_token(" hi") == "␣hi"
+    assert render.show_token("hi ") == "hi␣"
+    assert render.show_token("a b") == "a b"  # inner spaces stay: the token does not start or end with one
+    assert render.show_token("  ") == "␣␣"
+    assert render.show_token("\n") == "\\n"
+    assert render.show_token("") == ""
+
+
+@pytest.mark.parametrize("p, expected", [
+    (0.0, " " * 10), (-1.0, " " * 10), (1.0, "█" * 10), (2.0, "█" * 10), (0.5, "█████     "),
+    (0.55, "█████▌    "), (0.0125, "▏         "), (0.08, "▊         "), (0.099, "▉         "), (0.01, " " * 10), (0.9875, "█████████▉"), (0.3375, "███▍      "),
+])
+def test_bar_in_eighths(p, expected):
+    # cells = 10 p; full blocks, then one of 7 partial blocks for the eighths left (none below 1/8)
+    assert render.bar(p) == expected and len(render.bar(p)) == 10
+
+
+def test_bar_width():
+    assert render.bar(1.0, width=4) == "████" and render.bar(0.5, width=4) == "██  "
+
+
+@pytest.mark.parametrize("p, text", [(0.5, "0.500"), (1.0, "1.000"), (0.001, "0.001"), (0.0, "0.000"),
+                                     (0.00099, "9.9e-04"), (1.234e-7, "1.2e-07")])
+def test_fmt_p(p, text):
+    assert render.fmt_p(p) == text
+
+
+@pytest.mark.parametrize("p, rgb", [(0.0, (255, 0, 90)), (1.0, (0, 255, 90)), (0.5, (255, 255, 90)),
+                                    (0.25, (255, 127, 90)), (0.75, (127, 255, 90)), (-3.0, (255, 0, 90)),
+                                    (7.0, (0, 255, 90))])
+def test_prob_style_red_to_green(p, rgb):
+    assert render.prob_style(p) == "black on rgb({},{},{})".format(*rgb)
+
+
+def test_shaded_text_marks_the_prompt_apart_and_shades_each_token():
+    text = render.shaded_text("Once", [(" upon", 1.0), (" a", 0.0)])
+    assert text.plain == "Once upon a"
+    spans = [(s.start, s.end, str(s.style)) for s in text.spans]
+    assert (4, 9, render.prob_style(1.0)) in spans and (9, 11, render.prob_style(0.0)) in spans
+    assert str(text.style) == "" and (0, 4, "dim") in spans  # the prompt dimmed, and only the prompt
+
+
+def make_step(i: int, token: str, prob: float, alts=()) -> Step:
+    return Step(index=i, position=5 + i, token_id=10 + i, token=token, prob=prob, logprob=math.log(prob),
+                raw_prob=prob / 2, raw_logprob=math.log(prob / 2), raw_rank=i + 1, entropy=0.5 + i,
+                raw_entropy=1.5, kept=3 + i, alternatives=list(alts))
+
+
+def rendered(renderable, width: int = 200) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_steps_table_columns_and_cells():
+    steps = [make_step(0, " hi", 0.5, [Alternative(1, "x", 0.25, 0.125)]), make_step(1, "\n", 0.0009)]
+    text = rendered(render.steps_table(steps, top=1, title="T"))
+    for header in ("#", "token", "prob", "raw p", "raw rank", "kept", "H", "top 1 alternatives (p)"):
+        assert header in text
+    lines = text.splitlines()
+    row0 = next(line for line in lines if "␣hi" in line)
+    assert "█████" in row0 and "0.500" in row0 and "x\u00a00.250" in row0
+    assert " 3 " in row0 and "0.50" in row0
+    row1 = next(line for line in lines if "\\n" in line)
+    assert "9.0e-04" in row1 and "4.5e-04" in row1 and " 2 " in row1 and "1.50" in row1 and " 4 " in row1
+    assert "H: entropy (nats) of the processed distribution" in " ".join(text.split())
+    no_alts = rendered(render.steps_table(steps, top=0))
+    assert "alternatives" not in no_alts
+
+
+def test_step_rows_and_markdown():
+    steps = [make_step(0, " hi", 0.5, [Alternative(1, "x", 0.25, 0.125), Alternative(2, " y", 0.123456, 0.1)])]
+    rows = render.step_rows(steps)
+    assert rows[0]["alternatives"] == "x:0.2500 ␣y:0.1235"
+    assert rows[0]["token"] == "␣hi" and rows[0]["prob"] == 0.5 and rows[0]["raw_rank"] == 1
+    md = captured(render.print_rows, rows, "markdown").splitlines()
+    assert md[0].replace(" ", "").startswith("|index|position|token_id|token|prob|")
+    cells = [c.strip() for c in md[2].strip("|").split("|")]
+    assert len(md) == 3 and cells[4:8] == ["0.5", "-0.693147", "0.25", "-1.38629"]  # floatfmt .6g
+    assert captured(render.print_rows, [], "csv") == ""
+    tiny = captured(render.print_rows, [{"p": 1.5e-07, "q": 0.123456789}], "markdown").splitlines()[2]
+    assert [c.strip() for c in tiny.strip("|").split("|")] == ["1.5e-07", "0.123457"]
+    out = captured(render.print_rows, rows, "csv")
+    assert "\r" not in out and out.count("\n") == 2  # header and one row, Unix line ends
+
+
+def test_summary_line():
+    s = SampleSummary(new_tokens=3, mean_logprob=-1.23456, raw_perplexity=float("nan"), tokens_per_s=12.3456,
+                      stop_reason="eos")
+    line = render.summary_line(s).plain
+    assert line.startswith("summary: new_tokens=3  mean_logprob=-1.235  tokens_per_s=12.35  stop_reason=eos")
+    assert str(render.summary_line(s).style) == "cyan"
+
+
+def test_document_top_level():
+    class LM:
+        name, device, dtype = "toy", "cpu", "torch.float32"
+
+    doc = render.document("sample", LM, {"t": 1}, ["temperature"], "Hi", [1, 2], extra=5)
+    assert doc == {"command": "sample", "model": "toy", "device": "cpu", "dtype": "float32", "config": {"t": 1},
+                   "chain": ["temperature"], "prompt": {"text": "Hi", "token_ids": [1, 2]}, "extra": 5}
+
+
+def test_show_saves_html_and_svg(tmp_path, capsys):
+    html, svg = tmp_path / "a.html", tmp_path / "a.svg"
+    render.show([render.steps_table([make_step(0, "tok", 0.5)], top=0)], html, svg, to_screen=False)
+    assert capsys.readouterr().out == ""
+    assert "<html" in html.read_text().lower() and "tok" in html.read_text()
+    assert svg.read_text().lstrip().startswith("<svg") and "decodelab" in svg.read_text()
+    render.show([render.summary_line(SampleSummary(1, 0.0, 1.0, 1.0, "length"))])
+    assert "summary: new_tokens=1" in capsys.readouterr().out
+
+
+def test_show_saves_either_file_alone_at_160_columns(tmp_path):
+    """Each of --save-html / --save-svg works without the other; the recording is 160 columns wide (a 170-character
+    line wraps after 160) and plain (no automatic highlighting of numbers); the SVG is titled decodelab."""
+    from rich.text import Text
+
+    html = tmp_path / "only.html"
+    render.show([Text("value 12345"), Text("x" * 170)], save_html=html, to_screen=False)
+    page = html.read_text()
+    assert "value 12345" in page and "x" * 160 in page and "x" * 161 not in page
+    svg = tmp_path / "only.svg"
+    render.show([Text("abc")], save_svg=svg, to_screen=False)
+    assert "abc" in svg.read_text() and ">decodelab<" in svg.read_text()
+    both_html, both_svg = tmp_path / "b.html", tmp_path / "b.svg"
+    render.show([Text("shared")], both_html, both_svg, to_screen=False)
+    assert "shared" in both_html.read_text() and "shared" in both_svg.read_text()  # the HTML did not clear it
