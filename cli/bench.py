@@ -27,7 +27,6 @@ SettingsOpt = Annotated[Optional[str], typer.Option(
     "--settings", help="Comma-separated subset of: greedy, sampling, beam, speculative, prompt-lookup (default all).",
     show_default=False)]
 Beams = Annotated[int, typer.Option("--beams", help="Beams for the beam rows.")]
-Threads = Annotated[Optional[int], typer.Option("--threads", help="torch CPU threads.", show_default=False)]
 
 
 def parse_gammas(text: str) -> tuple[int, ...]:
@@ -39,7 +38,7 @@ def parse_gammas(text: str) -> tuple[int, ...]:
 
 @o.command(o.PROMPT, o.MODEL, o.OUTPUT, without=("top", "cache", "chat"))
 def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, draft: Draft = "tiny-draft",
-          gammas: Gammas = "1,2,4,8", settings: SettingsOpt = None, beams: Beams = 4, threads: Threads = None) -> None:
+          gammas: Gammas = "1,2,4,8", settings: SettingsOpt = None, beams: Beams = 4) -> None:
     """decodelab against transformers `generate` (greedy, sampling, beam; speculative against assisted generation
     and prompt lookup), trace on and off: interleaved rounds, medians and paired ratios."""
     import torch
@@ -52,9 +51,7 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     if beams < 1:
         raise ConfigError(f"--beams {beams}: must be >= 1")
     text = PROMPT if opts.prompt is None and opts.prompt_file is None else read_prompt(opts.prompt, opts.prompt_file)
-    if threads:
-        torch.set_num_threads(threads)
-    lm = load(opts)
+    lm = load(opts)  # sets --threads
     draft_lm = load_draft(draft, lm, opts.dtype, opts.trust_remote_code) if "speculative" in chosen else None
     prompt_ids = lm.encode(text)
     run = Bench(lm.model, prompt_ids, n, chosen, draft_lm.model if draft_lm else None, g, beams)

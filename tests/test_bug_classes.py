@@ -291,7 +291,7 @@ def test_speculative_draws_come_from_the_runs_generator():
 
 
 CSV_COLUMNS = ["index", "position", "token_id", "token", "prob", "logprob", "raw_prob", "raw_logprob", "raw_rank",
-               "entropy", "raw_entropy", "kept", "alternatives"]
+               "entropy", "raw_entropy", "kept", "alternatives", "decided_by", "why"]  # the last two added by #11
 
 
 def test_csv_rows_keep_the_contract_names_and_every_digit():
