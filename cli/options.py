@@ -235,11 +235,14 @@ def check_paths(opts: Opts) -> None:
 def explicit(opts: Opts, *keys: str) -> dict:
     """Options given on the command line as settings fields (None = not given), for config.resolve."""
     from ..core.config import parse_logit_bias
+    from ..core.errors import ConfigError
 
     out = {key: getattr(opts, key, None) for key in CHAIN_KEYS + SAMPLER_KEYS + ("cache", "trim_stop") + keys}
     bias, chain = getattr(opts, "logit_bias", None), getattr(opts, "chain", None)
     out["logit_bias"] = parse_logit_bias(bias) if bias else None
     out["chain"] = tuple(s.strip() for s in chain.split(",") if s.strip()) if chain else None
+    if chain is not None and not out["chain"]:  # "" or "," would read as no --chain at all
+        raise ConfigError(f"--chain {chain!r}: names no stage; give the stages in order, e.g. temperature,top-p")
     if out.get("stop"):
         out["stop"] = tuple(out["stop"])
     sequence_bias = getattr(opts, "sequence_bias", None)

@@ -161,6 +161,7 @@ def test_preset_file(cli, toy_model_dir, tmp_path):
     (["sample", "hi", "--set", "warmth=3"], "unknown setting 'warmth'; allowed:"),
     (["sample", "hi", "--set", "top_p"], "expected KEY=VALUE"),
     (["sample", "hi", "--chain", "top-p,temperature", "-t", "0.5"], "--chain names 'top-p'"),
+    (["sample", "hi", "--chain", ","], "--chain ',': names no stage"),
     (["sample", "hi", "-m", "/no/such/folder"], "--model /no/such/folder"),
     (["sample", "hi", "-m", "no-such-org/no-such-model"], "never downloads"),
     (["sample", "--top-p", "x", "hi"], "--top-p"),
