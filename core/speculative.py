@@ -196,7 +196,7 @@ class ModelProposer:
                  context_length: int | None = None, cache: CacheSpec | None = None):
         self.model, self.chain, self.selector, self.name = model, chain, selector, name
         self.context_length, self.spec = context_length, cache
-        self.uses_ids = chain_uses_ids(chain)
+        self.uses_ids = chain.uses_ids  # a stage reads the prefix: each position needs its own
         self.forwards = 0
         self.runtime: Runtime | None = None
 
@@ -286,11 +286,6 @@ class NGramProposer:
 
     def rollback(self, length: int) -> None:
         return None  # the index only ever holds committed tokens
-
-
-def chain_uses_ids(chain: Chain) -> bool:
-    """Whether a stage reads the prefix ids (then each position needs its own prefix, so no batching)."""
-    return chain.uses_ids
 
 
 def process_block(chain: Chain, seq: Sequence, logits: Tensor, uses_ids: bool) -> Tensor:
@@ -408,7 +403,7 @@ class Speculator(Run):
         self.prompt_ids, self.gamma, self.generator = list(prompt_ids), gamma, generator
         self.token_text, self.detok, self.top, self.record = token_text, detok, top, record
         self.spec = cache
-        self.uses_ids = chain_uses_ids(chain)
+        self.uses_ids = chain.uses_ids  # a stage reads the prefix: each position needs its own
         self.stats = RunStats(gamma)
         self.rounds: list[Round] = []
         self.runtime: Runtime | None = None
