@@ -2,7 +2,15 @@
 # Mutation testing (mutmut 3) of the processors, selector, stop rules, trace statistics, the speculative acceptance
 # rule and the renderers, against the fast tests that guard them.
 #
-#   pip install -e '.[test,mutation]' && bash tests/mutation/run.sh [WORKDIR]      # then: cd WORKDIR && mutmut results
+#   pip install -e '.[test,mutation]' && bash tests/mutation/run.sh [WORKDIR [MUTANT_PATTERN...]]
+#   cd WORKDIR && mutmut results          # or: mutmut show NAME
+#
+# MUTATE (environment): the repository files to mutate, space-separated; default: every file in MUTATE_ALL below.
+#   MUTATE="core/processors.py core/select.py" bash tests/mutation/run.sh /tmp/m
+# MUTANT_PATTERN: run only the mutants whose names match (fnmatch, as `mutmut run` takes them), e.g.
+#   bash tests/mutation/run.sh /tmp/m 'decodelab.core.processors.xǁTopPǁ__call____mutmut_*'
+# MUTMUT_CHILDREN (environment): parallel workers, default 1 (the development machines share 2 cores).
+# The tests run against every mutant are TESTS below, the one place the selection lives.
 #
 # mutmut names a mutant after the module path of its file and compares it with the running function's __module__,
 # so the sources are laid out under decodelab/ in a scratch folder (the import name; the repository keeps core/ and
@@ -11,6 +19,40 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${1:-/tmp/decodelab-mutation}"
+shift || true  # the rest: mutant name patterns
+
+MUTATE_ALL=(
+    core/processors.py
+    core/select.py
+    core/step.py
+    core/stats.py
+    core/speculative.py
+    cli/render.py
+)
+TESTS=(
+    tests/test_bug_classes.py
+    tests/test_render.py
+    tests/test_exact_edges.py
+    tests/test_processors.py
+    tests/test_decode.py::test_step_numbers_are_labelled_consistently
+    tests/test_decode.py::test_same_seed_same_trace_other_seed_other_trace
+    tests/test_decode.py::test_stop_strings_and_context_limit
+    tests/test_decode.py::test_multinomial_selector_follows_the_distribution
+    tests/test_decode.py::test_the_chi_square_check_rejects_a_biased_sampler
+    tests/test_decode.py::test_multinomial_never_draws_a_removed_token
+    tests/test_decode.py::test_greedy_with_eos_stops_where_generate_stops
+    tests/test_speculative.py::test_accept_probability_and_residual_on_hand_vectors
+    tests/test_speculative.py::test_verify_sampled_hand_block
+    tests/test_speculative.py::test_verify_greedy_hand_block
+    tests/test_speculative.py::test_predicted_speedup_formula
+    tests/test_speculative.py::test_first_two_tokens_follow_the_target_distribution
+    tests/test_cli.py
+)
+read -r -a mutate <<< "${MUTATE:-${MUTATE_ALL[*]}}"
+for file in "${mutate[@]}"; do
+    [ -f "$repo/$file" ] || { echo "MUTATE: no file $file in $repo" >&2; exit 2; }
+done
+toml_list() { local item; for item in "$@"; do printf '    "%s",\n' "$item"; done; }
 rm -rf "$work"
 mkdir -p "$work/decodelab"
 touch "$work/decodelab/__init__.py"
@@ -35,37 +77,16 @@ out = (lines[:first] + ["# pragma: no mutate start"] + lines[first:rule] + ["# p
 open(path, "w").write("\n".join(out))
 PY
 
-cat > "$work/pyproject.toml" <<'TOML'
+cat > "$work/pyproject.toml" <<TOML
 [tool.mutmut]
 source_paths = ["decodelab/"]
 only_mutate = [
-    "decodelab/core/processors.py",
-    "decodelab/core/select.py",
-    "decodelab/core/step.py",
-    "decodelab/core/stats.py",
-    "decodelab/core/speculative.py",
-    "decodelab/cli/render.py",
+$(toml_list "${mutate[@]/#/decodelab/}")
 ]
 also_copy = ["tests/", "presets/"]
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow and not gpu"]
 pytest_add_cli_args_test_selection = [
-    "tests/test_bug_classes.py",
-    "tests/test_render.py",
-    "tests/test_exact_edges.py",
-    "tests/test_processors.py",
-    "tests/test_decode.py::test_step_numbers_are_labelled_consistently",
-    "tests/test_decode.py::test_same_seed_same_trace_other_seed_other_trace",
-    "tests/test_decode.py::test_stop_strings_and_context_limit",
-    "tests/test_decode.py::test_multinomial_selector_follows_the_distribution",
-    "tests/test_decode.py::test_the_chi_square_check_rejects_a_biased_sampler",
-    "tests/test_decode.py::test_multinomial_never_draws_a_removed_token",
-    "tests/test_decode.py::test_greedy_with_eos_stops_where_generate_stops",
-    "tests/test_speculative.py::test_accept_probability_and_residual_on_hand_vectors",
-    "tests/test_speculative.py::test_verify_sampled_hand_block",
-    "tests/test_speculative.py::test_verify_greedy_hand_block",
-    "tests/test_speculative.py::test_predicted_speedup_formula",
-    "tests/test_speculative.py::test_first_two_tokens_follow_the_target_distribution",
-    "tests/test_cli.py",
+$(toml_list "${TESTS[@]}")
 ]
 
 [tool.pytest.ini_options]
@@ -74,6 +95,24 @@ markers = ["slow: heavier checks", "gpu: needs CUDA"]
 TOML
 cd "$work"
 export OMP_NUM_THREADS=1
-mutmut run --max-children "${MUTMUT_CHILDREN:-1}"
-mutmut results > results.txt || true
-echo "survivors and other non-killed mutants: $(grep -vc ': killed' results.txt || true) (see $work/results.txt)"
+mutmut run --max-children "${MUTMUT_CHILDREN:-1}" "$@"
+mutmut results --all true > results.txt || true
+# per file: mutants, killed, and the rest by status
+python3 - results.txt <<'PY'
+import collections, sys
+counts = collections.defaultdict(collections.Counter)
+for line in open(sys.argv[1]):
+    if ": " in line:
+        name, status = line.strip().rsplit(": ", 1)
+        counts[name.split(".x")[0].split(".x\u01c1")[0]][status] += 1
+total = collections.Counter()
+for module, c in sorted(counts.items()):
+    total.update(c)
+    n = sum(c.values())
+    print(f"{module}: {n} mutants, {c['killed']} killed ({100 * c['killed'] / n:.1f}%), "
+          + ", ".join(f"{v} {k}" for k, v in sorted(c.items()) if k != "killed"))
+n = sum(total.values())
+if n:
+    print(f"all: {n} mutants, {total['killed']} killed ({100 * total['killed'] / n:.1f}%)")
+PY
+echo "every mutant and its status: $work/results.txt"
