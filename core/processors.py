@@ -170,7 +170,7 @@ class TopK:
 def _keep_sorted_prefix(logits: Tensor, order: Tensor, keep_sorted: Tensor) -> Tensor:
     """Scatter a keep-mask computed over ``order`` (all or the first few ids by rank) back to vocabulary order;
     every id not kept there is masked."""
-    keep = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device).scatter(1, order, keep_sorted)
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(1, order, keep_sorted)
     return logits.masked_fill(~keep, NEG_INF)
 
 

@@ -46,19 +46,21 @@ def stage_stats(stages: list[tuple[str, Tensor]]) -> Tensor:
     return stage_probs_and_stats(stages)[1]
 
 
-def stage_probs_and_stats(stages: list[tuple[str, Tensor]], logits: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`); ``logits``:
-    the stages' row-0 logits already stacked [S, V]."""
-    if logits is None:
-        logits = torch.stack([z[0] for _, z in stages])  # [S, V]
+def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Tensor]:
+    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`)."""
+    probs, _, stats = stage_numbers(torch.stack([z[0] for _, z in stages]))
+    return probs, stats
+
+
+def stage_numbers(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """For stage logits [S, V] (raw first): the probabilities [S, V], the removed candidates [S, V] (logit -inf) and
+    per stage [S, 3] the candidates kept, the entropy (nats) and the mass removed, sum_i p^(s-1)_i [z^(s)_i = -inf].
+    A candidate removed by an earlier stage has p^(s-1)_i = exp(-inf) = 0 exactly, so only what stage s newly
+    removed counts; the first stage removes nothing."""
     probs = torch.softmax(logits.float(), dim=-1)
     removed = torch.isneginf(logits)
-    newly = removed.clone()
-    newly[1:] &= ~removed[:-1]
-    newly[0] = False
-    mass = torch.zeros(len(stages), device=logits.device)
-    mass[1:] = (probs[:-1] * newly[1:]).sum(dim=-1)
-    return probs, torch.stack([(~removed).sum(dim=-1).float(), entropy(probs), mass], dim=-1)
+    mass = torch.cat([probs.new_zeros(1), (probs[:-1] * removed[1:]).sum(dim=-1)])
+    return probs, removed, torch.stack([(~removed).sum(dim=-1).float(), entropy(probs), mass], dim=-1)
 
 
 def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
@@ -71,14 +73,11 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
     draws of this step (None: greedy), for the deciding stage."""
     t = token.reshape(-1)[:1]
     L = (torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])).float()
-    P = torch.softmax(L, dim=-1)
-    removed = torch.isneginf(L)
+    P, removed, per_stage = stage_numbers(L)
+    kept_n, H = per_stage[:, 0], per_stage[:, 1]
     at_t = L[:, t][:, 0]  # [S] each row's logit of the token
     logp_t = at_t - torch.logsumexp(L, dim=-1)  # log p_t = z_t - log sum exp z
     p_t = P[:, t][:, 0]
-    H = torch.special.entr(P).sum(dim=-1)
-    kept_n = (~removed).sum(dim=-1).float()
-    mass = torch.cat([P.new_zeros(1), (P[:-1] * (removed[1:] & ~removed[:-1])).sum(dim=-1)])
     scalars = torch.cat([
         t.float(), torch.isfinite(at_t[-1:]).float(), p_t[-1:], logp_t[-1:], p_t[:1], logp_t[:1],
         (L[0] > at_t[0]).sum(dim=-1, keepdim=True).float() + 1,  # raw rank, by logits (softmax is monotone)
@@ -89,7 +88,7 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
         alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)
         parts += [alt.float(), P[-1, alt], P[0, alt]]
     if stages:
-        parts.append(torch.stack([kept_n, H, mass], dim=-1).reshape(-1))
+        parts.append(per_stage.reshape(-1))
         parts.append(stage_winners(L, race_noise(None if race is None else race[:1], L[0]), t))
     return torch.cat(parts)
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -93,3 +95,82 @@ def test_a_draft_the_target_gives_probability_zero_is_never_accepted():
     q = torch.tensor([[[1.0, 0.0]]])  # the draft proposed token 0 with certainty
     verdict = verify_sampled(p, q, torch.tensor([[0]]), torch.tensor([[0.0]]), torch.ones(1, 2))
     assert verdict.accepted.tolist() == [0] and verdict.token.tolist() == [1]
+
+
+# --- found by the mutation run of 2026-11-30 (tests/mutation/SURVIVORS.md lists what no test can tell apart) ------
+
+
+def test_softmax_helpers_work_over_the_last_axis_of_any_shape():
+    """log_softmax, softmax and entropy normalise over the last axis: a 1-D vector (the scheduler and the many-samples
+    trace pass one) and [B, T, V] alike. Logits (0, ln 3) give (1/4, 3/4); a row of equal logits gives (1/2, 1/2),
+    so the 3-D case differs from a normalisation over axis 1."""
+    from decodelab.core.processors import entropy, log_softmax
+
+    z = torch.tensor([0.0, math.log(3.0)])
+    assert softmax(z).tolist() == pytest.approx([0.25, 0.75], rel=1e-6)
+    assert log_softmax(z).tolist() == pytest.approx([math.log(0.25), math.log(0.75)], rel=1e-6)
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert entropy(torch.tensor([0.25, 0.75])).item() == pytest.approx(h, rel=1e-6)
+    z3 = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]])  # [1, 2, 2]
+    assert softmax(z3).tolist() == [[pytest.approx([0.25, 0.75], rel=1e-6), [0.5, 0.5]]]
+    assert log_softmax(z3).exp().tolist() == [[pytest.approx([0.25, 0.75], rel=1e-6), pytest.approx([0.5, 0.5])]]
+    assert entropy(softmax(z3)).tolist() == [pytest.approx([h, math.log(2.0)], rel=1e-6)]
+
+
+def test_the_emptiness_error_tells_an_overflow_from_a_chain_that_removed_everything():
+    """NaN (inf - inf) or +inf in a row is an overflow, with its own message; a row of -inf is an emptied chain."""
+    from decodelab.core.processors import empty_chain_error
+
+    overflow = ("the chain [temperature] made a logit overflow to +inf or NaN: a value too extreme for float32 (such "
+                "as a --temperature or --repetition-penalty near 0); use a less extreme value")
+    with pytest.raises(ChainError) as err:
+        check_not_empty(torch.tensor([[0.0, 1.0], [0.0, float("nan")]]), ["temperature"])
+    assert str(err.value) == overflow
+    assert str(empty_chain_error(["temperature"], torch.tensor([[float("inf"), 0.0]]))) == overflow
+    emptied = "the chain [top-k, bias] removed every candidate token; loosen the filters or bans"
+    assert str(empty_chain_error(["top-k", "bias"], torch.tensor([[NEG, NEG]]))) == emptied
+    assert str(empty_chain_error(["top-k", "bias"])) == emptied
+
+
+def test_chain_states_are_named_stage_dot_key_in_chain_order():
+    """Only stages with a state() report; each value is the stage's own tensor, named "<stage>.<key>"."""
+    from decodelab.core.processors import Chain, Temperature
+
+    class Stateful:
+        def __init__(self, name, state):
+            self.name, self._state = name, state
+
+        def __call__(self, ids, logits):
+            return logits
+
+        def state(self):
+            return self._state
+
+    mu, coin, t = torch.tensor([3.0]), torch.tensor([1.0]), torch.tensor([0.5])
+    chain = Chain([Stateful("mirostat", {"mu": mu}), Temperature(1.0), Stateful("xtc", {"coin": coin, "t": t})])
+    names = [name for name, _ in chain.states()]
+    assert names == ["mirostat.mu", "xtc.coin", "xtc.t"]
+    assert all(value is want for (_, value), want in zip(chain.states(), (mu, coin, t)))
+    assert Chain([Temperature(1.0)]).states() == []
+
+
+def test_typical_p_breaks_ties_by_vocabulary_order_in_a_long_row():
+    """32 equal logits (past the length where torch's unstable sort keeps the input order): mass before id i is i/32,
+    so mass 1/4 keeps ids 0..7 exactly, the lowest ids."""
+    assert kept(TypicalP(0.25)(None, torch.zeros(1, 32))) == list(range(8))
+
+
+def test_pack_reads_row_0_of_every_tensor_and_works_without_recorded_stages():
+    """Two rows, no stages recorded: the numbers are row 0's. Raw row 0 (0, ln 3) -> (1/4, 3/4); processed row 0
+    (-inf, 0) -> (0, 1); token 1. Row 1 is the mirror image, so reading it would give other numbers."""
+    from decodelab.core.stats import pack, unpack
+
+    raw = torch.tensor([[0.0, math.log(3.0)], [math.log(3.0), 0.0]])
+    processed = torch.tensor([[NEG, 0.0], [0.0, NEG]])
+    for top, alternatives in [(2, [(1, 1.0, 0.75), (0, 0.0, 0.25)]), (1, [(1, 1.0, 0.75)]), (0, [])]:
+        n = unpack(pack(torch.tensor([1, 0]), raw, processed, None, top).tolist(), top, 2, 0)
+        assert (n.token_id, n.finite, n.prob, n.logprob, n.kept, n.entropy) == (1, True, 1.0, 0.0, 1, 0.0)
+        assert (n.raw_prob, n.raw_logprob, n.raw_rank) == (pytest.approx(0.75), pytest.approx(math.log(0.75)), 1)
+        assert n.raw_entropy == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), rel=1e-6)
+        assert [(i, p, pytest.approx(r)) for i, p, r in n.alternatives] == alternatives
+        assert n.stages == [] and n.winners == []
