@@ -30,13 +30,14 @@ HEAD = 10  # scalar fields before the alternatives
 
 def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int) -> Tensor:
     """Ids of the ``top`` alternatives: kept candidates by processed probability, then removed ones by raw
-    probability. Two top-k's and a stable sort on the group, so no precision is lost mixing the two scales."""
+    probability. Two top-k's (each padded with -1 where its group has fewer than ``top``) and a stable sort that
+    moves the padding last, so no precision is lost mixing the two scales."""
     k = min(top, probs.shape[-1])
     kept_vals, kept_ids = torch.where(kept, probs, -1.0).topk(k)
     removed_vals, removed_ids = torch.where(kept, -1.0, raw_probs).topk(k)
     ids = torch.cat([kept_ids, removed_ids])
-    group = torch.cat([torch.where(kept_vals >= 0, 0, 2), torch.where(removed_vals >= 0, 1, 2)])
-    order = torch.sort(group, stable=True).indices[:k]
+    filler = torch.cat([kept_vals < 0, removed_vals < 0])  # -1: a candidate of the other group, padding a top-k
+    order = torch.sort(filler.int(), stable=True).indices[:k]  # kept, then removed, each in its own order
     return ids[order]
 
 
@@ -83,10 +84,8 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
         (L[0] > at_t[0]).sum(dim=-1, keepdim=True).float() + 1,  # raw rank, by logits (softmax is monotone)
         H[-1:], H[:1], kept_n[-1:],
     ])
-    parts = [scalars]
-    if top > 0:
-        alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)
-        parts += [alt.float(), P[-1, alt], P[0, alt]]
+    alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)  # none for top 0
+    parts = [scalars, alt.float(), P[-1, alt], P[0, alt]]
     if stages:
         parts.append(per_stage.reshape(-1))
         parts.append(stage_winners(L, race_noise(None if race is None else race[:1], L[0]), t))
@@ -112,16 +111,13 @@ class Numbers(NamedTuple):
 
 
 def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
-    a = min(top, vocab) if top > 0 else 0
-    alt_ids = host[HEAD : HEAD + a]
-    alt_p = host[HEAD + a : HEAD + 2 * a]
-    alt_raw = host[HEAD + 2 * a : HEAD + 3 * a]
-    st = host[HEAD + 3 * a : HEAD + 3 * a + 3 * n_stages]
-    winners, ranks, removed = split(host[HEAD + 3 * a + 3 * n_stages :], n_stages) if n_stages else ([], [], [])
+    a = min(top, vocab)
+    st = HEAD + 3 * a  # where the stages begin
+    winners, ranks, removed = split(host[st + 3 * n_stages :], n_stages)  # empty without stages
     return Numbers(
         token_id=int(host[0]), finite=bool(host[1]), prob=host[2], logprob=host[3], raw_prob=host[4],
         raw_logprob=host[5], raw_rank=int(host[6]), entropy=host[7], raw_entropy=host[8], kept=int(host[9]),
-        alternatives=[(int(i), p, r) for i, p, r in zip(alt_ids, alt_p, alt_raw)],
-        stages=[(int(st[3 * i]), st[3 * i + 1], st[3 * i + 2]) for i in range(n_stages)],
+        alternatives=[(int(host[HEAD + i]), host[HEAD + a + i], host[HEAD + 2 * a + i]) for i in range(a)],
+        stages=[(int(host[st + 3 * i]), host[st + 3 * i + 1], host[st + 3 * i + 2]) for i in range(n_stages)],
         winners=winners, ranks=ranks, removed=removed,
     )

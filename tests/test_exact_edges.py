@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from decodelab.core.errors import ChainError
-from decodelab.core.processors import MinP, TypicalP, build_chain, check_not_empty, softmax
+from decodelab.core.processors import LogitBias, MinP, TypicalP, build_chain, check_not_empty, softmax
 from decodelab.core.speculative import point_masses
 
 NEG = float("-inf")
@@ -174,3 +174,38 @@ def test_pack_reads_row_0_of_every_tensor_and_works_without_recorded_stages():
         assert n.raw_entropy == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), rel=1e-6)
         assert [(i, p, pytest.approx(r)) for i, p, r in n.alternatives] == alternatives
         assert n.stages == [] and n.winners == []
+
+
+def test_pack_with_stages_reads_the_race_of_row_0():
+    """Two rows, raw then bias {2: -inf}. Row 0: raw logits (0, 0, 0) -> 1/3 each, entropy ln 3; after the bias
+    (1/2, 1/2, 0), entropy ln 2, 2 kept, mass removed 1/3. Race draws E = (1, 1/e, 1/e^2) add g = -log E = (0, 1, 2):
+    the raw winner is id 2, after the bias id 1 (the chosen token), and the bias removed the raw winner. Without the
+    race (greedy) both winners would be id 0; row 1 (other logits, other draws) would give other numbers."""
+    from decodelab.core.stats import pack, unpack
+
+    raw = torch.tensor([[0.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
+    biased = LogitBias({2: NEG})(None, raw)
+    race = torch.tensor([[1.0, math.exp(-1.0), math.exp(-2.0)], [math.exp(-2.0), 1.0, 1.0]])
+    host = pack(torch.tensor([1, 0]), raw, biased, [("raw", raw), ("bias", biased)], 3, race).tolist()
+    n = unpack(host, 3, 3, 2)
+    assert (n.token_id, n.finite, n.kept, n.raw_rank) == (1, True, 2, 1)
+    assert (n.prob, n.raw_prob) == (pytest.approx(0.5), pytest.approx(1 / 3))
+    assert (n.entropy, n.raw_entropy) == (pytest.approx(math.log(2.0)), pytest.approx(math.log(3.0)))
+    assert [(k, pytest.approx(h), pytest.approx(m)) for k, h, m in n.stages] == [
+        (3, math.log(3.0), 0.0), (2, math.log(2.0), 1 / 3)]
+    assert (n.winners, n.ranks, n.removed) == ([2, 1], [1, 1], [True])
+    ids = [i for i, _, _ in n.alternatives]
+    assert sorted(ids[:2]) == [0, 1] and ids[2] == 2  # the kept pair (tied at 1/2), then the removed id
+    assert [(pytest.approx(p), pytest.approx(r)) for _, p, r in n.alternatives] == [(0.5, 1 / 3)] * 2 + [(0.0, 1 / 3)]
+
+
+def test_a_removed_candidate_whose_raw_probability_underflows_still_ranks_among_the_removed():
+    """Raw (0, 5, -200): id 2's raw probability is exactly 0 in float32 but it is a real candidate (removed), not
+    padding; with only id 0 kept, the three alternatives are 0, then the removed 1 and 2."""
+    from decodelab.core.stats import ranked_alternatives
+
+    raw = softmax(torch.tensor([[0.0, 5.0, -200.0]]))[0]
+    assert raw[2].item() == 0.0  # the premise
+    kept_mask = torch.tensor([True, False, False])
+    probs = torch.tensor([1.0, 0.0, 0.0])
+    assert ranked_alternatives(probs, raw, kept_mask, 3).tolist() == [0, 1, 2]
