@@ -29,7 +29,7 @@ class TokenBuffer:
 
     def __init__(self, prompt_ids: list[int], capacity: int, device, rows: int = 1):
         self.ids = torch.zeros(rows, max(capacity, len(prompt_ids)), dtype=torch.long, device=device)
-        self.ids[:, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long, device=device)
+        self.ids[:, : len(prompt_ids)] = torch.tensor(prompt_ids)  # copied to the buffer's device and dtype
         self.tokens = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self._length = len(prompt_ids)
@@ -54,7 +54,7 @@ class TokenBuffer:
     def append(self, token_ids: list[int], device_tokens: Tensor | None = None) -> None:
         """Commit host ids (row 0); ``device_tokens`` [rows, k] writes them without a host-to-device copy."""
         start = self._length
-        values = device_tokens if device_tokens is not None else torch.tensor(token_ids, dtype=torch.long)
+        values = device_tokens if device_tokens is not None else torch.tensor(token_ids)
         self.ids[:, start : start + len(token_ids)] = values
         self.tokens.extend(token_ids)
         self._length += len(token_ids)

@@ -1,4 +1,5 @@
-"""Exact edges of the processors, the emptiness check and the speculative rule's inputs: the cases mutation testing
+"""Exact edges of the processors, the emptiness check, the trace statistics, the step, the selector and the
+speculative rule's inputs: the cases mutation testing
 (tests/mutation/run.sh) showed no other test pinned down. Every vector is exact in float32."""
 
 from __future__ import annotations
@@ -209,3 +210,80 @@ def test_a_removed_candidate_whose_raw_probability_underflows_still_ranks_among_
     kept_mask = torch.tensor([True, False, False])
     probs = torch.tensor([1.0, 0.0, 0.0])
     assert ranked_alternatives(probs, raw, kept_mask, 3).tolist() == [0, 1, 2]
+
+
+# --- the step, the selector and the token buffer ------------------------------------------------------------------
+
+
+def test_token_buffer_views_the_committed_ids_and_follows_parents():
+    """Prompt (5, 6) in a [2, 5] buffer: prefix() is the committed ids, prefix(1) adds one scratch id, new_ids only
+    the generated ones; push writes one token per row, reorder makes both rows copies of row 1."""
+    from decodelab.core.step import TokenBuffer
+
+    buf = TokenBuffer([5, 6], 5, "cpu", rows=2)
+    assert buf.prefix().tolist() == [[5, 6], [5, 6]] and buf.new_ids == []
+    buf.append([7])
+    assert buf.prefix().tolist() == [[5, 6, 7]] * 2 and buf.prefix(1).tolist() == [[5, 6, 7, 0]] * 2
+    assert buf.new_ids == [7] and buf.length == 3 and buf.last().tolist() == [[7], [7]]
+    buf.push(torch.tensor([[8], [9]]))
+    assert buf.prefix().tolist() == [[5, 6, 7, 8], [5, 6, 7, 9]] and buf.length == 4
+    buf.reorder(torch.tensor([1, 1]))
+    assert buf.prefix().tolist() == [[5, 6, 7, 9], [5, 6, 7, 9]]
+    assert buf.ids.dtype == torch.long and TokenBuffer([], 2, "cpu").prefix().tolist() == [[]]
+
+
+def test_select_gives_the_chain_the_ids_and_records_only_when_asked():
+    """Repetition penalty 4 on token 0 (seen): logits (2, 1) become (1/2, 1), so greedy picks 1; without the ids it
+    would pick 0. finite is per row: row 1 has no finite logit left."""
+    from decodelab.core.select import Greedy
+    from decodelab.core.step import select
+
+    chain = build_chain({"repetition-penalty": 4.0})
+    ids, logits = torch.tensor([[0], [0]]), torch.tensor([[2.0, 1.0], [NEG, NEG]])
+    plain = select(chain, Greedy(), ids, logits)
+    assert plain.token.tolist() == [1, 0] and plain.stages is None
+    assert plain.processed.tolist() == [[0.5, 1.0], [NEG, NEG]] and plain.finite.tolist() == [True, False]
+    recorded = select(chain, Greedy(), ids, logits, record=True)
+    assert recorded.token.tolist() == [1, 0] and recorded.finite.tolist() == [True, False]
+    assert [name for name, _ in recorded.stages] == ["raw", "repetition-penalty"]
+    assert recorded.stages[1][1].tolist() == [[0.5, 1.0], [NEG, NEG]]
+
+
+def test_chain_hands_accept_the_token_and_run_recorded_the_ids():
+    from decodelab.core.processors import Chain, RepetitionPenalty, Temperature
+
+    class Counting:
+        name = "counting"
+
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, ids, logits):
+            return logits
+
+        def accept(self, token):
+            self.seen.append(token.tolist())
+
+    stage = Counting()
+    chain = Chain([Temperature(1.0), stage])
+    chain.accept(torch.tensor([3]))
+    chain.accept(torch.tensor([4]))
+    assert stage.seen == [[3], [4]]
+    out, stages = Chain([RepetitionPenalty(2.0)]).run_recorded(torch.tensor([[1]]), torch.tensor([[1.0, 4.0]]))
+    assert out.tolist() == [[1.0, 2.0]] and [n for n, _ in stages] == ["raw", "repetition-penalty"]
+
+
+def test_the_selectors_on_probabilities_and_the_race_dtype():
+    """Greedy on probabilities is the per-row arg-max; a fresh sampler has drawn nothing; its Exp(1) race is float32
+    whatever the logits' dtype (bfloat16 draws would tie and bias the draw), so a seed draws the same token from
+    bfloat16 and float32 copies of the same logits."""
+    from decodelab.core.select import Greedy, Multinomial, make_generator
+
+    assert Greedy()(torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])).tolist() == [1, 0]
+    assert Multinomial(make_generator(0, "cpu")).last_race is None
+    z = torch.linspace(-2.0, 2.0, 64)[None]
+    for seed in range(4):
+        low, full = Multinomial(make_generator(seed, "cpu")), Multinomial(make_generator(seed, "cpu"))
+        assert low.from_logits(z.bfloat16()).tolist() == full.from_logits(z.bfloat16().float()).tolist()
+        assert low.last_race.dtype == torch.float32
+        assert low(softmax(z).double()).tolist() == full(softmax(z)).tolist() and low.last_race.dtype == torch.float32

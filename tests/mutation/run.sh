@@ -47,6 +47,7 @@ TESTS=(
     tests/test_speculative.py::test_predicted_speedup_formula
     tests/test_speculative.py::test_first_two_tokens_follow_the_target_distribution
     tests/test_cli.py
+    tests/test_samplers.py::test_stop_ids_and_trim_stop
 )
 read -r -a mutate <<< "${MUTATE:-${MUTATE_ALL[*]}}"
 for file in "${mutate[@]}"; do
