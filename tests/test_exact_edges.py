@@ -1,6 +1,6 @@
 """Exact edges of the processors, the emptiness check, the trace statistics, the step, the selector and the
-speculative rule's inputs: the cases mutation testing
-(tests/mutation/run.sh) showed no other test pinned down. Every vector is exact in float32."""
+speculative rule's inputs: the cases mutation testing (tests/mutation/run.sh) showed no other test pinned down.
+Every vector is exact in float32 or compared with a stated tolerance."""
 
 from __future__ import annotations
 
