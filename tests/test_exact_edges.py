@@ -264,11 +264,15 @@ def test_chain_hands_accept_the_token_and_run_recorded_the_ids():
         def accept(self, token):
             self.seen.append(token.tolist())
 
+        def reset(self, prompt_len):
+            self.prompt_len = prompt_len
+
     stage = Counting()
     chain = Chain([Temperature(1.0), stage])
+    chain.reset(7)
     chain.accept(torch.tensor([3]))
     chain.accept(torch.tensor([4]))
-    assert stage.seen == [[3], [4]]
+    assert stage.seen == [[3], [4]] and stage.prompt_len == 7
     out, stages = Chain([RepetitionPenalty(2.0)]).run_recorded(torch.tensor([[1]]), torch.tensor([[1.0, 4.0]]))
     assert out.tolist() == [[1.0, 2.0]] and [n for n, _ in stages] == ["raw", "repetition-penalty"]
 
@@ -287,3 +291,47 @@ def test_the_selectors_on_probabilities_and_the_race_dtype():
         assert low.from_logits(z.bfloat16()).tolist() == full.from_logits(z.bfloat16().float()).tolist()
         assert low.last_race.dtype == torch.float32
         assert low(softmax(z).double()).tolist() == full(softmax(z)).tolist() and low.last_race.dtype == torch.float32
+
+
+def test_stop_rules_capacity_prompt_checks_and_the_selected_token_check():
+    """Capacity: prompt + -n, never past the context, never below the prompt. The prompt checks and the check of
+    the selected token each give their one line."""
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.step import StopRules, check_prompt, check_selected
+
+    assert StopRules(100).capacity(4) == 104
+    assert StopRules(100, context_length=10).capacity(4) == 10 and StopRules(3, context_length=10).capacity(4) == 7
+    assert StopRules(100, context_length=10).capacity(12) == 12
+    with pytest.raises(ConfigError) as err:
+        check_prompt(0, None)
+    assert str(err.value) == "PROMPT: the prompt is empty (0 tokens); give some text"
+    with pytest.raises(ConfigError) as err:
+        check_prompt(5, 5)
+    assert str(err.value) == "PROMPT: the prompt is 5 tokens but the model's context is 5; shorten it"
+    check_prompt(4, 5)
+    check_prompt(4, None)
+    chain = build_chain({"temperature": 0.5})
+    check_selected(True, chain)
+    with pytest.raises(ChainError, match=r"^the chain \[temperature\] made a logit overflow"):
+        check_selected(False, chain, torch.tensor([[float("nan"), 0.0]]))
+    with pytest.raises(ChainError, match=r"^the chain \[temperature\] removed every candidate token"):
+        check_selected(False, chain, torch.tensor([[NEG, NEG]]))
+
+
+def test_stop_strings_detokenize_a_constant_window_and_need_a_detokenizer():
+    """A stop string of 2 characters: each check detokenizes only the last 4 * 2 + 4 = 12 ids, however long the
+    output (the cost per token is constant), and a match there is reason "stop". Without a detokenizer stop strings
+    are not looked for; an empty stop string is dropped."""
+    from decodelab.core.step import StopChecker, StopRules
+
+    sizes = []
+
+    def detok(ids):
+        sizes.append(len(ids))
+        return "".join("ab"[i] for i in ids)
+
+    checker = StopChecker(StopRules(100, stop_strings=("ba", "")), detok)
+    assert checker.check([0] * 50, 50) is None and sizes == [12]
+    assert checker.check([0] * 50 + [1, 0], 52) == "stop" and sizes == [12, 12]
+    assert checker.strings == ("ba",)
+    assert StopChecker(StopRules(100, stop_strings=("ba",)), None).check([1, 0], 2) is None
