@@ -335,3 +335,21 @@ def test_stop_strings_detokenize_a_constant_window_and_need_a_detokenizer():
     assert checker.check([0] * 50 + [1, 0], 52) == "stop" and sizes == [12, 12]
     assert checker.strings == ("ba",)
     assert StopChecker(StopRules(100, stop_strings=("ba",)), None).check([1, 0], 2) is None
+
+
+def test_build_chain_maps_every_stage_name_to_its_processor_in_the_default_order():
+    """Every stage of this module by name, with its value, in DEFAULT_ORDER; a stage of samplers.py gets its value
+    and the context (min-new-tokens bans the context's end ids)."""
+    from decodelab.core import processors as P
+    from decodelab.core.samplers import MinNewTokens, StageContext
+
+    settings = {"typical-p": 0.9, "min-p": 0.05, "top-p": 0.8, "top-k": 7, "temperature": 0.5, "bias": {1: 2.0},
+                "no-repeat-ngram": 3, "repetition-penalty": 1.3, "softcap": 30.0}
+    chain = build_chain(settings)
+    want = [(P.SoftCap, "cap", 30.0), (P.RepetitionPenalty, "penalty", 1.3), (P.NoRepeatNGram, "n", 3),
+            (P.LogitBias, "bias", {1: 2.0}), (P.Temperature, "temperature", 0.5), (P.TopK, "k", 7),
+            (P.TopP, "p", 0.8), (P.MinP, "min_p", 0.05), (P.TypicalP, "mass", 0.9)]
+    assert [(type(p), getattr(p, field)) for p, (_, field, _) in zip(chain.processors, want)] == [
+        (cls, value) for cls, _, value in want]
+    (stage,) = build_chain({"min-new-tokens": 2}, context=StageContext(end_ids=(5,))).processors
+    assert isinstance(stage, MinNewTokens) and (stage.n, stage.end_ids) == (2, (5,))
