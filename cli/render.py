@@ -89,11 +89,11 @@ def fmt_p(p: float) -> str:
     return f"{p:.1e}"
 
 
-# Shading in four classes that survive a 16-colour terminal and NO_COLOR: each class has a standard colour and an
-# attribute (underline, bold) that NO_COLOR keeps; (lower bound of p, style, name in the legend), most likely first.
+# Shading in four classes that survive a 16-colour terminal and NO_COLOR: each class has a standard colour and its own
+# attributes (none, italic, underline, bold underline), which NO_COLOR keeps; (lower bound of p, style, name in the legend), most likely first.
 SHADES = (
     (0.5, "black on green", "green"),
-    (0.1, "black on yellow", "yellow"),
+    (0.1, "italic black on yellow", "yellow+italic"),
     (0.01, "underline white on red", "red+underline"),
     (0.0, "bold underline white on magenta", "magenta+bold+underline"),
 )
