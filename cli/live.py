@@ -13,12 +13,14 @@ from .steps_view import StepsTable
 
 
 class LiveSteps:
-    """``with LiveSteps(console, table) as live: ... live.add(step)``; ``live.shown`` says whether rows were printed
-    (then the caller prints only what follows the table)."""
+    """``with LiveSteps(console, table, limit) as live: ... live.add(step)``; ``live.shown`` says whether rows were
+    printed (then the caller prints only what follows the table). ``table`` None: the status line alone (a run whose
+    table summarises thousands of steps at the end)."""
 
-    def __init__(self, console: Console, table: StepsTable, limit: int):
+    def __init__(self, console: Console, table: StepsTable | None, limit: int):
         self.console, self.table, self.limit = console, table, limit
-        self.shown = console.is_terminal
+        self.terminal = console.is_terminal
+        self.shown = self.terminal and table is not None
         self.count, self.start, self.live = 0, 0.0, None
 
     def status(self) -> Spinner:
@@ -27,8 +29,9 @@ class LiveSteps:
                        style="cyan")
 
     def __enter__(self) -> "LiveSteps":
-        if self.shown:
-            self.console.print(self.table.with_part("head"))
+        if self.terminal:
+            if self.shown:
+                self.console.print(self.table.with_part("head"))
             self.start = time.perf_counter()
             self.live = Live(self.status(), console=self.console, transient=True, refresh_per_second=8)
             self.live.__enter__()
@@ -38,7 +41,8 @@ class LiveSteps:
         if self.live is None:
             return
         self.count += 1
-        self.console.print(self.table.with_part("rows", [step]))  # printed above the status line
+        if self.shown:
+            self.console.print(self.table.with_part("rows", [step]))  # printed above the status line
         self.live.update(self.status())
 
     def __exit__(self, *exc) -> None:

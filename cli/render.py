@@ -116,11 +116,11 @@ def shaded_text(prompt: str, tokens: list[tuple[str, float]]) -> Text:
     return text
 
 
-def shading_legend(shaded_by: str) -> Text:
+def shading_legend(shaded_by: str, before: str = "prompt", after: str = "output") -> Text:
     """What the shading means, in words that hold with or without colour."""
     classes = [f"{name} p < {SHADES[i - 1][0]:g}" if low == 0.0 else f"{name} p >= {low:g}"
                for i, (low, _, name) in enumerate(SHADES)]
-    return Text(f"text: prompt {PROMPT_MARK} output; each token shaded by its {shaded_by}: " + ", ".join(classes),
+    return Text(f"text: {before} {PROMPT_MARK} {after}; each token shaded by its {shaded_by}: " + ", ".join(classes),
                 style="dim")
 
 

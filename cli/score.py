@@ -100,6 +100,8 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
         views = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
                               f"{' -> '.join(chain.names) or '(none)'}"),
                  render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
+                 render.shading_legend("raw p (the model's own probability of the given token)",
+                                       "first token (not scored)", "scored tokens"),
                  chunks_table(summary)]
         if summary.most_different:
             views.append(different_table(summary))

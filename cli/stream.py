@@ -18,6 +18,7 @@ from ..core.config import as_dict, resolve
 from ..core.errors import ConfigError
 from . import options as o
 from . import render
+from .live import LiveSteps
 from .loop import drive
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
@@ -131,7 +132,11 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     from ..core.stream import StreamGenerate
     prompt_ids = lm.encode(text, opts.chat)
     run = StreamGenerate(lm, prompt_ids, chain, settings)
-    drive(run, opts.fmt)
+    if opts.fmt == o.Format.table:
+        with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
+            drive(run, opts.fmt, on_step=live.add)
+    else:
+        drive(run, opts.fmt)
     token_ids = run.new_ids
     out_text, summary = lm.decode(token_ids), run.summary()
     if opts.fmt == o.Format.jsonl:
@@ -150,7 +155,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
         views = [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache {summary.policy}"),
                  render.shaded_text(text, [(s.token, s.raw_prob) for s in run.steps]),
-                 render.summary_line(_scalars(summary))]
+                 render.shading_legend("raw p"), render.summary_line(_scalars(summary))]
         render.show(views, opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
 
 

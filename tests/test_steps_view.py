@@ -135,3 +135,12 @@ def test_sample_prints_the_finished_table_once_when_not_a_terminal(cli, toy_mode
     assert "shaded by its raw p" in out  # greedy: every processed p is 1, so the shading follows the raw p
     rows = [line for line in out.splitlines() if line[:1].isdigit()]
     assert [line.split()[0] for line in rows] == ["0", "1", "2", "3", "4"]
+
+
+def test_status_alone_prints_no_rows_and_leaves_nothing_behind():
+    terminal = Console(width=80, file=io.StringIO(), force_terminal=True, color_system=None)
+    with LiveSteps(terminal, None, limit=3) as live:
+        live.add(STEPS[0])
+        live.add(STEPS[1])
+    assert live.count == 2 and not live.shown
+    assert "150000" not in terminal.file.getvalue() and "0.500" not in terminal.file.getvalue()
