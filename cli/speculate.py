@@ -8,13 +8,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..core.build import build_speculator, load_draft, make_chain, plain_baseline, warm_up_speculate
 from ..core.config import as_dict, resolve
-from ..core.speculative import SpeculateSettings, best_gamma, parse_gammas, validate_speculate
 from . import options as o
 from . import render
 from .loop import drive, interrupted, phase
-from .pipeline import export_instead, load, read_prompt
 
 SPEC = "Speculative decoding"
 
@@ -40,6 +37,9 @@ def speculate(
     sweep_gamma: SweepOpt = None,
 ) -> None:
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
+    from ..core.build import build_speculator, load_draft, make_chain, plain_baseline, warm_up_speculate
+    from ..core.speculative import SpeculateSettings, best_gamma, parse_gammas, validate_speculate
+    from .pipeline import export_instead, load, read_prompt
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(draft=draft, gamma=gamma, ngram_size=ngram_size, sweep_gamma=parse_gammas(sweep_gamma))
     settings = resolve(SpeculateSettings, opts.preset, explicit, opts.set_)
