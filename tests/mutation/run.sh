@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing (mutmut 3) of the processors, selector, stop rules, trace statistics, the speculative acceptance
-# rule and the renderers, against the fast tests that guard them.
+# rule and the renderers (render.py and the table layout of steps_view.py, fit.py, live.py), against the fast tests
+# that guard them.
 #
 #   pip install -e '.[test,mutation]' && bash tests/mutation/run.sh [WORKDIR [MUTANT_PATTERN...]]
 #   cd WORKDIR && mutmut results          # or: mutmut show NAME
@@ -28,10 +29,14 @@ MUTATE_ALL=(
     core/stats.py
     core/speculative.py
     cli/render.py
+    cli/steps_view.py
+    cli/fit.py
+    cli/live.py
 )
 TESTS=(
     tests/test_bug_classes.py
     tests/test_render.py
+    tests/test_steps_view.py
     tests/test_exact_edges.py
     tests/test_processors.py
     tests/test_decode.py::test_step_numbers_are_labelled_consistently
