@@ -353,3 +353,28 @@ def test_build_chain_maps_every_stage_name_to_its_processor_in_the_default_order
         (cls, value) for cls, _, value in want]
     (stage,) = build_chain({"min-new-tokens": 2}, context=StageContext(end_ids=(5,))).processors
     assert isinstance(stage, MinNewTokens) and (stage.n, stage.end_ids) == (2, (5,))
+
+
+def test_build_chain_counts_the_repetition_penalty_as_the_context_says_and_names_chain_errors():
+    """A context that counts repetition over the last 4 tokens builds the windowed penalty with that penalty; one
+    that counts all tokens keeps the plain one. --chain errors are one line each."""
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.processors import DEFAULT_ORDER, RepetitionPenalty
+    from decodelab.core.samplers import StageContext, WindowedRepetitionPenalty
+
+    context = StageContext(counting={"repetition-penalty": ("all", 4)})
+    (stage,) = build_chain({"repetition-penalty": 1.5}, context=context).processors
+    assert isinstance(stage, WindowedRepetitionPenalty) and (stage.penalty, stage.last_n) == (1.5, 4)
+    (plain,) = build_chain({"repetition-penalty": 1.5}, context=StageContext()).processors
+    assert type(plain) is RepetitionPenalty
+    settings = {"temperature": 0.5, "top-k": 3}
+    for order, message in [
+        (["temperature", "top-k", "top-k"], "--chain: a stage is named twice"),
+        (["temperature", "nope"], f"--chain: unknown stage 'nope'; allowed: {', '.join(DEFAULT_ORDER)}"),
+        (["temperature", "top-k", "top-p"], "--chain names 'top-p' but that stage has no value set; set it or drop it"),
+        (["top-k"], "--chain leaves out 'temperature', which is set; add it to --chain or unset it"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            build_chain(settings, order)
+        assert str(err.value) == message
+    assert [p.name for p in build_chain(settings, ["top-k", "temperature"]).processors] == ["top-k", "temperature"]
