@@ -37,6 +37,7 @@ TESTS=(
     tests/test_bug_classes.py
     tests/test_render.py
     tests/test_steps_view.py
+    tests/test_render_mut.py
     tests/test_exact_edges.py
     tests/test_processors.py
     tests/test_decode.py::test_step_numbers_are_labelled_consistently
