@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+from types import SimpleNamespace
 
 import pytest
 from rich import box
@@ -151,3 +152,39 @@ def test_samples_views_at_64_columns():
                            tokens_per_s=12.5)
     out = printed(render.samples_views(rows, spread, "tiny · 2 samples"), 64)
     assert "\n".join(line.rstrip() for line in out.splitlines()) + "\n" == SAMPLES_64
+
+
+def test_the_shading_legend_is_dim():
+    assert render.shading_legend("raw p").style == "dim"
+
+
+# --- cli/steps_view.py and cli/live.py ----------------------------------------------------------------------------
+
+
+def test_a_tables_parts_keep_its_settings_and_together_print_the_whole():
+    """with_part keeps the steps, widths, stage names (which size `decided by`) and title: head + rows + caption
+    printed one after the other are the whole table; rows of other steps print those steps."""
+    from test_steps_view import STEPS, table
+
+    whole = table()
+    parts = [whole.with_part(part) for part in ("head", "rows", "caption")]
+    assert "".join(printed([p], 80) for p in parts) == printed([whole], 80)
+    assert printed([whole.with_part("rows", STEPS[1:2])], 80) == printed([table(steps=STEPS[1:2], part="rows")], 80)
+
+
+def test_the_live_status_line_counts_tokens_and_their_rate(monkeypatch):
+    """5 tokens in 0.5 s: 10.0 tok/s (the 1e-9 floor only guards a zero elapsed time); the spinner is cyan, and
+    each add() puts a fresh status under the rows."""
+    from decodelab.cli import live as live_module
+    from decodelab.cli.live import LiveSteps
+    from test_steps_view import STEPS
+
+    monkeypatch.setattr(live_module, "time", SimpleNamespace(perf_counter=lambda: 100.5))
+    terminal = Console(width=80, file=io.StringIO(), force_terminal=True, color_system=None)
+    steps = LiveSteps(terminal, None, limit=9)
+    steps.start, steps.count = 100.0, 5
+    spinner = steps.status()
+    assert spinner.text.plain == "5/9 tokens · 10.0 tok/s · Ctrl-C stops and keeps them" and spinner.style == "cyan"
+    with LiveSteps(terminal, None, limit=9) as live:
+        live.add(STEPS[0])
+        assert live.live.renderable.text.plain.startswith("1/9 tokens")
