@@ -188,3 +188,65 @@ def test_the_live_status_line_counts_tokens_and_their_rate(monkeypatch):
     with LiveSteps(terminal, None, limit=9) as live:
         live.add(STEPS[0])
         assert live.live._renderable.text.plain.startswith("1/9 tokens")
+
+
+STEPS_130 = """\
+T
+    #  token         prob                  raw p    rank    kept      H  decided by          top 3 alternatives (p)
+───────────────────────────────────────────────────────────────────────────────────────────────────────────────────
+    0  ␣the          █████        0.500    0.250       1  151936  11.93  model               ␣the 0.500  ␣a 0.125  \\n 1.3e-05
+    1  \\n                       1.3e-05  2.5e-07  150000       3   0.07  repetition-penalty  ␣x 0.750
+99999  a-very-long…  ██████████   1.000    0.999       2       1   0.00  -                   ␣y 1.000
+"""
+
+STEPS_80 = """\
+T
+    #  token         prob       raw p    rank    kept      H  decided by
+       top 3 alternatives (p)
+────────────────────────────────────────────────────────────────────────
+    0  ␣the            0.500    0.250       1  151936  11.93  model
+       ␣the 0.500  ␣a 0.125  \\n 1.3e-05
+    1  \\n            1.3e-05  2.5e-07  150000       3   0.07  repetition-penalty
+       ␣x 0.750
+99999  a-very-long…    1.000    0.999       2       1   0.00  -
+       ␣y 1.000
+"""
+
+STEPS_60 = """\
+T
+    #  token   prob       raw p    rank    kept      H
+       decided by · top 3 alternatives (p)
+──────────────────────────────────────────────────────
+    0  ␣the      0.500    0.250       1  151936  11.93
+       by model  ␣the 0.500  ␣a 0.125  \\n 1.3e-05
+    1  \\n      1.3e-05  2.5e-07  150000       3   0.07
+       by repetition-penalty  ␣x 0.750
+99999  a-ver…    1.000    0.999       2       1   0.00
+       by -  ␣y 1.000
+"""
+
+
+@pytest.mark.parametrize("width, expected", [(130, STEPS_130), (80, STEPS_80), (60, STEPS_60)])
+def test_the_steps_table_line_for_line(width, expected):
+    """The steps of test_steps_view at three widths, exactly. 130: bar of 10 cells (0.5 -> 5), alternatives beside
+    the row. 80: no bar, alternatives folded under the row at indent 5 + 2. 60: tokens cut to 6 cells and `decided by`
+    folded too ("by model" first). Numbers right-aligned, names left-aligned, no line ends in spaces."""
+    from test_steps_view import table
+
+    out = printed([table().with_part("head"), table().with_part("rows")], width)
+    assert out == expected
+
+
+def test_the_steps_table_styles():
+    """Header lines bold, the rule dim, the token bold, the folded lines dim."""
+    from decodelab.cli.steps_view import header_lines, plan, row_lines
+    from test_steps_view import STEPS
+
+    folded = plan(60, 151936, 100000, ["temperature", "repetition-penalty"], 3)
+    assert [x.style for x in header_lines(folded)] == ["bold", "bold", "dim"]
+    row, under = row_lines(folded, STEPS[0])
+    assert [(s.start, s.end, s.style) for s in row.spans] == [(7, 13, "bold")] and under.style == "dim"
+    wide = plan(130, 151936, 100000, ["temperature", "repetition-penalty"], 3)
+    assert [x.style for x in header_lines(wide)] == ["bold", "dim"]
+    (row,) = row_lines(wide, STEPS[0])
+    assert [(s.start, s.end, s.style) for s in row.spans] == [(7, 19, "bold")]
