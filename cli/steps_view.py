@@ -58,10 +58,10 @@ class Layout:
 def plan(width: int, vocab_size: int, max_steps: int, stage_names: list[str], top: int) -> Layout:
     """The widest layout that fits ``width``: shrink the bar, drop it, shorten tokens, then fold `decided by`."""
     digits = len(str(max(vocab_size, 1)))
-    names = [*stage_names, "model", "forced"]
+    # `decided by` holds a stage name, "model" or "forced": the last two are shorter than the header
     layout = Layout(width=width, index=max(1, len(str(max(max_steps - 1, 0)))), token=TOKEN_WIDTH, bar=BAR_WIDTH,
                     rank=max(len("rank"), digits), kept=max(len("kept"), digits),
-                    decided=max(len("decided by"), *(len(n) for n in names)), fold_decided=False, top=top)
+                    decided=max([len("decided by"), *(len(n) for n in stage_names)]), fold_decided=False, top=top)
     over = layout.fixed_width() - width
     if over > 0:
         layout = _replace(layout, bar=max(BAR_MIN, layout.bar - over))

@@ -250,3 +250,107 @@ def test_the_steps_table_styles():
     assert [x.style for x in header_lines(wide)] == ["bold", "dim"]
     (row,) = row_lines(wide, STEPS[0])
     assert [(s.start, s.end, s.style) for s in row.spans] == [(7, 19, "bold")]
+
+
+def many_steps():
+    from test_steps_view import STEPS, step
+
+    return STEPS[:1] + [step(7, " many", 0.25, 0.25, 3, 9, 2.0, "top-k", [
+        (" a", 0.25), (" bb", 0.125), (" ccc", 0.0625), (" dddd", 0.03125), (" e", 0.015625), (" f", 0.0078125)])]
+
+
+ROWS_121 = """\
+    0  ␣the          █████        0.500    0.250       1  151936  11.93  model               ␣the 0.500  ␣a 0.125
+                                                                                             \\n 1.3e-05
+    7  ␣many         ██▌          0.250    0.250       3       9   2.00  top-k               ␣a 0.250  ␣bb 0.125
+                                                                                             ␣ccc 0.062  ␣dddd 0.031
+                                                                                             ␣e 0.016  ␣f 0.008
+"""
+
+ROWS_60 = """\
+    0  ␣the      0.500    0.250       1  151936  11.93
+       by model  ␣the 0.500  ␣a 0.125  \\n 1.3e-05
+    7  ␣many     0.250    0.250       3       9   2.00
+       by top-k  ␣a 0.250  ␣bb 0.125  ␣ccc 0.062
+       ␣dddd 0.031  ␣e 0.016  ␣f 0.008
+"""
+
+NO_ALTERNATIVES_80 = """\
+T
+    #  token         prob       raw p    rank    kept      H  decided by
+────────────────────────────────────────────────────────────────────────
+    0  ␣the            0.500    0.250       1  151936  11.93  model
+    1  \\n            1.3e-05  2.5e-07  150000       3   0.07  repetition-penalty
+99999  a-very-long…    1.000    0.999       2       1   0.00  -
+"""
+
+
+def test_alternatives_wrap_beside_the_row_or_under_it():
+    """121 columns: the alternatives start at column 91 + 2 = 93 and wrap there within the 28 columns left; 60
+    columns: folded under the row after `by ...`, wrapped at 60 - 7. With --top 0 there are none, and no header for
+    them; --top 1 still has room beside the row at 130 columns."""
+    from test_steps_view import table
+
+    assert printed([table(steps=many_steps()).with_part("rows")], 121) == ROWS_121
+    assert printed([table(steps=many_steps()).with_part("rows")], 60) == ROWS_60
+    no_alternatives = table(top=0)
+    assert printed([no_alternatives.with_part("head"), no_alternatives.with_part("rows")], 80) == NO_ALTERNATIVES_80
+    assert table(top=1).layout(130).alts_beside() and not table(top=0).layout(130).alts_beside()
+
+
+def test_plan_at_the_exact_widths_where_each_step_is_needed():
+    """Fixed fields at full size: 5 + 12 + 18 + 7 + 6 + 6 + 5 + 18 + 7 gaps of 2 = 91. At 84 a 3-cell bar fits
+    exactly (prob 3 + 1 + 7); at 83 the bar goes; without it 80, so at 74 the token shrinks to exactly 6; at 73
+    `decided by` folds. A stage name longer than the header widens `decided by`; with none the header sets it."""
+    from decodelab.cli.steps_view import plan
+
+    names = ["temperature", "repetition-penalty"]
+    at = {w: plan(w, 151936, 100000, names, 3) for w in (91, 84, 83, 74, 73)}
+    assert [(at[w].bar, at[w].token, at[w].fold_decided) for w in (91, 84, 83, 74, 73)] == [
+        (10, 12, False), (3, 12, False), (0, 12, False), (0, 6, False), (0, 6, True)]
+    assert [at[w].fixed_width() for w in (91, 84, 83, 74)] == [91, 84, 80, 74]
+    assert plan(200, 10, 5, [], 0).decided == len("decided by") and plan(200, 10, 5, names, 0).decided == 18
+
+
+def test_a_cut_token_fills_its_width_exactly_even_with_wide_characters():
+    """Two-cell characters cannot always fill an odd remainder: the cut is padded to the field's width."""
+    from rich.cells import cell_len
+
+    from decodelab.cli.steps_view import fit_token
+
+    for width in (3, 4, 5):
+        cut = fit_token("你好你好", width)
+        assert cell_len(cut) == width and "…" in cut
+
+
+def test_the_title_is_bold_and_the_caption_dim():
+    from test_steps_view import table
+
+    console = Console(width=80, file=io.StringIO())
+    parts = list(table().__rich_console__(console, console.options))
+    assert (parts[0].plain, parts[0].style) == ("T", "bold")
+    assert parts[-1].style == "dim" and parts[-1].plain.startswith("prob: the processed distribution")
+
+
+def test_the_live_table_prints_its_header_then_rows_with_the_status_on_the_same_console():
+    """In a terminal: the header first, then the status line (written on the console given, from the start), and a
+    transient status: the display is erased when the run ends (rich ends a transient live display by moving the
+    cursor up over it, "\\x1b[1A", and erasing the line, "\\x1b[2K")."""
+    from decodelab.cli.live import LiveSteps
+    from test_steps_view import STEPS, table
+
+    terminal = Console(width=80, file=io.StringIO(), force_terminal=True, color_system=None)
+    with LiveSteps(terminal, table(steps=[]), limit=3) as live:
+        started = terminal.file.getvalue()
+        live.add(STEPS[0])
+    assert started.startswith("T\n    #  token") and "0/3 tokens ·" in started
+    assert terminal.file.getvalue().endswith("\x1b[1A\x1b[2K")  # transient: the status line erased at the end
+
+
+def test_fitted_splits_only_tables():
+    from decodelab.cli.render import fitted
+
+    console = Console(width=30, file=io.StringIO())
+    parts = fitted([wide_table(), "text"], 30, console)
+    assert len(parts) == 4 and parts[2:] == ["C", "text"]
+    assert [c.header for c in parts[1].columns] == ["key", "c"]
