@@ -72,7 +72,7 @@ def one_line(text: str) -> str:
 def show_token(text: str) -> str:
     """A token as it reads in a table: control characters escaped, leading/trailing spaces made visible."""
     out = one_line(text)
-    return out.replace(" ", "␣") if out.strip() == "" or out != out.strip() else out
+    return out.replace(" ", "␣") if out != out.strip() else out  # all spaces too: then out.strip() is ""
 
 
 def bar(p: float, width: int = BAR_WIDTH) -> str:

@@ -354,3 +354,38 @@ def test_fitted_splits_only_tables():
     parts = fitted([wide_table(), "text"], 30, console)
     assert len(parts) == 4 and parts[2:] == ["C", "text"]
     assert [c.header for c in parts[1].columns] == ["key", "c"]
+
+
+def test_consoles_print_numbers_plain_and_status_goes_to_stderr(capsys, monkeypatch):
+    """No highlighting: rich would colour "0.500" and "[1, 2]" in a terminal. Status lines go to stderr."""
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    render.console().print("p 0.500 [1, 2]")
+    render.error_console().print("q 0.25")
+    out, err = capsys.readouterr()
+    assert (out, err) == ("p 0.500 [1, 2]\n", "q 0.25\n")
+
+
+def test_save_records_plain_numbers_splits_wide_tables_and_reports_a_write_error_in_one_line(tmp_path):
+    """The recording at 160 columns: numbers not highlighted, a table of two 100-character columns split into two
+    panels (the key column in each), HTML and SVG both whole. A path that is a folder: one line, the OS's reason."""
+    wide = Table()
+    wide.add_column("key", no_wrap=True)
+    wide.add_column("a" * 100, no_wrap=True)
+    wide.add_column("b" * 100, no_wrap=True)
+    wide.add_row("k", "x", "y")
+    html, svg = tmp_path / "t.html", tmp_path / "t.svg"
+    render.save(["p 0.500 [1, 2]", wide], html, svg)
+    page = html.read_text()
+    assert "p 0.500 [1, 2]" in page and page.count("key") == 2
+    assert "a" * 100 in page and "b" * 100 in page
+    drawing = svg.read_text()
+    assert drawing.count("key") == 2 and "0.500" in drawing
+    with pytest.raises(render.ConfigError) as err:
+        render.save(["x"], tmp_path, None)
+    assert str(err.value) == "--save-html/--save-svg: cannot write the file (Is a directory)"
+
+
+def test_show_token_marks_spaces_only_at_the_edges_or_when_there_is_nothing_else():
+    assert [render.show_token(t) for t in (" ", "  ", "a b", " a", "a ", "", "\n")] == [
+        "␣", "␣␣", "a b", "␣a", "a␣", "", "\\n"]
