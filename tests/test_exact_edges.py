@@ -201,15 +201,30 @@ def test_pack_with_stages_reads_the_race_of_row_0():
 
 
 def test_a_removed_candidate_whose_raw_probability_underflows_still_ranks_among_the_removed():
-    """Raw (0, 5, -200): id 2's raw probability is exactly 0 in float32 but it is a real candidate (removed), not
-    padding; with only id 0 kept, the three alternatives are 0, then the removed 1 and 2."""
+    """Raw logits (0, -200, ln 5, ln 7) with only id 0 kept: id 1's raw probability is exactly 0 in float32 but it is
+    a real candidate (removed), not padding: the four alternatives are 0, then the removed by raw probability 3 (7/13),
+    2 (5/13), 1 (0), each once."""
     from decodelab.core.stats import ranked_alternatives
 
-    raw = softmax(torch.tensor([[0.0, 5.0, -200.0]]))[0]
-    assert raw[2].item() == 0.0  # the premise
-    kept_mask = torch.tensor([True, False, False])
-    probs = torch.tensor([1.0, 0.0, 0.0])
-    assert ranked_alternatives(probs, raw, kept_mask, 3).tolist() == [0, 1, 2]
+    raw = softmax(torch.tensor([[0.0, -200.0, math.log(5.0), math.log(7.0)]]))[0]
+    assert raw[1].item() == 0.0  # the premise
+    kept_mask = torch.tensor([True, False, False, False])
+    probs = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert ranked_alternatives(probs, raw, kept_mask, 4).tolist() == [0, 3, 2, 1]
+    assert ranked_alternatives(probs, raw, kept_mask, 2).tolist() == [0, 3]
+
+
+def test_alternatives_keep_their_order_in_a_long_list():
+    """20 candidates, the even ids kept: the first 10 alternatives are exactly the kept ones by probability (past the
+    length where an unstable sort of the 20 padding flags would mix the two groups)."""
+    from decodelab.core.stats import ranked_alternatives
+
+    z = torch.arange(20, dtype=torch.float32)
+    kept_mask = torch.arange(20) % 2 == 0
+    probs = softmax(torch.where(kept_mask, z, NEG)[None])[0]
+    raw = softmax(z[None])[0]
+    assert ranked_alternatives(probs, raw, kept_mask, 10).tolist() == list(range(18, -1, -2))
+    assert ranked_alternatives(probs, raw, kept_mask, 20).tolist() == list(range(18, -1, -2)) + list(range(19, 0, -2))
 
 
 # --- the step, the selector and the token buffer ------------------------------------------------------------------
@@ -378,3 +393,17 @@ def test_build_chain_counts_the_repetition_penalty_as_the_context_says_and_names
             build_chain(settings, order)
         assert str(err.value) == message
     assert [p.name for p in build_chain(settings, ["top-k", "temperature"]).processors] == ["top-k", "temperature"]
+
+
+def test_trim_stop_cuts_the_first_occurrence_of_a_stop_string_present_in_the_text():
+    """Ids 0 1 3 1 3 read "ab" "EN" "Dx" "EN" "Dx": "END" first occurs at 2, so the text is cut to "ab"; an absent
+    stop string ("ZZ") takes no part; a stop id is dropped only when it is the last id; no match leaves the text."""
+    from decodelab.core.step import StopRules, trim_stop
+
+    rules = StopRules(10, stop_strings=("ZZ", "", "END"), stop_ids=(9,))
+    detok = lambda ids: "".join({0: "ab", 1: "EN", 3: "Dx", 9: "<s>"}[i] for i in ids)  # noqa: E731
+    assert trim_stop([0, 1, 3, 1, 3], "stop", rules, detok) == ([0, 1, 3, 1, 3], "ab")
+    assert trim_stop([0, 3, 9], "stop", rules, detok) == ([0, 3], "abDx")
+    assert trim_stop([0, 9, 3], "stop", rules, detok) == ([0, 9, 3], "ab<s>Dx")
+    assert trim_stop([0, 3], "stop", rules, detok) == ([0, 3], "abDx")
+    assert trim_stop([0, 1, 3], "eos", rules, detok) == ([0, 1, 3], "abENDx")
