@@ -173,7 +173,7 @@ def status(message: str):
 
 
 def exp(logprob: float) -> float:
-    return math.exp(logprob) if logprob != float("-inf") else 0.0
+    return math.exp(logprob)  # exp(-inf) is 0.0
 
 
 SAVE_WIDTH = 160  # --save-html / --save-svg record at this width, whatever the terminal's
@@ -223,7 +223,7 @@ def samples_views(rows, spread, title: str) -> list:
     table = Table(title=title, header_style="bold")
     for name, justify in (("#", "right"), ("seed", "right"), ("text", "left"), ("len", "right"),
                           ("stop", "left"), ("sum logp", "right"), ("mean logp", "right")):
-        table.add_column(name, justify=justify, no_wrap=name != "text", ratio=1 if name == "text" else None)
+        table.add_column(name, justify=justify, no_wrap=name != "text")
     for r in rows:
         table.add_row(str(r.index), str(r.seed), one_line(r.text), str(r.length), r.stop_reason,
                       f"{r.sum_logprob:.3f}", f"{r.mean_logprob:.3f}")
@@ -234,5 +234,5 @@ def samples_views(rows, spread, title: str) -> list:
     for f in spread.first_tokens:
         firsts.add_row(show_token(f.token), str(f.token_id), str(f.count), f"{bar(f.frequency)} {f.frequency:.2f}")
     d = clean(spread)
-    d.pop("first_tokens", None)
+    d.pop("first_tokens")
     return [table, firsts, summary_line(d)]

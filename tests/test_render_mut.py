@@ -389,3 +389,92 @@ def test_save_records_plain_numbers_splits_wide_tables_and_reports_a_write_error
 def test_show_token_marks_spaces_only_at_the_edges_or_when_there_is_nothing_else():
     assert [render.show_token(t) for t in (" ", "  ", "a b", " a", "a ", "", "\n")] == [
         "␣", "␣␣", "a b", "␣a", "a␣", "", "\\n"]
+
+
+SAMPLES_40 = """\
+            tiny · 2 samples
+┏━━━━┳━━━━━━┳━━━━━━━━━━━━━━━━━━━━┳━━━━━┓
+┃  # ┃ seed ┃ text               ┃ len ┃
+┡━━━━╇━━━━━━╇━━━━━━━━━━━━━━━━━━━━╇━━━━━┩
+│  9 │    7 │ short\\ntext        │   2 │
+│ 10 │    8 │ a much longer text │  12 │
+│    │      │ that wraps         │     │
+└────┴──────┴────────────────────┴─────┘
+┏━━━━┳━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━┓
+┃  # ┃ stop   ┃ sum logp ┃ mean logp ┃
+┡━━━━╇━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━┩
+│  9 │ length │   -1.235 │    -0.617 │
+│ 10 │ eos    │  -10.500 │    -0.875 │
+└────┴────────┴──────────┴───────────┘
+logp: processed log-probability (the
+distribution each token was drawn from)
+"""
+
+
+def test_samples_views_split_at_40_columns_with_bold_headers():
+    """Through fitted() as show() prints it: 40 columns split the samples into two panels, each led by `#`
+    (right-aligned: 9 under 10), the text wrapping in the room left (40 - 13 chrome - 2 - 4 - 3 = 18 at least);
+    both tables' headers bold."""
+    from decodelab.core.many import FirstToken, SampleRow, SpreadSummary
+
+    rows = [SampleRow(9, 7, [1, 2], "short\ntext", 2, "length", -1.23456, -0.61728),
+            SampleRow(10, 8, [3], "a much longer text that wraps", 12, "eos", -10.5, -0.875)]
+    spread = SpreadSummary(2, 2, -5.867, 4.633, -0.746, 0.129, [FirstToken(1, " a", 2, 0.5)], tokens_per_s=12.5)
+    samples, firsts, summary = render.samples_views(rows, spread, "tiny · 2 samples")
+    console = Console(width=40, file=io.StringIO(), color_system=None)
+    out = printed(render.fitted([samples], 40, console), 40)
+    assert "\n".join(line.rstrip() for line in out.splitlines()) + "\n" == SAMPLES_40
+    assert (samples.header_style, firsts.header_style) == ("bold", "bold")
+    assert "first_tokens" not in summary.plain and "tokens_per_s=12.5" in summary.plain
+
+
+def test_column_widths_of_empty_columns_and_no_wrap_cells_with_spaces():
+    """An empty column with an empty header needs nothing (0, 0). A no-wrap column needs its cells whole ("aa bb":
+    5) but its header only up to the longest word ("x y": 1)."""
+    t = Table()
+    t.add_column("")
+    t.add_column("x y", no_wrap=True)
+    t.add_row("", "aa bb")
+    assert column_widths(Console(width=30, file=io.StringIO()), t) == [(0, 0), (5, 5)]
+
+
+def test_chrome_with_wider_padding():
+    """Padding 2 each side: 4 per column; collapsed, n - 1 times 2 fewer: 4 columns 16 - 6 + 5 borders = 15."""
+    assert chrome(Table(padding=(0, 2)), 4) == 16 + 5
+    assert chrome(Table(padding=(0, 2), collapse_padding=True), 4) == 16 - 6 + 5
+
+
+def text_table() -> Table:
+    t = Table()
+    t.add_column("key", no_wrap=True)
+    t.add_column("text")
+    t.add_column("c", no_wrap=True)
+    t.add_row("k", "aaaa bbbb cccc dddd eeee", "c" * 10)
+    return t
+
+
+def test_fit_table_room_is_what_the_panel_leaves_and_an_exact_fit_is_a_fit():
+    """Needs 3, 4, 10 and wants 3, 24, 10: the whole table is 13 + 37 = 50. At 30, one panel of all three needs 10
+    + 17 = 27, so the text column gets its need 4 plus the room 3: 7. At 27 there is no room: 4. At 50 it fits
+    exactly and is returned as it is."""
+    t = text_table()
+    console = Console(width=80, file=io.StringIO())
+    (part,) = fit_table(t, 30, console)
+    assert part is not t and [c.width for c in part.columns] == [3, 7, 10]
+    assert max(len(line) for line in printed([part], 30).splitlines()) <= 30
+    (part,) = fit_table(t, 27, console)
+    assert [c.width for c in part.columns] == [3, 4, 10]
+    assert fit_table(t, 50, console) == [t]
+    wide = wide_table()
+    assert fit_table(wide, 35) == [wide] and len(fit_table(wide, 34)) == 3  # 13 + 22 = 35 exactly
+
+
+def test_fit_table_measures_on_a_console_as_wide_as_the_target_when_given_none():
+    """A no-wrap cell of 85 characters with the key column: 7 + 3 + 85 = 95 columns. At 94 it does not fit, so it
+    becomes one panel with fixed widths; measured on an 80-column console the cell would seem 80 wide and fit."""
+    t = Table()
+    t.add_column("key", no_wrap=True)
+    t.add_column("v", no_wrap=True)
+    t.add_row("k", "v" * 85)
+    (part,) = fit_table(t, 94)
+    assert part is not t and [c.width for c in part.columns] == [3, 85]
