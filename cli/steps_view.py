@@ -83,11 +83,8 @@ def _replace(layout: Layout, **changes) -> Layout:
 
 def fit_token(token: str, width: int) -> str:
     """The token as shown (spaces marked, controls escaped), cut to ``width`` cells with an ellipsis if longer."""
-    shown = show_token(token)
-    if cell_len(shown) <= width:
-        return shown + " " * (width - cell_len(shown))
-    text = Text(shown)
-    text.truncate(width, overflow="ellipsis", pad=True)
+    text = Text(show_token(token))
+    text.truncate(width, overflow="ellipsis", pad=True)  # a shorter token is padded with spaces
     return text.plain
 
 

@@ -479,3 +479,14 @@ def test_fit_table_measures_on_a_console_as_wide_as_the_target_when_given_none()
     t.add_row("k", "v" * 85)
     (part,) = fit_table(t, 94)
     assert part is not t and [c.width for c in part.columns] == [3, 85]
+
+
+def test_a_narrowed_bar_is_drawn_at_its_planned_width():
+    """At 87 columns the bar shrinks from 10 to 10 - (91 - 87) = 6 cells: p = 0.5 fills 3 of them."""
+    from decodelab.cli.steps_view import plan, row_lines
+    from test_steps_view import STEPS
+
+    layout = plan(87, 151936, 100000, ["temperature", "repetition-penalty"], 3)
+    assert layout.bar == 6
+    row = row_lines(layout, STEPS[0])[0].plain
+    assert row == "    0  ␣the          ███      0.500    0.250       1  151936  11.93  model"
