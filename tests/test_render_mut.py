@@ -490,3 +490,31 @@ def test_a_narrowed_bar_is_drawn_at_its_planned_width():
     assert layout.bar == 6
     row = row_lines(layout, STEPS[0])[0].plain
     assert row == "    0  ␣the          ███      0.500    0.250       1  151936  11.93  model"
+
+
+FIRSTS_30 = """\
+     first token
+┏━━━━━━━┳━━━━┳━━━━━━━┓
+┃ token ┃ id ┃ count ┃
+┡━━━━━━━╇━━━━╇━━━━━━━┩
+│ ␣a    │  1 │     2 │
+│ b     │  3 │     1 │
+└───────┴────┴───────┘
+┏━━━━━━━┳━━━━━━━━━━━━━━━━━┓
+┃ token ┃           share ┃
+┡━━━━━━━╇━━━━━━━━━━━━━━━━━┩
+│ ␣a    │ █████      0.50 │
+│ b     │ ██▌        0.25 │
+└───────┴─────────────────┘
+"""
+
+
+def test_first_token_shares_keep_bar_and_number_on_one_line_at_30_columns():
+    """Every column of the first-token table is no-wrap, so at 30 columns the share (a 10-cell bar, a space and the
+    share: 15 cells) moves to a panel of its own instead of wrapping the bar under the number."""
+    from decodelab.core.many import FirstToken, SpreadSummary
+
+    spread = SpreadSummary(2, 2, -5.867, 4.633, -0.746, 0.129, [FirstToken(1, " a", 2, 0.5), FirstToken(3, "b", 1, 0.25)])
+    _, firsts, _ = render.samples_views([], spread, "t")
+    out = printed(render.fitted([firsts], 30, Console(width=30, file=io.StringIO())), 30)
+    assert "\n".join(line.rstrip() for line in out.splitlines()) + "\n" == FIRSTS_30
