@@ -77,6 +77,9 @@ def test_incomplete_model_folders(cli, toy_model_dir, tmp_path, keep, needle):
     (["--ngram-size", str(2**63)], "--ngram-size"),
     (["--sweep-gamma", "1,²"], "--sweep-gamma"),
     (["--sweep-gamma", "1,1000"], "--sweep-gamma"),
+    (["--speedup-rounds", "0"], "--speedup-rounds 0: must be an integer in [1, 100]"),
+    (["--speedup-rounds", "101"], "--speedup-rounds 101: must be an integer in [1, 100]"),
+    (["--set", "speedup_rounds=-3"], "--speedup-rounds -3: must be an integer in [1, 100]"),
 ])
 def test_speculate_bounds(cli, args, needle):
     assert needle in one_line_error(cli, "speculate", "Hi", "-m", "/nonexistent/model", *args)

@@ -88,16 +88,45 @@ def test_speculate_warm_up(cli, toy_model_dir, monkeypatch):
 
 @pytest.mark.parametrize("nth, sweep_rows", [(1, 0), (2, 0), (3, 1)])
 def test_speculate_baseline_and_sweep(cli, toy_model_dir, monkeypatch, nth, sweep_rows):
-    """Call 1 of plain_baseline is the main run's reference, calls 2 and 3 the sweep's (gamma 1, then 2)."""
-    import decodelab.cli.speculate as cli_spec
+    """One timing round: call 1 of plain_baseline is the main run's reference, calls 2 and 3 the sweep's (gamma 1,
+    then 2)."""
+    import decodelab.core.build as build
 
-    raise_on_call(monkeypatch, cli_spec, "plain_baseline", nth)
+    raise_on_call(monkeypatch, build, "plain_baseline", nth)
     lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
-                      "--ignore-eos", "--sweep-gamma", "1,2")
+                      "--ignore-eos", "--sweep-gamma", "1,2", "--speedup-rounds", "1")
     assert lines[-1]["type"] == "summary" and lines[-1]["new_tokens"] == 4
     assert lines[-1]["stop_reason"] == "length"  # the run itself was complete; the reference was cut
     assert (lines[-1]["measured_speedup"] is None) == (nth == 1)
     assert sum(x["type"] == "sweep" for x in lines) == sweep_rows
+
+
+# Three timing rounds, speculative (S) and plain (P) alternating: S P | P S | S P for the main run (its S is the
+# traced run), then the same for gamma 1 and gamma 2 of the sweep: plain_baseline calls 1-3 are the main run's,
+# 4-6 gamma 1's, 7-9 gamma 2's; SpeedupRounds.speculative calls 1-2 the main run's rounds 2 and 3, 3-5 gamma 1's.
+@pytest.mark.parametrize("method, nth, main_rounds, sweep_rounds", [
+    ("plain", 1, 0, []),  # round 1's reference cut: no speedup at all
+    ("plain", 2, 1, []),  # round 2 (plain first) cut: round 1 kept
+    ("plain", 3, 2, []),  # round 3 (plain second) cut
+    ("speculative", 1, 1, []),  # round 2's speculative half cut after its plain half
+    ("speculative", 2, 2, []),
+    ("plain", 4, 3, []),  # gamma 1 cut in its first round: no row for it
+    ("plain", 5, 3, [1]),  # gamma 1 cut in round 2: its row has 1 round, gamma 2 never runs
+    ("speculative", 5, 3, [2]),
+    ("plain", 8, 3, [3, 1]),
+])
+def test_speculate_timing_rounds(cli, toy_model_dir, monkeypatch, method, nth, main_rounds, sweep_rounds):
+    from decodelab.core.build import SpeedupRounds
+
+    raise_on_call(monkeypatch, SpeedupRounds, method, nth)
+    lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
+                      "--ignore-eos", "--sweep-gamma", "1,2", "--speedup-rounds", "3")
+    summary = lines[-1]
+    assert summary["type"] == "summary" and summary["new_tokens"] == 4
+    assert summary["stop_reason"] == "length"  # the shown run was complete; its timing was cut
+    assert summary["speedup_rounds"] == main_rounds
+    assert (summary["measured_speedup"] is None) == (main_rounds == 0)
+    assert [x["speedup_rounds"] for x in lines if x["type"] == "sweep"] == sweep_rounds
 
 
 def test_score_loop(cli, toy_model_dir, monkeypatch):
