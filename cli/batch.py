@@ -11,8 +11,11 @@ from rich.table import Table
 
 from ..core.batch import (BatchReport, BatchSettings, read_prompts, run_batch, validate_batch)
 from ..core.config import as_dict, resolve
+from ..core.errors import ChainError
+from ..core.run import EMPTY_CHAIN
 from . import options as o
 from . import render
+from .loop import note_error
 from .pipeline import load
 
 BATCH = "Batching"
@@ -71,6 +74,11 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
         if fmt == o.Format.jsonl else None
     report = run_batch(lm, settings, entries, chat=opts.chat, on_iteration=stream)
     emit(opts, lm, settings, report, rows)
+    for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
+        if r.stop_reason == EMPTY_CHAIN:
+            note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
+                                  f"{len(r.new_ids)} tokens (stop_reason {EMPTY_CHAIN}); loosen its filters or bans"))
+            break
 
 
 def request_rows(lm, report: BatchReport) -> list[dict]:

@@ -15,9 +15,11 @@ from ..core.build import load_draft, make_chain
 from ..core.config import as_dict
 from ..core.compare import (Comparison, Prompt, check_names, load_job, parse_seeds, parse_variant, preset_variant,
                             read_prompts)
-from ..core.errors import ConfigError
+from ..core.errors import ChainError, ConfigError
+from ..core.run import EMPTY_CHAIN
 from . import options as o
 from . import render
+from .loop import note_error
 from .pipeline import load
 
 Prompts = Annotated[Optional[list[str]], typer.Argument(help="Prompts to compare on (or --prompts-file).",
@@ -63,6 +65,18 @@ def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, p
         except KeyboardInterrupt:
             sys.stderr.write("interrupted: showing the rows so far\n")
     emit(opts, lm, run)
+    report_empty_chains(run.rows)
+
+
+def report_empty_chains(rows) -> None:
+    """A row whose chain left no candidate ended early (stop_reason empty_chain) while the others ran on: every
+    row is printed, then the error line, and the exit status is 2."""
+    for row in rows:
+        if row.stop_reason == EMPTY_CHAIN:
+            note_error(ChainError(f"variant {row.variant} (prompt {row.prompt}, seed {row.seed}): its chain left no "
+                                  f"candidate token after {row.length} tokens (stop_reason {EMPTY_CHAIN}); loosen "
+                                  "its filters or bans"))
+            return
 
 
 def collect_prompts(args: list[str] | None, path: Path | None, from_job) -> list[Prompt]:

@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     loop.reset()
     try:
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
+        if loop.error() is not None:  # a chain emptied mid-run: the command printed what it had, then the error
+            if debug:
+                raise loop.error()
+            return fail(str(loop.error()))
         # a Ctrl-C inside a run: the command printed what it had, the status still says it was cut short;
         # outside any run (loading, say) typer returns 130 itself
         if loop.interrupted() or result == 130:

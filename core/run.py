@@ -84,6 +84,28 @@ class Run:
         self.interrupted = True
         self.stop_reason = "interrupted"
 
+    def end(self, reason: str) -> None:
+        """The run was cut short for ``reason`` (EMPTY_CHAIN): what was produced stays, the reason says why."""
+        self.stop_reason = reason
+
+
+# A step whose chain left no candidate token (or overflowed) ends the run with this stop reason.
+EMPTY_CHAIN = "empty_chain"
+
+
+def drain(run) -> list:
+    """Iterate ``run`` to its end; a chain that leaves no candidate ends it early with stop_reason EMPTY_CHAIN,
+    keeping the steps produced (for callers that report many runs, where one empty chain must not lose the others)."""
+    from .errors import ChainError
+
+    steps = []
+    try:
+        for step in run:
+            steps.append(step)
+    except ChainError:
+        run.end(EMPTY_CHAIN)
+    return steps
+
     @property
     def new_ids(self) -> list[int]:
         raise NotImplementedError

@@ -32,9 +32,9 @@ from .errors import ConfigError
 from .kv import CacheSpec
 from .kv.paged import PagedPolicy, PoolFull, blocks_for, chain_hashes
 from .processors import Chain, log_softmax
-from .run import synchronize
+from .run import EMPTY_CHAIN, synchronize
 from .runtime import Runtime
-from .step import StopChecker, StopRules, TokenBuffer, check_prompt, check_selected, select
+from .step import StopChecker, StopRules, TokenBuffer, check_prompt, select
 
 
 @dataclass
@@ -325,7 +325,10 @@ class Scheduler:
         host = torch.stack(packed).tolist() if packed else []  # the iteration's one transfer
         finished = []
         for (s, tok), (token_id, finite, logprob, raw_logprob) in zip(picks, host):
-            check_selected(bool(finite), s.req.chain)
+            if not finite:  # this request's chain left no candidate: it ends here, the others go on
+                s.stop_reason, s.finished_at = EMPTY_CHAIN, index
+                finished.append(s)
+                continue
             token_id = int(token_id)
             s.new_ids.append(token_id)
             s.steps.append(TokenStep(token_id, logprob, raw_logprob))
