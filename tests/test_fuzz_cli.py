@@ -53,6 +53,7 @@ BEAM_OPTIONS = {
 SPEC_OPTIONS = {
     "--gamma": ["1", "2", "4", "0", "-1", "64", "10000", str(2**63), "x"], "--ngram-size": INTS,
     "--sweep-gamma": ["1,2", ",", "", "0", "1,x", "-1", "2,2", str(2**63)], "--draft": ["ngram", "", "/nonexistent"],
+    "--speedup-rounds": ["1", "2", "0", "-1", "101", str(2**63), "x"],
 }
 BEAM_CHAIN = {k: CHAIN_OPTIONS[k] for k in ("--repetition-penalty", "--no-repeat-ngram", "--logit-bias", "--chain")}
 COMMAND_OPTIONS = {
