@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from ..core.batch import (BatchReport, BatchSettings, read_prompts, run_batch, validate_batch)
 from ..core.config import as_dict, resolve
-from ..core.errors import ChainError
-from ..core.run import EMPTY_CHAIN
+from ..core.errors import EMPTY_CHAIN, ChainError
 from . import options as o
 from . import render
 from .loop import note_error
-from .pipeline import load
+
+if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
+    from ..core.batch import BatchReport, BatchSettings
 
 BATCH = "Batching"
 
@@ -54,6 +54,8 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
           rows: RowsOpt = Rows.requests) -> None:
     """Serve many requests at once: one forward per iteration over the running sequences (prefill chunks and
     decodes together), finished ones leave and waiting ones join; KV in a paged pool with shared prefix blocks."""
+    from ..core.batch import BatchSettings, read_prompts, run_batch, validate_batch
+    from .pipeline import load
     explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "stop")
     explicit.pop("cache", None)
     explicit.update(max_batch=max_batch, max_tokens_per_iteration=max_tokens_per_iteration, block_size=block_size,

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ..core.beam import BeamSettings, parse_penalties, sweep_length_penalty, validate_beam
-from ..core.build import beam_stepper, build_beam
 from ..core.config import as_dict, resolve
 from . import options as o
 from . import render
 from .loop import drive, phase
-from .pipeline import load, read_prompt
+
+if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
+    from ..core.beam import BeamSearch, BeamSettings
 
 BEAM = "Beam search"
 
@@ -56,6 +56,9 @@ def beam(
     as transformers does), raw_sum_logprob = the unprocessed model's log-probability, score = sum_logprob /
     norm(L). Processors: --repetition-penalty, --no-repeat-ngram, --logit-bias (sampling filters do not apply).
     Default -n is 32."""
+    from ..core.beam import BeamSettings, parse_penalties, sweep_length_penalty, validate_beam
+    from ..core.build import beam_stepper, build_beam
+    from .pipeline import load, read_prompt
     text = read_prompt(opts.prompt, opts.prompt_file)
     explicit = o.explicit(opts, "max_new_tokens", "ignore_eos")
     explicit.update(beams=beams, num_return=num_return, length_penalty=length_penalty,

@@ -7,12 +7,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..core.bench import Bench, parse_settings
-from ..core.build import load_draft
 from ..core.errors import ConfigError
 from . import options as o
 from . import render
-from .pipeline import load, read_prompt
 
 CHAINS = {"greedy": "temperature 0", "sampling": "temperature 0.8 -> top-p 0.95", "beam": "(none)",
           "speculative": "temperature 0", "prompt-lookup": "temperature 0"}  # what each setting runs (core/bench.py)
@@ -41,6 +38,9 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
           gammas: Gammas = "1,2,4,8", settings: SettingsOpt = None, beams: Beams = 4) -> None:
     """decodelab against transformers `generate` (greedy, sampling, beam; speculative against assisted generation
     and prompt lookup), trace on and off: interleaved rounds, medians and paired ratios."""
+    from ..core.bench import Bench, parse_settings
+    from ..core.build import load_draft
+    from .pipeline import load, read_prompt
     import torch
 
     chosen = parse_settings(settings)

@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from ..core.build import load_draft, make_chain
 from ..core.config import as_dict
-from ..core.compare import (Comparison, Prompt, check_names, load_job, parse_seeds, parse_variant, preset_variant,
-                            read_prompts)
-from ..core.errors import ChainError, ConfigError
-from ..core.run import EMPTY_CHAIN
+from ..core.errors import EMPTY_CHAIN, ChainError, ConfigError
 from . import options as o
 from . import render
 from .loop import note_error
-from .pipeline import load
+
+if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
+    from ..core.compare import Comparison, Prompt
 
 Prompts = Annotated[Optional[list[str]], typer.Argument(help="Prompts to compare on (or --prompts-file).",
                                                         show_default=False)]
@@ -46,6 +44,9 @@ def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, p
     """Several settings side by side on the same prompts and seeds; each seed's random draws are shared by every
     variant, so a difference comes from the settings. Each pair: the first step where they part, and the stage
     that made the difference."""
+    from ..core.build import load_draft
+    from ..core.compare import Comparison, check_names, load_job, parse_seeds, parse_variant, preset_variant
+    from .pipeline import load
     variants, extras = [], {}
     if job is not None:
         variants, extras = load_job(job)
@@ -80,6 +81,7 @@ def report_empty_chains(rows) -> None:
 
 
 def collect_prompts(args: list[str] | None, path: Path | None, from_job) -> list[Prompt]:
+    from ..core.compare import Prompt, read_prompts
     if args and path is not None:
         raise ConfigError("PROMPTS and --prompts-file: give one of them, not both")
     if path is not None:
@@ -127,6 +129,7 @@ def flat_row(row) -> dict:
 
 
 def emit(opts, lm, run: Comparison) -> None:
+    from ..core.build import make_chain
     fmt = opts.fmt
     first = run.prompts[0]
     chains = {v.name: make_chain(lm, run.settings[v.name, run.seeds[0]]).names for v in run.variants}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core.errors import ChainError
-from ..core.run import EMPTY_CHAIN
+from ..core.errors import EMPTY_CHAIN, ChainError
 from . import render
 from .options import Format
 
@@ -41,13 +40,17 @@ def interrupted() -> bool:
     return _interrupted
 
 
-def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean) -> None:
-    """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line. An interrupt ends the run with what it
-    produced (``run.interrupt()``: stop_reason "interrupted"); the caller then prints the summary as usual."""
+def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean,
+          on_step: Callable[[object], None] | None = None) -> None:
+    """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line; ``on_step`` sees each step (a live
+    table). An interrupt ends the run with what it produced (``run.interrupt()``: stop_reason "interrupted"); the
+    caller then prints the summary as usual."""
     try:
         for step in run:
             if fmt == Format.jsonl:
                 render.print_jsonl({"type": "step", **row(step)})
+            if on_step is not None:
+                on_step(step)
     except KeyboardInterrupt:
         run.interrupt()
         note_interrupt()

@@ -25,6 +25,20 @@ from .score import score
 from .speculate import speculate
 from .stream import stream
 
+def flags_take_no_value() -> None:
+    """typer labels an on/off flag ``<bool>`` in the help, as if it took a value: flags show no type."""
+    from typer.core import TyperOption
+
+    labelled = TyperOption.display_type_rich
+
+    def display_type_rich(self, ctx):
+        return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) \
+            else labelled(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich
+
+
+flags_take_no_value()
 app = typer.Typer(
     name="decodelab",
     help="A decoding workbench for language models: processor chains, per-token probabilities, KV-cache policies.",

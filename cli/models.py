@@ -5,8 +5,6 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..core.config import META_KEYS, bundled_presets, load_preset
-from ..core.kv import listing as cache_policies
-from ..core.model import describe_bundled
 from . import options as o
 from . import render
 
@@ -23,6 +21,8 @@ def presets_listing() -> list[dict]:
 def models(fmt: o.Fmt = o.Format.table) -> None:
     """List the bundled models (parameters, context, vocabulary, size), the bundled presets and the KV-cache
     policies `--cache` accepts."""
+    from ..core.kv import listing as cache_policies
+    from ..core.model import describe_bundled
     models_rows, preset_rows, policy_rows = describe_bundled(), presets_listing(), cache_policies()
     if fmt in (o.Format.json, o.Format.jsonl):
         (render.print_json if fmt == o.Format.json else render.print_jsonl)(

@@ -18,6 +18,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .render import status
+
 RUN = "Model and run"
 PROC = "Processor chain"
 MORE = "More samplers, semantics, export"
@@ -208,6 +210,8 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         def wrapper(**kwargs):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
             check_paths(opts)
+            with status("starting: importing torch and transformers"):
+                from . import pipeline  # noqa: F401  (the slow part of a start, under a status line)
             return fn(opts, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(params)

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..core.errors import ConfigError
 from ..core.model import LoadedModel, load_model, set_threads
 from .options import Opts
+from .render import status
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -31,8 +32,9 @@ def load(opts: Opts) -> LoadedModel:
         raise ConfigError(f"--device-map {device_map!r}: allowed: auto")
     if getattr(opts, "threads", None) is not None:
         set_threads(opts.threads)
-    return load_model(opts.model, device=opts.device, dtype=opts.dtype, trust_remote_code=opts.trust_remote_code,
-                      device_map=device_map)
+    with status(f"loading model {opts.model}"):
+        return load_model(opts.model, device=opts.device, dtype=opts.dtype,
+                          trust_remote_code=opts.trust_remote_code, device_map=device_map)
 
 
 def export_instead(opts: Opts, settings, lm: LoadedModel | None = None, vocab: int | None = None) -> bool:

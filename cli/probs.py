@@ -8,14 +8,10 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from ..core.build import build_probs
 from ..core.config import ProbsSettings, as_dict, resolve, validate_sample
-from ..core.dist import dist_stages, given_logits, parse_numbers
 from ..core.errors import ConfigError
-from ..core.semantics import plan
 from . import options as o
 from . import render
-from .pipeline import export_instead, load, read_prompt
 
 GIVEN = "Given distribution (no model)"
 Dist = Annotated[Optional[str], typer.Option("--dist", help="P0,P1,...: run the chain on this distribution, no model "
@@ -32,6 +28,9 @@ History = Annotated[Optional[str], typer.Option("--history", help="ID,ID,...: th
 def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: LogitsFile = None,
           history: History = None) -> None:
     """Show how each stage of the chain reshapes the next-token distribution (top tokens, kept, entropy)."""
+    from ..core.build import build_probs
+    from ..core.semantics import plan
+    from .pipeline import export_instead, load, read_prompt
     given = dist is not None or logits is not None or logits_file is not None
     settings = resolve(ProbsSettings, opts.preset, o.explicit(opts, "top", "seed"), opts.set_)
     validate_sample(settings)
@@ -68,6 +67,8 @@ def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: L
 
 def given_probs(opts: o.Opts, settings: ProbsSettings, dist, logits, logits_file, history) -> None:
     """--dist / --logits / --logits-file: the chain on a distribution typed in by hand; nothing is loaded."""
+    from ..core.dist import dist_stages, given_logits, parse_numbers
+    from .pipeline import export_instead
     if opts.prompt is not None or opts.prompt_file is not None:
         raise ConfigError("PROMPT: not used with --dist/--logits/--logits-file (no model runs); drop one of them")
     raw = given_logits(dist, logits, logits_file)

@@ -12,10 +12,8 @@ from rich.text import Text
 
 from ..core.config import as_dict, resolve
 from ..core.errors import ConfigError
-from ..core.quantize_kv import GRID_AXES, GRID_BITS, QuantizeKVSettings, run_quantize_kv, validate_quantize_kv
 from . import options as o
 from . import render
-from .pipeline import load, read_prompt
 
 Q = "Quantization"
 DEFAULT_TEXT = "presets/models/validation.txt"
@@ -40,7 +38,7 @@ Residual = Annotated[Optional[int], typer.Option("--residual", help="Most recent
 Symmetric = Annotated[Optional[bool], typer.Option("--symmetric/--asymmetric", help="Scales only, or scales and "
                                                    "zero points.", rich_help_panel=Q, show_default=False)]
 Grid = Annotated[bool, typer.Option("--grid", help="Fidelity and bytes of every bits x layout "
-                                    f"({'/'.join(map(str, GRID_BITS))} x {'/'.join(GRID_AXES)}).", rich_help_panel=Q)]
+                                    "(8/4/2 x tensor/token/channel/group/kivi).", rich_help_panel=Q)]
 Activations = Annotated[Optional[int], typer.Option("--activations", help="Also the outlier view of the input "
                                                     "activations of this decoder layer.", rich_help_panel=Q)]
 Context = Annotated[Optional[int], typer.Option("--context", help="Project the cache's bytes at this many tokens.",
@@ -57,6 +55,8 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     """A quantized KV cache (--cache quant:..., int8, int4-kivi, int2-kivi; default int4-kivi) against the full one:
     memory (real bytes, the per-token formula, projections), fidelity on a text (KL, top-1 agreement, perplexity),
     reconstruction error per layer and head, and the outlier channels that set the scales."""
+    from ..core.quantize_kv import QuantizeKVSettings, run_quantize_kv, validate_quantize_kv
+    from .pipeline import load
     explicit = {"cache": opts.cache, "top": opts.top, "limit": limit, "feed": feed, "bits": bits, "axis": axis,
                 "group_size": group_size, "residual": residual, "symmetric": symmetric, "grid": grid or None,
                 "activations": activations, "context": context, "batch": batch}
@@ -75,6 +75,7 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
 
 
 def _read(text: str | None, text_file: Path | None) -> str:
+    from .pipeline import read_prompt
     if text is None and text_file is None:
         from ..core.model import bundled_dir
 

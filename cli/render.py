@@ -7,6 +7,7 @@ import io
 import json
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
@@ -88,49 +89,39 @@ def fmt_p(p: float) -> str:
     return f"{p:.1e}"
 
 
+# Shading in four classes that survive a 16-colour terminal and NO_COLOR: each class has a standard colour and its own
+# attributes (none, italic, underline, bold underline), which NO_COLOR keeps; (lower bound of p, style, name in the legend), most likely first.
+SHADES = (
+    (0.5, "black on green", "green"),
+    (0.1, "italic black on yellow", "yellow+italic"),
+    (0.01, "underline white on red", "red+underline"),
+    (0.0, "bold underline white on magenta", "magenta+bold+underline"),
+)
+PROMPT_STYLE = "dim italic"
+PROMPT_MARK = "▕"  # between the prompt and the output, visible without any style (a pipe, NO_COLOR)
+
+
 def prob_style(p: float) -> str:
-    """Background from red (unlikely) through yellow to green (likely)."""
-    p = max(0.0, min(1.0, p))
-    red = int(255 * min(1.0, 2 * (1 - p)))
-    green = int(255 * min(1.0, 2 * p))
-    return f"black on rgb({red},{green},90)"
+    """The style of a token drawn with probability p: the first class whose lower bound p reaches."""
+    return next(style for low, style, _ in SHADES if p >= low or low == 0.0)
 
 
 def shaded_text(prompt: str, tokens: list[tuple[str, float]]) -> Text:
-    """The prompt dimmed, then each generated token shaded by the probability it was drawn with."""
+    """The prompt in its own style, a mark, then each generated token shaded by its probability."""
     text = Text()
-    text.append(prompt, style="dim")  # a span, not the Text's base style, which would dim every token after it
+    text.append(prompt, style=PROMPT_STYLE)  # a span, not the Text's base style, which would style every token
+    text.append(PROMPT_MARK, style="dim")
     for token, p in tokens:
         text.append(token, style=prob_style(p))
     return text
 
 
-def steps_table(steps, top: int, title: str | None = None) -> Table:
-    """One row per token; the fixed columns keep their width and the alternatives wrap in what is left."""
-    table = Table(title=title, show_lines=False, header_style="bold")
-    table.add_column("#", justify="right", no_wrap=True, min_width=2)
-    table.add_column("token", no_wrap=True, min_width=6, max_width=18, overflow="ellipsis")
-    table.add_column("prob", justify="left", no_wrap=True, min_width=BAR_WIDTH + 6)
-    table.add_column("raw p", justify="right", no_wrap=True, min_width=5)
-    table.add_column("raw rank", justify="right", no_wrap=True, min_width=4)
-    table.add_column("kept", justify="right", no_wrap=True, min_width=4)
-    table.add_column("H", justify="right", no_wrap=True, min_width=4)
-    table.add_column("decided by", no_wrap=True, min_width=5, max_width=18, overflow="ellipsis")
-    if top:
-        table.add_column(f"top {top} alternatives (p)", ratio=1)
-    for s in steps:
-        alts = "  ".join(f"{show_token(a.token)}\u00a0{fmt_p(a.prob)}" for a in s.alternatives)
-        row = [str(s.index), Text(show_token(s.token), style="bold"),
-               Text(f"{bar(s.prob)} {fmt_p(s.prob)}"), fmt_p(s.raw_prob), str(s.raw_rank), str(s.kept),
-               f"{s.entropy:.2f}", s.decided_by or "-"]
-        if top:
-            row.append(alts)
-        table.add_row(*row)
-    table.caption = "prob: the processed distribution the token was drawn from; raw p / raw rank: the model's own " \
-                    "softmax; kept: candidates left after the chain; H: entropy (nats) of the processed " \
-                    "distribution; decided by: the stage that chose this token with the step's own random draws " \
-                    "(model: none changed the model's pick)"
-    return table
+def shading_legend(shaded_by: str, before: str = "prompt", after: str = "output") -> Text:
+    """What the shading means, in words that hold with or without colour."""
+    classes = [f"{name} p < {SHADES[i - 1][0]:g}" if low == 0.0 else f"{name} p >= {low:g}"
+               for i, (low, _, name) in enumerate(SHADES)]
+    return Text(f"text: {before} {PROMPT_MARK} {after}; each token shaded by its {shaded_by}: " + ", ".join(classes),
+                style="dim")
 
 
 def step_rows(steps) -> list[dict]:
@@ -170,20 +161,46 @@ def error_console() -> Console:
     return Console(stderr=True, highlight=False)
 
 
+@contextmanager
+def status(message: str):
+    """A spinner and a message on stderr while something slow runs, only when stderr is a terminal."""
+    out = error_console()
+    if not out.is_terminal:
+        yield
+        return
+    with out.status(message):
+        yield
+
+
 def exp(logprob: float) -> float:
     return math.exp(logprob) if logprob != float("-inf") else 0.0
+
+
+SAVE_WIDTH = 160  # --save-html / --save-svg record at this width, whatever the terminal's
+
+
+def fitted(renderables, width: int, out: Console) -> list:
+    """Tables too wide for ``width`` become panels of their columns (cli/fit.py); everything else as it is."""
+    from .fit import fit_table
+
+    return [part for r in renderables for part in (fit_table(r, width, out) if isinstance(r, Table) else [r])]
 
 
 def show(renderables, save_html: Path | None = None, save_svg: Path | None = None, to_screen: bool = True) -> None:
     """Print rich renderables, and also write them as HTML/SVG when asked (whatever the --format)."""
     if to_screen:
         out = console()
-        for r in renderables:
+        for r in fitted(renderables, out.width, out):
             out.print(r)
+    save(renderables, save_html, save_svg)
+
+
+def save(renderables, save_html: Path | None, save_svg: Path | None) -> None:
+    """Write the renderables as HTML and/or SVG, recorded at SAVE_WIDTH columns."""
     if save_html is None and save_svg is None:
         return
-    recorder = Console(record=True, file=io.StringIO(), width=160, highlight=False)
-    for r in renderables:
+    recorder = Console(record=True, file=io.StringIO(), width=SAVE_WIDTH, highlight=False)
+    for r in fitted(renderables, SAVE_WIDTH, recorder):
         recorder.print(r)
     try:  # checked when the command started; a disk that fills or turns read-only since is still one line
         if save_html is not None:

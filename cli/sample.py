@@ -7,17 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..core.branch import Branched, load_trace, parse_force, resume_values
-from ..core.build import build_sampler, make_chain, refuse_stepwise_stages, stop_rules
 from ..core.config import SampleSettings, as_dict, cache_spec, resolve, validate_sample
 from ..core.errors import ConfigError
-from ..core.many import sample_many
-from ..core.semantics import plan
-from ..core.step import trim_stop
 from . import options as o
 from . import render
+from .live import LiveSteps
 from .loop import drive
-from .pipeline import export_instead, load, read_prompt
+from .steps_view import StepsTable
 
 Compile = Annotated[Optional[bool], typer.Option(
     "--compile", help="torch.compile the one-token decode step over the static cache (needs --cache static; the "
@@ -38,6 +34,9 @@ Resume = Annotated[Optional[Path], typer.Option(
 def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = None, force: Force = None,
            resume: Resume = None) -> None:
     """Generate text token by token and show, per token, the processed and the raw probability."""
+    from ..core.branch import Branched, load_trace, parse_force, resume_values
+    from ..core.build import build_sampler, refuse_stepwise_stages
+    from .pipeline import export_instead, load, read_prompt
     if num_samples is not None and num_samples < 1:
         raise ConfigError(f"--num-samples {num_samples}: must be >= 1")
     if num_samples is not None and (force or resume):
@@ -70,12 +69,27 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
         refuse_stepwise_stages(sampler.chain, "sample --resume")
     if point is not None or force_steps:
         sampler = Branched(sampler, force_steps, point.generated_ids if point else None, lm.vocab_size)
-    drive(sampler, opts.fmt)
-    emit(opts, lm, settings, text, prompt_ids, sampler)
+    table = steps_table(lm, settings, sampler, len(point.generated_ids) if point is not None else 0)
+    if opts.fmt == o.Format.table:
+        with LiveSteps(render.console(), table, settings.max_new_tokens) as live:
+            drive(sampler, opts.fmt, on_step=live.add)
+        emit(opts, lm, settings, text, prompt_ids, sampler, table, printed=live.shown)
+    else:
+        drive(sampler, opts.fmt)
+        emit(opts, lm, settings, text, prompt_ids, sampler, table)
+
+
+def steps_table(lm, settings: SampleSettings, sampler, saved: int) -> StepsTable:
+    """The table's frame, before any step: its widths depend on the vocabulary, the step count and the stages."""
+    names = sampler.chain.names
+    title = f"{lm.name} · cache {settings.cache} · chain: {' -> '.join(names + [sampler.selector.name])}"
+    return StepsTable([], settings.top, lm.vocab_size, saved + settings.max_new_tokens, names, title)
 
 
 def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], n: int) -> None:
     """-N: the samples and their spread."""
+    from ..core.build import make_chain, refuse_stepwise_stages, stop_rules
+    from ..core.many import sample_many
     chain = make_chain(lm, settings)
     refuse_stepwise_stages(chain, "sample -N")
     rows, spread = sample_many(lm.model, prompt_ids, chain, settings.temperature == 0, settings.seed, n,
@@ -97,7 +111,11 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
                     opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
 
 
-def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler) -> None:
+def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler, table: StepsTable,
+         printed: bool = False) -> None:
+    """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
+    from ..core.semantics import plan
+    from ..core.step import trim_stop
     fmt, names = opts.fmt, sampler.chain.names
     token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
     out_text = lm.decode(token_ids)
@@ -118,10 +136,11 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     elif fmt in (o.Format.markdown, o.Format.csv):
         render.print_rows(render.step_rows(sampler.steps), fmt.value)
     if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [
-            render.steps_table(sampler.steps, settings.top, title=f"{lm.name} · cache {settings.cache} · chain: "
-                               f"{' -> '.join(names + [sampler.selector.name])}"),
-            render.shaded_text(text, [(s.token, s.prob) for s in sampler.steps]),
-            render.summary_line(summary),
-        ]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+        full = table.with_part("all", sampler.steps)
+        greedy = sampler.selector.name == "greedy"
+        views = [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
+                 render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
+                 render.summary_line(summary)]
+        if fmt == o.Format.table:
+            render.show([table.with_part("caption") if printed else full] + views)
+        render.save([full] + views, opts.save_html, opts.save_svg)

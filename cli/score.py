@@ -12,13 +12,10 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from ..core.build import load_draft, make_chain
 from ..core.config import as_dict, resolve
-from ..core.score import ScoreSettings, build_scorer, validate_score
 from . import options as o
 from . import render
 from .loop import note_interrupt
-from .pipeline import load, read_prompt
 
 SCORE = "Scoring"
 TABLE_ROWS = 200  # per-token rows a terminal table shows (json/jsonl/csv carry every token)
@@ -46,6 +43,9 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most."""
+    from ..core.build import load_draft, make_chain
+    from ..core.score import ScoreSettings, build_scorer, validate_score
+    from .pipeline import load
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
     explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache)
@@ -63,6 +63,7 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
 
 
 def _read(text: str | None, text_file: Path | None) -> str:
+    from .pipeline import read_prompt
     try:
         return read_prompt(text, text_file)
     except Exception as exc:  # the shared reader names PROMPT / --prompt-file; say TEXT / --text-file here
@@ -99,6 +100,8 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
         views = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
                               f"{' -> '.join(chain.names) or '(none)'}"),
                  render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
+                 render.shading_legend("raw p (the model's own probability of the given token)",
+                                       "first token (not scored)", "scored tokens"),
                  chunks_table(summary)]
         if summary.most_different:
             views.append(different_table(summary))

@@ -8,13 +8,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..core.build import SpeedupRounds, build_speculator, load_draft, make_chain, warm_up_speculate
 from ..core.config import as_dict, resolve
-from ..core.speculative import MAX_SPEEDUP_ROUNDS, SpeculateSettings, best_gamma, parse_gammas, validate_speculate
 from . import options as o
 from . import render
 from .loop import drive, interrupted, phase
-from .pipeline import export_instead, load, read_prompt
 
 SPEC = "Speculative decoding"
 
@@ -30,8 +27,8 @@ SweepOpt = Annotated[Optional[str], typer.Option("--sweep-gamma", help="Also mea
                                                  "1,2,3,4,6,8, and name the best.", rich_help_panel=SPEC)]
 RoundsOpt = Annotated[Optional[int], typer.Option(
     "--speedup-rounds", help="Timing rounds behind the measured speedup: speculative and plain decoding alternate, "
-    f"each round gives plain / speculative time per token; reported: median, min, max (1..{MAX_SPEEDUP_ROUNDS}, "
-    "default 3; 1 = one pair).", rich_help_panel=SPEC, show_default=False)]
+    "each round gives plain / speculative time per token; reported: median, min, max (1..100, default 3; 1 = one "
+    "pair).", rich_help_panel=SPEC, show_default=False)]
 
 
 @o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, ("stop_id",), o.OUTPUT, o.CHAIN, o.SAMPLERS,
@@ -45,6 +42,9 @@ def speculate(
     speedup_rounds: RoundsOpt = None,
 ) -> None:
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
+    from ..core.build import SpeedupRounds, build_speculator, load_draft, make_chain, warm_up_speculate
+    from ..core.speculative import SpeculateSettings, best_gamma, parse_gammas, validate_speculate
+    from .pipeline import export_instead, load, read_prompt
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(draft=draft, gamma=gamma, ngram_size=ngram_size, sweep_gamma=parse_gammas(sweep_gamma),
                     speedup_rounds=speedup_rounds)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Group
@@ -14,16 +14,15 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from ..core.build import make_chain
 from ..core.config import as_dict, resolve
 from ..core.errors import ConfigError
-from ..core.model import model_info
-from ..core.stream import (StreamGenerate, StreamScore, StreamSettings, attention_profile, compare_policies,
-                           validate_stream)
 from . import options as o
 from . import render
+from .live import LiveSteps
 from .loop import drive
-from .pipeline import load, read_prompt
+
+if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
+    from ..core.stream import StreamSettings
 
 STREAM = "Streaming"
 TABLE_ROWS = 200
@@ -58,6 +57,9 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
     """Decode or score past the model's context under a bounded KV cache (default sinks:sinks=4,recent=252): with
     PROMPT, generate -n tokens with the cache length, evicted positions and slot map per token; with --text-file,
     score the text (perplexity, cache tokens, KV bytes and tokens/s per span)."""
+    from ..core.build import make_chain
+    from ..core.stream import StreamScore, StreamSettings, validate_stream
+    from .pipeline import load
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(limit=limit, chunk=chunk, feed=feed, window=window, sinks=sinks,
                     compare_policies=compare_policies_, attention=attention)
@@ -96,6 +98,7 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
 
 
 def _read(opts, text_file: Path | None) -> str:
+    from .pipeline import read_prompt
     if text_file is None:
         return read_prompt(opts.prompt, opts.prompt_file)
     try:
@@ -126,9 +129,14 @@ def with_progress(run, fmt: o.Format, label: str) -> None:
 
 
 def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
+    from ..core.stream import StreamGenerate
     prompt_ids = lm.encode(text, opts.chat)
     run = StreamGenerate(lm, prompt_ids, chain, settings)
-    drive(run, opts.fmt)
+    if opts.fmt == o.Format.table:
+        with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
+            drive(run, opts.fmt, on_step=live.add)
+    else:
+        drive(run, opts.fmt)
     token_ids = run.new_ids
     out_text, summary = lm.decode(token_ids), run.summary()
     if opts.fmt == o.Format.jsonl:
@@ -147,7 +155,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
         views = [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache {summary.policy}"),
                  render.shaded_text(text, [(s.token, s.raw_prob) for s in run.steps]),
-                 render.summary_line(_scalars(summary))]
+                 render.shading_legend("raw p"), render.summary_line(_scalars(summary))]
         render.show(views, opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
 
 
@@ -189,6 +197,8 @@ def chunks_table(chunks, title: str) -> Table:
 
 
 def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], chain) -> None:
+    from ..core.model import model_info
+    from ..core.stream import compare_policies
     results = []
     for label, run in compare_policies(lm.model, ids, chain, lm.token_text, settings, model_info(lm.model)):
         if isinstance(run, str):
@@ -288,6 +298,7 @@ def ppl_plot(results, context: int | None, height: int = 12, width: int = 64) ->
 
 
 def emit_attention(opts, lm, settings: StreamSettings, body: str, chain) -> None:
+    from ..core.stream import attention_profile
     ids = lm.encode(body)[: settings.limit]
     rows, meta = attention_profile(lm.model, ids, settings.sinks, lm.context_length)
     strongest = max(rows, key=lambda r: r.ratio)

@@ -35,9 +35,9 @@ import torch
 from .beam import BeamSettings, validate_beam
 from .build import bias_token_ids, build_beam, build_sampler, build_speculator, make_chain
 from .config import META_KEYS, SampleSettings, coerce, load_preset, normalize_key, validate_sample
-from .errors import ConfigError
+from .errors import EMPTY_CHAIN, ConfigError
 from .processors import DEFAULT_ORDER, Chain, build_chain, entropy, log_softmax
-from .run import EMPTY_CHAIN, drain
+from .run import drain
 from .runtime import Runtime
 from .select import make_generator
 from .speculative import SpeculateSettings, validate_speculate

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import EMPTY_CHAIN, ChainError
+
 
 def synchronize(device) -> None:
     kind = torch.device(device).type
@@ -89,15 +91,9 @@ class Run:
         self.stop_reason = reason
 
 
-# A step whose chain left no candidate token (or overflowed) ends the run with this stop reason.
-EMPTY_CHAIN = "empty_chain"
-
-
 def drain(run) -> list:
     """Iterate ``run`` to its end; a chain that leaves no candidate ends it early with stop_reason EMPTY_CHAIN,
     keeping the steps produced (for callers that report many runs, where one empty chain must not lose the others)."""
-    from .errors import ChainError
-
     steps = []
     try:
         for step in run:

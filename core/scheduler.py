@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import ConfigError
+from .errors import EMPTY_CHAIN, ConfigError
 from .kv import CacheSpec
 from .kv.paged import PagedPolicy, PoolFull, blocks_for, chain_hashes
 from .processors import Chain, log_softmax
-from .run import EMPTY_CHAIN, synchronize
+from .run import synchronize
 from .runtime import Runtime
 from .step import StopChecker, StopRules, TokenBuffer, check_prompt, select
 

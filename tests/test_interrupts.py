@@ -52,9 +52,9 @@ def test_beam_loop(cli, toy_model_dir, monkeypatch):
 
 
 def test_beam_sweep(cli, toy_model_dir, monkeypatch):
-    import decodelab.cli.beam as cli_beam
+    import decodelab.core.beam as beam  # the command imports it when it runs
 
-    raise_on_call(monkeypatch, cli_beam, "sweep_length_penalty", 1)
+    raise_on_call(monkeypatch, beam, "sweep_length_penalty", 1)
     lines = run_jsonl(cli, "beam", "Hello", "-m", toy_model_dir, "-n", "4", "--beams", "2",
                       "--sweep-length-penalty", "0,1")
     assert lines[-1]["type"] == "summary" and lines[-1]["hypotheses"]  # the search itself finished
@@ -79,9 +79,9 @@ def test_speculate_loop(cli, toy_model_dir, monkeypatch):
 
 
 def test_speculate_warm_up(cli, toy_model_dir, monkeypatch):
-    import decodelab.cli.speculate as cli_spec
+    import decodelab.core.build as build  # the command imports it when it runs
 
-    raise_on_call(monkeypatch, cli_spec, "warm_up_speculate", 1)
+    raise_on_call(monkeypatch, build, "warm_up_speculate", 1)
     lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4")
     assert [x["type"] for x in lines] == ["summary"] and lines[0]["stop_reason"] == "interrupted"
 

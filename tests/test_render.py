@@ -7,12 +7,14 @@ import contextlib
 import io
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import pytest
 from rich.console import Console
 
 from decodelab.cli import render
+from decodelab.cli.steps_view import StepsTable
 from decodelab.core.trace import Alternative, SampleSummary, Step
 
 
@@ -76,19 +78,56 @@ def test_fmt_p(p, text):
     assert render.fmt_p(p) == text
 
 
-@pytest.mark.parametrize("p, rgb", [(0.0, (255, 0, 90)), (1.0, (0, 255, 90)), (0.5, (255, 255, 90)),
-                                    (0.25, (255, 127, 90)), (0.75, (127, 255, 90)), (-3.0, (255, 0, 90)),
-                                    (7.0, (0, 255, 90))])
-def test_prob_style_red_to_green(p, rgb):
-    assert render.prob_style(p) == "black on rgb({},{},{})".format(*rgb)
+@pytest.mark.parametrize("p, shade", [(1.0, 0), (7.0, 0), (0.5, 0), (0.4999, 1), (0.1, 1), (0.0999, 2), (0.01, 2),
+                                      (0.00999, 3), (0.0, 3), (-3.0, 3), (float("nan"), 3)])
+def test_prob_style_classes_and_their_boundaries(p, shade):
+    # p >= 0.5 green, >= 0.1 yellow, >= 0.01 red, below magenta; each lower bound belongs to its own class
+    assert render.prob_style(p) == render.SHADES[shade][1]
+
+
+def test_shades_hold_with_16_colours_and_without_colour():
+    from rich.color import ColorType
+    from rich.style import Style
+
+    styles = [Style.parse(style) for _, style, _ in render.SHADES]
+    for style in styles:  # standard colours: a 16-colour terminal shows them as they are, not a nearest match
+        assert style.bgcolor.type == ColorType.STANDARD and style.color.type == ColorType.STANDARD
+    plain = [style.without_color for style in styles] + [Style.parse(render.PROMPT_STYLE).without_color]
+    assert len(set(plain)) == len(plain)  # NO_COLOR: every class and the prompt still look different
+    bounds = [low for low, _, _ in render.SHADES]
+    assert bounds == sorted(bounds, reverse=True) and bounds[-1] == 0.0
 
 
 def test_shaded_text_marks_the_prompt_apart_and_shades_each_token():
     text = render.shaded_text("Once", [(" upon", 1.0), (" a", 0.0)])
-    assert text.plain == "Once upon a"
+    assert text.plain == "Once" + render.PROMPT_MARK + " upon a"  # the mark shows in a pipe, with no style at all
     spans = [(s.start, s.end, str(s.style)) for s in text.spans]
-    assert (4, 9, render.prob_style(1.0)) in spans and (9, 11, render.prob_style(0.0)) in spans
-    assert str(text.style) == "" and (0, 4, "dim") in spans  # the prompt dimmed, and only the prompt
+    assert spans == [(0, 4, render.PROMPT_STYLE), (4, 5, "dim"), (5, 10, render.prob_style(1.0)),
+                     (10, 12, render.prob_style(0.0))]
+    assert str(text.style) == ""  # the prompt's style is a span: it does not spill onto the tokens
+
+
+def test_shading_in_16_colours_and_no_color_escape_codes():
+    tokens = [(" a", 0.9), (" b", 0.2), (" c", 0.05), (" d", 0.001)]
+    for kind, codes in (("standard", ["42", "43", "41", "45"]), ("none", ["", "3", "4", "1;4"])):
+        console = Console(file=io.StringIO(), force_terminal=True, color_system="standard", no_color=kind == "none",
+                          width=80)  # NO_COLOR in the environment is no_color=True
+        console.print(render.shaded_text("P", tokens), end="")
+        out = console.file.getvalue()
+        for (token, _), code in zip(tokens, codes):
+            if code:  # background colour, or italic / underline / bold+underline without colour
+                assert any(code in seq.split(";") or seq.endswith(code)
+                           for seq in re.findall(r"\x1b\[([0-9;]*)m" + re.escape(token), out)), (kind, token, out)
+            else:
+                assert re.search(r"(^|m)" + re.escape(token), out), (kind, token, out)
+
+
+def test_shading_legend_names_every_class():
+    legend = render.shading_legend("processed p").plain
+    assert "prompt " + render.PROMPT_MARK + " output" in legend and "processed p" in legend
+    for low, _, name in render.SHADES:
+        assert name in legend
+    assert "green p >= 0.5" in legend and "magenta+bold+underline p < 0.01" in legend
 
 
 def make_step(i: int, token: str, prob: float, alts=()) -> Step:
@@ -101,22 +140,6 @@ def rendered(renderable, width: int = 200) -> str:
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(renderable)
     return console.export_text()
-
-
-def test_steps_table_columns_and_cells():
-    steps = [make_step(0, " hi", 0.5, [Alternative(1, "x", 0.25, 0.125)]), make_step(1, "\n", 0.0009)]
-    text = rendered(render.steps_table(steps, top=1, title="T"))
-    for header in ("#", "token", "prob", "raw p", "raw rank", "kept", "H", "top 1 alternatives (p)"):
-        assert header in text
-    lines = text.splitlines()
-    row0 = next(line for line in lines if "␣hi" in line)
-    assert "█████" in row0 and "0.500" in row0 and "x\u00a00.250" in row0
-    assert " 3 " in row0 and "0.50" in row0
-    row1 = next(line for line in lines if "\\n" in line)
-    assert "9.0e-04" in row1 and "4.5e-04" in row1 and " 2 " in row1 and "1.50" in row1 and " 4 " in row1
-    assert "H: entropy (nats) of the processed distribution" in " ".join(text.split())
-    no_alts = rendered(render.steps_table(steps, top=0))
-    assert "alternatives" not in no_alts
 
 
 def test_step_rows_and_markdown():
@@ -154,7 +177,8 @@ def test_document_top_level():
 
 def test_show_saves_html_and_svg(tmp_path, capsys):
     html, svg = tmp_path / "a.html", tmp_path / "a.svg"
-    render.show([render.steps_table([make_step(0, "tok", 0.5)], top=0)], html, svg, to_screen=False)
+    render.show([StepsTable([make_step(0, "tok", 0.5)], top=0, vocab_size=50, max_steps=1)], html, svg,
+                to_screen=False)
     assert capsys.readouterr().out == ""
     assert "<html" in html.read_text().lower() and "tok" in html.read_text()
     assert svg.read_text().lstrip().startswith("<svg") and "decodelab" in svg.read_text()

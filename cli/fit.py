@@ -1,0 +1,94 @@
+"""Tables that fit the terminal without cutting a number.
+
+rich narrows an over-wide table by shrinking its wrapping columns, then every column evenly, which cuts numbers
+short with an ellipsis (`1.3e-…`) or folds them across lines. Here a table too wide for the terminal is split into
+panels of columns, each repeating the first (key) column, and each column gets at least what it needs: a no-wrap
+column its longest cell, a wrapping column its longest word."""
+
+from __future__ import annotations
+
+import copy
+
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+
+def column_widths(console: Console, table: Table) -> list[tuple[int, int]]:
+    """(need, want) per column, in cells without padding: need = the least that cuts nothing, want = its longest
+    line (header included; an explicit width or max_width is the column's own choice and is kept)."""
+    out = []
+    for column in table.columns:
+        cells = list(column.cells)
+        if table.show_header:
+            cells.append(column.header)
+        need = want = 0
+        for cell in cells:
+            m = Measurement.get(console, console.options, cell)
+            want = max(want, m.maximum)
+            need = max(need, m.maximum if column.no_wrap and cell is not column.header else m.minimum)
+        if column.width is not None:
+            need = want = column.width
+        if column.max_width is not None:
+            need, want = min(need, column.max_width), min(want, column.max_width)
+        if column.min_width is not None:
+            need, want = max(need, column.min_width), max(want, column.min_width)
+        out.append((need, want))
+    return out
+
+
+def chrome(table: Table, count: int) -> int:
+    """Cells a table of ``count`` columns spends on borders and padding (rich's own rules)."""
+    _, right, _, left = table.padding
+    pad = count * (left + right) - (0 if table.pad_edge else left + right)
+    if table.collapse_padding:
+        pad -= (count - 1) * min(left, right)
+    lines = (count - 1 + (2 if table.show_edge else 0)) if table.box else 0
+    return pad + lines
+
+
+def panels(widths: list[tuple[int, int]], table: Table, width: int) -> list[list[int]]:
+    """Columns in order, packed greedily into panels that fit ``width``, each starting with column 0."""
+    groups: list[list[int]] = []
+    for i in range(1, len(widths)):
+        group = groups[-1] if groups else None
+        if group is not None and chrome(table, len(group) + 1) + sum(widths[j][0] for j in group + [i]) <= width:
+            group.append(i)
+        else:
+            groups.append([0, i])
+    return groups or [[0]]
+
+
+def spread(needs: list[int], wants: list[int], room: int) -> list[int]:
+    """Each column its need, then the room left shared a cell at a time among the columns still below their want."""
+    widths = list(needs)
+    while room > 0:
+        growing = [i for i, w in enumerate(widths) if w < wants[i]]
+        if not growing:
+            break
+        for i in growing[:room]:
+            widths[i] += 1
+        room -= min(room, len(growing))
+    return widths
+
+
+def fit_table(table: Table, width: int, console: Console | None = None) -> list:
+    """The table itself when it fits ``width``; else panels of its columns that each fit, with fixed widths, and the
+    caption after the last one at the full width."""
+    console = console or Console(width=width)
+    widths = column_widths(console, table)
+    if not widths or chrome(table, len(widths)) + sum(w for _, w in widths) <= width:
+        return [table]
+    groups = panels(widths, table, width)
+    out = []
+    for k, group in enumerate(groups):
+        part = copy.copy(table)
+        part.columns = [copy.copy(table.columns[i]) for i in group]
+        room = width - chrome(table, len(group)) - sum(widths[i][0] for i in group)
+        sizes = spread([widths[i][0] for i in group], [widths[i][1] for i in group], max(room, 0))
+        for j, (column, size) in enumerate(zip(part.columns, sizes)):
+            column._index, column.width = j, size
+        part.title = table.title if k == 0 else None
+        part.caption = None
+        out.append(part)
+    return out + ([table.caption] if table.caption else [])
