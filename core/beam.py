@@ -221,7 +221,7 @@ class BeamStep:
 class BeamSummary:
     beams: int
     steps: int
-    finished: int  # hypotheses in the finished pool at the end: at most `beams` (transformers' BeamHypotheses)
+    finished: int  # hypotheses in the finished pool at the end: at most `beams`, as transformers keeps them
     entered: int  # hypotheses that entered the pool during the search; a better one pushes the worst out, so this
     # can exceed `beams`
     returned: int

@@ -462,7 +462,8 @@ def test_cli_bad_input_is_one_line_and_exit_2_before_loading(cli, args, needle):
 
 def test_summary_finished_is_the_pool_never_more_than_beams():
     """Beams 2 on the hand table: [E], [a, E], [a, a, E] and [a, a, a] enter the pool in turn and the better ones push
-    the worse out, as transformers' BeamHypotheses keeps at most num_beams: 4 entered, 2 finished."""
+    the worse out; transformers keeps the best num_beams finished too (_update_finished_beams: top-k, k = num_beams):
+    4 entered, 2 finished."""
     search = run_table(settings(2, 1.0, "never", 3))
     s = search.summary()
     assert s.finished == len(search.hypotheses) == 2 <= s.beams
