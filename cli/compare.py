@@ -15,7 +15,7 @@ from ..core.config import as_dict
 from ..core.errors import EMPTY_CHAIN, ChainError, ConfigError
 from . import options as o
 from . import render
-from .loop import note_error
+from .loop import note_error, note_interrupt
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ..core.compare import Comparison, Prompt
@@ -63,8 +63,8 @@ def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, p
         run.on_row = lambda row: (advance(row), stream_row(row, opts.fmt))
         try:
             run.run()
-        except KeyboardInterrupt:
-            sys.stderr.write("interrupted: showing the rows so far\n")
+        except KeyboardInterrupt:  # the rows so far are printed; main() then says "interrupted" and exits 130
+            note_interrupt()
     emit(opts, lm, run)
     report_empty_chains(run.rows)
 

@@ -167,7 +167,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque(self._seq(i, r, device) for i, r in enumerate(self.requests))
         self.running: list[Seq] = []
         self._joins = 0
-        done: dict[str, Seq] = {}
+        done = self._done = {}
         index = 0
         synchronize(device)
         while self.waiting or self.running:
@@ -193,6 +193,16 @@ class Scheduler:
             index += 1
             yield record
         self.results = [self._result(done[r.id]) for r in self.requests]
+
+    def interrupt(self) -> None:
+        """Ctrl-C: every request not finished (running or still waiting) ends where it is, with stop_reason
+        "interrupted" and what it produced; ``results`` then holds every request, in request order."""
+        done = getattr(self, "_done", {})
+        for s in [*getattr(self, "running", []), *getattr(self, "waiting", [])]:
+            if s.stop_reason is None:
+                s.stop_reason = "interrupted"
+            done.setdefault(s.key, s)
+        self.results = [self._result(done[r.id]) for r in self.requests if r.id in done]
 
     def _schedule_running(self) -> tuple[list[tuple[Seq, int]], float, list[str]]:
         """Decodes first, then prefill chunks in join order, within the token budget; blocks reserved for each,

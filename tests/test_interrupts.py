@@ -146,3 +146,110 @@ def test_an_interrupt_while_loading_is_a_clean_130(cli, toy_model_dir, monkeypat
     raise_on_call(monkeypatch, pipeline, "load_model", 1)
     code, out, err = cli("probs", "Hello", "-m", toy_model_dir, "-f", "json")
     assert code == 130 and out == "" and err == "interrupted\n"
+
+
+def cut_iteration(monkeypatch, cls, after: int) -> None:
+    """cls's iterator raises KeyboardInterrupt once it has yielded ``after`` items, as a SIGINT between them would."""
+    real = cls.__iter__
+
+    def cut(self):
+        for k, item in enumerate(real(self)):
+            if k == after:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(cls, "__iter__", cut)
+
+
+def test_batch_loop(cli, toy_model_dir, tmp_path, monkeypatch):
+    from decodelab.core.scheduler import Scheduler
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one two\nthree four five\nsix\n")
+    raise_on_call(monkeypatch, Scheduler, "_forward", 5)  # the warm-up's 2 forwards, the run's 2, then a cut
+    lines = run_jsonl(cli, "batch", "--prompts-file", prompts, "-m", toy_model_dir, "-n", "6", "--ignore-eos",
+                      "--max-batch", "2")
+    kinds = [x["type"] for x in lines]
+    assert kinds == ["iteration", "iteration", "request", "request", "request", "summary"]
+    summary, requests = lines[-1], lines[2:5]
+    assert summary["stop_reason"] == "interrupted" and summary["iterations"] == 2
+    assert "static_tokens_per_s" not in summary  # the baselines did not run
+    assert [r["stop_reason"] for r in requests] == ["interrupted"] * 3  # two cut running, one never admitted
+    assert [len(r["token_ids"]) for r in requests] == [2, 2, 0]  # prefill + a token, then one more; the third waits
+    assert summary["tokens"] == 4
+
+
+def test_batch_baseline(cli, toy_model_dir, tmp_path, monkeypatch):
+    import decodelab.core.batch as batch
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one two\nthree four five\n")
+    raise_on_call(monkeypatch, batch, "static_baseline", 1)
+    lines = run_jsonl(cli, "batch", "--prompts-file", prompts, "-m", toy_model_dir, "-n", "3", "--ignore-eos",
+                      "--baselines", "static")
+    summary = lines[-1]
+    assert summary["type"] == "summary" and summary["stop_reason"] == "end" and summary["tokens"] == 6
+    assert "static_tokens_per_s" not in summary
+
+
+def test_compare_rows(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.compare import Comparison
+
+    raise_on_call(monkeypatch, Comparison, "run_one", 3)
+    code, out, err = cli("compare", "Hello", "-m", toy_model_dir, "-V", "a: temperature=0", "-V",
+                         "b: temperature=1", "--seeds", "0-1", "-n", "3", "-f", "jsonl")
+    assert code == 130 and err.strip().endswith("interrupted") and "Traceback" not in err
+    lines = lines_of(out)
+    assert [x["type"] for x in lines if x["type"] == "row"] == ["row", "row"]  # the two rows before the cut
+    assert lines[-1]["type"] == "summary"
+
+
+def test_stream_score(cli, toy_model_dir, tmp_path, monkeypatch):
+    from decodelab.core.stream import StreamScore
+
+    text = tmp_path / "t.txt"
+    text.write_text("one two three four five six seven eight nine ten eleven")
+    cut_iteration(monkeypatch, StreamScore, 1)
+    code, out, err = cli("stream", "--text-file", text, "-m", toy_model_dir, "--chunk", "4", "--cache",
+                         "window:size=8", "-f", "jsonl")
+    assert code == 130, err
+    lines = lines_of(out)
+    assert [x["type"] for x in lines] == ["step", "summary"] and lines[-1]["stop_reason"] == "interrupted"
+
+
+def test_bench_keeps_whole_rounds(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.bench import Bench
+
+    real = Bench.time
+
+    def half_round(self, rounds, on_round=None):
+        last = list(self.runs)[-1]
+        fn, calls = self.runs[last], {"n": 0}
+
+        def counted():
+            calls["n"] += 1
+            if calls["n"] == 3:  # the check, round 0, then half of round 1
+                raise KeyboardInterrupt
+            return fn()
+
+        self.runs[last] = counted
+        return real(self, rounds, on_round)
+
+    monkeypatch.setattr(Bench, "time", half_round)
+    code, out, err = cli("bench", "-m", toy_model_dir, "--settings", "greedy", "-n", "2", "--rounds", "3",
+                         "-f", "json")
+    assert code == 130, err
+    doc = json.loads(out)
+    assert doc["stop_reason"] == "interrupted" and doc["rows"]
+    assert {r["rounds"] for r in doc["rows"]} == {1}  # round 1 was cut half-way: only round 0 is kept
+
+
+def test_quantize_kv_grid(cli, toy_model_dir, monkeypatch):
+    import decodelab.core.quantize_kv as qkv
+
+    raise_on_call(monkeypatch, qkv, "fidelity", 3)  # the main fidelity, grid cell 1, then cut in cell 2
+    code, out, err = cli("quantize-kv", "The quick brown fox jumps over the lazy dog. " * 2, "-m", toy_model_dir,
+                         "--grid", "-f", "json")
+    assert code == 130, err
+    doc = json.loads(out)
+    assert doc["summary"]["stop_reason"] == "interrupted" and len(doc["grid"]) == 1
