@@ -13,6 +13,7 @@ from ..core.config import as_dict, resolve
 from ..core.errors import EMPTY_CHAIN, ChainError
 from . import options as o
 from . import render
+from .live import LiveSteps
 from .loop import drive, note_error, phase
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
@@ -72,7 +73,8 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     entries = read_prompts(prompts_file, settings)
     lm = load(opts)
     run = BatchRun(lm, settings, entries, chat=opts.chat)
-    drive(run, opts.fmt, kind="iteration")
+    with LiveSteps(render.console(), None, unit="iterations", enabled=opts.fmt == o.Format.table) as live:
+        drive(run, opts.fmt, kind="iteration", on_step=live.add)
     report = run.report()
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     emit(opts, lm, settings, report, rows)

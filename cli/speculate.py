@@ -11,6 +11,7 @@ from rich.text import Text
 from ..core.config import as_dict, resolve
 from . import options as o
 from . import render
+from .live import LiveSteps
 from .loop import drive, interrupted, phase
 
 SPEC = "Speculative decoding"
@@ -64,7 +65,8 @@ def speculate(
     if interrupted():
         spec.interrupt()  # Ctrl-C during the warm-up: an empty run, reported as interrupted
     else:
-        drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()))
+        with LiveSteps(render.console(), None, unit="rounds", enabled=opts.fmt == o.Format.table) as live:
+            drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add)
     # the shown run is round 1's speculative half; a Ctrl-C keeps the rounds completed (none: speedups null)
     timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, settings.gamma, first=spec)
     phase(timing.run)
