@@ -60,7 +60,9 @@ app.command("quantize-kv")(quantize_kv)
 
 
 def fail(message: str) -> int:
-    sys.stderr.write(f"error: {message}\n")
+    """One line on stderr; undecodable bytes echoed back from the input (lone surrogates) are shown escaped."""
+    line = f"error: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
+    sys.stderr.write(line + "\n")
     return 2
 
 
