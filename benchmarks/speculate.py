@@ -1,10 +1,13 @@
 """Speculative decoding: predicted against measured speedup over plain target decoding, per gamma, in one run.
 
 For each proposer and gamma the plain loop (``decode_tokens``, same chain, same length) and the speculative loop
-run in alternation, ``--rounds`` times, and the medians are compared, so slow drift of a shared machine hits both:
+run in alternation, ``--rounds`` times (plain first in odd rounds, speculative first in even ones), so slow drift
+of a shared machine hits both:
 
 * measured speedup = plain time per token / speculative time per token (decode phase: prefill excluded from both;
-  the speculative time covers drafting, the block verification, rollback and the stop checks);
+  the speculative time covers drafting, the block verification, rollback and the stop checks), one ratio per
+  round; reported: the median of the per-round ratios and their min-max (``median_spread``, as ``decodelab
+  speculate --speedup-rounds`` reports it);
 * cost ratio c = drafting time per drafted token / plain time per token (the same runs);
 * a = accepted drafts / drafts judged (a round judges its drafts up to the first rejection);
 * predicted speedup = (1 - a^(g+1)) / ((1 - a)(g c + 1)). Two assumptions behind it are shown side by side:
@@ -46,6 +49,7 @@ from decodelab.core.speculative import (
     Speculator,
     expected_tokens,
     make_selector_for,
+    median_spread,
     predicted_speedup,
     time_plain_decoding,
 )
@@ -68,19 +72,23 @@ def held_out_prompts(count: int, chars: int = 200) -> list[str]:
     return out
 
 
-def one_pair(target, proposer_factory, prompts, chain, temperature, n, gamma, ctx):
-    """Per prompt one plain run and one speculative run; returns their summed times and counts."""
+def one_pair(target, proposer_factory, prompts, chain, temperature, n, gamma, ctx, plain_first=True):
+    """Per prompt one plain run and one speculative run (in that order, or the other); returns their summed times
+    and counts."""
     greedy = temperature == 0
     total = dict.fromkeys(("plain", "plain_tokens", "spec", "draft", "verify", "accepted", "judged", "drafted",
                            "rounds", "tokens"), 0.0)
     device = next(target.parameters()).device
     for prompt_ids in prompts:
-        base = time_plain_decoding(target, prompt_ids, chain, make_selector(temperature, 0, device), n, ctx)
+        plain = lambda: time_plain_decoding(target, prompt_ids, chain, make_selector(temperature, 0, device), n,  # noqa: E731
+                                            ctx)
+        base = plain() if plain_first else None
         gen = None if greedy else make_generator(0, device)
         sp = Speculator(target, proposer_factory(make_selector_for(greedy, gen)), prompt_ids, chain,
                         StopRules(n, ignore_eos=True, context_length=ctx), gamma, gen, record=False)
         for _ in sp:
             pass
+        base = base or plain()
         s = sp.stats
         for key, value in (("plain", base.decode_seconds), ("plain_tokens", base.tokens - 1),
                            ("spec", sp.watch.timing.loop_s), ("draft", s.draft_seconds), ("verify", s.target_seconds),
@@ -100,7 +108,8 @@ def measure(label, target, proposer_factory, prompts, chain, temperature, n, gam
     rows = []
     one_pair(target, proposer_factory, prompts[:1], chain, temperature, min(n, 16), 2, ctx)  # warm-up
     for g in gammas:
-        runs = [one_pair(target, proposer_factory, prompts, chain, temperature, n, g, ctx) for _ in range(rounds)]
+        runs = [one_pair(target, proposer_factory, prompts, chain, temperature, n, g, ctx, plain_first=i % 2 == 0)
+                for i in range(rounds)]
         plain = statistics.median(r["plain_step"] for r in runs)
         spec = statistics.median(r["spec_token"] for r in runs)
         draft = statistics.median(r["draft_step"] for r in runs)
@@ -109,7 +118,7 @@ def measure(label, target, proposer_factory, prompts, chain, temperature, n, gam
         a = accepted / judged if judged else 0.0
         c, v = draft / plain, verify / plain
         predicted = predicted_speedup(a, c, g)
-        measured = plain / spec
+        measured, low, high, _ = median_spread([r["plain_step"] / r["spec_token"] for r in runs])
         rows.append({
             "proposer": label, "gamma": g, "acceptance_rate": a,
             "mean_accepted": accepted / sum(r["rounds"] for r in runs),
@@ -118,18 +127,19 @@ def measure(label, target, proposer_factory, prompts, chain, temperature, n, gam
             "expected_tokens_per_round": expected_tokens(a, g),
             "plain_ms_per_token": plain * 1e3, "spec_ms_per_token": spec * 1e3, "cost_ratio": c,
             "verify_cost_ratio": v, "predicted_with_v": expected_tokens(a, g) / (g * c + v),
-            "predicted_speedup": predicted, "measured_speedup": measured,
-            "measured_over_predicted": measured / predicted,
+            "predicted_speedup": predicted, "measured_speedup": measured, "measured_speedup_min": low,
+            "measured_speedup_max": high, "rounds": rounds, "measured_over_predicted": measured / predicted,
         })
         print(f"  {label:<24} g={g:<2} a={a:.3f} tok/call={rows[-1]['tokens_per_target_call']:.2f} c={c:.3f} "
-              f"v={v:.2f} predicted={predicted:.2f}x measured={measured:.2f}x ratio={measured / predicted:.2f}",
+              f"v={v:.2f} predicted={predicted:.2f}x measured={measured:.2f}x ({low:.2f}-{high:.2f}) "
+              f"ratio={measured / predicted:.2f}",
               file=sys.stderr, flush=True)
     return rows
 
 
 def table(rows) -> str:
     head = ("proposer", "g", "a", "acc/round", "tok/call", "E(a,g)", "c", "v", "plain ms/tok", "spec ms/tok",
-            "predicted", "measured", "meas/pred", "pred. with v")
+            "predicted", "measured (min-max)", "meas/pred", "pred. with v")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lines.append(
@@ -137,7 +147,8 @@ def table(rows) -> str:
             f"{r['tokens_per_target_call']:.2f} | {r['expected_tokens_per_round']:.2f} | {r['cost_ratio']:.3f} | "
             f"{r['verify_cost_ratio']:.2f} | "
             f"{r['plain_ms_per_token']:.2f} | "
-            f"{r['spec_ms_per_token']:.2f} | {r['predicted_speedup']:.2f}x | {r['measured_speedup']:.2f}x | "
+            f"{r['spec_ms_per_token']:.2f} | {r['predicted_speedup']:.2f}x | {r['measured_speedup']:.2f}x "
+            f"({r['measured_speedup_min']:.2f}-{r['measured_speedup_max']:.2f}) | "
             f"{r['measured_over_predicted']:.2f} | {r['predicted_with_v']:.2f}x |")
     return "\n".join(lines)
 

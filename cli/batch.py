@@ -10,8 +10,11 @@ import typer
 from rich.table import Table
 
 from ..core.config import as_dict, resolve
+from ..core.errors import EMPTY_CHAIN, ChainError
 from . import options as o
 from . import render
+from .live import LiveSteps
+from .loop import drive, note_error, phase
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ..core.batch import BatchReport, BatchSettings
@@ -52,7 +55,7 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
           rows: RowsOpt = Rows.requests) -> None:
     """Serve many requests at once: one forward per iteration over the running sequences (prefill chunks and
     decodes together), finished ones leave and waiting ones join; KV in a paged pool with shared prefix blocks."""
-    from ..core.batch import BatchSettings, read_prompts, run_batch, validate_batch
+    from ..core.batch import BatchRun, BatchSettings, read_prompts, validate_batch
     from .pipeline import load
     explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "stop")
     explicit.pop("cache", None)
@@ -69,11 +72,17 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     validate_batch(settings)
     entries = read_prompts(prompts_file, settings)
     lm = load(opts)
-    fmt = opts.fmt
-    stream = (lambda record: render.print_jsonl({"type": "iteration", **render.clean(record)})) \
-        if fmt == o.Format.jsonl else None
-    report = run_batch(lm, settings, entries, chat=opts.chat, on_iteration=stream)
+    run = BatchRun(lm, settings, entries, chat=opts.chat)
+    with LiveSteps(render.console(), None, unit="iterations", enabled=opts.fmt == o.Format.table) as live:
+        drive(run, opts.fmt, kind="iteration", on_step=live.add)
+    report = run.report()
+    phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     emit(opts, lm, settings, report, rows)
+    for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
+        if r.stop_reason == EMPTY_CHAIN:
+            note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
+                                  f"{len(r.new_ids)} tokens (stop_reason {EMPTY_CHAIN}); loosen its filters or bans"))
+            break
 
 
 def request_rows(lm, report: BatchReport) -> list[dict]:

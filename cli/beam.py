@@ -12,6 +12,7 @@ from rich.tree import Tree
 from ..core.config import as_dict, resolve
 from . import options as o
 from . import render
+from .live import LiveSteps
 from .loop import drive, phase
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
@@ -71,7 +72,9 @@ def beam(
     prompt_ids = lm.encode(text, opts.chat)
     search = build_beam(lm, settings, prompt_ids)
     processors = search.chain
-    drive(search, opts.fmt)
+    with LiveSteps(render.console(), None, settings.max_new_tokens, unit="steps",
+                   enabled=opts.fmt == o.Format.table) as live:
+        drive(search, opts.fmt, on_step=live.add)
     hyps = search.hypotheses
     summary = search.summary()
     sweep_rows = None

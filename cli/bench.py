@@ -10,6 +10,7 @@ from rich.table import Table
 from ..core.errors import ConfigError
 from . import options as o
 from . import render
+from .loop import note_interrupt
 
 CHAINS = {"greedy": "temperature 0", "sampling": "temperature 0.8 -> top-p 0.95", "beam": "(none)",
           "speculative": "temperature 0", "prompt-lookup": "temperature 0"}  # what each setting runs (core/bench.py)
@@ -56,23 +57,30 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     prompt_ids = lm.encode(text)
     run = Bench(lm.model, prompt_ids, n, chosen, draft_lm.model if draft_lm else None, g, beams)
     err = render.error_console()
-    run.time(rounds, on_round=lambda r: err.print(f"bench: round {r + 1}/{rounds}") if err.is_terminal else None)
-    rows = run.rows()
+    stop_reason = "end"
+    try:
+        run.time(rounds, on_round=lambda r: err.print(f"bench: round {r + 1}/{rounds}") if err.is_terminal else None)
+    except KeyboardInterrupt:  # the whole rounds so far are reported; main() then exits 130
+        note_interrupt()
+        stop_reason = "interrupted"
+    rows = run.rows() if run.keep_whole_rounds() else []
     doc = {"command": "bench", "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
            "config": {"max_new_tokens": n, "rounds": rounds, "draft": draft if draft_lm else None, "gammas": list(g),
                       "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()},
            "chain": [f"{name}: {stages}" for name, stages in CHAINS.items() if name in chosen],
-           "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows}
+           "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason}
     if opts.fmt == o.Format.json:
         render.print_json(doc)
     elif opts.fmt == o.Format.jsonl:
         for r in rows:
             render.print_jsonl({"type": "row", **render.clean(r)})
-        render.print_jsonl({"type": "summary", "command": "bench", "model": lm.name, "rows": len(rows)})
+        render.print_jsonl({"type": "summary", "command": "bench", "model": lm.name, "rows": len(rows),
+                            "stop_reason": stop_reason})
     elif opts.fmt in (o.Format.markdown, o.Format.csv):
         render.print_rows([render.clean(r) for r in rows], opts.fmt.value)
     if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        t = Table(title=f"{lm.name} on {lm.device} · {n} new tokens · median of {rounds} interleaved rounds",
+        t = Table(title=f"{lm.name} on {lm.device} · {n} new tokens · median of "
+                  f"{rows[0].rounds if rows else 0} interleaved rounds",
                   header_style="bold")
         for name in ("setting", "decodelab tok/s", "generate tok/s", "ratio", "low-high"):
             t.add_column(name, justify="left" if name == "setting" else "right", no_wrap=name != "setting")

@@ -12,9 +12,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.config import as_dict
-from ..core.errors import ConfigError
+from ..core.errors import EMPTY_CHAIN, ChainError, ConfigError
 from . import options as o
 from . import render
+from .loop import note_error, note_interrupt
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ..core.compare import Comparison, Prompt
@@ -62,9 +63,21 @@ def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, p
         run.on_row = lambda row: (advance(row), stream_row(row, opts.fmt))
         try:
             run.run()
-        except KeyboardInterrupt:
-            sys.stderr.write("interrupted: showing the rows so far\n")
+        except KeyboardInterrupt:  # the rows so far are printed; main() then says "interrupted" and exits 130
+            note_interrupt()
     emit(opts, lm, run)
+    report_empty_chains(run.rows)
+
+
+def report_empty_chains(rows) -> None:
+    """A row whose chain left no candidate ended early (stop_reason empty_chain) while the others ran on: every
+    row is printed, then the error line, and the exit status is 2."""
+    for row in rows:
+        if row.stop_reason == EMPTY_CHAIN:
+            note_error(ChainError(f"variant {row.variant} (prompt {row.prompt}, seed {row.seed}): its chain left no "
+                                  f"candidate token after {row.length} tokens (stop_reason {EMPTY_CHAIN}); loosen "
+                                  "its filters or bans"))
+            return
 
 
 def collect_prompts(args: list[str] | None, path: Path | None, from_job) -> list[Prompt]:

@@ -15,18 +15,19 @@ from .steps_view import StepsTable
 class LiveSteps:
     """``with LiveSteps(console, table, limit) as live: ... live.add(step)``; ``live.shown`` says whether rows were
     printed (then the caller prints only what follows the table). ``table`` None: the status line alone (a run whose
-    table summarises thousands of steps at the end)."""
+    table is printed at the end); ``unit`` names what is counted; ``enabled`` False (a script format): nothing."""
 
-    def __init__(self, console: Console, table: StepsTable | None, limit: int):
-        self.console, self.table, self.limit = console, table, limit
-        self.terminal = console.is_terminal
+    def __init__(self, console: Console, table: StepsTable | None, limit: int | None = None, unit: str = "tokens",
+                 enabled: bool = True):
+        self.console, self.table, self.limit, self.unit = console, table, limit, unit
+        self.terminal = enabled and console.is_terminal
         self.shown = self.terminal and table is not None
         self.count, self.start, self.live = 0, 0.0, None
 
     def status(self) -> Spinner:
         rate = self.count / max(time.perf_counter() - self.start, 1e-9)
-        return Spinner("dots", f"{self.count}/{self.limit} tokens · {rate:.1f} tok/s · Ctrl-C stops and keeps them",
-                       style="cyan")
+        done = f"{self.count}/{self.limit}" if self.limit else f"{self.count}"
+        return Spinner("dots", f"{done} {self.unit} · {rate:.1f}/s · Ctrl-C stops and keeps them", style="cyan")
 
     def __enter__(self) -> "LiveSteps":
         if self.terminal:

@@ -4,17 +4,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..core.errors import EMPTY_CHAIN, ChainError
 from . import render
 from .options import Format
 
 # One interrupt path for every command and every phase: a Ctrl-C inside a run or a later phase (a baseline, a sweep)
 # is noted here, the command prints what it has (whole lines, the summary), and main() exits with status 130.
 _interrupted = False
+# Likewise a chain that leaves no candidate mid-run: the run ends with stop_reason "empty_chain", the command prints
+# what it has (a JSONL stream still ends with its summary line), and main() prints the error and exits with 2.
+_error: ChainError | None = None
 
 
 def reset() -> None:
-    global _interrupted
-    _interrupted = False
+    global _interrupted, _error
+    _interrupted, _error = False, None
+
+
+def note_error(exc: ChainError) -> None:
+    global _error
+    if _error is None:
+        _error = exc
+
+
+def error() -> ChainError | None:
+    return _error
 
 
 def note_interrupt() -> None:
@@ -27,28 +41,34 @@ def interrupted() -> bool:
 
 
 def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean,
-          on_step: Callable[[object], None] | None = None) -> None:
-    """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line; ``on_step`` sees each step (a live
+          on_step: Callable[[object], None] | None = None, kind: str = "step") -> None:
+    """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line (``{"type": kind, ...}``); ``on_step`` sees each step (a live
     table). An interrupt ends the run with what it produced (``run.interrupt()``: stop_reason "interrupted"); the
     caller then prints the summary as usual."""
     try:
         for step in run:
             if fmt == Format.jsonl:
-                render.print_jsonl({"type": "step", **row(step)})
+                render.print_jsonl({"type": kind, **row(step)})
             if on_step is not None:
                 on_step(step)
     except KeyboardInterrupt:
         run.interrupt()
         note_interrupt()
+    except ChainError as exc:
+        run.end(EMPTY_CHAIN)
+        note_error(exc)
 
 
 def phase(fn: Callable[[], object], default=None):
-    """A later phase of a command (a reference run, a sweep): skipped once interrupted, and a Ctrl-C inside it ends
-    it with ``default`` so the command still prints what it has."""
-    if _interrupted:
+    """A later phase of a command (a reference run, a sweep): skipped once interrupted or once a chain emptied, and
+    a Ctrl-C or an empty chain inside it ends it with ``default`` so the command still prints what it has."""
+    if _interrupted or _error is not None:
         return default
     try:
         return fn()
     except KeyboardInterrupt:
         note_interrupt()
+        return default
+    except ChainError as exc:
+        note_error(exc)
         return default

@@ -60,7 +60,9 @@ app.command("quantize-kv")(quantize_kv)
 
 
 def fail(message: str) -> int:
-    sys.stderr.write(f"error: {message}\n")
+    """One line on stderr; undecodable bytes echoed back from the input (lone surrogates) are shown escaped."""
+    line = f"error: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
+    sys.stderr.write(line + "\n")
     return 2
 
 
@@ -73,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     loop.reset()
     try:
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
+        if loop.error() is not None:  # a chain emptied mid-run: the command printed what it had, then the error
+            if debug:
+                raise loop.error()
+            return fail(str(loop.error()))
         # a Ctrl-C inside a run: the command printed what it had, the status still says it was cut short;
         # outside any run (loading, say) typer returns 130 itself
         if loop.interrupted() or result == 130:

@@ -14,6 +14,7 @@ from ..core.config import as_dict, resolve
 from ..core.errors import ConfigError
 from . import options as o
 from . import render
+from .loop import phase
 
 Q = "Quantization"
 DEFAULT_TEXT = "presets/models/validation.txt"
@@ -55,7 +56,7 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     """A quantized KV cache (--cache quant:..., int8, int4-kivi, int2-kivi; default int4-kivi) against the full one:
     memory (real bytes, the per-token formula, projections), fidelity on a text (KL, top-1 agreement, perplexity),
     reconstruction error per layer and head, and the outlier channels that set the scales."""
-    from ..core.quantize_kv import QuantizeKVSettings, run_quantize_kv, validate_quantize_kv
+    from ..core.quantize_kv import QuantizeKVSettings, fidelity, grid_cells, run_quantize_kv, validate_quantize_kv
     from .pipeline import load
     explicit = {"cache": opts.cache, "top": opts.top, "limit": limit, "feed": feed, "bits": bits, "axis": axis,
                 "group_size": group_size, "residual": residual, "symmetric": symmetric, "grid": grid or None,
@@ -69,8 +70,15 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
         raise ConfigError(f"--limit {settings.limit}: {len(ids)} tokens exceed the context of {lm.name!r} "
                           f"({lm.context_length}); give --limit {lm.context_length} or less")
     status = render.error_console()
-    report = run_quantize_kv(lm, ids, settings, spec, progress=lambda label: status.print(f"[dim]{label}[/dim]")
-                             if opts.fmt == o.Format.table else None)
+    tell = (lambda label: status.print(f"[dim]{label}[/dim]")) if opts.fmt == o.Format.table else (lambda label: None)
+    report = run_quantize_kv(lm, ids, settings, spec, progress=tell)
+    for cell in grid_cells(settings):
+        tell(f"grid: {cell}")
+        measured = phase(lambda: fidelity(lm, ids, cell, settings.feed))  # noqa: B023 (called at once)
+        if measured is None:  # Ctrl-C: the cells so far are reported, main() then exits 130
+            report.stop_reason = "interrupted"
+            break
+        report.grid.append(measured)
     emit(opts, lm, settings, body, ids, report)
 
 

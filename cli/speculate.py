@@ -11,6 +11,7 @@ from rich.text import Text
 from ..core.config import as_dict, resolve
 from . import options as o
 from . import render
+from .live import LiveSteps
 from .loop import drive, interrupted, phase
 
 SPEC = "Speculative decoding"
@@ -25,6 +26,10 @@ NgramSizeOpt = Annotated[Optional[int], typer.Option("--ngram-size", help="Longe
                                                      rich_help_panel=SPEC, show_default=False)]
 SweepOpt = Annotated[Optional[str], typer.Option("--sweep-gamma", help="Also measure these gammas, e.g. "
                                                  "1,2,3,4,6,8, and name the best.", rich_help_panel=SPEC)]
+RoundsOpt = Annotated[Optional[int], typer.Option(
+    "--speedup-rounds", help="Timing rounds behind the measured speedup: speculative and plain decoding alternate, "
+    "each round gives plain / speculative time per token; reported: median, min, max (1..100, default 3; 1 = one "
+    "pair).", rich_help_panel=SPEC, show_default=False)]
 
 
 @o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, ("stop_id",), o.OUTPUT, o.CHAIN, o.SAMPLERS,
@@ -35,13 +40,15 @@ def speculate(
     gamma: GammaOpt = None,
     ngram_size: NgramSizeOpt = None,
     sweep_gamma: SweepOpt = None,
+    speedup_rounds: RoundsOpt = None,
 ) -> None:
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
-    from ..core.build import build_speculator, load_draft, make_chain, plain_baseline, warm_up_speculate
+    from ..core.build import SpeedupRounds, build_speculator, load_draft, make_chain, warm_up_speculate
     from ..core.speculative import SpeculateSettings, best_gamma, parse_gammas, validate_speculate
     from .pipeline import export_instead, load, read_prompt
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
-    explicit.update(draft=draft, gamma=gamma, ngram_size=ngram_size, sweep_gamma=parse_gammas(sweep_gamma))
+    explicit.update(draft=draft, gamma=gamma, ngram_size=ngram_size, sweep_gamma=parse_gammas(sweep_gamma),
+                    speedup_rounds=speedup_rounds)
     settings = resolve(SpeculateSettings, opts.preset, explicit, opts.set_)
     validate_speculate(settings)
     if opts.export is not None:
@@ -58,21 +65,20 @@ def speculate(
     if interrupted():
         spec.interrupt()  # Ctrl-C during the warm-up: an empty run, reported as interrupted
     else:
-        drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()))
-    summary = spec.summary(phase(lambda: plain_baseline(lm, settings, prompt_ids, processors, len(spec.new_ids))))
+        with LiveSteps(render.console(), None, unit="rounds", enabled=opts.fmt == o.Format.table) as live:
+            drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add)
+    # the shown run is round 1's speculative half; a Ctrl-C keeps the rounds completed (none: speedups null)
+    timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, settings.gamma, first=spec)
+    phase(timing.run)
+    summary = spec.summary(timing.rounds)
     sweep = []
-
-    def measure_gamma(g: int):
-        row = build_speculator(lm, draft_lm, settings, prompt_ids, g, processors, record=False)
-        for _ in row:
-            pass
-        return row.summary(plain_baseline(lm, settings, prompt_ids, processors, len(row.new_ids)))
-
     for g in (int(x) for x in settings.sweep_gamma):
-        measured = phase(lambda: measure_gamma(g))
-        if measured is None:
-            break  # interrupted: the rows measured so far are kept
-        sweep.append(measured)
+        if interrupted():
+            break  # the rows measured so far are kept
+        row = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, g)
+        phase(row.run)
+        if row.rounds:  # a gamma cut before its first round completed has no row
+            sweep.append(row.first.summary(row.rounds))
     best = best_gamma(sweep) if sweep else None
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
          opts.save_svg)
@@ -102,7 +108,7 @@ def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, 
                  f"{'greedy verification' if spec.greedy else 'speculative sampling'} · chain: "
                  f"{' -> '.join(processors.names) or '(none)'}")
         views = [rounds_table(spec.rounds, title, spec.greedy), marked_text(text, spec.rounds),
-                 render.summary_line(summary)]
+                 speedup_line(summary), render.summary_line(summary)]
         if sweep:
             views += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
         render.show(views, save_html, save_svg, to_screen=fmt == o.Format.table)
@@ -136,7 +142,7 @@ def rounds_table(rounds, title: str, greedy: bool) -> Table:
     table.add_column("proposed", overflow="fold")
     table.add_column("q->p u", overflow="fold")
     table.add_column("acc", justify="right")
-    table.add_column("correction / bonus", overflow="fold")
+    table.add_column("correction / bonus / plain", overflow="fold")
     # greedy draws from a point mass: show the target's own softmax around it instead
     table.add_column("target raw p (top)" if greedy else "drawn from: residual or p (top)", overflow="fold")
     for r in rounds:
@@ -149,7 +155,7 @@ def rounds_table(rounds, title: str, greedy: bool) -> Table:
 
 
 def marked_text(prompt: str, rounds) -> Text:
-    """The prompt dimmed, accepted drafts green, corrections and bonus tokens yellow."""
+    """The prompt dimmed, accepted drafts green, the target's own tokens (correction, bonus, plain) yellow."""
     out = Text()
     out.append(prompt, style="dim")  # a span: the Text's base style would dim every token after it
     for r in rounds:
@@ -160,9 +166,22 @@ def marked_text(prompt: str, rounds) -> Text:
     return out
 
 
+def speedup_line(summary) -> Text:
+    """The measured speedup with its spread and the number of timing rounds behind it, in words."""
+    if summary.measured_speedup is None:
+        return Text("measured speedup: not measured (interrupted before a timing round completed)", style="bold")
+    rounds = summary.speedup_rounds
+    spread = (f"median of {rounds} timing rounds, min {summary.measured_speedup_min:.2f}x, max "
+              f"{summary.measured_speedup_max:.2f}x" if rounds > 1 else "1 timing round, no spread")
+    predicted = (f"; predicted {summary.predicted_speedup:.2f}x" if summary.predicted_speedup is not None else "")
+    return Text(f"measured speedup {summary.measured_speedup:.2f}x over plain decoding ({spread}){predicted}",
+                style="bold")
+
+
 SWEEP_COLUMNS = {"gamma": "g", "acceptance_rate": "a", "mean_accepted": "acc/round",
                  "tokens_per_target_call": "tok/call", "target_calls": "target calls", "draft_calls": "draft calls",
                  "cost_ratio": "c", "predicted_speedup": "predicted", "measured_speedup": "measured",
+                 "measured_speedup_min": "min", "measured_speedup_max": "max", "speedup_rounds": "timing rounds",
                  "stop_reason": "stop"}
 
 
@@ -172,15 +191,23 @@ def sweep_row(summary) -> dict:
 
 
 def sweep_table(rows) -> Table:
-    table = Table(title="gamma sweep (speedups against plain target decoding, same run)", header_style="bold")
-    for header in SWEEP_COLUMNS.values():
-        table.add_column(header, justify="right")
+    """Fits 80 columns: the measured speedup is the median over the timing rounds, its min-max beside it."""
+    table = Table(title="gamma sweep: speedups against plain target decoding, same run", header_style="bold",
+                  show_edge=False, caption="a: acceptance rate · c: draft step / target step · measured: median "
+                  "(min-max) over n timing rounds")
+    for header in ("g", "a", "tok/call", "c", "pred.", "measured", "min-max", "n", "stop"):
+        table.add_column(header, justify="left" if header == "stop" else "right", no_wrap=True)
     for r in rows:
-        cells = []
-        for v in sweep_row(r).values():
-            cells.append(f"{v:.3f}" if isinstance(v, float) else ("-" if v is None else str(v)))
-        table.add_row(*cells)
+        spread = (f"{r.measured_speedup_min:.2f}-{r.measured_speedup_max:.2f}" if r.measured_speedup is not None
+                  else "-")
+        table.add_row(str(r.gamma), f"{r.acceptance_rate:.3f}", f"{r.tokens_per_target_call:.2f}",
+                      "-" if r.cost_ratio is None else f"{r.cost_ratio:.3f}", times(r.predicted_speedup),
+                      times(r.measured_speedup), spread, str(r.speedup_rounds), r.stop_reason)
     return table
+
+
+def times(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def round_rows(rounds) -> list[dict]:

@@ -19,7 +19,7 @@ from ..core.errors import ConfigError
 from . import options as o
 from . import render
 from .live import LiveSteps
-from .loop import drive
+from .loop import drive, note_interrupt
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ..core.stream import StreamSettings
@@ -123,6 +123,7 @@ def with_progress(run, fmt: o.Format, label: str) -> None:
                 progress.advance(task, chunk.tokens)
     except KeyboardInterrupt:
         run.interrupt()
+        note_interrupt()
 
 
 # --- generation ----------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ overrides the command's settings for that request only.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -132,6 +133,7 @@ class BatchReport:
     peak_blocks: int
     num_blocks: int
     baselines: list[Baseline] = field(default_factory=list)
+    stop_reason: str = "end"  # "interrupted": Ctrl-C ended the run (the requests it cut say so too)
 
     @property
     def tokens(self) -> int:
@@ -157,6 +159,7 @@ class BatchReport:
             "block_size": self.settings.block_size,
             "max_batch": self.settings.max_batch,
             "slot_utilisation": rows / (len(self.iterations) * self.settings.max_batch) if self.iterations else 0.0,
+            "stop_reason": self.stop_reason,
         }
         for b in self.baselines:
             out[f"{b.name}_tokens_per_s"] = b.tokens_per_s
@@ -202,23 +205,46 @@ def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: l
     return Baseline("transformers", tokens / seconds, seconds, same)
 
 
+class BatchRun:
+    """The iteration-level run: iterate it for :class:`Iteration` records (``interrupt()`` ends it where it is), then
+    ``report()``, then ``run_baselines(report)`` for the baselines in ``settings.baselines`` on the same requests."""
+
+    def __init__(self, lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False):
+        self.lm, self.settings, self.entries, self.chat = lm, settings, entries, chat
+        warm_up(lm, settings)
+        self.scheduler = scheduler_for(lm, settings, build_requests(lm, entries, chat), static=False)
+        self.stop_reason = "end"
+
+    def __iter__(self) -> Iterator[Iteration]:
+        return iter(self.scheduler)
+
+    def interrupt(self) -> None:
+        self.scheduler.interrupt()
+        self.stop_reason = "interrupted"
+
+    def report(self) -> BatchReport:
+        sched = self.scheduler
+        return BatchReport(self.settings, sched.results, sched.iterations, sched.seconds, sched.peak_blocks,
+                           sched.policy.num_blocks, stop_reason=self.stop_reason)
+
+    def run_baselines(self, report: BatchReport) -> None:
+        for name in self.settings.baselines:
+            if name == "static":
+                report.baselines.append(static_baseline(self.lm, self.settings, self.entries, report.results,
+                                                        self.chat))
+            else:
+                report.baselines.append(transformers_baseline(self.lm, self.settings, report.results))
+
+
 def run_batch(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False,
               on_iteration=None) -> BatchReport:
-    """The iteration-level run (each iteration record handed to ``on_iteration`` as it ends), then the baselines
-    in ``settings.baselines`` on the same requests."""
-    warm_up(lm, settings)
-    requests = build_requests(lm, entries, chat)
-    sched = scheduler_for(lm, settings, requests, static=False)
-    for record in sched:
+    """The whole run at once (each iteration record handed to ``on_iteration`` as it ends), then the baselines."""
+    run = BatchRun(lm, settings, entries, chat)
+    for record in run:
         if on_iteration is not None:
             on_iteration(record)
-    report = BatchReport(settings, sched.results, sched.iterations, sched.seconds, sched.peak_blocks,
-                         sched.policy.num_blocks)
-    for name in settings.baselines:
-        if name == "static":
-            report.baselines.append(static_baseline(lm, settings, entries, sched.results, chat))
-        else:
-            report.baselines.append(transformers_baseline(lm, settings, sched.results))
+    report = run.report()
+    run.run_baselines(report)
     return report
 
 

@@ -100,6 +100,13 @@ MAX_BEAMS = 256  # one batched forward of this many rows per step; more is not a
 MAX_PENALTY = 10.0  # L^a for a context of 10^6 tokens stays within float range: 10^60 (a = 10), 10^-60 (a = -10)
 
 
+def check_beams_fit_vocabulary(beams: int, vocab_size: int) -> None:
+    """The first step expands one prompt into at most V distinct continuations; with B > V the other live beams
+    would extend transformers' -1e9 placeholder rows and could be returned as hypotheses scored near -1e9."""
+    if beams > vocab_size:
+        raise ConfigError(f"--beams {beams}: must be at most the model's vocabulary size ({vocab_size})")
+
+
 def validate_beam(s: BeamSettings) -> None:
     """Every check that needs no model, so bad input fails before anything loads."""
     validate_chain(s)
@@ -214,7 +221,9 @@ class BeamStep:
 class BeamSummary:
     beams: int
     steps: int
-    finished: int  # hypotheses that entered the pool during the search
+    finished: int  # hypotheses in the finished pool at the end: at most `beams`, as transformers keeps them
+    entered: int  # hypotheses that entered the pool during the search; a better one pushes the worst out, so this
+    # can exceed `beams`
     returned: int
     best_length: int
     best_score: float
@@ -483,7 +492,8 @@ class BeamSearch(Run):
         return BeamSummary(
             beams=self.s.beams,
             steps=self.n_steps,
-            finished=self.entered,
+            finished=len(self.pool),
+            entered=self.entered,
             returned=min(self.s.returned, len(self.pool)),
             best_length=best.length if best else 0,
             best_score=best.score if best else float("nan"),

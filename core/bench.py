@@ -211,6 +211,14 @@ class Bench:
             if on_round is not None:
                 on_round(r)
 
+    def keep_whole_rounds(self) -> int:
+        """After an interrupt: drop the times of a round cut half-way; returns how many whole rounds are left."""
+        times = getattr(self, "times", {})
+        done = min((len(t) for t in times.values()), default=0)
+        for t in times.values():
+            del t[done:]
+        return done
+
     def tps(self, name: str) -> float:
         return self.n / statistics.median(self.times[name])
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .beam import BeamSearch, BeamSettings, ModelStepper
+from .beam import BeamSearch, BeamSettings, ModelStepper, check_beams_fit_vocabulary
 from .config import ChainSettings, SampleSettings, cache_spec
 from .decode import Sampler, next_token_stages
 from .errors import ConfigError, ModelLoadError
@@ -18,8 +18,8 @@ from .runtime import Runtime
 from .select import make_generator
 from .semantics import plan as semantics_plan
 from .semantics import resolve_token_settings
-from .speculative import (BaselineTiming, ModelProposer, NGramProposer, Speculator, SpeculateSettings,
-                          check_same_vocabulary, make_selector_for, time_plain_decoding)
+from .speculative import (BaselineTiming, ModelProposer, NGramProposer, Speculator, SpeculateSettings, SpeedupRound,
+                          check_same_vocabulary, make_selector_for, speedup_round, time_plain_decoding)
 from .step import StopRules
 
 
@@ -105,6 +105,7 @@ def build_probs(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int]
 
 def build_beam(lm: LoadedModel, settings: BeamSettings, prompt_ids: list[int], chain: Chain | None = None,
                record: bool = True) -> BeamSearch:
+    check_beams_fit_vocabulary(settings.beams, lm.vocab_size)
     chain = chain or make_chain(lm, settings)
     refuse_stepwise_stages(chain, "beam search")
     chain.reset(len(prompt_ids))
@@ -168,6 +169,50 @@ def plain_baseline(lm: LoadedModel, settings: SpeculateSettings, prompt_ids: lis
     return time_plain_decoding(lm.model, prompt_ids, chain, semantics_plan(settings).make_selector(settings.seed,
                                                                                                     lm.device),
                                tokens, lm.context_length, cache=cache_spec(settings))
+
+
+class SpeedupRounds:
+    """The measured speedup of one gamma over ``settings.speedup_rounds`` timing rounds. Each round pairs a
+    speculative run with plain decoding of as many tokens (same prompt, settings, seed and chain, so every
+    speculative run emits the same tokens); the order alternates, speculative first in rounds 1, 3, .. and plain
+    first in rounds 2, 4, .., so a machine that slows down or speeds up during the measurement weighs on both sides
+    alike. ``first``: the speculative run of round 1 when it has already run (the traced run a command shows; its
+    loop time excludes the trace, like the untraced later runs). ``run()`` may be cut by Ctrl-C: ``rounds`` keeps
+    the rounds completed, ``first`` the first speculative run once it is complete."""
+
+    def __init__(self, lm: LoadedModel, draft: LoadedModel | None, settings: SpeculateSettings,
+                 prompt_ids: list[int], chain: Chain, gamma: int, first: Speculator | None = None):
+        self.lm, self.draft, self.settings, self.prompt_ids = lm, draft, settings, prompt_ids
+        self.chain, self.gamma, self.first = chain, gamma, first
+        self.rounds: list[SpeedupRound] = []
+
+    def speculative(self) -> Speculator:
+        run = build_speculator(self.lm, self.draft, self.settings, self.prompt_ids, self.gamma, self.chain,
+                               record=False)
+        for _ in run:
+            pass
+        return run
+
+    def plain(self, tokens: int) -> BaselineTiming:
+        return plain_baseline(self.lm, self.settings, self.prompt_ids, self.chain, tokens)
+
+    def run(self) -> list[SpeedupRound]:
+        for i in range(len(self.rounds), self.settings.speedup_rounds):
+            if i == 0:
+                if self.first is None:
+                    self.first = self.speculative()
+                run, baseline = self.first, self.plain(len(self.first.new_ids))
+            elif i % 2:
+                baseline = self.plain(len(self.first.new_ids))
+                run = self.speculative()
+            else:
+                run = self.speculative()
+                baseline = self.plain(len(run.new_ids))
+            paired = speedup_round(run, baseline)
+            if paired is None:
+                break  # nothing to time (a run of no tokens)
+            self.rounds.append(paired)
+        return self.rounds
 
 
 def with_gamma(settings: SpeculateSettings, gamma: int) -> SpeculateSettings:

@@ -35,8 +35,9 @@ import torch
 from .beam import BeamSettings, validate_beam
 from .build import bias_token_ids, build_beam, build_sampler, build_speculator, make_chain
 from .config import META_KEYS, SampleSettings, coerce, load_preset, normalize_key, validate_sample
-from .errors import ConfigError
+from .errors import EMPTY_CHAIN, ConfigError
 from .processors import DEFAULT_ORDER, Chain, build_chain, entropy, log_softmax
+from .run import drain
 from .runtime import Runtime
 from .select import make_generator
 from .speculative import SpeculateSettings, validate_speculate
@@ -384,7 +385,7 @@ class Comparison:
     def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> Row:
         if v.method == "sample":  # the chain shares the selector's generator, as `sample` builds it
             sampler = build_sampler(self.lm, settings, prompt_ids)
-            steps = list(sampler)
+            steps = drain(sampler)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
             ids = sampler.new_ids
             return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), sampler.stop_reason,
                        mean_or_none([s.logprob for s in steps]),
@@ -395,9 +396,13 @@ class Comparison:
         chain = make_chain(self.lm, settings)
         if v.method == "beam":
             search = build_beam(self.lm, settings, prompt_ids, chain, record=False)
-            best = search.run()[0]
-            return self.scored_row(v, prompt, seed, prompt_ids, chain, best.token_ids, best.reason,
-                                   search.watch.timing.tokens_per_s(len(best.token_ids)))
+            drain(search)
+            if search.stop_reason == EMPTY_CHAIN or not search.hypotheses:
+                ids, reason = search.new_ids, EMPTY_CHAIN
+            else:
+                ids, reason = search.hypotheses[0].token_ids, search.hypotheses[0].reason
+            return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, reason,
+                                   search.watch.timing.tokens_per_s(len(ids)))
         draft = None
         if settings.draft != "ngram":
             if self.load_draft is None:
@@ -406,8 +411,7 @@ class Comparison:
                 self.drafts[settings.draft] = self.load_draft(settings.draft)
             draft = self.drafts[settings.draft]
         spec = build_speculator(self.lm, draft, settings, prompt_ids, settings.gamma, chain, record=False)
-        for _ in spec:
-            pass
+        drain(spec)
         ids = list(spec.new_ids)
         return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, spec.stop_reason,
                                spec.watch.timing.tokens_per_s(len(ids)))

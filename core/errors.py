@@ -15,3 +15,7 @@ class ModelLoadError(DecodelabError):
 
 class ChainError(DecodelabError):
     """A processor chain that leaves no candidate token."""
+
+
+# The stop reason of a run whose chain left no candidate mid-run (a ChainError): what was produced is kept.
+EMPTY_CHAIN = "empty_chain"

@@ -324,6 +324,7 @@ class QuantizeKVReport:
     activations: dict | None = None
     grid: list[Fidelity] = field(default_factory=list)
     feed: int = 1  # tokens per forward in the fidelity runs
+    stop_reason: str = "end"  # "interrupted": Ctrl-C cut the grid; it holds the cells measured before
 
     def summary(self) -> dict:
         f = self.fidelity
@@ -332,12 +333,13 @@ class QuantizeKVReport:
                 "bytes_ratio": f.bytes_ratio, "baseline_bytes_ratio": f.kv_bytes / self.memory["baseline_kv_bytes"],
                 "kl_mean": f.kl_mean, "top1_agreement": f.top1_agreement, "perplexity": f.perplexity,
                 "baseline_perplexity": f.baseline_perplexity,
-                "perplexity_change": f.perplexity / f.baseline_perplexity - 1}
+                "perplexity_change": f.perplexity / f.baseline_perplexity - 1, "stop_reason": self.stop_reason}
 
 
 def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSettings, spec: CacheSpec,
                     progress=None) -> QuantizeKVReport:
-    """Everything quantize-kv reports, for the text ``ids``. ``progress(label)`` is told what runs next."""
+    """Everything quantize-kv reports for the text ``ids``, but the grid (``grid_cells``). ``progress(label)`` is told
+    what runs next."""
     tell = progress or (lambda label: None)
     if len(ids) < 2:
         raise ConfigError(f"--text-file: {len(ids)} token(s); quantize-kv needs at least 2")
@@ -370,8 +372,10 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
         report.activations = {"layer": settings.activations, "where": "input of the decoder layer",
                               **outlier_view(x, [f"c{i}" for i in range(x.shape[-1])], policy.bits, policy.group,
                                              settings.top)}
-    if settings.grid:
-        for cell in grid_specs(group=settings.group_size, residual=settings.residual):
-            tell(f"grid: {cell}")
-            report.grid.append(fidelity(lm, ids, cell, settings.feed))
     return report
+
+
+def grid_cells(settings: QuantizeKVSettings) -> list[CacheSpec]:
+    """The caches of ``--grid`` (none without it): each is measured with ``fidelity``, one at a time, so that an
+    interrupted grid keeps the cells already measured."""
+    return grid_specs(group=settings.group_size, residual=settings.residual) if settings.grid else []

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import EMPTY_CHAIN, ChainError
+
 
 def synchronize(device) -> None:
     kind = torch.device(device).type
@@ -83,6 +85,22 @@ class Run:
         """Called when the consumer was interrupted (Ctrl-C): what was produced stays, the reason says why."""
         self.interrupted = True
         self.stop_reason = "interrupted"
+
+    def end(self, reason: str) -> None:
+        """The run was cut short for ``reason`` (EMPTY_CHAIN): what was produced stays, the reason says why."""
+        self.stop_reason = reason
+
+
+def drain(run) -> list:
+    """Iterate ``run`` to its end; a chain that leaves no candidate ends it early with stop_reason EMPTY_CHAIN,
+    keeping the steps produced (for callers that report many runs, where one empty chain must not lose the others)."""
+    steps = []
+    try:
+        for step in run:
+            steps.append(step)
+    except ChainError:
+        run.end(EMPTY_CHAIN)
+    return steps
 
     @property
     def new_ids(self) -> list[int]:

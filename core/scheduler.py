@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import ConfigError
+from .errors import EMPTY_CHAIN, ConfigError
 from .kv import CacheSpec
 from .kv.paged import PagedPolicy, PoolFull, blocks_for, chain_hashes
 from .processors import Chain, log_softmax
 from .run import synchronize
 from .runtime import Runtime
-from .step import StopChecker, StopRules, TokenBuffer, check_prompt, check_selected, select
+from .step import StopChecker, StopRules, TokenBuffer, check_prompt, select
 
 
 @dataclass
@@ -167,7 +167,7 @@ class Scheduler:
         self.waiting: deque[Seq] = deque(self._seq(i, r, device) for i, r in enumerate(self.requests))
         self.running: list[Seq] = []
         self._joins = 0
-        done: dict[str, Seq] = {}
+        done = self._done = {}
         index = 0
         synchronize(device)
         while self.waiting or self.running:
@@ -193,6 +193,16 @@ class Scheduler:
             index += 1
             yield record
         self.results = [self._result(done[r.id]) for r in self.requests]
+
+    def interrupt(self) -> None:
+        """Ctrl-C: every request not finished (running or still waiting) ends where it is, with stop_reason
+        "interrupted" and what it produced; ``results`` then holds every request, in request order."""
+        done = getattr(self, "_done", {})
+        for s in [*getattr(self, "running", []), *getattr(self, "waiting", [])]:
+            if s.stop_reason is None:
+                s.stop_reason = "interrupted"
+            done.setdefault(s.key, s)
+        self.results = [self._result(done[r.id]) for r in self.requests if r.id in done]
 
     def _schedule_running(self) -> tuple[list[tuple[Seq, int]], float, list[str]]:
         """Decodes first, then prefill chunks in join order, within the token budget; blocks reserved for each,
@@ -325,7 +335,10 @@ class Scheduler:
         host = torch.stack(packed).tolist() if packed else []  # the iteration's one transfer
         finished = []
         for (s, tok), (token_id, finite, logprob, raw_logprob) in zip(picks, host):
-            check_selected(bool(finite), s.req.chain)
+            if not finite:  # this request's chain left no candidate: it ends here, the others go on
+                s.stop_reason, s.finished_at = EMPTY_CHAIN, index
+                finished.append(s)
+                continue
             token_id = int(token_id)
             s.new_ids.append(token_id)
             s.steps.append(TokenStep(token_id, logprob, raw_logprob))

@@ -56,11 +56,14 @@ class SpeculateSettings(SampleSettings):
     gamma: int = 4  # tokens drafted per round
     ngram_size: int = 3  # longest n-gram the prompt-lookup proposer matches
     sweep_gamma: tuple[int, ...] = ()
+    speedup_rounds: int = 3  # paired speculative / plain runs behind the measured speedup (median, min, max)
 
 
 # A round emits (1 - a^(g+1)) / (1 - a) < 1 / (1 - a) tokens on average: past a few dozen drafts more only costs,
 # even at an acceptance rate of 0.99; the bound keeps the per-position statistics a readable size.
 MAX_GAMMA = 128
+# Each timing round decodes the whole output twice (speculative, then plain, or the other way round).
+MAX_SPEEDUP_ROUNDS = 100
 
 
 def validate_speculate(s: SpeculateSettings) -> None:
@@ -71,6 +74,9 @@ def validate_speculate(s: SpeculateSettings) -> None:
     if not 1 <= s.ngram_size <= MAX_GAMMA:
         raise ConfigError(f"--ngram-size {s.ngram_size}: must be an integer in [1, {MAX_GAMMA}]")
     parse_gammas(",".join(map(str, s.sweep_gamma)) if s.sweep_gamma else None)
+    if not isinstance(s.speedup_rounds, int) or not 1 <= s.speedup_rounds <= MAX_SPEEDUP_ROUNDS:
+        raise ConfigError(f"--speedup-rounds {s.speedup_rounds}: must be an integer in [1, {MAX_SPEEDUP_ROUNDS}] "
+                          "(timing rounds, each a speculative and a plain run of the same output)")
 
 
 def parse_gammas(text: str | None) -> tuple[int, ...] | None:
@@ -97,6 +103,15 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel, spec: str) ->
 # ---------------------------------------------------------------------------------------------------------------
 # the verification rule: pure functions (sampling batched over rows [B, ...], so tests can run thousands at once)
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def final_kind(drafted: int, accepted: int) -> str:
+    """What the token after a round's accepted drafts is: "correction" (a draft was rejected, y ~ norm(max(0, p -
+    q))), "bonus" (every one of >= 1 drafts accepted, y ~ p), or "plain" (nothing was drafted: no n-gram match, or
+    the last token of -n; y ~ p is an ordinary target step, earned by no draft)."""
+    if drafted == 0:
+        return "plain"
+    return "bonus" if accepted == drafted else "correction"
 
 
 class Verdict(NamedTuple):
@@ -326,7 +341,7 @@ class ResidualEntry:
 
 @dataclass
 class FinalToken:
-    kind: str  # correction | bonus
+    kind: str  # correction | bonus | plain (see final_kind)
     token_id: int
     token: str
     prob: float  # in the distribution it was drawn from: norm(max(0, p - q)) (correction) or p (bonus)
@@ -579,8 +594,8 @@ class Speculator(Run):
                                               raw_qx[i], raw_px[i]))
         entries = [ResidualEntry(int(i), text(int(i)), f, pk, r)
                    for i, f, pk, r in zip(top_ids, top_final, top_p, top_raw) if self.greedy or f > 0]
-        rnd.final = FinalToken("bonus" if k == g else "correction", y, text(y), last[0], last[1], last[2],
-                               len(o.emitted) == k + 1, entries)
+        rnd.final = FinalToken(final_kind(g, k), y, text(y), last[0], last[1], last[2], len(o.emitted) == k + 1,
+                               entries)
         rnd.emitted_text = self.detok(o.emitted) if self.detok is not None else ""
         return rnd
 
@@ -596,9 +611,13 @@ class Speculator(Run):
     def stop_reason(self, value: str) -> None:
         self.stats.stop_reason = value
 
-    def summary(self, baseline: BaselineTiming | None) -> SpeculativeSummary:
+    def summary(self, timed: BaselineTiming | list[SpeedupRound] | None) -> SpeculativeSummary:
+        """The run's summary; its speedups from ``timed``: the timing rounds (see :class:`SpeedupRound`), or one
+        plain reference run paired with this run, or None (no reference: speedups null)."""
         timing = self.watch.timing if self.watch is not None else Timing()  # never started: interrupted before
-        return summarize(self.stats, self.proposer.name, self.proposer.forwards, baseline, timing)
+        if isinstance(timed, BaselineTiming):
+            timed = [r for r in [speedup_round(self, timed)] if r is not None]
+        return summarize(self.stats, self.proposer.name, self.proposer.forwards, timed or [], timing)
 
 
 class _Outcome(NamedTuple):
@@ -636,6 +655,50 @@ class BaselineTiming:
         return self.decode_seconds / max(self.tokens - 1, 1)
 
 
+@dataclass
+class SpeedupRound:
+    """One timing round: a speculative run and plain decoding of the same number of tokens, back to back, both
+    timed over their decoding loops only (prefills and the trace excluded)."""
+
+    plain_step_s: float  # plain decoding: seconds per decode step
+    spec_token_s: float  # speculative decoding: seconds per emitted token
+    draft_step_s: float  # drafting seconds per drafted token (0 when nothing was drafted)
+    verify_s: float  # verification seconds per round
+
+    @property
+    def speedup(self) -> float:
+        """plain time per token / speculative time per token."""
+        return self.plain_step_s / self.spec_token_s
+
+
+def speedup_round(run: Speculator, baseline: BaselineTiming) -> SpeedupRound | None:
+    """Pair a finished speculative run with its plain reference; None when the run emitted nothing or was never
+    timed (interrupted before its first round)."""
+    stats, n = run.stats, len(run.new_ids)
+    if run.watch is None or n == 0 or stats.rounds == 0 or baseline.decode_seconds <= 0:
+        return None
+    return SpeedupRound(baseline.step_seconds, run.watch.timing.loop_s / n,
+                        stats.draft_seconds / stats.drafted if stats.drafted else 0.0,
+                        stats.target_seconds / stats.rounds)
+
+
+class Spread(NamedTuple):
+    median: float
+    low: float  # the smallest value
+    high: float  # the largest value
+    count: int
+
+
+def median_spread(values: list[float]) -> Spread | None:
+    """Median (the mean of the middle two for an even count), minimum and maximum; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    n, mid = len(ordered), len(ordered) // 2
+    median = ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+    return Spread(median, ordered[0], ordered[-1], n)
+
+
 def time_plain_decoding(target, prompt_ids: list[int], chain: Chain, selector, tokens: int,
                         context_length: int | None, cache: CacheSpec | None = None) -> BaselineTiming:
     """Generate exactly ``tokens`` tokens (EOS ignored) with the bare loop under the same KV policy; its loop time
@@ -661,13 +724,18 @@ class SpeculativeSummary:
     expected_tokens_per_round: float  # (1 - a^(g+1)) / (1 - a): what the prediction assumes (independent accepts)
     target_calls: int  # verification forwards (the prefill excluded)
     draft_calls: int  # draft-model forwards (the prefill excluded); 0 for the n-gram proposer
-    draft_step_ms: float  # drafting time per drafted token
-    target_step_ms: float | None  # one plain decoding step of the target (the reference run)
-    verify_ms: float  # target verification time per round (forward over g+1 positions, chain, verify, rollback)
+    draft_step_ms: float  # drafting time per drafted token (median over the timing rounds)
+    target_step_ms: float | None  # one plain decoding step of the target (the reference runs; median)
+    verify_ms: float  # target verification time per round (forward over g+1 positions, chain, verify, rollback;
+    # median over the timing rounds)
     cost_ratio: float | None  # c = draft_step_ms / target_step_ms
     verify_cost_ratio: float | None  # v = verify_ms / target_step_ms; the prediction assumes v = 1
     predicted_speedup: float | None  # (1 - a^(g+1)) / ((1 - a)(g c + 1)), g = gamma
-    measured_speedup: float | None  # plain decoding time per token / speculative time per token (loops only)
+    measured_speedup: float | None  # median over the timing rounds of plain time per token / speculative time per
+    # token (decoding loops only)
+    measured_speedup_min: float | None  # the smallest of those per-round ratios
+    measured_speedup_max: float | None  # the largest
+    speedup_rounds: int  # timing rounds behind them (fewer than asked when a Ctrl-C cut the measurement)
     tokens_per_s: float  # new tokens / (prefill + rounds + trace): end to end
     baseline_tokens_per_s: float | None  # the plain loop, 1 / target_step
     stop_reason: str
@@ -678,12 +746,19 @@ class SpeculativeSummary:
         return asdict(self)
 
 
-def summarize(stats: RunStats, proposer: str, draft_calls: int, baseline: BaselineTiming | None, timing):
+def summarize(stats: RunStats, proposer: str, draft_calls: int, timed: list[SpeedupRound], timing):
+    """Counts from this run's stats; times and speedups as medians over the timing rounds ``timed`` (this run's
+    own draft and verification times when there are none)."""
     n, rounds = len(stats.new_ids), max(stats.rounds, 1)
     a = stats.accepted / stats.judged if stats.judged else 0.0
     draft_step = stats.draft_seconds / stats.drafted if stats.drafted else 0.0
-    spec_token = timing.loop_s / n if n else float("nan")
-    target_step = baseline.step_seconds if baseline is not None else None
+    verify = stats.target_seconds / rounds
+    speedup = median_spread([r.speedup for r in timed])
+    target_step = None
+    if timed:
+        target_step = median_spread([r.plain_step_s for r in timed]).median
+        draft_step = median_spread([r.draft_step_s for r in timed]).median
+        verify = median_spread([r.verify_s for r in timed]).median
     c = draft_step / target_step if target_step else None
     return SpeculativeSummary(
         proposer=proposer,
@@ -702,11 +777,14 @@ def summarize(stats: RunStats, proposer: str, draft_calls: int, baseline: Baseli
         draft_calls=draft_calls,
         draft_step_ms=draft_step * 1e3,
         target_step_ms=target_step * 1e3 if target_step is not None else None,
-        verify_ms=stats.target_seconds / rounds * 1e3,
+        verify_ms=verify * 1e3,
         cost_ratio=c,
-        verify_cost_ratio=stats.target_seconds / rounds / target_step if target_step else None,
+        verify_cost_ratio=verify / target_step if target_step else None,
         predicted_speedup=predicted_speedup(a, c, stats.gamma) if c is not None else None,
-        measured_speedup=target_step / spec_token if target_step is not None and n else None,
+        measured_speedup=speedup.median if speedup else None,
+        measured_speedup_min=speedup.low if speedup else None,
+        measured_speedup_max=speedup.high if speedup else None,
+        speedup_rounds=speedup.count if speedup else 0,
         tokens_per_s=timing.tokens_per_s(n),
         baseline_tokens_per_s=1.0 / target_step if target_step else None,
         stop_reason=stats.stop_reason,

@@ -77,6 +77,9 @@ def test_incomplete_model_folders(cli, toy_model_dir, tmp_path, keep, needle):
     (["--ngram-size", str(2**63)], "--ngram-size"),
     (["--sweep-gamma", "1,²"], "--sweep-gamma"),
     (["--sweep-gamma", "1,1000"], "--sweep-gamma"),
+    (["--speedup-rounds", "0"], "--speedup-rounds 0: must be an integer in [1, 100]"),
+    (["--speedup-rounds", "101"], "--speedup-rounds 101: must be an integer in [1, 100]"),
+    (["--set", "speedup_rounds=-3"], "--speedup-rounds -3: must be an integer in [1, 100]"),
 ])
 def test_speculate_bounds(cli, args, needle):
     assert needle in one_line_error(cli, "speculate", "Hi", "-m", "/nonexistent/model", *args)
@@ -173,3 +176,9 @@ def test_device_map_names_the_extra_when_accelerate_is_missing(cli, toy_model_di
         pytest.skip("accelerate is installed")
     err = one_line_error(cli, "sample", "Hi", "-m", toy_model_dir, "--device-map", "auto")
     assert "pip install 'decodelab[multi-device]'" in err
+
+
+def test_a_model_name_that_is_not_utf8_is_one_line_with_its_bytes_escaped(cli):
+    """The message echoes the name back; a strict UTF-8 stderr (a pipe set so, pytest's capture) must not raise."""
+    err = one_line_error(cli, "bench", "--model", NON_UTF8)
+    assert err.startswith("error: --model caf\\udce9")

@@ -455,3 +455,45 @@ def test_cli_bad_input_is_one_line_and_exit_2_before_loading(cli, args, needle):
     code, out, err = cli("beam", "hi", "-m", "/nonexistent/model", *args)  # a load would fail differently
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and needle in err
+
+
+# --- how many finished, how many beams (issue 13 item 6) ------------------------------------------------------------
+
+
+def test_summary_finished_is_the_pool_never_more_than_beams():
+    """Beams 2 on the hand table: [E], [a, E], [a, a, E] and [a, a, a] enter the pool in turn and the better ones push
+    the worse out; transformers keeps the best num_beams finished too (_update_finished_beams: top-k, k = num_beams):
+    4 entered, 2 finished."""
+    search = run_table(settings(2, 1.0, "never", 3))
+    s = search.summary()
+    assert s.finished == len(search.hypotheses) == 2 <= s.beams
+    assert s.entered == 4
+
+
+def test_beams_beyond_the_vocabulary_are_refused():
+    """5 beams over a 3-token vocabulary: the first step has only 3 continuations, so two returned hypotheses extend
+    transformers' -1e9 placeholder rows. build_beam refuses it, one line, once the vocabulary is known."""
+    from decodelab.core.beam import check_beams_fit_vocabulary
+    from decodelab.core.errors import ConfigError
+
+    garbage = run_table(settings(5, 1.0, "never", 1)).hypotheses
+    assert sum(h.score < -1e8 for h in garbage) == 2
+    with pytest.raises(ConfigError, match=r"--beams 5: must be at most the model's vocabulary size \(3\)"):
+        check_beams_fit_vocabulary(5, 3)
+    check_beams_fit_vocabulary(3, 3)
+
+
+def test_readme_sweep_example_shows_the_winner_changing(cli):
+    """The README's length-penalty sweep example, run as written on the bundled tiny: at least two winners (one
+    ending in EOS, so the lengths differ), and the change marked."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("decodelab beam ") and "--sweep-length-penalty" in x)
+    import shlex
+
+    args = shlex.split(line.split("#")[0])[1:]
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    sweep = json.loads(out)["sweep"]
+    assert len({tuple(r["winner"]["token_ids"]) for r in sweep}) >= 2
+    assert any(r["changed"] for r in sweep)
+    assert len({r["winner"]["length"] for r in sweep}) >= 2 and any(r["winner"]["reason"] == "eos" for r in sweep)

@@ -8,6 +8,7 @@ A few examples per command run in the default suite on the toy model; the long r
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -53,18 +54,66 @@ BEAM_OPTIONS = {
 SPEC_OPTIONS = {
     "--gamma": ["1", "2", "4", "0", "-1", "64", "10000", str(2**63), "x"], "--ngram-size": INTS,
     "--sweep-gamma": ["1,2", ",", "", "0", "1,x", "-1", "2,2", str(2**63)], "--draft": ["ngram", "", "/nonexistent"],
+    "--speedup-rounds": ["1", "2", "0", "-1", "101", str(2**63), "x"],
 }
+CACHES = ["full", "static", "window:size=8", "sinks:sinks=2,recent=8", "recompute:size=8", "int8", "int4-kivi",
+          "quant:bits=3", "paged", "", "nope", "window:size=0", "window:size=-1", "window:size=nan", "full:x=1",
+          "sinks:sinks=99,recent=1", "window:size=" + str(2**63), "quant:bits=8,axis=x", NON_UTF8]
+SAMPLER_OPTIONS = {
+    "--presence-penalty": FLOATS, "--frequency-penalty": FLOATS, "--penalty-last-n": INTS, "--dry-multiplier": FLOATS,
+    "--dry-base": FLOATS, "--dry-allowed-length": INTS, "--xtc-threshold": FLOATS, "--xtc-probability": FLOATS,
+    "--top-n-sigma": FLOATS, "--mirostat-tau": FLOATS, "--dynatemp-range": FLOATS, "--epsilon-cutoff": FLOATS,
+    "--eta-cutoff": FLOATS, "--min-new-tokens": INTS, "--semantics": ["hf", "vllm", "llamacpp", "", "x"],
+    "--ban": TEXTS, "--allow": TEXTS, "--stop-id": INTS, "--sequence-bias": BIASES, "--dry-breaker": TEXTS,
+    "-N": ["1", "2", "0", "-1", "x"], "--force": ["0=1", "0= the", "x=1", "0=", "99=1", "-1=1", "0=999999"],
+}
+SCORE_OPTIONS = {"--feed": INTS, "--chunk": INTS, "--limit": INTS, "--against": ["tiny-draft", "", "/nonexistent"],
+                 "--against-cache": CACHES}
+STREAM_OPTIONS = {"--chunk": INTS, "--feed": INTS, "--limit": INTS, "--window": INTS, "--sinks": INTS}
+QUANT_OPTIONS = {"--bits": ["8", "4", "2", "3", "fp8", "0", "", "x", "nan"], "--axis": ["token", "channel", "group",
+                 "tensor", "kivi", "", "x"], "--group-size": INTS, "--residual": INTS, "--limit": INTS,
+                 "--feed": INTS, "--activations": INTS, "--context": INTS, "--batch": INTS}
+COMPARE_OPTIONS = {"-V": ["a: temperature=0", "b: top_p=0.5", "c: method=beam,beams=2", "d: method=speculate",
+                          "x", ":", "e: nope=1", "f: temperature=nan", "", "g: cache=int8", NON_UTF8 + ": top_k=1"],
+                   "--seeds": ["0", "0-2", "2-0", "", "x", "-1", str(2**70), "0,1"],
+                   "--preset": PRESETS}
+BENCH_OPTIONS = {"--rounds": ["1", "0", "-1", "x"], "--gammas": ["1", "2", ",", "", "0", "x"],
+                 "--settings": ["greedy", "sampling", "beam", "prompt-lookup", "", "x", "greedy,,greedy"],
+                 "--beams": ["1", "2", "0", "-1"], "--draft": ["tiny-draft", "", "/nonexistent"]}
+BATCH_OPTIONS = {"--max-batch": INTS, "--max-tokens-per-iteration": INTS, "--block-size": INTS, "--blocks": INTS,
+                 "--baselines": ["none", "static", "", "x", "static,static"], "--rows": ["requests", "iterations", "",
+                                                                                       "x"]}
 BEAM_CHAIN = {k: CHAIN_OPTIONS[k] for k in ("--repetition-penalty", "--no-repeat-ngram", "--logit-bias", "--chain")}
+MODEL_OPTIONS = {k: v for k, v in RUN_OPTIONS.items() if k in ("--format", "--device", "--dtype", "--model")}
 COMMAND_OPTIONS = {
-    "sample": {**RUN_OPTIONS, **CHAIN_OPTIONS},
-    "probs": {**{k: v for k, v in RUN_OPTIONS.items() if k not in ("-n", "--stop")}, **CHAIN_OPTIONS},
-    "beam": {**{k: v for k, v in RUN_OPTIONS.items() if k not in ("--stop", "--top")}, **BEAM_CHAIN, **BEAM_OPTIONS},
-    "speculate": {**RUN_OPTIONS, **CHAIN_OPTIONS, **SPEC_OPTIONS},
+    "sample": {**RUN_OPTIONS, **CHAIN_OPTIONS, **SAMPLER_OPTIONS, "--cache": CACHES},
+    "probs": {**{k: v for k, v in RUN_OPTIONS.items() if k not in ("-n", "--stop")}, **CHAIN_OPTIONS,
+              "--cache": CACHES},
+    "beam": {**{k: v for k, v in RUN_OPTIONS.items() if k not in ("--stop", "--top")}, **BEAM_CHAIN, **BEAM_OPTIONS,
+             "--cache": CACHES},
+    "speculate": {**RUN_OPTIONS, **CHAIN_OPTIONS, **SPEC_OPTIONS, "--cache": CACHES},
+    "score": {**MODEL_OPTIONS, **CHAIN_OPTIONS, **SCORE_OPTIONS, "--top": INTS, "--preset": PRESETS, "--set": SETS,
+              "--cache": CACHES},
+    "stream": {**RUN_OPTIONS, **CHAIN_OPTIONS, **STREAM_OPTIONS, "--cache": CACHES},
+    "quantize-kv": {**MODEL_OPTIONS, **QUANT_OPTIONS, "--top": INTS, "--cache": CACHES},
+    "compare": {**{k: v for k, v in RUN_OPTIONS.items() if k in ("-n", "--stop", "--format", "--model")},
+                **CHAIN_OPTIONS, **COMPARE_OPTIONS},
+    "bench": {**{k: v for k, v in RUN_OPTIONS.items() if k in ("-n", "--format", "--model")}, **BENCH_OPTIONS},
+    "batch": {**{k: v for k, v in RUN_OPTIONS.items() if k in ("-n", "--seed", "--stop", "--format", "--model")},
+              **CHAIN_OPTIONS, **BATCH_OPTIONS},
     "models": {"--format": FORMATS},
 }
 # flags without a value
-FLAGS = {"sample": ["--ignore-eos", "--chat"], "probs": ["--chat"], "beam": ["--ignore-eos", "--chat"],
-         "speculate": ["--ignore-eos", "--chat"], "models": []}
+FLAGS = {"sample": ["--ignore-eos", "--chat", "--trim-stop"], "probs": ["--chat"], "beam": ["--ignore-eos", "--chat"],
+         "speculate": ["--ignore-eos", "--chat"], "score": [], "stream": ["--ignore-eos", "--attention",
+         "--compare-policies"], "quantize-kv": ["--grid", "--symmetric", "--asymmetric"], "compare": ["--ignore-eos"],
+         "bench": [], "batch": ["--ignore-eos", "--chat"], "models": []}
+# what each command needs to run short on the toy model; drawn options come after and override these
+DEFAULTS = {"sample": ["-n", "3"], "probs": [], "beam": ["-n", "3"], "speculate": ["-n", "3", "--draft", "ngram"],
+            "score": ["--limit", "12"], "stream": ["-n", "3"], "quantize-kv": ["--limit", "12"],
+            "compare": ["-n", "3", "-V", "base: temperature=0"], "bench": ["-n", "2", "--rounds", "1", "--settings",
+            "greedy"], "batch": ["-n", "3", "--baselines", "none"], "models": []}
+NO_PROMPT = {"models", "bench"}  # no positional argument; batch's drawn prompt goes into its --prompts-file
 PROMPTS = ["Hello", "Hi", "a b c a b c", "é", "\U0001F600", "\u202e", "x" * 400, NON_UTF8, "\x00", " ", "--",
            "--debug", ""]  # not "-": that reads stdin
 
@@ -78,7 +127,7 @@ def command_line(draw, command: str) -> tuple[list[str], str | None]:
         args += [name, draw(st.sampled_from(options[name]))]
     if FLAGS[command]:
         args += draw(st.lists(st.sampled_from(FLAGS[command]), max_size=2, unique=True))
-    return args, (None if command == "models" else draw(st.sampled_from(PROMPTS)))
+    return args, (None if command in NO_PROMPT else draw(st.sampled_from(PROMPTS)))
 
 
 def check(cli, model_dir, command: str, args: list[str], prompt: str | None) -> None:
@@ -86,7 +135,12 @@ def check(cli, model_dir, command: str, args: list[str], prompt: str | None) -> 
     of the same option overrides them."""
     full = [command]
     if command != "models":
-        full += ["-m", str(model_dir), "-n", "3", "-f", "json"] + (["--draft", "ngram"] if command == "speculate" else [])
+        full += ["-m", str(model_dir), "-f", "json"] + DEFAULTS[command]
+    if command == "batch":
+        prompts = Path("prompts.txt")  # in the test's working folder
+        prompts.write_text(f"Hello\n{prompt}\n", encoding="utf-8", errors="surrogateescape")
+        full += ["--prompts-file", str(prompts)]
+        prompt = None
     full += args + ([] if prompt is None else ["--", prompt])
     code, out, err = cli(*full)
     assert code in (0, 2), (full, code, err[-2000:])
@@ -105,7 +159,7 @@ def fuzz(command: str, examples: int):
     return run
 
 
-COMMANDS = ["sample", "probs", "beam", "speculate", "models"]
+COMMANDS = sorted(COMMAND_OPTIONS)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -114,8 +168,11 @@ def test_fuzz_short(cli, toy_model_dir, tmp_path, monkeypatch, command):
     fuzz(command, 12)(cli, toy_model_dir)
 
 
+LONG = {"bench": 40, "batch": 60, "compare": 60}  # the costlier commands (each run times or serves several), else 150
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_fuzz_long(cli, toy_model_dir, tmp_path, monkeypatch, command):
     monkeypatch.chdir(tmp_path)
-    fuzz(command, 150)(cli, toy_model_dir)
+    fuzz(command, LONG.get(command, 150))(cli, toy_model_dir)

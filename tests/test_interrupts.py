@@ -88,16 +88,45 @@ def test_speculate_warm_up(cli, toy_model_dir, monkeypatch):
 
 @pytest.mark.parametrize("nth, sweep_rows", [(1, 0), (2, 0), (3, 1)])
 def test_speculate_baseline_and_sweep(cli, toy_model_dir, monkeypatch, nth, sweep_rows):
-    """Call 1 of plain_baseline is the main run's reference, calls 2 and 3 the sweep's (gamma 1, then 2)."""
-    import decodelab.core.build as build  # the command imports it when it runs
+    """One timing round: call 1 of plain_baseline is the main run's reference, calls 2 and 3 the sweep's (gamma 1,
+    then 2)."""
+    import decodelab.core.build as build
 
     raise_on_call(monkeypatch, build, "plain_baseline", nth)
     lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
-                      "--ignore-eos", "--sweep-gamma", "1,2")
+                      "--ignore-eos", "--sweep-gamma", "1,2", "--speedup-rounds", "1")
     assert lines[-1]["type"] == "summary" and lines[-1]["new_tokens"] == 4
     assert lines[-1]["stop_reason"] == "length"  # the run itself was complete; the reference was cut
     assert (lines[-1]["measured_speedup"] is None) == (nth == 1)
     assert sum(x["type"] == "sweep" for x in lines) == sweep_rows
+
+
+# Three timing rounds, speculative (S) and plain (P) alternating: S P | P S | S P for the main run (its S is the
+# traced run), then the same for gamma 1 and gamma 2 of the sweep: plain_baseline calls 1-3 are the main run's,
+# 4-6 gamma 1's, 7-9 gamma 2's; SpeedupRounds.speculative calls 1-2 the main run's rounds 2 and 3, 3-5 gamma 1's.
+@pytest.mark.parametrize("method, nth, main_rounds, sweep_rounds", [
+    ("plain", 1, 0, []),  # round 1's reference cut: no speedup at all
+    ("plain", 2, 1, []),  # round 2 (plain first) cut: round 1 kept
+    ("plain", 3, 2, []),  # round 3 (plain second) cut
+    ("speculative", 1, 1, []),  # round 2's speculative half cut after its plain half
+    ("speculative", 2, 2, []),
+    ("plain", 4, 3, []),  # gamma 1 cut in its first round: no row for it
+    ("plain", 5, 3, [1]),  # gamma 1 cut in round 2: its row has 1 round, gamma 2 never runs
+    ("speculative", 5, 3, [2]),
+    ("plain", 8, 3, [3, 1]),
+])
+def test_speculate_timing_rounds(cli, toy_model_dir, monkeypatch, method, nth, main_rounds, sweep_rounds):
+    from decodelab.core.build import SpeedupRounds
+
+    raise_on_call(monkeypatch, SpeedupRounds, method, nth)
+    lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
+                      "--ignore-eos", "--sweep-gamma", "1,2", "--speedup-rounds", "3")
+    summary = lines[-1]
+    assert summary["type"] == "summary" and summary["new_tokens"] == 4
+    assert summary["stop_reason"] == "length"  # the shown run was complete; its timing was cut
+    assert summary["speedup_rounds"] == main_rounds
+    assert (summary["measured_speedup"] is None) == (main_rounds == 0)
+    assert [x["speedup_rounds"] for x in lines if x["type"] == "sweep"] == sweep_rounds
 
 
 def test_score_loop(cli, toy_model_dir, monkeypatch):
@@ -117,3 +146,110 @@ def test_an_interrupt_while_loading_is_a_clean_130(cli, toy_model_dir, monkeypat
     raise_on_call(monkeypatch, pipeline, "load_model", 1)
     code, out, err = cli("probs", "Hello", "-m", toy_model_dir, "-f", "json")
     assert code == 130 and out == "" and err == "interrupted\n"
+
+
+def cut_iteration(monkeypatch, cls, after: int) -> None:
+    """cls's iterator raises KeyboardInterrupt once it has yielded ``after`` items, as a SIGINT between them would."""
+    real = cls.__iter__
+
+    def cut(self):
+        for k, item in enumerate(real(self)):
+            if k == after:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(cls, "__iter__", cut)
+
+
+def test_batch_loop(cli, toy_model_dir, tmp_path, monkeypatch):
+    from decodelab.core.scheduler import Scheduler
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one two\nthree four five\nsix\n")
+    raise_on_call(monkeypatch, Scheduler, "_forward", 5)  # the warm-up's 2 forwards, the run's 2, then a cut
+    lines = run_jsonl(cli, "batch", "--prompts-file", prompts, "-m", toy_model_dir, "-n", "6", "--ignore-eos",
+                      "--max-batch", "2")
+    kinds = [x["type"] for x in lines]
+    assert kinds == ["iteration", "iteration", "request", "request", "request", "summary"]
+    summary, requests = lines[-1], lines[2:5]
+    assert summary["stop_reason"] == "interrupted" and summary["iterations"] == 2
+    assert "static_tokens_per_s" not in summary  # the baselines did not run
+    assert [r["stop_reason"] for r in requests] == ["interrupted"] * 3  # two cut running, one never admitted
+    assert [len(r["token_ids"]) for r in requests] == [2, 2, 0]  # prefill + a token, then one more; the third waits
+    assert summary["tokens"] == 4
+
+
+def test_batch_baseline(cli, toy_model_dir, tmp_path, monkeypatch):
+    import decodelab.core.batch as batch
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one two\nthree four five\n")
+    raise_on_call(monkeypatch, batch, "static_baseline", 1)
+    lines = run_jsonl(cli, "batch", "--prompts-file", prompts, "-m", toy_model_dir, "-n", "3", "--ignore-eos",
+                      "--baselines", "static")
+    summary = lines[-1]
+    assert summary["type"] == "summary" and summary["stop_reason"] == "end" and summary["tokens"] == 6
+    assert "static_tokens_per_s" not in summary
+
+
+def test_compare_rows(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.compare import Comparison
+
+    raise_on_call(monkeypatch, Comparison, "run_one", 3)
+    code, out, err = cli("compare", "Hello", "-m", toy_model_dir, "-V", "a: temperature=0", "-V",
+                         "b: temperature=1", "--seeds", "0-1", "-n", "3", "-f", "jsonl")
+    assert code == 130 and err.strip().endswith("interrupted") and "Traceback" not in err
+    lines = lines_of(out)
+    assert [x["type"] for x in lines if x["type"] == "row"] == ["row", "row"]  # the two rows before the cut
+    assert lines[-1]["type"] == "summary"
+
+
+def test_stream_score(cli, toy_model_dir, tmp_path, monkeypatch):
+    from decodelab.core.stream import StreamScore
+
+    text = tmp_path / "t.txt"
+    text.write_text("one two three four five six seven eight nine ten eleven")
+    cut_iteration(monkeypatch, StreamScore, 1)
+    code, out, err = cli("stream", "--text-file", text, "-m", toy_model_dir, "--chunk", "4", "--cache",
+                         "window:size=8", "-f", "jsonl")
+    assert code == 130, err
+    lines = lines_of(out)
+    assert [x["type"] for x in lines] == ["step", "summary"] and lines[-1]["stop_reason"] == "interrupted"
+
+
+def test_bench_keeps_whole_rounds(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.bench import Bench
+
+    real = Bench.time
+
+    def half_round(self, rounds, on_round=None):
+        last = list(self.runs)[-1]
+        fn, calls = self.runs[last], {"n": 0}
+
+        def counted():
+            calls["n"] += 1
+            if calls["n"] == 3:  # the check, round 0, then half of round 1
+                raise KeyboardInterrupt
+            return fn()
+
+        self.runs[last] = counted
+        return real(self, rounds, on_round)
+
+    monkeypatch.setattr(Bench, "time", half_round)
+    code, out, err = cli("bench", "-m", toy_model_dir, "--settings", "greedy", "-n", "2", "--rounds", "3",
+                         "-f", "json")
+    assert code == 130, err
+    doc = json.loads(out)
+    assert doc["stop_reason"] == "interrupted" and doc["rows"]
+    assert {r["rounds"] for r in doc["rows"]} == {1}  # round 1 was cut half-way: only round 0 is kept
+
+
+def test_quantize_kv_grid(cli, toy_model_dir, monkeypatch):
+    import decodelab.core.quantize_kv as qkv
+
+    raise_on_call(monkeypatch, qkv, "fidelity", 3)  # the main fidelity, grid cell 1, then cut in cell 2
+    code, out, err = cli("quantize-kv", "The quick brown fox jumps over the lazy dog. " * 2, "-m", toy_model_dir,
+                         "--grid", "-f", "json")
+    assert code == 130, err
+    doc = json.loads(out)
+    assert doc["summary"]["stop_reason"] == "interrupted" and len(doc["grid"]) == 1

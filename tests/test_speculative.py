@@ -460,3 +460,92 @@ def test_chain_that_empties_the_decided_row_is_one_clean_error(target):
     sp = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4), 2, record=False)
     with pytest.raises(ChainError):
         list(sp)
+
+
+# --- timing rounds: the measured speedup as a median with its spread (issue 13) --------------------------------
+
+
+def test_median_spread_on_hand_numbers():
+    assert spec.median_spread([1.5, 0.7, 1.2]) == (1.2, 0.7, 1.5, 3)  # odd: the middle value, not the mean (1.133)
+    assert spec.median_spread([1.0, 3.0, 2.0, 10.0]) == (2.5, 1.0, 10.0, 4)  # even: the mean of the middle two
+    assert spec.median_spread([0.9]) == (0.9, 0.9, 0.9, 1)
+    assert spec.median_spread([]) is None
+
+
+def test_summary_speedup_is_the_median_of_per_round_ratios(target):
+    """Rounds plain 10/12/9 ms per step against speculative 5/10/6 ms per token: ratios 2.0, 1.2, 1.5. The median of
+    the ratios is 1.5 (the ratio of the medians would be 10 / 6 = 1.67, the first round's alone 2.0)."""
+    chain = build_chain({"temperature": 0})
+    sp = run_spec(target, NGramProposer(2), PROMPT, chain, StopRules(10, ignore_eos=True), 3)
+    rounds = [spec.SpeedupRound(0.010, 0.005, 0.001, 0.011), spec.SpeedupRound(0.012, 0.010, 0.003, 0.013),
+              spec.SpeedupRound(0.009, 0.006, 0.002, 0.010)]
+    s = sp.summary(rounds)
+    assert (s.measured_speedup, s.measured_speedup_min, s.measured_speedup_max) == pytest.approx((1.5, 1.2, 2.0))
+    assert s.speedup_rounds == 3
+    assert s.target_step_ms == pytest.approx(10.0) and s.draft_step_ms == pytest.approx(2.0)
+    assert s.verify_ms == pytest.approx(11.0) and s.cost_ratio == pytest.approx(0.2)
+    assert s.baseline_tokens_per_s == pytest.approx(100.0)
+    none = sp.summary([])
+    assert none.measured_speedup is None and none.measured_speedup_min is None and none.speedup_rounds == 0
+    one = sp.summary(spec.BaselineTiming(len(sp.new_ids), 0.09))  # one plain run: 9 steps of 10 ms
+    assert one.speedup_rounds == 1 and one.measured_speedup == one.measured_speedup_min == one.measured_speedup_max
+    assert one.measured_speedup == pytest.approx(0.010 / (sp.watch.timing.loop_s / len(sp.new_ids)))
+
+
+def test_cli_json_says_how_many_timing_rounds_ran_and_they_alternate(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.build import SpeedupRounds
+
+    order = []
+    for name, mark in (("speculative", "S"), ("plain", "P")):
+        real = getattr(SpeedupRounds, name)
+        monkeypatch.setattr(SpeedupRounds, name, lambda self, *a, real=real, mark=mark: (order.append(mark),
+                                                                                           real(self, *a))[1])
+    code, out, err = cli("speculate", "a b c a b c a b", "-m", toy_model_dir, "--draft", "ngram", "-n", "6",
+                         "--ignore-eos", "-t", "0", "--speedup-rounds", "4", "--sweep-gamma", "2", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    # main run: its traced run is round 1's S; rounds 2 and 4 plain first; then the sweep's gamma 2 alike
+    assert "".join(order) == "P" + "PS" + "SP" + "PS" + "SP" + "PS" + "SP" + "PS"
+    s = doc["summary"]
+    assert doc["config"]["speedup_rounds"] == 4 and s["speedup_rounds"] == 4
+    assert s["measured_speedup_min"] <= s["measured_speedup"] <= s["measured_speedup_max"]
+    assert [r["speedup_rounds"] for r in doc["sweep"]] == [4]
+    code, out, err = cli("speculate", "a b c a b", "-m", toy_model_dir, "--draft", "ngram", "-n", "4", "-t", "0",
+                         "--speedup-rounds", "1", "-f", "json")
+    s = json.loads(out)["summary"]
+    assert code == 0 and s["speedup_rounds"] == 1 and s["measured_speedup"] == s["measured_speedup_max"]
+
+
+def test_cli_table_states_the_median_spread_and_rounds(cli, toy_model_dir):
+    code, out, err = cli("speculate", "a b c a b c", "-m", toy_model_dir, "--draft", "ngram", "-n", "4", "-t", "0",
+                         "--speedup-rounds", "2")
+    assert code == 0, err
+    assert "median of 2 timing rounds, min " in " ".join(out.split())
+
+
+# --- a round with nothing drafted is a plain target step, not a bonus ---------------------------------------------
+
+
+def test_final_kind():
+    assert spec.final_kind(0, 0) == "plain"  # nothing drafted: nothing was accepted to earn a bonus
+    assert spec.final_kind(3, 3) == "bonus"
+    assert spec.final_kind(3, 1) == "correction"
+    assert spec.final_kind(1, 0) == "correction"
+
+
+def test_cli_labels_a_round_without_drafts_plain_in_json_and_csv(cli, toy_model_dir):
+    """'Once upon' has no earlier occurrence of its last token: the n-gram proposer drafts nothing in round 0."""
+    args = ("speculate", "Once upon", "-m", toy_model_dir, "--draft", "ngram", "-n", "6", "-t", "0",
+            "--speedup-rounds", "1")
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    steps = json.loads(out)["steps"]
+    empty = [s for s in steps if s["drafted"] == 0]
+    assert empty and all("plain" in s and "bonus" not in s and "correction" not in s for s in empty)
+    assert all(s["plain"]["kind"] == "plain" for s in empty)
+    drafted = [s for s in steps if s["drafted"] > 0]
+    assert all(("bonus" in s) == (s["accepted"] == s["drafted"]) and "plain" not in s for s in drafted)
+    code, out, err = cli(*args, "-f", "csv")
+    rows = list(__import__("csv").DictReader(out.splitlines()))
+    assert [r["final_kind"] for r in rows] == [next(k for k in ("plain", "bonus", "correction") if k in s)
+                                                for s in steps]
