@@ -184,7 +184,7 @@ def test_the_live_status_line_counts_tokens_and_their_rate(monkeypatch):
     steps = LiveSteps(terminal, None, limit=9)
     steps.start, steps.count = 100.0, 5
     spinner = steps.status()
-    assert spinner.text.plain == "5/9 tokens · 10.0 tok/s · Ctrl-C stops and keeps them" and spinner.style == "cyan"
+    assert spinner.text.plain == "5/9 tokens · 10.0/s · Ctrl-C stops and keeps them" and spinner.style == "cyan"
     with LiveSteps(terminal, None, limit=9) as live:
         live.add(STEPS[0])
         assert live.live._renderable.text.plain.startswith("1/9 tokens")

@@ -38,6 +38,7 @@ TESTS=(
     tests/test_render.py
     tests/test_steps_view.py
     tests/test_render_mut.py
+    tests/test_fit.py
     tests/test_exact_edges.py
     tests/test_processors.py
     tests/test_decode.py::test_step_numbers_are_labelled_consistently
@@ -52,6 +53,7 @@ TESTS=(
     tests/test_speculative.py::test_verify_greedy_hand_block
     tests/test_speculative.py::test_predicted_speedup_formula
     tests/test_speculative.py::test_first_two_tokens_follow_the_target_distribution
+    tests/test_speculative.py::test_final_kind
     tests/test_cli.py
     tests/test_samplers.py::test_stop_ids_and_trim_stop
 )
