@@ -185,6 +185,9 @@ def test_the_live_status_line_counts_tokens_and_their_rate(monkeypatch):
     steps.start, steps.count = 100.0, 5
     spinner = steps.status()
     assert spinner.text.plain == "5/9 tokens · 10.0/s · Ctrl-C stops and keeps them" and spinner.style == "cyan"
+    open_ended = LiveSteps(terminal, None, unit="rounds")  # no limit: the count alone
+    open_ended.start, open_ended.count = 100.0, 5
+    assert open_ended.status().text.plain == "5 rounds · 10.0/s · Ctrl-C stops and keeps them"
     with LiveSteps(terminal, None, limit=9) as live:
         live.add(STEPS[0])
         assert live.live._renderable.text.plain.startswith("1/9 tokens")
