@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .config import SampleSettings, coerce, normalize_key, validate_sample
+from .config import SampleSettings, coerce, normalize_key, read_input_text, validate_sample
 from .errors import ConfigError
 from .model import LoadedModel
 from .processors import build_chain
@@ -60,10 +60,8 @@ class Entry:
 
 def read_prompts(path: str | Path, base: BatchSettings) -> list[Entry]:
     """Parse and check the prompts file before the model loads (every error names the line)."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"--prompts-file {path}: no such file")
-    lines = [(i + 1, line) for i, line in enumerate(file.read_text(encoding="utf-8").splitlines()) if line.strip()]
+    text = read_input_text("--prompts-file", path)
+    lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip()]
     if not lines:
         raise ConfigError(f"--prompts-file {path}: no prompts in it")
     jsonl = all(line.lstrip().startswith("{") for _, line in lines)
