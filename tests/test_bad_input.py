@@ -205,3 +205,13 @@ def test_every_input_file_is_one_line_when_missing_a_folder_or_not_utf8(cli, toy
         path.write_bytes(content)
     err = one_line_error(cli, *[a.replace("{f}", str(path)) for a in args], "-m", toy_model_dir)
     assert f"{option} {path}: {needle}" in err
+
+
+def test_an_allocation_that_fails_is_one_line(cli, toy_model_dir, tmp_path):
+    """A pool of 2**20 blocks of 4096 tokens is within the sanity bounds but no machine's memory: torch's allocator
+    refuses it, and that is one line naming the sizes to shrink, not a traceback."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Hello\n")
+    err = one_line_error(cli, "batch", "--prompts-file", prompts, "-m", toy_model_dir, "--blocks", str(2**20),
+                         "--block-size", "4096", "--baselines", "none", "-n", "2")
+    assert err.startswith("error: out of memory:") and "--blocks" in err
