@@ -66,6 +66,13 @@ def fail(message: str) -> int:
     return 2
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """An allocation that failed (torch's CPU or CUDA allocator, or Python's), told apart without importing torch."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI. ``--debug`` (anywhere) shows tracebacks instead of one-line errors."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -101,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         return fail(str(exc))
+    except Exception as exc:
+        if debug or not out_of_memory(exc):
+            raise
+        return fail(f"out of memory: the run asked for more than this machine can allocate "
+                    f"({str(exc).strip().splitlines()[0][:160]}); give smaller sizes (-n, --blocks, --batch, "
+                    "--context, --beams, -N)")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..core.config import read_input_text
 from ..core.errors import ConfigError
 from ..core.model import LoadedModel, load_model, set_threads
 from .options import Opts
@@ -15,10 +16,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if prompt is not None and prompt_file is not None:
         raise ConfigError("PROMPT and --prompt-file: give one of them, not both")
     if prompt_file is not None:
-        try:
-            return prompt_file.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"--prompt-file {prompt_file}: cannot read it ({exc.strerror})") from None
+        return read_input_text("--prompt-file", prompt_file)
     if prompt == "-":
         return sys.stdin.read()
     if prompt is None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .config import SampleSettings, coerce, normalize_key, validate_sample
+from .config import SampleSettings, coerce, normalize_key, read_input_text, validate_sample
 from .errors import ConfigError
 from .model import LoadedModel
 from .processors import build_chain
@@ -37,13 +37,16 @@ class BatchSettings(SampleSettings):
 NOT_PER_REQUEST = ("cache", "compile", "top")  # the pool, the forward and the trace are shared by every request
 
 
+# sanity bounds, far above any useful value: past them a pool or a mask would not fit in any machine's memory
+LIMITS = {"max_batch": 4096, "max_tokens_per_iteration": 1 << 20, "block_size": 4096, "blocks": 1 << 20}
+
+
 def validate_batch(s: BatchSettings) -> None:
     validate_sample(s)
-    for key in ("max_batch", "max_tokens_per_iteration", "block_size"):
-        if getattr(s, key) < 1:
-            raise ConfigError(f"--{key.replace('_', '-')} {getattr(s, key)}: must be an integer >= 1")
-    if s.blocks is not None and s.blocks < 1:
-        raise ConfigError(f"--blocks {s.blocks}: must be an integer >= 1")
+    for key, most in LIMITS.items():
+        value = getattr(s, key)
+        if value is not None and not 1 <= value <= most:
+            raise ConfigError(f"--{key.replace('_', '-')} {value}: must be an integer in [1, {most}]")
     for name in s.baselines:
         if name not in BASELINES:
             raise ConfigError(f"--baselines {name!r}: allowed: {', '.join(BASELINES)} (comma-separated), or none")
@@ -60,10 +63,8 @@ class Entry:
 
 def read_prompts(path: str | Path, base: BatchSettings) -> list[Entry]:
     """Parse and check the prompts file before the model loads (every error names the line)."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise ConfigError(f"--prompts-file {path}: no such file")
-    lines = [(i + 1, line) for i, line in enumerate(file.read_text(encoding="utf-8").splitlines()) if line.strip()]
+    text = read_input_text("--prompts-file", path)
+    lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip()]
     if not lines:
         raise ConfigError(f"--prompts-file {path}: no prompts in it")
     jsonl = all(line.lstrip().startswith("{") for _, line in lines)

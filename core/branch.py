@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .config import read_input_text
 from .errors import ConfigError
 from .select import Greedy, Multinomial
 from .why import FORCED
@@ -110,9 +111,7 @@ def load_trace(path: str | Path) -> ResumePoint:
     """Read a `decodelab sample -f json` document (``prompt.token_ids``, ``token_ids``, ``config``)."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"--resume {path}: cannot read it ({exc.strerror})") from None
+        doc = json.loads(read_input_text("--resume", path))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--resume {path}: not JSON ({exc.msg} at line {exc.lineno}); save a trace with "
                           "`decodelab sample ... -f json > trace.json`") from None

@@ -34,7 +34,7 @@ import torch
 
 from .beam import BeamSettings, validate_beam
 from .build import bias_token_ids, build_beam, build_sampler, build_speculator, make_chain
-from .config import META_KEYS, SampleSettings, coerce, load_preset, normalize_key, validate_sample
+from .config import META_KEYS, SampleSettings, coerce, load_preset, normalize_key, read_input_text, validate_sample
 from .errors import EMPTY_CHAIN, ConfigError
 from .processors import DEFAULT_ORDER, Chain, build_chain, entropy, log_softmax
 from .run import drain
@@ -137,10 +137,7 @@ def load_job(path: str | Path) -> tuple[list[Variant], dict]:
     string and a ``[defaults]`` table applied to every variant) or JSONL (one variant object a line).
     Returns the variants and the job-level extras (prompts, seeds)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--job {path}: cannot read it ({exc.strerror})") from None
+    text = read_input_text("--job", path)
     where = f"--job {path}"
     if path.suffix == ".toml":
         try:
@@ -204,10 +201,7 @@ class Prompt:
 def read_prompts(path: str | Path) -> list[Prompt]:
     """One prompt a line, or JSONL objects with ``prompt`` (or ``text``) and an optional ``id``."""
     path = Path(path)
-    try:
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except OSError as exc:
-        raise ConfigError(f"--prompts-file {path}: cannot read it ({exc.strerror})") from None
+    lines = [line for line in read_input_text("--prompts-file", path).splitlines() if line.strip()]
     if not lines:
         raise ConfigError(f"--prompts-file {path}: no prompts (one a line, or JSONL with \"prompt\")")
     if all(line.lstrip().startswith("{") for line in lines):

@@ -231,15 +231,23 @@ def check_output_file(option: str, path: Path) -> None:
 
 def check_input_file(option: str, path: Path) -> None:
     """A text file read as input: it exists, is a file, and is UTF-8."""
-    path = Path(path)
+    read_input_text(option, path)
+
+
+def read_input_text(option: str, path: str | Path) -> str:
+    """The text of a file given as ``option``: one line naming the option and the file when it is missing, a folder,
+    unreadable or not UTF-8."""
+    path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"{option} {path}: {'is a folder' if path.is_dir() else 'no such file'}; give a text file")
     try:
-        check_text(option, path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{option} {path}: not UTF-8 text (byte {exc.start}); give a UTF-8 file") from None
     except OSError as exc:
         raise ConfigError(f"{option} {path}: cannot read it ({exc.strerror})") from None
+    check_text(option, text)
+    return text
 
 
 def check_text(option: str, text: str) -> None:

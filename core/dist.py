@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .config import ChainSettings
+from .config import ChainSettings, read_input_text
 from .decode import stage_views
 from .errors import ConfigError
 from .processors import build_chain
@@ -56,10 +56,7 @@ def given_logits(dist: str | None = None, logits: str | None = None, logits_file
             raise ConfigError("--dist: the probabilities sum to 0; give at least one positive value")
         return torch.tensor(probs, dtype=torch.float32).log().unsqueeze(0)  # log 0 = -inf
     if logits_file is not None:
-        try:
-            text = Path(logits_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"--logits-file {logits_file}: cannot read it ({exc.strerror})") from None
+        text = read_input_text("--logits-file", logits_file)
         values, option = parse_numbers(text, f"--logits-file {logits_file}"), f"--logits-file {logits_file}"
     else:
         values, option = parse_numbers(logits, "--logits"), "--logits"

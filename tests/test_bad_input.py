@@ -182,3 +182,36 @@ def test_a_model_name_that_is_not_utf8_is_one_line_with_its_bytes_escaped(cli):
     """The message echoes the name back; a strict UTF-8 stderr (a pipe set so, pytest's capture) must not raise."""
     err = one_line_error(cli, "bench", "--model", NON_UTF8)
     assert err.startswith("error: --model caf\\udce9")
+
+
+@pytest.mark.parametrize("args, option", [
+    (["batch", "--prompts-file", "{f}"], "--prompts-file"),
+    (["compare", "--prompts-file", "{f}", "-V", "a: temperature=0"], "--prompts-file"),
+    (["compare", "Hi", "--job", "{f}"], "--job"),
+    (["probs", "--logits-file", "{f}"], "--logits-file"),
+    (["sample", "--resume", "{f}"], "--resume"),
+    (["stream", "--text-file", "{f}"], "--text-file"),
+    (["score", "--text-file", "{f}"], "--text-file"),
+    (["quantize-kv", "--text-file", "{f}"], "--text-file"),
+])
+@pytest.mark.parametrize("content, needle", [(b"ok\ncaf\xe9\n", "not UTF-8 text (byte 6)"), (None, "is a folder"),
+                                             ("missing", "no such file")])
+def test_every_input_file_is_one_line_when_missing_a_folder_or_not_utf8(cli, toy_model_dir, tmp_path, args, option,
+                                                                        content, needle):
+    path = tmp_path / "input.txt"
+    if content is None:
+        path.mkdir()
+    elif content != "missing":
+        path.write_bytes(content)
+    err = one_line_error(cli, *[a.replace("{f}", str(path)) for a in args], "-m", toy_model_dir)
+    assert f"{option} {path}: {needle}" in err
+
+
+def test_an_allocation_that_fails_is_one_line(cli, toy_model_dir, tmp_path):
+    """A pool of 2**20 blocks of 4096 tokens is within the sanity bounds but no machine's memory: torch's allocator
+    refuses it, and that is one line naming the sizes to shrink, not a traceback."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Hello\n")
+    err = one_line_error(cli, "batch", "--prompts-file", prompts, "-m", toy_model_dir, "--blocks", str(2**20),
+                         "--block-size", "4096", "--baselines", "none", "-n", "2")
+    assert err.startswith("error: out of memory:") and "--blocks" in err

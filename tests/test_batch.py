@@ -454,6 +454,10 @@ def test_cli_batch_every_format(cli, toy_model_dir, tmp_path, fmt):
     ('{"prompt": "a", "cache": "full"}\n', (), "line 1: 'cache' is not a per-request setting"),
     ("a\n", ("--max-batch", "0"), "--max-batch 0"),
     ("a\n", ("--block-size", "0"), "--block-size 0"),
+    ("a\n", ("--block-size", "4097"), "--block-size 4097: must be an integer in [1, 4096]"),
+    ("a\n", ("--block-size", str(2**63)), "--block-size 9223372036854775808: must be an integer in [1, 4096]"),
+    ("a\n", ("--blocks", str(2**21)), "--blocks 2097152: must be an integer in [1, 1048576]"),
+    ("a\n", ("--max-batch", "4097"), "--max-batch 4097: must be an integer in [1, 4096]"),
     ("a\n", ("--baselines", "vllm"), "--baselines 'vllm'"),
 ])
 def test_cli_batch_bad_input_is_one_line(cli, tmp_path, content, args, needle):
