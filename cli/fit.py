@@ -15,8 +15,9 @@ from rich.table import Table
 
 
 def column_widths(console: Console, table: Table) -> list[tuple[int, int]]:
-    """(need, want) per column, in cells without padding: need = the least that cuts nothing, want = its longest
-    line (header included; an explicit width or max_width is the column's own choice and is kept)."""
+    """(need, want) per column, in cells without padding: need = the least that cuts nothing (a no-wrap column: its
+    longest cell, header included; a wrapping one: its longest word), want = its longest line (an explicit width
+    or max_width is the column's own choice and is kept)."""
     out = []
     for column in table.columns:
         cells = list(column.cells)
@@ -26,7 +27,7 @@ def column_widths(console: Console, table: Table) -> list[tuple[int, int]]:
         for cell in cells:
             m = Measurement.get(console, console.options, cell)
             want = max(want, m.maximum)
-            need = max(need, m.maximum if column.no_wrap and cell is not column.header else m.minimum)
+            need = max(need, m.maximum if column.no_wrap else m.minimum)  # rich wraps no header of a no-wrap column
         if column.width is not None:
             need = want = column.width
         if column.max_width is not None:

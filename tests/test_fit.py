@@ -97,3 +97,15 @@ def test_unfitted_rich_would_cut_these_numbers():
     assert "row-a" not in printed([numbers_table(8)], 80)
     assert "…" in printed([numbers_table(10)], 80)
     assert "row-a" in printed(fit_table(numbers_table(8), 80), 80)
+
+
+def test_the_header_of_a_no_wrap_column_is_not_cut():
+    """rich does not wrap the header of a no-wrap column either: it needs the whole header, not its longest word."""
+    table = Table()
+    table.add_column("key")
+    for _ in range(6):
+        table.add_column("sum logp", no_wrap=True, justify="right")
+    table.add_row("abc", *["-1.25"] * 6)
+    assert column_widths(Console(width=80), table)[1] == (8, 8)
+    text = printed(fit_table(table, 34), 34)
+    assert "…" not in text and text.count("sum logp") == 6
