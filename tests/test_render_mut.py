@@ -521,3 +521,16 @@ def test_first_token_shares_keep_bar_and_number_on_one_line_at_30_columns():
     _, firsts, _ = render.samples_views([], spread, "t")
     out = printed(render.fitted([firsts], 30, Console(width=30, file=io.StringIO())), 30)
     assert "\n".join(line.rstrip() for line in out.splitlines()) + "\n" == FIRSTS_30
+
+
+def test_samples_views_keep_number_headers_whole_in_a_narrow_panel():
+    """At 34 columns the samples table splits into panels; its number columns do not wrap, headers included, so
+    `sum logp` and `mean logp` stay whole on one line (a wrapping column would fold them onto two)."""
+    from decodelab.core.many import FirstToken, SampleRow, SpreadSummary
+
+    rows = [SampleRow(0, 7, [1, 2], "short text", 2, "length", -1.23456, -0.61728)]
+    spread = SpreadSummary(1, 1, -1.23, 0.0, -0.61, 0.0, [FirstToken(1, " a", 1, 1.0)], tokens_per_s=12.5)
+    samples = render.samples_views(rows, spread, "t")[0]
+    console = Console(width=34, file=io.StringIO(), color_system=None)
+    out = printed(render.fitted([samples], 34, console), 34)
+    assert "sum logp" in out and "mean logp" in out and "…" not in out
