@@ -42,8 +42,8 @@ def interrupted() -> bool:
 
 def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean,
           on_step: Callable[[object], None] | None = None, kind: str = "step") -> None:
-    """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line (``{"type": kind, ...}``); ``on_step`` sees each step (a live
-    table). An interrupt ends the run with what it produced (``run.interrupt()``: stop_reason "interrupted"); the
+    """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line (``{"type": kind, ...}``); ``on_step``
+    sees each step (a live table, a progress bar). An interrupt ends the run with what it produced (``run.interrupt()``: stop_reason "interrupted"); the
     caller then prints the summary as usual."""
     try:
         for step in run:

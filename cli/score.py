@@ -15,7 +15,7 @@ from rich.text import Text
 from ..core.config import as_dict, resolve
 from . import options as o
 from . import render
-from .loop import note_interrupt
+from .loop import drive
 
 SCORE = "Scoring"
 TABLE_ROWS = 200  # per-token rows a terminal table shows (json/jsonl/csv carry every token)
@@ -73,16 +73,9 @@ def _read(text: str | None, text_file: Path | None) -> str:
 def run_with_progress(scorer, fmt: o.Format) -> None:
     """Stream the scored tokens (JSONL as they come); a progress bar on a terminal for long texts."""
     show = sys.stderr.isatty() and scorer.total > 256
-    try:
-        with Progress(transient=True, disable=not show, console=render.error_console()) as progress:
-            task = progress.add_task("scoring", total=scorer.total)
-            for row in scorer:
-                if fmt == o.Format.jsonl:
-                    render.print_jsonl({"type": "step", **render.clean(row.to_dict())})
-                progress.advance(task)
-    except KeyboardInterrupt:
-        scorer.interrupt()
-        note_interrupt()
+    with Progress(transient=True, disable=not show, console=render.error_console()) as progress:
+        task = progress.add_task("scoring", total=scorer.total)
+        drive(scorer, fmt, row=lambda r: render.clean(r.to_dict()), on_step=lambda r: progress.advance(task))
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:

@@ -19,7 +19,7 @@ from ..core.errors import ConfigError
 from . import options as o
 from . import render
 from .live import LiveSteps
-from .loop import drive, note_interrupt
+from .loop import drive
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ..core.stream import StreamSettings
@@ -114,16 +114,9 @@ def _scalars(summary) -> dict:
 def with_progress(run, fmt: o.Format, label: str) -> None:
     """Iterate a run (JSONL lines as spans come; a progress bar on a terminal); Ctrl-C keeps what was scored."""
     show = sys.stderr.isatty() and run.total > 256
-    try:
-        with Progress(transient=True, disable=not show, console=render.error_console()) as progress:
-            task = progress.add_task(label, total=run.total)
-            for chunk in run:
-                if fmt == o.Format.jsonl:
-                    render.print_jsonl({"type": "step", **render.clean(chunk)})
-                progress.advance(task, chunk.tokens)
-    except KeyboardInterrupt:
-        run.interrupt()
-        note_interrupt()
+    with Progress(transient=True, disable=not show, console=render.error_console()) as progress:
+        task = progress.add_task(label, total=run.total)
+        drive(run, fmt, on_step=lambda chunk: progress.advance(task, chunk.tokens))
 
 
 # --- generation ----------------------------------------------------------------------------------------------------
