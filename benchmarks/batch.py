@@ -31,11 +31,12 @@ import time
 
 import torch
 
-from decodelab.core.model import bundled_dir, continuous_batching_generate, load_model
-from decodelab.core.processors import build_chain
-from decodelab.core.scheduler import Request, Scheduler
-from decodelab.core.select import Greedy
-from decodelab.core.step import StopRules
+from decodelab.core.engine.models import bundled_dir, load_model
+from decodelab.core.engine.reference import continuous_batching_generate
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.methods.batch.scheduler import Request, Scheduler
+from decodelab.core.sampling.select import Greedy
+from decodelab.core.engine.stopping import StopRules
 
 
 def corpus_ids(lm) -> list[int]:

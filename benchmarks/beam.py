@@ -24,9 +24,9 @@ import time
 
 import torch
 
-from decodelab.core.beam import BeamSettings, ModelStepper
-from decodelab.core.build import build_beam
-from decodelab.core.model import load_model
+from decodelab.core.methods.beam import BeamSettings, ModelStepper
+from decodelab.core.methods.beam import build_beam
+from decodelab.core.engine.models import load_model
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 EARLY = {"true": True, "false": False, "never": "never"}

@@ -13,8 +13,8 @@ import argparse
 
 import torch
 
-from decodelab.core.bench import Bench, parse_settings
-from decodelab.core.model import load_model
+from decodelab.core.analysis.bench import Bench, parse_settings
+from decodelab.core.engine.models import load_model
 
 PROMPT = "God blessed Noah and his sons, and said to them"  # the opening of the bundled held-out text
 

@@ -36,8 +36,9 @@ from pathlib import Path
 import torch
 
 from decodelab.core.kv import KVPolicy, ModelInfo, choice, non_negative_int, parse_cache_spec, positive_int, register
-from decodelab.core.model import load_model, model_info
-from decodelab.core.quantize_kv import fidelity
+from decodelab.core.engine.models import load_model
+from decodelab.core.engine.forward import model_info
+from decodelab.core.analysis.quantize_kv import fidelity
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = ROOT / "presets" / "models" / "validation.txt"

@@ -24,10 +24,10 @@ import time
 
 import torch
 
-from decodelab.core.build import build_sampler
-from decodelab.core.config import SampleSettings
-from decodelab.core.model import load_model
-from decodelab.core.run import synchronize
+from decodelab.core.methods.sample import build_sampler
+from decodelab.core.methods.sample import SampleSettings
+from decodelab.core.engine.models import load_model
+from decodelab.core.engine.run import synchronize
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 SETTINGS = {"greedy": {"temperature": 0.0}, "top-p": {"temperature": 0.8, "top_p": 0.9}}

@@ -24,9 +24,10 @@ import time
 
 import torch
 
-from decodelab.core.build import build_sampler, make_chain
-from decodelab.core.config import SampleSettings, validate_sample
-from decodelab.core.model import load_model
+from decodelab.core.methods.sample import build_sampler
+from decodelab.core.sampling.chain import make_chain
+from decodelab.core.methods.sample import SampleSettings, validate_sample
+from decodelab.core.engine.models import load_model
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 HF = dict(temperature=0.8, top_p=0.95, repetition_penalty=1.2)

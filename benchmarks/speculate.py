@@ -39,20 +39,14 @@ from pathlib import Path
 
 import torch
 
-from decodelab.core.decode import StopRules
-from decodelab.core.model import bundled_dir, load_model
-from decodelab.core.processors import build_chain
-from decodelab.core.select import make_generator, make_selector
-from decodelab.core.speculative import (
-    ModelProposer,
-    NGramProposer,
-    Speculator,
-    expected_tokens,
-    make_selector_for,
-    median_spread,
-    predicted_speedup,
-    time_plain_decoding,
-)
+from decodelab.core.engine.stopping import StopRules
+from decodelab.core.engine.models import bundled_dir, load_model
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.sampling.select import make_generator, make_selector
+from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer, make_selector_for
+from decodelab.core.methods.speculative.run import Speculator
+from decodelab.core.methods.speculative.rule import expected_tokens, predicted_speedup
+from decodelab.core.methods.speculative.timing import median_spread, time_plain_decoding
 
 STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 REPETITIVE = ("The quick brown fox jumps over the lazy dog. " * 6).strip()

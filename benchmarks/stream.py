@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 from decodelab.core.kv import parse_cache_spec
-from decodelab.core.model import bundled_dir, load_model
-from decodelab.core.runtime import Runtime
+from decodelab.core.engine.models import bundled_dir, load_model
+from decodelab.core.engine.runtime import Runtime
 
 SPAN = 512
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..core.errors import EMPTY_CHAIN, ChainError
-from . import render
 from .options import Format
+from .view import render
 
 # One interrupt path for every command and every phase: a Ctrl-C inside a run or a later phase (a baseline, a sweep)
 # is noted here, the command prints what it has (whole lines, the summary), and main() exits with status 130.

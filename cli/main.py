@@ -12,18 +12,19 @@ except ImportError:  # older typer runs on click
     from click import exceptions as cli_errors
 
 from ..core.errors import DecodelabError
-from .batch import batch
 from . import loop
-from .beam import beam
-from .bench import bench
-from .compare import compare
-from .models import models
-from .probs import probs
-from .quantize_kv import quantize_kv
-from .sample import sample
-from .score import score
-from .speculate import speculate
-from .stream import stream
+from .commands.batch import batch
+from .commands.beam import beam
+from .commands.bench import bench
+from .commands.compare import compare
+from .commands.models import models
+from .commands.probs import probs
+from .commands.quantize_kv import quantize_kv
+from .commands.sample import sample
+from .commands.score import score
+from .commands.speculate import speculate
+from .commands.stream import stream
+
 
 def flags_take_no_value() -> None:
     """typer labels an on/off flag ``<bool>`` in the help, as if it took a value: flags show no type."""

@@ -18,7 +18,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .render import status
+from .view.render import status
 
 RUN = "Model and run"
 PROC = "Processor chain"
@@ -211,7 +211,7 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
             check_paths(opts)
             with status("starting: importing torch and transformers"):
-                from . import pipeline  # noqa: F401  (the slow part of a start, under a status line)
+                pass
             return fn(opts, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(params)
@@ -223,8 +223,8 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
 
 def check_paths(opts: Opts) -> None:
     """Files the command reads or writes are checked when it starts, before a model loads or a run is spent."""
-    from ..core.config import check_input_file, check_output_file
     from ..core.errors import ConfigError
+    from ..core.inputs import check_input_file, check_output_file
 
     for name, option in (("save_html", "--save-html"), ("save_svg", "--save-svg")):
         if getattr(opts, name, None) is not None:
@@ -238,8 +238,8 @@ def check_paths(opts: Opts) -> None:
 
 def explicit(opts: Opts, *keys: str) -> dict:
     """Options given on the command line as settings fields (None = not given), for config.resolve."""
-    from ..core.config import parse_logit_bias
     from ..core.errors import ConfigError
+    from ..core.settings import parse_logit_bias
 
     out = {key: getattr(opts, key, None) for key in CHAIN_KEYS + SAMPLER_KEYS + ("cache", "trim_stop") + keys}
     bias, chain = getattr(opts, "logit_bias", None), getattr(opts, "chain", None)

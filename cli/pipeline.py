@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..core.config import read_input_text
+from ..core.engine.models import LoadedModel, load_model, set_threads
 from ..core.errors import ConfigError
-from ..core.model import LoadedModel, load_model, set_threads
+from ..core.inputs import read_input_text
 from .options import Opts
-from .render import status
+from .view.render import status
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -42,10 +42,10 @@ def export_instead(opts: Opts, settings, lm: LoadedModel | None = None, vocab: i
     target = getattr(opts, "export", None)
     if target is None:
         return False
-    from ..core.build import encode_plain
-    from ..core.export import export
-    from . import render
+    from ..core.sampling.export import export
+    from ..core.sampling.tokens import encode_plain
     from .options import Format
+    from .view import render
 
     if lm is not None:
         result = export(settings, target, lm.vocab_size, encode=encode_plain(lm), token_id=lm.token_id,

@@ -1,5 +1,7 @@
 """Errors the CLI turns into one line and exit status 2 (bad input), never a traceback."""
 
+from __future__ import annotations
+
 
 class DecodelabError(Exception):
     """Bad input or an impossible request; the message is shown to the user as is."""

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from decodelab.core.step import StopRules
+from decodelab.core.engine.stopping import StopRules
 
 NON_UTF8 = os.fsdecode(b"caf\xe9")
 

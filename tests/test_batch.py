@@ -13,15 +13,15 @@ import pytest
 import torch
 from conftest import ROOT, random_model
 
-from decodelab.core.decode import decode_tokens
+from decodelab.core.methods.sample import decode_tokens
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import CacheSpec, parse_cache_spec
 from decodelab.core.kv import paged as paged_mod
-from decodelab.core.processors import build_chain
-from decodelab.core.runtime import Runtime
-from decodelab.core.scheduler import Request, Scheduler
-from decodelab.core.select import Greedy, Multinomial, make_generator
-from decodelab.core.step import StopRules
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.methods.batch.scheduler import Request, Scheduler
+from decodelab.core.sampling.select import Greedy, Multinomial, make_generator
+from decodelab.core.engine.stopping import StopRules
 
 TINY = ROOT / "presets" / "models" / "tiny"
 BS = 4  # block size of most tests: small, so prompts span several blocks
@@ -108,7 +108,7 @@ def test_batched_sampling_equals_solo_with_own_generators():
 def test_bundled_tiny_batched_equals_solo_with_eos():
     if not (TINY / "model.safetensors").is_file():
         pytest.skip("the bundled tiny model's weights are not installed")
-    from decodelab.core.model import load_model
+    from decodelab.core.engine.models import load_model
 
     lm = load_model("tiny", device="cpu")
     texts = ["Once upon a time", "The little fox ran to the", "She said", "In the morning, the sun"]

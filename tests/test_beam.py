@@ -11,9 +11,8 @@ import pytest
 import torch
 from conftest import BUNDLED_TOKENIZER, ROOT, random_model
 
-from decodelab.core.beam import (BeamSearch, BeamSettings, ModelStepper, beam_search, length_norm,
-                                 sweep_length_penalty)
-from decodelab.core.processors import build_chain
+from decodelab.core.methods.beam import BeamSearch, BeamSettings, ModelStepper, beam_search, length_norm, sweep_length_penalty
+from decodelab.core.sampling.chain import build_chain
 
 EOS = 3
 PROMPT = [5, 9, 17, 2]
@@ -312,7 +311,7 @@ def test_bundled_tiny_equals_generate():
     """The trained model; a +7 EOS bias (transformers: sequence_bias) makes hypotheses end at different lengths."""
     if not (TINY / "model.safetensors").is_file():
         pytest.skip("the bundled tiny model's weights are not installed")
-    from decodelab.core.model import load_model
+    from decodelab.core.engine.models import load_model
 
     lm = load_model("tiny", device="cpu")
     eos = lm.eos_ids[0]
@@ -473,7 +472,7 @@ def test_summary_finished_is_the_pool_never_more_than_beams():
 def test_beams_beyond_the_vocabulary_are_refused():
     """5 beams over a 3-token vocabulary: the first step has only 3 continuations, so two returned hypotheses extend
     transformers' -1e9 placeholder rows. build_beam refuses it, one line, once the vocabulary is known."""
-    from decodelab.core.beam import check_beams_fit_vocabulary
+    from decodelab.core.methods.beam import check_beams_fit_vocabulary
     from decodelab.core.errors import ConfigError
 
     garbage = run_table(settings(5, 1.0, "never", 1)).hypotheses

@@ -15,22 +15,19 @@ import math
 import pytest
 import torch
 
-from decodelab.core.processors import (
-    Chain,
-    LogitBias,
-    NoRepeatNGram,
-    Temperature,
-    TopK,
-    TopP,
-    build_chain,
-    entropy,
-    softmax,
-)
-from decodelab.core.select import make_generator
-from decodelab.core.speculative import NGramProposer, Speculator
-from decodelab.core.stats import pack, ranked_alternatives, stage_stats, unpack
-from decodelab.core.step import StopChecker, StopRules, select
-from decodelab.core.trace import Alternative, Step
+from decodelab.core.sampling.chain import Chain, build_chain
+from decodelab.core.sampling.biases import LogitBias
+from decodelab.core.sampling.penalties import NoRepeatNGram
+from decodelab.core.sampling.scaling import Temperature
+from decodelab.core.sampling.filters import TopK, TopP
+from decodelab.core.sampling.distribution import entropy, softmax
+from decodelab.core.sampling.select import make_generator
+from decodelab.core.methods.speculative.proposers import NGramProposer
+from decodelab.core.methods.speculative.run import Speculator
+from decodelab.core.trace.stats import pack, ranked_alternatives, stage_stats, unpack
+from decodelab.core.engine.stopping import StopChecker, StopRules
+from decodelab.core.sampling.step import select
+from decodelab.core.trace.records import Alternative, Step
 
 from conftest import random_model
 
@@ -190,7 +187,7 @@ H4 = -sum(p * math.log(p) for p in (0.1, 0.2, 0.3, 0.4))  # 1.27985 nats
 
 
 def traced(chain: Chain, logits: torch.Tensor, top: int = 4):
-    from decodelab.core.select import Greedy
+    from decodelab.core.sampling.select import Greedy
 
     sel = select(chain, Greedy(), torch.zeros(1, 1, dtype=torch.long), logits, record=True)
     host = pack(sel.token, logits, sel.processed, sel.stages, top).tolist()
@@ -297,7 +294,7 @@ CSV_COLUMNS = ["index", "position", "token_id", "token", "prob", "logprob", "raw
 def test_csv_rows_keep_the_contract_names_and_every_digit():
     """Bug: a column renamed, or values rounded. The header is the contract's field names in order, and every
     float reads back bit for bit (Python's shortest repr round-trips)."""
-    from decodelab.cli.render import print_rows, step_rows
+    from decodelab.cli.view.render import print_rows, step_rows
 
     step = Step(index=0, position=7, token_id=42, token=" hi", prob=0.123456789012, logprob=math.log(0.123456789012),
                 raw_prob=0.0987654321, raw_logprob=math.log(0.0987654321), raw_rank=3, entropy=1.23456789,

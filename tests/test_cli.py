@@ -211,7 +211,7 @@ def test_prompt_from_stdin_and_file(cli, toy_model_dir, tmp_path, monkeypatch):
 
 
 def test_interrupted_jsonl_keeps_whole_lines_and_a_summary(cli, toy_model_dir, monkeypatch):
-    import decodelab.core.decode as decode
+    import decodelab.core.methods.sample as decode
 
     real = decode.build_step
     calls = {"n": 0}

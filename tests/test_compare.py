@@ -9,15 +9,17 @@ import pytest
 import torch
 
 from conftest import random_model
-from decodelab.core import compare as cmp
-from decodelab.core.branch import Forced, load_trace, mark_forced, parse_force, skip_draws
-from decodelab.core.decode import Sampler, StopRules
+from decodelab.core.analysis import compare as cmp
+from decodelab.core.methods.branch import Forced, load_trace, mark_forced, parse_force, skip_draws
+from decodelab.core.methods.sample import Sampler
+from decodelab.core.engine.stopping import StopRules
 from decodelab.core.errors import ConfigError
-from decodelab.core.many import sample_many
-from decodelab.core.processors import build_chain, softmax
-from decodelab.core.runtime import Runtime
-from decodelab.core.select import make_selector
-from decodelab.core.why import decide_from_logits
+from decodelab.core.methods.many import sample_many
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.sampling.distribution import softmax
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.sampling.select import make_selector
+from decodelab.core.trace.why import decide_from_logits
 
 V = 256
 PROMPT = "5 17 42 9 100 3"
@@ -331,7 +333,7 @@ def test_resume_continues_with_the_same_draws(llama, tmp_path):
 
 
 def test_bench_pairs_the_same_work(llama):
-    from decodelab.core.bench import Bench, parse_settings
+    from decodelab.core.analysis.bench import Bench, parse_settings
 
     draft = random_model("llama", seed=9, scale=4.0, num_hidden_layers=1)
     bench = Bench(llama, [5, 17, 42, 5, 17], 6, draft=draft, gammas=(2,))
@@ -344,7 +346,7 @@ def test_bench_pairs_the_same_work(llama):
 
 
 def test_branched_run_resumes_and_forces_with_step_numbers_of_the_original(llama):
-    from decodelab.core.branch import Branched
+    from decodelab.core.methods.branch import Branched
 
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 0.9, "top-k": 30})

@@ -8,10 +8,12 @@ import pytest
 import torch
 from conftest import ARCHS, random_model
 
-from decodelab.core.decode import DecodeState, Sampler, StopRules, decode_tokens, next_token_stages
+from decodelab.core.methods.sample import DecodeState, Sampler, decode_tokens
+from decodelab.core.engine.stopping import StopRules
+from decodelab.core.methods.probs import next_token_stages
 from decodelab.core.errors import ConfigError
-from decodelab.core.processors import build_chain
-from decodelab.core.select import Greedy, Multinomial, make_generator, make_selector
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.sampling.select import Greedy, Multinomial, make_generator, make_selector
 
 PROMPT = [5, 17, 42, 9, 77, 3]
 

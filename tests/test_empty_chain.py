@@ -50,8 +50,8 @@ def test_every_format_prints_what_was_produced_then_the_error(cli, toy_model_dir
 def test_beam_whose_chain_empties_mid_search(cli, toy_model_dir, monkeypatch):
     """A beam chain (penalties and biases on log-probabilities) hardly empties from the command line: the error is
     raised where the search raises it, at its third step."""
-    import decodelab.core.beam as beam
-    from decodelab.core.processors import empty_chain_error
+    import decodelab.core.methods.beam as beam
+    from decodelab.core.sampling.chain import empty_chain_error
 
     real, calls = beam.BeamSearch._to_host, {"n": 0}
 

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from decodelab.core.errors import ChainError
-from decodelab.core.processors import LogitBias, MinP, TypicalP, build_chain, check_not_empty, softmax
-from decodelab.core.speculative import point_masses
+from decodelab.core.sampling.biases import LogitBias
+from decodelab.core.sampling.filters import MinP, TypicalP
+from decodelab.core.sampling.chain import build_chain, check_not_empty
+from decodelab.core.sampling.distribution import softmax
+from decodelab.core.methods.speculative.rule import point_masses
 
 NEG = float("-inf")
 
@@ -59,7 +62,8 @@ def test_point_masses_are_float_distributions():
 
 
 def test_stage_table_names_each_stage():
-    from decodelab.core.processors import TopK, stage_table
+    from decodelab.core.sampling.filters import TopK
+    from decodelab.core.trace.stats import stage_table
 
     z = torch.tensor([[0.0, 1.0, 2.0]])
     assert [stat.name for stat, _ in stage_table([("raw", z), ("top-k", TopK(1)(None, z))])] == ["raw", "top-k"]
@@ -68,7 +72,7 @@ def test_stage_table_names_each_stage():
 def test_a_kept_candidate_whose_probability_underflows_stays_among_the_kept():
     """Logit -200 is kept (finite) but its float32 probability is exactly 0: it still ranks before the removed id 2,
     whose raw probability is 0.99."""
-    from decodelab.core.stats import ranked_alternatives
+    from decodelab.core.trace.stats import ranked_alternatives
 
     raw = torch.tensor([0.0, -200.0, 5.0])
     processed = torch.tensor([0.0, -200.0, NEG])
@@ -80,7 +84,7 @@ def test_a_kept_candidate_whose_probability_underflows_stays_among_the_kept():
 
 def test_residual_is_normalised_per_row():
     """Row 0: max(0, p - q) = (0, 1/2, 0) -> (0, 1, 0). Row 1: p == q leaves no excess: the row falls back to p."""
-    from decodelab.core.speculative import residual_distribution
+    from decodelab.core.methods.speculative.rule import residual_distribution
 
     p = torch.tensor([[0.5, 0.5, 0.0], [0.25, 0.25, 0.5]])
     q = torch.tensor([[1.0, 0.0, 0.0], [0.25, 0.25, 0.5]])
@@ -90,7 +94,7 @@ def test_residual_is_normalised_per_row():
 def test_a_draft_the_target_gives_probability_zero_is_never_accepted():
     """u = 0 and p(x) = 0: the rule accepts iff u < p/q, so 0 < 0 rejects (u <= p/q would accept an impossible
     token). The correction then comes from norm(max(0, p - q)) = the one token p allows."""
-    from decodelab.core.speculative import verify_sampled
+    from decodelab.core.methods.speculative.rule import verify_sampled
 
     p = torch.tensor([[[0.0, 1.0], [0.5, 0.5]]])  # [B=1, g+1=2, V=2]
     q = torch.tensor([[[1.0, 0.0]]])  # the draft proposed token 0 with certainty
@@ -105,7 +109,7 @@ def test_softmax_helpers_work_over_the_last_axis_of_any_shape():
     """log_softmax, softmax and entropy normalise over the last axis: a 1-D vector (the scheduler and the many-samples
     trace pass one) and [B, T, V] alike. Logits (0, ln 3) give (1/4, 3/4); a row of equal logits gives (1/2, 1/2),
     so the 3-D case differs from a normalisation over axis 1."""
-    from decodelab.core.processors import entropy, log_softmax
+    from decodelab.core.sampling.distribution import entropy, log_softmax
 
     z = torch.tensor([0.0, math.log(3.0)])
     assert softmax(z).tolist() == pytest.approx([0.25, 0.75], rel=1e-6)
@@ -120,7 +124,7 @@ def test_softmax_helpers_work_over_the_last_axis_of_any_shape():
 
 def test_the_emptiness_error_tells_an_overflow_from_a_chain_that_removed_everything():
     """NaN (inf - inf) or +inf in a row is an overflow, with its own message; a row of -inf is an emptied chain."""
-    from decodelab.core.processors import empty_chain_error
+    from decodelab.core.sampling.chain import empty_chain_error
 
     overflow = ("the chain [temperature] made a logit overflow to +inf or NaN: a value too extreme for float32 (such "
                 "as a --temperature or --repetition-penalty near 0); use a less extreme value")
@@ -135,7 +139,8 @@ def test_the_emptiness_error_tells_an_overflow_from_a_chain_that_removed_everyth
 
 def test_chain_states_are_named_stage_dot_key_in_chain_order():
     """Only stages with a state() report; each value is the stage's own tensor, named "<stage>.<key>"."""
-    from decodelab.core.processors import Chain, Temperature
+    from decodelab.core.sampling.chain import Chain
+    from decodelab.core.sampling.scaling import Temperature
 
     class Stateful:
         def __init__(self, name, state):
@@ -164,7 +169,7 @@ def test_typical_p_breaks_ties_by_vocabulary_order_in_a_long_row():
 def test_pack_reads_row_0_of_every_tensor_and_works_without_recorded_stages():
     """Two rows, no stages recorded: the numbers are row 0's. Raw row 0 (0, ln 3) -> (1/4, 3/4); processed row 0
     (-inf, 0) -> (0, 1); token 1. Row 1 is the mirror image, so reading it would give other numbers."""
-    from decodelab.core.stats import pack, unpack
+    from decodelab.core.trace.stats import pack, unpack
 
     raw = torch.tensor([[0.0, math.log(3.0)], [math.log(3.0), 0.0]])
     processed = torch.tensor([[NEG, 0.0], [0.0, NEG]])
@@ -182,7 +187,7 @@ def test_pack_with_stages_reads_the_race_of_row_0():
     (1/2, 1/2, 0), entropy ln 2, 2 kept, mass removed 1/3. Race draws E = (1, 1/e, 1/e^2) add g = -log E = (0, 1, 2):
     the raw winner is id 2, after the bias id 1 (the chosen token), and the bias removed the raw winner. Without the
     race (greedy) both winners would be id 0; row 1 (other logits, other draws) would give other numbers."""
-    from decodelab.core.stats import pack, unpack
+    from decodelab.core.trace.stats import pack, unpack
 
     raw = torch.tensor([[0.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
     biased = LogitBias({2: NEG})(None, raw)
@@ -204,7 +209,7 @@ def test_a_removed_candidate_whose_raw_probability_underflows_still_ranks_among_
     """Raw logits (0, -200, ln 5, ln 7) with only id 0 kept: id 1's raw probability is exactly 0 in float32 but it is
     a real candidate (removed), not padding: the four alternatives are 0, then the removed by raw probability 3 (7/13),
     2 (5/13), 1 (0), each once."""
-    from decodelab.core.stats import ranked_alternatives
+    from decodelab.core.trace.stats import ranked_alternatives
 
     raw = softmax(torch.tensor([[0.0, -200.0, math.log(5.0), math.log(7.0)]]))[0]
     assert raw[1].item() == 0.0  # the premise
@@ -217,7 +222,7 @@ def test_a_removed_candidate_whose_raw_probability_underflows_still_ranks_among_
 def test_alternatives_keep_their_order_in_a_long_list():
     """20 candidates, the even ids kept: the first 10 alternatives are exactly the kept ones by probability (past the
     length where an unstable sort of the 20 padding flags would mix the two groups)."""
-    from decodelab.core.stats import ranked_alternatives
+    from decodelab.core.trace.stats import ranked_alternatives
 
     z = torch.arange(20, dtype=torch.float32)
     kept_mask = torch.arange(20) % 2 == 0
@@ -233,7 +238,7 @@ def test_alternatives_keep_their_order_in_a_long_list():
 def test_token_buffer_views_the_committed_ids_and_follows_parents():
     """Prompt (5, 6) in a [2, 5] buffer: prefix() is the committed ids, prefix(1) adds one scratch id, new_ids only
     the generated ones; push writes one token per row, reorder makes both rows copies of row 1."""
-    from decodelab.core.step import TokenBuffer
+    from decodelab.core.engine.tokens import TokenBuffer
 
     buf = TokenBuffer([5, 6], 5, "cpu", rows=2)
     assert buf.prefix().tolist() == [[5, 6], [5, 6]] and buf.new_ids == []
@@ -250,8 +255,8 @@ def test_token_buffer_views_the_committed_ids_and_follows_parents():
 def test_select_gives_the_chain_the_ids_and_records_only_when_asked():
     """Repetition penalty 4 on token 0 (seen): logits (2, 1) become (1/2, 1), so greedy picks 1; without the ids it
     would pick 0. finite is per row: row 1 has no finite logit left."""
-    from decodelab.core.select import Greedy
-    from decodelab.core.step import select
+    from decodelab.core.sampling.select import Greedy
+    from decodelab.core.sampling.step import select
 
     chain = build_chain({"repetition-penalty": 4.0})
     ids, logits = torch.tensor([[0], [0]]), torch.tensor([[2.0, 1.0], [NEG, NEG]])
@@ -265,7 +270,9 @@ def test_select_gives_the_chain_the_ids_and_records_only_when_asked():
 
 
 def test_chain_hands_accept_the_token_and_run_recorded_the_ids():
-    from decodelab.core.processors import Chain, RepetitionPenalty, Temperature
+    from decodelab.core.sampling.chain import Chain
+    from decodelab.core.sampling.penalties import RepetitionPenalty
+    from decodelab.core.sampling.scaling import Temperature
 
     class Counting:
         name = "counting"
@@ -296,7 +303,7 @@ def test_the_selectors_on_probabilities_and_the_race_dtype():
     """Greedy on probabilities is the per-row arg-max; a fresh sampler has drawn nothing; its Exp(1) race is float32
     whatever the logits' dtype (bfloat16 draws would tie and bias the draw), so a seed draws the same token from
     bfloat16 and float32 copies of the same logits."""
-    from decodelab.core.select import Greedy, Multinomial, make_generator
+    from decodelab.core.sampling.select import Greedy, Multinomial, make_generator
 
     assert Greedy()(torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.2, 0.3]])).tolist() == [1, 0]
     assert Multinomial(make_generator(0, "cpu")).last_race is None
@@ -312,7 +319,9 @@ def test_stop_rules_capacity_prompt_checks_and_the_selected_token_check():
     """Capacity: prompt + -n, never past the context, never below the prompt. The prompt checks and the check of
     the selected token each give their one line."""
     from decodelab.core.errors import ConfigError
-    from decodelab.core.step import StopRules, check_prompt, check_selected
+    from decodelab.core.engine.stopping import StopRules
+    from decodelab.core.engine.tokens import check_prompt
+    from decodelab.core.sampling.step import check_selected
 
     assert StopRules(100).capacity(4) == 104
     assert StopRules(100, context_length=10).capacity(4) == 10 and StopRules(3, context_length=10).capacity(4) == 7
@@ -337,7 +346,7 @@ def test_stop_strings_detokenize_a_constant_window_and_need_a_detokenizer():
     """A stop string of 2 characters: each check detokenizes only the last 4 * 2 + 4 = 12 ids, however long the
     output (the cost per token is constant), and a match there is reason "stop". Without a detokenizer stop strings
     are not looked for; an empty stop string is dropped."""
-    from decodelab.core.step import StopChecker, StopRules
+    from decodelab.core.engine.stopping import StopChecker, StopRules
 
     sizes = []
 
@@ -355,15 +364,16 @@ def test_stop_strings_detokenize_a_constant_window_and_need_a_detokenizer():
 def test_build_chain_maps_every_stage_name_to_its_processor_in_the_default_order():
     """Every stage of this module by name, with its value, in DEFAULT_ORDER; a stage of samplers.py gets its value
     and the context (min-new-tokens bans the context's end ids)."""
-    from decodelab.core import processors as P
-    from decodelab.core.samplers import MinNewTokens, StageContext
+    from decodelab.core.sampling import biases, filters, penalties, scaling
+    from decodelab.core.sampling.biases import MinNewTokens
+    from decodelab.core.sampling.registry import StageContext
 
     settings = {"typical-p": 0.9, "min-p": 0.05, "top-p": 0.8, "top-k": 7, "temperature": 0.5, "bias": {1: 2.0},
                 "no-repeat-ngram": 3, "repetition-penalty": 1.3, "softcap": 30.0}
     chain = build_chain(settings)
-    want = [(P.SoftCap, "cap", 30.0), (P.RepetitionPenalty, "penalty", 1.3), (P.NoRepeatNGram, "n", 3),
-            (P.LogitBias, "bias", {1: 2.0}), (P.Temperature, "temperature", 0.5), (P.TopK, "k", 7),
-            (P.TopP, "p", 0.8), (P.MinP, "min_p", 0.05), (P.TypicalP, "mass", 0.9)]
+    want = [(scaling.SoftCap, "cap", 30.0), (penalties.RepetitionPenalty, "penalty", 1.3), (penalties.NoRepeatNGram, "n", 3),
+            (biases.LogitBias, "bias", {1: 2.0}), (scaling.Temperature, "temperature", 0.5), (filters.TopK, "k", 7),
+            (filters.TopP, "p", 0.8), (filters.MinP, "min_p", 0.05), (filters.TypicalP, "mass", 0.9)]
     assert [(type(p), getattr(p, field)) for p, (_, field, _) in zip(chain.processors, want)] == [
         (cls, value) for cls, _, value in want]
     (stage,) = build_chain({"min-new-tokens": 2}, context=StageContext(end_ids=(5,))).processors
@@ -374,8 +384,10 @@ def test_build_chain_counts_the_repetition_penalty_as_the_context_says_and_names
     """A context that counts repetition over the last 4 tokens builds the windowed penalty with that penalty; one
     that counts all tokens keeps the plain one. --chain errors are one line each."""
     from decodelab.core.errors import ConfigError
-    from decodelab.core.processors import DEFAULT_ORDER, RepetitionPenalty
-    from decodelab.core.samplers import StageContext, WindowedRepetitionPenalty
+    from decodelab.core.sampling.registry import DEFAULT_ORDER
+    from decodelab.core.sampling.penalties import RepetitionPenalty
+    from decodelab.core.sampling.registry import StageContext
+    from decodelab.core.sampling.penalties import WindowedRepetitionPenalty
 
     context = StageContext(counting={"repetition-penalty": ("all", 4)})
     (stage,) = build_chain({"repetition-penalty": 1.5}, context=context).processors
@@ -398,7 +410,7 @@ def test_build_chain_counts_the_repetition_penalty_as_the_context_says_and_names
 def test_trim_stop_cuts_the_first_occurrence_of_a_stop_string_present_in_the_text():
     """Ids 0 1 3 1 3 read "ab" "EN" "Dx" "EN" "Dx": "END" first occurs at 2, so the text is cut to "ab"; an absent
     stop string ("ZZ") takes no part; a stop id is dropped only when it is the last id; no match leaves the text."""
-    from decodelab.core.step import StopRules, trim_stop
+    from decodelab.core.engine.stopping import StopRules, trim_stop
 
     rules = StopRules(10, stop_strings=("ZZ", "", "END"), stop_ids=(9,))
     detok = lambda ids: "".join({0: "ab", 1: "EN", 3: "Dx", 9: "<s>"}[i] for i in ids)  # noqa: E731

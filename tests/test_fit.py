@@ -11,7 +11,7 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
-from decodelab.cli.fit import chrome, column_widths, fit_table, panels, spread
+from decodelab.cli.view.fit import chrome, column_widths, fit_table, panels, spread
 
 
 def printed(renderables, width: int) -> str:

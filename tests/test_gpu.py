@@ -6,9 +6,10 @@ import pytest
 import torch
 from conftest import random_model
 
-from decodelab.core.decode import DecodeState, StopRules, decode_tokens
-from decodelab.core.processors import build_chain
-from decodelab.core.select import Greedy, Multinomial, make_generator
+from decodelab.core.methods.sample import DecodeState, decode_tokens
+from decodelab.core.engine.stopping import StopRules
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.sampling.select import Greedy, Multinomial, make_generator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 

@@ -35,7 +35,7 @@ def run_jsonl(cli, *args):
 
 
 def test_sample_loop(cli, toy_model_dir, monkeypatch):
-    import decodelab.core.decode as decode
+    import decodelab.core.methods.sample as decode
 
     raise_on_call(monkeypatch, decode, "build_step", 3)
     lines = run_jsonl(cli, "sample", "Hello", "-m", toy_model_dir, "-n", "10", "--ignore-eos")
@@ -44,7 +44,7 @@ def test_sample_loop(cli, toy_model_dir, monkeypatch):
 
 
 def test_beam_loop(cli, toy_model_dir, monkeypatch):
-    from decodelab.core.beam import BeamSearch
+    from decodelab.core.methods.beam import BeamSearch
 
     raise_on_call(monkeypatch, BeamSearch, "_select", 3)
     lines = run_jsonl(cli, "beam", "Hello", "-m", toy_model_dir, "-n", "8", "--beams", "2", "--ignore-eos")
@@ -52,7 +52,7 @@ def test_beam_loop(cli, toy_model_dir, monkeypatch):
 
 
 def test_beam_sweep(cli, toy_model_dir, monkeypatch):
-    import decodelab.core.beam as beam  # the command imports it when it runs
+    import decodelab.core.methods.beam as beam  # the command imports it when it runs
 
     raise_on_call(monkeypatch, beam, "sweep_length_penalty", 1)
     lines = run_jsonl(cli, "beam", "Hello", "-m", toy_model_dir, "-n", "4", "--beams", "2",
@@ -61,7 +61,7 @@ def test_beam_sweep(cli, toy_model_dir, monkeypatch):
 
 
 def test_speculate_loop(cli, toy_model_dir, monkeypatch):
-    from decodelab.core.speculative import Speculator
+    from decodelab.core.methods.speculative.run import Speculator
 
     real, calls = Speculator.build_round, {"n": 0}
 
@@ -79,7 +79,7 @@ def test_speculate_loop(cli, toy_model_dir, monkeypatch):
 
 
 def test_speculate_warm_up(cli, toy_model_dir, monkeypatch):
-    import decodelab.core.build as build  # the command imports it when it runs
+    import decodelab.core.methods.speculative.run as build  # the command imports it when it runs
 
     raise_on_call(monkeypatch, build, "warm_up_speculate", 1)
     lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4")
@@ -90,7 +90,7 @@ def test_speculate_warm_up(cli, toy_model_dir, monkeypatch):
 def test_speculate_baseline_and_sweep(cli, toy_model_dir, monkeypatch, nth, sweep_rows):
     """One timing round: call 1 of plain_baseline is the main run's reference, calls 2 and 3 the sweep's (gamma 1,
     then 2)."""
-    import decodelab.core.build as build
+    import decodelab.core.methods.speculative.run as build
 
     raise_on_call(monkeypatch, build, "plain_baseline", nth)
     lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
@@ -116,7 +116,7 @@ def test_speculate_baseline_and_sweep(cli, toy_model_dir, monkeypatch, nth, swee
     ("plain", 8, 3, [3, 1]),
 ])
 def test_speculate_timing_rounds(cli, toy_model_dir, monkeypatch, method, nth, main_rounds, sweep_rounds):
-    from decodelab.core.build import SpeedupRounds
+    from decodelab.core.methods.speculative.run import SpeedupRounds
 
     raise_on_call(monkeypatch, SpeedupRounds, method, nth)
     lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
@@ -130,7 +130,7 @@ def test_speculate_timing_rounds(cli, toy_model_dir, monkeypatch, method, nth, m
 
 
 def test_score_loop(cli, toy_model_dir, monkeypatch):
-    from decodelab.core.score import Scorer
+    from decodelab.core.methods.score import Scorer
 
     raise_on_call(monkeypatch, Scorer, "_block", 2)
     code, out, err = cli("score", "one two three four five six seven eight nine ten", "-m", toy_model_dir,
@@ -162,7 +162,7 @@ def cut_iteration(monkeypatch, cls, after: int) -> None:
 
 
 def test_batch_loop(cli, toy_model_dir, tmp_path, monkeypatch):
-    from decodelab.core.scheduler import Scheduler
+    from decodelab.core.methods.batch.scheduler import Scheduler
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("one two\nthree four five\nsix\n")
@@ -180,7 +180,7 @@ def test_batch_loop(cli, toy_model_dir, tmp_path, monkeypatch):
 
 
 def test_batch_baseline(cli, toy_model_dir, tmp_path, monkeypatch):
-    import decodelab.core.batch as batch
+    import decodelab.core.methods.batch.run as batch
 
     prompts = tmp_path / "p.txt"
     prompts.write_text("one two\nthree four five\n")
@@ -193,7 +193,7 @@ def test_batch_baseline(cli, toy_model_dir, tmp_path, monkeypatch):
 
 
 def test_compare_rows(cli, toy_model_dir, monkeypatch):
-    from decodelab.core.compare import Comparison
+    from decodelab.core.analysis.compare import Comparison
 
     raise_on_call(monkeypatch, Comparison, "run_one", 3)
     code, out, err = cli("compare", "Hello", "-m", toy_model_dir, "-V", "a: temperature=0", "-V",
@@ -205,7 +205,7 @@ def test_compare_rows(cli, toy_model_dir, monkeypatch):
 
 
 def test_stream_score(cli, toy_model_dir, tmp_path, monkeypatch):
-    from decodelab.core.stream import StreamScore
+    from decodelab.core.methods.stream import StreamScore
 
     text = tmp_path / "t.txt"
     text.write_text("one two three four five six seven eight nine ten eleven")
@@ -218,7 +218,7 @@ def test_stream_score(cli, toy_model_dir, tmp_path, monkeypatch):
 
 
 def test_bench_keeps_whole_rounds(cli, toy_model_dir, monkeypatch):
-    from decodelab.core.bench import Bench
+    from decodelab.core.analysis.bench import Bench
 
     real = Bench.time
 
@@ -245,7 +245,7 @@ def test_bench_keeps_whole_rounds(cli, toy_model_dir, monkeypatch):
 
 
 def test_quantize_kv_grid(cli, toy_model_dir, monkeypatch):
-    import decodelab.core.quantize_kv as qkv
+    import decodelab.core.analysis.quantize_kv as qkv
 
     raise_on_call(monkeypatch, qkv, "fidelity", 3)  # the main fidelity, grid cell 1, then cut in cell 2
     code, out, err = cli("quantize-kv", "The quick brown fox jumps over the lazy dog. " * 2, "-m", toy_model_dir,

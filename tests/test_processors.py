@@ -11,21 +11,13 @@ from hypothesis import strategies as st
 from transformers.generation import logits_process as hf
 
 from decodelab.core.errors import ChainError, ConfigError
-from decodelab.core.processors import (
-    Chain,
-    LogitBias,
-    MinP,
-    NoRepeatNGram,
-    RepetitionPenalty,
-    SoftCap,
-    Temperature,
-    TopK,
-    TopP,
-    TypicalP,
-    build_chain,
-    softmax,
-    stage_table,
-)
+from decodelab.core.sampling.chain import Chain, build_chain
+from decodelab.core.sampling.biases import LogitBias
+from decodelab.core.sampling.filters import MinP, TopK, TopP, TypicalP
+from decodelab.core.sampling.penalties import NoRepeatNGram, RepetitionPenalty
+from decodelab.core.sampling.scaling import SoftCap, Temperature
+from decodelab.core.sampling.distribution import softmax
+from decodelab.core.trace.stats import stage_table
 
 V = 50
 

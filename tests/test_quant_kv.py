@@ -10,15 +10,15 @@ import pytest
 import torch
 from conftest import random_model
 
-from decodelab.core.decode import decode_tokens
+from decodelab.core.methods.sample import decode_tokens
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import parse_cache_spec, policy_capabilities, require
 from decodelab.core.kv.quant import Layout, Stream
 from decodelab.core.kv.quantize import dequantize, pack, quantize, round_down, round_up, unpack
-from decodelab.core.processors import build_chain
-from decodelab.core.runtime import Runtime
-from decodelab.core.select import Greedy
-from decodelab.core.step import StopRules
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.sampling.select import Greedy
+from decodelab.core.engine.stopping import StopRules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -312,7 +312,8 @@ def test_rollback_with_a_residual_window_would_not_be_exact():
 
 
 def test_speculate_through_an_int8_cache_and_refused_for_kivi():
-    from decodelab.core.speculative import NGramProposer, Speculator
+    from decodelab.core.methods.speculative.proposers import NGramProposer
+    from decodelab.core.methods.speculative.run import Speculator
 
     model = random_model("llama", scale=8.0)
     chain = build_chain({"temperature": 0})
@@ -385,7 +386,7 @@ def test_other_architectures_run(arch):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from decodelab.core.model import load_model
+    from decodelab.core.engine.models import load_model
 
     return load_model("tiny", device="cpu")
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import pytest
 from rich.console import Console
 
-from decodelab.cli import render
-from decodelab.cli.steps_view import StepsTable
-from decodelab.core.trace import Alternative, SampleSummary, Step
+from decodelab.cli.view import render
+from decodelab.cli.view.steps_view import StepsTable
+from decodelab.core.trace.records import Alternative, SampleSummary, Step
 
 
 def captured(fn, *args, **kwargs) -> str:

@@ -13,8 +13,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from decodelab.cli import render
-from decodelab.cli.fit import chrome, column_widths, fit_table, panels, spread
+from decodelab.cli.view import render
+from decodelab.cli.view.fit import chrome, column_widths, fit_table, panels, spread
 
 
 def printed(renderables, width: int) -> str:
@@ -144,7 +144,7 @@ def test_samples_views_at_64_columns():
     """`sample -N`'s three views, exactly: numbers right-aligned with 3 decimals, names and the stop reason
     left-aligned, only the text column wraps (at word boundaries, newlines escaped), the first-token shares as a bar
     of 10 cells (0.5 -> 5 cells, 0.25 -> 2.5) and two decimals, the summary without first_tokens."""
-    from decodelab.core.many import FirstToken, SampleRow, SpreadSummary
+    from decodelab.core.methods.many import FirstToken, SampleRow, SpreadSummary
 
     rows = [SampleRow(0, 7, [1, 2], "short\ntext", 2, "length", -1.23456, -0.61728),
             SampleRow(1, 8, [3], "a much longer text that wraps", 12, "eos", -10.5, -0.875)]
@@ -175,8 +175,8 @@ def test_a_tables_parts_keep_its_settings_and_together_print_the_whole():
 def test_the_live_status_line_counts_tokens_and_their_rate(monkeypatch):
     """5 tokens in 0.5 s: 10.0 tok/s (the 1e-9 floor only guards a zero elapsed time); the spinner is cyan, and
     each add() puts a fresh status under the rows."""
-    from decodelab.cli import live as live_module
-    from decodelab.cli.live import LiveSteps
+    from decodelab.cli.view import live as live_module
+    from decodelab.cli.view.live import LiveSteps
     from test_steps_view import STEPS
 
     monkeypatch.setattr(live_module, "time", SimpleNamespace(perf_counter=lambda: 100.5))
@@ -242,7 +242,7 @@ def test_the_steps_table_line_for_line(width, expected):
 
 def test_the_steps_table_styles():
     """Header lines bold, the rule dim, the token bold, the folded lines dim."""
-    from decodelab.cli.steps_view import header_lines, plan, row_lines
+    from decodelab.cli.view.steps_view import header_lines, plan, row_lines
     from test_steps_view import STEPS
 
     folded = plan(60, 151936, 100000, ["temperature", "repetition-penalty"], 3)
@@ -305,7 +305,7 @@ def test_plan_at_the_exact_widths_where_each_step_is_needed():
     """Fixed fields at full size: 5 + 12 + 18 + 7 + 6 + 6 + 5 + 18 + 7 gaps of 2 = 91. At 84 a 3-cell bar fits
     exactly (prob 3 + 1 + 7); at 83 the bar goes; without it 80, so at 74 the token shrinks to exactly 6; at 73
     `decided by` folds. A stage name longer than the header widens `decided by`; with none the header sets it."""
-    from decodelab.cli.steps_view import plan
+    from decodelab.cli.view.steps_view import plan
 
     names = ["temperature", "repetition-penalty"]
     at = {w: plan(w, 151936, 100000, names, 3) for w in (91, 84, 83, 74, 73)}
@@ -319,7 +319,7 @@ def test_a_cut_token_fills_its_width_exactly_even_with_wide_characters():
     """Two-cell characters cannot always fill an odd remainder: the cut is padded to the field's width."""
     from rich.cells import cell_len
 
-    from decodelab.cli.steps_view import fit_token
+    from decodelab.cli.view.steps_view import fit_token
 
     for width in (3, 4, 5):
         cut = fit_token("你好你好", width)
@@ -339,7 +339,7 @@ def test_the_live_table_prints_its_header_then_rows_with_the_status_on_the_same_
     """In a terminal: the header first, then the status line (written on the console given, from the start), and a
     transient status: the display is erased when the run ends (rich ends a transient live display by moving the
     cursor up over it, "\\x1b[1A", and erasing the line, "\\x1b[2K")."""
-    from decodelab.cli.live import LiveSteps
+    from decodelab.cli.view.live import LiveSteps
     from test_steps_view import STEPS, table
 
     terminal = Console(width=80, file=io.StringIO(), force_terminal=True, color_system=None)
@@ -351,7 +351,7 @@ def test_the_live_table_prints_its_header_then_rows_with_the_status_on_the_same_
 
 
 def test_fitted_splits_only_tables():
-    from decodelab.cli.render import fitted
+    from decodelab.cli.view.render import fitted
 
     console = Console(width=30, file=io.StringIO())
     parts = fitted([wide_table(), "text"], 30, console)
@@ -418,7 +418,7 @@ def test_samples_views_split_at_40_columns_with_bold_headers():
     """Through fitted() as show() prints it: 40 columns split the samples into two panels, each led by `#`
     (right-aligned: 9 under 10), the text wrapping in the room left (40 - 13 chrome - 2 - 4 - 3 = 18 at least);
     both tables' headers bold."""
-    from decodelab.core.many import FirstToken, SampleRow, SpreadSummary
+    from decodelab.core.methods.many import FirstToken, SampleRow, SpreadSummary
 
     rows = [SampleRow(9, 7, [1, 2], "short\ntext", 2, "length", -1.23456, -0.61728),
             SampleRow(10, 8, [3], "a much longer text that wraps", 12, "eos", -10.5, -0.875)]
@@ -486,7 +486,7 @@ def test_fit_table_measures_on_a_console_as_wide_as_the_target_when_given_none()
 
 def test_a_narrowed_bar_is_drawn_at_its_planned_width():
     """At 87 columns the bar shrinks from 10 to 10 - (91 - 87) = 6 cells: p = 0.5 fills 3 of them."""
-    from decodelab.cli.steps_view import plan, row_lines
+    from decodelab.cli.view.steps_view import plan, row_lines
     from test_steps_view import STEPS
 
     layout = plan(87, 151936, 100000, ["temperature", "repetition-penalty"], 3)
@@ -515,7 +515,7 @@ FIRSTS_30 = """\
 def test_first_token_shares_keep_bar_and_number_on_one_line_at_30_columns():
     """Every column of the first-token table is no-wrap, so at 30 columns the share (a 10-cell bar, a space and the
     share: 15 cells) moves to a panel of its own instead of wrapping the bar under the number."""
-    from decodelab.core.many import FirstToken, SpreadSummary
+    from decodelab.core.methods.many import FirstToken, SpreadSummary
 
     spread = SpreadSummary(2, 2, -5.867, 4.633, -0.746, 0.129, [FirstToken(1, " a", 2, 0.5), FirstToken(3, "b", 1, 0.25)])
     _, firsts, _ = render.samples_views([], spread, "t")
@@ -526,7 +526,7 @@ def test_first_token_shares_keep_bar_and_number_on_one_line_at_30_columns():
 def test_samples_views_keep_number_headers_whole_in_a_narrow_panel():
     """At 34 columns the samples table splits into panels; its number columns do not wrap, headers included, so
     `sum logp` and `mean logp` stay whole on one line (a wrapping column would fold them onto two)."""
-    from decodelab.core.many import FirstToken, SampleRow, SpreadSummary
+    from decodelab.core.methods.many import FirstToken, SampleRow, SpreadSummary
 
     rows = [SampleRow(0, 7, [1, 2], "short text", 2, "length", -1.23456, -0.61728)]
     spread = SpreadSummary(1, 1, -1.23, 0.0, -0.61, 0.0, [FirstToken(1, " a", 1, 1.0)], tokens_per_s=12.5)

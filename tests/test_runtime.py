@@ -11,16 +11,19 @@ import torch
 from conftest import ARCHS, random_model
 
 from decodelab.core import kv
-from decodelab.core.beam import BeamSearch, BeamSettings, ModelStepper
-from decodelab.core.decode import Sampler, StopRules, decode_tokens, next_token_stages
+from decodelab.core.methods.beam import BeamSearch, BeamSettings, ModelStepper
+from decodelab.core.methods.sample import Sampler, decode_tokens
+from decodelab.core.engine.stopping import StopRules
+from decodelab.core.methods.probs import next_token_stages
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import CacheSpec, parse_cache_spec, require
 from decodelab.core.kv.full import FullPolicy
-from decodelab.core.processors import build_chain
-from decodelab.core.score import Scorer, ScoreSettings
-from decodelab.core.runtime import Runtime
-from decodelab.core.select import Greedy, make_generator, make_selector
-from decodelab.core.speculative import ModelProposer, NGramProposer, Speculator
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.methods.score import Scorer, ScoreSettings
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.sampling.select import Greedy, make_generator, make_selector
+from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer
+from decodelab.core.methods.speculative.run import Speculator
 
 PROMPT = [5, 17, 42, 9, 77, 3, 17, 42]
 GREEDY = {"temperature": 0}
@@ -304,7 +307,7 @@ def test_transfer_budget_per_speculative_round(monkeypatch):
         gen = None if temperature == 0 else make_generator(0, "cpu")
         selector = Greedy() if gen is None else make_selector(1.0, 0, "cpu")
         if gen is not None:
-            from decodelab.core.select import Multinomial
+            from decodelab.core.sampling.select import Multinomial
             selector = Multinomial(gen)
         sp = Speculator(target, ModelProposer(draft, chain, selector), PROMPT, chain, StopRules(24, ignore_eos=True),
                         4, gen, top=5)

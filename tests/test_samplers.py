@@ -10,30 +10,22 @@ import torch
 from conftest import random_model
 from transformers.generation import logits_process as hf
 
-from decodelab.core.config import ChainSettings, SampleSettings, coerce, validate_chain, validate_sample
-from decodelab.core.decode import Sampler, StopRules
+from decodelab.core.sampling.settings import ChainSettings
+from decodelab.core.methods.sample import SampleSettings, validate_sample
+from decodelab.core.settings import coerce
+from decodelab.core.sampling.chain import validate_chain
+from decodelab.core.methods.sample import Sampler
+from decodelab.core.engine.stopping import StopRules
 from decodelab.core.errors import ChainError, ConfigError
-from decodelab.core.processors import Chain, build_chain, softmax
-from decodelab.core.samplers import (
-    DRY,
-    XTC,
-    AllowList,
-    Ban,
-    DynamicTemperature,
-    EpsilonCutoff,
-    EtaCutoff,
-    FrequencyPenalty,
-    MinNewTokens,
-    MirostatV2,
-    PresencePenalty,
-    SequenceBias,
-    TopNSigma,
-    WindowedRepetitionPenalty,
-    z_function,
-)
-from decodelab.core.select import make_generator
-from decodelab.core.semantics import build
-from decodelab.core.step import StopChecker, trim_stop
+from decodelab.core.sampling.chain import Chain, build_chain
+from decodelab.core.sampling.distribution import softmax
+from decodelab.core.sampling.penalties import DRY, FrequencyPenalty, PresencePenalty, WindowedRepetitionPenalty, z_function
+from decodelab.core.sampling.filters import XTC, EpsilonCutoff, EtaCutoff, MirostatV2, TopNSigma
+from decodelab.core.sampling.biases import AllowList, Ban, MinNewTokens, SequenceBias
+from decodelab.core.sampling.scaling import DynamicTemperature
+from decodelab.core.sampling.select import make_generator
+from decodelab.core.sampling.chain import build
+from decodelab.core.engine.stopping import StopChecker, trim_stop
 
 NEG = float("-inf")
 
@@ -383,7 +375,7 @@ def test_device_stages_keep_one_transfer_per_token(monkeypatch, record):
 
 
 def test_preset_keys_are_the_option_names_in_snake_case(tmp_path):
-    from decodelab.core.config import resolve
+    from decodelab.core.settings import resolve
 
     path = tmp_path / "p.toml"
     path.write_text('dry_multiplier = 0.8\ndry_breaker = ["\\n", ":"]\nxtc_probability = 0.5\nmirostat_tau = 3.0\n'

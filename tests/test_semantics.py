@@ -8,12 +8,16 @@ import pytest
 import torch
 from conftest import random_model
 
-from decodelab.core.config import ChainSettings, SampleSettings, validate_chain, validate_sample
-from decodelab.core.decode import DecodeState, StopRules, decode_tokens
-from decodelab.core.dist import dist_stages, given_logits
+from decodelab.core.sampling.settings import ChainSettings
+from decodelab.core.methods.sample import SampleSettings, validate_sample
+from decodelab.core.sampling.chain import validate_chain
+from decodelab.core.methods.sample import DecodeState, decode_tokens
+from decodelab.core.engine.stopping import StopRules
+from decodelab.core.methods.probs import dist_stages, given_logits
 from decodelab.core.errors import ConfigError
-from decodelab.core.export import export
-from decodelab.core.semantics import build, merge_order, plan
+from decodelab.core.sampling.export import export
+from decodelab.core.sampling.chain import build
+from decodelab.core.sampling.semantics import merge_order, plan
 
 # --- llama.cpp tests/test-sampling.cpp, to 1e-5 -----------------------------------------------------------------
 # llama.cpp's tester sets logits = log(p) and checks p after the sampler (then `dist`, which renormalizes) in the

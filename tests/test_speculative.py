@@ -11,23 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from decodelab.core import speculative as spec
-from decodelab.core.decode import StopRules, decode_tokens
-from decodelab.core.model import forward
-from decodelab.core.runtime import Runtime
-from decodelab.core.processors import build_chain, softmax
-from decodelab.core.select import Greedy, Multinomial, make_generator
-from decodelab.core.speculative import (
-    ModelProposer,
-    NGramProposer,
-    Speculator,
-    acceptance_probability,
-    expected_tokens,
-    predicted_speedup,
-    residual_distribution,
-    verify_greedy,
-    verify_sampled,
-)
+from decodelab.core.engine.models import check_same_vocabulary
+from decodelab.core.methods.speculative import rule as _rule, timing as _timing
+from decodelab.core.engine.stopping import StopRules
+from decodelab.core.methods.sample import decode_tokens
+from decodelab.core.engine.forward import forward
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.sampling.distribution import softmax
+from decodelab.core.sampling.select import Greedy, Multinomial, make_generator
+from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer
+from decodelab.core.methods.speculative.run import Speculator
+from decodelab.core.methods.speculative.rule import acceptance_probability, expected_tokens, predicted_speedup, residual_distribution, verify_greedy, verify_sampled
 
 from conftest import BUNDLED_TOKENIZER, random_model
 
@@ -160,12 +155,12 @@ def first_two_tokens(P1, P2, P3, Q1, Q2, n: int, seed: int) -> torch.Tensor:
     x2 = draw(Q2[x1], gen)
     p = torch.stack([P1.expand(n, -1), P2[x1], P3[x1, x2]], dim=1)
     q = torch.stack([Q1.expand(n, -1), Q2[x1]], dim=1)
-    one = spec.verify_sampled(p, q, torch.stack([x1, x2], 1), torch.rand(n, 2, generator=gen),
+    one = _rule.verify_sampled(p, q, torch.stack([x1, x2], 1), torch.rand(n, 2, generator=gen),
                               torch.empty(n, V).exponential_(1.0, generator=gen))
     # rows that emitted a single token (a rejection at the first draft) run a second round from y
     y = one.token
     z1 = draw(Q2[y], gen)
-    two = spec.verify_sampled(torch.stack([P2[y], P3[y, z1]], 1), Q2[y].unsqueeze(1), z1.unsqueeze(1),
+    two = _rule.verify_sampled(torch.stack([P2[y], P3[y, z1]], 1), Q2[y].unsqueeze(1), z1.unsqueeze(1),
                               torch.rand(n, 1, generator=gen), torch.empty(n, V).exponential_(1.0, generator=gen))
     second_round_first = torch.where(two.accepted == 1, z1, two.token)
     k = one.accepted
@@ -202,7 +197,7 @@ def test_first_two_tokens_follow_the_target_distribution(point_mass_draft, monke
     assert stat < threshold, (stat, threshold, tv)
     assert tv < 0.02
     # the bound has teeth: resampling from p instead of norm(max(0, p - q)) after a rejection is caught
-    monkeypatch.setattr(spec, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(_rule, "residual_distribution", lambda p, q: p)
     wrong, wrong_tv = chi2_and_tv(joint_counts(first_two_tokens(P1, P2, P3, Q1, Q2, n, seed=2), V), exact)
     assert wrong > 10 * threshold, (wrong, threshold)
     assert wrong_tv > 0.03
@@ -275,10 +270,10 @@ def test_greedy_stops_like_plain_decoding(target, stop):
 @pytest.mark.skipif(not (BUNDLED_WEIGHTS.exists() and DRAFT_WEIGHTS.exists()),
                     reason="the bundled tiny / tiny-draft weights are not trained yet")
 def test_greedy_equals_plain_greedy_bundled_pair():
-    from decodelab.core.model import load_model
+    from decodelab.core.engine.models import load_model
 
     tiny, draft = load_model("tiny", device="cpu"), load_model("tiny-draft", device="cpu")
-    spec.check_same_vocabulary(tiny, draft, "tiny-draft")
+    check_same_vocabulary(tiny, draft, "tiny-draft")
     chain = build_chain({"temperature": 0})
     prompt = tiny.encode("Once upon a time, there was a little")
     rules = StopRules(48, context_length=tiny.context_length)
@@ -298,7 +293,7 @@ def test_identical_draft_accepts_every_proposal(target):
         sp = run_spec(target, ModelProposer(target, chain, Multinomial(gen)), PROMPT, chain, StopRules(25), 4, gen)
         assert len(sp.new_ids) == 25
         assert sp.stats.drafted > 0 and sp.stats.accepted == sp.stats.drafted
-        summary = sp.summary(spec.BaselineTiming(25, 1.0))
+        summary = sp.summary(_timing.BaselineTiming(25, 1.0))
         assert summary.acceptance_rate == 1.0 and summary.per_position_acceptance == [1.0] * 4
 
 
@@ -466,10 +461,10 @@ def test_chain_that_empties_the_decided_row_is_one_clean_error(target):
 
 
 def test_median_spread_on_hand_numbers():
-    assert spec.median_spread([1.5, 0.7, 1.2]) == (1.2, 0.7, 1.5, 3)  # odd: the middle value, not the mean (1.133)
-    assert spec.median_spread([1.0, 3.0, 2.0, 10.0]) == (2.5, 1.0, 10.0, 4)  # even: the mean of the middle two
-    assert spec.median_spread([0.9]) == (0.9, 0.9, 0.9, 1)
-    assert spec.median_spread([]) is None
+    assert _timing.median_spread([1.5, 0.7, 1.2]) == (1.2, 0.7, 1.5, 3)  # odd: the middle value, not the mean (1.133)
+    assert _timing.median_spread([1.0, 3.0, 2.0, 10.0]) == (2.5, 1.0, 10.0, 4)  # even: the mean of the middle two
+    assert _timing.median_spread([0.9]) == (0.9, 0.9, 0.9, 1)
+    assert _timing.median_spread([]) is None
 
 
 def test_summary_speedup_is_the_median_of_per_round_ratios(target):
@@ -477,8 +472,8 @@ def test_summary_speedup_is_the_median_of_per_round_ratios(target):
     the ratios is 1.5 (the ratio of the medians would be 10 / 6 = 1.67, the first round's alone 2.0)."""
     chain = build_chain({"temperature": 0})
     sp = run_spec(target, NGramProposer(2), PROMPT, chain, StopRules(10, ignore_eos=True), 3)
-    rounds = [spec.SpeedupRound(0.010, 0.005, 0.001, 0.011), spec.SpeedupRound(0.012, 0.010, 0.003, 0.013),
-              spec.SpeedupRound(0.009, 0.006, 0.002, 0.010)]
+    rounds = [_timing.SpeedupRound(0.010, 0.005, 0.001, 0.011), _timing.SpeedupRound(0.012, 0.010, 0.003, 0.013),
+              _timing.SpeedupRound(0.009, 0.006, 0.002, 0.010)]
     s = sp.summary(rounds)
     assert (s.measured_speedup, s.measured_speedup_min, s.measured_speedup_max) == pytest.approx((1.5, 1.2, 2.0))
     assert s.speedup_rounds == 3
@@ -487,13 +482,13 @@ def test_summary_speedup_is_the_median_of_per_round_ratios(target):
     assert s.baseline_tokens_per_s == pytest.approx(100.0)
     none = sp.summary([])
     assert none.measured_speedup is None and none.measured_speedup_min is None and none.speedup_rounds == 0
-    one = sp.summary(spec.BaselineTiming(len(sp.new_ids), 0.09))  # one plain run: 9 steps of 10 ms
+    one = sp.summary(_timing.BaselineTiming(len(sp.new_ids), 0.09))  # one plain run: 9 steps of 10 ms
     assert one.speedup_rounds == 1 and one.measured_speedup == one.measured_speedup_min == one.measured_speedup_max
     assert one.measured_speedup == pytest.approx(0.010 / (sp.watch.timing.loop_s / len(sp.new_ids)))
 
 
 def test_cli_json_says_how_many_timing_rounds_ran_and_they_alternate(cli, toy_model_dir, monkeypatch):
-    from decodelab.core.build import SpeedupRounds
+    from decodelab.core.methods.speculative.run import SpeedupRounds
 
     order = []
     for name, mark in (("speculative", "S"), ("plain", "P")):
@@ -527,10 +522,10 @@ def test_cli_table_states_the_median_spread_and_rounds(cli, toy_model_dir):
 
 
 def test_final_kind():
-    assert spec.final_kind(0, 0) == "plain"  # nothing drafted: nothing was accepted to earn a bonus
-    assert spec.final_kind(3, 3) == "bonus"
-    assert spec.final_kind(3, 1) == "correction"
-    assert spec.final_kind(1, 0) == "correction"
+    assert _rule.final_kind(0, 0) == "plain"  # nothing drafted: nothing was accepted to earn a bonus
+    assert _rule.final_kind(3, 3) == "bonus"
+    assert _rule.final_kind(3, 1) == "correction"
+    assert _rule.final_kind(1, 0) == "correction"
 
 
 def test_cli_labels_a_round_without_drafts_plain_in_json_and_csv(cli, toy_model_dir):

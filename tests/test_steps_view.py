@@ -11,10 +11,10 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-from decodelab.cli import render
-from decodelab.cli.live import LiveSteps
-from decodelab.cli.steps_view import StepsTable, fit_token, pack, plan
-from decodelab.core.trace import Alternative, Step
+from decodelab.cli.view import render
+from decodelab.cli.view.live import LiveSteps
+from decodelab.cli.view.steps_view import StepsTable, fit_token, pack, plan
+from decodelab.core.trace.records import Alternative, Step
 
 
 def step(i: int, token: str, prob: float, raw: float, rank: int, kept: int, entropy: float, decided: str | None,

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from decodelab.core.kv import parse_cache_spec
-from decodelab.core.model import attention_weights, forward, model_info
-from decodelab.core.runtime import Runtime
-from decodelab.core.processors import build_chain
-from decodelab.core.stream import StreamScore, StreamSettings, cache_state, compare_policies, sink_profile
+from decodelab.core.engine.forward import attention_weights, forward, model_info
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.methods.stream import StreamScore, StreamSettings, cache_state, compare_policies
+from decodelab.core.analysis.attention import sink_profile
 
 from conftest import random_model
 

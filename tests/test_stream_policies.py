@@ -16,16 +16,18 @@ import pytest
 import torch
 
 from decodelab.core import kv
-from decodelab.core.decode import StopRules, decode_tokens
+from decodelab.core.engine.stopping import StopRules
+from decodelab.core.methods.sample import decode_tokens
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import parse_cache_spec
 from decodelab.core.kv.rope import Shifter
 from decodelab.core.kv.window import BoundedPolicy
-from decodelab.core.model import forward, model_info
-from decodelab.core.processors import build_chain
-from decodelab.core.runtime import Runtime
-from decodelab.core.select import Greedy
-from decodelab.core.speculative import ModelProposer, NGramProposer, Speculator
+from decodelab.core.engine.forward import forward, model_info
+from decodelab.core.sampling.chain import build_chain
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.sampling.select import Greedy
+from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer
+from decodelab.core.methods.speculative.run import Speculator
 
 from conftest import random_model
 
@@ -120,7 +122,7 @@ def one_layer(arch: str, **overrides):
 
 
 def bundled_first_layer():
-    from decodelab.core.model import load_model
+    from decodelab.core.engine.models import load_model
 
     m = load_model("tiny", device="cpu").model
     m.model.layers = m.model.layers[:1]
@@ -394,7 +396,7 @@ def test_speculate_under_window_is_refused_and_under_recompute_equals_sample():
 def test_beam_under_a_large_window_equals_full_and_rows_evict_together():
     """beam reorders rows (each beam's cache follows its parent): under a window longer than the text it must
     find exactly the full cache's hypotheses; under a short one every row holds the same bounded slots."""
-    from decodelab.core.beam import BeamSettings, beam_search
+    from decodelab.core.methods.beam import BeamSettings, beam_search
 
     target = random_model("llama", seed=0, scale=20.0)
     settings = BeamSettings(beams=3, max_new_tokens=12)

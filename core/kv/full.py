@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from . import KVPolicy, ModelInfo, register, tensor_nbytes
+from .protocol import KVPolicy, ModelInfo, register, tensor_nbytes
 
 
 @register

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from . import KVPolicy, ModelInfo, positive_int, register, tensor_nbytes
+from .protocol import KVPolicy, ModelInfo, positive_int, register, tensor_nbytes
 
 SOLO = "solo"  # the row a self-planned (one-row) run uses
 

@@ -32,10 +32,17 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from . import ALIASES, KVPolicy, ModelInfo, _load_policies, boolean, choice, non_negative_int, positive_int, register
+from .protocol import (
+    ALIASES,
+    KVPolicy,
+    ModelInfo,
+    boolean,
+    choice,
+    non_negative_int,
+    positive_int,
+    register,
+)
 from .quantize import QTensor, dequantize_view, fp8_supported, quantize_over
-
-_load_policies()  # the built-in policies register first, whoever imports this module first (listing order)
 
 AXES = ("tensor", "token", "channel", "group", "kivi")
 DEFAULT_GROUP = 32

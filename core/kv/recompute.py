@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from . import KVPolicy, ModelInfo, positive_int, register
+from .protocol import KVPolicy, ModelInfo, positive_int, register
 
 BATCH_TOKENS = 8192  # windows stacked into one forward, at most this many tokens
 

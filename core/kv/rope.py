@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from . import ModelInfo, Rotary
+from .protocol import ModelInfo, Rotary
 
 # rope types whose inv_freq is fixed at load time (linear, llama3 and yarn rescale it once; yarn also sets s)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..errors import ConfigError
-from . import KVPolicy, ModelInfo, register, tensor_nbytes
+from .protocol import KVPolicy, ModelInfo, register, tensor_nbytes
 
 
 @register

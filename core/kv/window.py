@@ -34,7 +34,15 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from . import KVPolicy, ModelInfo, choice, non_negative_int, positive_int, register, tensor_nbytes
+from .protocol import (
+    KVPolicy,
+    ModelInfo,
+    choice,
+    non_negative_int,
+    positive_int,
+    register,
+    tensor_nbytes,
+)
 from .rope import Shifter, shiftable
 
 POSITIONS = ("keep", "rerotate")

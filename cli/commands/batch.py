@@ -1,0 +1,176 @@
+"""`decodelab batch`: many requests scheduled iteration by iteration over a paged KV pool with prefix sharing."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ...core.errors import EMPTY_CHAIN, ChainError
+from ...core.settings import as_dict, resolve
+from .. import options as o
+from ..loop import drive, note_error, phase
+from ..view import render
+from ..view.live import LiveSteps
+
+if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
+    from ...core.methods.batch.run import BatchReport, BatchSettings
+
+BATCH = "Batching"
+
+
+class Rows(str, Enum):
+    requests = "requests"
+    iterations = "iterations"
+
+
+PromptsFile = Annotated[Path, typer.Option("--prompts-file", help="One prompt a line, or JSONL: {\"prompt\": ..., "
+                                           "\"id\": ..., any sample setting (temperature, seed, max_new_tokens, "
+                                           "...)} a line.", rich_help_panel=BATCH, show_default=False)]
+MaxBatch = Annotated[Optional[int], typer.Option("--max-batch", help="Sequences running at once (default 8).",
+                                                 rich_help_panel=BATCH, show_default=False)]
+MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens-per-iteration", help="Tokens one forward may take: "
+                                                  "decodes first, prefill chunks fill the rest (default 512).",
+                                                  rich_help_panel=BATCH, show_default=False)]
+BlockSize = Annotated[Optional[int], typer.Option("--block-size", help="Tokens per KV block (default 16).",
+                                                  rich_help_panel=BATCH, show_default=False)]
+Blocks = Annotated[Optional[int], typer.Option("--blocks", help="Blocks in the pool (default: max batch x the "
+                                               "longest request's blocks); fewer forces preemption.",
+                                               rich_help_panel=BATCH, show_default=False)]
+Baselines = Annotated[Optional[str], typer.Option("--baselines", help="Also time the same requests under: static "
+                                                  "(fixed batches), transformers (its continuous batching); "
+                                                  "comma-separated, or none (default static).",
+                                                  rich_help_panel=BATCH, show_default=False)]
+RowsOpt = Annotated[Rows, typer.Option("--rows", help="What markdown/csv print: requests or iterations.",
+                                       rich_help_panel=o.OUT)]
+
+
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN,
+           without=("prompt", "prompt_file", "cache", "top"))
+def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, max_tokens_per_iteration: MaxTokens =
+          None, block_size: BlockSize = None, blocks: Blocks = None, baselines: Baselines = None,
+          rows: RowsOpt = Rows.requests) -> None:
+    """Serve many requests at once: one forward per iteration over the running sequences (prefill chunks and
+    decodes together), finished ones leave and waiting ones join; KV in a paged pool with shared prefix blocks."""
+    from ...core.methods.batch.run import (
+        BatchRun,
+        BatchSettings,
+        read_prompts,
+        validate_batch,
+    )
+    from ..pipeline import load
+    explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "stop")
+    explicit.pop("cache", None)
+    explicit.update(max_batch=max_batch, max_tokens_per_iteration=max_tokens_per_iteration, block_size=block_size,
+                    blocks=blocks)
+    if baselines is not None:
+        names = tuple(b.strip() for b in baselines.split(",") if b.strip())
+        explicit["baselines"] = () if names in ((), ("none",)) else names
+    settings = resolve(BatchSettings, opts.preset, explicit, opts.set_)
+    if baselines is not None and not explicit["baselines"]:
+        from dataclasses import replace
+
+        settings = replace(settings, baselines=())
+    validate_batch(settings)
+    entries = read_prompts(prompts_file, settings)
+    lm = load(opts)
+    run = BatchRun(lm, settings, entries, chat=opts.chat)
+    with LiveSteps(render.console(), None, unit="iterations", enabled=opts.fmt == o.Format.table) as live:
+        drive(run, opts.fmt, kind="iteration", on_step=live.add)
+    report = run.report()
+    phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
+    emit(opts, lm, settings, report, rows)
+    for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
+        if r.stop_reason == EMPTY_CHAIN:
+            note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
+                                  f"{len(r.new_ids)} tokens (stop_reason {EMPTY_CHAIN}); loosen its filters or bans"))
+            break
+
+
+def request_rows(lm, report: BatchReport) -> list[dict]:
+    return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain, "token_ids": r.new_ids,
+             "text": lm.decode(r.new_ids), "stop_reason": r.stop_reason, "prefix_hit_tokens": r.prefix_hit_tokens,
+             "computed_tokens": r.computed_tokens, "preemptions": r.preemptions, "joined": r.joined,
+             "finished": r.finished,
+             "steps": [{"index": i, "token_id": s.token_id, "token": lm.token_text(s.token_id),
+                        "logprob": s.logprob, "raw_logprob": s.raw_logprob} for i, s in enumerate(r.steps)]}
+            for r in report.results]
+
+
+def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows) -> None:
+    fmt = opts.fmt
+    requests = request_rows(lm, report)
+    summary = report.summary()
+    if fmt == o.Format.jsonl:
+        for r in requests:
+            render.print_jsonl({"type": "request", **r})
+        render.print_jsonl({"type": "summary", "command": "batch", "model": lm.name, **render.clean(summary)})
+    elif fmt == o.Format.json:
+        render.print_json({"command": "batch", "model": lm.name, "device": str(lm.device),
+                           "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(settings),
+                           "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
+                           "summary": summary})
+    elif fmt in (o.Format.markdown, o.Format.csv):
+        if rows == Rows.iterations:
+            table = [{k: (",".join(v) if isinstance(v, list) else v) for k, v in render.clean(i).items()}
+                     for i in report.iterations]
+        else:
+            table = [{k: v for k, v in r.items() if k not in ("steps", "prompt_token_ids", "token_ids", "chain")}
+                     for r in requests]
+            for row, r in zip(table, report.results):
+                row["prompt"] = render.one_line(row["prompt"] or "")
+                row["text"] = render.one_line(row["text"])
+                row["new_tokens"] = len(r.new_ids)
+        render.print_rows(table, fmt.value)
+    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+        views = [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]
+        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+
+
+def chain_names(settings: BatchSettings) -> list[str]:
+    """The command-level chain (a JSONL request may set its own: requests[].chain)."""
+    from ...core.sampling.chain import build_chain
+
+    bias = {0: 0.0} if settings.logit_bias else None
+    return build_chain(settings.stage_values(bias), list(settings.chain) if settings.chain else None).names
+
+
+LOG_ROWS = 60  # iterations shown in the table; past that only those where a sequence joined, finished or was preempted
+
+
+def iterations_table(report: BatchReport, model_name: str) -> Table:
+    s = report.settings
+    table = Table(title=f"{model_name} · paged pool of {report.num_blocks} blocks x {s.block_size} tokens · "
+                        f"max batch {s.max_batch} · {s.max_tokens_per_iteration} tokens/iteration",
+                  header_style="bold")
+    for col in ("iter", "running", "rows", "tokens (prefill+decode)", "joined", "finished", "waiting",
+                "blocks used/free", "prefix hits", "preempted"):  # rows < running: the token budget ran out
+        table.add_column(col, justify="right" if col not in ("joined", "finished", "preempted") else "left")
+    shown = report.iterations
+    if len(shown) > LOG_ROWS:
+        shown = [i for i in shown if i.joined or i.finished or i.preempted]
+        table.caption = f"{len(report.iterations)} iterations; only those where sequences joined, finished or " \
+                        "were preempted are listed (--format json has every one)"
+    for i in shown:
+        table.add_row(str(i.index), str(i.running), str(i.rows), f"{i.tokens} ({i.prefill_tokens}+{i.decode_tokens})",
+                      " ".join(i.joined), " ".join(i.finished), str(i.waiting), f"{i.blocks_used}/{i.blocks_free}",
+                      str(i.prefix_hit_tokens), " ".join(i.preempted))
+    return table
+
+
+def requests_table(requests: list[dict]) -> Table:
+    table = Table(title="requests: prompt/new tokens, prefix-hit tokens, iterations joined/ended, mean logprob "
+                        "(processed: what the selector drew from; raw: the model's)", header_style="bold")
+    for col in ("id", "prompt", "new", "stop", "hit", "preempt", "join", "end", "logprob", "raw", "text"):
+        table.add_column(col, justify="left" if col in ("id", "stop", "text") else "right")
+    for r in requests:
+        n = len(r["steps"])
+        mean = sum(s["logprob"] for s in r["steps"]) / n if n else float("nan")
+        raw = sum(s["raw_logprob"] for s in r["steps"]) / n if n else float("nan")
+        table.add_row(r["id"], str(len(r["prompt_token_ids"])), str(len(r["token_ids"])), r["stop_reason"],
+                      str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
+                      f"{mean:.3f}", f"{raw:.3f}", render.one_line(r["text"])[:60])
+    return table

@@ -1,0 +1,94 @@
+"""`decodelab bench`: tokens/s of decodelab against transformers `generate` on the same model and settings."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ...core.errors import ConfigError
+from .. import options as o
+from ..loop import note_interrupt
+from ..view import render
+
+CHAINS = {"greedy": "temperature 0", "sampling": "temperature 0.8 -> top-p 0.95", "beam": "(none)",
+          "speculative": "temperature 0", "prompt-lookup": "temperature 0"}  # what each setting runs (core/bench.py)
+PROMPT = "God blessed Noah and his sons, and said to them"  # the opening of the bundled held-out text
+
+Rounds = Annotated[int, typer.Option("--rounds", help="Timed rounds (after one warm-up round that also checks the "
+                                     "outputs).")]
+Draft = Annotated[str, typer.Option("--draft", help="Draft model for the speculative rows (a bundled name or a "
+                                    "folder; the same model is transformers' assistant_model).")]
+Gammas = Annotated[str, typer.Option("--gammas", help="Draft lengths for the speculative and prompt-lookup rows.")]
+SettingsOpt = Annotated[Optional[str], typer.Option(
+    "--settings", help="Comma-separated subset of: greedy, sampling, beam, speculative, prompt-lookup (default all).",
+    show_default=False)]
+Beams = Annotated[int, typer.Option("--beams", help="Beams for the beam rows.")]
+
+
+def parse_gammas(text: str) -> tuple[int, ...]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
+        raise ConfigError(f"--gammas {text!r}: comma-separated integers >= 1, e.g. 1,2,4,8")
+    return tuple(dict.fromkeys(int(t) for t in items))
+
+
+@o.command(o.PROMPT, o.MODEL, o.OUTPUT, without=("top", "cache", "chat"))
+def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, draft: Draft = "tiny-draft",
+          gammas: Gammas = "1,2,4,8", settings: SettingsOpt = None, beams: Beams = 4) -> None:
+    """decodelab against transformers `generate` (greedy, sampling, beam; speculative against assisted generation
+    and prompt lookup), trace on and off: interleaved rounds, medians and paired ratios."""
+    import torch
+
+    from ...core.analysis.bench import Bench, parse_settings
+    from ...core.engine.models import load_draft
+    from ..pipeline import load, read_prompt
+
+    chosen = parse_settings(settings)
+    g = parse_gammas(gammas)
+    n = 128 if max_new_tokens is None else max_new_tokens
+    if rounds < 1:
+        raise ConfigError(f"--rounds {rounds}: must be >= 1")
+    if beams < 1:
+        raise ConfigError(f"--beams {beams}: must be >= 1")
+    text = PROMPT if opts.prompt is None and opts.prompt_file is None else read_prompt(opts.prompt, opts.prompt_file)
+    lm = load(opts)  # sets --threads
+    draft_lm = load_draft(draft, lm, opts.dtype, opts.trust_remote_code) if "speculative" in chosen else None
+    prompt_ids = lm.encode(text)
+    run = Bench(lm.model, prompt_ids, n, chosen, draft_lm.model if draft_lm else None, g, beams)
+    err = render.error_console()
+    stop_reason = "end"
+    try:
+        run.time(rounds, on_round=lambda r: err.print(f"bench: round {r + 1}/{rounds}") if err.is_terminal else None)
+    except KeyboardInterrupt:  # the whole rounds so far are reported; main() then exits 130
+        note_interrupt()
+        stop_reason = "interrupted"
+    rows = run.rows() if run.keep_whole_rounds() else []
+    doc = {"command": "bench", "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+           "config": {"max_new_tokens": n, "rounds": rounds, "draft": draft if draft_lm else None, "gammas": list(g),
+                      "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()},
+           "chain": [f"{name}: {stages}" for name, stages in CHAINS.items() if name in chosen],
+           "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason}
+    if opts.fmt == o.Format.json:
+        render.print_json(doc)
+    elif opts.fmt == o.Format.jsonl:
+        for r in rows:
+            render.print_jsonl({"type": "row", **render.clean(r)})
+        render.print_jsonl({"type": "summary", "command": "bench", "model": lm.name, "rows": len(rows),
+                            "stop_reason": stop_reason})
+    elif opts.fmt in (o.Format.markdown, o.Format.csv):
+        render.print_rows([render.clean(r) for r in rows], opts.fmt.value)
+    if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
+        t = Table(title=f"{lm.name} on {lm.device} · {n} new tokens · median of "
+                  f"{rows[0].rounds if rows else 0} interleaved rounds",
+                  header_style="bold")
+        for name in ("setting", "decodelab tok/s", "generate tok/s", "ratio", "low-high"):
+            t.add_column(name, justify="left" if name == "setting" else "right", no_wrap=name != "setting")
+        for r in rows:
+            t.add_row(r.setting + (f" ({r.note})" if r.note else ""), f"{r.decodelab_tokens_per_s:.1f}",
+                      f"{r.transformers_tokens_per_s:.1f}", f"{r.ratio:.2f}x", f"{r.ratio_low:.2f}-{r.ratio_high:.2f}")
+        t.caption = ("ratio: median over rounds of decodelab tok/s / generate tok/s in the same round; generate with "
+                     "eos_token_id=None, top_k=0 when sampling; speculative rows against assisted generation with "
+                     "the same draft (assistant_model), prompt lookup rows against prompt_lookup_num_tokens")
+        render.show([t], opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)

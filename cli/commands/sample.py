@@ -1,0 +1,148 @@
+"""`decodelab sample`: greedy or sampled decoding through the processor chain, one traced row per token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ...core.errors import ConfigError
+from ...core.settings import as_dict, resolve
+from .. import options as o
+from ..loop import drive
+from ..view import render
+from ..view.live import LiveSteps
+from ..view.steps_view import StepsTable
+
+Compile = Annotated[Optional[bool], typer.Option(
+    "--compile", help="torch.compile the one-token decode step over the static cache (needs --cache static; the "
+    "first steps pay the compile time).", rich_help_panel=o.RUN, show_default=False)]
+BRANCH = "Branching and many samples"
+NumSamples = Annotated[Optional[int], typer.Option(
+    "--num-samples", "-N", help="Draw N continuations (sample i with seed + i; batched when the cache holds rows) "
+    "and summarise their spread.", rich_help_panel=BRANCH, show_default=False)]
+Force = Annotated[Optional[list[str]], typer.Option(
+    "--force", help="STEP=TOKEN (repeatable): pick TOKEN (an id or a one-token text) at STEP; every other step keeps "
+    "its random draws.", rich_help_panel=BRANCH, show_default=False)]
+Resume = Annotated[Optional[Path], typer.Option(
+    "--resume", help="Continue a saved `sample -f json` trace with its settings and seed (-n more tokens; options "
+    "given override the saved settings).", rich_help_panel=BRANCH, show_default=False)]
+
+
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.STOPS, o.OUTPUT, o.CHAIN, o.SAMPLERS)
+def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = None, force: Force = None,
+           resume: Resume = None) -> None:
+    """Generate text token by token and show, per token, the processed and the raw probability."""
+    from ...core.methods.branch import Branched, load_trace, parse_force, resume_values
+    from ...core.methods.sample import SampleSettings, build_sampler, validate_sample
+    from ...core.sampling.chain import refuse_stepwise_stages
+    from ..pipeline import export_instead, load, read_prompt
+    if num_samples is not None and num_samples < 1:
+        raise ConfigError(f"--num-samples {num_samples}: must be >= 1")
+    if num_samples is not None and (force or resume):
+        raise ConfigError("--num-samples: cannot be combined with --force or --resume (one run each)")
+    point = load_trace(resume) if resume is not None else None
+    if point is not None and (opts.prompt is not None or opts.prompt_file is not None):
+        raise ConfigError("--resume: the prompt comes from the saved trace; give no PROMPT")
+    explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
+    explicit["compile"] = compile_
+    if point is not None:  # the saved settings, below what is given now
+        explicit = {**resume_values(point, SampleSettings), **{k: v for k, v in explicit.items()
+                                                               if v is not None and v != ()}}
+    settings = resolve(SampleSettings, opts.preset, explicit, opts.set_)
+    validate_sample(settings)
+    if opts.export is not None:
+        export_instead(opts, settings, load(opts))
+        return
+    if force:
+        parse_force(force, token_id=lambda token: 0)  # the STEP=TOKEN shape, before the model loads
+    text = point.prompt_text if point is not None else read_prompt(opts.prompt, opts.prompt_file)
+    lm = load(opts)
+    if point is not None and point.model is not None and point.model != lm.name:
+        raise ConfigError(f"--resume: the trace was made with model {point.model!r}; pass -m {point.model}")
+    force_steps = parse_force(force, lm.token_id) if force else None
+    prompt_ids = point.prompt_ids if point is not None else lm.encode(text, opts.chat)
+    if num_samples is not None:
+        return many(opts, lm, settings, text, prompt_ids, num_samples)
+    sampler = build_sampler(lm, settings, point.context_ids if point is not None else prompt_ids)
+    if point is not None:  # skipping the saved steps' draws assumes one race vector per step and no carried state
+        refuse_stepwise_stages(sampler.chain, "sample --resume")
+    if point is not None or force_steps:
+        sampler = Branched(sampler, force_steps, point.generated_ids if point else None, lm.vocab_size)
+    table = steps_table(lm, settings, sampler, len(point.generated_ids) if point is not None else 0)
+    if opts.fmt == o.Format.table:
+        with LiveSteps(render.console(), table, settings.max_new_tokens) as live:
+            drive(sampler, opts.fmt, on_step=live.add)
+        emit(opts, lm, settings, text, prompt_ids, sampler, table, printed=live.shown)
+    else:
+        drive(sampler, opts.fmt)
+        emit(opts, lm, settings, text, prompt_ids, sampler, table)
+
+
+def steps_table(lm, settings: SampleSettings, sampler, saved: int) -> StepsTable:
+    """The table's frame, before any step: its widths depend on the vocabulary, the step count and the stages."""
+    names = sampler.chain.names
+    title = f"{lm.name} · cache {settings.cache} · chain: {' -> '.join(names + [sampler.selector.name])}"
+    return StepsTable([], settings.top, lm.vocab_size, saved + settings.max_new_tokens, names, title)
+
+
+def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], n: int) -> None:
+    """-N: the samples and their spread."""
+    from ...core.engine.stopping import stop_rules
+    from ...core.methods.many import sample_many
+    from ...core.sampling.chain import cache_spec, make_chain, refuse_stepwise_stages
+    chain = make_chain(lm, settings)
+    refuse_stepwise_stages(chain, "sample -N")
+    rows, spread = sample_many(lm.model, prompt_ids, chain, settings.temperature == 0, settings.seed, n,
+                               stop_rules(lm, settings), lm.decode, lm.token_text, cache_spec(settings))
+    fmt = opts.fmt
+    if fmt == o.Format.json:
+        head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids,
+                               selector="greedy" if settings.temperature == 0 else "multinomial")
+        render.print_json({**head, "samples": rows, "summary": spread})
+    elif fmt == o.Format.jsonl:
+        for r in rows:
+            render.print_jsonl({"type": "sample", **render.clean(r)})
+        render.print_jsonl({"type": "summary", "command": "sample", "model": lm.name, **render.clean(spread)})
+    elif fmt in (o.Format.markdown, o.Format.csv):
+        render.print_rows([{**render.clean(r), "text": render.one_line(r.text)} for r in rows], fmt.value)
+    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+        render.show(render.samples_views(rows, spread, f"{lm.name} · {n} samples · chain: "
+                                         f"{' -> '.join(chain.names) or '(none)'}"),
+                    opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+
+
+def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler, table: StepsTable,
+         printed: bool = False) -> None:
+    """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
+    from ...core.engine.stopping import trim_stop
+    from ...core.sampling.semantics import plan
+    fmt, names = opts.fmt, sampler.chain.names
+    token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
+    out_text = lm.decode(token_ids)
+    effective = plan(settings)
+    if settings.trim_stop if settings.trim_stop is not None else effective.trim_stop:
+        token_ids, out_text = trim_stop(token_ids, sampler.stop_reason, sampler.rules, lm.decode)
+    summary = sampler.summary()
+    if fmt == o.Format.jsonl:
+        render.print_jsonl({"type": "summary", "command": "sample", "model": lm.name, "text": out_text,
+                            "token_ids": token_ids, **render.clean(summary)})
+    elif fmt == o.Format.json:
+        head = render.document("sample", lm, as_dict(settings), names, text, prompt_ids,
+                               selector=sampler.selector.name)
+        if settings.semantics is not None:
+            head["semantics"] = effective.describe()
+        render.print_json({**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids,
+                           "summary": summary})
+    elif fmt in (o.Format.markdown, o.Format.csv):
+        render.print_rows(render.step_rows(sampler.steps), fmt.value)
+    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+        full = table.with_part("all", sampler.steps)
+        greedy = sampler.selector.name == "greedy"
+        views = [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
+                 render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
+                 render.summary_line(summary)]
+        if fmt == o.Format.table:
+            render.show([table.with_part("caption") if printed else full] + views)
+        render.save([full] + views, opts.save_html, opts.save_svg)

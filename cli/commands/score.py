@@ -1,0 +1,143 @@
+"""`decodelab score`: a given text, teacher-forced: per-token log-probabilities, perplexity, and the difference
+against a reference model or cache policy."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.progress import Progress
+from rich.table import Table
+from rich.text import Text
+
+from ...core.settings import as_dict, resolve
+from .. import options as o
+from ..loop import drive
+from ..view import render
+
+SCORE = "Scoring"
+TABLE_ROWS = 200  # per-token rows a terminal table shows (json/jsonl/csv carry every token)
+
+TextArg = Annotated[Optional[str], typer.Argument(help="The text to score; '-' reads stdin.", show_default=False)]
+TextFile = Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a file.",
+                                                  rich_help_panel=SCORE)]
+Limit = Annotated[Optional[int], typer.Option("--limit", help="Score only the first N tokens.", rich_help_panel=SCORE)]
+Chunk = Annotated[Optional[int], typer.Option("--chunk", help="Perplexity per chunk of N scored tokens.",
+                                              rich_help_panel=SCORE)]
+Feed = Annotated[Optional[int], typer.Option("--feed", help="Tokens per forward (default: the whole text at once; "
+                                             "under a bounded --cache, eviction happens between forwards).",
+                                             rich_help_panel=SCORE)]
+Against = Annotated[Optional[str], typer.Option("--against", help="Reference model (same tokenizer): per-token "
+                                                "KL(reference || model), top-1 agreement, log-probability "
+                                                "difference.", rich_help_panel=SCORE)]
+AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Reference KV-cache policy (the same "
+                                                     "model unless --against), e.g. full to measure --cache.",
+                                                     rich_help_panel=SCORE)]
+
+
+@o.command(o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN)
+def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None,
+          feed: Feed = None, against: Against = None, against_cache: AgainstCache = None) -> None:
+    """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
+    the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
+    --against-cache, the KL divergence and agreement with the reference and the tokens that differ most."""
+    from ...core.engine.models import load_draft
+    from ...core.methods.score import ScoreSettings, build_scorer, validate_score
+    from ...core.sampling.chain import make_chain
+    from ..pipeline import load
+    body = _read(text, text_file)
+    explicit = o.explicit(opts, "top")
+    explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache)
+    settings = resolve(ScoreSettings, opts.preset, explicit, opts.set_)
+    validate_score(settings)
+    lm = load(opts)
+    reference = None
+    if settings.against is not None:
+        reference = load_draft(settings.against, lm, opts.dtype, opts.trust_remote_code, option="--against")
+    ids = lm.encode(body)[: settings.limit]
+    chain = make_chain(lm, settings)
+    scorer = build_scorer(lm, settings, ids, chain, reference)
+    run_with_progress(scorer, opts.fmt)
+    emit(opts, lm, settings, body, ids, chain, scorer)
+
+
+def _read(text: str | None, text_file: Path | None) -> str:
+    from ..pipeline import read_prompt
+    try:
+        return read_prompt(text, text_file)
+    except Exception as exc:  # the shared reader names PROMPT / --prompt-file; say TEXT / --text-file here
+        raise type(exc)(str(exc).replace("--prompt-file", "--text-file").replace("PROMPT", "TEXT")) from None
+
+
+def run_with_progress(scorer, fmt: o.Format) -> None:
+    """Stream the scored tokens (JSONL as they come); a progress bar on a terminal for long texts."""
+    show = sys.stderr.isatty() and scorer.total > 256
+    with Progress(transient=True, disable=not show, console=render.error_console()) as progress:
+        task = progress.add_task("scoring", total=scorer.total)
+        drive(scorer, fmt, row=lambda r: render.clean(r.to_dict()), on_step=lambda r: progress.advance(task))
+
+
+def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
+    fmt, summary = opts.fmt, scorer.summary()
+    rows = [r.to_dict() for r in scorer.steps]
+    if fmt == o.Format.jsonl:
+        render.print_jsonl({"type": "summary", "command": "score", "model": lm.name, **render.clean(summary)})
+    elif fmt == o.Format.json:
+        head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
+        render.print_json({**head, "steps": rows, "text": "", "token_ids": [], "summary": summary})
+    elif fmt in (o.Format.markdown, o.Format.csv):
+        flat = [{**r, "token": render.show_token(r["token"])} for r in rows]
+        render.print_rows(flat, fmt.value)
+    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+        views = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
+                              f"{' -> '.join(chain.names) or '(none)'}"),
+                 render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
+                 render.shading_legend("raw p (the model's own probability of the given token)",
+                                       "first token (not scored)", "scored tokens"),
+                 chunks_table(summary)]
+        if summary.most_different:
+            views.append(different_table(summary))
+        views.append(render.summary_line({k: v for k, v in render.clean(summary).items()
+                                          if k not in ("chunks", "most_different")}))
+        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+
+
+def tokens_table(steps, title: str) -> Table:
+    reference = bool(steps) and steps[0].kl is not None
+    table = Table(title=title, header_style="bold")
+    for name in ("pos", "token", "raw logp", "raw rank", "raw H", "processed logp") + (
+            ("ref logp", "KL(ref||model)", "agree") if reference else ()):
+        table.add_column(name, justify="left" if name == "token" else "right", no_wrap=True)
+    for r in steps[:TABLE_ROWS]:
+        cells = [str(r.position), render.show_token(r.token), f"{r.raw_logprob:.3f}", str(r.raw_rank),
+                 f"{r.raw_entropy:.2f}", "removed" if r.logprob == float("-inf") else f"{r.logprob:.3f}"]
+        if reference:
+            cells += [f"{r.reference_logprob:.3f}", f"{r.kl:.4f}", "yes" if r.agree else "NO"]
+        table.add_row(*cells)
+    if len(steps) > TABLE_ROWS:
+        table.caption = f"first {TABLE_ROWS} of {len(steps)} tokens (-f json, jsonl or csv for all)"
+    else:
+        table.caption = ("raw: the model's own softmax; processed: under the chain's settings (removed = -inf); "
+                         "H in nats")
+    return table
+
+
+def chunks_table(summary) -> Table:
+    table = Table(title="perplexity per chunk", header_style="bold")
+    for name in ("positions", "perplexity"):
+        table.add_column(name, justify="right")
+    for c in summary.chunks:
+        table.add_row(f"{c.start}-{c.end - 1}", f"{c.perplexity:.3f}")
+    return table
+
+
+def different_table(summary) -> Table:
+    table = Table(title=f"tokens that differ most from the reference ({summary.reference})", header_style="bold")
+    for name in ("pos", "token", "logp", "ref logp", "difference", "KL"):
+        table.add_column(name, justify="left" if name == "token" else "right")
+    for d in summary.most_different:
+        table.add_row(str(d["position"]), render.show_token(d["token"]), f"{d['raw_logprob']:.3f}",
+                      f"{d['reference_logprob']:.3f}", Text(f"{d['difference']:+.3f}"), f"{d['kl']:.4f}")
+    return table

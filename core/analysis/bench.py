@@ -1,0 +1,241 @@
+"""`bench`: tokens/s of decodelab against transformers' `model.generate` with the same settings and token count.
+
+Every pair decodes the same prompt for the same number of new tokens on the same model. The runs alternate in one
+process, round after round (one warm-up round first), so drift of the machine affects both sides alike; each side's
+figure is the median of its rounds, and ``ratio`` is the median of the per-round paired ratios (decodelab tokens/s
+/ transformers tokens/s in the same round), with the lowest and highest of them. Times are end to end: prefill,
+loop and (trace on) the trace, device-synchronised.
+
+`generate` is configured as its best users would and fairly: EOS ignored with ``eos_token_id=None`` (decodelab:
+``ignore_eos``), no ``min_new_tokens``; sampling with ``top_k=0`` (transformers otherwise adds a top-50 filter the
+decodelab chain does not have); beam search with the same beams, length penalty and early stopping; speculative
+decoding against assisted generation with the same draft model (``assistant_model``) at each draft length with a
+fixed schedule and no confidence cut-off, and its default dynamic schedule too, the best of them reported; the
+n-gram proposer against prompt lookup (``prompt_lookup_num_tokens``, ``max_matching_ngram_size`` = our n-gram size).
+Greedy outputs of both sides are checked equal before timing (same search, not merely same length).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from ..engine.reference import hf_generate
+from ..engine.run import synchronize
+from ..engine.stopping import StopRules
+from ..errors import ConfigError
+from ..methods.beam import BeamSearch, BeamSettings, ModelStepper
+from ..methods.sample import Sampler, decode_tokens
+from ..methods.speculative.proposers import (
+    ModelProposer,
+    NGramProposer,
+    make_selector_for,
+)
+from ..methods.speculative.run import Speculator
+from ..sampling.chain import build_chain
+from ..sampling.select import make_selector
+
+SETTINGS = ("greedy", "sampling", "beam", "speculative", "prompt-lookup")
+SAMPLING = {"temperature": 0.8, "top-p": 0.95}
+
+
+@dataclass
+class BenchRow:
+    setting: str
+    decodelab_tokens_per_s: float  # median over rounds
+    transformers_tokens_per_s: float  # median over rounds
+    ratio: float  # median of the per-round ratios decodelab / transformers
+    ratio_low: float  # the lowest per-round ratio
+    ratio_high: float
+    tokens: int  # new tokens per run (both sides)
+    rounds: int
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Pairing:
+    setting: str
+    ours: str  # a run's name
+    theirs: str
+    note: str = ""
+
+
+def parse_settings(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return SETTINGS
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    bad = [s for s in items if s not in SETTINGS]
+    if bad or not items:
+        raise ConfigError(f"--settings {text!r}: allowed: {', '.join(SETTINGS)} (comma-separated)")
+    return items
+
+
+class Bench:
+    """Build the runs, check greedy equality, time them interleaved; ``rows()`` pairs them up."""
+
+    def __init__(self, model, prompt_ids: list[int], tokens: int, settings=SETTINGS, draft=None,
+                 gammas: tuple[int, ...] = (1, 2, 4, 8), beams: int = 4, ngram_size: int = 3, seed: int = 0):
+        if tokens < 2:
+            raise ConfigError(f"--max-new-tokens {tokens}: bench needs at least 2 tokens")
+        if "speculative" in settings and draft is None:
+            raise ConfigError("--draft: the speculative setting needs a draft model (or leave it out of --settings)")
+        self.model, self.prompt_ids, self.n, self.settings = model, list(prompt_ids), tokens, settings
+        self.draft, self.gammas, self.beams, self.ngram_size, self.seed = draft, gammas, beams, ngram_size, seed
+        self.device = next(model.parameters()).device
+        self.runs: dict[str, Callable[[], list[int]]] = {}
+        self.pairings: list[Pairing] = []
+        self.times: dict[str, list[float]] = {}
+        self.best: dict[str, tuple[str, str]] = {}  # setting -> (our best run, their best run), set after timing
+        self.groups: dict[str, tuple[list[str], list[str]]] = {}
+        self._build()
+
+    # --- the runs -----------------------------------------------------------------------------------------------
+
+    def _rules(self) -> StopRules:
+        return StopRules(self.n, ignore_eos=True)
+
+    def _sampler(self, stages: dict, temperature: float, trace: bool) -> Callable[[], list[int]]:
+        chain = build_chain(stages)
+
+        def run():
+            selector = make_selector(temperature, self.seed, self.device)
+            if trace:
+                return [s.token_id for s in Sampler(self.model, self.prompt_ids, chain, selector, self._rules(),
+                                                    str, None, top=5)]
+            return [d.token_id for d in decode_tokens(self.model, self.prompt_ids, chain, selector, self._rules())]
+        return run
+
+    def _generate(self, **kwargs) -> Callable[[], list[int]]:
+        return lambda: hf_generate(self.model, self.prompt_ids, self.n, **kwargs)
+
+    def _beam(self, trace: bool) -> Callable[[], list[int]]:
+        s = BeamSettings(beams=self.beams, max_new_tokens=self.n, ignore_eos=True, length_penalty=1.0,
+                         early_stopping="false")
+        chain = build_chain({})
+
+        def run():
+            search = BeamSearch(ModelStepper(self.model), self.prompt_ids, chain, s, (), record=trace)
+            return search.run()[0].token_ids
+        return run
+
+    def _speculate(self, proposer_factory, gamma: int, trace: bool) -> Callable[[], list[int]]:
+        chain = build_chain({"temperature": 0})
+
+        def run():
+            spec = Speculator(self.model, proposer_factory(chain), self.prompt_ids, chain, self._rules(), gamma, None,
+                              str, None, top=5, record=trace)
+            for _ in spec:
+                pass
+            return list(spec.new_ids)
+        return run
+
+    def _add(self, setting: str, ours: str, ours_fn, theirs: str, theirs_fn, note: str = "") -> None:
+        self.runs.setdefault(ours, ours_fn)
+        self.runs.setdefault(theirs, theirs_fn)
+        self.pairings.append(Pairing(setting, ours, theirs, note))
+
+    def _build(self) -> None:
+        if "greedy" in self.settings:
+            gen = self._generate(do_sample=False)
+            self._add("greedy, trace on", "ours greedy trace", self._sampler({"temperature": 0}, 0, True),
+                      "generate greedy", gen)
+            self._add("greedy, trace off", "ours greedy", self._sampler({"temperature": 0}, 0, False),
+                      "generate greedy", gen)
+        if "sampling" in self.settings:
+            gen = self._generate(do_sample=True, temperature=SAMPLING["temperature"], top_p=SAMPLING["top-p"],
+                                 top_k=0)
+            t = SAMPLING["temperature"]
+            self._add("sampling t=0.8 top-p=0.95, trace on", "ours sampling trace", self._sampler(SAMPLING, t, True),
+                      "generate sampling", gen)
+            self._add("sampling t=0.8 top-p=0.95, trace off", "ours sampling", self._sampler(SAMPLING, t, False),
+                      "generate sampling", gen)
+        if "beam" in self.settings:
+            gen = self._generate(num_beams=self.beams, do_sample=False, length_penalty=1.0, early_stopping=False)
+            self._add(f"beam {self.beams}, trace on", "ours beam trace", self._beam(True), "generate beam", gen)
+            self._add(f"beam {self.beams}, trace off", "ours beam", self._beam(False), "generate beam", gen)
+        if "speculative" in self.settings:
+            ours, theirs = [], []
+            draft = self.draft
+            factory = lambda chain: ModelProposer(draft, chain, make_selector_for(True, None))  # noqa: E731
+            for g in self.gammas:
+                gen = self._generate(do_sample=False, assistant_model=draft, num_assistant_tokens=g,
+                                     num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+                self._add(f"speculative draft gamma={g}, trace off", f"ours draft g={g}",
+                          self._speculate(factory, g, False), f"assisted g={g}", gen)
+                ours.append(f"ours draft g={g}")
+                theirs.append(f"assisted g={g}")
+            self.runs["assisted default"] = self._generate(do_sample=False, assistant_model=draft)
+            theirs.append("assisted default")
+            self.groups["speculative draft: best vs best"] = (ours, theirs)
+        if "prompt-lookup" in self.settings:
+            ours, theirs = [], []
+            factory = lambda chain: NGramProposer(self.ngram_size)  # noqa: E731
+            for g in self.gammas:
+                gen = self._generate(do_sample=False, prompt_lookup_num_tokens=g,
+                                     max_matching_ngram_size=self.ngram_size)
+                self._add(f"prompt lookup gamma={g}, trace off", f"ours ngram g={g}",
+                          self._speculate(factory, g, False), f"lookup g={g}", gen)
+                ours.append(f"ours ngram g={g}")
+                theirs.append(f"lookup g={g}")
+            self.groups["prompt lookup: best vs best"] = (ours, theirs)
+
+    # --- checking and timing -------------------------------------------------------------------------------------
+
+    def check(self) -> dict[str, list[int]]:
+        """Every run once (the warm-up): the right token count, and every greedy run (everything but sampling)
+        equal to `generate`'s greedy output and to each other (beam: to `generate(num_beams)`)."""
+        outputs = {name: fn() for name, fn in self.runs.items()}
+        for name, ids in outputs.items():
+            if len(ids) != self.n:
+                raise RuntimeError(f"bench: {name} produced {len(ids)} tokens, not {self.n}")
+        greedy = [n for n in outputs if "sampling" not in n and "beam" not in n]
+        if greedy:
+            ref = outputs[greedy[0]]
+            for name in greedy:
+                if outputs[name] != ref:
+                    raise RuntimeError(f"bench: greedy outputs differ ({name} vs {greedy[0]}); not the same search")
+        if "ours beam" in outputs and outputs["ours beam"] != outputs["generate beam"]:
+            raise RuntimeError("bench: decodelab's beam search and generate(num_beams) disagree")
+        return outputs
+
+    def time(self, rounds: int, on_round: Callable[[int], None] | None = None) -> None:
+        self.check()
+        self.times = {name: [] for name in self.runs}
+        for r in range(rounds):
+            for name, fn in self.runs.items():
+                synchronize(self.device)
+                start = time.perf_counter()
+                fn()
+                synchronize(self.device)
+                self.times[name].append(time.perf_counter() - start)
+            if on_round is not None:
+                on_round(r)
+
+    def keep_whole_rounds(self) -> int:
+        """After an interrupt: drop the times of a round cut half-way; returns how many whole rounds are left."""
+        times = getattr(self, "times", {})
+        done = min((len(t) for t in times.values()), default=0)
+        for t in times.values():
+            del t[done:]
+        return done
+
+    def tps(self, name: str) -> float:
+        return self.n / statistics.median(self.times[name])
+
+    def _row(self, setting: str, ours: str, theirs: str, note: str = "") -> BenchRow:
+        ratios = [t / o for o, t in zip(self.times[ours], self.times[theirs])]  # time ratio = tokens/s ratio
+        return BenchRow(setting, self.tps(ours), self.tps(theirs), statistics.median(ratios), min(ratios),
+                        max(ratios), self.n, len(ratios), note)
+
+    def rows(self) -> list[BenchRow]:
+        out = [self._row(p.setting, p.ours, p.theirs, p.note) for p in self.pairings]
+        for setting, (ours, theirs) in self.groups.items():
+            best_ours = max(ours, key=self.tps)
+            best_theirs = max(theirs, key=self.tps)
+            out.append(self._row(setting, best_ours, best_theirs, f"{best_ours} vs {best_theirs}"))
+        return out

@@ -1,0 +1,535 @@
+"""`compare`: several decoding settings side by side on the same prompts and seeds, on coupled randomness.
+
+The coupling. The sampling selector draws x_t = argmax_i (z_t,i - log E_t,i), with E_t,i ~ Exp(1) i.i.d. (an
+exponential race, the Gumbel-max trick: -log E is a standard Gumbel variable), from an explicit generator seeded
+with the run's seed, one [1, V] vector per step whatever the chain. Every variant run with seed s therefore uses the
+same vector E_t at step t. This is exact for each variant: E_t is independent of everything before step t, so
+given the prefix, P(x_t = i) = p_i / sum_j p_j for that variant's own processed distribution p = softmax(z_t), its
+marginal law is untouched; only the joint law of the variants is chosen. Under it:
+
+* two variants whose processed logits at step t differ by a constant (the same distribution) pick the same token;
+* a truncation filter (top-k, top-p, min-p, typical-p, bans) changes the token only when it removes the token the
+  untruncated distribution would have picked with the same draws; otherwise the pick is identical;
+* so a difference between two rows comes from the settings, not from luck, and the first step where they part is
+  a step where the settings changed the outcome (the pair's ``deciding_stage`` names the stage).
+
+What breaks the coupling: XTC draws its own coin from the run's generator before the selector draws, so a variant
+with XTC sees shifted draws (exact, not coupled; its pairs are reported as ``stateful``, as are mirostat's, whose
+state a one-step replay cannot restore); speculative decoding draws from the same seed but consumes the generator
+differently (a uniform per judged draft and a race per round, plus the draft model's own draws), so its rows are
+exact but not coupled to plain sampling; beam search is deterministic (no draws). Greedy variants use no draws at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from itertools import combinations
+from pathlib import Path
+
+import tomllib
+import torch
+
+from ..engine.run import drain
+from ..engine.runtime import Runtime
+from ..errors import EMPTY_CHAIN, ConfigError
+from ..inputs import read_input_text
+from ..methods.beam import BeamSettings, build_beam, validate_beam
+from ..methods.sample import SampleSettings, build_sampler, validate_sample
+from ..methods.speculative.run import (
+    SpeculateSettings,
+    build_speculator,
+    validate_speculate,
+)
+from ..sampling.chain import Chain, build_chain, make_chain
+from ..sampling.distribution import entropy, log_softmax
+from ..sampling.registry import DEFAULT_ORDER
+from ..sampling.select import make_generator
+from ..sampling.tokens import bias_token_ids
+from ..settings import META_KEYS, coerce, load_preset, normalize_key
+
+METHODS = {"sample": SampleSettings, "beam": BeamSettings, "speculate": SpeculateSettings}
+SPECIAL = ("method", "preset")
+NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# variants, prompts, seeds
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One column of the comparison: a method, an optional preset and settings (raw values, coerced per method;
+    ``cache`` is one of them)."""
+
+    name: str
+    method: str = "sample"
+    preset: str | None = None
+    values: tuple[tuple[str, object], ...] = ()
+
+    def describe(self) -> str:
+        parts = [f"method={self.method}"] if self.method != "sample" else []
+        parts += [f"preset={self.preset}"] if self.preset else []
+        parts += [f"{k}={v}" for k, v in self.values]
+        return ",".join(parts)
+
+
+def _all_keys() -> set[str]:
+    return {f.name for cls in METHODS.values() for f in fields(cls)} | set(SPECIAL)
+
+
+def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) -> Variant:
+    """A variant from key -> value pairs (method and preset taken out)."""
+    pairs = list(items.items()) if isinstance(items, dict) else list(items)
+    method, preset, values = "sample", None, []
+    known = _all_keys()
+    for key, raw in pairs:
+        k = str(key).strip().replace("-", "_")
+        if k == "method":
+            method = str(raw).strip()
+            if method not in METHODS:
+                raise ConfigError(f"{where}: method={method!r}; allowed: {', '.join(METHODS)}")
+        elif k == "preset":
+            preset = str(raw).strip()
+        elif k in NOT_PER_VARIANT:
+            raise ConfigError(f"{where}: {k} is the comparison's axis, not a variant setting; use --seeds")
+        elif k not in known:
+            raise ConfigError(f"{where}: unknown key {key!r}; allowed: method, cache, preset and the settings "
+                              f"{', '.join(sorted(known - set(SPECIAL)))}")
+        else:
+            values.append((k, raw))
+    variant = Variant(name, method, preset, tuple(values))
+    allowed = {f.name for f in fields(METHODS[method])}
+    for k, _ in values:
+        if k not in allowed:
+            raise ConfigError(f"{where}: {k} is not a setting of method={method}; allowed: "
+                              f"{', '.join(sorted(allowed - set(NOT_PER_VARIANT)))}")
+    return variant
+
+
+def parse_variant(text: str, index: int = 0) -> Variant:
+    """``"name: key=value,key=value"`` (the name is optional). A comma-separated piece that does not start with a
+    known key continues the previous value, so ``chain=temperature,top-p`` and ``cache=window:size=8,positions=keep``
+    and ``logit_bias=42=-inf,7=1.5`` read as one value each."""
+    head, sep, rest = text.partition(":")
+    if sep and "=" not in head:
+        name, body = head.strip(), rest
+    else:
+        name, body = f"v{index + 1}", text
+    if not name:
+        raise ConfigError(f"--variant {text!r}: the name before ':' is empty")
+    known = _all_keys()
+    items: list[list] = []
+    for piece in body.split(","):
+        key, eq, value = piece.partition("=")
+        if eq and key.strip().replace("-", "_") in known:
+            items.append([key.strip(), value.strip()])
+        elif items:
+            items[-1][1] += "," + piece.strip()
+        elif piece.strip():
+            raise ConfigError(f"--variant {text!r}: {piece.strip()!r} is not KEY=VALUE with a known key; allowed: "
+                              f"{', '.join(sorted(known))}")
+    return make_variant(name, [tuple(i) for i in items], f"--variant {name}")
+
+
+def preset_variant(spec: str) -> Variant:
+    name, _ = load_preset(spec)
+    return Variant(name, preset=spec)
+
+
+def load_job(path: str | Path) -> tuple[list[Variant], dict]:
+    """A job file: TOML (``[[variant]]`` tables with ``name`` and keys; optional ``prompts`` list, ``seeds``
+    string and a ``[defaults]`` table applied to every variant) or JSONL (one variant object a line).
+    Returns the variants and the job-level extras (prompts, seeds)."""
+    path = Path(path)
+    text = read_input_text("--job", path)
+    where = f"--job {path}"
+    if path.suffix == ".toml":
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{where}: invalid TOML: {exc}") from None
+        tables = doc.get("variant") or doc.get("variants") or []
+        defaults = doc.get("defaults", {})
+        extras = {k: doc[k] for k in ("prompts", "seeds") if k in doc}
+    else:
+        tables, defaults, extras = [], {}, {}
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    tables.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{where}: line {n} is not JSON ({exc.msg})") from None
+    if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{where}: no variants; TOML needs [[variant]] tables, JSONL one object a line")
+    variants = []
+    for i, table in enumerate(tables):
+        table = {**defaults, **table}
+        name = str(table.pop("name", f"v{i + 1}"))
+        variants.append(make_variant(name, table, f"{where}: variant {name}"))
+    return variants, extras
+
+
+def check_names(variants: list[Variant]) -> None:
+    seen = set()
+    for v in variants:
+        if v.name in seen:
+            raise ConfigError(f"--variant {v.name}: the name is used twice; give each variant its own name")
+        seen.add(v.name)
+    if not variants:
+        raise ConfigError("--variant: nothing to compare; give --variant, --preset or --job")
+
+
+def parse_seeds(text: str | int | list) -> list[int]:
+    """'0-9', '1,3,5', '0-3,7' -> sorted unique seeds (an int or a list passes through)."""
+    if isinstance(text, int):
+        return [text]
+    if isinstance(text, list):
+        return sorted({int(s) for s in text})
+    out: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        if lo.isdigit() and (not dash or hi.isdigit()) and (not dash or int(hi) >= int(lo)):
+            out.update(range(int(lo), int(hi if dash else lo) + 1))
+        else:
+            raise ConfigError(f"--seeds {text!r}: expected seeds >= 0 as a range or list, e.g. 0-9 or 1,3,5")
+    return sorted(out)
+
+
+@dataclass
+class Prompt:
+    id: str
+    text: str
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    """One prompt a line, or JSONL objects with ``prompt`` (or ``text``) and an optional ``id``."""
+    path = Path(path)
+    lines = [line for line in read_input_text("--prompts-file", path).splitlines() if line.strip()]
+    if not lines:
+        raise ConfigError(f"--prompts-file {path}: no prompts (one a line, or JSONL with \"prompt\")")
+    if all(line.lstrip().startswith("{") for line in lines):
+        prompts = []
+        for n, line in enumerate(lines, 1):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"--prompts-file {path}: line {n} is not JSON ({exc.msg})") from None
+            text = obj.get("prompt", obj.get("text"))
+            if not isinstance(text, str) or not text:
+                raise ConfigError(f"--prompts-file {path}: line {n} has no \"prompt\" text")
+            prompts.append(Prompt(str(obj.get("id", n)), text))
+        return prompts
+    return [Prompt(str(n), line) for n, line in enumerate(lines, 1)]
+
+
+def settings_for(v: Variant, base: dict, seed: int):
+    """The variant's settings for one seed: method defaults < its preset < the command's options (``base``, typed
+    values, None = not given) < the variant's own keys; validated with the method's rules."""
+    cls = METHODS[v.method]
+    names = {f.name for f in fields(cls)}
+    values: dict = {}
+    try:
+        if v.preset is not None:
+            pname, table = load_preset(v.preset)
+            for key, raw in table.items():
+                if key not in META_KEYS:
+                    k = normalize_key(cls, key)
+                    values[k] = coerce(cls, k, raw)
+        values.update({k: raw for k, raw in base.items() if k in names and raw is not None})
+        for key, raw in v.values:
+            values[key] = coerce(cls, key, raw)
+        if "seed" in names:
+            values["seed"] = seed
+        settings = replace(cls(), **values)
+        {"sample": validate_sample, "beam": validate_beam, "speculate": validate_speculate}[v.method](settings)
+    except ConfigError as exc:
+        raise ConfigError(f"variant {v.name}: {exc}") from None
+    return settings
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# metrics of one output (hand-checkable)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def ngrams(ids: list[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+
+
+def distinct_n(ids: list[int], n: int) -> float | None:
+    """distinct-n (Li et al. 2016): different n-grams / all n-grams of the output; None without any n-gram."""
+    grams = ngrams(ids, n)
+    return len(set(grams)) / len(grams) if grams else None
+
+
+def repetition_rate(ids: list[int], n: int = 4) -> float | None:
+    """The share of the output's n-grams that already occurred earlier in it (seq-rep-n of Welleck et al. 2019,
+    n = 4): 1 - distinct-n. 0 for text that never repeats a 4-gram; near 1 for a loop."""
+    d = distinct_n(ids, n)
+    return None if d is None else 1.0 - d
+
+
+def mean_or_none(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# rows
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    variant: str
+    method: str
+    prompt: str  # the prompt's id
+    seed: int
+    text: str
+    token_ids: list[int]
+    length: int
+    stop_reason: str
+    mean_logprob: float | None  # processed distribution (what the method drew or searched with)
+    raw_perplexity: float | None  # exp(-mean raw log-prob): the model's own surprise at the output
+    distinct_1: float | None
+    distinct_2: float | None
+    repetition_rate: float | None  # seq-rep-4
+    mean_kept: float | None  # candidates left by the chain, per step
+    mean_entropy: float | None  # nats, of the processed distribution, per step
+    tokens_per_s: float  # generated tokens / the run's time (prefill included)
+    decided_by: list[str] = field(default_factory=list)  # per step (sample rows)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Scored:
+    """Per generated token, teacher-forced: the model's raw log-prob, and under the chain the processed log-prob,
+    candidates kept and entropy."""
+
+    raw_logprob: list[float]
+    logprob: list[float]
+    kept: list[int]
+    entropy: list[float]
+
+
+@torch.inference_mode()
+def teacher_forced(model, prompt_ids: list[int], out_ids: list[int], chain: Chain) -> Scored:
+    """One forward over prompt + output (no cache reuse), then the chain at each generated position."""
+    if not out_ids:
+        return Scored([], [], [], [])
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids + out_ids], dtype=torch.long, device=device)
+    runtime = Runtime.create(model, None, capacity=ids.shape[1])
+    logits = runtime.feed(ids, keep="all")[0, len(prompt_ids) - 1 : -1]  # [T, V]: row i predicts out_ids[i]
+    target = ids[0, len(prompt_ids) :]
+    processed = torch.cat([chain.apply(ids[:, : len(prompt_ids) + i], logits[i : i + 1])
+                           for i in range(len(out_ids))])
+    logp = log_softmax(processed)
+    raw = log_softmax(logits).gather(1, target[:, None])[:, 0]
+    chosen = logp.gather(1, target[:, None])[:, 0]
+    kept = (~torch.isneginf(logp)).sum(dim=-1).float()
+    h = entropy(logp.exp())
+    host = torch.stack([raw, chosen, kept, h]).tolist()
+    return Scored(host[0], host[1], [int(k) for k in host[2]], host[3])
+
+
+class Comparison:
+    """Run every (prompt, seed, variant), then compare the variants pairwise on each (prompt, seed).
+
+    ``lm``: a :class:`~decodelab.core.model.LoadedModel` (or anything with its attributes); runs are built by
+    :mod:`decodelab.core.build` as every command builds them. ``load_draft(spec) -> LoadedModel`` loads a
+    speculative variant's draft model (once per spec); ``base``: the command's typed options (None = not given)."""
+
+    def __init__(self, lm, variants: list[Variant], prompts: list[Prompt], seeds: list[int], base: dict | None = None,
+                 load_draft: Callable | None = None, on_row: Callable[[Row], None] | None = None):
+        check_names(variants)
+        if not prompts:
+            raise ConfigError("PROMPT: nothing to compare on; give prompts or --prompts-file")
+        self.lm, self.variants, self.prompts, self.seeds = lm, variants, prompts, seeds
+        self.base = base or {}
+        self.load_draft, self.on_row = load_draft, on_row
+        self.drafts: dict[str, object] = {}
+        # every setting checked before anything runs; no alternatives in the trace (rows need none)
+        self.settings = {(v.name, s): settings_for(v, {**self.base, "top": 0}, s) for v in variants for s in seeds}
+        self.rows: list[Row] = []
+        self.pairs: list[Pair] = []
+
+    @property
+    def total(self) -> int:
+        return len(self.prompts) * len(self.seeds) * len(self.variants)
+
+    def bias_ids(self, settings) -> dict[int, float]:
+        return bias_token_ids(self.lm, settings.logit_bias)
+
+    def run(self) -> Comparison:
+        for prompt in self.prompts:
+            prompt_ids = self.lm.encode(prompt.text)
+            for seed in self.seeds:
+                rows = {}
+                for v in self.variants:
+                    row = self.run_one(v, self.settings[v.name, seed], prompt, prompt_ids, seed)
+                    rows[v.name] = row
+                    self.rows.append(row)
+                    if self.on_row is not None:
+                        self.on_row(row)
+                for a, b in combinations(self.variants, 2):
+                    self.pairs.append(self.compare_pair(a, b, rows[a.name], rows[b.name], prompt_ids, seed))
+        return self
+
+    # --- one run -------------------------------------------------------------------------------------------------
+
+    def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> Row:
+        if v.method == "sample":  # the chain shares the selector's generator, as `sample` builds it
+            sampler = build_sampler(self.lm, settings, prompt_ids)
+            steps = drain(sampler)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
+            ids = sampler.new_ids
+            return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), sampler.stop_reason,
+                       mean_or_none([s.logprob for s in steps]),
+                       math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
+                       distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
+                       mean_or_none([s.kept for s in steps]), mean_or_none([s.entropy for s in steps]),
+                       sampler.summary().tokens_per_s, [s.decided_by for s in steps])
+        chain = make_chain(self.lm, settings)
+        if v.method == "beam":
+            search = build_beam(self.lm, settings, prompt_ids, chain, record=False)
+            drain(search)
+            if search.stop_reason == EMPTY_CHAIN or not search.hypotheses:
+                ids, reason = search.new_ids, EMPTY_CHAIN
+            else:
+                ids, reason = search.hypotheses[0].token_ids, search.hypotheses[0].reason
+            return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, reason,
+                                   search.watch.timing.tokens_per_s(len(ids)))
+        draft = None
+        if settings.draft != "ngram":
+            if self.load_draft is None:
+                raise ConfigError(f"variant {v.name}: draft={settings.draft}: no draft loader here; use draft=ngram")
+            if settings.draft not in self.drafts:
+                self.drafts[settings.draft] = self.load_draft(settings.draft)
+            draft = self.drafts[settings.draft]
+        spec = build_speculator(self.lm, draft, settings, prompt_ids, settings.gamma, chain, record=False)
+        drain(spec)
+        ids = list(spec.new_ids)
+        return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, spec.stop_reason,
+                               spec.watch.timing.tokens_per_s(len(ids)))
+
+    def scored_row(self, v, prompt, seed, prompt_ids, chain, ids, reason, tps) -> Row:
+        s = teacher_forced(self.lm.model, prompt_ids, ids, chain)
+        return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), reason,
+                   mean_or_none(s.logprob),
+                   math.exp(-mean_or_none(s.raw_logprob)) if ids else None,
+                   distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
+                   mean_or_none(s.kept), mean_or_none(s.entropy), tps)
+
+    # --- pairs ---------------------------------------------------------------------------------------------------
+
+    def compare_pair(self, a: Variant, b: Variant, ra: Row, rb: Row, prompt_ids: list[int], seed: int) -> Pair:
+        d = first_divergence(ra.token_ids, rb.token_ids)
+        pair = Pair(a.name, b.name, ra.prompt, seed, d, None)
+        if d is None:
+            return pair
+        if d >= min(ra.length, rb.length):
+            shorter = ra if ra.length < rb.length else rb
+            pair.deciding_stage, pair.why = "stop", f"{shorter.variant} stopped ({shorter.stop_reason})"
+            return pair
+        pair.a_token, pair.b_token = ra.token_ids[d], rb.token_ids[d]
+        sa, sb = self.settings[a.name, seed], self.settings[b.name, seed]
+        if a.method != b.method:
+            pair.deciding_stage, pair.why = "method", f"{a.method} vs {b.method}"
+        elif a.method != "sample":
+            keys = differing_keys(sa, sb)
+            pair.deciding_stage = "method"
+            pair.why = (f"{a.method} settings differ ({', '.join(keys)})" if keys
+                        else f"{a.method} with the same settings")
+        elif {"xtc", "mirostat"} & set(make_chain(self.lm, sa).names + make_chain(self.lm, sb).names):
+            pair.deciding_stage = "stateful"
+            pair.why = "xtc draws its own coin from the run's generator and mirostat carries state: not attributed"
+        else:
+            pair.deciding_stage, pair.why = self.attribute(a, b, sa, sb, prompt_ids + ra.token_ids[:d], d, seed,
+                                                           pair.a_token, pair.b_token)
+        return pair
+
+    @torch.inference_mode()
+    def attribute(self, a, b, sa, sb, prefix: list[int], step: int, seed: int, token_a: int, token_b: int):
+        """Which setting flipped the token at ``step``: starting from a's settings, switch the differing stages to
+        b's one at a time in the default chain order, with the same raw logits and the same race draws E_step;
+        the first switch that changes the token decides."""
+        model = self.lm.model
+        device = next(model.parameters()).device
+        ids = torch.tensor([prefix], dtype=torch.long, device=device)
+        z = Runtime.create(model, None, capacity=len(prefix)).prefill(ids)  # [1, V]
+        race = replay_race(seed, step, z.shape[-1], device)
+        va, vb = sa.stage_values(self.bias_ids(sa) or None), sb.stage_values(self.bias_ids(sb) or None)
+        same_order = sa.chain == sb.chain
+
+        def pick(values: dict, order) -> int:
+            chain = build_chain(values, order)
+            processed = chain.apply(ids, z).float()
+            greedy = values.get("temperature") == 0
+            return int((processed if greedy else processed - race.log()).argmax(dim=-1)[0])
+
+        current = pick(va, list(sa.chain) if sa.chain is not None else None)
+        if current != token_a:
+            reason = "cache" if sa.cache != sb.cache else "numerics"
+            return reason, f"a's token is not reproduced from a full-cache recompute ({reason} differs)"
+        values = dict(va)
+        for name in DEFAULT_ORDER:
+            if va.get(name) == vb.get(name):
+                continue
+            values[name] = vb.get(name)
+            order = ([n for n in sa.chain if values.get(n) is not None] if same_order and sa.chain is not None
+                     else None)
+            token = pick(values, order)
+            if token != current:
+                return name, f"{name} {_show(va.get(name))} -> {_show(vb.get(name))} changes the token"
+        if not same_order:
+            return "chain", "the stage order (--chain) differs"
+        if sa.cache != sb.cache:
+            return "cache", f"cache {sa.cache} vs {sb.cache}: the raw logits differ"
+        return "numerics", "no setting explains it (floating-point differences between the runs)"
+
+
+def _show(value) -> str:
+    return "off" if value is None else str(value)
+
+
+def differing_keys(sa, sb) -> list[str]:
+    return [f.name for f in fields(sa) if f.name != "seed" and getattr(sa, f.name) != getattr(sb, f.name)]
+
+
+def replay_race(seed: int, step: int, vocab: int, device) -> torch.Tensor:
+    """The Exp(1) vector [1, V] a sampling run with ``seed`` draws at ``step`` (one [1, V] vector per step)."""
+    gen = make_generator(seed, device)
+    race = torch.empty(1, vocab, dtype=torch.float32, device=device)
+    for _ in range(step + 1):
+        race.exponential_(1.0, generator=gen)
+    return race
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where the outputs differ (or where the shorter one ended); None if identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class Pair:
+    a: str
+    b: str
+    prompt: str
+    seed: int
+    first_divergence: int | None  # the first step where the two outputs part (None: identical)
+    deciding_stage: str | None  # the stage (or cache, method, stop, chain) that made the difference there
+    why: str | None = None
+    a_token: int | None = None
+    b_token: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,383 @@
+"""quantize-kv: what a quantized KV cache saves, what it costs, and where the error enters.
+
+* memory: real bytes of the quantized cache holding the text, against the full cache in the model's dtype and in
+  float16; the per-token formula 2 x layers x kv_heads x head_dim x bytes (2: keys and values) and what grouped-query
+  attention saves (heads / kv_heads); bytes projected at the model's context and at ``context`` x ``batch``.
+* fidelity (through :mod:`decodelab.core.score`): the text teacher-forced under the quantized cache against the same
+  model under the full cache, fed ``feed`` tokens a forward (1: every token reads every earlier one from the cache,
+  the decode path): per-token KL(full || quantized), top-1 agreement, perplexity of both.
+* reconstruction: the full-precision keys and values of the text, put through the policy's layouts (exact window
+  included), per layer and head: relative error ||x - x'|| / ||x|| and the largest |x - x'|.
+* outliers: per channel max|x| / median|x| over the tokens, the channel that sets a per-tensor scale, and the error
+  of per-tensor, per-token, per-channel and grouped scaling of the same tensor at the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..engine.forward import model_info
+from ..engine.models import LoadedModel
+from ..engine.runtime import Runtime
+from ..errors import ConfigError
+from ..kv import CacheSpec, parse_cache_spec
+from ..kv.quant import AXES, QuantPolicy, Stream
+from ..kv.quantize import dequantize, quantize
+from ..methods.score import Scorer, ScoreSettings
+from ..sampling.chain import build_chain
+from ..sampling.settings import ChainSettings
+from ..settings import _check
+
+GRID_BITS = (8, 4, 2)
+GRID_AXES = ("tensor", "token", "channel", "group", "kivi")
+
+
+@dataclass(frozen=True)
+class QuantizeKVSettings(ChainSettings):
+    cache: str = "int4-kivi"
+    bits: str | None = None  # overrides of the --cache quant spec
+    axis: str | None = None
+    group_size: int | None = None
+    residual: int | None = None
+    symmetric: bool | None = None
+    limit: int | None = 256  # tokens of the text
+    feed: int = 1  # tokens per forward in the fidelity run (1: the decode path)
+    grid: bool = False
+    activations: int | None = None  # a decoder layer whose input activations get the outlier analysis
+    context: int | None = None  # projected bytes at this many tokens ...
+    batch: int = 1  # ... in this many rows
+    top: int = 4  # outlier channels listed per tensor
+
+
+def validate_quantize_kv(s: QuantizeKVSettings) -> CacheSpec:
+    """Every check that needs no model; returns the resolved quant spec."""
+    for key in ("limit", "feed", "context", "group_size"):
+        value = getattr(s, key)
+        if value is not None:
+            _check(value >= 1, key, value, "must be an integer >= 1")
+    _check(s.batch >= 1, "batch", s.batch, "must be an integer >= 1")
+    _check(s.top >= 0, "top", s.top, "must be >= 0")
+    if s.residual is not None:
+        _check(s.residual >= 0, "residual", s.residual, "must be an integer >= 0")
+    if s.axis is not None:
+        _check(s.axis in AXES, "axis", s.axis, f"allowed: {', '.join(AXES)}")
+    if s.bits is not None:
+        _check(str(s.bits) in ("2", "4", "8", "fp8"), "bits", s.bits, "allowed: 2, 4, 8, fp8")
+    if s.limit is not None:
+        _check(s.limit >= 2, "limit", s.limit, "must be >= 2 (the first token is context)")
+    return kv_spec(s)
+
+
+def kv_spec(s: QuantizeKVSettings) -> CacheSpec:
+    """--cache (a quant spec or alias), with --bits/--axis/--group-size/--residual/--symmetric laid over it."""
+    base = parse_cache_spec(s.cache)
+    if base.name != "quant":
+        raise ConfigError(f"--cache {s.cache}: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
+                          "int2-kivi, int4, fp8)")
+    options = dict(base.options)
+    overrides = {"bits": s.bits, "axis": s.axis, "group": s.group_size, "residual": s.residual,
+                 "symmetric": s.symmetric}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "axis" in given and given["axis"] != options.get("axis"):
+        options = {k: v for k, v in options.items() if k == "bits"}  # defaults follow the new axis
+    options.update(given)
+    if options.get("axis") == "token":
+        options.pop("group", None)
+    text = "quant:" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items())
+    return parse_cache_spec(text)
+
+
+# --- memory ----------------------------------------------------------------------------------------------------------
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def per_token_formula(info, heads: int) -> dict:
+    """2 x layers x kv_heads x head_dim x bytes per token (keys and values), and without grouped-query attention."""
+    elements = 2 * info.num_layers * info.kv_heads * info.head_dim
+    return {
+        "formula": "2 x layers x kv_heads x head_dim x bytes",
+        "layers": info.num_layers, "heads": heads, "kv_heads": info.kv_heads, "head_dim": info.head_dim,
+        "cache_dtype": str(info.dtype).replace("torch.", ""),
+        "bytes_per_token": elements * dtype_bytes(info.dtype),
+        "fp16_bytes_per_token": elements * 2,
+        "bytes_per_token_without_gqa": elements * heads // info.kv_heads * dtype_bytes(info.dtype),
+        "gqa_saving": heads / info.kv_heads,
+    }
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Free bytes where the cache would live: free CUDA memory, else available system memory."""
+    try:
+        if device.type == "cuda":
+            return int(torch.cuda.mem_get_info(device)[0])
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return None
+
+
+def projection(policy: QuantPolicy, tokens: int, rows: int, free: int | None) -> dict:
+    """Bytes at ``tokens`` tokens x ``rows`` rows: quantized (formula checked against the stored tensors), and the
+    full cache in the model's dtype and in float16 (2 x layers x kv_heads x head_dim x bytes per token)."""
+    info = policy.info
+    full = rows * tokens * 2 * info.num_layers * info.kv_heads * info.head_dim
+    quant = policy.bytes_at(tokens, rows)
+    baseline = full * dtype_bytes(info.dtype)
+    return {"tokens": tokens, "batch": rows, "kv_bytes": quant, "baseline_kv_bytes": baseline,
+            "fp16_kv_bytes": full * 2, "bytes_ratio": quant / (full * 2),
+            "fits": None if free is None else quant <= free,
+            "baseline_fits": None if free is None else baseline <= free}
+
+
+# --- reconstruction and outliers -------------------------------------------------------------------------------------
+
+
+def capture_kv(lm: LoadedModel, ids: list[int]) -> list[tuple[Tensor, Tensor]]:
+    """Full-precision keys and values [kv_heads, T, head_dim] of every layer for the text (one forward, full cache;
+    a sliding layer of the model holds its window)."""
+    runtime = Runtime.create(lm.model, parse_cache_spec("full"))
+    runtime.feed(torch.tensor([ids], device=lm.device), keep="last")
+    return [(layer.keys[0].float(), layer.values[0].float()) for layer in runtime.policy.model_cache.layers]
+
+
+def capture_activations(lm: LoadedModel, ids: list[int], layer: int) -> Tensor:
+    """The input hidden states [T, hidden] of decoder layer ``layer`` (a forward pre-hook on it)."""
+    layers = decoder_layers(lm.model)
+    if not 0 <= layer < len(layers):
+        raise ConfigError(f"--activations {layer}: the model has decoder layers 0..{len(layers) - 1}")
+    seen: list[Tensor] = []
+
+    def hook(module, args, kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        seen.append(hidden.detach()[0].float())
+
+    handle = layers[layer].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        Runtime.create(lm.model, parse_cache_spec("full")).feed(torch.tensor([ids], device=lm.device))
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The model's list of decoder layers: the ModuleList as long as its layer count."""
+    count = model_info(model).num_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return module
+    raise ConfigError("--activations: cannot find this model's decoder layers")
+
+
+def reconstruction(kv: list[tuple[Tensor, Tensor]], policy: QuantPolicy) -> list[dict]:
+    """Per layer and head: the keys and values put through the policy's key and value streams (quantized part and
+    exact window), relative error ||x - x'|| / ||x|| and max |x - x'|."""
+    rows = []
+    for index, (keys, values) in enumerate(kv):
+        errors = {}
+        for kind, x, layout in (("key", keys, policy.layouts["key"]), ("value", values, policy.layouts["value"])):
+            stream = Stream(layout, policy.residual)
+            stream.append(x.unsqueeze(0))
+            diff = stream.states(torch.float32)[0] - x  # [H, T, D]
+            norm = x.flatten(1).norm(dim=1).clamp_min(1e-30)
+            errors[kind] = (diff.flatten(1).norm(dim=1) / norm, diff.abs().flatten(1).amax(dim=1))
+        for head in range(keys.shape[0]):
+            rows.append({"layer": index, "head": head,
+                         "key_rel_error": errors["key"][0][head].item(), "key_max_error": errors["key"][1][head].item(),
+                         "value_rel_error": errors["value"][0][head].item(),
+                         "value_max_error": errors["value"][1][head].item()})
+    return rows
+
+
+def outlier_view(x: Tensor, names: list[str], bits, group: int, top: int) -> dict:
+    """x [T, C] (tokens x channels). Per channel max|x| and median|x| over the tokens; the channel that sets a
+    per-tensor scale; relative error ||x - x'|| / ||x|| and mean step of per-tensor, per-token, per-channel and
+    grouped (``group`` channels) scaling at ``bits``, symmetric (so the step is max|x| / (2^(b-1) - 1))."""
+    bits = 8 if bits == "fp8" else bits
+    absx = x.abs()
+    absmax = absx.amax(dim=0)
+    median = absx.median(dim=0).values.clamp_min(1e-30)
+    ratio = absmax / median
+    order = absmax.argsort(descending=True)[:top]
+    typical = absmax.median().clamp_min(1e-30)
+    setter = int(order[0]) if len(order) else 0
+    group = group if x.shape[-1] % group == 0 else x.shape[-1]
+    layouts = {}
+    norm = x.norm().clamp_min(1e-30)
+    for axis in ("tensor", "token", "channel", "group"):
+        qx = quantize(x, bits, axis, group if axis == "group" else None, symmetric=True)
+        layouts[axis] = {"rel_error": ((dequantize(qx) - x).norm() / norm).item(), "mean_step": qx.step().mean().item()}
+    lost = math.log2(layouts["tensor"]["mean_step"] / max(layouts["channel"]["mean_step"], 1e-30))
+    return {
+        "channels": x.shape[-1], "tokens": x.shape[0],
+        "scale_setter": {"channel": names[setter], "max": absmax[setter].item(),
+                         "times_typical_channel_max": (absmax[setter] / typical).item()},
+        "top_channels": [{"channel": names[int(c)], "max": absmax[c].item(), "median": median[c].item(),
+                          "max_over_median": ratio[c].item()} for c in order],
+        "max_over_median": {"median": ratio.median().item(), "max": ratio.max().item()},
+        "layouts": layouts,
+        "bits_lost_per_tensor_vs_channel": lost,  # log2 of the step ratio: resolution the outliers cost
+    }
+
+
+def kv_outliers(kv: list[tuple[Tensor, Tensor]], bits, group: int, top: int) -> list[dict]:
+    """The outlier view of every layer's keys and values, channels named h<head>.d<dim>."""
+    out = []
+    for index, (keys, values) in enumerate(kv):
+        H, T, D = keys.shape
+        names = [f"h{h}.d{d}" for h in range(H) for d in range(D)]
+        for kind, x in (("keys", keys), ("values", values)):
+            out.append({"layer": index, "kind": kind,
+                        **outlier_view(x.permute(1, 0, 2).reshape(T, H * D), names, bits, group, top)})
+    return out
+
+
+# --- fidelity --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Fidelity:
+    cache: str
+    tokens: int
+    kl_mean: float
+    top1_agreement: float
+    perplexity: float
+    baseline_perplexity: float
+    kv_bytes: int
+    bytes_ratio: float  # kv_bytes / fp16 bytes of the same tokens
+    steps: list = field(default_factory=list, repr=False)  # the scored tokens (score's ScoredToken), when kept
+
+    def row(self) -> dict:
+        return {"cache": self.cache, "tokens": self.tokens, "kv_bytes": self.kv_bytes, "bytes_ratio": self.bytes_ratio,
+                "kl_mean": self.kl_mean, "top1_agreement": self.top1_agreement, "perplexity": self.perplexity,
+                "baseline_perplexity": self.baseline_perplexity,
+                "perplexity_change": self.perplexity / self.baseline_perplexity - 1}
+
+
+def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_steps: bool = False) -> Fidelity:
+    """Score the text under ``spec`` against the same model under the full cache (the score machinery); the bytes
+    are those of a ``spec`` cache holding the text (real tensors)."""
+
+    scorer = Scorer(lm.model, ids, build_chain({}), lm.token_text, ScoreSettings(feed=feed), cache=spec,
+                    reference=lm.model, reference_cache=parse_cache_spec("full"), reference_name="full")
+    for _ in scorer:
+        pass
+    summary = scorer.summary()
+    held = held_bytes(lm, ids, spec, None if spec.name == "quant" and not sliding(lm) else feed)
+    info = model_info(lm.model)
+    fp16 = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
+    return Fidelity(str(spec), summary.tokens, summary.kl_mean, summary.top1_agreement, summary.perplexity,
+                    summary.reference_perplexity, held, held / fp16, scorer.steps if keep_steps else [])
+
+
+def held_bytes(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int | None = None) -> int:
+    """Real bytes of a ``spec`` cache after the text, fed ``feed`` tokens a forward (None: all at once; a quant
+    cache without sliding layers stores the same whatever the split, while a cache that flushes its residual window
+    when full, as transformers' QuantizedCache does, must be fed as the fidelity run fed it)."""
+    runtime = Runtime.create(lm.model, spec)
+    ids_t = torch.tensor([ids], device=lm.device)
+    step = feed or len(ids)
+    for start in range(0, len(ids), step):
+        runtime.feed(ids_t[:, start : start + step])
+    return runtime.policy.nbytes()
+
+
+def sliding(lm: LoadedModel) -> bool:
+    """Whether the model has sliding-window layers of its own."""
+    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    return getattr(cfg, "sliding_window", None) is not None or "sliding_attention" in (
+        getattr(cfg, "layer_types", None) or ())
+
+
+def grid_specs(bits: tuple = GRID_BITS, axes: tuple[str, ...] = GRID_AXES, group: int | None = None,
+               residual: int | None = None) -> list[CacheSpec]:
+    """bits x layout, each with its defaults (kivi: residual 32) unless group/residual are given."""
+    specs = []
+    for b in bits:
+        for axis in axes:
+            parts = [f"bits={b}", f"axis={axis}"]
+            if group is not None and axis != "token":
+                parts.append(f"group={group}")
+            if residual is not None:
+                parts.append(f"residual={residual}")
+            specs.append(parse_cache_spec("quant:" + ",".join(parts)))
+    return specs
+
+
+# --- the whole report ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class QuantizeKVReport:
+    cache: str
+    keys: str
+    values: str
+    memory: dict
+    projections: list[dict]
+    fidelity: Fidelity
+    reconstruction: list[dict]
+    outliers: list[dict]
+    activations: dict | None = None
+    grid: list[Fidelity] = field(default_factory=list)
+    feed: int = 1  # tokens per forward in the fidelity runs
+    stop_reason: str = "end"  # "interrupted": Ctrl-C cut the grid; it holds the cells measured before
+
+    def summary(self) -> dict:
+        f = self.fidelity
+        return {"cache": self.cache, "tokens": f.tokens, "kv_bytes": f.kv_bytes,
+                "baseline_kv_bytes": self.memory["baseline_kv_bytes"], "fp16_kv_bytes": self.memory["fp16_kv_bytes"],
+                "bytes_ratio": f.bytes_ratio, "baseline_bytes_ratio": f.kv_bytes / self.memory["baseline_kv_bytes"],
+                "kl_mean": f.kl_mean, "top1_agreement": f.top1_agreement, "perplexity": f.perplexity,
+                "baseline_perplexity": f.baseline_perplexity,
+                "perplexity_change": f.perplexity / f.baseline_perplexity - 1, "stop_reason": self.stop_reason}
+
+
+def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSettings, spec: CacheSpec,
+                    progress=None) -> QuantizeKVReport:
+    """Everything quantize-kv reports for the text ``ids``, but the grid (``grid_cells``). ``progress(label)`` is told
+    what runs next."""
+    tell = progress or (lambda label: None)
+    if len(ids) < 2:
+        raise ConfigError(f"--text-file: {len(ids)} token(s); quantize-kv needs at least 2")
+    info = model_info(lm.model)
+    cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+    heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", info.kv_heads)
+    policy = QuantPolicy(info, **spec.options)
+    if settings.activations is not None:
+        layers = len(decoder_layers(lm.model))
+        if not 0 <= settings.activations < layers:
+            raise ConfigError(f"--activations {settings.activations}: the model has decoder layers 0..{layers - 1}")
+    free = available_memory(lm.device)
+    tell("full-precision keys and values")
+    kv = capture_kv(lm, ids)
+    tell(f"fidelity of {spec}")
+    main = fidelity(lm, ids, spec, settings.feed, keep_steps=True)
+    full_bytes = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim
+    memory = {**per_token_formula(info, heads), "tokens": len(ids), "kv_bytes": main.kv_bytes,
+              "baseline_kv_bytes": held_bytes(lm, ids, parse_cache_spec("full")), "fp16_kv_bytes": full_bytes * 2,
+              "available_bytes": free}
+    sizes = [("context_length", lm.context_length)] + [("context", settings.context)]
+    projections = [{"at": label, **projection(policy, tokens, settings.batch if label == "context" else 1, free)}
+                   for label, tokens in sizes if tokens]
+    report = QuantizeKVReport(str(spec), policy.layouts["key"].describe(), policy.layouts["value"].describe(),
+                              memory, projections, main, reconstruction(kv, policy),
+                              kv_outliers(kv, policy.bits, policy.group, settings.top), feed=settings.feed)
+    if settings.activations is not None:
+        tell(f"activations of layer {settings.activations}")
+        x = capture_activations(lm, ids, settings.activations)
+        report.activations = {"layer": settings.activations, "where": "input of the decoder layer",
+                              **outlier_view(x, [f"c{i}" for i in range(x.shape[-1])], policy.bits, policy.group,
+                                             settings.top)}
+    return report
+
+
+def grid_cells(settings: QuantizeKVSettings) -> list[CacheSpec]:
+    """The caches of ``--grid`` (none without it): each is measured with ``fidelity``, one at a time, so that an
+    interrupted grid keeps the cells already measured."""
+    return grid_specs(group=settings.group_size, residual=settings.residual) if settings.grid else []

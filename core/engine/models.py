@@ -1,0 +1,289 @@
+"""Where models and tokenizers meet transformers: finding a model (bundled name, local folder, or a hub id already
+in the local cache), checking its folder, loading it offline from safetensors only, and what a loaded model offers
+the rest of decodelab (:class:`LoadedModel`: encode, decode, token texts, end ids, context length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError, ModelLoadError
+from ..inputs import check_text
+
+BUNDLED = ("tiny", "tiny-draft")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def bundled_dir(name: str) -> Path:
+    """The packaged folder of a bundled model (installed with the wheel, under decodelab/presets/models)."""
+    return Path(str(resources.files("decodelab.presets") / "models" / name))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name not in DEVICES:
+        raise ConfigError(f"--device {name!r}: allowed: {', '.join(DEVICES)}")
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available here; use --device cpu or auto")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("--device mps: no MPS device is available here; use --device cpu or auto")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: float32 on CPU (fast and exact there), bfloat16 on CUDA when supported, else float16."""
+    if name not in DTYPES:
+        raise ConfigError(f"--dtype {name!r}: allowed: {', '.join(DTYPES)}")
+    if DTYPES[name] is not None:
+        return DTYPES[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer and the facts decoding needs about them."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: list[int] = field(default_factory=list)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int | None:
+        cfg = self.model.config
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        """Token ids of a prompt; with chat=True the tokenizer's chat template wraps it as one user turn."""
+        check_text("PROMPT", text)
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ConfigError(f"--chat: the tokenizer of {self.name!r} has no chat template")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=True))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token, memoised: traces ask for the same few thousand ids again and again."""
+        memo = self.__dict__.setdefault("_token_texts", {})
+        text = memo.get(token_id)
+        if text is None:
+            text = memo[token_id] = self.decode([token_id])
+        return text
+
+    def token_id(self, text: str) -> int:
+        """The id of a text that is exactly one token (for --logit-bias and friends)."""
+        check_text("token", text)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ConfigError(
+                f"{text!r} is {len(ids)} tokens for {self.name!r} ({ids}); give a single-token text or a token id"
+            )
+        return int(ids[0])
+
+
+def _model_folder(spec: str) -> tuple[str, Path | None]:
+    """Where to load from: a bundled folder, a local folder, or (None) an id to look up in the local HF cache."""
+    if spec in BUNDLED:
+        folder = bundled_dir(spec)
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(f"--model {spec}: the bundled model's files are missing from {folder}")
+        return spec, folder
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        check_model_folder(spec, path)
+        return spec, path
+    if path.exists() or spec.startswith((".", "/", "~")):
+        raise ModelLoadError(f"--model {spec}: no model folder there; give a bundled name ({', '.join(BUNDLED)}), "
+                             "a local model folder or a model id in the local Hugging Face cache")
+    return spec, None
+
+
+def set_threads(n: int) -> None:
+    """torch's intra-op CPU threads (--threads); the default stays torch's own choice."""
+    torch.set_num_threads(n)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def check_model_folder(spec: str, path: Path) -> None:
+    """A local folder needs a config, safetensors weights and a tokenizer; say which is missing before loading."""
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"--model {spec}: {path} has no config.json, so it is not a model folder")
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(f"--model {spec}: {path} has no .safetensors weights (decodelab loads safetensors only)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"--model {spec}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+
+
+def load_model(
+    spec: str = "tiny",
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    device_map: str | None = None,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer strictly offline, from safetensors weights only."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    name, folder = _model_folder(spec)
+    source = str(folder) if folder is not None else spec
+    common = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **common)
+    except Exception as exc:  # transformers raises OSError/ValueError variants for a missing or foreign tokenizer
+        raise ModelLoadError(_load_failure(spec, folder, "tokenizer", exc)) from exc
+    kwargs = dict(common, dtype=torch_dtype, use_safetensors=True)
+    if device_map is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("accelerate") is None:
+            raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package: "
+                                 "pip install 'decodelab[multi-device]'")
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except ImportError as exc:
+        raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package: pip install "
+                             f"'decodelab[multi-device]' ({exc})") from exc
+    except Exception as exc:
+        raise ModelLoadError(_load_failure(spec, folder, "model", exc)) from exc
+    if device_map is None:
+        model = model.to(dev)
+    else:
+        dev = next(model.parameters()).device
+    model.eval()
+    return LoadedModel(name, model, tokenizer, dev, torch_dtype, eos_token_ids(model, tokenizer))
+
+
+def _load_failure(spec: str, folder: Path | None, what: str, exc: Exception) -> str:
+    first_line = str(exc).strip().splitlines()[0].rstrip(": ") if str(exc).strip() else type(exc).__name__
+    if folder is None:
+        return (f"--model {spec}: not a bundled name ({', '.join(BUNDLED)}), a local folder, or a model in the "
+                f"local Hugging Face cache (decodelab never downloads): {first_line}")
+    return f"--model {spec}: cannot load the {what} from {folder} (safetensors only): {first_line}"
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """End-of-sequence ids from the generation config, the model config, then the tokenizer."""
+    candidates = []
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
+                   getattr(tokenizer, "eos_token_id", None)):
+        if source is None:
+            continue
+        candidates = [source] if isinstance(source, int) else list(source)
+        if candidates:
+            break
+    return [int(i) for i in candidates]
+
+
+def safetensors_parameters(path: Path) -> int:
+    """Count the parameters in a .safetensors file from its JSON header (8-byte little-endian length, then JSON)."""
+    import json
+    import math
+    import struct
+
+    with open(path, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+
+
+def describe_bundled() -> list[dict]:
+    """What `decodelab models` lists: for each bundled model its size and shape, without loading weights."""
+    import json
+
+    rows = []
+    for name in BUNDLED:
+        folder = bundled_dir(name)
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            rows.append({"name": name, "path": str(folder), "installed": False})
+            continue
+        cfg = json.loads(config_file.read_text())
+        weights = sorted(folder.glob("*.safetensors"))
+        rows.append({
+            "name": name,
+            "path": str(folder),
+            "installed": True,
+            "architecture": (cfg.get("architectures") or [cfg.get("model_type")])[0],
+            "parameters": sum(safetensors_parameters(w) for w in weights),
+            "layers": cfg.get("num_hidden_layers"),
+            "hidden_size": cfg.get("hidden_size"),
+            "heads": cfg.get("num_attention_heads"),
+            "kv_heads": cfg.get("num_key_value_heads", cfg.get("num_attention_heads")),
+            "context_length": cfg.get("max_position_embeddings"),
+            "vocab_size": cfg.get("vocab_size"),
+            "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
+        })
+    return rows
+
+
+# --- speculate -------------------------------------------------------------------------------------------------
+
+
+def load_draft(spec: str, target: LoadedModel, dtype: str, trust_remote_code: bool,
+               option: str = "--draft") -> LoadedModel:
+    """A second model sharing the target's vocabulary, on its device (a draft, or a reference to score against);
+    its messages name ``option``."""
+    try:
+        draft = load_model(spec, device=str(target.device), dtype=dtype, trust_remote_code=trust_remote_code)
+    except ModelLoadError as exc:
+        raise ModelLoadError(str(exc).replace(f"--model {spec}", f"{option} {spec}", 1)) from None
+    try:
+        check_same_vocabulary(target, draft, spec)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("--draft", option, 1).replace("the draft", option)) from None
+    return draft
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel, spec: str) -> None:
+    """The draft's q and the target's p must be distributions over the same token ids."""
+    if draft.vocab_size != target.vocab_size:
+        raise ConfigError(f"--draft {spec}: vocabulary {draft.vocab_size} differs from the target's "
+                          f"{target.vocab_size}; the draft must share the target's tokenizer and output size")
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ConfigError(f"--draft {spec}: its tokenizer maps tokens to ids differently from the target's "
+                          f"(both have {target.vocab_size} outputs); use a draft trained with the same tokenizer")

@@ -1,0 +1,110 @@
+"""The run contract: what every method's run reports, and one meaning of each timing figure.
+
+A run is an iterator of steps (tokens, beam steps, verification rounds, scored chunks); afterwards ``stop_reason``,
+``interrupted``, ``new_ids`` and ``summary()`` describe it. Time is split three ways by one :class:`Stopwatch`, which
+waits for the device before it reads the clock (queued GPU work counts where it was queued), and never counts the
+time a consumer spends between two steps (printing, say):
+
+* ``prefill_s``: the forward over the prompt;
+* ``loop_s``: everything else the method does to produce tokens (chain, selector, decode forwards, stop checks);
+* ``trace_s``: building the trace (statistics, their transfer to the host, token texts).
+
+``tokens_per_s`` = new tokens / (prefill_s + loop_s + trace_s): end to end. ``decode_tokens_per_s`` = new tokens /
+loop_s: the decoding loop alone, what a benchmark against another loop compares.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import EMPTY_CHAIN, ChainError
+
+
+def synchronize(device) -> None:
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+class Stopwatch:
+    """Accumulates device-synchronised laps into named buckets; ``pause()`` drops the time since the last lap."""
+
+    def __init__(self, device):
+        self.device = device
+        self.timing = Timing()
+        self._last = None
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self._last = time.perf_counter()
+
+    def lap(self, bucket: str) -> None:
+        """Add the time since the previous lap (or start) to ``bucket``: prefill, loop or trace."""
+        synchronize(self.device)
+        now = time.perf_counter()
+        if self._last is not None:
+            setattr(self.timing, bucket + "_s", getattr(self.timing, bucket + "_s") + now - self._last)
+        self._last = now
+
+    def pause(self) -> None:
+        """Stop counting (before a step is handed to the consumer)."""
+        self._last = None
+
+    resume = start
+
+
+@dataclass
+class Timing:
+    prefill_s: float = 0.0
+    loop_s: float = 0.0
+    trace_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.loop_s + self.trace_s
+
+    def tokens_per_s(self, tokens: int) -> float:
+        return tokens / self.total_s if self.total_s > 0 else float("nan")
+
+    def decode_tokens_per_s(self, tokens: int) -> float:
+        return tokens / self.loop_s if self.loop_s > 0 else float("nan")
+
+
+class Run:
+    """Base of every method's run: the stop reason and the interrupt, the timing, the generated ids."""
+
+    stop_reason: str = "length"
+    interrupted: bool = False
+
+    def interrupt(self) -> None:
+        """Called when the consumer was interrupted (Ctrl-C): what was produced stays, the reason says why."""
+        self.interrupted = True
+        self.stop_reason = "interrupted"
+
+    def end(self, reason: str) -> None:
+        """The run was cut short for ``reason`` (EMPTY_CHAIN): what was produced stays, the reason says why."""
+        self.stop_reason = reason
+
+
+def drain(run) -> list:
+    """Iterate ``run`` to its end; a chain that leaves no candidate ends it early with stop_reason EMPTY_CHAIN,
+    keeping the steps produced (for callers that report many runs, where one empty chain must not lose the others)."""
+    steps = []
+    try:
+        for step in run:
+            steps.append(step)
+    except ChainError:
+        run.end(EMPTY_CHAIN)
+    return steps
+
+    @property
+    def new_ids(self) -> list[int]:
+        raise NotImplementedError
+
+    def summary(self):
+        raise NotImplementedError

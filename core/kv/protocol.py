@@ -1,0 +1,262 @@
+"""KV-cache policies: what a decoding run keeps of the keys and values it has computed.
+
+The protocol (``KVPolicy``)
+---------------------------
+A policy owns the model's cache object (``model_cache``, what :func:`decodelab.core.model.forward` hands the model)
+and is the only code that changes it. The runtime (:mod:`decodelab.core.runtime`) asks it, for every forward:
+
+* ``seen``: tokens consumed so far = the absolute position of the next token. Positions always come from here.
+* ``stored``: positions the cache holds now (``seen`` minus what was evicted; per row, all rows equal).
+* ``positions(n)``: the position ids [1, n] the next ``n`` tokens are run at: ``seen .. seen + n - 1`` for a policy
+  that keeps original positions; a policy that moves tokens to cache slots (re-rotated keys) returns slot positions.
+* ``attention_mask(n)``: None (the model's causal mask), or the 4D mask of a policy that lays rows out itself.
+* ``after_forward(n)``: ``n`` tokens were just fed; ``seen += n``, and a bounded policy evicts here.
+* ``truncate(seen)``: forget every token from absolute position ``seen`` on (a speculative draft was rejected).
+* ``reorder(rows)``: gather batch rows (beam search follows the parents of the surviving beams).
+* ``layer_nbytes()``: real bytes of the tensors each layer stores (codes, scales and zero points for quantized
+  layers); ``nbytes()`` their sum.
+* ``capabilities``: what it can do among ``CAPABILITIES``; a run that needs what its policy lacks is refused by
+  :func:`require` when it is configured, before any model loads.
+
+Policies register in ``POLICIES`` (name -> class). A class declares ``name``, ``capabilities``, ``summary`` (one
+line for ``decodelab models``), ``params`` (allowed ``key=value`` names with their parser) and is built by
+:func:`make_policy` from a :class:`CacheSpec` and a :class:`ModelInfo` (config, device, dtype, and the model's rotary
+parameters, so a policy that re-rotates keys has inv_freq and the rotary dimensions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import ConfigError
+
+CAPABILITIES = ("truncate", "reorder", "rows", "compile")
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """The model's rotary position embedding: angle of pair i at position p is p * inv_freq[i]."""
+
+    inv_freq: Tensor  # [rotary_dim / 2], float32
+    rope_type: str  # "default", "linear", "llama3", "yarn", "dynamic", ...
+    rotary_dim: int  # leading dims of each head that are rotated (head_dim * partial_rotary_factor)
+    head_dim: int
+    attention_scaling: float = 1.0  # cos/sin multiplier some rope types apply
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a policy may know about the model it caches for."""
+
+    config: object
+    device: torch.device
+    dtype: torch.dtype
+    rotary: Rotary | None  # None: no RoPE (absolute positions, as GPT-2)
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """A parsed ``--cache NAME[:key=value,...]``; values already converted and checked by the policy's parsers."""
+
+    name: str = "full"
+    params: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def options(self) -> dict:
+        return dict(self.params)
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.name
+        return self.name + ":" + ",".join(f"{k}={_show(v)}" for k, v in self.params)
+
+
+def _show(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class KVPolicy:
+    """Base of every policy: counts ``seen``; subclasses hold the tensors."""
+
+    name = "?"
+    capabilities: frozenset[str] = frozenset()
+    summary = ""
+    params: dict = {}
+
+    def __init__(self, info: ModelInfo, capacity: int | None = None, needs: frozenset[str] = frozenset()):
+        self.info = info
+        self.needs = needs
+        self.capacity = capacity  # prompt + new tokens when the command knows it (static preallocation)
+        self.seen = 0
+
+    @property
+    def stored(self) -> int:
+        raise NotImplementedError
+
+    def positions(self, n: int) -> Tensor:
+        return torch.arange(self.seen, self.seen + n, device=self.info.device).unsqueeze(0)
+
+    def attention_mask(self, n: int) -> Tensor | None:
+        """A 4D mask for the next ``n`` tokens, for a policy that lays rows out itself (paged); None: the model
+        builds its causal mask."""
+        return None
+
+    def after_forward(self, n: int) -> None:
+        self.seen += n
+
+    def truncate(self, seen: int) -> None:
+        raise NotImplementedError
+
+    def reorder(self, rows: Tensor) -> None:
+        raise NotImplementedError
+
+    def layer_nbytes(self) -> list[int]:
+        raise NotImplementedError
+
+    def nbytes(self) -> int:
+        return sum(self.layer_nbytes())
+
+    def describe(self) -> dict:
+        """What a trace reports about the cache after a forward."""
+        return {"policy": self.name, "seen": self.seen, "stored": self.stored}
+
+
+def tensor_nbytes(t: Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+# --- parameters --------------------------------------------------------------------------------------------------
+
+
+def positive_int(key: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or str(value) != text.strip().lstrip("+"):
+        raise ValueError(f"{key} must be an integer >= 1")
+    return value
+
+
+def non_negative_int(key: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{key} must be an integer >= 0")
+    return value
+
+
+def boolean(key: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{key} must be true or false")
+
+
+def choice(*allowed: str):
+    def parse(key: str, text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"{key} must be one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+# --- the registry --------------------------------------------------------------------------------------------------
+
+POLICIES: dict[str, type[KVPolicy]] = {}
+ALIASES: dict[str, str] = {}  # short name -> long spec, e.g. "int8" -> "quant:bits=8,axis=token"
+
+
+def register(cls: type[KVPolicy]) -> type[KVPolicy]:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def parse_cache_spec(text: str | None, option: str = "--cache") -> CacheSpec:
+    """'NAME' or 'NAME:key=value,key=value' -> CacheSpec, every key and value checked (no model needed)."""
+    if text is None:
+        return CacheSpec()
+    if not str(text).strip():
+        raise ConfigError(f"{option} {text!r}: names no policy; give one of {', '.join(list(POLICIES) + list(ALIASES))}"
+                          " (full keeps every position)")
+    raw = str(text).strip()
+    raw = ALIASES.get(raw, raw)
+    name, _, rest = raw.partition(":")
+    name = name.strip()
+    if name not in POLICIES:
+        allowed = ", ".join(list(POLICIES) + list(ALIASES))
+        raise ConfigError(f"{option} {text!r}: unknown policy {name!r}; allowed: {allowed}")
+    cls = POLICIES[name]
+    values: dict[str, object] = {}
+    for item in (p.strip() for p in rest.split(",") if p.strip()):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not value.strip():
+            raise ConfigError(f"{option} {text!r}: {item!r} is not key=value")
+        if key not in cls.params:
+            allowed = ", ".join(cls.params) or "none"
+            raise ConfigError(f"{option} {text!r}: {name} takes no {key!r}; its keys: {allowed}")
+        try:
+            values[key] = cls.params[key](key, value.strip())
+        except ValueError as exc:
+            raise ConfigError(f"{option} {text!r}: {exc}") from None
+    check = getattr(cls, "check_options", None)
+    if check is not None:
+        try:
+            values = check(values)
+        except ValueError as exc:
+            raise ConfigError(f"{option} {text!r}: {exc}") from None
+    return CacheSpec(name, tuple(sorted(values.items())))
+
+
+def require(spec: CacheSpec, needs: set[str] | frozenset[str], why: str, option: str = "--cache") -> None:
+    """Refuse a run whose policy lacks a capability it needs (before the model loads)."""
+    cls = POLICIES[spec.name]
+    missing = [c for c in CAPABILITIES if c in needs and c not in policy_capabilities(spec)]
+    if missing:
+        allowed = [n for n, c in POLICIES.items() if set(needs) <= set(c.capabilities)]
+        raise ConfigError(f"{option} {spec}: {why} needs the cache to {_verb(missing[0])}, which {cls.name} "
+                          f"cannot; policies that can: {', '.join(allowed)}")
+
+
+def policy_capabilities(spec: CacheSpec) -> frozenset[str]:
+    cls = POLICIES[spec.name]
+    narrow = getattr(cls, "capabilities_for", None)
+    return narrow(spec.options) if narrow is not None else cls.capabilities
+
+
+def _verb(capability: str) -> str:
+    return {"truncate": "roll back (truncate)", "reorder": "reorder rows", "rows": "hold several rows",
+            "compile": "be compiled"}[capability]
+
+
+def make_policy(spec: CacheSpec, info: ModelInfo, capacity: int | None = None,
+                needs: frozenset[str] = frozenset()) -> KVPolicy:
+    """Build the policy for a loaded model. ``needs`` (capabilities the run uses) lets a policy whose abilities
+    depend on the model (a static cache over sliding layers cannot roll back) refuse with one line."""
+    return POLICIES[spec.name](info, capacity, needs=frozenset(needs), **spec.options)
+
+
+
+def listing() -> list[dict]:
+    """For `decodelab models`: each policy, what it does, its keys and capabilities."""
+    rows = [{"name": name, "summary": cls.summary, "keys": list(cls.params),
+             "capabilities": [c for c in CAPABILITIES if c in cls.capabilities]} for name, cls in POLICIES.items()]
+    rows += [{"name": alias, "summary": f"alias of {target}", "keys": [], "capabilities": []}
+             for alias, target in ALIASES.items()]
+    return rows
+
+

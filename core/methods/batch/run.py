@@ -1,0 +1,259 @@
+"""The ``batch`` run: requests read from a prompts file, each with its own settings, scheduled iteration by
+iteration over the paged pool; the same requests under static batching (and, where asked, transformers' own
+continuous batching) timed in the same run for the ratios.
+
+Prompts file: one prompt a line (blank lines skipped), or JSONL: one object a line with ``prompt`` and optionally
+``id`` and any sample setting (``temperature``, ``top_p``, ``seed``, ``max_new_tokens``, ``stop``, ...), which
+overrides the command's settings for that request only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ...engine.models import LoadedModel
+from ...engine.reference import continuous_batching_generate
+from ...engine.stopping import StopRules, stop_rules
+from ...errors import ConfigError
+from ...inputs import read_input_text
+from ...sampling.chain import build_chain, make_chain
+from ...sampling.select import make_selector
+from ...settings import coerce, normalize_key
+from ..sample import SampleSettings, validate_sample
+from .scheduler import Iteration, Request, Result, Scheduler
+
+BASELINES = ("static", "transformers")
+
+
+@dataclass(frozen=True)
+class BatchSettings(SampleSettings):
+    max_batch: int = 8
+    max_tokens_per_iteration: int = 512
+    block_size: int = 16
+    blocks: int | None = None  # pool size; None: max_batch x the longest request's blocks
+    baselines: tuple[str, ...] = ("static",)
+
+
+NOT_PER_REQUEST = ("cache", "compile", "top")  # the pool, the forward and the trace are shared by every request
+
+
+# sanity bounds, far above any useful value: past them a pool or a mask would not fit in any machine's memory
+LIMITS = {"max_batch": 4096, "max_tokens_per_iteration": 1 << 20, "block_size": 4096, "blocks": 1 << 20}
+
+
+def validate_batch(s: BatchSettings) -> None:
+    validate_sample(s)
+    for key, most in LIMITS.items():
+        value = getattr(s, key)
+        if value is not None and not 1 <= value <= most:
+            raise ConfigError(f"--{key.replace('_', '-')} {value}: must be an integer in [1, {most}]")
+    for name in s.baselines:
+        if name not in BASELINES:
+            raise ConfigError(f"--baselines {name!r}: allowed: {', '.join(BASELINES)} (comma-separated), or none")
+
+
+@dataclass
+class Entry:
+    """One line of the prompts file."""
+
+    id: str
+    prompt: str
+    settings: BatchSettings
+
+
+def read_prompts(path: str | Path, base: BatchSettings) -> list[Entry]:
+    """Parse and check the prompts file before the model loads (every error names the line)."""
+    text = read_input_text("--prompts-file", path)
+    lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip()]
+    if not lines:
+        raise ConfigError(f"--prompts-file {path}: no prompts in it")
+    jsonl = all(line.lstrip().startswith("{") for _, line in lines)
+    entries = []
+    for number, line in lines:
+        where = f"--prompts-file {path} line {number}"
+        if not jsonl:
+            entries.append(Entry(str(len(entries)), line, base))
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
+            raise ConfigError(f"{where}: needs a non-empty \"prompt\" string")
+        overrides = {}
+        for key, raw in obj.items():
+            if key in ("prompt", "id"):
+                continue
+            try:
+                name = normalize_key(SampleSettings, key)
+                overrides[name] = coerce(SampleSettings, name, raw)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            if name in NOT_PER_REQUEST:
+                raise ConfigError(f"{where}: {key!r} is not a per-request setting (allowed: the chain's, seed, "
+                                  "max_new_tokens, stop, ignore_eos)")
+        settings = replace(base, **overrides)
+        try:
+            validate_sample(settings)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        entries.append(Entry(str(obj.get("id", len(entries))), obj["prompt"], settings))
+    ids = [e.id for e in entries]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"--prompts-file {path}: request ids must be unique")
+    return entries
+
+
+def build_requests(lm: LoadedModel, entries: list[Entry], chat: bool = False) -> list[Request]:
+    """Fresh requests (each its own chain, selector with its own generator, stop checker)."""
+
+    out = []
+    for e in entries:
+        s = e.settings
+        out.append(Request(e.id, lm.encode(e.prompt, chat=chat), make_chain(lm, s),
+                           make_selector(s.temperature, s.seed, lm.device), stop_rules(lm, s), lm.decode, e.prompt))
+    return out
+
+
+@dataclass
+class Baseline:
+    name: str
+    tokens_per_s: float | None
+    seconds: float | None
+    same_tokens: int | None = None  # requests whose tokens equal the iteration-level run's
+    reason: str | None = None  # why it did not run
+
+
+@dataclass
+class BatchReport:
+    settings: BatchSettings
+    results: list[Result]
+    iterations: list[Iteration]
+    seconds: float
+    peak_blocks: int
+    num_blocks: int
+    baselines: list[Baseline] = field(default_factory=list)
+    stop_reason: str = "end"  # "interrupted": Ctrl-C ended the run (the requests it cut say so too)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.new_ids) for r in self.results)
+
+    def summary(self) -> dict:
+        prompt_tokens = sum(len(r.prompt_ids) for r in self.results)
+        hits = sum(r.prefix_hit_tokens for r in self.results)
+        rows = sum(i.rows for i in self.iterations)
+        out = {
+            "requests": len(self.results),
+            "tokens": self.tokens,
+            "iterations": len(self.iterations),
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens / self.seconds if self.seconds > 0 else None,
+            "prompt_tokens": prompt_tokens,
+            "prefill_tokens_computed": sum(i.prefill_tokens for i in self.iterations),
+            "prefix_hit_tokens": hits,
+            "prefix_hit_rate": hits / prompt_tokens if prompt_tokens else 0.0,
+            "preemptions": sum(len(i.preempted) for i in self.iterations),
+            "peak_blocks": self.peak_blocks,
+            "blocks": self.num_blocks,
+            "block_size": self.settings.block_size,
+            "max_batch": self.settings.max_batch,
+            "slot_utilisation": rows / (len(self.iterations) * self.settings.max_batch) if self.iterations else 0.0,
+            "stop_reason": self.stop_reason,
+        }
+        for b in self.baselines:
+            out[f"{b.name}_tokens_per_s"] = b.tokens_per_s
+            out[f"speedup_vs_{b.name}"] = (out["tokens_per_s"] / b.tokens_per_s
+                                           if b.tokens_per_s and out["tokens_per_s"] else None)
+            out[f"{b.name}_same_tokens"] = b.same_tokens
+            if b.reason:
+                out[f"{b.name}_skipped"] = b.reason
+        return out
+
+
+def scheduler_for(lm: LoadedModel, settings: BatchSettings, requests: list[Request], static: bool) -> Scheduler:
+    return Scheduler(lm.model, requests, max_batch=settings.max_batch,
+                     max_tokens_per_iteration=settings.max_tokens_per_iteration, block_size=settings.block_size,
+                     num_blocks=settings.blocks, static=static)
+
+
+def static_baseline(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], reference: list[Result],
+                    chat: bool = False) -> Baseline:
+    """The same requests (fresh generators) in fixed batches of max_batch that run until every member ends."""
+    # its own pool, sized for whole batches (a --blocks small enough to preempt would stop static batching)
+    sched = scheduler_for(lm, replace(settings, blocks=None), build_requests(lm, entries, chat), static=True)
+    results = sched.run()
+    tokens = sum(len(r.new_ids) for r in results)
+    same = sum(a.new_ids == b.new_ids for a, b in zip(results, reference))
+    return Baseline("static", tokens / sched.seconds, sched.seconds, same)
+
+
+def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: list[Result]) -> Baseline:
+    """transformers' continuous batching on the same prompts and output lengths (greedy, EOS off: the same work;
+    the tokens equal ours only for greedy requests)."""
+
+    work = [(r.prompt_ids, len(r.new_ids)) for r in reference]
+    try:
+        outputs, seconds = continuous_batching_generate(lm.model, work, settings.max_batch,
+                                                        settings.max_tokens_per_iteration, settings.block_size)
+    except Exception as exc:  # its API varies between versions and devices: report why, do not fail the run
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return Baseline("transformers", None, None, reason=f"{type(exc).__name__}: {first}")
+    tokens = sum(len(r.new_ids) for r in reference)
+    same = sum(list(o) == r.new_ids for o, r in zip(outputs, reference))
+    return Baseline("transformers", tokens / seconds, seconds, same)
+
+
+class BatchRun:
+    """The iteration-level run: iterate it for :class:`Iteration` records (``interrupt()`` ends it where it is), then
+    ``report()``, then ``run_baselines(report)`` for the baselines in ``settings.baselines`` on the same requests."""
+
+    def __init__(self, lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False):
+        self.lm, self.settings, self.entries, self.chat = lm, settings, entries, chat
+        warm_up(lm, settings)
+        self.scheduler = scheduler_for(lm, settings, build_requests(lm, entries, chat), static=False)
+        self.stop_reason = "end"
+
+    def __iter__(self) -> Iterator[Iteration]:
+        return iter(self.scheduler)
+
+    def interrupt(self) -> None:
+        self.scheduler.interrupt()
+        self.stop_reason = "interrupted"
+
+    def report(self) -> BatchReport:
+        sched = self.scheduler
+        return BatchReport(self.settings, sched.results, sched.iterations, sched.seconds, sched.peak_blocks,
+                           sched.policy.num_blocks, stop_reason=self.stop_reason)
+
+    def run_baselines(self, report: BatchReport) -> None:
+        for name in self.settings.baselines:
+            if name == "static":
+                report.baselines.append(static_baseline(self.lm, self.settings, self.entries, report.results,
+                                                        self.chat))
+            else:
+                report.baselines.append(transformers_baseline(self.lm, self.settings, report.results))
+
+
+def run_batch(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False,
+              on_iteration=None) -> BatchReport:
+    """The whole run at once (each iteration record handed to ``on_iteration`` as it ends), then the baselines."""
+    run = BatchRun(lm, settings, entries, chat)
+    for record in run:
+        if on_iteration is not None:
+            on_iteration(record)
+    report = run.report()
+    run.run_baselines(report)
+    return report
+
+
+def warm_up(lm: LoadedModel, settings: BatchSettings) -> None:
+    """A few untimed iterations of two short rows: the first forwards of a model are slow, and the baselines
+    would otherwise be timed warm against a cold iteration-level run."""
+    rules = StopRules(2, ignore_eos=True)
+    requests = [Request(f"warm{i}", [0] * (3 + i), build_chain({}), make_selector(0, 0, lm.device), rules)
+                for i in range(2)]
+    Scheduler(lm.model, requests, max_batch=2, block_size=settings.block_size).run()

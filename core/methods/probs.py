@@ -1,0 +1,163 @@
+"""`probs`: the next-token distribution after each stage of the chain, for a prompt on a model
+(:func:`next_token_stages`) or, with ``--dist / --logits / --logits-file`` and ``--history``, on a distribution typed in
+by hand with no model (:func:`dist_stages`).
+
+Without a model token ids are 0..n-1 and a token's text is its id. A distribution P becomes the logits log P (P = 0:
+-inf, a candidate already removed); given logits are used as they are. ``--history`` is the tokens before the next
+one; they count as generated output (prompt length 0), so output-only penalties, DRY and minimum new tokens see
+them. Settings that name tokens by text take ids there: ``3`` or a sequence ``3 4``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..engine.models import LoadedModel
+from ..engine.runtime import Runtime
+from ..engine.tokens import check_prompt
+from ..errors import ConfigError
+from ..inputs import parse_numbers, read_input_text
+from ..kv import CacheSpec
+from ..sampling.chain import Chain, build_chain, cache_spec, make_chain
+from ..sampling.select import make_generator
+from ..sampling.semantics import Plan, plan
+from ..sampling.settings import ChainSettings
+from ..sampling.tokens import resolve_token_settings
+from ..trace.records import StageView, TokenProb, TrackedToken
+from ..trace.stats import stage_table
+from .sample import SampleSettings
+
+
+@dataclass(frozen=True)
+class ProbsSettings(SampleSettings):
+    top: int = 10  # tokens listed per stage (a preset's `top` still wins over this default)
+
+
+def next_token_stages(
+    model, prompt_ids: list[int], chain: Chain, token_text: Callable[[int], str], top: int = 10,
+    context_length: int | None = None, cache: CacheSpec | None = None,
+) -> tuple[list[StageView], list[TrackedToken]]:
+    """The next-token distribution after every stage (no generation): per stage its own top tokens, plus the
+    union of those tokens followed through all stages (probability and rank after each)."""
+    check_prompt(len(prompt_ids), context_length)
+    runtime = Runtime.create(model, cache, capacity=len(prompt_ids))
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=runtime.device)
+    raw = runtime.prefill(ids)
+    chain.reset(len(prompt_ids))
+    return stage_views(ids, raw, chain, token_text, top)
+
+
+def stage_views(ids: Tensor, raw: Tensor, chain: Chain, token_text: Callable[[int], str],
+                top: int = 10) -> tuple[list[StageView], list[TrackedToken]]:
+    """The views of :func:`next_token_stages` for given raw logits [1, V] after the ids [1, T] (any source: a model,
+    or a distribution typed in by hand, see :func:`decodelab.core.dist.dist_stages`)."""
+    _, stages = chain.run_recorded(ids, raw)
+    table = stage_table(stages)
+    probs = torch.stack([p for _, p in table])  # [S, V]
+    logits = torch.stack([z[0] for _, z in stages])  # [S, V]
+    S, k = probs.shape[0], min(top, probs.shape[-1])
+    top_ids = probs.topk(k, dim=-1).indices  # [S, k]: each stage's own top tokens
+    cols = top_ids.flatten()  # [S * k]: every such token, followed through all stages
+    followed = probs[:, cols]  # [S, S * k]
+    ranks = (probs[:, None, :] > followed[:, :, None]).sum(dim=-1) + 1
+    # one transfer: the tokens, their logit at each stage's top, their raw logit, probabilities and ranks everywhere
+    host = torch.cat([cols.float(), logits.gather(1, top_ids).flatten(), raw[0, cols], followed.flatten(),
+                      ranks.float().flatten()]).tolist()
+    n = S * k
+    ids = [int(t) for t in host[:n]]
+    stage_logits, raw_logits = host[n : 2 * n], host[2 * n : 3 * n]
+    p_at = lambda s, c: host[3 * n + s * n + c]  # noqa: E731  probability of column c after stage s
+    rank_at = lambda s, c: int(host[3 * n + S * n + s * n + c])  # noqa: E731
+    views, first_col = [], {}
+    for s, ((name, _), (stat, _)) in enumerate(zip(stages, table)):
+        entries = []
+        for c in range(s * k, (s + 1) * k):
+            if p_at(s, c) > 0:
+                entries.append(TokenProb(ids[c], token_text(ids[c]), stage_logits[c], p_at(s, c)))
+                first_col.setdefault(ids[c], c)
+        views.append(StageView(name, stat.kept, stat.entropy, stat.mass_removed, entries))
+    tracked = []
+    for t, c in first_col.items():
+        row = TrackedToken(t, token_text(t), raw_logits[c], p_at(0, c))
+        for s, (name, _) in enumerate(stages):
+            row.probs[name] = p_at(s, c)
+            row.ranks[name] = rank_at(s, c) if p_at(s, c) > 0 else None
+        tracked.append(row)
+    tracked.sort(key=lambda r: (-r.probs[stages[-1][0]], -r.raw_prob))
+    return views, tracked
+
+
+def given_logits(dist: str | None = None, logits: str | None = None, logits_file: Path | None = None) -> Tensor:
+    """Exactly one source -> raw logits [1, V] (float32)."""
+    given = [name for name, v in (("--dist", dist), ("--logits", logits), ("--logits-file", logits_file))
+             if v is not None]
+    if len(given) != 1:
+        raise ConfigError(f"{' and '.join(given) or '--dist'}: give exactly one of --dist, --logits, --logits-file")
+    if dist is not None:
+        probs = parse_numbers(dist, "--dist")
+        bad = [p for p in probs if not (math.isfinite(p) and p >= 0)]
+        if bad:
+            raise ConfigError(f"--dist {bad[0]}: probabilities must be finite and >= 0")
+        if sum(probs) <= 0:
+            raise ConfigError("--dist: the probabilities sum to 0; give at least one positive value")
+        return torch.tensor(probs, dtype=torch.float32).log().unsqueeze(0)  # log 0 = -inf
+    if logits_file is not None:
+        text = read_input_text("--logits-file", logits_file)
+        values, option = parse_numbers(text, f"--logits-file {logits_file}"), f"--logits-file {logits_file}"
+    else:
+        values, option = parse_numbers(logits, "--logits"), "--logits"
+    if any(v == math.inf for v in values):
+        raise ConfigError(f"{option}: +inf is not a logit (use -inf to remove a candidate)")
+    if all(v == -math.inf for v in values):
+        raise ConfigError(f"{option}: every logit is -inf; give at least one finite value")
+    return torch.tensor(values, dtype=torch.float32).unsqueeze(0)
+
+
+@dataclass
+class DistResult:
+    plan: Plan
+    chain: list[str]
+    stages: list[StageView]
+    tokens: list[TrackedToken]
+    state: dict[str, float] = field(default_factory=dict)  # stateful stages at this step (mirostat.mu, xtc.coin)
+    vocab: int = 0
+
+    def probs(self, stage: int = -1) -> list[float]:
+        """The probability of every token id after a stage (-1: the last), zero where removed (needs the views of
+        every token: ``top`` >= the vocabulary, the default)."""
+        out = [0.0] * self.vocab
+        for t in self.stages[stage].top:
+            out[t.token_id] = t.prob
+        return out
+
+
+def dist_stages(settings: ChainSettings, raw: Tensor, history: list[int] | None = None, seed: int = 0,
+                top: int | None = None, stop_ids: tuple[int, ...] = ()) -> DistResult:
+    """The chain (order and semantics from ``settings``) on given raw logits [1, V]; ``history`` the earlier ids."""
+    vocab = raw.shape[-1]
+    history = list(history or [])
+    bad = [t for t in history if not 0 <= t < vocab]
+    if bad:
+        raise ConfigError(f"--history {bad[0]}: token id out of range [0, {vocab})")
+    effective = plan(settings)
+    bias, resolved = resolve_token_settings(effective.settings, vocab)
+    generator = make_generator(seed, raw.device)
+    context = effective.context(generator=generator, eos_ids=(), stop_ids=stop_ids)
+    chain = build_chain(effective.settings.stage_values(bias, resolved), effective.order, context)
+    ids = torch.tensor([history], dtype=torch.long, device=raw.device).reshape(1, len(history))
+    chain.reset(0)  # the history counts as generated output
+    views, tracked = stage_views(ids, raw, chain, str, vocab if top is None else top)
+    state = {k: float(v.reshape(-1)[0]) for k, v in chain.states()}
+    return DistResult(effective, chain.names, views, tracked, state, vocab)
+
+
+def build_probs(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain | None = None):
+    chain = chain or make_chain(lm, settings)
+    return next_token_stages(lm.model, prompt_ids, chain, lm.token_text, settings.top, lm.context_length,
+                             cache=cache_spec(settings))

@@ -1,0 +1,219 @@
+"""Autoregressive decoding: prefill once, then one token per forward through the runtime.
+
+``decode_tokens`` is the bare loop (token ids, raw and processed logits per step); ``Sampler`` is the traced run:
+each step becomes a :class:`~decodelab.core.trace.records.Step` with both distributions labelled, every number of it
+moved to the host in one transfer. Both are generators, so a caller can stream steps as they come and an
+interrupted run keeps what it produced. ``SampleSettings`` are the settings of ``sample`` (and the base of every
+method that generates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..engine.models import LoadedModel
+from ..engine.run import Run, Stopwatch
+from ..engine.runtime import Runtime, runtime_for
+from ..engine.stopping import StopChecker, StopRules, stop_rules
+from ..engine.tokens import TokenBuffer, check_prompt
+from ..inputs import check_text
+from ..kv import CacheSpec, require
+from ..sampling.chain import Chain, cache_spec, make_chain, validate_chain
+from ..sampling.semantics import plan as semantics_plan
+from ..sampling.settings import ChainSettings
+from ..sampling.step import check_selected, select
+from ..settings import _check
+from ..trace.records import Alternative, StageStat, Step, summarize
+from ..trace.stats import Numbers, pack, unpack
+from ..trace.why import decide
+
+
+@dataclass(frozen=True)
+class SampleSettings(ChainSettings):
+    max_new_tokens: int = 64
+    seed: int = 0
+    top: int = 5
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    stop_id: tuple[int, ...] = ()  # token ids that end the run (stop_reason "stop")
+    trim_stop: bool | None = None  # leave the stop string (or stop id) out of the text; None: the semantics' own
+    compile: bool = False  # torch.compile the one-token decode step (needs cache=static)
+
+
+def validate_sample(s: SampleSettings) -> None:
+    validate_chain(s)
+    for token_id in s.stop_id:
+        _check(token_id >= 0, "stop_id", token_id, "must be a token id >= 0")
+    _check(s.max_new_tokens >= 1, "max_new_tokens", s.max_new_tokens, "must be >= 1")
+    _check(s.top >= 0, "top", s.top, "must be >= 0")
+    _check(0 <= s.seed < 2**64, "seed", s.seed, "must be an integer in [0, 2**64)")
+    for text in s.stop:
+        check_text("--stop", text)
+        _check(text != "", "stop", "''", "an empty stop string matches everywhere; give some text")
+    if s.compile:
+
+        require(cache_spec(s), {"compile"}, "--compile")
+
+
+@dataclass
+class DecodeState:
+    """Why the loop ended (set when it ends) and the ids it produced."""
+
+    stop_reason: str = "length"
+    new_ids: list[int] = field(default_factory=list)
+
+
+class Decoded(NamedTuple):
+    token_id: int
+    raw_logits: Tensor  # [V], the model's output
+    processed_logits: Tensor  # [V], after the chain: the distribution the selector drew from
+    stages: list[tuple[str, Tensor]] | None  # ("raw", logits), then each stage's output ([1, V]); when recorded
+    numbers: Numbers | None = None  # every trace number of the step, on the host (when traced)
+    state: dict[str, float] | None = None  # stateful stages' numbers this step used (mirostat.mu, xtc.coin, ...)
+
+
+def decode_tokens(
+    model,
+    prompt_ids: list[int],
+    chain: Chain,
+    selector,
+    rules: StopRules,
+    detok: Callable[[list[int]], str] | None = None,
+    runtime: Runtime | None = None,
+    state: DecodeState | None = None,
+    record: bool = False,
+    top: int = 0,
+    watch: Stopwatch | None = None,
+    cache: CacheSpec | None = None,
+) -> Iterator[Decoded]:
+    """Yield one :class:`Decoded` per generated token. ``record`` also computes every trace number of the step
+    (stages, alternatives: ``top``) and moves them to the host in the step's one transfer; otherwise the one
+    transfer is the token id and the check that the chain left it a finite logit."""
+    check_prompt(len(prompt_ids), rules.context_length)
+    runtime = runtime or Runtime.create(model, cache, capacity=rules.capacity(len(prompt_ids)))
+    state = state if state is not None else DecodeState()
+    watch = watch or Stopwatch(runtime.device)
+    buf = TokenBuffer(prompt_ids, rules.capacity(len(prompt_ids)), runtime.device)
+    stopper = StopChecker(rules, detok)
+    chain.reset(len(prompt_ids))
+    watch.start()
+    logits = runtime.prefill(buf.prefix())
+    watch.lap("prefill")
+    while True:
+        sel = select(chain, selector, buf.prefix(), logits, record)
+        states = chain.states() if record else []
+        chain.accept(sel.token)
+        step_state = None
+        if record:
+            watch.lap("loop")
+            packed = pack(sel.token, logits, sel.processed, sel.stages, top, getattr(selector, "last_race", None))
+            if states:  # the stages' numbers travel in the same transfer
+                packed = torch.cat([packed] + [v.reshape(-1)[:1].float() for _, v in states])
+            host = packed.tolist()
+            if states:
+                step_state = dict(zip([k for k, _ in states], host[len(host) - len(states):]))
+                host = host[: len(host) - len(states)]
+            numbers = unpack(host, top, logits.shape[-1], len(sel.stages))
+            watch.lap("trace")
+            token_id, finite = numbers.token_id, numbers.finite
+        else:
+            token_id, finite = torch.stack([sel.token[0].float(), sel.finite[0].float()]).tolist()
+            token_id, numbers = int(token_id), None
+        check_selected(bool(finite), chain, sel.processed)
+        state.new_ids.append(token_id)
+        buf.append([token_id], sel.token.view(1, 1))
+        watch.lap("loop")
+        watch.pause()
+        yield Decoded(token_id, logits[0], sel.processed[0], sel.stages, numbers, step_state)
+        watch.resume()
+        reason = stopper.check(state.new_ids, buf.length)
+        if reason is not None:
+            state.stop_reason = reason
+            watch.lap("loop")
+            return
+        logits = runtime.feed(buf.last())
+
+
+def build_step(index: int, position: int, out: Decoded, token_text: Callable[[int], str],
+               stage_names: list[str], greedy: bool = True) -> Step:
+    """A traced step from its host numbers: raw (model softmax) vs processed (what the selector drew from)."""
+    n = out.numbers
+    decision = decide(stage_names, n.token_id, n.winners, n.ranks, n.removed, greedy) if n.winners else None
+    return Step(
+        index=index, position=position, token_id=n.token_id, token=token_text(n.token_id),
+        prob=n.prob, logprob=n.logprob, raw_prob=n.raw_prob, raw_logprob=n.raw_logprob, raw_rank=n.raw_rank,
+        entropy=n.entropy, raw_entropy=n.raw_entropy, kept=n.kept,
+        alternatives=[Alternative(i, token_text(i), p, r) for i, p, r in n.alternatives],
+        stages=[StageStat(name, kept, h, mass) for name, (kept, h, mass) in zip(stage_names, n.stages)][1:],
+        decided_by=decision.decided_by if decision else None, why=decision.why if decision else None,
+        state=dict(out.state or {}),
+    )
+
+
+class Sampler(Run):
+    """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``."""
+
+    def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5,
+                 cache: CacheSpec | None = None, runtime: Runtime | None = None, record: bool = True):
+        self.model, self.prompt_ids, self.chain, self.selector = model, list(prompt_ids), chain, selector
+        self.rules, self.token_text, self.detok, self.top = rules, token_text, detok, top
+        self.cache, self.runtime, self.record = cache, runtime, record
+        self.state = DecodeState()
+        self.steps: list[Step] = []
+        self.watch: Stopwatch | None = None
+
+    def __iter__(self) -> Iterator[Step]:
+        runtime = self.runtime or Runtime.create(self.model, self.cache,
+                                                 capacity=self.rules.capacity(len(self.prompt_ids)))
+        self.runtime = runtime
+        self.watch = Stopwatch(runtime.device)
+        names = ["raw"] + self.chain.names
+        loop = decode_tokens(self.model, self.prompt_ids, self.chain, self.selector, self.rules, self.detok,
+                             runtime=runtime, state=self.state, record=self.record, top=self.top, watch=self.watch)
+        for index, out in enumerate(loop):
+            if not self.record:
+                continue
+            self.watch.resume()
+            step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, names,
+                              getattr(self.selector, "last_race", None) is None)
+            self.steps.append(step)
+            self.watch.lap("trace")
+            self.watch.pause()
+            yield step
+
+    @property
+    def stop_reason(self) -> str:
+        return self.state.stop_reason
+
+    @stop_reason.setter
+    def stop_reason(self, value: str) -> None:
+        self.state.stop_reason = value
+
+    @property
+    def new_ids(self) -> list[int]:
+        """The tokens delivered: traced steps (an interrupt can land between a token and its trace), or every
+        generated token when untraced."""
+        return [s.token_id for s in self.steps] if self.record else list(self.state.new_ids)
+
+    def summary(self):
+        return summarize(self.steps, self.watch.timing if self.watch else None, self.stop_reason,
+                         len(self.new_ids))
+
+
+# --- sample and probs ----------------------------------------------------------------------------------------------
+
+
+def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain | None = None,
+                  record: bool = True) -> Sampler:
+    selector = semantics_plan(settings).make_selector(settings.seed, lm.device)
+    chain = chain or make_chain(lm, settings, getattr(selector, "generator", None))
+    rules = stop_rules(lm, settings)
+    runtime = runtime_for(lm, cache_spec(settings), len(prompt_ids) + rules.max_new_tokens,
+                          compile=settings.compile)
+    return Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
+                   runtime=runtime, record=record)

@@ -1,0 +1,225 @@
+"""Teacher-forced scoring: a given text, no generation.
+
+The text's tokens t_0 .. t_{T-1} are fed through the runtime in blocks (``feed`` tokens at a time, default the
+whole text); token t_i (i >= 1) is scored from the logits after t_0 .. t_{i-1}:
+
+    raw_logprob_i = log softmax(z_i)[t_i]                the model's own log-probability
+    logprob_i     = log softmax(chain(t_<i, z_i))[t_i]   what these decoding settings would have given it
+                                                         (-inf where a filter removed it)
+    perplexity    = exp(-mean_i raw_logprob_i)
+
+With a reference (another model, or the same model under another cache policy), fed the same blocks in lockstep:
+
+    kl_i    = KL(ref || cand) = sum_v p_ref(v) (log p_ref(v) - log p_cand(v))   (raw distributions, nats)
+    agree_i = argmax p_ref == argmax p_cand
+
+Every number of a block is computed on the device and read in one transfer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..engine.run import Run, Stopwatch
+from ..engine.runtime import Runtime
+from ..errors import ConfigError
+from ..kv import CacheSpec, parse_cache_spec
+from ..sampling.chain import Chain, cache_spec, validate_chain
+from ..sampling.settings import ChainSettings
+from ..settings import _check
+
+
+@dataclass(frozen=True)
+class ScoreSettings(ChainSettings):
+    limit: int | None = None  # score only the first N tokens of the text
+    chunk: int | None = None  # perplexity per chunk of N scored tokens
+    feed: int | None = None  # tokens per forward (default: the whole text at once)
+    against: str | None = None  # a reference model (same tokenizer)
+    against_cache: str | None = None  # a reference cache policy (the same model unless --against)
+    top: int = 10  # tokens listed in `most_different`
+
+
+def validate_score(s: ScoreSettings) -> None:
+    validate_chain(s)
+    for key in ("limit", "chunk", "feed"):
+        value = getattr(s, key)
+        if value is not None:
+            _check(value >= 1, key, value, "must be an integer >= 1")
+    _check(s.top >= 0, "top", s.top, "must be >= 0")
+    if s.against_cache is not None:
+        parse_cache_spec(s.against_cache, "--against-cache")
+
+
+@dataclass
+class ScoredToken:
+    position: int  # absolute position in the text (the first token, never scored, is position 0)
+    token_id: int
+    token: str
+    raw_logprob: float
+    raw_rank: int  # 1 = the model's own most likely token
+    raw_entropy: float
+    logprob: float  # under the chain's processed distribution; -inf (JSON null) where a filter removed it
+    reference_logprob: float | None = None
+    kl: float | None = None  # KL(reference || candidate), nats
+    agree: bool | None = None  # same argmax as the reference
+
+    def logprob_difference(self) -> float:
+        """raw_logprob - reference_logprob: how much more (> 0) or less likely the candidate found this token."""
+        return self.raw_logprob - self.reference_logprob
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        if self.kl is None:
+            for key in ("reference_logprob", "kl", "agree"):
+                out.pop(key)
+        return out
+
+
+@dataclass
+class ChunkPerplexity:
+    start: int  # first scored position of the chunk
+    end: int  # one past its last
+    perplexity: float
+
+
+@dataclass
+class ScoreSummary:
+    tokens: int  # scored tokens (the text's tokens minus the first)
+    perplexity: float
+    mean_nll: float
+    processed_mean_logprob: float  # -inf when the chain removed some token of the text
+    chunks: list[ChunkPerplexity] = field(default_factory=list)
+    tokens_per_s: float = float("nan")
+    stop_reason: str = "end"  # end | interrupted
+    reference: str | None = None
+    reference_perplexity: float | None = None
+    kl_mean: float | None = None
+    top1_agreement: float | None = None
+    most_different: list[dict] = field(default_factory=list)  # largest |logprob - reference_logprob|
+
+
+def processed_logprobs(chain: Chain, ids: Tensor, logits: Tensor, start: int) -> Tensor:
+    """log softmax of the chain's output for rows whose prefix is ids[:, :start + 1 + r] ([n, V] -> [n, V])."""
+    if not chain.processors:
+        return torch.log_softmax(logits, dim=-1)
+    if chain.uses_ids:
+        rows = [chain.apply(ids[:, : start + 1 + r], logits[r : r + 1]) for r in range(logits.shape[0])]
+        out = torch.cat(rows)
+    else:
+        out = chain.apply(ids[:, : start + 1].expand(logits.shape[0], -1), logits)
+    return torch.log_softmax(out.float(), dim=-1)
+
+
+class Scorer(Run):
+    """Iterate for one :class:`ScoredToken` per scored position; ``summary()`` afterwards."""
+
+    def __init__(self, model, token_ids: list[int], chain: Chain, token_text, settings: ScoreSettings,
+                 cache: CacheSpec | None = None, reference=None, reference_cache: CacheSpec | None = None,
+                 reference_name: str | None = None):
+        if len(token_ids) < 2:
+            raise ConfigError(f"TEXT: {len(token_ids)} token(s); scoring needs at least 2 (the first is context)")
+        self.model, self.ids, self.chain, self.token_text, self.s = model, list(token_ids), chain, token_text, settings
+        self.spec = cache
+        self.reference, self.reference_cache, self.reference_name = reference, reference_cache, reference_name
+        self.steps: list[ScoredToken] = []
+        self.stop_reason = "end"
+        self.watch: Stopwatch | None = None
+
+    @property
+    def total(self) -> int:
+        return len(self.ids) - 1
+
+    @property
+    def new_ids(self) -> list[int]:
+        return []
+
+    def __iter__(self) -> Iterator[ScoredToken]:
+        device = next(self.model.parameters()).device
+        runtime = self.runtime = Runtime.create(self.model, self.spec, capacity=len(self.ids))
+        ref = None
+        if self.reference is not None:
+            ref = Runtime.create(self.reference, self.reference_cache, capacity=len(self.ids))
+        ids = torch.tensor([self.ids], dtype=torch.long, device=device)
+        T = len(self.ids)
+        feed = self.s.feed or T - 1
+        self.watch = Stopwatch(device)
+        self.watch.start()
+        # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
+        for start in range(0, T - 1, feed):
+            end = min(start + feed, T - 1)
+            logits = runtime.feed(ids[:, start:end], keep="all")[0]
+            ref_logits = ref.feed(ids[:, start:end].to(ref.device), keep="all")[0].to(device) if ref else None
+            rows = self._block(ids, logits, ref_logits, start, end)
+            self.watch.lap("loop")
+            self.watch.pause()
+            for row in rows:
+                self.steps.append(row)
+                yield row
+            self.watch.resume()
+
+    def _block(self, ids: Tensor, logits: Tensor, ref_logits: Tensor | None, start: int, end: int):
+        targets = ids[0, start + 1 : end + 1]
+        raw = torch.log_softmax(logits.float(), dim=-1)
+        chosen = raw.gather(-1, targets[:, None])[:, 0]
+        rank = (raw > chosen[:, None]).sum(dim=-1) + 1
+        ent = torch.special.entr(raw.exp()).sum(dim=-1)
+        proc = processed_logprobs(self.chain, ids, logits, start).gather(-1, targets[:, None])[:, 0]
+        cols = [targets.float(), chosen, rank.float(), ent, proc]
+        if ref_logits is not None:
+            ref_raw = torch.log_softmax(ref_logits.float(), dim=-1)
+            p_ref = ref_raw.exp()
+            kl = (p_ref * (ref_raw - raw)).nan_to_num(0.0).sum(dim=-1)  # 0 log 0 = 0 where p_ref underflows
+            agree = (ref_raw.argmax(dim=-1) == raw.argmax(dim=-1)).float()
+            cols += [ref_raw.gather(-1, targets[:, None])[:, 0], kl, agree]
+        host = torch.stack(cols).tolist()  # the block's one transfer
+        out = []
+        for i in range(end - start):
+            t = int(host[0][i])
+            row = ScoredToken(start + 1 + i, t, self.token_text(t), host[1][i], int(host[2][i]), host[3][i],
+                              host[4][i])
+            if ref_logits is not None:
+                row.reference_logprob, row.kl, row.agree = host[5][i], host[6][i], bool(host[7][i])
+            out.append(row)
+        return out
+
+    def summary(self) -> ScoreSummary:
+        steps = self.steps
+        n = len(steps)
+        mean_nll = -sum(s.raw_logprob for s in steps) / n if n else float("nan")
+        chunk = self.s.chunk or n or 1
+        chunks = []
+        for a in range(0, n, chunk):
+            part = steps[a : a + chunk]
+            nll = -sum(s.raw_logprob for s in part) / len(part)
+            chunks.append(ChunkPerplexity(part[0].position, part[-1].position + 1, math.exp(nll)))
+        summary = ScoreSummary(
+            tokens=n, perplexity=math.exp(mean_nll) if n else float("nan"), mean_nll=mean_nll,
+            processed_mean_logprob=sum(s.logprob for s in steps) / n if n else float("nan"), chunks=chunks,
+            tokens_per_s=self.watch.timing.tokens_per_s(n) if self.watch else float("nan"),
+            stop_reason=self.stop_reason)
+        if self.reference is not None and n:
+            summary.reference = self.reference_name
+            summary.reference_perplexity = math.exp(-sum(s.reference_logprob for s in steps) / n)
+            summary.kl_mean = sum(s.kl for s in steps) / n
+            summary.top1_agreement = sum(s.agree for s in steps) / n
+            ranked = sorted(steps, key=lambda s: -abs(s.logprob_difference()))[: self.s.top]
+            summary.most_different = [{"position": s.position, "token_id": s.token_id, "token": s.token,
+                                       "raw_logprob": s.raw_logprob, "reference_logprob": s.reference_logprob,
+                                       "difference": s.logprob_difference(), "kl": s.kl} for s in ranked]
+        return summary
+
+
+def build_scorer(lm, settings: ScoreSettings, token_ids: list[int], chain: Chain, reference=None) -> Scorer:
+    """``reference``: a LoadedModel for --against (None: the same model when --against-cache is given)."""
+    ref_model, ref_name, ref_cache = None, None, None
+    if settings.against is not None or settings.against_cache is not None:
+        ref_cache = parse_cache_spec(settings.against_cache or "full", "--against-cache")
+        ref_model = (reference or lm).model
+        ref_name = f"{(reference or lm).name} (cache {ref_cache})"
+    return Scorer(lm.model, token_ids, chain, lm.token_text, settings, cache_spec(settings), ref_model, ref_cache,
+                  ref_name)

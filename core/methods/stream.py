@@ -1,0 +1,260 @@
+"""`stream`: decoding and scoring past the model's context under a bounded KV policy (window, sinks, recompute).
+
+* Generation (:class:`StreamGenerate`): the ``sample`` loop under the policy, with no context stop for models with
+  RoPE (positions past the trained context are the point); every step adds the cache state after the forward that
+  produced its logits: ``cache_tokens``, ``kv_bytes``, ``evicted`` (original positions [start, end) that forward
+  evicted) and ``slots`` (the slot map as runs [original start, original end, assigned start]).
+* Scoring (:class:`StreamScore`): a long text through ``score``'s :class:`~decodelab.core.score.Scorer` (raw model
+  log-probabilities, teacher-forced), reported per span of ``chunk`` tokens with the cache tokens, KV bytes and
+  tokens/s at the end of the span. Tokens per forward: ``feed`` (default 1: every query sees exactly what the
+  policy keeps, as StreamingLLM; a larger feed lets a forward's queries also see the rest of it, see
+  :mod:`decodelab.core.kv.window`). ``full`` and ``recompute`` give the same numbers at any feed, so
+  :func:`compare_policies` feeds them ``chunk`` tokens at a time.
+* The attention-sink diagnosis (:func:`attention_profile`): per layer and head, the weight late queries put on the
+  first S positions against S times the weight of an average other position.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+
+from ..analysis.attention import _has_rotary
+from ..engine.run import Run
+from ..engine.runtime import runtime_for
+from ..engine.stopping import StopRules
+from ..errors import ConfigError
+from ..kv import make_policy, parse_cache_spec
+from ..sampling.chain import Chain, cache_spec
+from ..sampling.select import make_selector
+from ..sampling.settings import ChainSettings
+from ..settings import _check
+from ..trace.records import Step
+from .sample import Sampler, SampleSettings, validate_sample
+from .score import Scorer, ScoreSettings
+
+
+@dataclass(frozen=True)
+class StreamSettings(SampleSettings):
+    cache: str = "sinks:sinks=4,recent=252"
+    max_new_tokens: int = 600  # past the bundled models' 512 positions
+    limit: int | None = None  # score only the first N tokens of the text
+    chunk: int = 256  # tokens per reported span
+    feed: int = 1  # tokens per forward when scoring
+    window: int = 256  # --compare-policies: the cache size of every bounded policy
+    sinks: int = 4  # --compare-policies and --attention: the first S positions
+    compare_policies: bool = False
+    attention: bool = False
+
+
+def validate_stream(s: StreamSettings) -> None:
+    validate_sample(s)
+    for key in ("chunk", "feed", "window"):
+        _check(getattr(s, key) >= 1, key, getattr(s, key), "must be an integer >= 1")
+    _check(s.limit is None or s.limit >= 2, "limit", s.limit, "must be an integer >= 2")
+    _check(0 <= s.sinks < s.window, "sinks", s.sinks, f"must be >= 0 and below --window ({s.window})")
+
+
+def policy_set(s: StreamSettings) -> dict[str, str]:
+    """--compare-policies: label -> spec, every bounded cache holding --window tokens."""
+    w, k = s.window, s.sinks
+    return {"full": "full", "window keep": f"window:size={w},positions=keep",
+            "window rerotate": f"window:size={w},positions=rerotate",
+            "sinks keep": f"sinks:sinks={k},recent={w - k},positions=keep",
+            "sinks rerotate": f"sinks:sinks={k},recent={w - k},positions=rerotate",
+            "recompute": f"recompute:size={w + 1}"}  # W + 1: the span a query of a W-token cache attends to
+
+
+# --- scoring -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamChunk:
+    """One span of a scored stream: scored positions [start, end)."""
+
+    start: int
+    end: int
+    tokens: int
+    perplexity: float  # exp(-mean raw log-probability) over the span
+    cache_tokens: int  # positions the cache holds after the span
+    kv_bytes: int  # real bytes of the cached tensors after the span
+    tokens_per_s: float  # tokens scored in the span / its wall time
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StreamSummary:
+    policy: str
+    tokens: int  # scored (or generated) tokens
+    perplexity: float  # raw model perplexity over them
+    max_cache_tokens: int
+    kv_bytes_peak: int
+    tokens_per_s: float
+    stop_reason: str
+    chunks: list[StreamChunk] = field(default_factory=list)
+    mean_logprob: float | None = None  # generation: processed (what the selector drew from)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def score_settings(s: StreamSettings, feed: int | None = None) -> ScoreSettings:
+    chain = {f.name: getattr(s, f.name) for f in fields(ChainSettings)}
+    return ScoreSettings(**chain, limit=s.limit, chunk=s.chunk, feed=feed or s.feed, top=0)
+
+
+class StreamScore(Run):
+    """Iterate for one :class:`StreamChunk` per ``chunk`` scored tokens; ``summary()`` afterwards."""
+
+    def __init__(self, model, token_ids: list[int], chain: Chain, token_text, settings: StreamSettings,
+                 cache: str | None = None, feed: int | None = None):
+        self.spec = parse_cache_spec(cache or settings.cache)
+        self.chunk = settings.chunk
+        self.scorer = Scorer(model, token_ids, chain, token_text, score_settings(settings, feed), self.spec)
+        self.chunks: list[StreamChunk] = []
+        self.stop_reason = "end"
+        self.seconds = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.scorer.total
+
+    @property
+    def new_ids(self) -> list[int]:
+        return []
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        nll, count = 0.0, 0
+        last = time.perf_counter()
+        for row in self.scorer:
+            nll -= row.raw_logprob
+            count += 1
+            if count == self.chunk or row.position == self.scorer.total:
+                now = time.perf_counter()
+                policy = self.scorer.runtime.policy
+                chunk = StreamChunk(row.position + 1 - count, row.position + 1, count, math.exp(nll / count),
+                                    policy.stored, policy.nbytes(), count / max(now - last, 1e-9))
+                self.seconds += now - last
+                self.chunks.append(chunk)
+                yield chunk
+                nll, count = 0.0, 0
+                last = time.perf_counter()
+
+    def interrupt(self) -> None:
+        super().interrupt()
+        self.scorer.interrupt()
+
+    def summary(self) -> StreamSummary:
+        chunks = self.chunks
+        tokens = sum(c.tokens for c in chunks)
+        nll = sum(c.tokens * math.log(c.perplexity) for c in chunks)
+        return StreamSummary(str(self.spec), tokens, math.exp(nll / tokens) if tokens else float("nan"),
+                             max((c.cache_tokens for c in chunks), default=0),
+                             max((c.kv_bytes for c in chunks), default=0),
+                             tokens / self.seconds if self.seconds else float("nan"), self.stop_reason, chunks)
+
+
+def compare_policies(model, token_ids: list[int], chain: Chain, token_text, settings: StreamSettings,
+                     info=None) -> Iterator[tuple[str, StreamScore | str]]:
+    """One :class:`StreamScore` per policy of :func:`policy_set` (label, run), or (label, why) for a policy the
+    model cannot run (re-rotation without RoPE): the caller iterates each run."""
+    for label, spec in policy_set(settings).items():
+        exact_at_any_feed = label in ("full", "recompute")
+        try:
+            run = StreamScore(model, token_ids, chain, token_text, settings, spec,
+                              feed=max(settings.chunk, settings.feed) if exact_at_any_feed else None)
+            if info is not None:
+
+                make_policy(run.spec, info)  # refuse here (one line) rather than after the other policies ran
+        except ConfigError as exc:
+            yield label, str(exc)
+            continue
+        yield label, run
+
+
+# --- generation ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamStep(Step):
+    cache_tokens: int = 0
+    kv_bytes: int = 0
+    evicted: list[int] = field(default_factory=list)  # original positions [start, end) evicted by this forward
+    slots: list[list[int]] = field(default_factory=list)  # [original start, original end, assigned start] runs
+
+
+class StreamGenerate(Run):
+    """The ``sample`` loop under a bounded policy, past the context; steps carry the cache state."""
+
+    def __init__(self, lm, prompt_ids: list[int], chain: Chain, settings: StreamSettings):
+
+        self.lm, self.settings, self.spec = lm, settings, cache_spec(settings)
+        # RoPE models run on past their trained positions (the point); absolute positions end at the context
+        context = None if _has_rotary(lm.model) else lm.context_length
+        rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), tuple(settings.stop), settings.ignore_eos,
+                          context)
+        selector = make_selector(settings.temperature, settings.seed, lm.device)
+        self.runtime = runtime_for(lm, self.spec, len(prompt_ids) + settings.max_new_tokens)
+        self.sampler = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
+                               runtime=self.runtime)
+        self.steps: list[StreamStep] = []
+        self.chain, self.selector = chain, selector
+
+    @property
+    def stop_reason(self) -> str:
+        return self.sampler.stop_reason
+
+    @stop_reason.setter
+    def stop_reason(self, value: str) -> None:
+        self.sampler.stop_reason = value
+
+    @property
+    def new_ids(self) -> list[int]:
+        return self.sampler.new_ids
+
+    def __iter__(self) -> Iterator[StreamStep]:
+        for step in self.sampler:
+            state = cache_state(self.runtime.policy)
+            out = StreamStep(**{f.name: getattr(step, f.name) for f in fields(Step)}, **state)
+            self.steps.append(out)
+            yield out
+
+    def summary(self) -> StreamSummary:
+        steps, base = self.steps, self.sampler.summary()
+        chunks = []
+        for a in range(0, len(steps), self.settings.chunk):
+            part = steps[a : a + self.settings.chunk]
+            ppl = math.exp(-sum(s.raw_logprob for s in part) / len(part))
+            chunks.append(StreamChunk(part[0].position, part[-1].position + 1, len(part), ppl, part[-1].cache_tokens,
+                                      part[-1].kv_bytes, float("nan")))
+        return StreamSummary(str(self.spec), len(steps), base.raw_perplexity,
+                             max((s.cache_tokens for s in steps), default=0),
+                             max((s.kv_bytes for s in steps), default=0), base.tokens_per_s, self.stop_reason,
+                             chunks, base.mean_logprob)
+
+
+# --- generation past the context -----------------------------------------------------------------------------------
+
+
+def slot_ranges(policy) -> list[list[int]]:
+    """What the next forward attends to: [original start, original end, assigned start] per contiguous run of
+    tokens (full: everything at its own position; recompute: the last W - 1 tokens, re-encoded from position 0)."""
+    own = getattr(policy, "slot_ranges", None)
+    if own is not None:
+        return own()
+    size = getattr(policy, "size", None)
+    if policy.name == "recompute" and size is not None:
+        start = max(policy.seen - (size - 1), 0)
+        return [[start, policy.seen, 0]] if policy.seen > start else []
+    return [[0, policy.seen, 0]] if policy.seen else []
+
+
+def cache_state(policy) -> dict:
+    """The per-step cache fields of `stream` (after the forward that produced the step's logits)."""
+    evicted = list(getattr(policy, "last_evicted", (0, 0)))
+    return {"cache_tokens": policy.stored, "kv_bytes": policy.nbytes(), "evicted": evicted if evicted[1] > evicted[0]
+            else [], "slots": slot_ranges(policy)}

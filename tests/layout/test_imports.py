@@ -1,0 +1,113 @@
+"""The shape of the code: core/ imports flow one way (no cycles), hide none behind function-local imports, and never
+reach the CLI libraries."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ROOT / "core"
+PACKAGE = "decodelab.core"
+
+
+def module_of(path: Path) -> tuple[str, bool]:
+    parts = list(path.relative_to(CORE).with_suffix("").parts)
+    is_pkg = parts[-1] == "__init__"
+    if is_pkg:
+        parts = parts[:-1]
+    return ".".join([PACKAGE] + parts), is_pkg
+
+
+def absolute(module: str, is_pkg: bool, level: int, name: str | None) -> str:
+    if level == 0:
+        return name or ""
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def core_imports() -> dict[str, list[tuple[str, int, bool]]]:
+    """module -> [(imported decodelab.core module, line, at top level)], a `from pkg import sub` counted as sub."""
+    modules = {module_of(p)[0] for p in CORE.rglob("*.py")}
+    graph: dict[str, list[tuple[str, int, bool]]] = {}
+    for path in CORE.rglob("*.py"):
+        module, is_pkg = module_of(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(node) for node in tree.body}
+        edges = []
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = absolute(module, is_pkg, node.level, node.module)
+                for alias in node.names:
+                    sub = f"{base}.{alias.name}"
+                    targets.append(sub if sub in modules else base)
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            for target in targets:
+                if target.startswith(PACKAGE) and target != module:
+                    edges.append((target, node.lineno, id(node) in top))
+        graph[module] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of the directed graph as a list of modules (first = last), or None; iterative DFS."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        stack = [(start, iter(sorted(graph.get(start, ()))))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(child) == 1:
+                return path[path.index(child):] + [child]
+            elif not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+    return None
+
+
+def package_of(module: str) -> str:
+    """A module's unit for the cycle check: the package below decodelab.core of a package module, or itself."""
+    return module
+
+
+def test_find_cycle_finds_a_cycle_and_only_a_cycle():
+    assert find_cycle({"a": ["b"], "b": ["c"], "c": ["a"]}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": ["b", "c"], "b": ["c"], "c": []}) is None
+    assert find_cycle({"a": ["a"]}) == ["a", "a"]
+
+
+def test_core_has_no_import_cycle():
+    graph = {m: [t for t, _, _ in edges] for m, edges in core_imports().items()}
+    # a package's __init__ importing its own modules is how a registry fills itself, not a cycle of ideas
+    graph = {m: [t for t in ts if not (t.startswith(m + ".") and (CORE / m[len(PACKAGE) + 1:].replace(".", "/")
+                                                                  / "__init__.py").exists())]
+             for m, ts in graph.items()}
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_core_hides_no_import_inside_a_function():
+    local = [f"{m}:{line} imports {t}" for m, edges in core_imports().items() for t, line, top in edges if not top]
+    assert not local, local
+
+
+def test_core_never_imports_the_cli_libraries():
+    offenders = []
+    for path in CORE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            offenders += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                          if n.split(".")[0] in ("typer", "rich", "tabulate", "click")]
+    assert not offenders, offenders
