@@ -459,3 +459,17 @@ def test_cli_bench_rows(cli, toy_model_dir):
         assert r["ratio"] > 0
     code, out, err = cli("bench", "-m", toy_model_dir, "--settings", "warp")
     assert code == 2 and "--settings" in err
+
+
+def test_a_ban_given_as_text_decides_the_divergence_it_causes(cli, tmp_path):
+    """The attribution resolves text-valued settings with the model's tokenizer, as the run did: a replay that read
+    `ban = [" first"]` as token 0 left the token unexplained ("numerics")."""
+    job = tmp_path / "job.toml"
+    job.write_text('prompts = ["Once upon a time"]\n[[variant]]\nname = "a"\ntemperature = 0.0\n'
+                   '[[variant]]\nname = "b"\ntemperature = 0.0\nban = [" first"]\n')
+    code, out, err = cli("compare", "--job", job, "-n", "24", "-f", "json")
+    assert code == 0, err
+    (pair,) = json.loads(out)["pairs"]
+    assert pair["first_divergence"] is not None
+    assert pair["deciding_stage"] == "ban", pair
+

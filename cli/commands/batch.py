@@ -132,10 +132,10 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
 
 def chain_names(settings: BatchSettings) -> list[str]:
     """The command-level chain (a JSONL request may set its own: requests[].chain)."""
-    from ...core.sampling.chain import build_chain
+    from ...core.sampling.chain import chain_for
+    from ...core.sampling.tokens import Tokens
 
-    bias = {0: 0.0} if settings.logit_bias else None
-    return build_chain(settings.stage_values(bias), list(settings.chain) if settings.chain else None).names
+    return chain_for(settings, Tokens.placeholder())[1].names
 
 
 LOG_ROWS = 60  # iterations shown in the table; past that only those where a sequence joined, finished or was preempted

@@ -47,7 +47,9 @@ from ..sampling.chain import Chain, build_chain, make_chain
 from ..sampling.distribution import entropy, log_softmax
 from ..sampling.registry import DEFAULT_ORDER
 from ..sampling.select import make_generator
-from ..sampling.tokens import bias_token_ids
+from ..sampling.registry import StageContext
+from ..sampling.semantics import merge_order, plan
+from ..sampling.tokens import Tokens, resolve
 from ..settings import META_KEYS, coerce, load_preset, normalize_key
 
 METHODS = {"sample": SampleSettings, "beam": BeamSettings, "speculate": SpeculateSettings}
@@ -364,9 +366,6 @@ class Comparison:
     def total(self) -> int:
         return len(self.prompts) * len(self.seeds) * len(self.variants)
 
-    def bias_ids(self, settings) -> dict[int, float]:
-        return bias_token_ids(self.lm, settings.logit_bias)
-
     def run(self) -> Comparison:
         for prompt in self.prompts:
             prompt_ids = self.lm.encode(prompt.text)
@@ -464,16 +463,31 @@ class Comparison:
         ids = torch.tensor([prefix], dtype=torch.long, device=device)
         z = Runtime.create(model, None, capacity=len(prefix)).prefill(ids)  # [1, V]
         race = replay_race(seed, step, z.shape[-1], device)
-        va, vb = sa.stage_values(self.bias_ids(sa) or None), sb.stage_values(self.bias_ids(sb) or None)
-        same_order = sa.chain == sb.chain
+        tokens = Tokens.of(self.lm)
+        pa, pb = plan(sa), plan(sb)  # each side as its semantics reads it
+        va = pa.settings.stage_values(resolved=resolve(pa.settings, tokens))
+        vb = pb.settings.stage_values(resolved=resolve(pb.settings, tokens))
+        same_order = sa.chain == sb.chain and sa.semantics == sb.semantics
+        end_ids = pa.context(None, tuple(self.lm.eos_ids), getattr(sa, "stop_id", ())).end_ids
 
-        def pick(values: dict, order) -> int:
-            chain = build_chain(values, order)
+        def context_for(values: dict) -> StageContext:
+            """a's context, except that a penalty switched to b's value counts tokens as b does."""
+            counting = dict(pa.counting)
+            for name in set(pa.counting) | set(pb.counting):
+                if values.get(name) is not va.get(name):
+                    counting.pop(name, None)
+                    counting.update({name: pb.counting[name]} if name in pb.counting else {})
+            return StageContext(end_ids=end_ids, counting=counting)
+
+        def pick(values: dict, order=None) -> int:
+            active = [n for n in DEFAULT_ORDER if values.get(n) is not None]
+            chain = build_chain(values, merge_order(tuple(pa.order), active) if order is None else order,
+                                context_for(values))
             processed = chain.apply(ids, z).float()
             greedy = values.get("temperature") == 0
             return int((processed if greedy else processed - race.log()).argmax(dim=-1)[0])
 
-        current = pick(va, list(sa.chain) if sa.chain is not None else None)
+        current = pick(va, pa.order)
         if current != token_a:
             reason = "cache" if sa.cache != sb.cache else "numerics"
             return reason, f"a's token is not reproduced from a full-cache recompute ({reason} differs)"
@@ -482,9 +496,7 @@ class Comparison:
             if va.get(name) == vb.get(name):
                 continue
             values[name] = vb.get(name)
-            order = ([n for n in sa.chain if values.get(n) is not None] if same_order and sa.chain is not None
-                     else None)
-            token = pick(values, order)
+            token = pick(values)
             if token != current:
                 return name, f"{name} {_show(va.get(name))} -> {_show(vb.get(name))} changes the token"
         if not same_order:

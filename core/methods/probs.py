@@ -24,11 +24,11 @@ from ..engine.tokens import check_prompt
 from ..errors import ConfigError
 from ..inputs import parse_numbers, read_input_text
 from ..kv import CacheSpec
-from ..sampling.chain import Chain, build_chain, cache_spec, make_chain
+from ..sampling.chain import chain_for, Chain, cache_spec, make_chain
 from ..sampling.select import make_generator
-from ..sampling.semantics import Plan, plan
+from ..sampling.semantics import Plan
 from ..sampling.settings import ChainSettings
-from ..sampling.tokens import resolve_token_settings
+from ..sampling.tokens import Tokens
 from ..trace.records import StageView, TokenProb, TrackedToken
 from ..trace.stats import stage_table
 from .sample import SampleSettings
@@ -145,11 +145,8 @@ def dist_stages(settings: ChainSettings, raw: Tensor, history: list[int] | None 
     bad = [t for t in history if not 0 <= t < vocab]
     if bad:
         raise ConfigError(f"--history {bad[0]}: token id out of range [0, {vocab})")
-    effective = plan(settings)
-    bias, resolved = resolve_token_settings(effective.settings, vocab)
     generator = make_generator(seed, raw.device)
-    context = effective.context(generator=generator, eos_ids=(), stop_ids=stop_ids)
-    chain = build_chain(effective.settings.stage_values(bias, resolved), effective.order, context)
+    effective, chain = chain_for(settings, Tokens(vocab), generator, eos_ids=(), stop_ids=stop_ids)
     ids = torch.tensor([history], dtype=torch.long, device=raw.device).reshape(1, len(history))
     chain.reset(0)  # the history counts as generated output
     views, tracked = stage_views(ids, raw, chain, str, vocab if top is None else top)

@@ -13,8 +13,10 @@ from torch import Tensor
 from ..errors import ChainError, ConfigError
 from .distribution import NEG_INF
 from .stage import _bad
+from .registry import implements
 
 
+@implements("bias")
 @dataclass
 class LogitBias:
     """z_t += b_t for each biased token t (b = -inf bans t)."""
@@ -32,6 +34,7 @@ class LogitBias:
 # --- constraints ----------------------------------------------------------------------------------------------
 
 
+@implements("min-new-tokens")
 @dataclass
 class MinNewTokens:
     """Ban the end ids (EOS, and stop ids where the engine does) while fewer than n tokens were generated
@@ -59,6 +62,7 @@ class MinNewTokens:
         return out
 
 
+@implements("sequence-bias")
 @dataclass
 class SequenceBias:
     """For each (sequence, bias): add bias to the logit of the sequence's last token when the ids end with the
@@ -95,6 +99,7 @@ class SequenceBias:
         return out
 
 
+@implements("ban")
 @dataclass
 class Ban(SequenceBias):
     """Multi-token bans: the last token of a banned sequence is removed when the ids end with the rest of it."""
@@ -108,6 +113,7 @@ class Ban(SequenceBias):
         super().__post_init__()
 
 
+@implements("allow")
 @dataclass
 class AllowList:
     """Only the listed token ids stay candidates (vLLM's ``allowed_token_ids``)."""

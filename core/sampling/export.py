@@ -24,6 +24,7 @@ from .semantics import (
     plan,
 )
 from .settings import ChainSettings
+from .registry import BY_NAME
 from .tokens import resolve_token_settings
 
 TARGETS = ("hf", "vllm", "llamacpp")
@@ -208,14 +209,14 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
     if s.presence_penalty is not None:
         flags += ["--presence-penalty", _flag_number(s.presence_penalty)]
     if s.dry_multiplier is not None:
-        dry = s.stage_values(None)["dry"]
+        dry = BY_NAME["dry"].value(s, {})
         flags += ["--dry-multiplier", _flag_number(dry["multiplier"]), "--dry-base", _flag_number(dry["base"]),
                   "--dry-allowed-length", str(dry["allowed_length"]),
                   "--dry-penalty-last-n", str(-1 if dry["last_n"] is None else dry["last_n"])]
         for text in s.dry_breaker or ():
             flags += ["--dry-sequence-breaker", text]
     if s.xtc_probability is not None:
-        xtc = s.stage_values(None)["xtc"]
+        xtc = BY_NAME["xtc"].value(s, {})
         flags += ["--xtc-probability", _flag_number(xtc["probability"]), "--xtc-threshold",
                   _flag_number(xtc["threshold"])]
     if s.top_n_sigma is not None:
@@ -224,7 +225,7 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
         flags += ["--dynatemp-range", _flag_number(s.dynatemp_range), "--dynatemp-exp",
                   _flag_number(1.0 if s.dynatemp_exponent is None else s.dynatemp_exponent)]
     if s.mirostat_tau is not None or s.mirostat_eta is not None:
-        m = s.stage_values(None)["mirostat"]
+        m = BY_NAME["mirostat"].value(s, {})
         flags += ["--mirostat", "2", "--mirostat-ent", _flag_number(m["tau"]), "--mirostat-lr", _flag_number(m["eta"])]
         out.notes.append("with --mirostat llama.cpp runs only logit bias, temperature and mirostat")
     for t, b in bias.items():

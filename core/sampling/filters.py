@@ -13,8 +13,10 @@ from torch import Tensor
 from ..errors import ChainError
 from .distribution import NEG_INF, entropy, log_softmax, softmax
 from .stage import _bad, _finite
+from .registry import implements
 
 
+@implements("top-k")
 @dataclass
 class TopK:
     """Keep the k largest logits (and any tied with the k-th)."""
@@ -35,6 +37,7 @@ def _keep_sorted_prefix(logits: Tensor, order: Tensor, keep_sorted: Tensor) -> T
     return logits.masked_fill(~keep, NEG_INF)
 
 
+@implements("top-p")
 @dataclass
 class TopP:
     """Nucleus: keep the smallest set of most likely tokens whose mass reaches p.
@@ -59,6 +62,7 @@ class TopP:
         return _keep_sorted_prefix(logits, order, keep)
 
 
+@implements("min-p")
 @dataclass
 class MinP:
     """Keep tokens with p_i >= min_p * max_j p_j."""
@@ -72,6 +76,7 @@ class MinP:
         return logits.masked_fill(probs < threshold, NEG_INF)
 
 
+@implements("typical-p")
 @dataclass
 class TypicalP:
     """Locally typical sampling (Meister et al. 2022).
@@ -99,6 +104,7 @@ class TypicalP:
 # --- truncation by the shape of the distribution ---------------------------------------------------------------
 
 
+@implements("xtc")
 @dataclass
 class XTC:
     """Exclude Top Choices (llama.cpp ``llama_sample_xtc_apply``): with probability ``probability`` (a coin from
@@ -135,6 +141,7 @@ class XTC:
         return {"coin": self._coin} if self._coin is not None else {}
 
 
+@implements("top-n-sigma")
 @dataclass
 class TopNSigma:
     """Top-n-sigma (Tang et al. 2024): keep z_i >= max z - n * sigma, sigma the population standard deviation of
@@ -158,6 +165,7 @@ class TopNSigma:
         return logits.masked_fill(logits < top - self.n * var.sqrt(), NEG_INF)
 
 
+@implements("epsilon-cutoff")
 @dataclass
 class EpsilonCutoff:
     """Epsilon sampling (Hewitt et al. 2022): remove tokens with p < epsilon, the most likely token always stays
@@ -180,6 +188,7 @@ class EpsilonCutoff:
         return logits.masked_fill(low & (logits < top), NEG_INF)
 
 
+@implements("eta-cutoff")
 @dataclass
 class EtaCutoff(EpsilonCutoff):
     """Eta sampling (Hewitt et al. 2022): remove tokens with p < eta = min(epsilon, sqrt(epsilon) * exp(-H)), H the
@@ -200,6 +209,7 @@ class EtaCutoff(EpsilonCutoff):
 # --- mirostat v2 -------------------------------------------------------------------------------------------------
 
 
+@implements("mirostat")
 @dataclass
 class MirostatV2:
     """Mirostat 2.0 (Basu et al. 2021; llama.cpp ``llama_sampler_mirostat_v2_apply``): keep the tokens whose

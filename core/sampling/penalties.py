@@ -13,8 +13,10 @@ from torch import Tensor
 from ..errors import ChainError
 from .distribution import NEG_INF
 from .stage import _bad, _finite
+from .registry import implements
 
 
+@implements("repetition-penalty")
 @dataclass
 class RepetitionPenalty:
     """For every token already in the sequence: z / theta if z > 0, else z * theta (CTRL, Keskar et al. 2019)."""
@@ -29,6 +31,7 @@ class RepetitionPenalty:
         return logits.scatter(1, ids, penalized)
 
 
+@implements("no-repeat-ngram")
 @dataclass
 class NoRepeatNGram:
     """Ban every token that would complete an n-gram already present in the sequence."""
@@ -96,6 +99,7 @@ class Counted:
         return out.scatter_add_(1, seen, torch.ones(seen.shape, dtype=logits.dtype, device=logits.device))
 
 
+@implements("repetition-penalty", "windowed")
 @dataclass
 class WindowedRepetitionPenalty(Counted):
     """The CTRL repetition penalty (z / theta if z > 0, else z * theta) on the counted tokens only (a window, or
@@ -116,6 +120,7 @@ class WindowedRepetitionPenalty(Counted):
         return RepetitionPenalty(self.penalty)(seen, logits)
 
 
+@implements("frequency-penalty")
 @dataclass
 class FrequencyPenalty(Counted):
     """z_t -= alpha * count(t) among the counted tokens (OpenAI's definition; vLLM counts the output only)."""
@@ -132,6 +137,7 @@ class FrequencyPenalty(Counted):
         return logits - self.value * self.counts(ids, logits)
 
 
+@implements("presence-penalty")
 @dataclass
 class PresencePenalty(Counted):
     """z_t -= alpha if t occurs among the counted tokens (once is enough)."""
@@ -168,6 +174,7 @@ def z_function(seq: list[int]) -> list[int]:
     return z
 
 
+@implements("dry")
 @dataclass
 class DRY:
     """DRY ("don't repeat yourself", p-e-w 2024; llama.cpp ``src/llama-sampler.cpp`` ``llama_sampler_dry_apply``).

@@ -1,66 +1,301 @@
 """The stage registry: every stage of the chain declared once.
+
+An entry (:class:`Stage`) says everything the rest of decodelab derives from a stage: its name, its settings fields
+(their type, CLI option, help, range check and each engine's off-value), its rank in the default order (its place in
+``STAGES``), what it needs besides ``(ids, logits)``, how its settings become its constructor's value, and how each
+``--semantics`` engine orders it. ``ChainSettings`` (:mod:`.settings`), the CLI options, the engine plans
+(:mod:`.semantics`), ``--export`` (:mod:`.export`) and the default order all read this table. The stage's class lives
+in its family module and binds itself to its entry with ``@implements("name")``; adding a stage is one class and one
+entry here.
+
+This module imports no torch, so the CLI can build its options (and ``--help``) from it without loading torch.
+
+Default order (``DEFAULT_ORDER``), used unless ``--chain`` names another:
+
+    allow -> softcap -> repetition-penalty -> frequency-penalty -> presence-penalty -> dry -> no-repeat-ngram
+    -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp) -> top-n-sigma -> top-k
+    -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
+
+Soft-capping first because it reshapes the model's own output (as Gemma 2 does inside the model); penalties and bias
+act on (capped) logits; temperature rescales before the truncation filters, so the filters see the tempered
+distribution (as transformers does).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
+ENGINES = ("hf", "vllm", "llamacpp")
+PANELS = {"chain": "Processor chain", "more": "More samplers, semantics, export"}
 
-from .biases import AllowList, Ban, MinNewTokens, SequenceBias
-from .filters import XTC, EpsilonCutoff, EtaCutoff, MirostatV2, TopNSigma
-from .penalties import DRY, FrequencyPenalty, PresencePenalty, WindowedRepetitionPenalty
-from .scaling import DynamicTemperature
 
-DEFAULT_ORDER = (
-    "allow",
-    "softcap",
-    "repetition-penalty",
-    "frequency-penalty",
-    "presence-penalty",
-    "dry",
-    "no-repeat-ngram",
-    "bias",
-    "sequence-bias",
-    "ban",
-    "min-new-tokens",
-    "temperature",
-    "dynatemp",
-    "top-n-sigma",
-    "top-k",
-    "top-p",
-    "min-p",
-    "typical-p",
-    "epsilon-cutoff",
-    "eta-cutoff",
-    "xtc",
-    "mirostat",
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class Check:
+    """A range check: ``ok(value)`` or one line ``--option VALUE: allowed``."""
+
+    ok: Callable[[object], bool]
+    allowed: str
+
+
+@dataclass(frozen=True)
+class Param:
+    """One settings field of a stage: ``field`` in settings and presets, ``--field-with-dashes`` on the command line.
+
+    ``many``: repeatable, a tuple of texts; ``pairs``: repeatable ``TEXT=BIAS``; ``off``: per engine, the values that
+    engine reads as "stage off"; ``export``: per engine, the name it has there (a keyword argument or a flag)."""
+
+    field: str
+    kind: type
+    help: str
+    short: str | None = None
+    many: bool = False
+    pairs: bool = False
+    panel: str = "more"
+    check: Check | None = None
+    off: dict[str, Callable[[object], bool]] = field(default_factory=dict)
+    export: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def option(self) -> str:
+        return "--" + self.field.replace("_", "-")
+
+    @property
+    def default(self):
+        return () if (self.many or self.pairs) else None
+
+
+@dataclass
+class Stage:
+    """One stage. ``value(settings, resolved)`` -> the constructor's value or None (off); ``make(cls, value,
+    context)`` -> the processor. ``needs``: what it takes besides (ids, logits): ``ids`` (it reads the prefix),
+    ``tokens`` (token ids resolved from texts), ``generator`` (the run's RNG), ``end_ids``, ``prompt_len``, ``state``
+    (it carries state from step to step). ``engines``: per engine, its rank in that engine's own order (absent: the
+    engine has no such stage). ``warper``: it only acts when sampling (greedy engines drop it)."""
+
+    name: str
+    params: tuple[Param, ...]
+    engines: dict[str, int] = field(default_factory=dict)
+    needs: frozenset[str] = frozenset()
+    value: Callable | None = None
+    make: Callable = staticmethod(lambda cls, value, context: cls(value))
+    warper: bool = False
+    cls: type | None = None  # bound by @implements
+    variants: dict[str, type] = field(default_factory=dict)  # other classes of the same stage, by role
+
+    def __post_init__(self):
+        if self.value is None:
+            first = self.params[0].field
+            self.value = lambda s, resolved, _f=first: getattr(s, _f)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(p.field for p in self.params)
+
+    def switched_on(self, s) -> bool:
+        """Whether the settings switch this stage on (its first field set; mirostat: either field)."""
+        on = self.params if self.name == "mirostat" else self.params[:1]
+        return any(getattr(s, p.field) not in (None, ()) for p in on)
+
+
+# --- value builders of the stages with several fields -------------------------------------------------------------
+
+
+def _dry(s, resolved):
+    if s.dry_multiplier is None:
+        return None
+    return {"multiplier": s.dry_multiplier, "base": 1.75 if s.dry_base is None else s.dry_base,
+            "allowed_length": 2 if s.dry_allowed_length is None else s.dry_allowed_length,
+            "last_n": s.dry_penalty_last_n, "breakers": resolved.get("dry-breakers", ())}
+
+
+def _mirostat(s, resolved):
+    if s.mirostat_tau is None and s.mirostat_eta is None:
+        return None
+    return {"tau": 5.0 if s.mirostat_tau is None else s.mirostat_tau,
+            "eta": 0.1 if s.mirostat_eta is None else s.mirostat_eta}
+
+
+def _xtc(s, resolved):
+    if s.xtc_probability is None:
+        return None
+    return {"threshold": 0.1 if s.xtc_threshold is None else s.xtc_threshold, "probability": s.xtc_probability}
+
+
+def _dynatemp(s, resolved):
+    if s.dynatemp_range is None:
+        return None
+    return {"temperature": 1.0 if s.temperature is None else s.temperature, "range": s.dynatemp_range,
+            "exponent": 1.0 if s.dynatemp_exponent is None else s.dynatemp_exponent}
+
+
+def _temperature(s, resolved):
+    return s.temperature if s.dynatemp_range is None else None  # the dynamic temperature takes it as its centre
+
+
+def _texts(key: str, field_name: str):
+    """A stage named by texts: their token ids, resolved before the chain is built (:mod:`.tokens`)."""
+    return lambda s, resolved: resolved[key] if getattr(s, field_name) else None
+
+
+def _bias(s, resolved):
+    return resolved["bias"] or None if s.logit_bias else None
+
+
+# --- the stages, in the default order -------------------------------------------------------------------------------
+
+_gt0 = Check(lambda v: _finite(v) and v > 0, "must be > 0")
+ONE = {"hf": lambda v: v == 1.0, "vllm": lambda v: v == 1.0, "llamacpp": lambda v: v == 1.0}
+ZERO_V = {"vllm": lambda v: v == 0.0, "llamacpp": lambda v: v == 0.0}
+
+STAGES: list[Stage] = [
+    Stage("allow", (Param("allow", str, "Allow only these tokens (repeatable; a text, all its tokens).", many=True,
+                          export={"vllm": "allowed_token_ids"}),),
+          engines={"hf": 6, "vllm": 0}, needs=frozenset({"tokens"}), value=_texts("allow", "allow"),
+          make=lambda cls, v, c: cls(tuple(v))),
+    Stage("softcap", (Param("softcap", float, "c * tanh(z / c) on the logits, c > 0.", panel="chain",
+                            check=_gt0),)),
+    Stage("repetition-penalty",
+          (Param("repetition_penalty", float, "Divide positive / multiply negative logits of seen tokens (> 0; 1 = "
+                 "off).", panel="chain", check=Check(lambda v: _finite(v) and v > 0, "must be > 0 (1 = off)"),
+                 off=ONE, export={"hf": "repetition_penalty", "vllm": "repetition_penalty",
+                                  "llamacpp": "--repeat-penalty"}),),
+          engines={"hf": 2, "vllm": 4, "llamacpp": 1}, needs=frozenset({"ids"}),
+          make=lambda cls, v, c: c.repetition(cls, v)),
+    Stage("frequency-penalty",
+          (Param("frequency_penalty", float, "z -= A * (times the token was seen).", off=ZERO_V,
+                 export={"vllm": "frequency_penalty", "llamacpp": "--frequency-penalty"}),),
+          engines={"vllm": 5, "llamacpp": 2}, needs=frozenset({"ids", "prompt_len"}),
+          make=lambda cls, v, c: cls(value=v, **c.scope_of("frequency-penalty"))),
+    Stage("presence-penalty",
+          (Param("presence_penalty", float, "z -= A for every token already seen (once).", off=ZERO_V,
+                 export={"vllm": "presence_penalty", "llamacpp": "--presence-penalty"}),),
+          engines={"vllm": 6, "llamacpp": 3}, needs=frozenset({"ids", "prompt_len"}),
+          make=lambda cls, v, c: cls(value=v, **c.scope_of("presence-penalty"))),
+    Stage("dry", (Param("dry_multiplier", float, "DRY: a token extending a repeat of n >= L tokens loses "
+                        "M * base^(n - L) (0 < M)."),
+                  Param("dry_base", float, "DRY base, >= 1 (default 1.75)."),
+                  Param("dry_allowed_length", int, "DRY: repeats up to this length are free (default 2)."),
+                  Param("dry_penalty_last_n", int, "DRY scans only the last N tokens (default all)."),
+                  Param("dry_breaker", str, "A DRY sequence breaker (repeatable; default llama.cpp's \\n : \" *; "
+                        "without a model: token ids).", many=True)),
+          engines={"llamacpp": 4}, needs=frozenset({"ids", "tokens"}), value=_dry,
+          make=lambda cls, v, c: cls(**v)),
+    Stage("no-repeat-ngram", (Param("no_repeat_ngram", int, "Ban tokens completing an n-gram already in the text.",
+                                    panel="chain", check=Check(lambda v: v >= 1, "must be an integer >= 1"),
+                                    export={"hf": "no_repeat_ngram_size"}),),
+          engines={"hf": 3}, needs=frozenset({"ids"})),
+    Stage("bias", (Param("logit_bias", str, "TOKEN=BIAS (repeatable); TOKEN is an id or a text that is one token; "
+                         "-inf bans it.", pairs=True, panel="chain"),),
+          engines={"hf": 0, "vllm": 3, "llamacpp": 0}, needs=frozenset({"tokens"}), value=_bias),
+    Stage("sequence-bias", (Param("sequence_bias", str, "TEXT=BIAS (repeatable): bias the last token of a "
+                                  "multi-token text when the text so far ends with the rest of it.", pairs=True),),
+          engines={"hf": 1}, needs=frozenset({"ids", "tokens"}), value=_texts("sequence-bias", "sequence_bias"),
+          make=lambda cls, v, c: cls(tuple(v))),
+    Stage("ban", (Param("ban", str, "A multi-token text never to produce (repeatable).", many=True),),
+          engines={"hf": 4, "vllm": 1}, needs=frozenset({"ids", "tokens"}), value=_texts("ban", "ban"),
+          make=lambda cls, v, c: cls(sequences=tuple(v))),
+    Stage("min-new-tokens", (Param("min_new_tokens", int, "Ban EOS (and --stop-id) until N tokens were generated.",
+                                   export={"hf": "min_new_tokens", "vllm": "min_tokens"}),),
+          engines={"hf": 5, "vllm": 2}, needs=frozenset({"end_ids", "prompt_len"}),
+          make=lambda cls, v, c: cls(v, tuple(c.end_ids))),
+    Stage("temperature", (Param("temperature", float, "Divide logits by T; 0 = greedy.", short="-t", panel="chain",
+                                check=Check(lambda v: _finite(v) and v >= 0, "must be >= 0 (0 means greedy)"),
+                                off=ONE),),
+          engines={"hf": 7, "vllm": 7, "llamacpp": 11}, value=_temperature, warper=True),
+    Stage("dynatemp", (Param("dynatemp_range", float, "Dynamic temperature: t +- R by the normalized entropy."),
+                       Param("dynatemp_exponent", float, "Dynamic temperature exponent (default 1).")),
+          engines={"llamacpp": 12}, value=_dynatemp, make=lambda cls, v, c: cls(**v), warper=True),
+    Stage("top-n-sigma", (Param("top_n_sigma", float, "Keep z >= max z - N * std(z).",
+                                export={"llamacpp": "--top-nsigma"}),),
+          engines={"llamacpp": 5}, warper=True),
+    Stage("top-k", (Param("top_k", int, "Keep the k most likely tokens.", panel="chain",
+                          check=Check(lambda v: v >= 1, "must be an integer >= 1"),
+                          off={"hf": lambda v: v == 0}),),
+          engines={"hf": 8, "vllm": 9, "llamacpp": 6}, warper=True),
+    Stage("top-p", (Param("top_p", float, "Keep the smallest set reaching this mass, (0, 1].", panel="chain",
+                          check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
+                          off={"hf": lambda v: v >= 1.0, "vllm": lambda v: v >= 1.0},
+                          export={"hf": "top_p", "vllm": "top_p"}),),
+          engines={"hf": 9, "vllm": 10, "llamacpp": 8}, warper=True),
+    Stage("min-p", (Param("min_p", float, "Keep tokens with p >= min_p * p_max, [0, 1].", panel="chain",
+                          check=Check(lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+                          off={"vllm": lambda v: v == 0.0}, export={"hf": "min_p", "vllm": "min_p"}),),
+          engines={"hf": 10, "vllm": 8, "llamacpp": 9}, warper=True),
+    Stage("typical-p", (Param("typical_p", float, "Locally typical sampling mass, (0, 1].", panel="chain",
+                              check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
+                              off={"hf": lambda v: v >= 1.0, "llamacpp": lambda v: v >= 1.0},
+                              export={"hf": "typical_p", "llamacpp": "--typical"}),),
+          engines={"hf": 11, "llamacpp": 7}, warper=True),
+    Stage("epsilon-cutoff", (Param("epsilon_cutoff", float, "Remove tokens with p < E, (0, 1).",
+                                   off={"hf": lambda v: v == 0.0}, export={"hf": "epsilon_cutoff"}),),
+          engines={"hf": 12}, warper=True),
+    Stage("eta-cutoff", (Param("eta_cutoff", float, "Remove tokens with p < min(E, sqrt(E) exp(-entropy)), (0, 1).",
+                               off={"hf": lambda v: v == 0.0}, export={"hf": "eta_cutoff"}),),
+          engines={"hf": 13}, warper=True),
+    Stage("xtc", (Param("xtc_probability", float, "XTC: with this probability (a coin from --seed) remove every top "
+                        "choice but the least likely."),
+                  Param("xtc_threshold", float, "XTC: tokens with p >= T are the top choices (default 0.1).")),
+          engines={"llamacpp": 10}, needs=frozenset({"generator", "state"}), value=_xtc,
+          make=lambda cls, v, c: cls(v["threshold"], v["probability"], c.generator), warper=True),
+    Stage("mirostat", (Param("mirostat_tau", float, "Mirostat 2.0 target surprise in bits (default 5)."),
+                       Param("mirostat_eta", float, "Mirostat 2.0 learning rate (default 0.1).")),
+          engines={"llamacpp": 13}, needs=frozenset({"state"}), value=_mirostat, make=lambda cls, v, c: cls(**v),
+          warper=True),
+]
+BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
+DEFAULT_ORDER: tuple[str, ...] = tuple(s.name for s in STAGES)
+
+# fields of the chain that belong to no single stage
+CHAIN_PARAMS: tuple[Param, ...] = (
+    Param("penalty_last_n", int, "The penalties count only the last N tokens (llama.cpp's last-n; 0 = none).",
+          check=Check(lambda v: v >= 0, "must be an integer >= 0")),
 )
 
 
-# stage name -> factory(value, context); multi-parameter stages take a dict of their fields
-NEW_FACTORIES = {
-    "allow": lambda v, c: AllowList(tuple(v)),
-    "frequency-penalty": lambda v, c: FrequencyPenalty(value=v, **c.scope_of("frequency-penalty")),
-    "presence-penalty": lambda v, c: PresencePenalty(value=v, **c.scope_of("presence-penalty")),
-    "dry": lambda v, c: DRY(**v),
-    "sequence-bias": lambda v, c: SequenceBias(tuple(v)),
-    "ban": lambda v, c: Ban(sequences=tuple(v)),
-    "min-new-tokens": lambda v, c: MinNewTokens(v, tuple(c.end_ids)),
-    "dynatemp": lambda v, c: DynamicTemperature(**v),
-    "top-n-sigma": lambda v, c: TopNSigma(v),
-    "epsilon-cutoff": lambda v, c: EpsilonCutoff(v),
-    "eta-cutoff": lambda v, c: EtaCutoff(v),
-    "xtc": lambda v, c: XTC(v["threshold"], v["probability"], c.generator),
-    "mirostat": lambda v, c: MirostatV2(**v),
-}
+def params() -> list[Param]:
+    """Every settings field a stage reads, in stage order (a field two stages read, once)."""
+    out, seen = [], set()
+    for p in [p for s in STAGES for p in s.params] + list(CHAIN_PARAMS):
+        if p.field not in seen:
+            seen.add(p.field)
+            out.append(p)
+    return out
+
+
+def param(field_name: str) -> Param:
+    return next(p for p in params() if p.field == field_name)
+
+
+def engine_order(engine: str) -> tuple[str, ...]:
+    """The stages an engine has, in its own order."""
+    return tuple(s.name for s in sorted((s for s in STAGES if engine in s.engines), key=lambda s: s.engines[engine]))
+
+
+def implements(name: str, variant: str | None = None):
+    """Bind a stage class to its registry entry (its family module says ``@implements("top-p")``); a ``variant`` is
+    another form of the same stage (the windowed repetition penalty)."""
+
+    def bind(cls):
+        if variant is None:
+            BY_NAME[name].cls = cls
+        else:
+            BY_NAME[name].variants[variant] = cls
+        return cls
+
+    return bind
 
 
 @dataclass
 class StageContext:
     """What the stages need besides their value, handed in when the chain is built."""
 
-    generator: torch.Generator | None = None  # the run's generator (the selector's): XTC's coin
+    generator: object | None = None  # the run's torch.Generator (the selector's): XTC's coin
     end_ids: tuple[int, ...] = ()  # what min-new-tokens bans: EOS (and stop ids where the engine does)
     counting: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # penalty -> (scope, last_n)
 
@@ -71,5 +306,8 @@ class StageContext:
     def counts_differently(self, name: str) -> bool:
         return self.counting.get(name, ("all", None)) != ("all", None)
 
-    def windowed_repetition(self, penalty: float) -> WindowedRepetitionPenalty:
-        return WindowedRepetitionPenalty(penalty=penalty, **self.scope_of("repetition-penalty"))
+    def repetition(self, cls, penalty: float):
+        """The CTRL penalty over the whole sequence, or its windowed / output-only form when counting says so."""
+        if self.counts_differently("repetition-penalty"):
+            return BY_NAME["repetition-penalty"].variants["windowed"](penalty=penalty, **self.scope_of("repetition-penalty"))
+        return cls(penalty)

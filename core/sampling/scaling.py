@@ -10,8 +10,10 @@ from torch import Tensor
 
 from .distribution import NEG_INF, entropy, softmax
 from .stage import _bad, _finite
+from .registry import implements
 
 
+@implements("softcap")
 @dataclass
 class SoftCap:
     """z -> c * tanh(z / c): every logit ends in (-c, c); removed candidates (-inf) stay removed."""
@@ -24,6 +26,7 @@ class SoftCap:
         return torch.where(torch.isneginf(logits), logits, capped)
 
 
+@implements("temperature")
 @dataclass
 class Temperature:
     """z -> z / T. T = 0 is greedy: only the arg-max survives, so the processed distribution is a point mass."""
@@ -41,6 +44,7 @@ class Temperature:
 # --- temperature that follows the entropy --------------------------------------------------------------------
 
 
+@implements("dynatemp")
 @dataclass
 class DynamicTemperature:
     """Dynamic temperature (llama.cpp ``llama_sampler_temp_ext_apply``): with K candidates and entropy H,

@@ -35,39 +35,37 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..errors import ConfigError
-from .registry import DEFAULT_ORDER, StageContext
+from .registry import DEFAULT_ORDER, ENGINES, STAGES, StageContext, engine_order, param
 from .select import Greedy, HFMultinomial, Multinomial, make_generator
 from .settings import ChainSettings
 
-ENGINES = ("hf", "vllm", "llamacpp")
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp common/common.h dry_sequence_breakers
 PENALTIES = ("repetition-penalty", "frequency-penalty", "presence-penalty")
 VLLM_SAMPLING_EPS = 1e-5  # vllm/v1/sample/sampler.py _SAMPLING_EPS: below it a temperature means greedy
 
-# each engine's own order (stages it has); stages it lacks keep decodelab's relative position (merge_order)
-HF_ORDER = ("bias", "sequence-bias", "repetition-penalty", "no-repeat-ngram", "ban", "min-new-tokens", "allow",
-            "temperature", "top-k", "top-p", "min-p", "typical-p", "epsilon-cutoff", "eta-cutoff")
-VLLM_ORDER = ("allow", "ban", "min-new-tokens", "bias", "repetition-penalty", "frequency-penalty",
-              "presence-penalty", "temperature", "min-p", "top-k", "top-p")
-LLAMACPP_ORDER = ("bias", "repetition-penalty", "frequency-penalty", "presence-penalty", "dry", "top-n-sigma",
-                  "top-k", "typical-p", "top-p", "min-p", "xtc", "temperature", "dynatemp")
+# each engine's own order of the stages it has, from the registry; stages it lacks keep decodelab's relative
+# position (merge_order). With mirostat on, llama.cpp runs only logit bias, temperature and mirostat.
+HF_ORDER = engine_order("hf")
+VLLM_ORDER = engine_order("vllm")
+LLAMACPP_ORDER = tuple(n for n in engine_order("llamacpp") if n != "mirostat")
 LLAMACPP_MIROSTAT_ORDER = ("bias", "temperature", "mirostat")
 ENGINE_NAMES = {"hf": "transformers", "vllm": "vLLM", "llamacpp": "llama.cpp"}
-ENGINE_STAGES = {"hf": HF_ORDER, "vllm": VLLM_ORDER, "llamacpp": LLAMACPP_ORDER + ("mirostat",)}
+ENGINE_STAGES = {engine: engine_order(engine) for engine in ENGINES}
 
-# decodelab stage -> the settings fields that switch it on
-STAGE_FIELDS = {
-    "allow": ("allow",), "softcap": ("softcap",), "repetition-penalty": ("repetition_penalty",),
-    "frequency-penalty": ("frequency_penalty",), "presence-penalty": ("presence_penalty",),
-    "dry": ("dry_multiplier",), "no-repeat-ngram": ("no_repeat_ngram",), "bias": ("logit_bias",),
-    "sequence-bias": ("sequence_bias",), "ban": ("ban",), "min-new-tokens": ("min_new_tokens",),
-    "temperature": ("temperature",), "dynatemp": ("dynatemp_range",), "top-n-sigma": ("top_n_sigma",),
-    "top-k": ("top_k",), "top-p": ("top_p",), "min-p": ("min_p",), "typical-p": ("typical_p",),
-    "epsilon-cutoff": ("epsilon_cutoff",), "eta-cutoff": ("eta_cutoff",),
-    "xtc": ("xtc_probability",), "mirostat": ("mirostat_tau", "mirostat_eta"),
-}
-WARPERS = ("temperature", "dynatemp", "top-k", "top-p", "min-p", "typical-p", "epsilon-cutoff", "eta-cutoff",
-           "top-n-sigma", "xtc", "mirostat")
+# decodelab stage -> the settings fields that switch it on; the stages that act only when sampling
+STAGE_FIELDS = {s.name: (s.fields if s.name == "mirostat" else s.fields[:1]) for s in STAGES}
+WARPERS = tuple(s.name for s in STAGES if s.warper)
+
+
+def engine_off(engine: str, s: ChainSettings, fields) -> dict:
+    """The fields among ``fields`` whose value ``engine`` reads as "off" (its registry entry says which), set to
+    None."""
+    out = {}
+    for name in fields:
+        p, value = param(name), getattr(s, name)
+        if value is not None and engine in p.off and p.off[engine](value):
+            out[name] = None
+    return out
 
 
 @dataclass
@@ -188,10 +186,8 @@ def _hf(s: ChainSettings) -> Plan:
         if s.top_k is None:
             s = replace(s, top_k=50)
             notes.append("top_k=50: transformers' default when sampling")
-        off = {"temperature": s.temperature == 1.0, "top_k": s.top_k == 0, "top_p": s.top_p is not None
-               and s.top_p >= 1.0, "typical_p": s.typical_p is not None and s.typical_p >= 1.0,
-               "epsilon_cutoff": s.epsilon_cutoff == 0.0, "eta_cutoff": s.eta_cutoff == 0.0}
-        s = replace(s, **{k: None for k, v in off.items() if v})
+        s = replace(s, **engine_off("hf", s, ("temperature", "top_k", "top_p", "typical_p", "epsilon_cutoff",
+                                              "eta_cutoff")))
         selector = "hf-multinomial"
     else:
         s = _dropped(s, WARPERS, "not applied by transformers when do_sample=False", notes)
@@ -226,10 +222,8 @@ def _vllm(s: ChainSettings) -> Plan:
         s = _finish("vllm", s, user_chain, notes, VLLM_ORDER)
         s = replace(s, chain=tuple(n for n in s.chain if n != "temperature") + ("temperature",))
     else:
-        off = {"temperature": temperature == 1.0, "top_p": s.top_p is not None and s.top_p >= 1.0,
-               "min_p": s.min_p == 0.0, "presence_penalty": s.presence_penalty == 0.0,
-               "frequency_penalty": s.frequency_penalty == 0.0, "repetition_penalty": s.repetition_penalty == 1.0}
-        s = replace(s, **{k: None for k, v in off.items() if v})
+        s = replace(s, **engine_off("vllm", s, ("temperature", "top_p", "min_p", "presence_penalty",
+                                                "frequency_penalty", "repetition_penalty")))
         selector = "multinomial"  # vLLM's random_sample: argmax p / q, q ~ Exp(1), the same race
         s = _finish("vllm", s, user_chain, notes, VLLM_ORDER)
     if s.penalty_last_n is not None:

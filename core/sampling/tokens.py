@@ -5,6 +5,7 @@ texts through the model's tokenizer, or ids where there is no model.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..engine.models import LoadedModel
 from ..errors import ConfigError
@@ -46,6 +47,27 @@ def dry_breakers(texts, vocab: int, encode=None, token_text: Callable[[int], str
     return tuple(dict.fromkeys(out))
 
 
+@dataclass(frozen=True)
+class Tokens:
+    """How settings that name tokens become ids: with a model's tokenizer (``encode`` a text without special
+    tokens, ``token_id`` a text that is one token, ``token_text`` an id's text), or ids only (no model: ``probs
+    --dist``), or :meth:`placeholder` when settings are checked before any tokenizer exists."""
+
+    vocab: int
+    encode: Callable[[str], list[int]] | None = None
+    token_id: Callable[[str], int] | None = None
+    token_text: Callable[[int], str] | None = None
+
+    @classmethod
+    def of(cls, lm: LoadedModel) -> Tokens:
+        return cls(lm.vocab_size, encode_plain(lm), lm.token_id, lm.token_text)
+
+    @classmethod
+    def placeholder(cls) -> Tokens:
+        """Every text is token 0: the shapes are checked, the ids come when a model is loaded."""
+        return cls(2**31, lambda text: [0], lambda text: 0, None)
+
+
 def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=None, token_text=None):
     """-> (logit bias {id: bias}, {"sequence-bias", "ban", "allow", "dry-breakers"} as token ids).
 
@@ -56,7 +78,10 @@ def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=N
         if token.lstrip("-").isdigit():
             t = int(token)
         elif token_id is not None:
-            t = token_id(token)
+            try:
+                t = token_id(token)
+            except ConfigError as exc:
+                raise ConfigError(f"--logit-bias {token}={value}: {exc}") from None
         else:
             raise ConfigError(f"--logit-bias {token}={value}: without a model TOKEN must be a token id")
         if not 0 <= t < vocab:
@@ -72,21 +97,10 @@ def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=N
     return bias, resolved
 
 
-def bias_token_ids(lm: LoadedModel, logit_bias) -> dict[int, float]:
-    """--logit-bias TOKEN=BIAS pairs -> {token id: bias}; TOKEN is an id or a text that is exactly one token."""
-    out: dict[int, float] = {}
-    for token, bias in logit_bias:
-        if token.lstrip("-").isdigit():
-            token_id = int(token)
-            if not 0 <= token_id < lm.vocab_size:
-                raise ConfigError(f"--logit-bias {token}={bias}: token id out of range [0, {lm.vocab_size})")
-        else:
-            try:
-                token_id = lm.token_id(token)
-            except ConfigError as exc:
-                raise ConfigError(f"--logit-bias {token}={bias}: {exc}") from None
-        out[token_id] = out.get(token_id, 0.0) + bias
-    return out
+def resolve(s: ChainSettings, tokens: Tokens) -> dict:
+    """Every token-naming setting of ``s`` as ids: {"bias", "sequence-bias", "ban", "allow", "dry-breakers"}."""
+    bias, resolved = resolve_token_settings(s, tokens.vocab, tokens.encode, tokens.token_id, tokens.token_text)
+    return {"bias": bias, **resolved}
 
 
 def encode_plain(lm: LoadedModel):
