@@ -18,6 +18,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..core.sampling.registry import DEFAULT_ORDER, PANELS, Param
+from ..core.sampling.registry import params as stage_params
 from .view.render import status
 
 RUN = "Model and run"
@@ -78,30 +80,9 @@ SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also writ
 SaveSvg = Annotated[Optional[Path], typer.Option("--save-svg", help="Also write the rendered table as SVG.",
                                                  rich_help_panel=OUT)]
 
-Temperature = Annotated[Optional[float], typer.Option("--temperature", "-t", help="Divide logits by T; 0 = greedy.",
-                                                      rich_help_panel=PROC)]
-TopK = Annotated[Optional[int], typer.Option("--top-k", help="Keep the k most likely tokens.", rich_help_panel=PROC)]
-TopP = Annotated[Optional[float], typer.Option("--top-p", help="Keep the smallest set reaching this mass, (0, 1].",
-                                               rich_help_panel=PROC)]
-MinP = Annotated[Optional[float], typer.Option("--min-p", help="Keep tokens with p >= min_p * p_max, [0, 1].",
-                                               rich_help_panel=PROC)]
-TypicalP = Annotated[Optional[float], typer.Option("--typical-p", help="Locally typical sampling mass, (0, 1].",
-                                                   rich_help_panel=PROC)]
-Softcap = Annotated[Optional[float], typer.Option("--softcap", help="c * tanh(z / c) on the logits, c > 0.",
-                                                  rich_help_panel=PROC)]
-LogitBias = Annotated[Optional[list[str]], typer.Option("--logit-bias", help="TOKEN=BIAS (repeatable); TOKEN is an "
-                                                        "id or a text that is one token; -inf bans it.",
-                                                        rich_help_panel=PROC)]
-RepetitionPenalty = Annotated[Optional[float], typer.Option("--repetition-penalty", help="Divide positive / multiply "
-                                                            "negative logits of seen tokens (> 0; 1 = off).",
-                                                            rich_help_panel=PROC)]
-NoRepeatNgram = Annotated[Optional[int], typer.Option("--no-repeat-ngram", help="Ban tokens completing an n-gram "
-                                                      "already in the text.", rich_help_panel=PROC)]
 ChainOrder = Annotated[Optional[str], typer.Option(
-    "--chain", help="Explicit stage order, e.g. 'bias,softcap,temperature,top-k,top-p'. Default order: allow, softcap, "
-    "repetition-penalty, frequency-penalty, presence-penalty, dry, no-repeat-ngram, bias, sequence-bias, ban, "
-    "min-new-tokens, temperature (or dynatemp), top-n-sigma, top-k, top-p, min-p, typical-p, epsilon-cutoff, "
-    "eta-cutoff, xtc, mirostat (only set stages run).", rich_help_panel=PROC)]
+    "--chain", help="Explicit stage order, e.g. 'bias,softcap,temperature,top-k,top-p'. Default order: "
+    + ", ".join(DEFAULT_ORDER) + " (only set stages run; dynatemp takes temperature's place).", rich_help_panel=PROC)]
 
 
 def _opt(name: str, kind, text: str, *aliases: str):
@@ -109,36 +90,14 @@ def _opt(name: str, kind, text: str, *aliases: str):
                                                   show_default=False)]
 
 
-PresencePenalty = _opt("--presence-penalty", float, "z -= A for every token already seen (once).")
-FrequencyPenalty = _opt("--frequency-penalty", float, "z -= A * (times the token was seen).")
-PenaltyLastN = _opt("--penalty-last-n", int, "The penalties count only the last N tokens (llama.cpp's last-n; "
-                    "0 = none).")
-DryMultiplier = _opt("--dry-multiplier", float, "DRY: a token extending a repeat of n >= L tokens loses "
-                     "M * base^(n - L) (0 < M).")
-DryBase = _opt("--dry-base", float, "DRY base, >= 1 (default 1.75).")
-DryAllowedLength = _opt("--dry-allowed-length", int, "DRY: repeats up to this length are free (default 2).")
-DryPenaltyLastN = _opt("--dry-penalty-last-n", int, "DRY scans only the last N tokens (default all).")
-DryBreaker = Annotated[Optional[list[str]], typer.Option(
-    "--dry-breaker", help="A DRY sequence breaker (repeatable; default llama.cpp's \\n : \" *; without a model: "
-    "token ids).", rich_help_panel=MORE)]
-XtcThreshold = _opt("--xtc-threshold", float, "XTC: tokens with p >= T are the top choices (default 0.1).")
-XtcProbability = _opt("--xtc-probability", float, "XTC: with this probability (a coin from --seed) remove every "
-                      "top choice but the least likely.")
-TopNSigma = _opt("--top-n-sigma", float, "Keep z >= max z - N * std(z).")
-MirostatTau = _opt("--mirostat-tau", float, "Mirostat 2.0 target surprise in bits (default 5).")
-MirostatEta = _opt("--mirostat-eta", float, "Mirostat 2.0 learning rate (default 0.1).")
-DynatempRange = _opt("--dynatemp-range", float, "Dynamic temperature: t +- R by the normalized entropy.")
-DynatempExponent = _opt("--dynatemp-exponent", float, "Dynamic temperature exponent (default 1).")
-EpsilonCutoff = _opt("--epsilon-cutoff", float, "Remove tokens with p < E, (0, 1).")
-EtaCutoff = _opt("--eta-cutoff", float, "Remove tokens with p < min(E, sqrt(E) exp(-entropy)), (0, 1).")
-MinNewTokens = _opt("--min-new-tokens", int, "Ban EOS (and --stop-id) until N tokens were generated.")
-SequenceBias = Annotated[Optional[list[str]], typer.Option(
-    "--sequence-bias", help="TEXT=BIAS (repeatable): bias the last token of a multi-token text when the text so far "
-    "ends with the rest of it.", rich_help_panel=MORE)]
-Ban = Annotated[Optional[list[str]], typer.Option("--ban", help="A multi-token text never to produce (repeatable).",
-                                                  rich_help_panel=MORE)]
-Allow = Annotated[Optional[list[str]], typer.Option("--allow", help="Allow only these tokens (repeatable; a text, "
-                                                    "all its tokens).", rich_help_panel=MORE)]
+def stage_option(p: Param):
+    """A stage field's option, as its registry entry declares it (repeatable fields take a list)."""
+    kind = list[str] if (p.many or p.pairs) else p.kind
+    names = [p.option] + ([p.short] if p.short else [])
+    return Annotated[Optional[kind], typer.Option(*names, help=p.help, rich_help_panel=PANELS[p.panel],
+                                                  show_default=False)]
+
+
 Semantics = _opt("--semantics", str, "Read the settings as hf, vllm or llamacpp does (order, defaults, clamps, "
                  "penalty counting, draw).")
 Export = _opt("--export", str, "Print the settings for hf (generate kwargs), vllm (SamplingParams) or llamacpp "
@@ -158,20 +117,9 @@ DEFINITIONS: dict[str, tuple[object, object]] = {
     "preset": (Preset, None), "set_": (Set, None), "max_new_tokens": (MaxNew, None), "seed": (Seed, None),
     "stop": (Stop, None), "ignore_eos": (IgnoreEos, None),
     "fmt": (Fmt, Format.table), "top": (Top, None), "save_html": (SaveHtml, None), "save_svg": (SaveSvg, None),
-    "temperature": (Temperature, None), "top_k": (TopK, None), "top_p": (TopP, None), "min_p": (MinP, None),
-    "typical_p": (TypicalP, None), "softcap": (Softcap, None), "logit_bias": (LogitBias, None),
-    "repetition_penalty": (RepetitionPenalty, None), "no_repeat_ngram": (NoRepeatNgram, None),
-    "chain": (ChainOrder, None),
-    "presence_penalty": (PresencePenalty, None), "frequency_penalty": (FrequencyPenalty, None),
-    "penalty_last_n": (PenaltyLastN, None), "dry_multiplier": (DryMultiplier, None), "dry_base": (DryBase, None),
-    "dry_allowed_length": (DryAllowedLength, None), "dry_penalty_last_n": (DryPenaltyLastN, None),
-    "dry_breaker": (DryBreaker, None), "xtc_threshold": (XtcThreshold, None),
-    "xtc_probability": (XtcProbability, None), "top_n_sigma": (TopNSigma, None), "mirostat_tau": (MirostatTau, None),
-    "mirostat_eta": (MirostatEta, None), "dynatemp_range": (DynatempRange, None),
-    "dynatemp_exponent": (DynatempExponent, None), "epsilon_cutoff": (EpsilonCutoff, None),
-    "eta_cutoff": (EtaCutoff, None), "min_new_tokens": (MinNewTokens, None), "sequence_bias": (SequenceBias, None),
-    "ban": (Ban, None), "allow": (Allow, None), "semantics": (Semantics, None), "export": (Export, None),
+    "chain": (ChainOrder, None), "semantics": (Semantics, None), "export": (Export, None),
     "stop_id": (StopId, None), "trim_stop": (TrimStop, None),
+    **{p.field: (stage_option(p), None) for p in stage_params()},
 }
 
 PROMPT = ("prompt", "prompt_file", "chat")
@@ -180,14 +128,9 @@ SETTINGS = ("preset", "set_")
 GENERATE = ("max_new_tokens", "seed", "stop", "ignore_eos")
 OUTPUT = ("fmt", "top", "save_html", "save_svg")
 PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain")  # what beam search applies
-CHAIN = ("temperature", "top_k", "top_p", "min_p", "typical_p", "softcap") + PENALTIES
-CHAIN_KEYS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "softcap", "repetition_penalty",
-              "no_repeat_ngram")
-SAMPLER_KEYS = ("presence_penalty", "frequency_penalty", "penalty_last_n", "dry_multiplier", "dry_base",
-                "dry_allowed_length", "dry_penalty_last_n", "xtc_threshold", "xtc_probability", "top_n_sigma",
-                "mirostat_tau", "mirostat_eta", "dynatemp_range", "dynatemp_exponent", "epsilon_cutoff", "eta_cutoff",
-                "min_new_tokens", "semantics")
-SAMPLERS = SAMPLER_KEYS + ("dry_breaker", "sequence_bias", "ban", "allow", "export")  # sample, probs, speculate
+CHAIN = tuple(p.field for p in stage_params() if p.panel == "chain") + ("chain",)
+SAMPLERS = tuple(p.field for p in stage_params() if p.panel == "more") + ("semantics", "export")  # sample, probs, ...
+SCALAR_KEYS = tuple(p.field for p in stage_params() if not (p.many or p.pairs)) + ("semantics",)
 STOPS = ("stop_id", "trim_stop")
 
 
@@ -241,17 +184,19 @@ def explicit(opts: Opts, *keys: str) -> dict:
     from ..core.errors import ConfigError
     from ..core.settings import parse_logit_bias
 
-    out = {key: getattr(opts, key, None) for key in CHAIN_KEYS + SAMPLER_KEYS + ("cache", "trim_stop") + keys}
-    bias, chain = getattr(opts, "logit_bias", None), getattr(opts, "chain", None)
-    out["logit_bias"] = parse_logit_bias(bias) if bias else None
+    out = {key: getattr(opts, key, None) for key in SCALAR_KEYS + ("cache", "trim_stop") + keys}
+    for p in stage_params():
+        value = getattr(opts, p.field, None)
+        if p.pairs:
+            out[p.field] = parse_logit_bias(value, p.option) if value else None
+        elif p.many:
+            out[p.field] = tuple(value) if value else None
+    chain = getattr(opts, "chain", None)
     out["chain"] = tuple(s.strip() for s in chain.split(",") if s.strip()) if chain else None
     if chain is not None and not out["chain"]:  # "" or "," would read as no --chain at all
         raise ConfigError(f"--chain {chain!r}: names no stage; give the stages in order, e.g. temperature,top-p")
     if out.get("stop"):
         out["stop"] = tuple(out["stop"])
-    sequence_bias = getattr(opts, "sequence_bias", None)
-    out["sequence_bias"] = parse_logit_bias(sequence_bias, "--sequence-bias") if sequence_bias else None
-    for key in ("dry_breaker", "ban", "allow", "stop_id"):
-        value = getattr(opts, key, None)
-        out[key] = tuple(value) if value else None
+    stop_id = getattr(opts, "stop_id", None)
+    out["stop_id"] = tuple(stop_id) if stop_id else None
     return out
