@@ -34,28 +34,28 @@ MUTATE_ALL=(
     cli/live.py
 )
 TESTS=(
-    tests/test_bug_classes.py
-    tests/test_render.py
-    tests/test_steps_view.py
-    tests/test_render_mut.py
-    tests/test_fit.py
-    tests/test_exact_edges.py
-    tests/test_processors.py
-    tests/test_decode.py::test_step_numbers_are_labelled_consistently
-    tests/test_decode.py::test_same_seed_same_trace_other_seed_other_trace
-    tests/test_decode.py::test_stop_strings_and_context_limit
-    tests/test_decode.py::test_multinomial_selector_follows_the_distribution
-    tests/test_decode.py::test_the_chi_square_check_rejects_a_biased_sampler
-    tests/test_decode.py::test_multinomial_never_draws_a_removed_token
-    tests/test_decode.py::test_greedy_with_eos_stops_where_generate_stops
-    tests/test_speculative.py::test_accept_probability_and_residual_on_hand_vectors
-    tests/test_speculative.py::test_verify_sampled_hand_block
-    tests/test_speculative.py::test_verify_greedy_hand_block
-    tests/test_speculative.py::test_predicted_speedup_formula
-    tests/test_speculative.py::test_first_two_tokens_follow_the_target_distribution
-    tests/test_speculative.py::test_final_kind
-    tests/test_cli.py
-    tests/test_samplers.py::test_stop_ids_and_trim_stop
+    tests/sampling/test_bug_classes.py
+    tests/cli/test_render.py
+    tests/cli/test_steps_view.py
+    tests/cli/test_render_mut.py
+    tests/cli/test_fit.py
+    tests/sampling/test_exact_edges.py
+    tests/sampling/test_processors.py
+    tests/methods/test_decode.py::test_step_numbers_are_labelled_consistently
+    tests/methods/test_decode.py::test_same_seed_same_trace_other_seed_other_trace
+    tests/methods/test_decode.py::test_stop_strings_and_context_limit
+    tests/methods/test_decode.py::test_multinomial_selector_follows_the_distribution
+    tests/methods/test_decode.py::test_the_chi_square_check_rejects_a_biased_sampler
+    tests/methods/test_decode.py::test_multinomial_never_draws_a_removed_token
+    tests/methods/test_decode.py::test_greedy_with_eos_stops_where_generate_stops
+    tests/methods/test_speculative.py::test_accept_probability_and_residual_on_hand_vectors
+    tests/methods/test_speculative.py::test_verify_sampled_hand_block
+    tests/methods/test_speculative.py::test_verify_greedy_hand_block
+    tests/methods/test_speculative.py::test_predicted_speedup_formula
+    tests/methods/test_speculative.py::test_first_two_tokens_follow_the_target_distribution
+    tests/methods/test_speculative.py::test_final_kind
+    tests/cli/test_cli.py
+    tests/sampling/test_samplers.py::test_stop_ids_and_trim_stop
 )
 read -r -a mutate <<< "${MUTATE:-${MUTATE_ALL[*]}}"
 for file in "${mutate[@]}"; do

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-MODELS = Path(__file__).parents[1] / "presets" / "models"
+MODELS = Path(__file__).parents[2] / "presets" / "models"
 CARD = MODELS / "README.md"
 NAMES = ("tiny", "tiny-draft")
 EOT = "<|endoftext|>"

@@ -26,7 +26,7 @@ from decodelab.core.methods.speculative.rule import acceptance_probability, expe
 
 from conftest import BUNDLED_TOKENIZER, random_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_WEIGHTS = ROOT / "presets" / "models" / "tiny" / "model.safetensors"
 DRAFT_WEIGHTS = ROOT / "presets" / "models" / "tiny-draft" / "model.safetensors"
 PROMPT = [3, 17, 42, 9, 100, 17, 42]

@@ -20,7 +20,7 @@ from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.select import Greedy
 from decodelab.core.engine.stopping import StopRules
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def kv_like(seed: int = 0, shape=(2, 3, 37, 32)) -> torch.Tensor:

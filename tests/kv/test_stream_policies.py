@@ -31,7 +31,7 @@ from decodelab.core.methods.speculative.run import Speculator
 
 from conftest import random_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_WEIGHTS = ROOT / "presets" / "models" / "tiny" / "model.safetensors"
 
 
