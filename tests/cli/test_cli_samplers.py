@@ -136,8 +136,8 @@ def test_stop_id_trim_stop_and_mirostat_trace(cli, toy_model_dir):
     ("probs", ["probs", "--dist", "0.1,0.2,0.7", "--history", "1", "--semantics", "vllm", "--presence-penalty",
                "0.5", "--xtc-probability", "1"]),
 ])
-def test_readme_documents_the_new_json_fields(cli, toy_model_dir, command, args):
-    """What --semantics and the no-model path add to the JSON is in the README's tables (test_json_docs's check,
+def test_json_docs_document_the_new_json_fields(cli, toy_model_dir, command, args):
+    """What --semantics and the no-model path add to the JSON is in docs/json.md's tables (test_json_docs's check,
     on runs that print the optional fields)."""
     from test_json_docs import documented, fields
 

@@ -1,5 +1,5 @@
-"""The README's JSON reference against real output, both ways: every field a command prints is documented there,
-and every documented field (not marked `?`) is printed."""
+"""The JSON reference (docs/json.md) against real output, both ways: every field a command prints is documented
+there, and every documented field (not marked `?`) is printed."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ import re
 import pytest
 from conftest import ROOT
 
+JSON_DOCS = ROOT / "docs" / "json.md"
+
 
 def documented() -> dict[str, dict[tuple[str, str], bool]]:
-    """command -> {(object path, field): required}; the shared top level is added to every command but models."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text.split("## JSON output", 1)[1].split("\n## ", 1)[0]
+    """command -> {(object path, field): required}, from docs/json.md: the rows before the first `## `command``
+    heading are the shared top level, added to every command but models."""
+    text = JSON_DOCS.read_text(encoding="utf-8")
     tables: dict[str, dict] = {}
     current = "shared"
-    for line in section.splitlines():
-        heading = re.match(r"#### `([\w-]+)`", line)
+    for line in text.splitlines():
+        heading = re.match(r"## `([\w-]+)`", line)
         if heading:
             current = heading.group(1)
             continue
@@ -69,9 +71,9 @@ TEXT = ROOT / "presets" / "models" / "validation.txt"
 
 
 @pytest.mark.parametrize("command", list(RUNS))
-def test_readme_documents_every_json_field_both_ways(cli, toy_model_dir, command):
+def test_json_docs_document_every_json_field_both_ways(cli, toy_model_dir, command):
     docs = documented()
-    assert command in docs, f"README's JSON section has no table for {command}"
+    assert command in docs, f"docs/json.md has no table for {command}"
     table = docs[command]
     wild = frozenset(p for p, f in table if f == "*")  # objects whose keys vary: not descended into
     printed = set()
@@ -83,6 +85,6 @@ def test_readme_documents_every_json_field_both_ways(cli, toy_model_dir, command
         printed |= fields(json.loads(out), wild=wild)
     listed = {(p, f) for p, f in table if f != "*"}
     undocumented = printed - listed - {(p, f) for p, f in printed if p in wild}
-    assert not undocumented, f"{command} prints fields the README does not list: {sorted(undocumented)}"
+    assert not undocumented, f"{command} prints fields docs/json.md does not list: {sorted(undocumented)}"
     missing = {(p, f) for (p, f), required in table.items() if required and f != "*"} - printed
-    assert not missing, f"the README lists {command} fields it does not print: {sorted(missing)}"
+    assert not missing, f"docs/json.md lists {command} fields it does not print: {sorted(missing)}"

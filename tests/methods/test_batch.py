@@ -468,8 +468,8 @@ def test_cli_batch_bad_input_is_one_line(cli, tmp_path, content, args, needle):
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_cli_batch_json_fields_are_the_readmes(cli, toy_model_dir, tmp_path):
-    """The README's JSON table for batch against real output, both ways (as tests/test_json_docs.py does)."""
+def test_cli_batch_json_fields_are_the_json_docs(cli, toy_model_dir, tmp_path):
+    """docs/json.md's table for batch against real output, both ways (as tests/test_json_docs.py does)."""
     import json
 
     from test_json_docs import documented, fields
@@ -485,6 +485,6 @@ def test_cli_batch_json_fields_are_the_readmes(cli, toy_model_dir, tmp_path):
         printed |= fields(json.loads(out), wild=frozenset({"config"}))
     listed = {(p, f) for p, f in table if f != "*"}
     undocumented = {(p, f) for p, f in printed if p != "config"} - listed
-    assert not undocumented, f"batch prints fields the README does not list: {sorted(undocumented)}"
+    assert not undocumented, f"batch prints fields docs/json.md does not list: {sorted(undocumented)}"
     missing = {(p, f) for (p, f), required in table.items() if required and f != "*"} - printed
-    assert not missing, f"the README lists batch fields it does not print: {sorted(missing)}"
+    assert not missing, f"docs/json.md lists batch fields it does not print: {sorted(missing)}"
