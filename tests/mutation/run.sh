@@ -7,7 +7,7 @@
 #   cd WORKDIR && mutmut results          # or: mutmut show NAME
 #
 # MUTATE (environment): the repository files to mutate, space-separated; default: every file in MUTATE_ALL below.
-#   MUTATE="core/processors.py core/select.py" bash tests/mutation/run.sh /tmp/m
+#   MUTATE="core/sampling/filters.py core/sampling/select.py" bash tests/mutation/run.sh /tmp/m
 # MUTANT_PATTERN: run only the mutants whose names match (fnmatch, as `mutmut run` takes them), e.g.
 #   bash tests/mutation/run.sh /tmp/m 'decodelab.core.processors.xǁTopPǁ__call____mutmut_*'
 # MUTMUT_CHILDREN (environment): parallel workers, default 1 (the development machines share 2 cores).
@@ -15,7 +15,7 @@
 #
 # mutmut names a mutant after the module path of its file and compares it with the running function's __module__,
 # so the sources are laid out under decodelab/ in a scratch folder (the import name; the repository keeps core/ and
-# cli/ at the top level). Only the rule functions of core/speculative.py are mutated (the rest is fenced off with
+# cli/ at the top level). Of speculative decoding only the rule is mutated (core/methods/speculative/rule.py; formerly fenced off with
 # mutmut's "no mutate" pragmas in the scratch copy, never in the repository).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -23,15 +23,21 @@ work="${1:-/tmp/decodelab-mutation}"
 shift || true  # the rest: mutant name patterns
 
 MUTATE_ALL=(
-    core/processors.py
-    core/select.py
-    core/step.py
-    core/stats.py
-    core/speculative.py
-    cli/render.py
-    cli/steps_view.py
-    cli/fit.py
-    cli/live.py
+    core/sampling/chain.py
+    core/sampling/scaling.py
+    core/sampling/penalties.py
+    core/sampling/filters.py
+    core/sampling/biases.py
+    core/sampling/select.py
+    core/sampling/step.py
+    core/engine/stopping.py
+    core/engine/tokens.py
+    core/trace/stats.py
+    core/methods/speculative/rule.py
+    cli/view/render.py
+    cli/view/steps_view.py
+    cli/view/fit.py
+    cli/view/live.py
 )
 TESTS=(
     tests/sampling/test_bug_classes.py
@@ -73,18 +79,7 @@ cp -r "$repo/tests" "$work/tests"
 rm -rf "$work/tests/mutation"
 find "$work" -name __pycache__ -prune -exec rm -rf {} +
 
-# core/speculative.py: mutate only the section "the verification rule: pure functions"
-python3 - "$work/decodelab/core/speculative.py" <<'PY'
-import sys
-path = sys.argv[1]
-lines = open(path).read().split("\n")
-rule = next(i for i, l in enumerate(lines) if "the verification rule" in l) - 1  # its "# ----" rule line
-after = next(i for i, l in enumerate(lines) if "the sequence and the proposers" in l) - 1
-first = next(i for i, l in enumerate(lines) if l.startswith("from __future__"))
-out = (lines[:first] + ["# pragma: no mutate start"] + lines[first:rule] + ["# pragma: no mutate end"]
-       + lines[rule:after] + ["# pragma: no mutate start"] + lines[after:] + ["# pragma: no mutate end", ""])
-open(path, "w").write("\n".join(out))
-PY
+# the speculative rule is its own module (core/methods/speculative/rule.py): no fence needed
 
 cat > "$work/pyproject.toml" <<TOML
 [tool.mutmut]
