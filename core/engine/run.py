@@ -76,7 +76,8 @@ class Timing:
 
 
 class Run:
-    """Base of every method's run: the stop reason and the interrupt, the timing, the generated ids."""
+    """Base of every method's run: the stop reason and the interrupt. Each method's run also has ``new_ids`` (the
+    generated ids, an attribute or a property) and ``summary()`` (its summary record)."""
 
     stop_reason: str = "length"
     interrupted: bool = False
@@ -101,10 +102,3 @@ def drain(run) -> list:
     except ChainError:
         run.end(EMPTY_CHAIN)
     return steps
-
-    @property
-    def new_ids(self) -> list[int]:
-        raise NotImplementedError
-
-    def summary(self):
-        raise NotImplementedError
