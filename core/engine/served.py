@@ -65,8 +65,9 @@ class Alternative:
 
 @dataclass(frozen=True)
 class Position:
-    """One token with its value, its rank (1 = the most likely; None where the engine gave none and the token is
-    outside the listed top N) and the engine's top-N alternatives, highest first."""
+    """One token with its value, its rank (the number of tokens at least as likely, so 1 = the most likely; None
+    where the engine gave none and the token is outside the listed top N) and the engine's top-N alternatives,
+    highest first."""
 
     index: int  # position in the scored sequence, or step in a generation
     token_id: int
@@ -168,10 +169,11 @@ class Capabilities:
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect would send the request to another address than the one given: refuse it."""
+    """A redirect would send the request to another address than the one given: never follow one (the 3xx
+    answer then surfaces as an HTTPError)."""
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
+        return None
 
 
 # ProxyHandler({}) ignores http_proxy/https_proxy: the request goes to the given host and nowhere else
@@ -226,22 +228,37 @@ class Transport:
         return self._send(req)
 
     def _send(self, req: urllib.request.Request) -> dict:
-        path = urllib.parse.urlsplit(req.full_url).path
-        try:
-            with _OPENER.open(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            raise self.fail(f"{req.method} {path}: HTTP {e.code}: {_server_message(e)}") from None
-        except (socket.timeout, TimeoutError):
-            raise self.fail(f"{req.method} {path}: no answer within {self.timeout:g} s (timeout)") from None
-        except urllib.error.URLError as e:
-            raise self.fail(f"{req.method} {path}: {_reason(e.reason)}") from None
-        except (ConnectionError, OSError) as e:
-            raise self.fail(f"{req.method} {path}: {_reason(e)}") from None
+        where = f"{req.method} {urllib.parse.urlsplit(req.full_url).path}"
+        status, raw = self.exchange(req, where)
+        if 300 <= status < 400:
+            raise self.fail(f"{where}: HTTP {status}: redirect refused (only the URL given is contacted)")
+        if status >= 400:
+            raise self.fail(f"{where}: HTTP {status}: {_server_message(raw)}")
         try:
             return json.loads(raw, object_pairs_hook=_Object.from_pairs)
         except ValueError:
-            raise self.fail(f"{req.method} {path}: the answer is not JSON ({raw[:80]!r})") from None
+            raise self.fail(f"{where}: the answer is not JSON ({raw[:80]!r})") from None
+
+    def exchange(self, req: urllib.request.Request, where: str) -> tuple[int, bytes]:
+        """One HTTP round trip: (status, body). An HTTP error status is an answer; no answer is an EngineError."""
+        try:
+            with _OPENER.open(req, timeout=self.timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, _error_body(e)
+        except (socket.timeout, TimeoutError):
+            raise self.fail(f"{where}: no answer within {self.timeout:g} s (timeout)") from None
+        except urllib.error.URLError as e:
+            raise self.fail(f"{where}: {_reason(e.reason)}") from None
+        except OSError as e:
+            raise self.fail(f"{where}: {_reason(e)}") from None
+
+
+def _error_body(e: urllib.error.HTTPError) -> bytes:
+    try:
+        return e.read() or b""
+    except OSError:
+        return b""
 
 
 def _reason(reason) -> str:
@@ -254,16 +271,13 @@ def _reason(reason) -> str:
     return str(getattr(reason, "strerror", None) or reason)
 
 
-def _server_message(e: urllib.error.HTTPError) -> str:
+def _server_message(raw: bytes) -> str:
     """The server's own error text: OpenAI's {"error": {"message": ...}}, SGLang's {"message": ...}, or the body."""
-    try:
-        body = e.read().decode(errors="replace")
-    except OSError:
-        body = ""
+    body = raw.decode(errors="replace")
     try:
         data = json.loads(body)
     except ValueError:
-        return _one_line(body) or str(e.reason)
+        return _one_line(body) or "(empty body)"
     if isinstance(data, dict):
         err = data.get("error", data)
         if isinstance(err, dict) and err.get("message"):
@@ -294,10 +308,11 @@ def _sorted_top(entries: dict[int, float], n: int) -> tuple[Alternative, ...]:
 
 
 def _rank_in_top(token_id: int, logprob: float | None, top: tuple[Alternative, ...]) -> int | None:
-    """1 + the number of listed tokens strictly more likely; None when the token is not among them."""
+    """The number of listed tokens at least as likely (vLLM's rule: ties count against; exact when every token
+    tied with it is listed); None when the token is not among them."""
     if logprob is None or all(a.token_id != token_id for a in top):
         return None
-    return 1 + sum(1 for a in top if a.logprob > logprob)
+    return sum(1 for a in top if a.logprob >= logprob)
 
 
 def _order_defect(keys: list[int], values: dict[int, float], expected_first: int | None) -> str | None:
@@ -585,8 +600,8 @@ class ServedEngine:
     """A backend on an OpenAI-compatible server: list models, score token ids, generate from token ids."""
 
     def __init__(self, url: str, model: str | None = None, kind: str = "auto", logprobs_mode: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_S, max_top_n: int = 20):
-        self.transport = Transport(url, timeout)
+                 timeout: float = DEFAULT_TIMEOUT_S, max_top_n: int = 20, transport: Transport | None = None):
+        self.transport = transport or Transport(url, timeout)
         self._requested_model = model
         self._kind, self._mode, self._max_top_n = kind, logprobs_mode, max_top_n
         self._adapter = None
