@@ -11,8 +11,8 @@ Every number this module returns says what it is:
   engine computed it (float32), but the tokens outside the list are unknown; ``tail_mass`` bounds their total
   probability (1 - the listed probabilities' sum).
 
-A prompt position's logprob in vLLM is always raw (prompt tokens never pass through the sampler), whatever its
-``--logprobs-mode``. Where the facts come from: ``docs/engines.md``.
+A prompt position's value in vLLM is always raw (prompt tokens never pass through the sampler): the raw logprob,
+or the raw logit when the server runs in a logits mode. Where the facts come from: ``docs/engines.md``.
 
 Every failure is one :class:`EngineError` line naming ``--engine URL`` and what happened. Nothing but the URL
 given is ever contacted: no proxy from the environment, no redirect followed.
@@ -338,6 +338,9 @@ class VllmAdapter:
         if logprobs_mode not in VLLM_MODES:
             raise EngineError(f"--engine: logprobs mode {logprobs_mode!r}; allowed: {', '.join(VLLM_MODES)}")
         self.values = VLLM_MODES[logprobs_mode]
+        # prompt tokens skip the sampler: raw log softmax, or raw logits in a logits mode
+        # (v1/worker/gpu_model_runner.py _get_prompt_logprobs_dict)
+        self.prompt_values = RAW if self.values in LOGPROB_KINDS else RAW_LOGITS
         self.capabilities = Capabilities(score=True, generate=True, seeded=True, prompt_ranks=True,
                                          full_logits=False, max_top_n=max_top_n)
 
@@ -458,6 +461,7 @@ class SglangAdapter:
     kind = "sglang"
     path = "/generate"
     masked = None
+    prompt_values = RAW
 
     def __init__(self, logprobs_mode: str = "processed_logprobs", max_top_n: int | None = None):
         if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
@@ -530,6 +534,7 @@ class LlamacppAdapter:
     sampler chain, turned into logs here). It returns no prompt logprobs, so it cannot score."""
 
     kind = "llamacpp"
+    prompt_values = RAW
     path = "/completion"
     masked = -3.0e38  # llama.cpp writes log(0) as the lowest float
 
@@ -664,7 +669,8 @@ class ServedEngine:
     # scoring and generation -----------------------------------------------------------------------------------
 
     def score(self, token_ids: Sequence[int], top_n: int = 5) -> Scored:
-        """Per-position raw logprobs, ranks and top-N alternatives of a token sequence (teacher-forced)."""
+        """Per-position raw logprobs (raw logits on a vLLM in a logits mode), ranks and top-N alternatives of a
+        token sequence, teacher-forced."""
         ids = _check_ids(self.transport, token_ids, minimum=2)
         self._check_top_n(top_n)
         if not self.capabilities.score:
@@ -673,7 +679,7 @@ class ServedEngine:
         resp = self.transport.post(self.adapter.path, body)
         self._check_answer_model(resp)
         positions = self.adapter.read_score(self.transport, body, resp)
-        return Scored(self.model, tuple(ids), positions, self.labels(top_n, RAW), body)
+        return Scored(self.model, tuple(ids), positions, self.labels(top_n, self.adapter.prompt_values), body)
 
     def generate(self, prompt_ids: Sequence[int], settings: SamplingSettings) -> Generated:
         """A continuation of prompt_ids under settings, every sampling field written into the request."""

@@ -348,3 +348,33 @@ def test_vllm_modes_and_labels():
     assert VllmAdapter("processed_logits").values == "processed_logits"
     with pytest.raises(EngineError, match="allowed: raw_logprobs"):
         VllmAdapter("final")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# vLLM facts the recording pins (the shapes check-logprobs reads), straight from the recorded JSON
+
+
+def recorded_answer(mode: str, match) -> dict:
+    x = next(x for x in load_recording()["modes"][mode] if x["body"] and match(x["body"]))
+    return json.loads(x["response"])["choices"][0]
+
+
+def test_text_keyed_top_logprobs_lose_entries_that_decode_alike():
+    by_id = recorded_answer(MODES[0], lambda b: b.get("echo") and b.get("return_tokens_as_token_ids"))
+    by_text = recorded_answer(MODES[0], lambda b: b.get("echo") and not b.get("return_tokens_as_token_ids"))
+    ids = [len(t) if t else 0 for t in by_id["logprobs"]["top_logprobs"]]
+    texts = [len(t) if t else 0 for t in by_text["logprobs"]["top_logprobs"]]
+    assert by_id["logprobs"]["token_logprobs"][0] is None, "echo: the first prompt position has no logprob"
+    assert all(t <= i for t, i in zip(texts, ids)) and sum(texts) < sum(ids)
+
+
+def test_chat_top_logprobs_start_with_the_sampled_token_and_drop_the_nth_best():
+    chat = recorded_answer(MODES[0], lambda b: "messages" in b and b.get("return_tokens_as_token_ids"))
+    displaced = 0
+    for entry in chat["logprobs"]["content"]:
+        listed = entry["top_logprobs"]
+        assert len(listed) == 5 and listed[0]["token"] == entry["token"]
+        others = [t["logprob"] for t in listed[1:]]
+        if any(v > entry["logprob"] for v in others):
+            displaced += 1  # the sampled token is not the best, yet it holds the first of the 5 places
+    assert displaced >= 1
