@@ -1,0 +1,158 @@
+"""A loopback HTTP server that replays answers recorded from a real vLLM (tests/engine/record_vllm.py), so the
+default CI exercises decodelab's client against vLLM's exact JSON without vLLM installed.
+
+A request is matched by method, path and JSON body (key order ignored); one that was never recorded gets a 404
+with an OpenAI-style error naming it. Faults can be injected:
+
+* ``timeout``      -- the answer never comes (the handler waits until the server stops)
+* ``no_logprobs``  -- completions answers lose ``logprobs`` and ``prompt_logprobs`` (set to null)
+* ``duplicate``    -- the first step's top logprobs list the sampled token twice (a repeated JSON key)
+* ``refused``      -- nothing listens at the URL (connection refused)
+
+Use the ``fake_vllm`` fixture: ``server = fake_vllm(mode="raw_logprobs", fault=None)``; it is stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+RECORDING = Path(__file__).resolve().parent / "recordings" / "vllm-0.32.0.json"
+FAULTS = (None, "timeout", "no_logprobs", "duplicate", "refused")
+_DUP = "\u0000dup"  # a placeholder key, replaced in the JSON text by the repeated token key
+
+
+def load_recording(path: Path = RECORDING) -> dict:
+    return json.loads(path.read_text())
+
+
+def request_key(method: str, path: str, body) -> tuple[str, str, str]:
+    return method, path, json.dumps(body, sort_keys=True)
+
+
+def index(exchanges: list[dict]) -> dict:
+    """(method, path, body) -> (status, answer text); the first recording of a request wins."""
+    out: dict = {}
+    for x in exchanges:
+        out.setdefault(request_key(x["method"], x["path"], x["body"]), (x["status"], x["response"]))
+    return out
+
+
+def drop_logprobs(text: str) -> str:
+    data = json.loads(text)
+    for choice in data.get("choices", []):
+        choice["logprobs"] = None
+        choice["prompt_logprobs"] = None
+    return json.dumps(data)
+
+
+def duplicate_sampled(text: str) -> str:
+    """The sampled token of step 0 listed twice in its top logprobs (JSON allows a repeated key; json.dumps
+    cannot write one, so a placeholder key is swapped for the real one in the text)."""
+    data = json.loads(text)
+    lp = (data.get("choices") or [{}])[0].get("logprobs")
+    if not lp or not lp.get("top_logprobs"):
+        return text
+    token, value = lp["tokens"][0], lp["token_logprobs"][0]
+    lp["top_logprobs"][0] = {_DUP: value, **lp["top_logprobs"][0]}
+    return json.dumps(data).replace(json.dumps(_DUP), json.dumps(token), 1)
+
+
+def refused_url() -> str:
+    """A loopback URL where nothing listens (a port just bound and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+class FakeServer:
+    """Replays one logprobs mode of a recording on 127.0.0.1, optionally with a fault."""
+
+    def __init__(self, recording: dict, mode: str = "raw_logprobs", fault: str | None = None):
+        if fault not in FAULTS:
+            raise ValueError(f"fault {fault!r}; allowed: {FAULTS}")
+        self.answers = index(recording["modes"][mode])
+        self.fault = fault
+        self.seen: list[tuple[str, str, object]] = []
+        self._release = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self.url = refused_url() if fault == "refused" else None
+
+    def start(self) -> FakeServer:
+        if self.fault == "refused":
+            return self
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.handle(self, None)
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                server.handle(self, json.loads(self.rfile.read(length) or b"null"))
+
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._httpd.block_on_close = False
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._release.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    def handle(self, h: BaseHTTPRequestHandler, body) -> None:
+        self.seen.append((h.command, h.path, body))
+        if self.fault == "timeout":
+            self._release.wait(10)
+            return
+        status, text = self.answers.get(request_key(h.command, h.path, body), (404, None))
+        if text is None:
+            text = json.dumps({"error": {"message": f"fake server: no recorded answer for {h.command} {h.path} "
+                                                    f"with this body", "type": "NotFoundError", "param": None,
+                                         "code": 404}})
+        elif status == 200 and h.path == "/v1/completions":
+            text = self._fault(text)
+        data = text.encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _fault(self, text: str) -> str:
+        if self.fault == "no_logprobs":
+            return drop_logprobs(text)
+        if self.fault == "duplicate":
+            return duplicate_sampled(text)
+        return text
+
+
+@pytest.fixture
+def fake_vllm():
+    """A factory: ``fake_vllm(mode="raw_logprobs", fault=None)`` starts a FakeServer; all are stopped after."""
+    if not RECORDING.exists():
+        pytest.skip(f"no recording at {RECORDING} (run tests/engine/record_vllm.py)")
+    recording = load_recording()
+    started: list[FakeServer] = []
+
+    def start(mode: str = "raw_logprobs", fault: str | None = None) -> FakeServer:
+        server = FakeServer(recording, mode, fault).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
