@@ -53,6 +53,34 @@ def _forward(model, ids, cache, position_ids, attention_mask, logits_to_keep) ->
     return out.logits.float()
 
 
+def forward_attending(
+    model,
+    ids: Tensor,
+    cache,
+    position_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    logits_to_keep: int = 1,
+) -> tuple[Tensor, tuple]:
+    """:func:`forward` that also returns each layer's attention probabilities [B, H, T, cached + T] (for a KV
+    policy that scores tokens by attention). Fused kernels return no weights, so the call runs under eager
+    attention and the model's own implementation is restored afterwards; a model that still returns none gives
+    ``None`` entries (the policy refuses it with one line)."""
+    previous = getattr(model.config, "_attn_implementation", None)
+    if previous != "eager":
+        model.set_attn_implementation("eager")
+    try:
+        with torch.inference_mode():
+            kwargs = {cache_kwarg(model): cache, "use_cache": True, "logits_to_keep": logits_to_keep,
+                      "position_ids": position_ids, "output_attentions": True}
+            if attention_mask is not None:
+                kwargs["attention_mask"] = attention_mask
+            out = model(input_ids=ids, **kwargs)
+    finally:
+        if previous not in (None, "eager"):
+            model.set_attn_implementation(previous)
+    return out.logits.float(), tuple(out.attentions or ())
+
+
 @torch.inference_mode()
 def attention_weights(model, ids: Tensor) -> list[Tensor]:
     """Per-layer attention weights [B, H, T, T] of one causal forward over ``ids`` without a cache (eager attention

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..kv import CacheSpec, KVPolicy, make_policy
-from .forward import forward, model_info
+from .forward import forward, forward_attending, model_info
 from .models import LoadedModel
 
 

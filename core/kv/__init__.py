@@ -5,6 +5,7 @@ itself there, imported here once in the order ``decodelab models`` lists them.
 """
 
 from . import full, paged, quant, recompute, static, window  # noqa: E402,F401  (each registers itself)
+from . import h2o, knorm, pyramidkv, snapkv, tova  # noqa: E402,F401  (the score-based presses)
 from .protocol import (
                        ALIASES,
                        CAPABILITIES,
