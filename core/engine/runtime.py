@@ -46,12 +46,18 @@ class Runtime:
         if rewrite is not None:
             return self._feed_rewritten(ids, keep, rewrite)
         n = ids.shape[1]
+        if n > 1 and self._one_token_a_forward():
+            return self._feed_one_by_one(ids, keep)
         positions = self.policy.positions(n)
         if positions.shape[0] != ids.shape[0]:
             positions = positions.expand(ids.shape[0], -1)
         mask = self.policy.attention_mask(n)  # None but for a policy that lays rows out itself (paged)
         if self._compiled is not None and n == 1 and keep == "last":
             logits = self._compiled_call(ids, positions)
+        elif self._wants_attentions(n):  # a score-based policy (snapkv, h2o, ...) sees this forward's attention
+            logits, attentions = forward_attending(self.model, ids, self.policy.model_cache, positions, mask,
+                                                   logits_to_keep=1 if keep == "last" else 0)
+            self.policy.observe_attentions(attentions)
         else:
             logits = forward(self.model, ids, self.policy.model_cache, positions, attention_mask=mask,
                              logits_to_keep=1 if keep == "last" else 0, inference=self._compiled is None)
@@ -59,6 +65,22 @@ class Runtime:
         self.fed += n
         self.policy.after_forward(n)
         return logits[:, -1] if keep == "last" else logits
+
+    def _wants_attentions(self, n: int) -> bool:
+        """The attention hook: a policy with ``wants_attentions(n)`` true gets the probabilities of every layer of
+        this forward through ``observe_attentions`` (before ``after_forward``)."""
+        wants = getattr(self.policy, "wants_attentions", None)
+        return wants is not None and wants(n)
+
+    def _one_token_a_forward(self) -> bool:
+        """A policy whose layers hold different numbers of tokens (pyramidkv) takes one token a forward: the model
+        builds one causal mask for every layer, which fits only layers of one length."""
+        uneven = getattr(self.policy, "one_token_a_forward", None)
+        return uneven is not None and uneven()
+
+    def _feed_one_by_one(self, ids: Tensor, keep: str) -> Tensor:
+        rows = [self.feed(ids[:, i : i + 1], keep="last") for i in range(ids.shape[1])]
+        return rows[-1] if keep == "last" else torch.stack(rows, dim=1)
 
     def _feed_rewritten(self, ids: Tensor, keep: str, rewrite) -> Tensor:
         """The one hook for a policy that rewrites what is fed (``recompute``: the last W ids at fresh positions).
