@@ -281,7 +281,7 @@ class _Redirecting(BaseHTTPRequestHandler):
 
 def test_a_redirect_is_not_followed():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     try:
         with pytest.raises(EngineError) as err:
