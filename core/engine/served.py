@@ -336,7 +336,7 @@ class VllmAdapter:
 
     def __init__(self, logprobs_mode: str = "raw_logprobs", max_top_n: int = 20):
         if logprobs_mode not in VLLM_MODES:
-            raise EngineError(f"--engine: logprobs mode {logprobs_mode!r}; allowed: {', '.join(VLLM_MODES)}")
+            raise EngineError(f"logprobs mode {logprobs_mode!r}; allowed: {', '.join(VLLM_MODES)}")
         self.values = VLLM_MODES[logprobs_mode]
         # prompt tokens skip the sampler: raw log softmax, or raw logits in a logits mode
         # (v1/worker/gpu_model_runner.py _get_prompt_logprobs_dict)
@@ -465,7 +465,7 @@ class SglangAdapter:
 
     def __init__(self, logprobs_mode: str = "processed_logprobs", max_top_n: int | None = None):
         if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
-            raise EngineError(f"--engine: SGLang logprobs are raw_logprobs (SGLANG_RETURN_ORIGINAL_LOGPROB=1) "
+            raise EngineError(f"SGLang logprobs are raw_logprobs (SGLANG_RETURN_ORIGINAL_LOGPROB=1) "
                               f"or processed_logprobs, not {logprobs_mode!r}")
         self.values = VLLM_MODES[logprobs_mode]
         self.capabilities = Capabilities(score=True, generate=True, seeded=True, prompt_ranks=False,
@@ -540,7 +540,7 @@ class LlamacppAdapter:
 
     def __init__(self, logprobs_mode: str = "raw_logprobs", max_top_n: int | None = None):
         if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
-            raise EngineError(f"--engine: llama.cpp gives raw_logprobs or processed_logprobs (post_sampling_probs), "
+            raise EngineError(f"llama.cpp gives raw_logprobs or processed_logprobs (post_sampling_probs), "
                               f"not {logprobs_mode!r}")
         self.values = VLLM_MODES[logprobs_mode]
         self.capabilities = Capabilities(score=False, generate=True, seeded=True, prompt_ranks=False,
@@ -660,7 +660,10 @@ class ServedEngine:
             raise self.transport.fail(f"cannot tell the server kind (owned_by {chosen.get('owned_by')!r}); "
                                       f"give one of {', '.join(ADAPTERS)}")
         default = {"vllm": "raw_logprobs", "sglang": "processed_logprobs", "llamacpp": "raw_logprobs"}[kind]
-        self._adapter = ADAPTERS[kind](self._mode or default, self._max_top_n)
+        try:
+            self._adapter = ADAPTERS[kind](self._mode or default, self._max_top_n)
+        except EngineError as e:
+            raise self.transport.fail(str(e)) from None
         self._model = chosen["id"]
 
     def labels(self, top_n: int, values: str | None = None) -> Labels:
@@ -699,8 +702,8 @@ class ServedEngine:
     def _check_top_n(self, n: int) -> None:
         cap = self.capabilities.max_top_n
         if n < 0 or (cap is not None and n > cap):
-            raise self.transport.fail(f"top {n} logprobs asked; this server returns 0..{cap} "
-                                      f"(vLLM: raise it with --max-logprobs)")
+            raise self.transport.fail(f"top {n} logprobs asked; the limit is 0..{cap} (vLLM's --max-logprobs, "
+                                      f"default 20; give max_top_n for a server started with more)")
 
     def _check_answer_model(self, resp) -> None:
         answered = resp.get("model") if isinstance(resp, dict) else None

@@ -104,7 +104,7 @@ class FakeServer:
         self._httpd.daemon_threads = True
         self._httpd.block_on_close = False
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def stop(self) -> None:

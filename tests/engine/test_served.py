@@ -235,7 +235,7 @@ def test_model_name_mismatch(fake_vllm):
 @pytest.mark.parametrize("change, message", [
     (dict(temperature=0.005), "vLLM raises 0 < t < 0.01 to 0.01"),
     (dict(logit_bias={5: 150.0}), "vLLM clamps biases to [-100, 100]"),
-    (dict(logprobs=21), "top 21 logprobs asked; this server returns 0..20"),
+    (dict(logprobs=21), "top 21 logprobs asked; the limit is 0..20"),
     (dict(logprobs=0), "generate needs logprobs >= 1"),
 ])
 def test_settings_vllm_would_change_silently_are_refused(fake_vllm, change, message):
@@ -281,7 +281,7 @@ class _Redirecting(BaseHTTPRequestHandler):
 
 def test_a_redirect_is_not_followed():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     try:
         with pytest.raises(EngineError) as err:
@@ -344,10 +344,13 @@ def test_llamacpp_body_and_answer():
     assert not a.capabilities.score and "min_tokens" in a.check(replace(s, min_tokens=2))
 
 
-def test_vllm_modes_and_labels():
+def test_vllm_modes_and_labels(fake_vllm):
     assert VllmAdapter("processed_logits").values == "processed_logits"
-    with pytest.raises(EngineError, match="allowed: raw_logprobs"):
-        VllmAdapter("final")
+    assert VllmAdapter("raw_logits").prompt_values == "raw_logits" and VllmAdapter().prompt_values == RAW
+    server = fake_vllm()
+    with pytest.raises(EngineError) as err:
+        ServedEngine(server.url, logprobs_mode="final").model
+    assert "logprobs mode 'final'; allowed: raw_logprobs" in one_line(err, server.url)
 
 
 # --------------------------------------------------------------------------------------------------------------
