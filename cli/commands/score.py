@@ -26,8 +26,9 @@ TextFile = Annotated[Optional[Path], typer.Option("--text-file", help="Read the 
 Limit = Annotated[Optional[int], typer.Option("--limit", help="Score only the first N tokens.", rich_help_panel=SCORE)]
 Chunk = Annotated[Optional[int], typer.Option("--chunk", help="Perplexity per chunk of N scored tokens.",
                                               rich_help_panel=SCORE)]
-Feed = Annotated[Optional[int], typer.Option("--feed", help="Tokens per forward (default: the whole text at once; "
-                                             "under a bounded --cache, eviction happens between forwards).",
+Feed = Annotated[Optional[int], typer.Option("--feed", help="Tokens per forward (default: the whole text at once, "
+                                             "or 1 when --cache or --against-cache acts between forwards: bounded, "
+                                             "quantized or compressing, scored as in decoding).",
                                              rich_help_panel=SCORE)]
 Against = Annotated[Optional[str], typer.Option("--against", help="Reference model (same tokenizer): per-token "
                                                 "KL(reference || model), top-1 agreement, log-probability "

@@ -14,6 +14,8 @@ from .protocol import (
                        KVPolicy,
                        ModelInfo,
                        Rotary,
+                       compresses_once,
+                       feed_invariant,
                        listing,
                        make_policy,
                        parse_cache_spec,
@@ -23,5 +25,6 @@ from .protocol import (
                        tensor_nbytes,
 )
 
-__all__ = ["ALIASES", "CAPABILITIES", "POLICIES", "CacheSpec", "KVPolicy", "ModelInfo", "Rotary", "listing",
+__all__ = ["ALIASES", "CAPABILITIES", "POLICIES", "CacheSpec", "KVPolicy", "ModelInfo", "Rotary", "compresses_once",
+           "feed_invariant", "listing",
            "make_policy", "parse_cache_spec", "policy_capabilities", "register", "require", "tensor_nbytes"]

@@ -11,6 +11,7 @@ from .protocol import KVPolicy, ModelInfo, register, tensor_nbytes
 class FullPolicy(KVPolicy):
     name = "full"
     capabilities = frozenset({"truncate", "reorder", "rows"})
+    feed_invariant = True  # nothing is evicted, compressed or quantized between forwards
     summary = "every position (the model's own cache layout; its sliding layers stay sliding)"
     params: dict = {}
 

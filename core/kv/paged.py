@@ -154,6 +154,7 @@ class Plan:
 class PagedPolicy(KVPolicy):
     name = "paged"
     capabilities = frozenset()  # several rows only through the scheduler; no truncate/reorder
+    feed_invariant = True  # nothing is evicted, compressed or quantized between forwards
     summary = "a pool of fixed-size blocks with block tables, a free list and prefix sharing (for batch)"
     params = {"block": positive_int, "blocks": positive_int}
 

@@ -119,6 +119,11 @@ class PressPolicy(KVPolicy):
     phases: tuple[str, ...] = PHASES
     default_compress = "prefill"
 
+    @classmethod
+    def compresses_once(cls, options: dict) -> bool:
+        """compress=prefill (the only phase of snapkv and pyramidkv): one compression, after the first forward."""
+        return (options.get("compress") or cls.default_compress) == "prefill"
+
     def __init__(self, info: ModelInfo, capacity: int | None, needs: frozenset[str], ratio: Ratio | None = None,
                  size: int | None = None, compress: str | None = None):
         super().__init__(info, capacity, needs)

@@ -17,6 +17,13 @@ and is the only code that changes it. The runtime (:mod:`decodelab.core.runtime`
   layers); ``nbytes()`` their sum.
 * ``capabilities``: what it can do among ``CAPABILITIES``; a run that needs what its policy lacks is refused by
   :func:`require` when it is configured, before any model loads.
+* ``feed_invariant``: whether the logits of a text are the same however it is split into forwards (nothing is
+  evicted, compressed or quantized between forwards: full, static, paged, recompute). Every other policy changes
+  what later tokens see only *between* forwards (a forward's queries see its own tokens exactly), so a whole text
+  fed in one forward never reads what the policy keeps; ``score`` feeds such a policy one token a forward, as
+  decoding does (:func:`feed_invariant`).
+* ``compresses_once(options)``: whether it acts once, after the first forward only (a press with
+  ``compress=prefill``): what it costs then depends on where the prompt ends (:func:`compresses_once`).
 
 Policies register in ``POLICIES`` (name -> class). A class declares ``name``, ``capabilities``, ``summary`` (one
 line for ``decodelab models``), ``params`` (allowed ``key=value`` names with their parser) and is built by
@@ -90,6 +97,12 @@ class KVPolicy:
     capabilities: frozenset[str] = frozenset()
     summary = ""
     params: dict = {}
+    feed_invariant = False  # the same logits at any split of a text into forwards (module docstring)
+
+    @classmethod
+    def compresses_once(cls, options: dict) -> bool:
+        """Whether the policy acts once, after the first forward only (module docstring)."""
+        return False
 
     def __init__(self, info: ModelInfo, capacity: int | None = None, needs: frozenset[str] = frozenset()):
         self.info = info
@@ -236,6 +249,16 @@ def policy_capabilities(spec: CacheSpec) -> frozenset[str]:
     cls = POLICIES[spec.name]
     narrow = getattr(cls, "capabilities_for", None)
     return narrow(spec.options) if narrow is not None else cls.capabilities
+
+
+def feed_invariant(spec: CacheSpec) -> bool:
+    """Whether the logits of a text under ``spec`` do not depend on how it is split into forwards."""
+    return POLICIES[spec.name].feed_invariant
+
+
+def compresses_once(spec: CacheSpec) -> bool:
+    """Whether ``spec`` acts once, after the first forward (the prompt) only."""
+    return POLICIES[spec.name].compresses_once(spec.options)
 
 
 def _verb(capability: str) -> str:

@@ -24,6 +24,7 @@ BATCH_TOKENS = 8192  # windows stacked into one forward, at most this many token
 class RecomputePolicy(KVPolicy):
     name = "recompute"
     capabilities = frozenset({"truncate", "reorder", "rows"})
+    feed_invariant = True  # nothing is evicted, compressed or quantized between forwards
     summary = "no cache: each token's logits from a fresh forward over the last W tokens (size=W; quality baseline)"
     params = {"size": positive_int}
 

@@ -13,6 +13,7 @@ from .protocol import KVPolicy, ModelInfo, register, tensor_nbytes
 class StaticPolicy(KVPolicy):
     name = "static"
     capabilities = frozenset({"truncate", "reorder", "rows", "compile"})
+    feed_invariant = True  # nothing is evicted, compressed or quantized between forwards
     summary = "every position, preallocated to prompt + -n and written in place (for --compile)"
     params: dict = {}
 

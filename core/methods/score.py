@@ -1,7 +1,11 @@
 """Teacher-forced scoring: a given text, no generation.
 
-The text's tokens t_0 .. t_{T-1} are fed through the runtime in blocks (``feed`` tokens at a time, default the
-whole text); token t_i (i >= 1) is scored from the logits after t_0 .. t_{i-1}:
+The text's tokens t_0 .. t_{T-1} are fed through the runtime in blocks of ``feed`` tokens; token t_i (i >= 1) is
+scored from the logits after t_0 .. t_{i-1}. The default feed (:func:`score_feed`) is the whole text in one forward
+when every cache policy is feed-invariant (full, static, recompute: the same logits at any split), and one token a
+forward otherwise: a bounded, quantized or compressing policy acts between forwards, so a token is scored from what
+the policy kept of the tokens before it, as in decoding. A press that compresses once, after the prompt
+(``compress=prefill``), needs ``--feed N``: the first N tokens are its prompt.
 
     raw_logprob_i = log softmax(z_i)[t_i]                the model's own log-probability
     logprob_i     = log softmax(chain(t_<i, z_i))[t_i]   what these decoding settings would have given it
@@ -28,7 +32,7 @@ from torch import Tensor
 from ..engine.run import Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
-from ..kv import CacheSpec, parse_cache_spec
+from ..kv import CacheSpec, compresses_once, feed_invariant, parse_cache_spec
 from ..sampling.chain import Chain, cache_spec, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
@@ -38,7 +42,7 @@ from ..settings import _check
 class ScoreSettings(ChainSettings):
     limit: int | None = None  # score only the first N tokens of the text
     chunk: int | None = None  # perplexity per chunk of N scored tokens
-    feed: int | None = None  # tokens per forward (default: the whole text at once)
+    feed: int | None = None  # tokens per forward (default: score_feed)
     against: str | None = None  # a reference model (same tokenizer)
     against_cache: str | None = None  # a reference cache policy (the same model unless --against)
     top: int = 10  # tokens listed in `most_different`
@@ -51,8 +55,32 @@ def validate_score(s: ScoreSettings) -> None:
         if value is not None:
             _check(value >= 1, key, value, "must be an integer >= 1")
     _check(s.top >= 0, "top", s.top, "must be >= 0")
-    if s.against_cache is not None:
-        parse_cache_spec(s.against_cache, "--against-cache")
+    for option, spec in policies(s).items():
+        if compresses_once(spec) and s.feed is None:
+            raise ConfigError(f"{option} {spec}: it compresses once, after the prompt, and a scored text has no "
+                              "prompt; give --feed N (the first N tokens are the prompt it compresses, the rest are "
+                              "scored as decoded) or compress=decode where the press has it")
+
+
+def policies(s: ScoreSettings) -> dict[str, CacheSpec]:
+    """The cache policies a score run uses, by option: --cache, and --against-cache when given (or implied by
+    --against: the reference model under the full cache)."""
+    out = {"--cache": cache_spec(s)}
+    if s.against_cache is not None or s.against is not None:
+        out["--against-cache"] = parse_cache_spec("full" if s.against_cache is None else s.against_cache,
+                                                  "--against-cache")
+    return out
+
+
+def score_feed(feed: int | None, specs: list[CacheSpec | None], tokens: int) -> int:
+    """Tokens per forward for a text of ``tokens`` tokens under the cache ``specs`` (None: full): ``feed`` if given;
+    else the text minus its last token in one forward when every policy is feed-invariant; else 1, so that each
+    token is scored from what the policy kept of the tokens before it, as the decoding step that produced it."""
+    if feed is not None:
+        return feed
+    if all(spec is None or feed_invariant(spec) for spec in specs):
+        return max(tokens - 1, 1)
+    return 1
 
 
 @dataclass
@@ -94,6 +122,7 @@ class ScoreSummary:
     mean_nll: float
     processed_mean_logprob: float  # -inf when the chain removed some token of the text
     chunks: list[ChunkPerplexity] = field(default_factory=list)
+    feed: int = 0  # tokens per forward (score_feed: 1 under a policy that acts between forwards)
     tokens_per_s: float = float("nan")
     stop_reason: str = "end"  # end | interrupted
     reference: str | None = None
@@ -129,6 +158,7 @@ class Scorer(Run):
         self.steps: list[ScoredToken] = []
         self.stop_reason = "end"
         self.watch: Stopwatch | None = None
+        self.feed = score_feed(settings.feed, [cache, reference_cache], len(self.ids))
 
     @property
     def total(self) -> int:
@@ -146,7 +176,7 @@ class Scorer(Run):
             ref = Runtime.create(self.reference, self.reference_cache, capacity=len(self.ids))
         ids = torch.tensor([self.ids], dtype=torch.long, device=device)
         T = len(self.ids)
-        feed = self.s.feed or T - 1
+        feed = self.feed
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
@@ -200,7 +230,7 @@ class Scorer(Run):
         summary = ScoreSummary(
             tokens=n, perplexity=math.exp(mean_nll) if n else float("nan"), mean_nll=mean_nll,
             processed_mean_logprob=sum(s.logprob for s in steps) / n if n else float("nan"), chunks=chunks,
-            tokens_per_s=self.watch.timing.tokens_per_s(n) if self.watch else float("nan"),
+            feed=self.feed, tokens_per_s=self.watch.timing.tokens_per_s(n) if self.watch else float("nan"),
             stop_reason=self.stop_reason)
         if self.reference is not None and n:
             summary.reference = self.reference_name
@@ -218,7 +248,7 @@ def build_scorer(lm, settings: ScoreSettings, token_ids: list[int], chain: Chain
     """``reference``: a LoadedModel for --against (None: the same model when --against-cache is given)."""
     ref_model, ref_name, ref_cache = None, None, None
     if settings.against is not None or settings.against_cache is not None:
-        ref_cache = parse_cache_spec(settings.against_cache or "full", "--against-cache")
+        ref_cache = policies(settings)["--against-cache"]
         ref_model = (reference or lm).model
         ref_name = f"{(reference or lm).name} (cache {ref_cache})"
     return Scorer(lm.model, token_ids, chain, lm.token_text, settings, cache_spec(settings), ref_model, ref_cache,

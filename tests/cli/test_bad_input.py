@@ -29,11 +29,19 @@ def one_line_error(cli, *args) -> str:
     (["--stop", NON_UTF8], "--stop 'caf\\\\udce9': not valid UTF-8"),
     (["--logit-bias", " the=inf"], "+inf cannot force a token"),
     (["--logit-bias", f"{NON_UTF8}=1"], "--logit-bias 'caf\\\\udce9': not valid UTF-8"),
+    (["--cache", ""], "--cache '': names no policy; give one of full, "),  # not read as full
+    (["--cache", "  "], "--cache '  ': names no policy"),
 ])
 def test_values_refused_before_the_model_loads(cli, args, needle):
     # a model that does not exist: the value must be refused first
     err = one_line_error(cli, "sample", "Hi", "-m", "/nonexistent/model", *args)
     assert needle in err
+
+
+@pytest.mark.parametrize("option", ["--cache", "--against-cache"])
+def test_an_empty_cache_spec_is_refused_by_score(cli, option):
+    assert f"{option} '': names no policy" in one_line_error(cli, "score", "Hi", "-m", "/nonexistent/model", option,
+                                                             "")
 
 
 def test_non_utf8_prompt(cli, toy_model_dir):

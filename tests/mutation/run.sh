@@ -1,101 +1,97 @@
 #!/usr/bin/env bash
-# Mutation testing (mutmut 3) of the processors, selector, stop rules, trace statistics, the speculative acceptance
-# rule and the renderers (render.py and the table layout of steps_view.py, fit.py, live.py), against the fast tests
-# that guard them.
+# Mutation testing (mutmut 3) of all of core/ and the renderers (cli/view/render.py and the table layout of
+# steps_view.py, fit.py, live.py), against the fast test suite less the tests that cannot see a mutant (EXCLUDE).
 #
 #   pip install -e '.[test,mutation]' && bash tests/mutation/run.sh [WORKDIR [MUTANT_PATTERN...]]
 #   cd WORKDIR && mutmut results          # or: mutmut show NAME
 #
-# MUTATE (environment): the repository files to mutate, space-separated; default: every file in MUTATE_ALL below.
-#   MUTATE="core/sampling/filters.py core/sampling/select.py" bash tests/mutation/run.sh /tmp/m
-# MUTANT_PATTERN: run only the mutants whose names match (fnmatch, as `mutmut run` takes them), e.g.
-#   bash tests/mutation/run.sh /tmp/m 'decodelab.core.processors.xǁTopPǁ__call____mutmut_*'
+# MUTATE (environment): the repository files or folders to mutate, space-separated; default: MUTATE_ALL below.
+#   MUTATE="core/sampling/filters.py core/kv" bash tests/mutation/run.sh /tmp/m
+# MUTANT_PATTERN: run only the mutants whose names match (fnmatch, as `mutmut run` takes them), e.g. one package:
+#   bash tests/mutation/run.sh /tmp/m 'decodelab.core.kv.*'
+# KEEP=1 (environment): keep WORKDIR's mutants/ (mutmut's verdicts) and refresh the sources and tests in it. mutmut
+#   keeps the verdict of every mutant whose function is unchanged and tests the rest, so a run per package, or a
+#   rerun after new tests, adds to one table. Name the survivors to retest them against new tests:
+#   KEEP=1 bash tests/mutation/run.sh /tmp/m $(grep ': survived' /tmp/m/results.txt | cut -d: -f1)
 # MUTMUT_CHILDREN (environment): parallel workers, default 1 (the development machines share 2 cores).
-# The tests run against every mutant are TESTS below, the one place the selection lives.
+# The tests run against the mutants are every test file under tests/ except EXCLUDE below, the one place the
+# selection lives; mutmut runs against each mutant only the tests that call its function.
 #
 # mutmut names a mutant after the module path of its file and compares it with the running function's __module__,
 # so the sources are laid out under decodelab/ in a scratch folder (the import name; the repository keeps core/ and
-# cli/ at the top level). Of speculative decoding only the rule is mutated (core/methods/speculative/rule.py; formerly fenced off with
-# mutmut's "no mutate" pragmas in the scratch copy, never in the repository).
+# cli/ at the top level).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 work="${1:-/tmp/decodelab-mutation}"
 shift || true  # the rest: mutant name patterns
 
 MUTATE_ALL=(
-    core/sampling/chain.py
-    core/sampling/scaling.py
-    core/sampling/penalties.py
-    core/sampling/filters.py
-    core/sampling/biases.py
-    core/sampling/select.py
-    core/sampling/step.py
-    core/engine/stopping.py
-    core/engine/tokens.py
-    core/trace/stats.py
-    core/methods/speculative/rule.py
+    core
     cli/view/render.py
     cli/view/steps_view.py
     cli/view/fit.py
     cli/view/live.py
 )
-TESTS=(
-    tests/sampling/test_bug_classes.py
-    tests/cli/test_render.py
-    tests/cli/test_steps_view.py
-    tests/cli/test_render_mut.py
-    tests/cli/test_fit.py
-    tests/sampling/test_exact_edges.py
-    tests/sampling/test_processors.py
-    tests/methods/test_decode.py::test_step_numbers_are_labelled_consistently
-    tests/methods/test_decode.py::test_same_seed_same_trace_other_seed_other_trace
-    tests/methods/test_decode.py::test_stop_strings_and_context_limit
-    tests/methods/test_decode.py::test_multinomial_selector_follows_the_distribution
-    tests/methods/test_decode.py::test_the_chi_square_check_rejects_a_biased_sampler
-    tests/methods/test_decode.py::test_multinomial_never_draws_a_removed_token
-    tests/methods/test_decode.py::test_greedy_with_eos_stops_where_generate_stops
-    tests/methods/test_speculative.py::test_accept_probability_and_residual_on_hand_vectors
-    tests/methods/test_speculative.py::test_verify_sampled_hand_block
-    tests/methods/test_speculative.py::test_verify_greedy_hand_block
-    tests/methods/test_speculative.py::test_predicted_speedup_formula
-    tests/methods/test_speculative.py::test_first_two_tokens_follow_the_target_distribution
-    tests/methods/test_speculative.py::test_final_kind
-    tests/cli/test_cli.py
-    tests/sampling/test_samplers.py::test_stop_ids_and_trim_stop
+EXCLUDE=(
+    tests/mutation               # this script
+    tests/layout                 # reads the source text (imports, packaging): mutmut's trampolines are not the code
+    tests/cli/test_first_use.py  # runs `decodelab --help` in a subprocess, which imports the unmutated install
+    tests/cli/test_interrupts.py # raises KeyboardInterrupt, which mutmut's worker takes for the user's Ctrl-C
+    tests/cli/test_fuzz_cli.py   # hypothesis-drawn values: a mutant's verdict would depend on the draw
+    tests/engine/test_gpu.py     # CUDA only
+    tests/engine/test_vllm_real.py  # a real vLLM server in another venv
 )
 read -r -a mutate <<< "${MUTATE:-${MUTATE_ALL[*]}}"
-for file in "${mutate[@]}"; do
-    [ -f "$repo/$file" ] || { echo "MUTATE: no file $file in $repo" >&2; exit 2; }
+files=()
+for item in "${mutate[@]}"; do
+    [ -e "$repo/$item" ] || { echo "MUTATE: no file or folder $item in $repo" >&2; exit 2; }
+    while IFS= read -r file; do
+        # an empty __init__.py has nothing to mutate
+        [ -s "$repo/$file" ] && files+=("$file")
+    done < <(cd "$repo" && find "$item" -name '*.py' -not -path '*/__pycache__/*' | sort)
 done
+tests=()
+while IFS= read -r file; do
+    skip=0
+    for excluded in "${EXCLUDE[@]}"; do
+        [[ "$file" == "$excluded" || "$file" == "$excluded"/* ]] && skip=1
+    done
+    [ "$skip" = 0 ] && tests+=("$file")
+done < <(cd "$repo" && find tests -name 'test_*.py' -not -path '*/__pycache__/*' | sort)
 toml_list() { local item; for item in "$@"; do printf '    "%s",\n' "$item"; done; }
-rm -rf "$work"
+if [ "${KEEP:-0}" = 1 ] && [ -d "$work/mutants" ]; then
+    rm -rf "$work/decodelab" "$work/tests" "$work/presets" "$work/docs" "$work/README.md"
+else
+    rm -rf "$work"
+fi
 mkdir -p "$work/decodelab"
 touch "$work/decodelab/__init__.py"
 for part in core cli presets; do
     cp -r "$repo/$part" "$work/decodelab/$part"
 done
 cp -r "$repo/presets" "$work/presets"  # tests find the bundled tokenizer and weights at the repository root
+cp -r "$repo/docs" "$work/docs"  # and read docs/json.md and README.md against real output
+cp "$repo/README.md" "$work/README.md"
 cp -r "$repo/tests" "$work/tests"
 rm -rf "$work/tests/mutation"
-find "$work" -name __pycache__ -prune -exec rm -rf {} +
-
-# the speculative rule is its own module (core/methods/speculative/rule.py): no fence needed
+find "$work" -path "$work/mutants" -prune -o -name __pycache__ -prune -exec rm -rf {} +
+git -C "$repo" rev-parse --short HEAD > "$work/commit.txt" 2>/dev/null || true
 
 cat > "$work/pyproject.toml" <<TOML
 [tool.mutmut]
 source_paths = ["decodelab/"]
 only_mutate = [
-$(toml_list "${mutate[@]/#/decodelab/}")
+$(toml_list "${files[@]/#/decodelab/}")
 ]
-also_copy = ["tests/", "presets/"]
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow and not gpu"]
+also_copy = ["tests/", "presets/", "docs/", "README.md"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow and not gpu and not vllm"]
 pytest_add_cli_args_test_selection = [
-$(toml_list "${TESTS[@]}")
+$(toml_list "${tests[@]}")
 ]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
-markers = ["slow: heavier checks", "gpu: needs CUDA"]
+markers = ["slow: heavier checks", "gpu: needs CUDA", "vllm: a real vLLM server"]
 TOML
 cd "$work"
 export OMP_NUM_THREADS=1
@@ -108,7 +104,7 @@ counts = collections.defaultdict(collections.Counter)
 for line in open(sys.argv[1]):
     if ": " in line:
         name, status = line.strip().rsplit(": ", 1)
-        counts[name.split(".x")[0].split(".x\u01c1")[0]][status] += 1
+        counts[name.split(".x_")[0].split(".x\u01c1")[0]][status] += 1
 total = collections.Counter()
 for module, c in sorted(counts.items()):
     total.update(c)

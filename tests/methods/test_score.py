@@ -1,0 +1,109 @@
+"""`score` against oracles that do not use the score machinery: a banded-mask forward for a window cache (what a
+decoding step under `window:size=W` attends to), and per-chunk perplexities of a full forward when the chunk size
+does not divide the text."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from conftest import random_model
+
+from decodelab.core.errors import ConfigError
+from decodelab.core.kv import parse_cache_spec
+from decodelab.core.methods.score import Scorer, ScoreSettings, score_feed, validate_score
+from decodelab.core.sampling.chain import build_chain
+
+IDS = [int(i) for i in torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(3))]
+
+
+def banded_logprobs(model, ids: list[int], span: int) -> torch.Tensor:
+    """log softmax of one forward in which query i attends to keys max(0, i - span + 1) .. i only, at the tokens'
+    own positions: what a decoding step sees under `window:size=span-1,positions=keep` (the W cached tokens and
+    itself). Independent of the runtime and the cache classes."""
+    t = len(ids)
+    i = torch.arange(t)
+    allowed = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - span)
+    mask = torch.zeros(t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)[None, None]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), attention_mask=mask).logits[0]
+    return torch.log_softmax(logits.double(), dim=-1)
+
+
+def full_logprobs(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+
+
+def scored(logp: torch.Tensor, ids: list[int]) -> list[float]:
+    return logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+
+
+def test_a_window_cache_is_scored_as_decoding_sees_it_by_default():
+    """The bug: the whole text in one forward never reads what window:size=W keeps, so `--against-cache full`
+    reported KL 0. By default a policy that acts between forwards is fed one token a forward, and every token's
+    log-probability is the banded-mask forward's."""
+    model = random_model("llama", seed=6, scale=2.0)
+    window = 6
+    settings = ScoreSettings(cache=f"window:size={window}", against_cache="full")
+    scorer = Scorer(model, IDS, build_chain({}), str, settings, cache=parse_cache_spec(settings.cache),
+                    reference=model, reference_cache=parse_cache_spec("full"), reference_name="full")
+    rows = list(scorer)
+    summary = scorer.summary()
+    assert summary.feed == 1
+    assert [r.raw_logprob for r in rows] == pytest.approx(scored(banded_logprobs(model, IDS, window + 1), IDS),
+                                                          abs=1e-4)
+    assert [r.reference_logprob for r in rows] == pytest.approx(scored(full_logprobs(model, IDS), IDS), abs=1e-4)
+    assert summary.kl_mean > 1e-3 and summary.top1_agreement < 1
+    # the first window + 1 tokens see everything before them: no cost there
+    assert max(r.kl for r in rows[:window]) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_the_feed_is_the_whole_text_only_when_every_policy_is_feed_invariant():
+    full, window = parse_cache_spec("full"), parse_cache_spec("window:size=4")
+    assert score_feed(None, [full, None], 40) == 39
+    assert score_feed(None, [parse_cache_spec("static"), parse_cache_spec("recompute:size=5")], 40) == 39
+    for lossy in ("window:size=4", "sinks:sinks=1,recent=3", "int8", "int4-kivi", "h2o:size=4", "knorm:size=4,"
+                  "compress=decode"):
+        assert score_feed(None, [full, parse_cache_spec(lossy)], 40) == 1, lossy
+        assert score_feed(None, [parse_cache_spec(lossy), None], 40) == 1, lossy
+    assert score_feed(7, [window, None], 40) == 7  # --feed wins
+
+
+@pytest.mark.parametrize("cache", ["snapkv:ratio=0.5", "pyramidkv:ratio=0.5", "knorm:ratio=0.5"])
+def test_a_press_that_compresses_once_needs_feed(cache):
+    """compress=prefill acts after the first forward only; a scored text has no prompt, so --feed says where it
+    ends (fed one token a forward, it would compress one token and never evict anything)."""
+    with pytest.raises(ConfigError, match=rf"^--cache {cache.split(':')[0]}:.*compresses once.*give --feed N"):
+        validate_score(ScoreSettings(cache=cache))
+    with pytest.raises(ConfigError, match=r"^--against-cache .*give --feed N"):
+        validate_score(ScoreSettings(against_cache=cache))
+    validate_score(ScoreSettings(cache=cache, feed=16))
+
+
+def test_the_last_chunk_of_a_text_the_chunk_size_does_not_divide():
+    """39 scored tokens in chunks of 10: the last chunk holds 9 tokens and its perplexity is theirs alone."""
+    model = random_model("qwen2", seed=5, scale=2.0)
+    nll = [-x for x in scored(full_logprobs(model, IDS), IDS)]
+    scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings(chunk=10))
+    list(scorer)
+    chunks = scorer.summary().chunks
+    assert [(c.start, c.end) for c in chunks] == [(1, 11), (11, 21), (21, 31), (31, 40)]
+    expected = [math.exp(sum(nll[a : a + 10]) / len(nll[a : a + 10])) for a in range(0, 39, 10)]
+    assert [c.perplexity for c in chunks] == pytest.approx(expected, rel=1e-5)
+
+
+def test_cli_score_against_full_under_a_window_reports_its_cost(cli, toy_model_dir):
+    text = "Once upon a time there was a compiler that read every line twice and then once more."
+    args = ("score", text, "-m", toy_model_dir, "--cache", "window:size=4", "--against-cache", "full", "-f", "json")
+    code, out, err = cli(*args)
+    assert code == 0, err
+    default = json.loads(out)["summary"]
+    code, out, err = cli(*args, "--feed", "1")
+    assert code == 0, err
+    one = json.loads(out)["summary"]
+    assert default["feed"] == 1 and default["kl_mean"] > 0 and default["kl_mean"] == pytest.approx(one["kl_mean"])
+    code, _, err = cli("score", text, "-m", toy_model_dir, "--cache", "knorm:ratio=0.5")
+    assert code == 2 and err.startswith("error: --cache knorm:") and "--feed N" in err and "\n" not in err.strip()
