@@ -77,7 +77,6 @@ class Plan:
     counting: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # penalty -> (scope, last_n)
     selector: str = "multinomial"  # greedy | multinomial (exponential race) | hf-multinomial
     logprobs: str = "processed"  # what the engine's logprobs describe: processed (after its chain) | raw
-    stop_ends_min_tokens: bool = True  # min-new-tokens bans the stop ids too, not only EOS
     trim_stop: bool = False  # the engine leaves a stop string out of the text
     notes: list[str] = field(default_factory=list)
 
@@ -86,7 +85,10 @@ class Plan:
         return list(self.settings.chain or ())
 
     def context(self, generator: torch.Generator | None = None, eos_ids=(), stop_ids=()) -> StageContext:
-        end = tuple(eos_ids) + (tuple(stop_ids) if self.stop_ends_min_tokens else ())
+        # min-new-tokens bans the stop ids as well as EOS in every engine: vLLM's min_tokens holds back EOS and
+        # stop_token_ids; transformers' min_new_tokens bans every eos_token_id, and --export hf writes the stop ids
+        # there (the only way generate stops on a token id)
+        end = tuple(eos_ids) + tuple(stop_ids)
         return StageContext(generator=generator, end_ids=tuple(dict.fromkeys(end)), counting=dict(self.counting))
 
     def make_selector(self, seed: int, device) -> Greedy | Multinomial | HFMultinomial:
@@ -200,7 +202,7 @@ def _hf(s: ChainSettings) -> Plan:
     if s.softcap is not None:
         notes.append("softcap: in transformers a model property (final_logit_softcapping), not a processor")
     s = _finish("hf", s, user_chain, notes, HF_ORDER)
-    return Plan("hf", s, {}, selector, "processed", stop_ends_min_tokens=False, trim_stop=False, notes=notes)
+    return Plan("hf", s, {}, selector, "processed", trim_stop=False, notes=notes)
 
 
 def _vllm(s: ChainSettings) -> Plan:
@@ -231,7 +233,7 @@ def _vllm(s: ChainSettings) -> Plan:
         s = replace(s, penalty_last_n=None)
     counting = {"frequency-penalty": ("output", None), "presence-penalty": ("output", None)}
     notes.append("frequency and presence penalties count generated tokens only; repetition counts the prompt too")
-    return Plan("vllm", s, counting, selector, "raw", stop_ends_min_tokens=True, trim_stop=True, notes=notes)
+    return Plan("vllm", s, counting, selector, "raw", trim_stop=True, notes=notes)
 
 
 def _llamacpp(s: ChainSettings) -> Plan:
@@ -296,4 +298,4 @@ def _llamacpp(s: ChainSettings) -> Plan:
     s = replace(s, penalty_last_n=None)
     s = _finish("llamacpp", s, user_chain, notes, engine_order)
     selector = "greedy" if temperature == 0 and s.dynatemp_range is None else "multinomial"
-    return Plan("llamacpp", s, counting, selector, "raw", stop_ends_min_tokens=True, trim_stop=True, notes=notes)
+    return Plan("llamacpp", s, counting, selector, "raw", trim_stop=True, notes=notes)

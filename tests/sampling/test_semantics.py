@@ -243,6 +243,24 @@ def test_exported_hf_kwargs_reproduce_the_greedy_output(arch):
     assert ours == hf_ids(model, eos_token_id=eos, **kwargs)
 
 
+def test_hf_stop_id_waits_for_min_new_tokens_as_the_exported_generate_does():
+    """--semantics hf and --export hf agree: the export writes the stop id into eos_token_id, and generate's
+    min_new_tokens bans every eos_token_id, so the stop id cannot end the run before N tokens (it once could)."""
+    model = random_model("llama", seed=2, scale=4.0)
+    free, _ = our_ids(model, SampleSettings(temperature=0.0, max_new_tokens=8))
+    stop = free[0]  # the first greedy token: without the ban the run ends at once
+    settings = SampleSettings(semantics="hf", temperature=0.0, max_new_tokens=8, stop_id=(stop,), min_new_tokens=3)
+    validate_sample(settings)
+    _, chain, selector = build(settings, model.config.vocab_size, settings.seed, "cpu", stop_ids=settings.stop_id)
+    rules = StopRules(settings.max_new_tokens, stop_ids=settings.stop_id)
+    ours = [d.token_id for d in decode_tokens(model, PROMPT, chain, selector, rules, state=DecodeState())]
+    kwargs = export(settings, "hf", model.config.vocab_size).arguments
+    assert kwargs["eos_token_id"] == [stop] and kwargs["min_new_tokens"] == 3
+    ref = hf_ids(model, **kwargs)
+    assert len(ours) >= 3 and stop not in ours[:3]
+    assert ours == ref
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_hf_sampling_equals_generate_do_sample_token_for_token(arch, seed):
