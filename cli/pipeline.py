@@ -49,7 +49,7 @@ def export_instead(opts: Opts, settings, lm: LoadedModel | None = None, vocab: i
 
     if lm is not None:
         result = export(settings, target, lm.vocab_size, encode=encode_plain(lm), token_id=lm.token_id,
-                        eos_ids=tuple(lm.eos_ids))
+                        eos_ids=tuple(lm.eos_ids), context=lm.context_length)
     else:
         result = export(settings, target, vocab)
     if opts.fmt in (Format.json, Format.jsonl):

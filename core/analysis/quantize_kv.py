@@ -132,8 +132,16 @@ def projection(policy: QuantPolicy, tokens: int, rows: int, free: int | None) ->
     baseline = full * dtype_bytes(info.dtype)
     return {"tokens": tokens, "batch": rows, "kv_bytes": quant, "baseline_kv_bytes": baseline,
             "fp16_kv_bytes": full * 2, "bytes_ratio": quant / (full * 2),
+            "fp16_model_bytes_ratio": fp16_model_bytes(policy, tokens, rows) / (full * 2),
             "fits": None if free is None else quant <= free,
             "baseline_fits": None if free is None else baseline <= free}
+
+
+def fp16_model_bytes(policy: QuantPolicy, tokens: int, rows: int = 1) -> int:
+    """The bytes of the same layout in a float16 model: the exact window at 2 bytes a value. A cache stores its
+    exact window in the model's dtype (exact is exact), so a float32 model's window costs twice this; against
+    float16 keys and values, this is the figure a float16 model gets (the one KIVI's own figures describe)."""
+    return policy.bytes_at(tokens, rows, exact_dtype=torch.float16)
 
 
 # --- reconstruction and outliers -------------------------------------------------------------------------------------
@@ -250,12 +258,13 @@ class Fidelity:
     perplexity: float
     baseline_perplexity: float
     kv_bytes: int
-    bytes_ratio: float  # kv_bytes / fp16 bytes of the same tokens
+    bytes_ratio: float  # kv_bytes / fp16 bytes of the same tokens (kv_bytes: the exact window in the model's dtype)
+    fp16_model_bytes_ratio: float  # the same layout in a float16 model (exact window at 2 bytes) / fp16 bytes
     steps: list = field(default_factory=list, repr=False)  # the scored tokens (score's ScoredToken), when kept
 
     def row(self) -> dict:
         return {"cache": self.cache, "tokens": self.tokens, "kv_bytes": self.kv_bytes, "bytes_ratio": self.bytes_ratio,
-                "kl_mean": self.kl_mean, "top1_agreement": self.top1_agreement, "perplexity": self.perplexity,
+                "fp16_model_bytes_ratio": self.fp16_model_bytes_ratio, "kl_mean": self.kl_mean, "top1_agreement": self.top1_agreement, "perplexity": self.perplexity,
                 "baseline_perplexity": self.baseline_perplexity,
                 "perplexity_change": self.perplexity / self.baseline_perplexity - 1}
 
@@ -272,8 +281,9 @@ def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_s
     held = held_bytes(lm, ids, spec, None if spec.name == "quant" and not sliding(lm) else feed)
     info = model_info(lm.model)
     fp16 = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
+    as_fp16 = fp16_model_bytes(QuantPolicy(info, **spec.options), len(ids)) if spec.name == "quant" else held
     return Fidelity(str(spec), summary.tokens, summary.kl_mean, summary.top1_agreement, summary.perplexity,
-                    summary.reference_perplexity, held, held / fp16, scorer.steps if keep_steps else [])
+                    summary.reference_perplexity, held, held / fp16, as_fp16 / fp16, scorer.steps if keep_steps else [])
 
 
 def held_bytes(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int | None = None) -> int:
@@ -332,7 +342,8 @@ class QuantizeKVReport:
         f = self.fidelity
         return {"cache": self.cache, "tokens": f.tokens, "kv_bytes": f.kv_bytes,
                 "baseline_kv_bytes": self.memory["baseline_kv_bytes"], "fp16_kv_bytes": self.memory["fp16_kv_bytes"],
-                "bytes_ratio": f.bytes_ratio, "baseline_bytes_ratio": f.kv_bytes / self.memory["baseline_kv_bytes"],
+                "bytes_ratio": f.bytes_ratio, "fp16_model_bytes_ratio": f.fp16_model_bytes_ratio,
+                "baseline_bytes_ratio": f.kv_bytes / self.memory["baseline_kv_bytes"],
                 "kl_mean": f.kl_mean, "top1_agreement": f.top1_agreement, "perplexity": f.perplexity,
                 "baseline_perplexity": f.baseline_perplexity,
                 "perplexity_change": f.perplexity / f.baseline_perplexity - 1, "stop_reason": self.stop_reason}

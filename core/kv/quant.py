@@ -413,11 +413,13 @@ class QuantPolicy(KVPolicy):
     def layer_nbytes(self) -> list[int]:
         return [layer.nbytes() for layer in self.model_cache.layers]
 
-    def bytes_at(self, tokens: int, rows: int = 1) -> int:
+    def bytes_at(self, tokens: int, rows: int = 1, exact_dtype: torch.dtype | None = None) -> int:
         """Projected bytes of this cache after ``tokens`` tokens in each of ``rows`` rows, from the layouts' byte
-        formulas (tests check them against the stored tensors): per layer, keys and values, quantized + exact."""
+        formulas (tests check them against the stored tensors): per layer, keys and values, quantized + exact.
+        ``exact_dtype``: the dtype of the exact window (default the model's, as stored); float16 gives the bytes of
+        the same layout in a float16 model (scales and zero points are float16 either way but for bfloat16)."""
         info = self.info
-        exact_bytes = torch.empty(0, dtype=info.dtype).element_size()
+        exact_bytes = torch.empty(0, dtype=exact_dtype or info.dtype).element_size()
         total = 0
         for layer in self.model_cache.layers:
             window = None if layer.hold else layer.window

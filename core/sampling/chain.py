@@ -14,7 +14,7 @@ from ..errors import ChainError, ConfigError
 from ..inputs import check_text
 from ..kv import parse_cache_spec
 from ..settings import _check
-from . import biases, filters, penalties, scaling  # noqa: F401  (each binds its classes to the registry)
+from . import biases, filters, llamacpp, penalties, scaling  # noqa: F401  (each binds its classes to the registry)
 from .registry import BY_NAME, DEFAULT_ORDER, StageContext, params
 from .select import make_generator
 from .semantics import Plan, plan
@@ -125,7 +125,8 @@ def build_chain(values: dict, order: list[str] | None = None, context: StageCont
         missing = [n for n in active if n not in order]
         if missing:
             raise ConfigError(f"--chain leaves out {missing[0]!r}, which is set; add it to --chain or unset it")
-    return Chain([BY_NAME[name].make(BY_NAME[name].cls, values[name], context) for name in order])
+    return Chain([BY_NAME[name].make(BY_NAME[name].class_for(context.engine), values[name], context)
+                  for name in order])
 
 
 def chain_for(settings: ChainSettings, tokens: Tokens, generator=None, eos_ids=(), stop_ids=()) -> tuple[Plan, Chain]:
@@ -170,23 +171,24 @@ def validate_chain(s: ChainSettings) -> None:
     off-values first), then the ranges, then the order: building every stage once, each checks its own parameters,
     before any model loads (token-naming settings resolved to placeholder ids: no tokenizer yet)."""
     effective = plan(s)
-    validate_chain_ranges(effective.settings)
+    validate_chain_ranges(effective.settings, effective.engine)
     chain_for(s, Tokens.placeholder())
     cache_spec(s)
 
 
-def validate_chain_ranges(s: ChainSettings) -> None:
-    """Each field's range as its registry entry states it; then the rules that join two fields."""
+def validate_chain_ranges(s: ChainSettings, engine: str | None = None) -> None:
+    """Each field's range as its registry entry states it (the engine's own where it has one: llama.cpp's min-p
+    above 1); then the rules that join two fields."""
     for p in params():
-        value = getattr(s, p.field)
-        if p.check is not None and value is not None:
-            _check(p.check.ok(value), p.field, value, p.check.allowed)
+        value, check = getattr(s, p.field), p.checks.get(engine, p.check)
+        if check is not None and value is not None:
+            _check(check.ok(value), p.field, value, check.allowed)
     for token, bias in s.logit_bias:
         check_text("--logit-bias", token)
         _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")
         _check(bias != math.inf, "logit_bias", f"{token}={bias}", "+inf cannot force a token (every other "
                "candidate would be NaN); use a large finite bias such as 100, or ban the others with -inf")
-    if s.dynatemp_range is not None:
+    if s.dynatemp_range is not None and engine != "llamacpp":  # llama.cpp runs T over [max(0, t - R), t + R]
         _check(s.temperature != 0, "dynatemp_range", s.dynatemp_range,
                "needs a temperature > 0 (-t 0 is greedy); the range is around -t")
 

@@ -2,9 +2,12 @@
 another engine: transformers ``generate`` keyword arguments, vLLM ``SamplingParams`` arguments, llama.cpp command-line
 flags. What the engine cannot express is listed in ``unsupported``; what it would do differently in ``notes``.
 
-The exported values reproduce decodelab's reading, not the engine's defaults: a stage decodelab leaves off is
-switched off explicitly where the engine has it on by default (transformers' top_k=50 when sampling, llama.cpp's
-top_k 40 / top_p 0.95 / min_p 0.05 / temp 0.8), and llama.cpp gets decodelab's stage order in ``--samplers``.
+The exported values reproduce decodelab's reading, not the engine's defaults. Every field an engine could fill
+from elsewhere is written: transformers and a vLLM server fill a missing sampling field from the model's
+generation_config, and llama.cpp has its own defaults (top_k 40, top_p 0.95, min_p 0.05, temp 0.8), so a stage
+decodelab leaves off is written with the engine's off-value (the registry's ``Param.off``), and llama.cpp gets
+decodelab's stage order in ``--samplers``. Names and flags come from the registry (``Param.export``); what is
+engine-wide (do_sample, greedy as temperature 0, mirostat's chain, stop rules, bans as bad words) is here.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from .registry import STAGES, effective, param, params
 from .semantics import (
     ENGINE_NAMES,
     ENGINE_STAGES,
@@ -24,10 +28,13 @@ from .semantics import (
     plan,
 )
 from .settings import ChainSettings
-from .registry import BY_NAME
 from .tokens import resolve_token_settings
 
 TARGETS = ("hf", "vllm", "llamacpp")
+# what a vLLM server fills from the model's generation_config when a request lacks it
+# (vllm/config/model.py get_diff_sampling_param; max_new_tokens is -n's)
+VLLM_SERVER_FILLED = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p",
+                      "min_p")
 LLAMACPP_SAMPLER_NAMES = {  # common/sampling.cpp common_sampler_type_to_str
     "repetition-penalty": "penalties", "frequency-penalty": "penalties", "presence-penalty": "penalties",
     "dry": "dry", "top-n-sigma": "top_n_sigma", "top-k": "top_k", "typical-p": "typ_p", "top-p": "top_p",
@@ -56,10 +63,12 @@ class Export:
         return out
 
 
-def export(settings: ChainSettings, target: str, vocab: int, encode=None, token_id=None, eos_ids=()) -> Export:
+def export(settings: ChainSettings, target: str, vocab: int, encode=None, token_id=None, eos_ids=(),
+           context: int | None = None) -> Export:
     """``settings``: ChainSettings or SampleSettings (then -n, --seed, --stop, --stop-id, --ignore-eos and
     --trim-stop are exported too). Token-naming settings are resolved with ``encode`` / ``token_id`` if given,
-    else they must be ids."""
+    else they must be ids. ``context``: the most tokens a run holds (the model's context), the window llama.cpp is
+    given for "every token"."""
     if target not in TARGETS:
         raise ConfigError(f"--export {target!r}: allowed: {', '.join(TARGETS)}")
     p = plan(settings)
@@ -77,11 +86,12 @@ def export(settings: ChainSettings, target: str, vocab: int, encode=None, token_
         first = next(i for i, (a, b) in enumerate(zip(ours, engine_order)) if a != b)
         out.notes.append(f"order differs: decodelab runs {ours[first]} before {engine_order[first]}, "
                          f"{ENGINE_NAMES[target]} the other way round (results differ when both change logits)")
-    {"hf": _hf, "vllm": _vllm, "llamacpp": _llamacpp}[target](s, p, bias, resolved, settings, eos_ids, out)
+    {"hf": _hf, "vllm": _vllm, "llamacpp": _llamacpp}[target](s, p, bias, resolved, settings, eos_ids, out,
+                                                                 context)
     return out
 
 
-def _sampling(s: ChainSettings, p) -> bool:
+def _sampling(p) -> bool:
     """Whether decodelab draws (vs greedy) under this plan."""
     return p.selector != "greedy"
 
@@ -91,32 +101,40 @@ def _sample_fields(settings) -> dict:
                                                      "trim_stop")}
 
 
-def _hf(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
+def stage_fields(target: str, s: ChainSettings, sampling: bool) -> dict:
+    """Registry field -> value for every one-value field the target names (``Param.export``) of a stage it has:
+    decodelab's value, or the target's off-value (``Param.off``) where the stage is off here but the target could
+    switch it on from its own defaults. Stages that act only when sampling are left out of a greedy export."""
+    out = {}
+    for stage in STAGES:
+        if target not in stage.engines or (stage.warper and not sampling):
+            continue
+        for i, p in enumerate(stage.params):
+            if target not in p.export or p.many or p.pairs:
+                continue
+            value = getattr(s, p.field)
+            if value is None and target in p.off and i == 0:  # the field that switches the stage on
+                value = p.off[target].value
+            if value is not None:
+                out[p.field] = value
+    return out
+
+
+def _hf(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
     kw: dict = {}
     sample = _sample_fields(settings)
-    sampling = _sampling(s, p)
+    sampling = _sampling(p)
     kw["do_sample"] = sampling
-    if sampling:
-        kw["temperature"] = 1.0 if s.temperature is None else s.temperature
-        kw["top_k"] = 0 if s.top_k is None else s.top_k  # 0: off (transformers would use 50)
-        for key, value in (("top_p", s.top_p), ("min_p", s.min_p), ("typical_p", s.typical_p),
-                           ("epsilon_cutoff", s.epsilon_cutoff), ("eta_cutoff", s.eta_cutoff)):
-            if value is not None:
-                kw[key] = value
-    if s.repetition_penalty is not None:
-        kw["repetition_penalty"] = s.repetition_penalty
-    if s.no_repeat_ngram is not None:
-        kw["no_repeat_ngram_size"] = s.no_repeat_ngram
+    for name, value in stage_fields("hf", s, sampling).items():
+        kw[param(name).export["hf"]] = value
     # a -inf bias is a ban: bad_words_ids (JSON has no -inf; NoBadWordsLogitsProcessor masks exactly the same)
     pairs = [((t,), b) for t, b in bias.items()] + list(resolved["sequence-bias"])
     seq = [[list(ids), b] for ids, b in pairs if b != float("-inf")]
     bans = [list(ids) for ids, b in pairs if b == float("-inf")] + [list(ids) for ids in resolved["ban"]]
     if seq:
-        kw["sequence_bias"] = seq
+        kw[param("sequence_bias").export["hf"]] = seq
     if bans:
-        kw["bad_words_ids"] = bans
-    if s.min_new_tokens is not None:
-        kw["min_new_tokens"] = s.min_new_tokens
+        kw[param("ban").export["hf"]] = bans
     if sample["max_new_tokens"] is not None:
         kw["max_new_tokens"] = sample["max_new_tokens"]
         if sample["ignore_eos"]:
@@ -124,7 +142,7 @@ def _hf(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
             out.notes.append("ignore_eos: transformers has no such flag; min_new_tokens = max_new_tokens bans EOS")
     ends = list(eos_ids) + list(sample["stop_id"] or ())
     if sample["stop_id"]:
-        kw["eos_token_id"] = ends  # every id in the list ends generation
+        kw["eos_token_id"] = ends  # every id in the list ends generation (and min_new_tokens bans them all)
     if sample["stop"]:
         kw["stop_strings"] = list(sample["stop"])
         out.notes.append("stop_strings needs generate(..., tokenizer=tokenizer); the stop string stays in the text")
@@ -141,29 +159,28 @@ def _hf(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
     out.arguments = kw
 
 
-def _vllm(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
+def _vllm(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
     kw: dict = {}
     sample = _sample_fields(settings)
-    kw["temperature"] = (1.0 if s.temperature is None else s.temperature) if _sampling(s, p) else 0.0
-    if _sampling(s, p):
-        for key, value in (("top_p", s.top_p), ("top_k", s.top_k), ("min_p", s.min_p)):
-            if value is not None:
-                kw[key] = value
-    for key, value in (("repetition_penalty", s.repetition_penalty), ("presence_penalty", s.presence_penalty),
-                       ("frequency_penalty", s.frequency_penalty), ("min_tokens", s.min_new_tokens)):
-        if value is not None:
-            kw[key] = value
+    sampling = _sampling(p)
+    values = stage_fields("vllm", s, sampling)
+    if not sampling:  # greedy: temperature 0 (vLLM then ignores top-p, top-k and min-p)
+        values.update({f: param(f).off["vllm"].value for f in ("top_p", "top_k", "min_p")}, temperature=0.0)
+    for name, value in values.items():
+        kw[param(name).export["vllm"]] = value
+    missing = [f for f in VLLM_SERVER_FILLED if param(f).export["vllm"] not in kw]
+    assert not missing, missing  # each of the seven has an off-value in the registry
     if (s.presence_penalty is not None or s.frequency_penalty is not None) and p.engine != "vllm":
         out.notes.append("vLLM's presence and frequency penalties count generated tokens only; decodelab counted "
                          "the prompt too")
     if bias:
-        kw["logit_bias"] = {t: (b if math.isfinite(b) else -100.0) for t, b in bias.items()}
+        kw[param("logit_bias").export["vllm"]] = {t: (b if math.isfinite(b) else -100.0) for t, b in bias.items()}
         if any(not math.isfinite(b) for b in bias.values()):
             out.notes.append("logit_bias -inf written as -100 (the OpenAI-compatible range is [-100, 100])")
     if resolved["allow"]:
-        kw["allowed_token_ids"] = sorted(set(resolved["allow"]))
+        kw[param("allow").export["vllm"]] = sorted(set(resolved["allow"]))
     if s.ban:
-        kw["bad_words"] = list(s.ban)
+        kw[param("ban").export["vllm"]] = list(s.ban)
     if sample["seed"] is not None:
         kw["seed"] = sample["seed"]
     if sample["max_new_tokens"] is not None:
@@ -181,55 +198,59 @@ def _vllm(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
     out.arguments = kw
 
 
-def _flag_number(x: float) -> str:
-    return f"{x:g}"
+def _flag_number(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
-def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
+def _window(last_n: int | None, what: str, context: int | None, out: Export) -> str | None:
+    """A window for llama-cli: N, or for "every token" the context (llama-cli refuses -1); None when unknown."""
+    if last_n is not None:
+        return str(last_n)
+    if context is not None:
+        out.notes.append(f"{what} over every token: written as the model's context, {context} (llama-cli refuses -1)")
+        return str(context)
+    out.unsupported.append(f"{what} over every token: llama-cli refuses -1; give a window of at least the prompt "
+                           "plus -n tokens")
+    return None
+
+
+# llama.cpp's defaults first, so that the line shows them switched off (then the other stages in registry order)
+LLAMACPP_FIRST = ("temperature", "top_k", "top_p", "min_p")
+
+
+def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
     flags: list[str] = []
     sample = _sample_fields(settings)
-    sampling = _sampling(s, p)
-    # switch llama.cpp's defaults off where decodelab has the stage off
-    flags += ["--temp", _flag_number((1.0 if s.temperature is None else s.temperature) if sampling else 0.0)]
-    flags += ["--top-k", str(s.top_k or 0), "--top-p", _flag_number(1.0 if s.top_p is None else s.top_p),
-              "--min-p", _flag_number(0.0 if s.min_p is None else s.min_p)]
-    if s.typical_p is not None:
-        flags += ["--typical", _flag_number(s.typical_p)]
-    penalties = [s.repetition_penalty, s.frequency_penalty, s.presence_penalty]
-    if any(v is not None for v in penalties):
+    sampling = _sampling(p)
+    values = stage_fields("llamacpp", s, True)
+    values["temperature"] = effective(s, "temperature") if sampling else 0.0
+    values.update({f: effective(s, f) for f in ("dry_base", "dry_allowed_length", "xtc_threshold",
+                                                  "dynatemp_exponent", "mirostat_tau", "mirostat_eta")
+                   if stage_is_on(s, f)})
+    order = list(LLAMACPP_FIRST) + [p.field for p in params() if p.field not in LLAMACPP_FIRST]
+    for name in order:
+        if name in values and stage_is_on(s, name, values):
+            flags += [param(name).export["llamacpp"], _flag_number(values[name])]
+    if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
         window = p.counting.get("repetition-penalty", ("all", None))[1]
         window = p.counting.get("frequency-penalty", ("all", window))[1] if window is None else window
-        flags += ["--repeat-last-n", str(-1 if window is None else window)]
+        text = _window(window, "penalties", context, out)
+        if text is not None:
+            flags += [param("penalty_last_n").export["llamacpp"], text]
         if any(scope == "output" for scope, _ in p.counting.values()):
             out.notes.append("llama.cpp's penalties count prompt and output; decodelab counted the output only")
-    if s.repetition_penalty is not None:
-        flags += ["--repeat-penalty", _flag_number(s.repetition_penalty)]
-    if s.frequency_penalty is not None:
-        flags += ["--frequency-penalty", _flag_number(s.frequency_penalty)]
-    if s.presence_penalty is not None:
-        flags += ["--presence-penalty", _flag_number(s.presence_penalty)]
     if s.dry_multiplier is not None:
-        dry = BY_NAME["dry"].value(s, {})
-        flags += ["--dry-multiplier", _flag_number(dry["multiplier"]), "--dry-base", _flag_number(dry["base"]),
-                  "--dry-allowed-length", str(dry["allowed_length"]),
-                  "--dry-penalty-last-n", str(-1 if dry["last_n"] is None else dry["last_n"])]
-        for text in s.dry_breaker or ():
-            flags += ["--dry-sequence-breaker", text]
-    if s.xtc_probability is not None:
-        xtc = BY_NAME["xtc"].value(s, {})
-        flags += ["--xtc-probability", _flag_number(xtc["probability"]), "--xtc-threshold",
-                  _flag_number(xtc["threshold"])]
-    if s.top_n_sigma is not None:
-        flags += ["--top-nsigma", _flag_number(s.top_n_sigma)]
-    if s.dynatemp_range is not None:
-        flags += ["--dynatemp-range", _flag_number(s.dynatemp_range), "--dynatemp-exp",
-                  _flag_number(1.0 if s.dynatemp_exponent is None else s.dynatemp_exponent)]
+        text = _window(s.dry_penalty_last_n, "DRY", context, out)
+        if text is not None:
+            flags += [param("dry_penalty_last_n").export["llamacpp"], text]
+        for breaker in s.dry_breaker or ():
+            flags += [param("dry_breaker").export["llamacpp"], breaker]
     if s.mirostat_tau is not None or s.mirostat_eta is not None:
-        m = BY_NAME["mirostat"].value(s, {})
-        flags += ["--mirostat", "2", "--mirostat-ent", _flag_number(m["tau"]), "--mirostat-lr", _flag_number(m["eta"])]
+        flags += ["--mirostat", "2"]
         out.notes.append("with --mirostat llama.cpp runs only logit bias, temperature and mirostat")
     for t, b in bias.items():
-        flags += ["--logit-bias", f"{t}{'+' if b >= 0 else '-'}{'inf' if math.isinf(b) else _flag_number(abs(b))}"]
+        flags += [param("logit_bias").export["llamacpp"],
+                  f"{t}{'+' if b >= 0 else '-'}{'inf' if math.isinf(b) else _flag_number(abs(b))}"]
     order = [LLAMACPP_SAMPLER_NAMES[n] for n in (s.chain or ()) if n in LLAMACPP_SAMPLER_NAMES]
     flags += ["--samplers", ";".join(dict.fromkeys(order))]
     if sample["seed"] is not None:
@@ -245,3 +266,12 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
     if sampling:
         out.notes.append("llama.cpp draws with its own RNG (std::mt19937): the same law, not the same tokens")
     out.arguments = flags
+
+
+def stage_is_on(s: ChainSettings, field_name: str, values: dict | None = None) -> bool:
+    """Whether the field's stage runs (a field of a stage that is off is not written), or the field switches one of
+    llama.cpp's defaulted stages off (LLAMACPP_FIRST)."""
+    if values is not None and field_name in LLAMACPP_FIRST:
+        return True
+    stage = next(st for st in STAGES if field_name in st.fields)
+    return stage.name in (s.chain or ()) or (stage.name == "temperature" and "dynatemp" in (s.chain or ()))

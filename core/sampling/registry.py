@@ -44,11 +44,24 @@ class Check:
 
 
 @dataclass(frozen=True)
+class Off:
+    """How one engine reads a field as "stage off": ``test(value)`` for every such value, and ``value``, the one
+    ``--export`` writes to switch the engine's own default off (llama.cpp's top-k 40, a server's
+    generation_config)."""
+
+    value: object
+    test: Callable[[object], bool]
+
+
+@dataclass(frozen=True)
 class Param:
     """One settings field of a stage: ``field`` in settings and presets, ``--field-with-dashes`` on the command line.
 
-    ``many``: repeatable, a tuple of texts; ``pairs``: repeatable ``TEXT=BIAS``; ``off``: per engine, the values that
-    engine reads as "stage off"; ``export``: per engine, the name it has there (a keyword argument or a flag)."""
+    ``many``: repeatable, a tuple of texts; ``pairs``: repeatable ``TEXT=BIAS``; ``fallback``: decodelab's value
+    when the field is unset and its stage is on (DRY's base 1.75). Per engine (a dict keyed by engine
+    name): ``off``, the values that switch the field's stage off there (:class:`Off`); ``export``, the field's name
+    there (a keyword argument or a flag); ``defaults``, the value the engine uses when the field is not given;
+    ``checks``, the engine's own range where it accepts more than decodelab's ``check``."""
 
     field: str
     kind: type
@@ -58,8 +71,11 @@ class Param:
     pairs: bool = False
     panel: str = "more"
     check: Check | None = None
-    off: dict[str, Callable[[object], bool]] = field(default_factory=dict)
+    fallback: object = None
+    off: dict[str, Off] = field(default_factory=dict)
     export: dict[str, str] = field(default_factory=dict)
+    defaults: dict[str, object] = field(default_factory=dict)
+    checks: dict[str, Check] = field(default_factory=dict)
 
     @property
     def option(self) -> str:
@@ -86,7 +102,7 @@ class Stage:
     make: Callable = staticmethod(lambda cls, value, context: cls(value))
     warper: bool = False
     cls: type | None = None  # bound by @implements
-    variants: dict[str, type] = field(default_factory=dict)  # other classes of the same stage, by role
+    variants: dict[str, type] = field(default_factory=dict)  # other classes of the same stage, by role or engine
 
     def __post_init__(self):
         if self.value is None:
@@ -97,6 +113,11 @@ class Stage:
     def fields(self) -> tuple[str, ...]:
         return tuple(p.field for p in self.params)
 
+    def class_for(self, engine: str | None):
+        """The class that runs this stage under ``engine``'s semantics: its variant for that engine if it has one
+        (llama.cpp's exactly-k top-k), else the stage's own."""
+        return self.variants.get(engine, self.cls) if engine is not None else self.cls
+
     def switched_on(self, s) -> bool:
         """Whether the settings switch this stage on (its first field set; mirostat: either field)."""
         on = self.params if self.name == "mirostat" else self.params[:1]
@@ -106,32 +127,37 @@ class Stage:
 # --- value builders of the stages with several fields -------------------------------------------------------------
 
 
+def effective(s, field_name: str):
+    """The field's value, or its ``fallback`` when unset (the value its stage runs with)."""
+    value = getattr(s, field_name)
+    return param(field_name).fallback if value is None else value
+
+
 def _dry(s, resolved):
     if s.dry_multiplier is None:
         return None
-    return {"multiplier": s.dry_multiplier, "base": 1.75 if s.dry_base is None else s.dry_base,
-            "allowed_length": 2 if s.dry_allowed_length is None else s.dry_allowed_length,
-            "last_n": s.dry_penalty_last_n, "breakers": resolved.get("dry-breakers", ())}
+    return {"multiplier": s.dry_multiplier, "base": effective(s, "dry_base"),
+            "allowed_length": effective(s, "dry_allowed_length"), "last_n": s.dry_penalty_last_n,
+            "breakers": resolved.get("dry-breakers", ())}
 
 
 def _mirostat(s, resolved):
     if s.mirostat_tau is None and s.mirostat_eta is None:
         return None
-    return {"tau": 5.0 if s.mirostat_tau is None else s.mirostat_tau,
-            "eta": 0.1 if s.mirostat_eta is None else s.mirostat_eta}
+    return {"tau": effective(s, "mirostat_tau"), "eta": effective(s, "mirostat_eta")}
 
 
 def _xtc(s, resolved):
     if s.xtc_probability is None:
         return None
-    return {"threshold": 0.1 if s.xtc_threshold is None else s.xtc_threshold, "probability": s.xtc_probability}
+    return {"threshold": effective(s, "xtc_threshold"), "probability": s.xtc_probability}
 
 
 def _dynatemp(s, resolved):
     if s.dynatemp_range is None:
         return None
     return {"temperature": 1.0 if s.temperature is None else s.temperature, "range": s.dynatemp_range,
-            "exponent": 1.0 if s.dynatemp_exponent is None else s.dynatemp_exponent}
+            "exponent": effective(s, "dynatemp_exponent")}
 
 
 def _temperature(s, resolved):
@@ -150,8 +176,10 @@ def _bias(s, resolved):
 # --- the stages, in the default order -------------------------------------------------------------------------------
 
 _gt0 = Check(lambda v: _finite(v) and v > 0, "must be > 0")
-ONE = {"hf": lambda v: v == 1.0, "vllm": lambda v: v == 1.0, "llamacpp": lambda v: v == 1.0}
-ZERO_V = {"vllm": lambda v: v == 0.0, "llamacpp": lambda v: v == 0.0}
+_ONE = Off(1.0, lambda v: v == 1.0)  # a factor of 1 (temperature, repetition penalty)
+_ZERO = Off(0.0, lambda v: v == 0.0)  # a subtrahend or cutoff of 0
+_AT_LEAST_ONE = Off(1.0, lambda v: v >= 1.0)  # a mass of 1 or more (top-p, typical-p)
+_NOT_POSITIVE = Off(0, lambda v: v <= 0)  # llama.cpp's "<= 0 is off" (top-k, min-p, xtc, dynatemp, top-n-sigma)
 
 STAGES: list[Stage] = [
     Stage("allow", (Param("allow", str, "Allow only these tokens (repeatable; a text, all its tokens).", many=True,
@@ -163,27 +191,34 @@ STAGES: list[Stage] = [
     Stage("repetition-penalty",
           (Param("repetition_penalty", float, "Divide positive / multiply negative logits of seen tokens (> 0; 1 = "
                  "off).", panel="chain", check=Check(lambda v: _finite(v) and v > 0, "must be > 0 (1 = off)"),
-                 off=ONE, export={"hf": "repetition_penalty", "vllm": "repetition_penalty",
-                                  "llamacpp": "--repeat-penalty"}),),
+                 off={"hf": _ONE, "vllm": _ONE, "llamacpp": _ONE},
+                 export={"hf": "repetition_penalty", "vllm": "repetition_penalty", "llamacpp": "--repeat-penalty"}),),
           engines={"hf": 2, "vllm": 4, "llamacpp": 1}, needs=frozenset({"ids"}),
           make=lambda cls, v, c: c.repetition(cls, v)),
     Stage("frequency-penalty",
-          (Param("frequency_penalty", float, "z -= A * (times the token was seen).", off=ZERO_V,
+          (Param("frequency_penalty", float, "z -= A * (times the token was seen).",
+                 off={"vllm": _ZERO, "llamacpp": _ZERO},
                  export={"vllm": "frequency_penalty", "llamacpp": "--frequency-penalty"}),),
           engines={"vllm": 5, "llamacpp": 2}, needs=frozenset({"ids", "prompt_len"}),
           make=lambda cls, v, c: cls(value=v, **c.scope_of("frequency-penalty"))),
     Stage("presence-penalty",
-          (Param("presence_penalty", float, "z -= A for every token already seen (once).", off=ZERO_V,
+          (Param("presence_penalty", float, "z -= A for every token already seen (once).",
+                 off={"vllm": _ZERO, "llamacpp": _ZERO},
                  export={"vllm": "presence_penalty", "llamacpp": "--presence-penalty"}),),
           engines={"vllm": 6, "llamacpp": 3}, needs=frozenset({"ids", "prompt_len"}),
           make=lambda cls, v, c: cls(value=v, **c.scope_of("presence-penalty"))),
     Stage("dry", (Param("dry_multiplier", float, "DRY: a token extending a repeat of n >= L tokens loses "
-                        "M * base^(n - L) (0 < M)."),
-                  Param("dry_base", float, "DRY base, >= 1 (default 1.75)."),
-                  Param("dry_allowed_length", int, "DRY: repeats up to this length are free (default 2)."),
-                  Param("dry_penalty_last_n", int, "DRY scans only the last N tokens (default all)."),
+                        "M * base^(n - L) (0 < M).", off={"llamacpp": _ZERO},
+                        export={"llamacpp": "--dry-multiplier"}),
+                  Param("dry_base", float, "DRY base, >= 1 (default 1.75).", fallback=1.75,
+                        export={"llamacpp": "--dry-base"}, defaults={"llamacpp": 1.75}),
+                  Param("dry_allowed_length", int, "DRY: repeats up to this length are free (default 2).",
+                        fallback=2, export={"llamacpp": "--dry-allowed-length"}, defaults={"llamacpp": 2}),
+                  Param("dry_penalty_last_n", int, "DRY scans only the last N tokens (default all; llama.cpp: 64).",
+                        off={"llamacpp": Off(0, lambda v: v == 0)}, export={"llamacpp": "--dry-penalty-last-n"},
+                        defaults={"llamacpp": 64}),
                   Param("dry_breaker", str, "A DRY sequence breaker (repeatable; default llama.cpp's \\n : \" *; "
-                        "without a model: token ids).", many=True)),
+                        "without a model: token ids).", many=True, export={"llamacpp": "--dry-sequence-breaker"})),
           engines={"llamacpp": 4}, needs=frozenset({"ids", "tokens"}), value=_dry,
           make=lambda cls, v, c: cls(**v)),
     Stage("no-repeat-ngram", (Param("no_repeat_ngram", int, "Ban tokens completing an n-gram already in the text.",
@@ -191,13 +226,16 @@ STAGES: list[Stage] = [
                                     export={"hf": "no_repeat_ngram_size"}),),
           engines={"hf": 3}, needs=frozenset({"ids"})),
     Stage("bias", (Param("logit_bias", str, "TOKEN=BIAS (repeatable); TOKEN is an id or a text that is one token; "
-                         "-inf bans it.", pairs=True, panel="chain"),),
+                         "-inf bans it.", pairs=True, panel="chain",
+                         export={"hf": "sequence_bias", "vllm": "logit_bias", "llamacpp": "--logit-bias"}),),
           engines={"hf": 0, "vllm": 3, "llamacpp": 0}, needs=frozenset({"tokens"}), value=_bias),
     Stage("sequence-bias", (Param("sequence_bias", str, "TEXT=BIAS (repeatable): bias the last token of a "
-                                  "multi-token text when the text so far ends with the rest of it.", pairs=True),),
+                                  "multi-token text when the text so far ends with the rest of it.", pairs=True,
+                                  export={"hf": "sequence_bias"}),),
           engines={"hf": 1}, needs=frozenset({"ids", "tokens"}), value=_texts("sequence-bias", "sequence_bias"),
           make=lambda cls, v, c: cls(tuple(v))),
-    Stage("ban", (Param("ban", str, "A multi-token text never to produce (repeatable).", many=True),),
+    Stage("ban", (Param("ban", str, "A multi-token text never to produce (repeatable).", many=True,
+                        export={"hf": "bad_words_ids", "vllm": "bad_words"}),),
           engines={"hf": 4, "vllm": 1}, needs=frozenset({"ids", "tokens"}), value=_texts("ban", "ban"),
           make=lambda cls, v, c: cls(sequences=tuple(v))),
     Stage("min-new-tokens", (Param("min_new_tokens", int, "Ban EOS (and --stop-id) until N tokens were generated.",
@@ -206,45 +244,63 @@ STAGES: list[Stage] = [
           make=lambda cls, v, c: cls(v, tuple(c.end_ids))),
     Stage("temperature", (Param("temperature", float, "Divide logits by T; 0 = greedy.", short="-t", panel="chain",
                                 check=Check(lambda v: _finite(v) and v >= 0, "must be >= 0 (0 means greedy)"),
-                                off=ONE),),
+                                fallback=1.0, off={"hf": _ONE, "vllm": _ONE, "llamacpp": _ONE},
+                                export={"hf": "temperature", "vllm": "temperature", "llamacpp": "--temp"},
+                                defaults={"llamacpp": 0.8}),),
           engines={"hf": 7, "vllm": 7, "llamacpp": 11}, value=_temperature, warper=True),
-    Stage("dynatemp", (Param("dynatemp_range", float, "Dynamic temperature: t +- R by the normalized entropy."),
-                       Param("dynatemp_exponent", float, "Dynamic temperature exponent (default 1).")),
+    Stage("dynatemp", (Param("dynatemp_range", float, "Dynamic temperature: t +- R by the normalized entropy.",
+                             off={"llamacpp": _NOT_POSITIVE}, export={"llamacpp": "--dynatemp-range"}),
+                       Param("dynatemp_exponent", float, "Dynamic temperature exponent (default 1).", fallback=1.0,
+                             export={"llamacpp": "--dynatemp-exp"}, defaults={"llamacpp": 1.0})),
           engines={"llamacpp": 12}, value=_dynatemp, make=lambda cls, v, c: cls(**v), warper=True),
     Stage("top-n-sigma", (Param("top_n_sigma", float, "Keep z >= max z - N * std(z).",
+                                off={"llamacpp": Off(-1.0, lambda v: v <= 0)},  # since llama.cpp PR 13345
                                 export={"llamacpp": "--top-nsigma"}),),
           engines={"llamacpp": 5}, warper=True),
     Stage("top-k", (Param("top_k", int, "Keep the k most likely tokens.", panel="chain",
                           check=Check(lambda v: v >= 1, "must be an integer >= 1"),
-                          off={"hf": lambda v: v == 0}),),
+                          off={"hf": Off(0, lambda v: v == 0), "vllm": Off(0, lambda v: v in (0, -1)),
+                               "llamacpp": _NOT_POSITIVE},
+                          export={"hf": "top_k", "vllm": "top_k", "llamacpp": "--top-k"},
+                          defaults={"hf": 50, "llamacpp": 40}),),
           engines={"hf": 8, "vllm": 9, "llamacpp": 6}, warper=True),
     Stage("top-p", (Param("top_p", float, "Keep the smallest set reaching this mass, (0, 1].", panel="chain",
                           check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
-                          off={"hf": lambda v: v >= 1.0, "vllm": lambda v: v >= 1.0},
-                          export={"hf": "top_p", "vllm": "top_p"}),),
+                          off={"hf": _AT_LEAST_ONE, "vllm": _AT_LEAST_ONE, "llamacpp": _AT_LEAST_ONE},
+                          export={"hf": "top_p", "vllm": "top_p", "llamacpp": "--top-p"},
+                          defaults={"llamacpp": 0.95}),),
           engines={"hf": 9, "vllm": 10, "llamacpp": 8}, warper=True),
     Stage("min-p", (Param("min_p", float, "Keep tokens with p >= min_p * p_max, [0, 1].", panel="chain",
                           check=Check(lambda v: 0 <= v <= 1, "must be in [0, 1]"),
-                          off={"vllm": lambda v: v == 0.0}, export={"hf": "min_p", "vllm": "min_p"}),),
+                          off={"hf": _ZERO, "vllm": _ZERO, "llamacpp": Off(0.0, lambda v: v <= 0)},
+                          export={"hf": "min_p", "vllm": "min_p", "llamacpp": "--min-p"},
+                          defaults={"llamacpp": 0.05},
+                          checks={"llamacpp": Check(lambda v: _finite(v), "must be a number (above 1 keeps one "
+                                                    "token, <= 0 is off)")}),),
           engines={"hf": 10, "vllm": 8, "llamacpp": 9}, warper=True),
     Stage("typical-p", (Param("typical_p", float, "Locally typical sampling mass, (0, 1].", panel="chain",
                               check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
-                              off={"hf": lambda v: v >= 1.0, "llamacpp": lambda v: v >= 1.0},
+                              off={"hf": _AT_LEAST_ONE, "llamacpp": _AT_LEAST_ONE},
                               export={"hf": "typical_p", "llamacpp": "--typical"}),),
           engines={"hf": 11, "llamacpp": 7}, warper=True),
     Stage("epsilon-cutoff", (Param("epsilon_cutoff", float, "Remove tokens with p < E, (0, 1).",
-                                   off={"hf": lambda v: v == 0.0}, export={"hf": "epsilon_cutoff"}),),
+                                   off={"hf": _ZERO}, export={"hf": "epsilon_cutoff"}),),
           engines={"hf": 12}, warper=True),
     Stage("eta-cutoff", (Param("eta_cutoff", float, "Remove tokens with p < min(E, sqrt(E) exp(-entropy)), (0, 1).",
-                               off={"hf": lambda v: v == 0.0}, export={"hf": "eta_cutoff"}),),
+                               off={"hf": _ZERO}, export={"hf": "eta_cutoff"}),),
           engines={"hf": 13}, warper=True),
     Stage("xtc", (Param("xtc_probability", float, "XTC: with this probability (a coin from --seed) remove every top "
-                        "choice but the least likely."),
-                  Param("xtc_threshold", float, "XTC: tokens with p >= T are the top choices (default 0.1).")),
+                        "choice but the least likely.", off={"llamacpp": Off(0.0, lambda v: v <= 0)},
+                        export={"llamacpp": "--xtc-probability"}),
+                  Param("xtc_threshold", float, "XTC: tokens with p >= T are the top choices (default 0.1).",
+                        fallback=0.1, off={"llamacpp": Off(0.1, lambda v: v > 0.5)}, export={"llamacpp": "--xtc-threshold"},
+                        defaults={"llamacpp": 0.1})),
           engines={"llamacpp": 10}, needs=frozenset({"generator", "state"}), value=_xtc,
           make=lambda cls, v, c: cls(v["threshold"], v["probability"], c.generator), warper=True),
-    Stage("mirostat", (Param("mirostat_tau", float, "Mirostat 2.0 target surprise in bits (default 5)."),
-                       Param("mirostat_eta", float, "Mirostat 2.0 learning rate (default 0.1).")),
+    Stage("mirostat", (Param("mirostat_tau", float, "Mirostat 2.0 target surprise in bits (default 5).",
+                             fallback=5.0, export={"llamacpp": "--mirostat-ent"}),
+                       Param("mirostat_eta", float, "Mirostat 2.0 learning rate (default 0.1).", fallback=0.1,
+                             export={"llamacpp": "--mirostat-lr"})),
           engines={"llamacpp": 13}, needs=frozenset({"state"}), value=_mirostat, make=lambda cls, v, c: cls(**v),
           warper=True),
 ]
@@ -254,7 +310,8 @@ DEFAULT_ORDER: tuple[str, ...] = tuple(s.name for s in STAGES)
 # fields of the chain that belong to no single stage
 CHAIN_PARAMS: tuple[Param, ...] = (
     Param("penalty_last_n", int, "The penalties count only the last N tokens (llama.cpp's last-n; 0 = none).",
-          check=Check(lambda v: v >= 0, "must be an integer >= 0")),
+          check=Check(lambda v: v >= 0, "must be an integer >= 0"), export={"llamacpp": "--repeat-last-n"},
+          defaults={"llamacpp": 64}),
 )
 
 
@@ -270,6 +327,11 @@ def params() -> list[Param]:
 
 def param(field_name: str) -> Param:
     return next(p for p in params() if p.field == field_name)
+
+
+def stage_of(field_name: str) -> Stage | None:
+    """The stage a settings field belongs to (None: a field of the chain, such as penalty_last_n)."""
+    return next((s for s in STAGES if field_name in s.fields), None)
 
 
 def engine_order(engine: str) -> tuple[str, ...]:
@@ -296,6 +358,7 @@ class StageContext:
     """What the stages need besides their value, handed in when the chain is built."""
 
     generator: object | None = None  # the run's torch.Generator (the selector's): XTC's coin
+    engine: str | None = None  # whose reading the chain follows: a stage with a variant for it runs that variant
     end_ids: tuple[int, ...] = ()  # what min-new-tokens bans: EOS (and stop ids where the engine does)
     counting: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # penalty -> (scope, last_n)
 

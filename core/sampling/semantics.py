@@ -35,13 +35,15 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..errors import ConfigError
-from .registry import DEFAULT_ORDER, ENGINES, STAGES, StageContext, engine_order, param
+from .registry import DEFAULT_ORDER, ENGINES, STAGES, StageContext, engine_order, param, params, stage_of
 from .select import Greedy, HFMultinomial, Multinomial, make_generator
 from .settings import ChainSettings
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp common/common.h dry_sequence_breakers
 PENALTIES = ("repetition-penalty", "frequency-penalty", "presence-penalty")
 VLLM_SAMPLING_EPS = 1e-5  # vllm/v1/sample/sampler.py _SAMPLING_EPS: below it a temperature means greedy
+VLLM_MIN_TEMPERATURE = 1e-2  # vllm/sampling_params.py _MAX_TEMP: a temperature in (0, 0.01) is raised to 0.01
+VLLM_MAX_TEMPERATURE = 2.0  # SamplingParams._verify_args: temperature must be in [0, 2]
 
 # each engine's own order of the stages it has, from the registry; stages it lacks keep decodelab's relative
 # position (merge_order). With mirostat on, llama.cpp runs only logit bias, temperature and mirostat.
@@ -57,15 +59,26 @@ STAGE_FIELDS = {s.name: (s.fields if s.name == "mirostat" else s.fields[:1]) for
 WARPERS = tuple(s.name for s in STAGES if s.warper)
 
 
-def engine_off(engine: str, s: ChainSettings, fields) -> dict:
-    """The fields among ``fields`` whose value ``engine`` reads as "off" (its registry entry says which), set to
-    None."""
-    out = {}
-    for name in fields:
-        p, value = param(name), getattr(s, name)
-        if value is not None and engine in p.off and p.off[engine](value):
-            out[name] = None
-    return out
+def engine_off(engine: str, s: ChainSettings) -> ChainSettings:
+    """Switch off every stage one of whose fields holds a value ``engine`` reads as "off" (the registry's
+    ``Param.off``: llama.cpp's top-k 0, vLLM's top-p 1, an XTC threshold above 0.5, ...)."""
+    off = {}
+    for p in params():
+        value, rule = getattr(s, p.field), p.off.get(engine)
+        stage = stage_of(p.field)
+        if stage is not None and rule is not None and value is not None and rule.test(value):
+            off.update({f: (() if isinstance(getattr(s, f), tuple) else None) for f in STAGE_FIELDS[stage.name]})
+    return replace(s, **off)
+
+
+def engine_defaults(engine: str, s: ChainSettings, notes: list[str]) -> ChainSettings:
+    """Fill every unset field the engine has a default for (the registry's ``Param.defaults``); the defaults of
+    the stages these settings switch on are noted."""
+    filled = {p.field: p.defaults[engine] for p in params() if engine in p.defaults and getattr(s, p.field) is None}
+    shown = [f for f in filled if stage_of(f) is None or stage_of(f).name in active_stages(replace(s, **filled))]
+    if shown:
+        notes.append(f"{ENGINE_NAMES[engine]} defaults: " + ", ".join(f"{f}={filled[f]}" for f in shown))
+    return replace(s, **filled)
 
 
 @dataclass
@@ -85,11 +98,14 @@ class Plan:
         return list(self.settings.chain or ())
 
     def context(self, generator: torch.Generator | None = None, eos_ids=(), stop_ids=()) -> StageContext:
+        """What the stages need besides their values; under an engine's semantics a stage with a variant for that
+        engine runs it (llama.cpp's top-k and min-p)."""
         # min-new-tokens bans the stop ids as well as EOS in every engine: vLLM's min_tokens holds back EOS and
         # stop_token_ids; transformers' min_new_tokens bans every eos_token_id, and --export hf writes the stop ids
         # there (the only way generate stops on a token id)
         end = tuple(eos_ids) + tuple(stop_ids)
-        return StageContext(generator=generator, end_ids=tuple(dict.fromkeys(end)), counting=dict(self.counting))
+        return StageContext(generator=generator, end_ids=tuple(dict.fromkeys(end)), counting=dict(self.counting),
+                            engine=self.engine if self.engine in ENGINES else None)
 
     def make_selector(self, seed: int, device) -> Greedy | Multinomial | HFMultinomial:
         """The one selector, with the run's generator (hand the same generator to :meth:`context`)."""
@@ -186,16 +202,13 @@ def _hf(s: ChainSettings) -> Plan:
         notes.append("no temperature: transformers decodes greedily unless do_sample=True (give -t T > 0)")
     if sampling:
         if s.top_k is None:
-            s = replace(s, top_k=50)
-            notes.append("top_k=50: transformers' default when sampling")
-        s = replace(s, **engine_off("hf", s, ("temperature", "top_k", "top_p", "typical_p", "epsilon_cutoff",
-                                              "eta_cutoff")))
+            s = replace(s, top_k=param("top_k").defaults["hf"])
+            notes.append(f"top_k={s.top_k}: transformers' default when sampling")
         selector = "hf-multinomial"
     else:
         s = _dropped(s, WARPERS, "not applied by transformers when do_sample=False", notes)
         selector = "greedy"
-    if s.repetition_penalty == 1.0:
-        s = replace(s, repetition_penalty=None)
+    s = engine_off("hf", s)
     if s.penalty_last_n is not None:
         notes.append("penalty_last_n: transformers' penalties count the whole sequence; window ignored")
         s = replace(s, penalty_last_n=None)
@@ -208,24 +221,20 @@ def _hf(s: ChainSettings) -> Plan:
 def _vllm(s: ChainSettings) -> Plan:
     notes: list[str] = []
     user_chain = s.chain
-    for key in ("presence_penalty", "frequency_penalty"):
-        value = getattr(s, key)
-        if value is not None and not -2.0 <= value <= 2.0:
-            raise ConfigError(f"--{key.replace('_', '-')} {value}: vLLM allows [-2, 2]")
-    if s.top_k is not None and s.top_k in (0, -1):
-        s = replace(s, top_k=None)  # vLLM: 0 or -1 = all tokens
-    if s.top_k is not None and s.top_k < -1:
-        raise ConfigError(f"--top-k {s.top_k}: vLLM allows -1, 0 (off) or >= 1")
+    _check_vllm_ranges(s)
+    if s.temperature is not None and 0 < s.temperature < VLLM_MIN_TEMPERATURE:
+        notes.append(f"temperature {s.temperature}: vLLM raises a temperature in (0, {VLLM_MIN_TEMPERATURE}) to "
+                     f"{VLLM_MIN_TEMPERATURE} (only 0 is greedy)")
+        s = replace(s, temperature=VLLM_MIN_TEMPERATURE)
     temperature = 1.0 if s.temperature is None else s.temperature
     if temperature < VLLM_SAMPLING_EPS:
         s = _dropped(s, WARPERS, "vLLM's greedy takes the arg-max before temperature and the filters", notes)
-        s = replace(s, temperature=0.0)
+        s = engine_off("vllm", replace(s, temperature=0.0))
         selector = "greedy"
         s = _finish("vllm", s, user_chain, notes, VLLM_ORDER)
         s = replace(s, chain=tuple(n for n in s.chain if n != "temperature") + ("temperature",))
     else:
-        s = replace(s, **engine_off("vllm", s, ("temperature", "top_p", "min_p", "presence_penalty",
-                                                "frequency_penalty", "repetition_penalty")))
+        s = engine_off("vllm", s)
         selector = "multinomial"  # vLLM's random_sample: argmax p / q, q ~ Exp(1), the same race
         s = _finish("vllm", s, user_chain, notes, VLLM_ORDER)
     if s.penalty_last_n is not None:
@@ -236,57 +245,53 @@ def _vllm(s: ChainSettings) -> Plan:
     return Plan("vllm", s, counting, selector, "raw", trim_stop=True, notes=notes)
 
 
+def _check_vllm_ranges(s: ChainSettings) -> None:
+    """What vLLM's SamplingParams refuses (``_verify_args``), refused here with its range."""
+    for key in ("presence_penalty", "frequency_penalty"):
+        value = getattr(s, key)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise ConfigError(f"--{key.replace('_', '-')} {value}: vLLM allows [-2, 2]")
+    if s.temperature is not None and not 0 <= s.temperature <= VLLM_MAX_TEMPERATURE:
+        raise ConfigError(f"--temperature {s.temperature}: vLLM allows [0, {VLLM_MAX_TEMPERATURE:g}]")
+    if s.top_k is not None and s.top_k < -1:
+        raise ConfigError(f"--top-k {s.top_k}: vLLM allows -1, 0 (off) or >= 1")
+
+
+def _check_llamacpp_windows(s: ChainSettings) -> None:
+    """llama-cli refuses a negative --repeat-last-n or --dry-penalty-last-n (common/arg.cpp; its library would read
+    -1 as 0, off)."""
+    for key in ("penalty_last_n", "dry_penalty_last_n"):
+        value = getattr(s, key)
+        if value is not None and value < 0:
+            raise ConfigError(f"--{key.replace('_', '-')} {value}: llama-cli refuses a negative window (its "
+                              "library reads -1 as 0, off); give 0 (off) or N >= 1 tokens")
+
+
 def _llamacpp(s: ChainSettings) -> Plan:
     notes: list[str] = []
     user_chain = s.chain
-    defaults = {"top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8}
-    filled = [k for k in defaults if getattr(s, k) is None]
-    if filled:
-        notes.append("llama.cpp defaults: " + ", ".join(f"{k}={defaults[k]}" for k in filled))
-        s = replace(s, **{k: defaults[k] for k in filled})
+    _check_llamacpp_windows(s)
+    s = engine_defaults("llamacpp", s, notes)
+    # llama-cli's own input rules (common/arg.cpp): a negative temperature is 0, a DRY base below 1 is ignored (the
+    # server substitutes its default); top-p <= 0 keeps the most likely token (llama_sampler_top_p_apply)
     changes: dict = {}
     if s.temperature < 0:
-        changes["temperature"] = 0.0  # common/arg.cpp: temp = max(temp, 0)
-    if s.top_k <= 0:
-        changes["top_k"] = None
-    if s.top_p >= 1.0:
-        changes["top_p"] = None
-    elif s.top_p <= 0:  # llama_sampler_top_p_apply keeps the first token whatever p
+        changes["temperature"] = 0.0
+    if s.dry_multiplier is not None and s.dry_base < 1:
+        changes["dry_base"] = param("dry_base").defaults["llamacpp"]
+        notes.append(f"dry_base {s.dry_base}: llama.cpp ignores a DRY base below 1 and keeps "
+                     f"{changes['dry_base']}")
+    if s.top_p <= 0:
         changes["top_p"] = None
         changes["top_k"] = 1
         notes.append("top_p <= 0: llama.cpp keeps the most likely token (as top-k 1)")
-    if s.min_p <= 0:
-        changes["min_p"] = None
-    elif s.min_p > 1:
-        changes["min_p"] = 1.0  # keeps p >= p_max: only the most likely token(s)
-    if s.typical_p is not None and s.typical_p >= 1.0:
-        changes["typical_p"] = None
-    if s.top_n_sigma is not None and s.top_n_sigma <= 0:
-        changes["top_n_sigma"] = None  # since llama.cpp PR 13345, <= 0 is off
-    if s.xtc_probability is not None and (s.xtc_probability <= 0 or (s.xtc_threshold or 0.1) > 0.5):
-        changes["xtc_probability"] = None
-    if s.dynatemp_range is not None and s.dynatemp_range <= 0:
-        changes["dynatemp_range"] = None
-    last_n = 64 if s.penalty_last_n is None else s.penalty_last_n
-    penalties_off = last_n == 0
-    if s.repetition_penalty == 1.0 or penalties_off:
-        changes["repetition_penalty"] = None
-    if s.frequency_penalty == 0.0 or penalties_off:
-        changes["frequency_penalty"] = None
-    if s.presence_penalty == 0.0 or penalties_off:
-        changes["presence_penalty"] = None
-    if s.dry_multiplier is not None and (s.dry_multiplier == 0 or (s.dry_base is not None and s.dry_base < 1)
-                                         or s.dry_penalty_last_n == 0):
-        changes["dry_multiplier"] = None
-    if s.dry_penalty_last_n == -1:
-        changes["dry_penalty_last_n"] = None  # -1: the context size, i.e. every token
-    s = replace(s, **changes)
-    if s.temperature == 1.0 and s.dynatemp_range is None:
-        s = replace(s, temperature=None)  # llama_sampler_init_temp(1.0) is the empty sampler
-    window = None if last_n == -1 else last_n
+    s = engine_off("llamacpp", replace(s, **changes))
+    window = s.penalty_last_n  # 0: every penalty off (llama_sampler_init_penalties)
+    if window == 0:
+        s = replace(s, repetition_penalty=None, frequency_penalty=None, presence_penalty=None)
     counting = {name: ("all", window) for name in PENALTIES}
     if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
-        notes.append(f"penalties count prompt and output, the last {'all' if window is None else window} tokens")
+        notes.append(f"penalties count prompt and output, the last {window} tokens")
     if s.mirostat_tau is not None or s.mirostat_eta is not None:
         s = _dropped(s, [n for n in DEFAULT_ORDER if n not in LLAMACPP_MIROSTAT_ORDER],
                      "ignored by llama.cpp when mirostat is on (its chain is logit bias, temperature, mirostat)",

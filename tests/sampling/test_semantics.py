@@ -153,8 +153,12 @@ def test_vllm_plan_counts_output_only_and_greedy_before_filters():
     assert p.order == ["repetition-penalty", "presence-penalty", "temperature", "min-p", "top-p"]
     assert p.counting["presence-penalty"] == ("output", None) and "repetition-penalty" not in p.counting
     assert p.logprobs == "raw" and p.trim_stop
-    g = plan(ChainSettings(semantics="vllm", temperature=1e-6, top_p=0.5, frequency_penalty=1.0))
+    g = plan(ChainSettings(semantics="vllm", temperature=0.0, top_p=0.5, frequency_penalty=1.0))
     assert g.order == ["frequency-penalty", "temperature"] and g.settings.temperature == 0.0
+    # vLLM 0.32's SamplingParams raises a temperature in (0, 0.01) to 0.01 before its greedy check (sampling_params.py
+    # __post_init__): only 0 is greedy (this case once read 1e-6 as greedy, vLLM's sampler-level eps)
+    tiny = plan(ChainSettings(semantics="vllm", temperature=1e-6, top_p=0.5))
+    assert tiny.selector == "multinomial" and tiny.settings.temperature == 0.01 and "top-p" in tiny.order
     with pytest.raises(ConfigError, match=r"--presence-penalty 3.0: vLLM allows \[-2, 2\]"):
         plan(ChainSettings(semantics="vllm", presence_penalty=3.0))
 
