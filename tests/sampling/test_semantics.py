@@ -4,6 +4,8 @@ exported `generate` keyword arguments fed back to `generate`."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import random_model
@@ -290,3 +292,136 @@ def test_export_unsupported_and_llamacpp_flags():
     assert v.arguments["temperature"] == 0.0 and v.arguments["include_stop_str_in_output"] is True
     with pytest.raises(ConfigError, match="--export 'tgi'"):
         export(s, "tgi", 100)
+
+
+# --- where --semantics llamacpp once departed from llama.cpp (each case failed before the fix) ---------------------
+
+
+def softmax_of(z) -> list[float]:
+    return torch.softmax(torch.tensor(z, dtype=torch.float64), 0).tolist()
+
+
+def test_llamacpp_dry_scans_the_last_64_tokens_by_default():
+    """dry_penalty_last_n defaults to 64 in llama.cpp: the early "0 1 2" lies outside the last 64 tokens, so the
+    repeat "0 1" earns no penalty; decodelab's own DRY (every token) and an explicit window of 75 see it."""
+    history = (0, 1, 2) + (3,) * 70 + (0, 1)
+    assert llamacpp(U4, history, dry_multiplier=1.0).probs() == pytest.approx([0.25] * 4, abs=1e-6)
+    penalized = softmax_of([0, 0, -1.0, 0])  # the repeat "0 1" (n = 2 = L) is followed by 2: z_2 -= 1 * 1.75^0
+    assert llamacpp(U4, history, dry_multiplier=1.0, dry_penalty_last_n=75).probs() == pytest.approx(penalized)
+    native = dist_stages(ChainSettings(dry_multiplier=1.0), given_logits(dist=U4), list(history)).probs()
+    assert native == pytest.approx(penalized)
+    assert plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0)).settings.dry_penalty_last_n == 64
+
+
+def test_llamacpp_ignores_a_dry_base_below_one():
+    """llama-cli ignores --dry-base below 1 (the server substitutes its default): DRY runs with 1.75. The repeat
+    "0 1 2 0 1" (n = 5) is followed by 2: z_2 -= 1 * 1.75^(5 - 2)."""
+    history = (0, 1, 2, 0, 1, 2, 0, 1)
+    got = llamacpp(U4, history, dry_multiplier=1.0, dry_base=0.5, dry_allowed_length=2, dry_penalty_last_n=8)
+    assert got.probs() == pytest.approx(softmax_of([0, 0, -1.75 ** 3, 0]))
+    assert any("dry_base 0.5" in n for n in plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0,
+                                                                dry_base=0.5)).notes)
+    with pytest.raises(ConfigError, match="--dry-base 0.5: must be >= 1"):  # decodelab's own reading refuses it
+        dist_stages(ChainSettings(dry_multiplier=1.0, dry_base=0.5), given_logits(dist=U4), list(history))
+
+
+def test_llamacpp_dynamic_temperature_at_zero_runs_from_zero_to_the_range():
+    """llama.cpp's temp_ext with t = 0: T = max(0, t - r) + 2r (H / log K) ^ e over [0, r] (decodelab's own reading
+    refuses -t 0 with a range: greedy and dynamic at once)."""
+    p = [0.1, 0.2, 0.3, 0.4]
+    h = -sum(x * math.log(x) for x in p)
+    t = 0.0 + (0.5 - 0.0) * (h / math.log(4))
+    r = llamacpp(P4, temperature=0.0, dynatemp_range=0.5)
+    assert r.state["dynatemp.temperature"] == pytest.approx(t, rel=1e-5)
+    assert r.probs() == pytest.approx(softmax_of([math.log(x) / t for x in p]), abs=1e-5)
+    with pytest.raises(ConfigError, match="--dynatemp-range 0.5: needs a temperature > 0"):
+        validate_chain(ChainSettings(temperature=0.0, dynatemp_range=0.5))
+
+
+def test_llamacpp_top_k_keeps_exactly_k_and_min_p_above_one_keeps_one():
+    """Three tokens tied at 0.3, top-k 2: llama.cpp's heap keeps tokens 1 and 2 (decodelab's own top-k keeps all
+    three); min-p 1.05 with two tokens tied at the top keeps one, the lower id (min-p 1 keeps both)."""
+    assert llamacpp("0.1,0.3,0.3,0.3", top_k=2).probs() == pytest.approx([0, 0.5, 0.5, 0], abs=1e-6)
+    native = dist_stages(ChainSettings(top_k=2), given_logits(dist="0.1,0.3,0.3,0.3"), []).probs()
+    assert native == pytest.approx([0, 1 / 3, 1 / 3, 1 / 3], abs=1e-6)
+    assert llamacpp("0.3,0.35,0.35", min_p=1.05).probs() == pytest.approx([0, 1, 0], abs=1e-6)
+    assert llamacpp("0.3,0.35,0.35", min_p=1.0).probs() == pytest.approx([0, 0.5, 0.5], abs=1e-6)
+
+
+@pytest.mark.parametrize("field", ["penalty_last_n", "dry_penalty_last_n"])
+def test_llamacpp_refuses_negative_windows(field):
+    """The current llama-cli refuses a negative --repeat-last-n or --dry-penalty-last-n (its library reads -1 as
+    off); -1 once meant "every token" here."""
+    option = "--" + field.replace("_", "-")
+    with pytest.raises(ConfigError, match=rf"^{option} -1: llama-cli refuses a negative window"):
+        plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0, repetition_penalty=1.1, **{field: -1}))
+
+
+@pytest.mark.parametrize("temperature", [2.5, -0.5])
+def test_vllm_refuses_a_temperature_outside_0_2(temperature):
+    with pytest.raises(ConfigError, match=rf"^--temperature {temperature}: vLLM allows \[0, 2\]"):
+        plan(ChainSettings(semantics="vllm", temperature=temperature))
+    plan(ChainSettings(semantics="vllm", temperature=2.0))
+
+
+GENERATION_CONFIG = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repetition_penalty": 1.3,
+                     "presence_penalty": 0.4, "frequency_penalty": 0.4}
+
+
+@pytest.mark.parametrize("settings, reads", [
+    (SampleSettings(temperature=0.7, top_p=0.95), {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0,
+                                                   "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                                                   "frequency_penalty": 0.0}),
+    (SampleSettings(temperature=0.0, presence_penalty=0.5), {"temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                                                              "min_p": 0.0, "repetition_penalty": 1.0,
+                                                              "presence_penalty": 0.5, "frequency_penalty": 0.0}),
+])
+def test_vllm_export_leaves_nothing_for_the_generation_config_to_fill(settings, reads):
+    """A vLLM server fills every sampling field a request lacks from the model's generation_config
+    (get_diff_sampling_param); a request built from the export, merged over a generation_config that sets all
+    seven, must still read as decodelab does."""
+    kwargs = export(settings, "vllm", 100).arguments
+    merged = {**GENERATION_CONFIG, **kwargs}
+    assert {k: merged[k] for k in GENERATION_CONFIG} == reads
+
+
+def test_hf_export_switches_off_what_a_generation_config_would_switch_on():
+    """generate merges the model's generation_config under the keyword arguments: with do_sample the export
+    names every warper's value, off ones too (top_k 0, top_p 1, ...)."""
+    kwargs = export(SampleSettings(temperature=0.7, top_p=0.9), "hf", 100).arguments
+    assert kwargs["do_sample"] is True and kwargs["top_k"] == 0 and kwargs["typical_p"] == 1.0
+    assert kwargs["min_p"] == 0.0 and kwargs["epsilon_cutoff"] == 0.0 and kwargs["repetition_penalty"] == 1.0
+
+
+def test_llamacpp_export_writes_every_token_windows_as_the_context():
+    s = SampleSettings(temperature=0.7, dry_multiplier=0.8, repetition_penalty=1.1)
+    flags = export(s, "llamacpp", 100, context=512).arguments
+    assert flags[flags.index("--dry-penalty-last-n") + 1] == "512"
+    assert flags[flags.index("--repeat-last-n") + 1] == "512" and "-1" not in flags
+    unknown = export(s, "llamacpp", 100)
+    assert "--dry-penalty-last-n" not in unknown.arguments
+    assert any(u.startswith("DRY over every token") for u in unknown.unsupported)
+
+
+# --- engine orders, by behaviour: one distribution each pair of orders maps differently --------------------------
+
+
+def test_vllm_adds_the_logit_bias_before_the_repetition_penalty():
+    """z = (1, 0), token 0 seen, bias +1 on it, penalty 2: vLLM (bias, then penalties) gives z_0 = (1 + 1) / 2 = 1;
+    decodelab's default order (penalties, then bias) gives 1 / 2 + 1 = 1.5."""
+    fields = dict(logit_bias=(("0", 1.0),), repetition_penalty=2.0, temperature=1.0)
+    vllm = dist_stages(ChainSettings(semantics="vllm", **fields), given_logits(logits="1,0"), [0]).probs()
+    ours = dist_stages(ChainSettings(**fields), given_logits(logits="1,0"), [0]).probs()
+    assert vllm == pytest.approx(softmax_of([1.0, 0.0]), abs=1e-6)
+    assert ours == pytest.approx(softmax_of([1.5, 0.0]), abs=1e-6)
+
+
+def test_llamacpp_tempers_after_the_filters_and_transformers_before():
+    """p = (0.1, 0.2, 0.3, 0.4), T = 0.5, top-p 0.8. llama.cpp (temperature last): top-p keeps 0.4, 0.3, 0.2 (mass
+    0.9), then p^2 renormalized: (0, 0.04, 0.09, 0.16) / 0.29. transformers (temperature first): p^2 / 0.30, whose
+    top-p 0.8 keeps 0.16 / 0.30 and 0.09 / 0.30 only."""
+    fields = dict(temperature=0.5, top_p=0.8)
+    llama = llamacpp(P4, **fields).probs()
+    hf = dist_stages(ChainSettings(semantics="hf", **fields, top_k=0), given_logits(dist=P4), []).probs()
+    assert llama == pytest.approx([0, 0.04 / 0.29, 0.09 / 0.29, 0.16 / 0.29], abs=1e-5)
+    assert hf == pytest.approx([0, 0, 0.09 / 0.25, 0.16 / 0.25], abs=1e-5)
