@@ -14,8 +14,13 @@
 #   rerun after new tests, adds to one table. Name the survivors to retest them against new tests:
 #   KEEP=1 bash tests/mutation/run.sh /tmp/m $(grep ': survived' /tmp/m/results.txt | cut -d: -f1)
 # MUTMUT_CHILDREN (environment): parallel workers, default 1 (the development machines share 2 cores).
-# The tests run against the mutants are every test file under tests/ except EXCLUDE below, the one place the
-# selection lives; mutmut runs against each mutant only the tests that call its function.
+# The tests run against the mutants are every test file under tests/ except EXCLUDE below; mutmut runs against each
+# mutant only the tests that call its function (fastest first, stopping at the first failure).
+# TESTS (environment): the test files or folders to select from instead of all of tests/ (EXCLUDE still applies), for
+# a run of one package against the tests that guard it (a survivor takes every selected test that calls its
+# function, so a focused selection is what makes a package finish on a shared machine). A change of selection
+# resets mutmut's verdicts, so give each selection its own WORKDIR:
+#   MUTATE=core/kv TESTS="tests/kv tests/methods/test_batch.py" bash tests/mutation/run.sh /tmp/m-kv
 #
 # mutmut names a mutant after the module path of its file and compares it with the running function's __module__,
 # so the sources are laid out under decodelab/ in a scratch folder (the import name; the repository keeps core/ and
@@ -57,7 +62,7 @@ while IFS= read -r file; do
         [[ "$file" == "$excluded" || "$file" == "$excluded"/* ]] && skip=1
     done
     [ "$skip" = 0 ] && tests+=("$file")
-done < <(cd "$repo" && find tests -name 'test_*.py' -not -path '*/__pycache__/*' | sort)
+done < <(cd "$repo" && find ${TESTS:-tests} -name 'test_*.py' -not -path '*/__pycache__/*' | sort)
 toml_list() { local item; for item in "$@"; do printf '    "%s",\n' "$item"; done; }
 if [ "${KEEP:-0}" = 1 ] && [ -d "$work/mutants" ]; then
     rm -rf "$work/decodelab" "$work/tests" "$work/presets" "$work/docs" "$work/README.md"
