@@ -36,6 +36,22 @@ def test_json_summary_memory_and_steps(cli):
     assert s["perplexity"] > 1 and s["baseline_perplexity"] > 1
     assert len(doc["reconstruction"]) == TINY["layers"] * TINY["kv_heads"]
     assert len(doc["outliers"]) == 2 * TINY["layers"]
+    assert s["fp16_model_bytes_ratio"] == s["bytes_ratio"]  # int8 per token keeps no exact window
+
+
+def test_kivi_bytes_as_stored_and_as_a_float16_model_would_store_them(cli):
+    """int4-kivi on 40 tokens (residual 32, group 32): keys leave the tail in blocks of 32 only while more than 32
+    remain, so all 40 key tokens and 32 value tokens stay exact, stored in the bundled model's float32; the
+    float16-model figure counts those at 2 bytes. Per layer and KV head (head_dim 32): keys 40 x 32 exact; values
+    8 x (16 code bytes + a float16 scale and zero) quantized and 32 x 32 exact."""
+    doc = run_json(cli, TEXT, "--cache", "int4-kivi", "--limit", "40")
+    s = doc["summary"]
+    rows = TINY["layers"] * TINY["kv_heads"]
+    quantized = 8 * (32 // 2 + 2 * 2)
+    assert s["kv_bytes"] == rows * (40 * 32 * 4 + quantized + 32 * 32 * 4)
+    assert s["fp16_model_bytes_ratio"] * s["fp16_kv_bytes"] == pytest.approx(rows * (40 * 32 * 2 + quantized +
+                                                                                    32 * 32 * 2))
+    assert s["bytes_ratio"] > 1 > s["fp16_model_bytes_ratio"]  # 40 tokens: the exact window is most of the cache
 
 
 def test_baseline_perplexity_is_scores(cli):

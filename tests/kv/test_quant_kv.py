@@ -221,6 +221,24 @@ def test_kivi_bytes_by_formula():
     assert rt.policy.layer_nbytes() == [keys + values] * 2
 
 
+def test_kivi_bytes_per_stream_tell_the_key_layout_from_the_value_layout():
+    """Keys and values have the same shape, so a layer's total is the same with their layouts swapped; each stream
+    is not. 4-bit kivi, group 8, residual 0, 20 tokens one a forward (random Llama: 2 KV heads, head_dim 16). Keys
+    per channel in blocks of 8 tokens: 16 quantized, 4 exact; codes 2 x 16 x 16 / 2, a float16 scale and zero per
+    block and channel (2 x 2 x 16 each), the 4 exact tokens in float32 -> 256 + 256 + 512 = 1024. Values per token
+    in groups of 8 channels: 20 quantized, 0 exact; codes 2 x 20 x 16 / 2, scale and zero per token and group
+    (2 x 20 x 2 each) -> 320 + 320 = 640. As a float16 model would hold them: the 4 exact tokens at 2 bytes."""
+    model = random_model("llama")
+    rt = Runtime.create(model, parse_cache_spec("quant:bits=4,axis=kivi,group=8,residual=0"))
+    for t in range(20):
+        rt.feed(torch.tensor([[3 + t]]))
+    for layer in rt.policy.model_cache.layers:
+        assert (layer.k.quantized, layer.k.exact, layer.v.quantized, layer.v.exact) == (16, 4, 20, 0)
+        assert (layer.k.nbytes(), layer.v.nbytes()) == (256 + 2 * 128 + 512, 320 + 2 * 160)
+    assert rt.policy.bytes_at(20) == rt.policy.nbytes() == 2 * 1664
+    assert rt.policy.bytes_at(20, exact_dtype=torch.float16) == 2 * (1664 - 256)
+
+
 # --- policy: spec, capabilities, rollback, reorder -------------------------------------------------------------------
 
 

@@ -362,6 +362,26 @@ def test_preemption_and_recompute_give_the_same_tokens():
     assert sched.policy.blocks_used == 0
 
 
+def test_the_last_to_join_is_the_one_preempted_by_hand():
+    """Tokens never show which request was preempted (recompute is exact), so the victim is pinned by hand. Two
+    6-token prompts, 8 new tokens each, blocks of 4, a pool of 4 blocks. Iteration 0 prefills both (2 blocks
+    each, 12 tokens); 1 and 2 decode token 7 and 8 of each within those blocks. In iteration 3 request 0 needs a
+    third block for its 9th token: the pool is full, and request 1, which joined last, is preempted (if request 0
+    went, request 1 would finish first). Request 0 runs alone and finishes in iteration 7 (14 tokens, 4 blocks);
+    request 1 rejoins in 8, recomputes its prompt and the 3 tokens it had (9 tokens) and finishes in 12."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([6, 6], seed=3)
+    sched = Scheduler(model, [request(i, p, 8) for i, p in enumerate(prompts)], max_batch=2,
+                      max_tokens_per_iteration=64, block_size=BS, num_blocks=4)
+    records = list(sched)
+    assert {r.index: r.preempted for r in records if r.preempted} == {3: ["1"]}
+    assert [(r.index, r.joined) for r in records if r.joined] == [(0, ["0", "1"]), (8, ["1"])]
+    assert [(r.index, r.finished) for r in records if r.finished] == [(7, ["0"]), (12, ["1"])]
+    assert [r.prefill_tokens for r in records if r.prefill_tokens] == [12, 9]
+    assert [(r.preemptions, r.finished, r.computed_tokens) for r in sched.results] == [(0, 7, 13), (1, 12, 21)]
+    assert [r.new_ids for r in sched.results] == [solo(model, p, 8) for p in prompts]
+
+
 def test_bad_settings_are_refused():
     model = random_model("llama")
     reqs = [request(0, [1, 2, 3], 40)]

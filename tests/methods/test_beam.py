@@ -79,6 +79,8 @@ def test_beam_equals_generate(arch, seed, bias, early):
     assert len(lengths) >= 3  # hypotheses finished at different lengths
     assert any(len(w) > 1 for w in winners.values())  # the winner changed with the penalty
     assert reasons - {"length"}  # some searches stopped before the last allowed length
+    # and by this mode's own rule, so the grid reaches the early-stopping test of every mode
+    assert {True: "all-finished", False: "no-improvement", "never": "no-improvement"}[early] in reasons, reasons
 
 
 def test_beam_with_processors_equals_generate():
@@ -253,6 +255,23 @@ def test_early_stopping_modes_on_a_hand_table():
     never = run_table(settings(2, 1.0, "never", 4), table=table)
     assert never.hypotheses[0].token_ids == [A, A, E]
     assert never.hypotheses[0].score == pytest.approx((math.log(0.49 * 0.49 * 0.98)) / 3, abs=1e-5)
+
+
+def test_never_with_a_negative_penalty_bounds_by_the_current_length():
+    """transformers bounds the best live beam by the longest length only when the penalty is positive; with a < 0
+    a longer hypothesis only scores lower, so "never" bounds by the current length, as "false" does. hf norm, a = -1
+    (score = sum x L), beams 2, at most 8 tokens. After step 2 the pool holds [a, E] (log(.94 * .3) x 2 = -2.532)
+    and [E] (log .05 = -2.996); the live [a, a] has sum log(.94 * .69) = -0.433. Bounded at the current length,
+    -0.433 x 2 = -0.866 > -2.996: the search goes on and finds [a, a, E] = log(.94 * .69 * .98) x 3 = -1.360.
+    Bounded at the longest length, -0.433 x 8 = -3.46 would stop at step 2 with [a, E]."""
+    table = {(): [0.05, 0.94, 0.01], (A,): [0.3, 0.69, 0.01], (A, A): [0.98, 0.01, 0.01]}
+    for early in ("never", False):
+        search = run_table(settings(2, -1.0, early, 8), table=table)
+        assert search.n_steps == 3 and search.hypotheses[0].token_ids == [A, A, E]
+        assert search.hypotheses[0].score == pytest.approx(math.log(0.94 * 0.69 * 0.98) * 3, abs=1e-5)
+        assert search.hypotheses[1].token_ids == [A, E]
+        assert search.hypotheses[1].score == pytest.approx(math.log(0.94 * 0.3) * 2, abs=1e-5)
+    # with a > 0 the longest length does bound "never" (the table of test_early_stopping_modes_on_a_hand_table)
 
 
 def test_hand_table_trace_and_processed_vs_raw_labels():
