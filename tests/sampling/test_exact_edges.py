@@ -419,3 +419,65 @@ def test_trim_stop_cuts_the_first_occurrence_of_a_stop_string_present_in_the_tex
     assert trim_stop([0, 9, 3], "stop", rules, detok) == ([0, 9, 3], "ab<s>Dx")
     assert trim_stop([0, 3], "stop", rules, detok) == ([0, 3], "abDx")
     assert trim_stop([0, 1, 3], "eos", rules, detok) == ([0, 1, 3], "abENDx")
+
+
+# --- issue 22: a window shorter than the history, -inf candidates, values between two thresholds or on one ---------
+
+
+def test_dry_counts_only_the_window_even_when_the_history_repeats_before_it():
+    """History 0 1 2 3 0 1: the repeat "0 1" is followed by 2 at the start. Only a window of all 6 tokens sees it
+    (n = 2 = L, so z_2 -= 1 * 1.75^0 = 1); windows of 3, 4 and 5 tokens start after the first "0" and see no
+    earlier "0 1" (at 5 the earlier "1" is a repeat of length 1 < L)."""
+    from decodelab.core.sampling.penalties import DRY
+
+    h = [0, 1, 2, 3, 0, 1]
+    assert DRY(1.0).penalties(h) == {2: 1.0}
+    logits = torch.zeros(1, 4)
+    for last_n, expected in [(3, [0, 0, 0, 0]), (4, [0, 0, 0, 0]), (5, [0, 0, 0, 0]), (6, [0, 0, -1.0, 0]),
+                             (None, [0, 0, -1.0, 0])]:
+        out = DRY(1.0, last_n=last_n)(torch.tensor([h]), logits)
+        assert out[0].tolist() == expected, last_n
+
+
+def test_top_n_sigma_measures_the_spread_of_the_finite_logits_only():
+    """z = (3, 1, -1, -inf): over the three finite logits mean 1, sigma sqrt(8/3) = 1.633; N = 1.3 keeps z >=
+    3 - 2.123 = 0.877: tokens 0 and 1. Counting the -inf as a fourth candidate (mean 0.75, sigma 1.431) would cut
+    at 1.14 and keep token 0 only."""
+    from decodelab.core.sampling.filters import TopNSigma
+
+    logits = torch.tensor([[3.0, 1.0, -1.0, NEG]])
+    assert kept(TopNSigma(1.3)(None, logits)) == [0, 1]
+    assert kept(TopNSigma(1.0)(None, logits)) == [0]  # 3 - 1.633 = 1.367
+
+
+def test_eta_cutoff_takes_the_smaller_of_its_two_thresholds():
+    """p = (0.5, 0.3, 0.2) and a removed token: H = 1.0297 nats, sqrt(0.25) e^-H = 0.1786 < 0.25, so eta keeps
+    p = 0.2, which lies between the two thresholds (the larger, epsilon 0.25, removes it)."""
+    from decodelab.core.sampling.filters import EpsilonCutoff, EtaCutoff
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0]]))
+    assert kept(EtaCutoff(0.25)(None, logits)) == [0, 1, 2]
+    assert kept(EpsilonCutoff(0.25)(None, logits)) == [0, 1]
+
+
+def test_cutoffs_keep_a_probability_exactly_on_the_threshold():
+    """p = (1/2, 1/4, 1/4) exactly in float32: epsilon 1/4 removes only p < 1/4 (nothing here); just above, both
+    quarters go. XTC's top choices are p >= T: with T = 1/4 all three reach it and all but the least likely (the
+    last quarter, ties by id) go; just above, only 1/2 reaches it and XTC does nothing."""
+    from decodelab.core.sampling.filters import XTC, EpsilonCutoff
+    from decodelab.core.sampling.select import make_generator
+
+    logits = torch.tensor([[2.0, 1.0, 1.0]]) * torch.log(torch.tensor(2.0))
+    assert kept(EpsilonCutoff(0.25)(None, logits)) == [0, 1, 2]
+    assert kept(EpsilonCutoff(0.2500001)(None, logits)) == [0]
+    assert kept(XTC(0.25, 1.0, make_generator(0, "cpu"))(None, logits)) == [2]
+    assert kept(XTC(0.2500001, 1.0, make_generator(0, "cpu"))(None, logits)) == [0, 1, 2]
+
+
+def test_typical_p_ranks_a_removed_candidate_last():
+    """z = (0, 0, -inf): the two live tokens are exactly typical (distance 0), the removed one infinitely far;
+    mass 0.5 keeps token 0, mass 0.75 both live ones, never the removed one."""
+    logits = torch.tensor([[0.0, 0.0, NEG]])
+    assert kept(TypicalP(0.5)(None, logits)) == [0]
+    assert kept(TypicalP(0.75)(None, logits)) == [0, 1]
+    assert kept(TypicalP(1.0)(None, logits)) == [0, 1]
