@@ -312,6 +312,33 @@ def test_slot_map_and_evicted_positions():
     assert rt.policy.positions(2).tolist() == [[7, 8]]
 
 
+def test_slot_ranges_before_eviction_merge_the_sinks_with_the_recent_tokens():
+    """sinks=2, recent=5 after 4 tokens: nothing evicted, the sinks [0, 2) and the recent [2, 4) touch, so the
+    map is one run [0, 4) at slot 0, kept or re-rotated; after 9 tokens the runs part, and keep assigns the
+    original start (4) where rerotate assigns the slot after the sinks (2)."""
+    model = random_model("llama", seed=1)
+    for positions in ("keep", "rerotate"):
+        rt = Runtime.create(model, parse_cache_spec(f"sinks:sinks=2,recent=5,positions={positions}"))
+        rt.feed(ids_of(4))
+        assert rt.policy.slot_ranges() == [[0, 4, 0]]
+        rt.feed(ids_of(5, seed=1))
+        assert rt.policy.slot_ranges() == [[0, 2, 0], [4, 9, 4 if positions == "keep" else 2]]
+    short = Runtime.create(model, parse_cache_spec("sinks:sinks=3,recent=2"))
+    short.feed(ids_of(2))  # fewer tokens than sinks: one run of sinks only
+    assert short.policy.slot_ranges() == [[0, 2, 0]]
+
+
+def test_window_bytes_are_the_kept_keys_and_values():
+    """window:size=5 after 12 tokens: every layer of the random Llama (2 KV heads, head_dim 16, float32) holds 5
+    tokens of keys and values: 2 x 2 x 5 x 16 x 4 bytes."""
+    model = random_model("llama", seed=1)
+    rt = Runtime.create(model, parse_cache_spec("window:size=5"))
+    rt.feed(ids_of(12))
+    assert rt.policy.layer_nbytes() == [2 * 2 * 5 * 16 * 4] * 2
+    assert rt.policy.describe() == {"policy": "window", "seen": 12, "stored": 5, "positions": "keep",
+                                    "evicted": 7, "last_evicted": [0, 7]}
+
+
 # --- models that cannot be shifted ---------------------------------------------------------------------------------
 
 
