@@ -49,6 +49,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the versions of decodelab, torch and "
+                                       "transformers and exit.", is_eager=True)) -> None:
+    if version:
+        from .view.output import versions
+
+        render.write_record(" ".join(f"{name} {v or '(not installed)'}" for name, v in versions().items()) + "\n")
+        raise typer.Exit(0)
+
+
 app.command()(sample)
 app.command()(probs)
 app.command()(models)

@@ -101,7 +101,7 @@ def beam(
 
     output.emit_for(opts, output.Output(  # csv: the sweep when there is one, else the hypotheses
         document={**head, "steps": search.steps, **result, "summary": summary},
-        jsonl=[output.summary_record("beam", lm.name, result, summary)],
+        jsonl=[output.summary_record("beam", lm.name, result, summary)], text=result["text"],
         tables=tables, csv=tables[-1][1], views=views))
 
 
@@ -109,13 +109,13 @@ def beam(
 
 
 def hypothesis_rows(hyps) -> list[dict]:
-    return [{"rank": h.rank, "text": render.one_line(h.text), "length": h.length, "sum_logprob": h.sum_logprob,
+    return [{"rank": h.rank, "text": h.text, "length": h.length, "sum_logprob": h.sum_logprob,
              "raw_sum_logprob": h.raw_sum_logprob, "score": h.score, "reason": h.reason, "step": h.step,
              "token_ids": " ".join(map(str, h.token_ids))} for h in hyps]
 
 
 def sweep_table_rows(rows) -> list[dict]:
-    return [{"length_penalty": r.length_penalty, "text": render.one_line(r.winner.text),
+    return [{"length_penalty": r.length_penalty, "text": r.winner.text,
              "length": r.winner.length, "raw_sum_logprob": r.winner.raw_sum_logprob,
              "sum_logprob": r.winner.sum_logprob, "score": r.winner.score, "changed": r.changed,
              "token_ids": " ".join(map(str, r.winner.token_ids))} for r in rows]

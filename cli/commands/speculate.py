@@ -73,7 +73,8 @@ def speculate(
         spec.interrupt()  # Ctrl-C during the warm-up: an empty run, reported as interrupted
     else:
         with LiveSteps(render.console(), None, unit="rounds", enabled=opts.fmt == o.Format.table) as live:
-            drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add)
+            drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add,
+                  text_of=lambda: lm.decode(spec.new_ids))
     # the shown run is round 1's speculative half; a Ctrl-C keeps the rounds completed (none: speedups null)
     timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, settings.gamma, first=spec)
     phase(timing.run)
@@ -112,6 +113,7 @@ def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, 
     output.emit(output.Output(
         document={**head, "steps": [r.to_dict() for r in spec.rounds], "text": out_text, "token_ids": token_ids,
                   "summary": summary.to_dict(), **extra},
+        text=out_text,
         jsonl=[{"type": "sweep", **render.clean(row)} for row in extra.get("sweep", [])]
         + [output.summary_record("speculate", lm.name, {"text": out_text, "token_ids": token_ids}, summary.to_dict(),
                                  {"best_gamma": best} if sweep else {})],
@@ -222,9 +224,9 @@ def round_rows(rounds) -> list[dict]:
         f = r.final
         rows.append({
             "index": r.index, "position": r.position, "drafted": r.drafted, "accepted": r.accepted,
-            "proposed": " ".join(render.show_token(t.token) for t in r.proposed),
-            "q": " ".join(f"{t.q:.4f}" for t in r.proposed), "p": " ".join(f"{t.p:.4f}" for t in r.proposed),
-            "final_kind": f.kind if f else "", "final_token": render.show_token(f.token) if f else "",
-            "final_prob": f.prob if f else None, "emitted": render.show_token(r.emitted_text),
+            "proposed": render.json_cell([{"token_id": t.token_id, "token": t.token, "q": t.q, "p": t.p,
+                                           "accepted": t.accepted} for t in r.proposed]),
+            "final_kind": f.kind if f else "", "final_token": f.token if f else "",
+            "final_prob": f.prob if f else None, "emitted": r.emitted_text,
         })
     return rows

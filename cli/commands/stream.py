@@ -125,7 +125,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
         with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
             drive(run, opts.fmt, on_step=live.add)
     else:
-        drive(run, opts.fmt)
+        drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids))
     token_ids = run.new_ids
     out_text, summary = lm.decode(token_ids), run.summary()
     head = render.document("stream", lm, as_dict(settings), chain.names, text, prompt_ids, mode="generate",
@@ -136,6 +136,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
                    slots=_slots(step.slots))
     output.emit_for(opts, output.Output(
         document={**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
+        text=out_text,
         jsonl=[output.summary_record("stream", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
         tables=[(None, rows)],
         views=lambda: [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache "

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
+from .. import loop
 from . import render
 
 
@@ -25,6 +27,7 @@ class Output:
 
     document: dict
     jsonl: list[dict]
+    text: str | None = None  # the continuation, for -f text (what streaming printed already is not printed again)
     tables: list[tuple[str | None, list[dict]]] = field(default_factory=list)
     csv: list[dict] | None = None
     views: Callable[[], list] | None = None
@@ -32,17 +35,31 @@ class Output:
 
 
 def summary_record(command: str, model: str | None, *parts) -> dict:
-    """The closing JSONL line: ``{"type": "summary", "command", "model", ...}`` with the parts' fields merged."""
+    """The closing JSONL line: ``{"type": "summary", "command", "model", ...}`` with the parts' fields merged, and
+    the versions the numbers came from."""
     out = {"type": "summary", "command": command, "model": model}
     for part in parts:
         out.update(render.clean(part))
+    return {**out, "versions": versions()}
+
+
+def versions() -> dict:
+    """decodelab, torch and transformers as installed (read from the package metadata: nothing is imported)."""
+    out = {}
+    for name in ("decodelab", "torch", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
     return out
 
 
 def emit(out: Output, fmt: str, save_html: Path | None = None, save_svg: Path | None = None) -> None:
     """Print ``out`` in format ``fmt`` (table, json, jsonl, markdown, csv), and save HTML/SVG when asked."""
     if fmt == "json":
-        render.print_json(out.document)
+        render.print_json({**out.document, "versions": versions()})
+    elif fmt == "text":
+        loop.print_text(out.text or "", final=True)
     elif fmt == "jsonl":
         for line in out.jsonl:
             render.print_jsonl(line)

@@ -313,5 +313,7 @@ def test_csv_rows_keep_the_contract_names_and_every_digit():
     for key in ("prob", "logprob", "raw_prob", "raw_logprob", "entropy", "raw_entropy"):
         assert float(got[key]) == getattr(step, key), key
     assert [got[k] for k in ("index", "position", "token_id", "raw_rank", "kept")] == ["0", "7", "42", "3", "17"]
-    assert got["token"] == "␣hi"  # a leading space made visible
-    assert got["alternatives"] == "a:0.5679 \\n:0.0000"
+    assert got["token"] == " hi"  # the token's real text: csv quotes what needs quoting, nothing is replaced
+    alternatives = json.loads(got["alternatives"])  # one JSON cell, every digit kept (was "a:0.5679 \\n:0.0000")
+    assert alternatives == [{"token_id": 5, "token": "a", "prob": 0.56789, "raw_prob": 0.4},
+                            {"token_id": 6, "token": "\n", "prob": 0.00001, "raw_prob": 0.2}]
