@@ -5,7 +5,7 @@ applies (``semantics``). temperature 0 means greedy."""
 from __future__ import annotations
 
 from dataclasses import field, make_dataclass
-from functools import cached_property
+from functools import lru_cache
 
 from ..kv import CacheSpec, parse_cache_spec
 
@@ -31,9 +31,14 @@ def stage_values(self, bias_ids: dict[int, float] | None = None, resolved: dict 
     return {stage.name: stage.value(self, resolved) for stage in STAGES}
 
 
+@lru_cache(maxsize=64)
+def parsed_cache(spec: str) -> CacheSpec:
+    """A ``--cache`` spec parsed once (every key and value checked; no model needed); settings only hold the text."""
+    return parse_cache_spec(spec)
+
+
 def _cache_spec(self) -> CacheSpec:
-    """``--cache`` parsed once per settings object (every key and value checked; no model needed)."""
-    return parse_cache_spec(self.cache)
+    return parsed_cache(self.cache)
 
 
 ChainSettings = make_dataclass(
@@ -43,6 +48,6 @@ ChainSettings = make_dataclass(
        ("cache", str, field(default="full")),  # the KV-cache policy, `NAME[:key=value,...]`
        ("semantics", str | None, field(default=None))],  # hf | vllm | llamacpp: read the settings as it does
     frozen=True,
-    namespace={"stage_values": stage_values, "cache_spec": cached_property(_cache_spec), "__doc__": __doc__,
+    namespace={"stage_values": stage_values, "cache_spec": property(_cache_spec), "__doc__": __doc__,
                "__module__": __name__},
 )
