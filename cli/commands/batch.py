@@ -163,5 +163,5 @@ def requests_table(requests: list[dict]) -> Table:
         raw = sum(s["raw_logprob"] for s in r["steps"]) / n if n else float("nan")
         table.add_row(r["id"], str(len(r["prompt_token_ids"])), str(len(r["token_ids"])), r["stop_reason"],
                       str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
-                      f"{mean:.3f}", f"{raw:.3f}", render.one_line(r["text"])[:60])
+                      f"{mean:.3f}", f"{raw:.3f}", render.cut(render.one_line(r["text"]), 60))
     return table

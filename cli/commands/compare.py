@@ -173,7 +173,6 @@ def fmt(value, spec: str = ".3f") -> str:
 def summary_table(summary: list[dict]) -> Table:
     """Per variant over its prompts and seeds: mean (min-max) of each measure."""
     t = Table(title="per variant: mean (min-max) over prompts and seeds", header_style="bold")
-    t.key_columns = 1
     t.add_column("variant", no_wrap=True)
     t.add_column("runs", justify="right")
     for name in ("logp", "ppl", "d-2", "rep", "H", "tok/s"):
@@ -196,7 +195,7 @@ def tables(lm, run: Comparison) -> list:
             rows = [r for r in run.rows if r.prompt == prompt.id and r.seed == seed]
             if not rows:
                 continue
-            t = Table(title=f"{lm.name} · prompt {prompt.id}: {render.one_line(prompt.text)[:60]} · seed {seed}",
+            t = Table(title=f"{lm.name} · prompt {prompt.id}: {render.cut(render.one_line(prompt.text), 60)} · seed {seed}",
                       header_style="bold")
             t.add_column("variant", no_wrap=True)
             t.add_column("text", ratio=1)
@@ -216,6 +215,7 @@ def tables(lm, run: Comparison) -> list:
     out.append(summary_table(variant_summary(run.rows)))
     if run.pairs:
         t = Table(title="where the variants part (same seed = same random draws)", header_style="bold")
+        t.key_columns = 4  # a, b, prompt and seed name a pair: a split panel repeats them
         for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why"):
             t.add_column(name, no_wrap=name != "why")
         for p in run.pairs:

@@ -239,6 +239,7 @@ def layer_table(report) -> Table:
 
 def outlier_table(outliers: list[dict], title: str) -> Table:
     table = Table(title=title, header_style="bold")
+    table.key_columns = 2  # layer and tensor name a row: a split panel repeats both
     for name in ("layer", "tensor", "scale set by", "x typical", "max/median", "bits lost", "per tensor",
                  "per token", "per channel", "grouped"):
         table.add_column(name, justify="right")

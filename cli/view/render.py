@@ -119,6 +119,11 @@ def one_line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
 
 
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: cut with an ellipsis, never silently."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
 def show_token(text: str) -> str:
     """A token as it reads in a table: control characters escaped, leading/trailing spaces made visible."""
     out = one_line(text)
