@@ -255,9 +255,9 @@ def outlier_table(outliers: list[dict], title: str) -> Table:
 
 
 def grid_table(report) -> Table:
-    residual = report.grid[0].cache.split("residual=")[1].split(",")[0] if "residual=" in report.grid[0].cache else "0"
-    table = Table(title=f"grid: x fp16 bytes · perplexity change · top-1 agreement (every cell: the last {residual} "
-                        "tokens exact)", header_style="bold")
+    residual = int(report.grid[0].cache.split("residual=")[1].split(",")[0]) if "residual=" in report.grid[0].cache else 0
+    window = f"every cell keeps the last {residual} tokens exact" if residual else "every token quantized in every cell"
+    table = Table(title=f"grid: x fp16 bytes · perplexity change · top-1 agreement ({window})", header_style="bold")
     axes = list(dict.fromkeys(g.cache.split("axis=")[1].split(",")[0] for g in report.grid))
     table.add_column("bits", justify="right")
     for axis in axes:

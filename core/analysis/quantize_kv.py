@@ -295,14 +295,14 @@ def sliding(lm: LoadedModel) -> bool:
         getattr(cfg, "layer_types", None) or ())
 
 
-GRID_RESIDUAL = 32  # KIVI's own default window, given to every cell of the grid
+GRID_RESIDUAL = 0  # every cell quantizes every token unless --residual says otherwise (the same for every layout)
 
 
 def grid_specs(bits: tuple = GRID_BITS, axes: tuple[str, ...] = GRID_AXES, group: int | None = None,
                residual: int | None = None) -> list[CacheSpec]:
-    """bits x layout, every cell with the same exact residual window (``residual``, default GRID_RESIDUAL), so the
-    layouts are compared on equal terms (a kivi cell with 32 exact tokens against others with none made KIVI look
-    worst for the window, not for its layout)."""
+    """bits x layout, every cell with the same exact residual window (``residual``, default GRID_RESIDUAL: none), so
+    the layouts are compared on equal terms (kivi's own default of 32 exact tokens against none for the others made
+    the grid compare windows, not layouts)."""
     residual = GRID_RESIDUAL if residual is None else residual
     specs = []
     for b in bits:

@@ -29,7 +29,7 @@ def test_every_format_goes_through_one_emit(capsys):
     out = output.Output(document={"command": "x", "n": 1}, jsonl=[{"type": "summary", "n": 1}],
                         tables=[("first", [{"a": 1}]), (None, [{"b": 2}])], csv=[{"c": 3}])
     output.emit(out, "json")
-    assert json.loads(capsys.readouterr().out) == {"command": "x", "n": 1}
+    assert json.loads(capsys.readouterr().out) == {"command": "x", "n": 1, "versions": output.versions()}
     output.emit(out, "jsonl")
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"type": "summary", "n": 1}]
     output.emit(out, "markdown")
@@ -41,7 +41,9 @@ def test_every_format_goes_through_one_emit(capsys):
 
 def test_summary_record_merges_parts_in_order():
     line = output.summary_record("sample", "tiny", {"text": "a", "x": float("nan")}, {"x": 2})
-    assert line == {"type": "summary", "command": "sample", "model": "tiny", "text": "a", "x": 2}
+    assert line == {"type": "summary", "command": "sample", "model": "tiny", "text": "a", "x": 2,
+                    "versions": output.versions()}
+    assert set(output.versions()) == {"decodelab", "torch", "transformers"} and output.versions()["torch"]
 
 
 def test_a_failed_write_to_a_file_cuts_it_back_to_the_last_whole_record(tmp_path, monkeypatch):
