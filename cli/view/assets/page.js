@@ -28,6 +28,8 @@
   }
   /* a number in a panel: exact, as the JSON holds it */
   const nx = (v) => `<span class="n" data-v="${esc(exact(v))}">${esc(exact(v))}</span>`;
+  /* a token in the running text: a newline keeps its line break after a visible ↵ (a bare one could not be hovered) */
+  const visible = (t) => esc(t).replace(/\n/g, '<span class="nl" aria-hidden="true">↵</span>\n');
   const tok = (t) => `<code class="tok">${esc(JSON.stringify(t))}</code>`;
   const shortTok = (t, width) => { const s = JSON.stringify(t).slice(1, -1); return s.length > width ? s.slice(0, width - 1) + "…" : s; };
   const shell = (w) => (w === "" ? "''" : /^[A-Za-z0-9_@%+=:,.\/-]+$/.test(w) ? w : "'" + w.replace(/'/g, "'\"'\"'") + "'");
@@ -81,7 +83,7 @@
   function group(box, selector, onShow, onActivate) {
     const items = Array.from(box.querySelectorAll(selector));
     if (!items.length) return null;
-    items.forEach((el, k) => { el.tabIndex = k === 0 ? 0 : -1; el.dataset.k = k; });
+    if (!items[0].hasAttribute("data-k")) items.forEach((el, k) => { el.tabIndex = k === 0 ? 0 : -1; el.dataset.k = k; });
     let cur = 0;
     function go(k, focus) {
       k = Math.max(0, Math.min(items.length - 1, k));
@@ -132,7 +134,7 @@
     const controls = modes.length > 1 ? `<div class="controls" role="group" aria-label="shade by">shade by: ` +
       modes.map((m) => `<button type="button" data-mode="${m}" aria-pressed="${m === mode}">${esc(m)} p</button>`).join("") + `</div>` : "";
     const spans = view.tokens.map((t, i) =>
-      `<span class="t ${shade(t.p[mode])}${t.text === "" ? " empty" : ""}" role="option" aria-selected="false" data-i="${i}">${esc(t.text)}</span>`);
+      `<span class="t ${shade(t.p[mode])}${t.text === "" ? " empty" : ""}" role="option" aria-selected="false" tabindex="${i ? -1 : 0}" data-i="${i}" data-k="${i}">${visible(t.text)}</span>`);
     const before = view.before ? `<span class="prompt">${esc(view.before)}</span><span class="mark" aria-hidden="true">▕</span>` : "";
     const after = view.after ? `<span class="prompt">${esc(view.after)}</span>` : "";
     s.insertAdjacentHTML("beforeend", controls + `<div class="legend-box">${legend(view.modes[mode])}</div>` +
