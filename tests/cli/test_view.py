@@ -81,6 +81,20 @@ def test_view_writes_the_page_next_to_the_trace(cli, tmp_path, sample_doc):
     assert code == 0 and (tmp_path / "other.html").exists() and "wrote" in err
 
 
+def test_view_builds_a_page_without_importing_torch(tmp_path, sample_doc):
+    """A page is drawn from the JSON alone: no model, no torch (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    trace = tmp_path / "run.json"
+    trace.write_text(json.dumps(sample_doc), encoding="utf-8")
+    code = ("import sys\nfrom decodelab.cli.main import main\nrc = main(['view', %r])\n"
+            "print([m for m in ('torch', 'transformers', 'numpy') if m in sys.modules], rc)") % str(trace)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "[] 0", proc.stderr
+    assert (tmp_path / "run.html").exists()
+
+
 def test_view_reads_stdin(cli, tmp_path, monkeypatch, sample_doc):
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(sample_doc)))
     monkeypatch.chdir(tmp_path)
