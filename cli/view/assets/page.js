@@ -159,7 +159,7 @@
   }
 
   // --- a line plot per position (null = no value: the line breaks) ---------------------------------------
-  function plot(where, series, count, onHover, onPick, label) {
+  function plot(where, series, count, onHover, onPick, label, xname) {
     const W = 1000, H = 200;
     const vals = series.flatMap((s) => s.values.filter((v) => typeof v === "number" && isFinite(v)));
     if (!vals.length || count < 1) return;
@@ -181,7 +181,7 @@
     where.insertAdjacentHTML("beforeend", `<h3>${esc(label || "log-probability per token")}</h3>` +
       `<p class="note">${names}; a gap: no value (null in the JSON)</p><div class="axis"><span>max ${n(hi)}</span></div>` +
       `<svg class="plot" viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" role="img" aria-label="${esc(names)}">${lines}` +
-      `<line class="cursor" x1="-10" x2="-10" y1="0" y2="${H}"/></svg><div class="axis"><span>min ${n(lo)}</span><span>token 0 … ${count - 1}</span></div>`);
+      `<line class="cursor" x1="-10" x2="-10" y1="0" y2="${H}"/></svg><div class="axis"><span>min ${n(lo)}</span><span>${xname || "token"} 0 … ${count - 1}</span></div>`);
     const svg = where.querySelector("svg.plot:last-of-type");
     const cursor = svg.querySelector(".cursor");
     const at = (e) => {
@@ -391,7 +391,7 @@
       section("spans", table(["start", "end", "tokens", "perplexity", "cache_tokens", "kv_bytes", "tokens_per_s"].map((k) => ({ k, num: true })), doc.steps));
       const s = content.lastElementChild;
       plot(s, [{ label: "raw perplexity per span", cls: "raw", values: doc.steps.map((c) => c.perplexity) }], doc.steps.length,
-        (i) => show(`<h3>span ${i}</h3>` + kv(doc.steps[i])), (i) => show(`<h3>span ${i}</h3>` + kv(doc.steps[i])), "raw perplexity per span");
+        (i) => show(`<h3>span ${i}</h3>` + kv(doc.steps[i])), (i) => show(`<h3>span ${i}</h3>` + kv(doc.steps[i])), "raw perplexity per span", "span");
       return;
     }
     if (doc.mode === "compare") {
@@ -630,7 +630,11 @@
         .filter(([, v]) => v !== undefined).map(([k, v]) => `${k} <b data-f="${k}">${esc(exact(v))}</b>`);
       if (Array.isArray(d.chain)) m.push(`chain <b data-f="chain">${d.chain.length ? d.chain.map(esc).join(" → ") : "(none)"}</b>`);
       parts.push(`<p class="meta">${m.join(" · ")}</p>`);
-      if (d.prompt && typeof d.prompt.text === "string") parts.push(`<p class="meta">prompt: ${tok(d.prompt.text)} (${(d.prompt.token_ids || []).length} tokens)</p>`);
+      if (d.prompt && typeof d.prompt.text === "string") {
+        const t = d.prompt.text, count = `${t.length} characters, ${(d.prompt.token_ids || []).length} tokens`;
+        parts.push(t.length <= 280 ? `<p class="meta">prompt: ${tok(t)} (${count})</p>`
+          : `<details class="meta"><summary>prompt: ${tok(t.slice(0, 160))}… (${count}: open for all of it)</summary>${tok(t)}</details>`);
+      }
     }
     parts.push(`<div class="controls"><button type="button" id="exact" aria-pressed="false">exact numbers</button>` +
       `<button type="button" id="nocolor" aria-pressed="false">no colour</button>` +
