@@ -11,11 +11,9 @@ from __future__ import annotations
 import inspect
 
 from ...core.sampling.registry import params
-from ...core.sampling.settings import ChainSettings
-from ...core.settings import as_dict, option_name
+from ...core.settings import option_name
 
 FLAGS = ("ignore_eos", "trim_stop", "compile")  # on/off options that take no value
-ALWAYS = ("max_new_tokens", "seed")  # written even at their defaults: the command says what reproduces the run
 
 
 def sample_options() -> set[str]:
@@ -35,7 +33,9 @@ def _bias(value) -> str:
 
 
 def option_words(key: str, value) -> list[str]:
-    """One setting as command-line words; [] when the value is the option's absence."""
+    """One setting as command-line words; [] when the value is the option's absence (None, empty, a flag off).
+    Every other value is written, defaults included (`--cache full`, `--seed 0`): the command says all that
+    reproduces the run, and needs no settings class (which would load torch) to know the defaults."""
     name = option_name(key)
     pairs = {p.field for p in params() if p.pairs}
     if key in pairs:
@@ -60,7 +60,6 @@ def sample_command(doc: dict) -> dict | None:
     if not isinstance(config, dict) or not isinstance(prompt, dict) or not isinstance(prompt.get("text"), str):
         return None
     accepted = sample_options()
-    defaults = as_dict(ChainSettings())
     words = ["-m", str(doc.get("model"))]
     if doc.get("device"):
         words += ["--device", str(doc["device"]).split(":")[0]]
@@ -69,8 +68,6 @@ def sample_command(doc: dict) -> dict | None:
     steps = doc.get("steps") or []
     for key, value in config.items():
         if key not in accepted:
-            continue
-        if key in defaults and _same(value, defaults[key]) and key not in ALWAYS:
             continue
         if key == "max_new_tokens" and steps and isinstance(steps[-1].get("index"), int):
             value = max(value, steps[-1]["index"] + 1)  # a resumed trace: its steps count from the first run's
@@ -81,8 +78,3 @@ def sample_command(doc: dict) -> dict | None:
                 "force_at": 2 + len(words)}
     return {"argv": ["decodelab", "sample", text] + words, "prompt_at": 2, "force_at": 3 + len(words)}
 
-
-def _same(value, default) -> bool:
-    if isinstance(default, tuple):
-        default = list(default)
-    return value == default

@@ -95,6 +95,17 @@ def test_view_builds_a_page_without_importing_torch(tmp_path, sample_doc):
     assert (tmp_path / "run.html").exists()
 
 
+@pytest.mark.parametrize("args", [["sample", "Once upon", "-n", "3", "-t", "0.8"], ["beam", "Once upon", "-n", "2", "-b", "2"],
+                                  ["score", "Once upon a time"]])
+def test_save_html_writes_the_page_of_the_document_json_prints(cli, tmp_path, args):
+    """--save-html is the trace page of the very document -f json prints in the same run (the output path)."""
+    html = tmp_path / "p.html"
+    code, out, err = cli(*args, "-f", "json", "--save-html", html)
+    assert code == 0, err
+    assert embedded(html.read_text(encoding="utf-8"), "trace") == json.loads(out)
+    assert embedded(html.read_text(encoding="utf-8"), "page")["view"] == VIEWS[args[0]]
+
+
 def test_view_reads_stdin(cli, tmp_path, monkeypatch, sample_doc):
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(sample_doc)))
     monkeypatch.chdir(tmp_path)
