@@ -26,6 +26,7 @@ from .commands.sample import sample
 from .commands.score import score
 from .commands.speculate import speculate
 from .commands.stream import stream
+from .commands.view import view
 
 
 def flags_take_no_value() -> None:
@@ -72,6 +73,7 @@ app.command()(bench)
 app.command()(stream)
 app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
+app.command()(view)
 
 
 def fail(message: str) -> int:

@@ -81,8 +81,8 @@ Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json,
                                      rich_help_panel=OUT)]
 Top = Annotated[Optional[int], typer.Option("--top", help="Alternatives listed per step (default 5).",
                                             rich_help_panel=OUT, show_default=False)]
-SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the rendered table as HTML.",
-                                                  rich_help_panel=OUT)]
+SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the trace page (one HTML file, as "
+                                                  "`decodelab view` draws it).", rich_help_panel=OUT)]
 SaveSvg = Annotated[Optional[Path], typer.Option("--save-svg", help="Also write the rendered table as SVG.",
                                                  rich_help_panel=OUT)]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import loop
 from . import render
+from .html import write_page
 
 
 @dataclass
@@ -21,7 +22,8 @@ class Output:
       ``{"type": "summary", ...}`` line, see :func:`summary_record`);
     * ``tables``: flat row tables, each with an optional title: markdown prints every one; csv (no room for two)
       prints ``csv``, by default the first table;
-    * ``views``: builds the rich renderables for the terminal and for ``--save-html`` / ``--save-svg``;
+    * ``views``: builds the rich renderables for the terminal and for ``--save-svg`` (``--save-html`` writes the
+      trace page of ``document``);
       ``screen``: what the terminal still needs when a live table already printed the rows.
     """
 
@@ -69,12 +71,19 @@ def emit(out: Output, fmt: str, save_html: Path | None = None, save_svg: Path | 
             render.print_rows(rows, "markdown")
     elif fmt == "csv" and (out.csv is not None or out.tables):
         render.print_rows(out.csv if out.csv is not None else out.tables[0][1], "csv")
-    if out.views is None or not (fmt == "table" or save_html or save_svg):
+    if save_html is not None:
+        save_page(out.document, save_html)
+    if out.views is None or not (fmt == "table" or save_svg):
         return
     views = out.views()
     if fmt == "table":
         render.show(out.screen() if out.screen is not None else views)
-    render.save(views, save_html, save_svg)
+    render.save(views, None, save_svg)
+
+
+def save_page(document: dict, path: Path) -> None:
+    """``--save-html``: the trace page (cli/view/html.py) drawn from the same document ``-f json`` prints."""
+    write_page(document, path, "--save-html")
 
 
 def emit_for(opts, out: Output) -> None:
