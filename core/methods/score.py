@@ -33,7 +33,7 @@ from ..engine.run import Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import CacheSpec, compresses_once, feed_invariant, parse_cache_spec
-from ..sampling.chain import Chain, cache_spec, validate_chain
+from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
 
@@ -65,7 +65,7 @@ def validate_score(s: ScoreSettings) -> None:
 def policies(s: ScoreSettings) -> dict[str, CacheSpec]:
     """The cache policies a score run uses, by option: --cache, and --against-cache when given (or implied by
     --against: the reference model under the full cache)."""
-    out = {"--cache": cache_spec(s)}
+    out = {"--cache": s.cache_spec}
     if s.against_cache is not None or s.against is not None:
         out["--against-cache"] = parse_cache_spec("full" if s.against_cache is None else s.against_cache,
                                                   "--against-cache")
@@ -251,5 +251,5 @@ def build_scorer(lm, settings: ScoreSettings, token_ids: list[int], chain: Chain
         ref_cache = policies(settings)["--against-cache"]
         ref_model = (reference or lm).model
         ref_name = f"{(reference or lm).name} (cache {ref_cache})"
-    return Scorer(lm.model, token_ids, chain, lm.token_text, settings, cache_spec(settings), ref_model, ref_cache,
+    return Scorer(lm.model, token_ids, chain, lm.token_text, settings, settings.cache_spec, ref_model, ref_cache,
                   ref_name)

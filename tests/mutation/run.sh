@@ -89,14 +89,14 @@ only_mutate = [
 $(toml_list "${files[@]/#/decodelab/}")
 ]
 also_copy = ["tests/", "presets/", "docs/", "README.md"]
-pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow and not gpu and not vllm"]
+pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow and not gpu and not vllm and not browser"]
 pytest_add_cli_args_test_selection = [
 $(toml_list "${tests[@]}")
 ]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
-markers = ["slow: heavier checks", "gpu: needs CUDA", "vllm: a real vLLM server"]
+markers = ["slow: heavier checks", "gpu: needs CUDA", "vllm: a real vLLM server", "browser: headless Chromium"]
 TOML
 cd "$work"
 export OMP_NUM_THREADS=1

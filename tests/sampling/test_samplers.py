@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import random_model
+from conftest import NEG, random_model
 from transformers.generation import logits_process as hf
 
 from decodelab.core.sampling.settings import ChainSettings
@@ -26,8 +26,6 @@ from decodelab.core.sampling.scaling import DynamicTemperature
 from decodelab.core.sampling.select import make_generator
 from decodelab.core.sampling.chain import build
 from decodelab.core.engine.stopping import StopChecker, trim_stop
-
-NEG = float("-inf")
 
 
 def random_case(seed: int, batch: int = 4, length: int = 12, vocab: int = 40):
@@ -384,3 +382,52 @@ def test_preset_keys_are_the_option_names_in_snake_case(tmp_path):
     assert s.dry_breaker == ("\n", ":") and s.sequence_bias == (("a b", 2.0),) and s.stop_id == (7, 9)
     assert s.penalty_last_n == 16 and s.trim_stop is True and s.semantics == "llamacpp" and s.ban == ("x y",)
     validate_sample(s)
+
+
+def finite_ids(logits: torch.Tensor, row: int = 0) -> list[int]:
+    """The candidates a stage kept (finite logits) in row ``row``."""
+    return torch.isfinite(logits[row]).nonzero().flatten().tolist()
+
+
+# --- issue 22: a window shorter than the history, -inf candidates, values between two thresholds or on one ---------
+
+
+def test_dry_counts_only_the_window_even_when_the_history_repeats_before_it():
+    """History 0 1 2 3 0 1: the repeat "0 1" is followed by 2 at the start. Only a window of all 6 tokens sees it
+    (n = 2 = L, so z_2 -= 1 * 1.75^0 = 1); windows of 3, 4 and 5 tokens start after the first "0" and see no
+    earlier "0 1" (at 5 the earlier "1" is a repeat of length 1 < L)."""
+    h = [0, 1, 2, 3, 0, 1]
+    assert DRY(1.0).penalties(h) == {2: 1.0}
+    logits = torch.zeros(1, 4)
+    for last_n, expected in [(3, [0, 0, 0, 0]), (4, [0, 0, 0, 0]), (5, [0, 0, 0, 0]), (6, [0, 0, -1.0, 0]),
+                             (None, [0, 0, -1.0, 0])]:
+        out = DRY(1.0, last_n=last_n)(torch.tensor([h]), logits)
+        assert out[0].tolist() == expected, last_n
+
+
+def test_top_n_sigma_measures_the_spread_of_the_finite_logits_only():
+    """z = (3, 1, -1, -inf): over the three finite logits mean 1, sigma sqrt(8/3) = 1.633; N = 1.3 keeps z >=
+    3 - 2.123 = 0.877: tokens 0 and 1. Counting the -inf as a fourth candidate (mean 0.75, sigma 1.431) would cut
+    at 1.14 and keep token 0 only."""
+    logits = torch.tensor([[3.0, 1.0, -1.0, NEG]])
+    assert finite_ids(TopNSigma(1.3)(None, logits)) == [0, 1]
+    assert finite_ids(TopNSigma(1.0)(None, logits)) == [0]  # 3 - 1.633 = 1.367
+
+
+def test_eta_cutoff_takes_the_smaller_of_its_two_thresholds():
+    """p = (0.5, 0.3, 0.2) and a removed token: H = 1.0297 nats, sqrt(0.25) e^-H = 0.1786 < 0.25, so eta keeps
+    p = 0.2, which lies between the two thresholds (the larger, epsilon 0.25, removes it)."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0]]))
+    assert finite_ids(EtaCutoff(0.25)(None, logits)) == [0, 1, 2]
+    assert finite_ids(EpsilonCutoff(0.25)(None, logits)) == [0, 1]
+
+
+def test_cutoffs_keep_a_probability_exactly_on_the_threshold():
+    """p = (1/2, 1/4, 1/4) exactly in float32: epsilon 1/4 removes only p < 1/4 (nothing here); just above, both
+    quarters go. XTC's top choices are p >= T: with T = 1/4 all three reach it and all but the least likely (the
+    last quarter, ties by id) go; just above, only 1/2 reaches it and XTC does nothing."""
+    logits = torch.tensor([[2.0, 1.0, 1.0]]) * torch.log(torch.tensor(2.0))
+    assert finite_ids(EpsilonCutoff(0.25)(None, logits)) == [0, 1, 2]
+    assert finite_ids(EpsilonCutoff(0.2500001)(None, logits)) == [0]
+    assert finite_ids(XTC(0.25, 1.0, make_generator(0, "cpu"))(None, logits)) == [2]
+    assert finite_ids(XTC(0.2500001, 1.0, make_generator(0, "cpu"))(None, logits)) == [0, 1, 2]
