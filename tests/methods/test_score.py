@@ -107,3 +107,21 @@ def test_cli_score_against_full_under_a_window_reports_its_cost(cli, toy_model_d
     assert default["feed"] == 1 and default["kl_mean"] > 0 and default["kl_mean"] == pytest.approx(one["kl_mean"])
     code, _, err = cli("score", text, "-m", toy_model_dir, "--cache", "knorm:ratio=0.5")
     assert code == 2 and err.startswith("error: --cache knorm:") and "--feed N" in err and "\n" not in err.strip()
+
+
+@pytest.mark.parametrize("cache", ["h2o:size=6", "tova:size=6", "knorm:size=6,compress=decode", "int4-kivi",
+                                   "sinks:sinks=2,recent=4"])
+def test_every_policy_that_acts_between_forwards_shows_a_cost_by_default(cache):
+    """The presses that compress after every forward, the quantized cache and the sinks, against the full cache on
+    the same model: fed one token a forward by default, each costs something (fed the whole text at once, each
+    would report KL 0)."""
+    model = random_model("llama", seed=6, scale=2.0)
+    kl = {}
+    for feed in (None, len(IDS) - 1):
+        settings = ScoreSettings(cache=cache, against_cache="full", feed=feed)
+        validate_score(settings)
+        scorer = Scorer(model, IDS, build_chain({}), str, settings, cache=parse_cache_spec(cache), reference=model,
+                        reference_cache=parse_cache_spec("full"), reference_name="full")
+        list(scorer)
+        kl[scorer.summary().feed] = scorer.summary().kl_mean
+    assert kl[len(IDS) - 1] < 1e-12 < 1e-9 < kl[1]
