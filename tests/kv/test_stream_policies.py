@@ -97,6 +97,72 @@ def test_shift_equals_rotating_at_the_shifted_position(rope):
         torch.testing.assert_close(got, rotated(p - d), rtol=0, atol=2e-5)
 
 
+def test_shift_moves_only_the_rotary_dims_of_a_partial_rotary_head():
+    """rotary_dim 8 of head_dim 12 (partial rotary): transformers rotates the first 8 dims (rotate_half within
+    them) and passes the last 4 through. R(-d) of a key rotated at p equals the key rotated at p - d, for one
+    cached token and for several, and d = 0 returns the keys unchanged."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from decodelab.core.kv import Rotary
+
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    rot = Rotary(inv_freq, "default", rotary_dim=8, head_dim=12)
+    shifter = Shifter(rot, torch.device("cpu"))
+
+    def rotated(k, pos):
+        freqs = pos[..., None].float() * inv_freq  # [1, T, 4]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        moved = apply_rotary_pos_emb(k[..., :8], k[..., :8], emb.cos(), emb.sin())[1]
+        return torch.cat([moved, k[..., 8:]], dim=-1)
+
+    for tokens in (1, 4):
+        k = torch.randn(1, 2, tokens, 12, generator=torch.Generator().manual_seed(tokens))
+        p = torch.arange(30, 30 + tokens).unsqueeze(0)
+        for d in (1, 5):
+            got = shifter.shift(rotated(k, p), d)
+            torch.testing.assert_close(got, rotated(k, p - d), rtol=0, atol=2e-5)
+            assert torch.equal(got[..., 8:], k[..., 8:])
+        assert shifter.shift(rotated(k, p), 0) is not None and torch.equal(shifter.shift(k, 0), k)
+
+
+def test_what_cannot_be_shifted_is_refused_in_one_whole_line():
+    from decodelab.core.kv import ModelInfo, Rotary
+    from decodelab.core.kv.rope import shiftable
+
+    llama = model_info(random_model("llama"))
+    cases = [
+        (model_info(random_model("gpt2")), "-o: gpt2 has no rotary position embedding (absolute positions are added "
+         "to the input, so a cached key cannot be moved to another position); use positions=keep or --cache "
+         "recompute:size=W"),
+        (ModelInfo(**{**llama.__dict__, "rotary": Rotary(llama.rotary.inv_freq, "longrope", 16, 16)}),
+         "-o: rope type 'longrope' of llama cannot be shifted exactly (its frequencies depend on the sequence length "
+         "or are unverified; shiftable: default, linear, llama3, yarn); use positions=keep or --cache "
+         "recompute:size=W"),
+        (ModelInfo(**{**llama.__dict__, "rotary": Rotary(llama.rotary.inv_freq, "default", 18, 16)}),
+         "-o: rotary_dim 18 does not fit head_dim 16"),
+        (ModelInfo(**{**llama.__dict__, "rotary": Rotary(llama.rotary.inv_freq, "default", 7, 16)}),
+         "-o: rotary_dim 7 does not fit head_dim 16"),
+    ]
+    phi = random_model("llama")
+    phi.config.model_type = "phi"
+    cases.append((model_info(phi), "-o: re-rotation is verified only for llama, mistral, qwen2, qwen3, gemma, gemma2 "
+                  "(the rotate_half layout), not phi; use positions=keep or --cache recompute:size=W"))
+    for info, message in cases:
+        with pytest.raises(ConfigError) as err:
+            shiftable(info, "-o")
+        assert str(err.value) == message
+    assert shiftable(llama, "-o") is llama.rotary
+
+
+def test_window_and_sinks_messages_are_whole_lines():
+    for bad, message in [("window", "--cache 'window': window needs size=W (the tokens it keeps)"),
+                         ("sinks:sinks=4", "--cache 'sinks:sinks=4': sinks needs recent=R (the most recent tokens it "
+                          "keeps)")]:
+        with pytest.raises(ConfigError) as err:
+            parse_cache_spec(bad)
+        assert str(err.value) == message
+
+
 # --- W at least the text: every policy is `full` -------------------------------------------------------------------
 
 LONG = ["window:size=64", "window:size=64,positions=rerotate", "sinks:sinks=4,recent=60",
