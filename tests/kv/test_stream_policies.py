@@ -163,6 +163,28 @@ def test_window_and_sinks_messages_are_whole_lines():
         assert str(err.value) == message
 
 
+def test_bounded_policies_built_without_the_parser_still_refuse_an_empty_window():
+    """make_policy with a CacheSpec written by hand (a script, not --cache): size / recent 0 is one line, 1 is
+    the smallest window; a bounded cache cannot roll back, in one line naming the spec."""
+    from decodelab.core.kv import CacheSpec, make_policy
+
+    info = model_info(random_model("llama"))
+    for spec, message in [(CacheSpec("window", (("size", 0),)), "--cache window: needs size=W (an integer >= 1)"),
+                          (CacheSpec("sinks", (("recent", 0), ("sinks", 2))),
+                           "--cache sinks: needs recent=R (an integer >= 1)")]:
+        with pytest.raises(ConfigError) as err:
+            make_policy(spec, info)
+        assert str(err.value) == message
+    assert make_policy(CacheSpec("window", (("size", 1),)), info).recent == 1
+    assert make_policy(CacheSpec("sinks", (("recent", 1), ("sinks", 2))), info).recent == 1
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("window:size=4"))
+    rt.feed(ids_of(6))
+    with pytest.raises(ConfigError) as err:
+        rt.policy.truncate(3)
+    assert str(err.value).startswith("--cache window:") and str(err.value).endswith(
+        ": cannot roll back (evicted tokens are gone)")
+
+
 # --- W at least the text: every policy is `full` -------------------------------------------------------------------
 
 LONG = ["window:size=64", "window:size=64,positions=rerotate", "sinks:sinks=4,recent=60",
