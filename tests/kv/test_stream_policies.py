@@ -185,6 +185,27 @@ def test_bounded_policies_built_without_the_parser_still_refuse_an_empty_window(
         ": cannot roll back (evicted tokens are gone)")
 
 
+def test_bounded_refusals_name_the_spec_and_the_last_position_exactly():
+    """GPT-2 (128 absolute positions) under window keep: positions 0..127 are fed, the 129th token's position 128
+    is refused in one line; a run that needs rollback is refused when the policy is built; before any eviction
+    the state says nothing was evicted."""
+    from decodelab.core.kv import make_policy
+
+    model = random_model("gpt2")
+    rt = Runtime.create(model, parse_cache_spec("window:size=8"))
+    assert rt.policy.describe()["last_evicted"] == [0, 0] and rt.policy.evicted == 0
+    rt.feed(ids_of(128, vocab=64))
+    with pytest.raises(ConfigError) as err:
+        rt.feed(ids_of(1, vocab=64))
+    assert str(err.value) == ("--cache window:size=8,positions=keep: position 128 is past the model's 128 "
+                              "absolute positions; use --cache recompute:size=W")
+    with pytest.raises(ConfigError) as err:
+        make_policy(parse_cache_spec("sinks:recent=8"), model_info(random_model("llama")), needs={"truncate"})
+    assert str(err.value) == ("--cache sinks:sinks=4,recent=8,positions=rerotate: this run needs the cache to "
+                              "truncate, which sinks cannot (evicted tokens cannot come back); use --cache full or "
+                              "recompute")
+
+
 # --- W at least the text: every policy is `full` -------------------------------------------------------------------
 
 LONG = ["window:size=64", "window:size=64,positions=rerotate", "sinks:sinks=4,recent=60",
