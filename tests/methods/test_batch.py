@@ -382,6 +382,45 @@ def test_the_last_to_join_is_the_one_preempted_by_hand():
     assert [r.new_ids for r in sched.results] == [solo(model, p, 8) for p in prompts]
 
 
+def test_bad_settings_are_refused_in_whole_lines():
+    """Each refusal names the option and what is allowed; the smallest allowed values run."""
+    model = random_model("llama")
+    reqs = [request(0, [1, 2, 3], 5)]
+    for kwargs, message in [
+        (dict(max_batch=0), "--max-batch 0: must be an integer >= 1"),
+        (dict(max_tokens_per_iteration=0), "--max-tokens-per-iteration 0: must be an integer >= 1"),
+        (dict(block_size=4, num_blocks=1), "--blocks 1: the longest request needs 2 blocks of 4 tokens; give more"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            Scheduler(model, reqs, **kwargs)
+        assert str(err.value) == message
+    with pytest.raises(ConfigError) as err:
+        Scheduler(model, reqs + [request(0, [4, 5], 2)])
+    assert str(err.value) == "--prompts-file: request ids must be unique"
+    one = Scheduler(model, reqs, max_batch=1, max_tokens_per_iteration=1, block_size=4, num_blocks=2)
+    assert [r.new_ids for r in one.run()] == [solo(model, [1, 2, 3], 5)]
+    assert all(r.tokens == 1 for r in one.iterations)  # one token a forward: the prompt in three chunks
+    static = Scheduler(model, reqs + [request(1, [6], 2)], static=True, block_size=4)
+    assert static.budget == float("inf") and static.prefix_caching is False
+    assert [r.new_ids for r in static.run()] == [solo(model, [1, 2, 3], 5), solo(model, [6], 2)]
+
+
+def test_a_request_whose_chain_empties_ends_alone():
+    """Request 1 bans every token after its first: it ends with empty_chain at its second draw; request 0 runs
+    its whole length, its tokens its solo decode's."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([5, 4], seed=2)
+    first = solo(model, prompts[1], 1)[0]
+    ban_all = build_chain({"allow": (first,), "no-repeat-ngram": 1})
+    reqs = [request(0, prompts[0], 6),
+            Request("1", prompts[1], ban_all, Greedy(), StopRules(6, ()))]
+    sched = Scheduler(model, reqs, max_batch=2, block_size=BS)
+    results = sched.run()
+    assert results[0].new_ids == solo(model, prompts[0], 6) and results[0].stop_reason == "length"
+    assert results[1].new_ids == [first] and results[1].stop_reason == "empty_chain"
+    assert results[1].finished == 1 and [r.finished for r in sched.iterations if r.finished] == [["1"], ["0"]]
+
+
 def test_bad_settings_are_refused():
     model = random_model("llama")
     reqs = [request(0, [1, 2, 3], 40)]
@@ -638,3 +677,7 @@ def test_iterations_follow_the_documented_rules(prompts, outs, max_batch, budget
     # sequence short of blocks, and a prefill chunk takes all of a sequence's pending tokens the budget allows, so
     # a later joiner is scheduled only after an earlier one's prefill completes (20,000 random cases agree)
     assert rules.returned == 0
+    assert all(r.blocks_free == blocks - r.blocks_used and r.prefix_hit_tokens == 0 and r.seconds > 0
+               for r in sched.iterations)
+    assert sched.peak_blocks == max(r.blocks_used for r in sched.iterations)
+    assert sched.seconds == pytest.approx(sum(r.seconds for r in sched.iterations))
