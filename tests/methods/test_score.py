@@ -125,3 +125,47 @@ def test_every_policy_that_acts_between_forwards_shows_a_cost_by_default(cache):
         list(scorer)
         kl[scorer.summary().feed] = scorer.summary().kl_mean
     assert kl[len(IDS) - 1] < 1e-12 < 1e-9 < kl[1]
+
+
+def test_a_summary_before_any_token_and_the_mean_nll():
+    """Interrupted before the first block: no tokens, every figure NaN, no chunks. After a run: mean_nll is the
+    mean of -raw_logprob and perplexity its exp."""
+    model = random_model("llama", seed=6, scale=2.0)
+    empty = Scorer(model, IDS, build_chain({}), str, ScoreSettings()).summary()
+    assert empty.tokens == 0 and empty.chunks == [] and math.isnan(empty.perplexity) and math.isnan(empty.mean_nll)
+    assert math.isnan(empty.processed_mean_logprob) and empty.kl_mean is None
+    scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings())
+    rows = list(scorer)
+    s = scorer.summary()
+    assert s.mean_nll == pytest.approx(-sum(r.raw_logprob for r in rows) / len(rows))
+    assert s.perplexity == pytest.approx(math.exp(s.mean_nll)) and [(c.start, c.end) for c in s.chunks] == [(1, 40)]
+
+
+@pytest.mark.parametrize("settings, message", [
+    (ScoreSettings(limit=0), "--limit 0: must be an integer >= 1"),
+    (ScoreSettings(chunk=0), "--chunk 0: must be an integer >= 1"),
+    (ScoreSettings(feed=-2), "--feed -2: must be an integer >= 1"),
+    (ScoreSettings(top=-1), "--top -1: must be >= 0"),
+    (ScoreSettings(cache="snapkv:ratio=0.5"), "--cache snapkv:kernel=5,pool=max,ratio=0.5,window=32: it compresses "
+     "once, after the prompt, and a scored text has no prompt; give --feed N (the first N tokens are the prompt it "
+     "compresses, the rest are scored as decoded) or compress=decode where the press has it"),
+])
+def test_score_refusals_are_whole_lines(settings, message):
+    with pytest.raises(ConfigError) as err:
+        validate_score(settings)
+    assert str(err.value) == message
+    validate_score(ScoreSettings(limit=1, chunk=1, feed=1, top=0))
+
+
+def test_cli_score_against_another_model_reads_it_under_the_full_cache(cli, toy_model_dir):
+    """--against alone: the reference is that model under the full cache, named with its cache; the same model as
+    reference gives KL 0."""
+    code, out, err = cli("score", "Once upon a time there was a compiler.", "-m", toy_model_dir, "--against",
+                         toy_model_dir, "--cache", "window:size=4", "-f", "json")
+    assert code == 0, err
+    s = json.loads(out)["summary"]
+    assert s["reference"].endswith("(cache full)") and s["feed"] == 1 and s["kl_mean"] > 0
+    code, out, err = cli("score", "Once upon a time there was a compiler.", "-m", toy_model_dir, "--against",
+                         toy_model_dir, "-f", "json")
+    s = json.loads(out)["summary"]
+    assert code == 0 and s["kl_mean"] == pytest.approx(0.0, abs=1e-9) and s["feed"] > 1
