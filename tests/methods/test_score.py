@@ -169,3 +169,42 @@ def test_cli_score_against_another_model_reads_it_under_the_full_cache(cli, toy_
                          toy_model_dir, "-f", "json")
     s = json.loads(out)["summary"]
     assert code == 0 and s["kl_mean"] == pytest.approx(0.0, abs=1e-9) and s["feed"] > 1
+
+
+def test_ranks_entropies_and_the_summary_against_a_full_forward():
+    """Per token: raw_rank = 1 + the tokens the model ranks strictly above it, raw_entropy = H of its softmax,
+    logprob = log softmax of the chain's logits (temperature 0.7). The summary: means of the rows, the reference's
+    name as given, and most_different's fields for the 3 largest |difference|."""
+    model = random_model("llama", seed=6, scale=2.0)
+    logp = full_logprobs(model, IDS)
+    chain = build_chain({"temperature": 0.7})
+    window = parse_cache_spec("window:size=6")
+    scorer = Scorer(model, IDS, chain, str, ScoreSettings(top=3), reference=model, reference_cache=window,
+                    reference_name="ref")
+    rows = list(scorer)
+    s = scorer.summary()
+    z = torch.log_softmax(logp / 0.7, dim=-1)  # (z - c) / T renormalized: the tempered distribution
+    for r in rows:
+        row = logp[r.position - 1]
+        assert r.raw_rank == 1 + int((row > row[r.token_id]).sum())
+        assert r.raw_entropy == pytest.approx(float(-(row.exp() * row).sum()), abs=1e-4)
+        assert r.logprob == pytest.approx(float(z[r.position - 1, r.token_id]), abs=1e-4)
+    assert [r.reference_logprob for r in rows] == pytest.approx(scored(banded_logprobs(model, IDS, 7), IDS), abs=1e-4)
+    assert s.processed_mean_logprob == pytest.approx(sum(r.logprob for r in rows) / len(rows))
+    assert s.kl_mean == pytest.approx(sum(r.kl for r in rows) / len(rows)) and s.kl_mean > 0
+    assert s.top1_agreement == sum(r.agree for r in rows) / len(rows) and s.reference == "ref"
+    assert s.reference_perplexity == pytest.approx(math.exp(-sum(r.reference_logprob for r in rows) / len(rows)))
+    assert s.stop_reason == "end" and 0 < s.tokens_per_s < float("inf") and s.feed == 1
+    ranked = sorted(rows, key=lambda r: -abs(r.raw_logprob - r.reference_logprob))[:3]
+    assert s.most_different == [{"position": r.position, "token_id": r.token_id, "token": r.token,
+                                 "raw_logprob": r.raw_logprob, "reference_logprob": r.reference_logprob,
+                                 "difference": r.raw_logprob - r.reference_logprob, "kl": r.kl} for r in ranked]
+    assert [r.raw_rank for r in rows].count(1) < len(rows)  # not every token is the model's favourite
+
+
+def test_a_static_cache_scores_as_the_full_one():
+    """static preallocates the text's length (the scorer says how long): the same log-probabilities as full."""
+    model = random_model("qwen2", seed=5, scale=2.0)
+    rows = list(Scorer(model, IDS, build_chain({}), str, ScoreSettings(cache="static"),
+                       cache=parse_cache_spec("static")))
+    assert [r.raw_logprob for r in rows] == pytest.approx(scored(full_logprobs(model, IDS), IDS), abs=1e-4)
