@@ -44,7 +44,7 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most."""
     from ...core.engine.models import load_draft
-    from ...core.methods.score import ScoreSettings, build_scorer, validate_score
+    from ...core.methods.score import ScoreSettings, build_scorer, scored_ids, validate_score
     from ...core.sampling.chain import make_chain
     from ..pipeline import load
     body = _read(text, text_file)
@@ -56,7 +56,7 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     reference = None
     if settings.against is not None:
         reference = load_draft(settings.against, lm, opts.dtype, opts.trust_remote_code, option="--against")
-    ids = lm.encode(body)[: settings.limit]
+    ids = scored_ids(lm, body, settings, "--text-file" if text_file is not None else "TEXT")
     chain = make_chain(lm, settings)
     scorer = build_scorer(lm, settings, ids, chain, reference)
     run_with_progress(scorer, opts.fmt)

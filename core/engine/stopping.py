@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 from .models import LoadedModel
 
+# -n at most: 16.7M tokens, past any context (stream runs on past it), within what a run's token buffer (8 bytes a
+# token, allocated up front) and a trace can hold
+MAX_NEW_TOKENS = 2**24
+
 # --- stopping --------------------------------------------------------------------------------------------------
 
 

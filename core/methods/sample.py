@@ -19,7 +19,7 @@ from torch import Tensor
 from ..engine.models import LoadedModel
 from ..engine.run import Run, Stopwatch
 from ..engine.runtime import Runtime, runtime_for
-from ..engine.stopping import StopChecker, StopRules, stop_rules
+from ..engine.stopping import MAX_NEW_TOKENS, StopChecker, StopRules, stop_rules
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..inputs import check_text
 from ..kv import CacheSpec, require
@@ -28,7 +28,7 @@ from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, select
 from ..settings import _check
-from ..trace.records import Alternative, StageStat, Step, summarize
+from ..trace.records import Alternative, StageStat, Step, Tally, summarize
 from ..trace.stats import Numbers, pack, unpack
 from ..trace.why import decide
 
@@ -49,7 +49,8 @@ def validate_sample(s: SampleSettings) -> None:
     validate_chain(s)
     for token_id in s.stop_id:
         _check(token_id >= 0, "stop_id", token_id, "must be a token id >= 0")
-    _check(s.max_new_tokens >= 1, "max_new_tokens", s.max_new_tokens, "must be >= 1")
+    _check(1 <= s.max_new_tokens <= MAX_NEW_TOKENS, "max_new_tokens", s.max_new_tokens,
+           f"must be an integer in [1, {MAX_NEW_TOKENS}]")
     _check(s.top >= 0, "top", s.top, "must be >= 0")
     _check(0 <= s.seed < 2**64, "seed", s.seed, "must be an integer in [0, 2**64)")
     for text in s.stop:
@@ -156,15 +157,19 @@ def build_step(index: int, position: int, out: Decoded, token_text: Callable[[in
 
 
 class Sampler(Run):
-    """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``."""
+    """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``.
+    ``keep_steps=False``: the steps are yielded and not kept (``steps`` stays empty; the summary comes from their
+    :class:`Tally`), for a consumer that writes each as it comes."""
 
     def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5,
-                 cache: CacheSpec | None = None, runtime: Runtime | None = None, record: bool = True):
+                 cache: CacheSpec | None = None, runtime: Runtime | None = None, record: bool = True,
+                 keep_steps: bool = True):
         self.model, self.prompt_ids, self.chain, self.selector = model, list(prompt_ids), chain, selector
         self.rules, self.token_text, self.detok, self.top = rules, token_text, detok, top
-        self.cache, self.runtime, self.record = cache, runtime, record
+        self.cache, self.runtime, self.record, self.keep_steps = cache, runtime, record, keep_steps
         self.state = DecodeState()
         self.steps: list[Step] = []
+        self.tally = Tally()
         self.watch: Stopwatch | None = None
 
     def __iter__(self) -> Iterator[Step]:
@@ -181,7 +186,9 @@ class Sampler(Run):
             self.watch.resume()
             step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, names,
                               getattr(self.selector, "last_race", None) is None)
-            self.steps.append(step)
+            self.tally.add(step)
+            if self.keep_steps:
+                self.steps.append(step)
             self.watch.lap("trace")
             self.watch.pause()
             yield step
@@ -198,10 +205,10 @@ class Sampler(Run):
     def new_ids(self) -> list[int]:
         """The tokens delivered: traced steps (an interrupt can land between a token and its trace), or every
         generated token when untraced."""
-        return [s.token_id for s in self.steps] if self.record else list(self.state.new_ids)
+        return self.state.new_ids[: self.tally.steps] if self.record else list(self.state.new_ids)
 
     def summary(self):
-        return summarize(self.steps, self.watch.timing if self.watch else None, self.stop_reason,
+        return summarize(self.tally, self.watch.timing if self.watch else None, self.stop_reason,
                          len(self.new_ids))
 
 
