@@ -163,8 +163,8 @@ def load_job(path: str | Path) -> tuple[list[Variant], dict]:
         raise ConfigError(f"{where}: no variants; TOML needs [[variant]] tables, JSONL one object a line")
     if not isinstance(defaults, dict):
         raise ConfigError(f"{where}: [defaults] must be a table of settings")
-    if "seeds" in extras:
-        extras["seeds"] = parse_seeds(extras["seeds"], f"{where}: seeds")
+    if "seeds" in extras:  # checked here, so that a bad value names the job; kept as written
+        parse_seeds(extras["seeds"], f"{where}: seeds")
     if "prompts" in extras:
         extras["prompts"] = job_prompts(where, extras["prompts"])
     variants = []

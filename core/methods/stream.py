@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from ..analysis.attention import _has_rotary
 from ..engine.run import Run
 from ..engine.runtime import runtime_for
-from ..engine.stopping import StopRules
+from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
 from ..kv import make_policy, parse_cache_spec
 from ..sampling.chain import Chain, cache_spec
@@ -51,6 +51,7 @@ class StreamSettings(SampleSettings):
 
 def validate_stream(s: StreamSettings) -> None:
     validate_sample(s)
+    check_unbounded(s.max_new_tokens, "stream runs past the context")
     for key in ("chunk", "feed", "window"):
         _check(getattr(s, key) >= 1, key, getattr(s, key), "must be an integer >= 1")
     _check(s.limit is None or s.limit >= 2, "limit", s.limit, "must be an integer >= 2")
