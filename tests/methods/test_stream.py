@@ -126,12 +126,16 @@ def test_a_stream_written_as_it_comes_keeps_no_step(cli, toy_model_dir, monkeypa
     import decodelab.core.methods.stream as stream
     from decodelab.core.trace.records import Step
 
+    def steps_alive() -> int:
+        gc.collect()
+        return sum(issubclass(type(o), Step) for o in gc.get_objects())
+
     alive = {}
     real = stream.StreamGenerate.summary
+    before = steps_alive()  # what earlier tests left
 
     def summary(self):
-        gc.collect()
-        alive["steps"] = sum(issubclass(type(o), Step) for o in gc.get_objects())
+        alive["steps"] = steps_alive() - before
         alive["kept"] = len(self.steps) + len(self.sampler.steps)
         return real(self)
 
