@@ -12,10 +12,10 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
-from ..view import render
+from ..view import output, render
 
 SCORE = "Scoring"
 TABLE_ROWS = 200  # per-token rows a terminal table shows (json/jsonl/csv carry every token)
@@ -44,14 +44,14 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most."""
     from ...core.engine.models import load_draft
-    from ...core.methods.score import ScoreSettings, build_scorer, scored_ids, validate_score
+    from ...core.methods.score import build_scorer, scored_ids
     from ...core.sampling.chain import make_chain
     from ..pipeline import load
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
     explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache)
-    settings = resolve(ScoreSettings, opts.preset, explicit, opts.set_)
-    validate_score(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("score", opts.preset, explicit, opts.set_)
     lm = load(opts)
     reference = None
     if settings.against is not None:
@@ -80,28 +80,27 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
-    fmt, summary = opts.fmt, scorer.summary()
+    summary = scorer.summary()
     rows = [r.to_dict() for r in scorer.steps]
-    if fmt == o.Format.jsonl:
-        render.print_jsonl({"type": "summary", "command": "score", "model": lm.name, **render.clean(summary)})
-    elif fmt == o.Format.json:
-        head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
-        render.print_json({**head, "steps": rows, "text": "", "token_ids": [], "summary": summary})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        flat = [{**r, "token": render.show_token(r["token"])} for r in rows]
-        render.print_rows(flat, fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
-                              f"{' -> '.join(chain.names) or '(none)'}"),
-                 render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
-                 render.shading_legend("raw p (the model's own probability of the given token)",
-                                       "first token (not scored)", "scored tokens"),
-                 chunks_table(summary)]
+    head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
+
+    def views() -> list:
+        out = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
+                            f"{' -> '.join(chain.names) or '(none)'}"),
+               render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
+               render.shading_legend("raw p (the model's own probability of the given token)",
+                                     "first token (not scored)", "scored tokens"),
+               chunks_table(summary)]
         if summary.most_different:
-            views.append(different_table(summary))
-        views.append(render.summary_line({k: v for k, v in render.clean(summary).items()
-                                          if k not in ("chunks", "most_different")}))
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+            out.append(different_table(summary))
+        out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
+                                        if k not in ("chunks", "most_different")}))
+        return out
+
+    output.emit_for(opts, output.Output(
+        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary},
+        jsonl=[output.summary_record("score", lm.name, summary)],
+        tables=[(None, rows)], views=views))
 
 
 def tokens_table(steps, title: str) -> Table:

@@ -62,6 +62,11 @@ class SampleSummary:
     stop_reason: str  # eos | stop | length | context | interrupted
     decode_tokens_per_s: float = float("nan")  # new tokens / loop time (prefill and trace excluded)
     prefill_s: float = float("nan")  # the forward over the prompt
+    # the model's own numbers beside the processed ones, so runs compare on the same scale whatever their chain (a
+    # greedy run's processed logprobs are all 0 and its processed entropies all 0)
+    mean_raw_logprob: float = float("nan")  # mean raw log-probability of the emitted tokens
+    mean_raw_entropy: float = float("nan")  # mean entropy of the model's own distribution, nats
+    mean_entropy: float = float("nan")  # mean entropy of the processed distribution drawn from, nats
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,13 +78,17 @@ class Tally:
     kept steps), so that a run which does not keep its steps (a stream to JSONL) holds no memory per token."""
 
     steps: int = 0
-    logprob: float = 0.0  # sum of the processed log-probabilities
-    raw_logprob: float = 0.0  # sum of the raw log-probabilities
+    logprob: float = 0.0  # sums of the processed and the raw log-probabilities
+    raw_logprob: float = 0.0
+    entropy: float = 0.0  # sums of the processed and the raw entropies
+    raw_entropy: float = 0.0
 
     def add(self, step: Step) -> None:
         self.steps += 1
         self.logprob += step.logprob
         self.raw_logprob += step.raw_logprob
+        self.entropy += step.entropy
+        self.raw_entropy += step.raw_entropy
 
     @classmethod
     def of(cls, steps: list[Step]) -> Tally:
@@ -98,9 +107,9 @@ def summarize(steps: list[Step] | Tally, timing, stop_reason: str, new_tokens: i
     rates = (timing.tokens_per_s(n), timing.decode_tokens_per_s(n), timing.prefill_s) if timing else (nan,) * 3
     if not tally.steps:
         return SampleSummary(n, nan, nan, rates[0], stop_reason, rates[1], rates[2])
-    mean_logprob = tally.logprob / tally.steps
     mean_raw = tally.raw_logprob / tally.steps
-    return SampleSummary(n, mean_logprob, math.exp(-mean_raw), rates[0], stop_reason, rates[1], rates[2])
+    return SampleSummary(n, tally.logprob / tally.steps, math.exp(-mean_raw), rates[0], stop_reason, rates[1],
+                         rates[2], mean_raw, tally.raw_entropy / tally.steps, tally.entropy / tally.steps)
 
 
 @dataclass
