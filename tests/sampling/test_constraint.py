@@ -320,6 +320,13 @@ def test_every_end_id_follows_the_grammar():
     assert allowed_after(stage, ids_of(b"ab"))[[EOS, other]].all()
 
 
+def test_without_end_ids_the_tokenizers_own_end_never_slips_through():
+    """The matcher takes the tokenizer's EOS when told none; the stage decides the end columns itself."""
+    stage = ConstraintStage(constraint_spec(regex="ab|abcd"), tokenizer(), eos_ids=[])
+    assert not allowed_after(stage, ids_of(b"ab"))[EOS]
+    assert not allowed_after(stage, ids_of(b"abcd")).any()  # complete, no end to end on: the chain reports it
+
+
 def test_after_an_end_only_ends_follow_and_a_rejected_prefix_allows_nothing():
     stage = stage_for("regex", "ab|abcd")
     assert allowed_after(stage, ids_of(b"ab") + [EOS]).nonzero().flatten().tolist() == [EOS]  # padding an end
@@ -527,6 +534,15 @@ def test_choice_probabilities_by_hand_with_a_label_of_two_tokenizations():
     # the sampler renormalizes the first step over {3, 1, 4} (mass 0.7) and is forced afterwards
     assert yes.sampler == pytest.approx(0.5 / 0.7) and no.sampler == pytest.approx(0.2 / 0.7)
     assert no.sampler_error == pytest.approx(0.2 / 0.7 - 0.2 / 0.65)
+
+
+def test_pruned_sampler_mass_is_reported():
+    score = table_scorer({(): {3: 0.4, 1: 0.1, 4: 0.2}, (1,): {2: 0.5}, (3,): {END: 0.7}, (1, 2): {END: 0.6},
+                          (4,): {END: 0.5}})
+    # the 'ye' branch has model mass 0.1 and sampler mass 0.1 / 0.7, both below 0.2: not walked
+    got = choice_probabilities(score, {"yes": [(3,), (1, 2)], "no": [(4,)]}, eos_ids=[END], min_mass=0.2)
+    assert got.sampler_unexplored == pytest.approx(0.1 / 0.7)
+    assert got.labels[0].sampler == pytest.approx(0.4 / 0.7) and got.labels[0].exact == pytest.approx(0.45)
 
 
 def test_choice_probabilities_when_a_label_extends_another():
