@@ -257,9 +257,31 @@ class ConstraintVocabulary:
 # --- the prefix trie of matcher states ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Ends:
+    """What every node of one stage shares: the vocabulary size, the mask width in words, the end ids, and the
+    columns the stage decides itself (its end ids and any end llguidance took from the tokenizer)."""
+
+    size: int
+    width: int
+    eos: frozenset[int]
+    columns: tuple[int, ...]
+
+    def fix(self, words: Tensor, accepting: bool) -> Tensor:
+        """The words with the end columns decided here: set for the end ids iff the grammar accepts, clear for the
+        rest. Token e is bit e % 8 of byte e // 8 of the little-endian words."""
+        octets = words.view(torch.uint8)
+        for e in self.columns:
+            octets[e >> 3] &= ~(1 << (e & 7)) & 0xFF
+        if accepting:
+            for e in self.eos:
+                octets[e >> 3] |= 1 << (e & 7)
+        return words
+
+
 class _Node:
-    """One generated prefix: its matcher (None once ended or dead), its mask words (computed on first use), whether
-    the grammar accepts here, and the prefixes one token longer seen so far."""
+    """One generated prefix: its matcher (None once ended or dead), its mask words with the end columns decided
+    (computed on first use), whether the grammar accepts here, and the prefixes one token longer seen so far."""
 
     __slots__ = ("matcher", "ended", "children", "_words", "_accepting")
 
@@ -268,38 +290,38 @@ class _Node:
         self._words: Tensor | None = None
         self._accepting = ended
 
-    def mask(self, width: int) -> tuple[Tensor, bool]:
+    def mask(self, ends: _Ends) -> tuple[Tensor, bool]:
         """(words [width] int32 of the allowed tokens, accepting). An ended prefix (an end id after an accepted
         text) allows only the end ids again; a dead one (a token the grammar rejects) allows nothing."""
         if self._words is None:
-            if self.matcher is None:
-                self._words = torch.zeros(width, dtype=torch.int32)
-            else:
+            words = torch.zeros(ends.width, dtype=torch.int32)
+            if self.matcher is not None:
                 words = _words(self.matcher.compute_bitmask())
                 if self.matcher.is_error():  # llguidance's error-state mask would let EOS through; nothing does
-                    self.matcher, words = None, torch.zeros(width, dtype=torch.int32)
+                    self.matcher, words = None, torch.zeros(ends.width, dtype=torch.int32)
                 self._accepting = self.matcher is not None and self.matcher.is_accepting()
-                self._words = words
+            self._words = ends.fix(words, self._accepting)
         return self._words, self._accepting
 
-    def child(self, token: int, eos: frozenset[int], size: int, width: int) -> _Node:
+    def child(self, token: int, ends: _Ends) -> _Node:
         node = self.children.get(token)
         if node is None:
-            node = self._extend(token, eos, size, width)
-            self.children[token] = node
+            node = self.children[token] = self._extend(token, ends)
         return node
 
-    def _extend(self, token: int, eos: frozenset[int], size: int, width: int) -> _Node:
-        accepting = self.mask(width)[1]
-        if token in eos:
+    def _extend(self, token: int, ends: _Ends) -> _Node:
+        accepting = self.mask(ends)[1]
+        if token in ends.eos:
             return _Node(ended=accepting)  # an end id ends an accepted text (and pads an ended one); else dead
-        if self.matcher is None or not 0 <= token < size:
+        if self.matcher is None or not 0 <= token < ends.size:
             return _Node()
         matcher = self.matcher.deep_copy()  # this prefix keeps its own state for its other continuations
         return _Node(matcher if matcher.consume_token(token) else None)
 
 
 # --- the stage ---------------------------------------------------------------------------------------------------
+
+END, SPACE, TEXT = 0, 1, 2  # token classes for the trace: an end id, whitespace-only text, other text
 
 
 class ConstraintStage:
@@ -313,8 +335,9 @@ class ConstraintStage:
     allows, end ids included), ``forced`` (1 if exactly one), ``top1_banned`` (1 if every token of the input's
     maximal logit is removed, so a tie with an allowed token does not count), ``whitespace_only`` (1 if there are
     allowed tokens besides the end ids and all of them are whitespace-only text) and ``accepting`` (1 if the
-    grammar accepts the generated text, so the end ids are allowed). The mass removed is the chain's stage
-    statistic; :func:`removed_log_mass` gives its log form for a run's total.
+    grammar accepts the generated text, so the end ids are allowed). They are computed when asked (a run that
+    records no trace pays nothing for them). The mass removed is the chain's stage statistic;
+    :func:`removed_log_mass` gives its log form for a run's total.
     """
 
     name = "constraint"
@@ -333,23 +356,15 @@ class ConstraintStage:
         matcher = LLMatcher(self.vocabulary.tokenizer, spec.grammar(), log_level=0)
         if matcher.is_error():
             raise spec.error(_one_line(matcher.get_error(), keep_position=spec.kind == "grammar"))
-        size = self.vocabulary.size
-        self._width = (size + 31) // 32
-        self._eos = frozenset(self.eos_ids)
-        # the columns the stage decides itself: its end ids and any llguidance took from the tokenizer
-        self._end_columns = sorted(self._eos | set(self.vocabulary.tokenizer.eos_tokens))
-        self._is_end = torch.zeros(size, dtype=torch.bool)
-        self._is_end[list(self._eos)] = True
+        size, eos = self.vocabulary.size, frozenset(self.eos_ids)
+        self._ends = _Ends(size, (size + 31) // 32, eos, tuple(sorted(eos | set(self.vocabulary.tokenizer.eos_tokens))))
+        classes = torch.where(self.vocabulary.whitespace, SPACE, TEXT)
+        classes[list(eos)] = END
+        self._classes = torch.nn.functional.one_hot(classes, 3).float()  # [V, 3]: counts per class by one matmul
         self._root = _Node(matcher)
-        self._state: dict[str, Tensor] = {}
-        if not self._starts():
+        self._last: tuple | None = None
+        if not self.next_tokens(())[0]:
             raise spec.error("no token of the model's vocabulary can start it")
-
-    def _starts(self) -> bool:
-        words, _ = self._root.mask(self._width)
-        allowed = _unpack(words.unsqueeze(0), self.vocabulary.size)[0]
-        allowed[self._end_columns] = False
-        return bool(allowed.any())
 
     def reset(self, prompt_len: int) -> None:
         """Before a run: where the prompt ends. The trie of the previous run is dropped (its states stay valid, as
@@ -364,53 +379,48 @@ class ConstraintStage:
         costs one dict lookup per generated token; states are shared, never edited."""
         node = self._root
         for token in generated:
-            node = node.child(int(token), self._eos, self.vocabulary.size, self._width)
+            node = node.child(int(token), self._ends)
         return node
 
-    def masks(self, rows: list[list[int]], device) -> tuple[Tensor, Tensor]:
-        """allowed [B, V] bool and accepting [B] bool on ``device`` for generated prefixes ``rows``: the packed
-        words travel (V / 32 int32 per row), the bits are unpacked there."""
-        found = [self.node(row).mask(self._width) for row in rows]
+    def masks(self, rows: list[list[int]], device) -> tuple[Tensor, list[bool]]:
+        """allowed [B, V] bool on ``device`` and accepting per row, for generated prefixes ``rows``: the packed
+        words travel (V / 32 int32 per row) and are unpacked there."""
+        found = [self.node(row).mask(self._ends) for row in rows]
         words = torch.stack([w for w, _ in found]).to(device)
-        accepting = torch.tensor([a for _, a in found], dtype=torch.bool).to(device)
-        allowed = _unpack(words, self.vocabulary.size)
-        allowed[:, self._end_columns] = False  # the end ids: allowed exactly where the grammar accepts
-        if self._eos:
-            allowed[:, sorted(self._eos)] = accepting.unsqueeze(1)
-        return allowed, accepting
+        return _unpack(words, self._ends.size), [a for _, a in found]
 
     def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
         if self.prompt_len is None:
             raise ChainError("constraint: the run never said where the prompt ends (Chain.reset(prompt_len))")
-        if logits.shape[-1] != self.vocabulary.size:
+        if logits.shape[-1] != self._ends.size:
             raise ChainError(f"constraint: the logits have {logits.shape[-1]} entries, the constraint's "
-                             f"vocabulary {self.vocabulary.size}")
+                             f"vocabulary {self._ends.size}")
         if ids.shape[1] < self.prompt_len:
             raise ChainError(f"constraint: {ids.shape[1]} ids are fewer than the prompt's {self.prompt_len}")
         rows = ids[:, self.prompt_len:].tolist()  # the matcher runs on the host: one transfer of the new ids
         allowed, accepting = self.masks(rows, logits.device)
         out = logits.masked_fill(~allowed, NEG_INF)
-        self._state = self._trace(logits, out, allowed, accepting)
+        self._last = (logits, out, allowed, accepting)
         return out
 
-    def _trace(self, before: Tensor, after: Tensor, allowed: Tensor, accepting: Tensor) -> dict[str, Tensor]:
-        count = allowed.sum(dim=-1)
-        text = allowed & ~self._is_end.to(allowed.device)
-        spaces = self.vocabulary.whitespace.to(allowed.device)
-        whitespace_only = text.any(dim=-1) & ~(text & ~spaces).any(dim=-1)
-        top1_banned = after.amax(dim=-1) < before.amax(dim=-1)  # every arg-max removed (-inf < -inf is False)
-        flags = {"allowed": count, "forced": count == 1, "top1_banned": top1_banned,
-                 "whitespace_only": whitespace_only, "accepting": accepting}
-        return {key: value.float() for key, value in flags.items()}
-
     def state(self) -> dict[str, Tensor]:
-        return self._state
+        """The trace numbers of the last call (class doc), [B] float tensors on the logits' device."""
+        if self._last is None:
+            return {}
+        before, after, allowed, accepting = self._last
+        per_class = allowed.float() @ self._classes.to(allowed.device)  # [B, 3]: end ids, whitespace, other text
+        count = per_class.sum(dim=-1)
+        whitespace_only = (per_class[:, SPACE] > 0) & (per_class[:, TEXT] == 0)
+        top1_banned = after.amax(dim=-1) < before.amax(dim=-1)  # every arg-max removed (-inf < -inf is False)
+        flags = torch.stack([count, count == 1, top1_banned, whitespace_only,
+                             torch.tensor(accepting, device=allowed.device)]).float()
+        return dict(zip(("allowed", "forced", "top1_banned", "whitespace_only", "accepting"), flags))
 
     def next_tokens(self, generated: Sequence[int]) -> tuple[list[int], bool]:
         """The allowed tokens after ``generated`` other than the end ids, and whether the grammar accepts there."""
         allowed, accepting = self.masks([list(generated)], "cpu")
-        allowed[0, self._end_columns] = False
-        return allowed[0].nonzero().flatten().tolist(), bool(accepting[0])
+        allowed[0, list(self._ends.columns)] = False
+        return allowed[0].nonzero().flatten().tolist(), accepting[0]
 
 
 def removed_log_mass(logits_before: Tensor, logits_after: Tensor) -> Tensor:

@@ -498,6 +498,17 @@ def test_the_stage_needs_the_prompt_length_and_the_right_width():
         stage(torch.tensor([PROMPT]), torch.zeros(1, 4000))
 
 
+def test_a_padded_vocabulary_never_allows_the_padding():
+    """A model whose logits are wider than its tokenizer (embeddings padded to a multiple of 64, say)."""
+    stage = ConstraintStage(constraint_spec(regex="[a-z]+"), tokenizer(), eos_ids=[EOS], vocab_size=V + 4)
+    stage.reset(len(PROMPT))
+    a = byte_token(ord("a"))
+    out = stage(torch.tensor([PROMPT + [a], PROMPT + [V + 1]]), torch.zeros(2, V + 4))
+    assert not torch.isfinite(out[0, V:]).any()
+    assert torch.equal(torch.isfinite(out[0, :V]), allowed_after(stage_for("regex", "[a-z]+"), [a]))
+    assert not torch.isfinite(out[1]).any()  # a padding id in the prefix: nothing continues it
+
+
 # --- choice scoring ---------------------------------------------------------------------------------------------------
 
 
