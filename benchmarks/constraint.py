@@ -44,7 +44,8 @@ SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
     "tags": {"type": "array", "items": {"enum": ["red", "grün", "日本"]}}},
     "required": ["name", "age", "tags"], "additionalProperties": False}
-ARITHMETIC = 'start: expr\nexpr: term (("+" | "-") term)*\nterm: atom (("*" | "/") atom)*\natom: /[0-9]+/ | "(" expr ")"\n'
+ARITHMETIC = ('start: expr\nexpr: term (("+" | "-") term)*\nterm: atom (("*" | "/") atom)*\n'
+              'atom: /[0-9]+/ | "(" expr ")"\n')
 ARITHMETIC_GBNF = ('root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= atom (("*" | "/") atom)*\n'
                    'atom ::= [0-9]+ | "(" expr ")"\n')
 CONSTRAINTS = {

@@ -226,8 +226,9 @@ def _whitespace_only(text: bytes) -> bool:
 @dataclass(frozen=True, eq=False)
 class ConstraintVocabulary:
     """The model's tokenizer as llguidance reads it (token bytes from ``tokenizer.json``), the logits width, the end
-    ids, and which tokens are whitespace-only text. Building it reads the whole vocabulary once (about a second for
-    a 128k vocabulary): a chain builder that makes several chains for one model can build it once and hand it in."""
+    ids, and which tokens are whitespace-only text. Building it reads the whole vocabulary once (50 ms for the bundled
+    4096 tokens, growing with the vocabulary): a chain builder that makes several chains for one model can build it
+    once and hand it in. Its ConfigErrors say what is wrong; the stage prefixes the option."""
 
     tokenizer: object  # llguidance.LLTokenizer
     size: int
@@ -242,11 +243,11 @@ class ConstraintVocabulary:
         try:
             lt = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos) or None)
         except ValueError as exc:
-            raise ConfigError(f"constraint: this tokenizer cannot drive the matcher ({exc})") from None
+            raise ConfigError(f"this tokenizer cannot drive the matcher ({exc})") from None
         size = lt.vocab_size
         bad = [e for e in eos if not 0 <= e < size]
         if bad:
-            raise ConfigError(f"constraint: end id {bad[0]} is outside the vocabulary of {size} tokens")
+            raise ConfigError(f"end id {bad[0]} is outside the vocabulary of {size} tokens")
         ws = [not lt.is_special_token(i) and _whitespace_only(lt.decode_bytes([i])) for i in range(size)]
         return cls(lt, size, eos, torch.tensor(ws, dtype=torch.bool))
 
@@ -350,7 +351,10 @@ class ConstraintStage:
         if isinstance(tokenizer, ConstraintVocabulary):
             self.vocabulary = tokenizer
         else:
-            self.vocabulary = ConstraintVocabulary.from_tokenizer(tokenizer, eos_ids, vocab_size)
+            try:
+                self.vocabulary = ConstraintVocabulary.from_tokenizer(tokenizer, eos_ids, vocab_size)
+            except ConfigError as exc:
+                raise spec.error(str(exc)) from None
         self.eos_ids = self.vocabulary.eos_ids
         self.prompt_len: int | None = None
         matcher = LLMatcher(self.vocabulary.tokenizer, spec.grammar(), log_level=0)
