@@ -33,7 +33,9 @@ from pathlib import Path
 
 import torch
 
-from decodelab.core.processors import Chain, Temperature, TopK, TopP  # follows core's refactor
+from decodelab.core.sampling.chain import Chain
+from decodelab.core.sampling.filters import TopK, TopP
+from decodelab.core.sampling.scaling import Temperature
 from decodelab.core.sampling.constraint import ConstraintStage, ConstraintVocabulary, constraint_spec
 
 ROOT = Path(__file__).resolve().parents[1]

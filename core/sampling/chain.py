@@ -14,7 +14,7 @@ from ..errors import ChainError, ConfigError
 from ..inputs import check_text
 from ..kv import parse_cache_spec
 from ..settings import _check
-from . import biases, filters, penalties, scaling  # noqa: F401  (each binds its classes to the registry)
+from . import biases, constraint, filters, penalties, scaling  # noqa: F401  (each binds its classes to the registry)
 from .registry import BY_NAME, DEFAULT_ORDER, StageContext, params
 from .select import make_generator
 from .semantics import Plan, plan
@@ -130,11 +130,12 @@ def build_chain(values: dict, order: list[str] | None = None, context: StageCont
 
 def chain_for(settings: ChainSettings, tokens: Tokens, generator=None, eos_ids=(), stop_ids=()) -> tuple[Plan, Chain]:
     """THE chain builder: the settings as their semantics reads them (:func:`~.semantics.plan`), every token-naming
-    setting resolved by ``tokens``, the stages made in the plan's order with the run's ``generator`` (XTC's coin) and
-    end ids (what min-new-tokens bans). Every caller (each method, compare's attribution, validation) builds here."""
+    setting resolved by ``tokens``, the stages made in the plan's order with the run's ``generator`` (XTC's coin),
+    end ids (what min-new-tokens bans; where the constraint allows an end) and ``tokens`` (the constraint's tokenizer
+    and logits width). Every caller (each method, compare's attribution, validation) builds here."""
     p = plan(settings)
     values = p.settings.stage_values(resolved=resolve(p.settings, tokens))
-    return p, build_chain(values, p.order, p.context(generator, tuple(eos_ids), tuple(stop_ids)))
+    return p, build_chain(values, p.order, p.context(generator, tuple(eos_ids), tuple(stop_ids), tokens))
 
 
 def make_chain(lm: LoadedModel, settings: ChainSettings, generator=None) -> Chain:

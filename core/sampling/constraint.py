@@ -17,7 +17,9 @@ tokens all look a prefix up, extending the longest one already there. Nothing ha
 the stage has no ``accept``: it is a pure function of ``(ids, logits)`` like every stage without state.
 
 What the stage needs from the chain builder: the model's tokenizer (a fast Hugging Face tokenizer), the end ids
-and the logits width at construction; the prompt length by ``reset(prompt_len)`` before each run.
+and the logits width at construction; the prompt length by ``reset(prompt_len)`` before each run. The registry
+makes it with :meth:`ConstraintStage.bind` from the run's stage context; before any model exists (settings checked
+up front) that gives a :class:`CheckedConstraint`, the constraint compiled and its language checked.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import functools
 import json
 import math
 import re
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ChainError, ConfigError
+from .registry import implements
 
 NEG_INF = float("-inf")
 OPTIONS = {"regex": "--regex", "json-schema": "--json-schema", "grammar": "--grammar", "choice": "--choice"}
@@ -62,6 +66,9 @@ class ConstraintSpec:
     def labels(self) -> tuple[str, ...]:
         """--choice's labels: split on commas, spaces kept (' no' and 'no' are different texts)."""
         return tuple(self.source.split(",")) if self.kind == "choice" else ()
+
+    def __str__(self) -> str:
+        return f"{self.option} {self.value if self.kind in ('json-schema', 'grammar') else _quoted(self.value)}"
 
     def error(self, why: str) -> ConfigError:
         """One line naming the option and the value: a file's path as is, a regex or labels quoted."""
@@ -251,8 +258,23 @@ class ConstraintVocabulary:
         ws = [not lt.is_special_token(i) and _whitespace_only(lt.decode_bytes([i])) for i in range(size)]
         return cls(lt, size, eos, torch.tensor(ws, dtype=torch.bool))
 
+    @classmethod
+    def cached(cls, tokenizer, eos_ids: Sequence[int] = (), vocab_size: int | None = None):
+        """:meth:`from_tokenizer`, read once per tokenizer, end ids and width (the chains of one model share it)."""
+        key = (tuple(int(e) for e in eos_ids), vocab_size)
+        try:
+            table = _VOCABULARIES.setdefault(tokenizer, {})
+        except TypeError:  # a tokenizer that takes no weak reference: read it every time
+            return cls.from_tokenizer(tokenizer, eos_ids, vocab_size)
+        if key not in table:
+            table[key] = cls.from_tokenizer(tokenizer, eos_ids, vocab_size)
+        return table[key]
+
     def text(self, tokens: Sequence[int]) -> bytes:
         return self.tokenizer.decode_bytes(list(tokens))
+
+
+_VOCABULARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {(eos, width): vocabulary}
 
 
 # --- the prefix trie of matcher states ---------------------------------------------------------------------------
@@ -323,8 +345,10 @@ class _Node:
 # --- the stage ---------------------------------------------------------------------------------------------------
 
 END, SPACE, TEXT = 0, 1, 2  # token classes for the trace: an end id, whitespace-only text, other text
+STATE_KEYS = ("allowed", "forced", "top1_banned", "whitespace_only", "accepting", "log_mass_kept")
 
 
+@implements("constraint")
 class ConstraintStage:
     """Mask every token the constraint does not allow to -inf (module doc: the rule, the prefix trie).
 
@@ -335,10 +359,11 @@ class ConstraintStage:
     ``state()`` after a call gives, per row, as [B] float tensors: ``allowed`` (how many tokens the constraint
     allows, end ids included), ``forced`` (1 if exactly one), ``top1_banned`` (1 if every token of the input's
     maximal logit is removed, so a tie with an allowed token does not count), ``whitespace_only`` (1 if there are
-    allowed tokens besides the end ids and all of them are whitespace-only text) and ``accepting`` (1 if the
-    grammar accepts the generated text, so the end ids are allowed). They are computed when asked (a run that
-    records no trace pays nothing for them). The mass removed is the chain's stage statistic;
-    :func:`removed_log_mass` gives its log form for a run's total.
+    allowed tokens besides the end ids and all of them are whitespace-only text), ``accepting`` (1 if the
+    grammar accepts the generated text, so the end ids are allowed) and ``log_mass_kept`` (:func:`removed_log_mass`:
+    log of the probability mass it kept under its input's distribution, <= 0, precise where the kept mass is tiny;
+    a run's total is the sum). They are computed when asked (a run that records no trace pays nothing for them).
+    The mass removed itself is the chain's stage statistic.
     """
 
     name = "constraint"
@@ -369,6 +394,22 @@ class ConstraintStage:
         self._last: tuple | None = None
         if not self.next_tokens(())[0]:
             raise spec.error("no token of the model's vocabulary can start it")
+
+    @classmethod
+    def bind(cls, spec: ConstraintSpec, context) -> ConstraintStage | CheckedConstraint:
+        """The registry's maker, from a :class:`~.registry.StageContext`: its ``tokens`` (the model's tokenizer and
+        logits width) and ``eos_ids``. Settings checked before a model exists (``tokens.checking``, or no tokens at
+        all) give a :class:`CheckedConstraint`; tokens without a tokenizer (``probs --dist``) are an error."""
+        tokens = getattr(context, "tokens", None)
+        if tokens is None or tokens.checking:
+            return CheckedConstraint(spec)
+        if tokens.tokenizer is None:
+            raise spec.error("needs a model's tokenizer (a distribution typed in by hand has no token texts)")
+        try:
+            vocabulary = ConstraintVocabulary.cached(tokens.tokenizer, context.eos_ids, tokens.vocab)
+        except ConfigError as exc:
+            raise spec.error(str(exc)) from None
+        return cls(spec, vocabulary)
 
     def reset(self, prompt_len: int) -> None:
         """Before a run: where the prompt ends. The trie of the previous run is dropped (its states stay valid, as
@@ -417,14 +458,33 @@ class ConstraintStage:
         whitespace_only = (per_class[:, SPACE] > 0) & (per_class[:, TEXT] == 0)
         top1_banned = after.amax(dim=-1) < before.amax(dim=-1)  # every arg-max removed (-inf < -inf is False)
         flags = torch.stack([count, count == 1, top1_banned, whitespace_only,
-                             torch.tensor(accepting, device=allowed.device)]).float()
-        return dict(zip(("allowed", "forced", "top1_banned", "whitespace_only", "accepting"), flags))
+                             torch.tensor(accepting, device=allowed.device), removed_log_mass(before, after)]).float()
+        return dict(zip(STATE_KEYS, flags))
 
     def next_tokens(self, generated: Sequence[int]) -> tuple[list[int], bool]:
         """The allowed tokens after ``generated`` other than the end ids, and whether the grammar accepts there."""
         allowed, accepting = self.masks([list(generated)], "cpu")
         allowed[0, list(self._ends.columns)] = False
         return allowed[0].nonzero().flatten().tolist(), accepting[0]
+
+
+class CheckedConstraint:
+    """The constraint as the chain builder makes it before any model exists: compiled and its language checked
+    (:meth:`ConstraintSpec.grammar`, every error one line naming the option), so bad input fails before a model
+    loads. It has no vocabulary and cannot run."""
+
+    name = "constraint"
+    reads_ids = True
+
+    def __init__(self, spec: ConstraintSpec):
+        spec.grammar()
+        self.spec = spec
+
+    def reset(self, prompt_len: int) -> None:
+        return None
+
+    def __call__(self, ids: Tensor, logits: Tensor) -> Tensor:
+        raise ChainError("constraint: checked without a model's tokenizer; build the chain with the model's Tokens")
 
 
 def removed_log_mass(logits_before: Tensor, logits_after: Tensor) -> Tensor:
