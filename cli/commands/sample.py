@@ -12,6 +12,7 @@ from ...core.settings import as_dict, resolve
 from .. import options as o
 from ..loop import drive
 from ..view import render
+from ..view.constraint import constraint_line
 from ..view.live import LiveSteps
 from ..view.steps_view import StepsTable
 
@@ -142,7 +143,7 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
         greedy = sampler.selector.name == "greedy"
         views = [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
                  render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
-                 render.summary_line(summary)]
+                 render.summary_line(summary)] + [line for line in [constraint_line(summary)] if line is not None]
         if fmt == o.Format.table:
             render.show([table.with_part("caption") if printed else full] + views)
         render.save([full] + views, opts.save_html, opts.save_svg)

@@ -147,6 +147,7 @@ class Scorer(Run):
         ids = torch.tensor([self.ids], dtype=torch.long, device=device)
         T = len(self.ids)
         feed = self.s.feed or T - 1
+        self.chain.reset(1)  # the first token is context; stages that count generated tokens count from the second
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
