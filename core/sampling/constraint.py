@@ -386,7 +386,9 @@ class ConstraintStage:
         if matcher.is_error():
             raise spec.error(_one_line(matcher.get_error(), keep_position=spec.kind == "grammar"))
         size, eos = self.vocabulary.size, frozenset(self.eos_ids)
-        self._ends = _Ends(size, (size + 31) // 32, eos, tuple(sorted(eos | set(self.vocabulary.tokenizer.eos_tokens))))
+        # llguidance's masks may carry a word more than size / 32 needs: a dead prefix's empty mask takes their width
+        width = len(matcher.compute_bitmask()) // 4
+        self._ends = _Ends(size, width, eos, tuple(sorted(eos | set(self.vocabulary.tokenizer.eos_tokens))))
         classes = torch.where(self.vocabulary.whitespace, SPACE, TEXT)
         classes[list(eos)] = END
         self._classes = torch.nn.functional.one_hot(classes, 3).float()  # [V, 3]: counts per class by one matmul

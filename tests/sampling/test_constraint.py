@@ -356,6 +356,16 @@ def test_rollback_and_reordered_rows_give_the_masks_of_a_fresh_stage():
     assert torch.equal(~torch.isneginf(batch[1]), allowed_after(fresh, rows[1][len(PROMPT):]))
 
 
+def test_a_rejected_row_beside_a_live_one_in_one_batch():
+    """A beam whose prefix the grammar rejects (a padding row of -inf score) shares the batch with live ones: its
+    empty mask has llguidance's mask width, and it allows nothing while the other row keeps its set."""
+    stage = stage_for("regex", "(yes|no)")
+    stage.reset(len(PROMPT))
+    out = stage(torch.tensor([PROMPT + ids_of(b"y"), PROMPT + ids_of(b"x")]), torch.zeros(2, V))
+    assert torch.isneginf(out[1]).all()
+    assert torch.equal(~torch.isneginf(out[0]), allowed_after(stage, ids_of(b"y")))
+
+
 def test_a_longer_query_does_not_move_a_shorter_prefix():
     """A matcher consumed in place (no copy) would leave the prefix ab at abc's state."""
     stage = stage_for("regex", "ab(c|d)e")
