@@ -10,7 +10,8 @@ ids, the same logits) go through
   the words moved and unpacked, the trace numbers);
 
 and, for scale, one forward of the bundled tiny model on one token with its KV cache. Rounds alternate; medians
-per token are reported.
+per token are reported. Then the whole decode loop of ``sample`` on the tiny model, the same run without and with a
+regex constraint, side by side.
 
 ``--matchers`` compares the three libraries considered (llguidance, xgrammar, outlines-core; those installed)
 instead: masks against the tests' brute-force references along random walks, and compile, mask and consume times
@@ -149,6 +150,32 @@ def stage_cost(tokens: int, rounds: int) -> None:
         print(f"{name:12s} {n:6d} {a:9.1f} {b:15.1f} {b / a:6.2f} {b - a:9.1f}")
     ms = forward_ms(rounds)
     print(f"one forward of the tiny model on one token (KV cache): {ms * 1e3:.0f} us")
+
+
+def decode_cost(rounds: int, tokens: int = 64) -> None:
+    """The same ``sample`` run (the bundled tiny model, temperature 0.8, top-k 50, untraced, a 64-token decode
+    loop) without and with the constraint, in alternating rounds; ms per token of the decode loop (prefill
+    excluded), median over the rounds. The regex admits exactly 300 characters, so the constrained run never ends
+    early and both decode the same number of tokens."""
+    from decodelab.core.engine.models import load_model
+    from decodelab.core.methods.sample import SampleSettings, build_sampler
+
+    lm = load_model("tiny", device="cpu")
+    prompt = lm.encode("Once upon a time")
+    variants = {"chain": {}, "+ constraint": {"regex": "[a-z ,.]{300}"}}
+    per: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds + 1):  # round 0 warms up
+        for name, extra in (variants.items() if r % 2 else reversed(list(variants.items()))):
+            s = SampleSettings(temperature=0.8, top_k=50, seed=r, max_new_tokens=tokens, ignore_eos=True, **extra)
+            sampler = build_sampler(lm, s, prompt, record=False)
+            for _ in sampler:
+                pass
+            assert len(sampler.new_ids) == tokens
+            if r:
+                per[name].append(1e3 / sampler.summary().decode_tokens_per_s)
+    a, b = (statistics.median(per[n]) for n in variants)
+    print(f"\ndecode loop, ms per token, median of {rounds} rounds ({tokens} tokens, {torch.get_num_threads()} "
+          f"thread(s)): chain {a:.2f}   + constraint {b:.2f}   ratio {b / a:.2f}   stage {b - a:+.2f}")
 
 
 # --- --matchers: the libraries considered -------------------------------------------------------------------------
@@ -363,6 +390,7 @@ def main() -> None:
         compare_matchers()
     else:
         stage_cost(args.tokens, args.rounds)
+        decode_cost(args.rounds)
 
 
 if __name__ == "__main__":
