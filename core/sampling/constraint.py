@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ChainError, ConfigError
+from ..inputs import check_text, read_input_text
 from .registry import implements
 
 NEG_INF = float("-inf")
@@ -118,6 +119,7 @@ def constraint_spec(regex: str | None = None, json_schema: str | Path | None = N
         raise ConfigError(f"{names}: one constraint per run; choose one")
     (kind, value), = given.items()
     value = str(value)
+    check_text(OPTIONS[kind], value)  # a byte that is not UTF-8 arrives as a lone surrogate
     source = _read(kind, value) if kind in ("json-schema", "grammar") else value
     spec = ConstraintSpec(kind, value, source)
     if kind == "json-schema":
@@ -128,10 +130,10 @@ def constraint_spec(regex: str | None = None, json_schema: str | Path | None = N
 
 
 def _read(kind: str, path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{OPTIONS[kind]} {path}: cannot read it ({exc.__class__.__name__})") from None
+    """The file's text, or one line naming the option: an empty path, a missing file, a folder, not UTF-8."""
+    if not path.strip():
+        raise ConfigError(f"{OPTIONS[kind]} '': give a file's path")
+    return read_input_text(OPTIONS[kind], path)
 
 
 def _check_json(spec: ConstraintSpec) -> None:

@@ -45,7 +45,7 @@ def test_every_chain_command_takes_the_constraint_options(cli, command):
     (["--regex", "a", "--choice", "b,c"], "--regex and --choice: one constraint per run"),
     (["--regex", r"[^\s\S]"], "matches no text"),
     (["--regex", ""], "matches only the empty text"),
-    (["--json-schema", "/nonexistent/s.json"], "--json-schema /nonexistent/s.json: cannot read it"),
+    (["--json-schema", "/nonexistent/s.json"], "--json-schema /nonexistent/s.json: no such file"),
     (["--choice", "a,,b"], "--choice 'a,,b': a label is empty"),
     (["--set", "choice=a,a"], "the label 'a' is given twice"),
 ])

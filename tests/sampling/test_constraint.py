@@ -463,7 +463,7 @@ def test_removed_log_mass_by_hand():
     (dict(regex="a", choice="b"), "--regex and --choice", "one constraint per run"),
     (dict(choice="yes,,no"), "--choice 'yes,,no'", "a label is empty"),
     (dict(choice="yes,no,yes"), "--choice 'yes,no,yes'", "given twice"),
-    (dict(json_schema="{file}/missing.json"), "--json-schema {file}/missing.json", "cannot read it"),
+    (dict(json_schema="{file}/missing.json"), "--json-schema {file}/missing.json", "no such file"),
     (dict(json_schema=("bad.json", '{"type": ')), "--json-schema {file}/bad.json", "not valid JSON (line 1"),
     (dict(json_schema=("florp.json", '{"type": "florp"}')), "--json-schema {file}/florp.json", "florp"),
     (dict(json_schema=("empty.json", '{"type": "integer", "minimum": 5, "maximum": 3}')),
