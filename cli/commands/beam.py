@@ -9,10 +9,10 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive, phase
-from ..view import render
+from ..view import output, render
 from ..view.live import LiveSteps
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
@@ -58,12 +58,10 @@ def beam(
     norm(L). Processors: --repetition-penalty, --no-repeat-ngram, --logit-bias (sampling filters do not apply).
     Default -n is 32."""
     from ...core.methods.beam import (
-        BeamSettings,
         beam_stepper,
         build_beam,
         parse_penalties,
         sweep_length_penalty,
-        validate_beam,
     )
     from ..pipeline import load, read_prompt
     text = read_prompt(opts.prompt, opts.prompt_file)
@@ -71,8 +69,8 @@ def beam(
     explicit.update(beams=beams, num_return=num_return, length_penalty=length_penalty,
                     length_norm=length_norm.strip().lower() if length_norm else None,
                     early_stopping=early_stopping.strip().lower() if early_stopping else None)
-    settings = resolve(BeamSettings, opts.preset, explicit, opts.set_)
-    validate_beam(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("beam", opts.preset, explicit, opts.set_)
     penalties = parse_penalties(sweep) if sweep is not None else None
     lm = load(opts)
     prompt_ids = lm.encode(text, opts.chat)
@@ -92,26 +90,19 @@ def beam(
     result = {"text": best.text if best else "", "token_ids": best.token_ids if best else [], "hypotheses": hyps}
     if sweep_rows is not None:
         result["sweep"] = sweep_rows
-    fmt = opts.fmt
-    if fmt == o.Format.jsonl:
-        render.print_jsonl({"type": "summary", "command": "beam", "model": lm.name, **render.clean(result),
-                            **render.clean(summary)})
-    elif fmt == o.Format.json:
-        head = render.document("beam", lm, as_dict(settings), processors.names, text, prompt_ids)
-        render.print_json({**head, "steps": search.steps, **result, "summary": summary})
-    elif fmt == o.Format.markdown:
-        render.print_rows(hypothesis_rows(hyps), "markdown")
+    head = render.document("beam", lm, as_dict(settings), processors.names, text, prompt_ids)
+    tables = [(None, hypothesis_rows(hyps))] + ([(None, sweep_table_rows(sweep_rows))] if sweep_rows is not None else [])
+
+    def views() -> list:
+        out = [search_tree(lm.name, text, search, settings), hypotheses_table(hyps)]
         if sweep_rows is not None:
-            print()
-            render.print_rows(sweep_table_rows(sweep_rows), "markdown")
-    elif fmt == o.Format.csv:
-        render.print_rows(sweep_table_rows(sweep_rows) if sweep_rows is not None else hypothesis_rows(hyps), "csv")
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [search_tree(lm.name, text, search, settings), hypotheses_table(hyps)]
-        if sweep_rows is not None:
-            views.append(sweep_table(sweep_rows, settings.length_norm))
-        views.append(render.summary_line(summary))
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+            out.append(sweep_table(sweep_rows, settings.length_norm))
+        return out + [render.summary_line(summary)]
+
+    output.emit_for(opts, output.Output(  # csv: the sweep when there is one, else the hypotheses
+        document={**head, "steps": search.steps, **result, "summary": summary},
+        jsonl=[output.summary_record("beam", lm.name, result, summary)],
+        tables=tables, csv=tables[-1][1], views=views))
 
 
 # --- rows for markdown / csv -------------------------------------------------------------------------------

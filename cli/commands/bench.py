@@ -10,7 +10,7 @@ from rich.table import Table
 from ...core.errors import ConfigError
 from .. import options as o
 from ..loop import note_interrupt
-from ..view import render
+from ..view import output, render
 
 CHAINS = {"greedy": "temperature 0", "sampling": "temperature 0.8 -> top-p 0.95", "beam": "(none)",
           "speculative": "temperature 0", "prompt-lookup": "temperature 0"}  # what each setting runs (core/bench.py)
@@ -70,25 +70,23 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
                       "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()},
            "chain": [f"{name}: {stages}" for name, stages in CHAINS.items() if name in chosen],
            "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason}
-    if opts.fmt == o.Format.json:
-        render.print_json(doc)
-    elif opts.fmt == o.Format.jsonl:
-        for r in rows:
-            render.print_jsonl({"type": "row", **render.clean(r)})
-        render.print_jsonl({"type": "summary", "command": "bench", "model": lm.name, "rows": len(rows),
-                            "stop_reason": stop_reason})
-    elif opts.fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([render.clean(r) for r in rows], opts.fmt.value)
-    if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        t = Table(title=f"{lm.name} on {lm.device} · {n} new tokens · median of "
-                  f"{rows[0].rounds if rows else 0} interleaved rounds",
-                  header_style="bold")
-        for name in ("setting", "decodelab tok/s", "generate tok/s", "ratio", "low-high"):
-            t.add_column(name, justify="left" if name == "setting" else "right", no_wrap=name != "setting")
-        for r in rows:
-            t.add_row(r.setting + (f" ({r.note})" if r.note else ""), f"{r.decodelab_tokens_per_s:.1f}",
-                      f"{r.transformers_tokens_per_s:.1f}", f"{r.ratio:.2f}x", f"{r.ratio_low:.2f}-{r.ratio_high:.2f}")
-        t.caption = ("ratio: median over rounds of decodelab tok/s / generate tok/s in the same round; generate with "
-                     "eos_token_id=None, top_k=0 when sampling; speculative rows against assisted generation with "
-                     "the same draft (assistant_model), prompt lookup rows against prompt_lookup_num_tokens")
-        render.show([t], opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
+    output.emit_for(opts, output.Output(
+        document=doc,
+        jsonl=[{"type": "row", **render.clean(r)} for r in rows]
+        + [output.summary_record("bench", lm.name, {"rows": len(rows), "stop_reason": stop_reason})],
+        tables=[(None, [render.clean(r) for r in rows])], views=lambda: [bench_table(lm, n, rows)]))
+
+
+def bench_table(lm, n: int, rows) -> Table:
+    t = Table(title=f"{lm.name} on {lm.device} · {n} new tokens · median of "
+              f"{rows[0].rounds if rows else 0} interleaved rounds",
+              header_style="bold")
+    for name in ("setting", "decodelab tok/s", "generate tok/s", "ratio", "low-high"):
+        t.add_column(name, justify="left" if name == "setting" else "right", no_wrap=name != "setting")
+    for r in rows:
+        t.add_row(r.setting + (f" ({r.note})" if r.note else ""), f"{r.decodelab_tokens_per_s:.1f}",
+                  f"{r.transformers_tokens_per_s:.1f}", f"{r.ratio:.2f}x", f"{r.ratio_low:.2f}-{r.ratio_high:.2f}")
+    t.caption = ("ratio: median over rounds of decodelab tok/s / generate tok/s in the same round; generate with "
+                 "eos_token_id=None, top_k=0 when sampling; speculative rows against assisted generation with "
+                 "the same draft (assistant_model), prompt lookup rows against prompt_lookup_num_tokens")
+    return t

@@ -21,7 +21,7 @@ from ...core.errors import EMPTY_CHAIN, ChainError, ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import note_error, note_interrupt
-from ..view import render
+from ..view import output, render
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ...core.analysis.compare import Comparison, Prompt
@@ -143,7 +143,6 @@ def flat_row(row) -> dict:
 
 def emit(opts, lm, run: Comparison) -> None:
     from ...core.sampling.chain import make_chain
-    fmt = opts.fmt
     first = run.prompts[0]
     chains = {v.name: make_chain(lm, run.settings[v.name, run.seeds[0]]).names for v in run.variants}
     doc = {"command": "compare", "model": lm.name, "device": str(lm.device),
@@ -155,21 +154,12 @@ def emit(opts, lm, run: Comparison) -> None:
                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
            "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
            "rows": run.rows, "pairs": run.pairs}
-    if fmt == o.Format.json:
-        render.print_json(doc)
-    elif fmt == o.Format.jsonl:
-        for pair in run.pairs:
-            render.print_jsonl({"type": "pair", **render.clean(pair)})
-        render.print_jsonl({"type": "summary", "command": "compare", "model": lm.name, "rows": len(run.rows),
-                            "pairs": len(run.pairs)})
-    elif fmt == o.Format.csv:
-        render.print_rows([flat_row(r) for r in run.rows], "csv")
-    elif fmt == o.Format.markdown:
-        render.print_rows([flat_row(r) for r in run.rows], "markdown")
-        sys.stdout.write("\n")
-        render.print_rows([render.clean(p) for p in run.pairs], "markdown")
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        render.show(tables(lm, run), opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+    output.emit_for(opts, output.Output(
+        document=doc,
+        jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]
+        + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)})],
+        tables=[(None, [flat_row(r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
+        views=lambda: tables(lm, run)))
 
 
 def fmt(value, spec: str = ".3f") -> str:

@@ -14,7 +14,7 @@ from ...core.errors import ConfigError
 from ...core.settings import as_dict, resolve
 from .. import options as o
 from ..loop import phase
-from ..view import render
+from ..view import output, render
 
 Q = "Quantization"
 DEFAULT_TEXT = "presets/models/validation.txt"
@@ -109,26 +109,14 @@ def document(lm, settings, body: str, ids: list[int], report) -> dict:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], report) -> None:
-    fmt = opts.fmt
-    if fmt == o.Format.json:
-        render.print_json(document(lm, settings, body, ids, report))
-    elif fmt == o.Format.jsonl:
-        for s in report.fidelity.steps:
-            render.print_jsonl({"type": "step", **render.clean(s.to_dict())})
-        doc = document(lm, settings, body, ids, report)
-        render.print_jsonl({"type": "summary", "command": "quantize-kv", "model": lm.name, **doc["summary"],
-                            **{k: doc[k] for k in ("memory", "projections", "reconstruction", "outliers",
-                                                   "activations", "grid")}})
-    elif fmt == o.Format.markdown:
-        for title, rows in sections(report):
-            print(f"### {title}\n")
-            render.print_rows(rows, "markdown")
-            print()
-    elif fmt == o.Format.csv:
-        # one table: the grid when asked for, else reconstruction and outliers per layer and head
-        render.print_rows([g.row() for g in report.grid] if report.grid else layer_rows(report), "csv")
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        render.show(views(lm, report), opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+    doc = document(lm, settings, body, ids, report)
+    closing = output.summary_record("quantize-kv", lm.name, doc["summary"], {
+        k: doc[k] for k in ("memory", "projections", "reconstruction", "outliers", "activations", "grid")})
+    output.emit_for(opts, output.Output(  # csv: the grid when asked for, else reconstruction and outliers per head
+        document=doc,
+        jsonl=[{"type": "step", **render.clean(s.to_dict())} for s in report.fidelity.steps] + [closing],
+        tables=list(sections(report)), csv=[g.row() for g in report.grid] if report.grid else layer_rows(report),
+        views=lambda: views(lm, report)))
 
 
 # --- flat rows (markdown, csv) ---------------------------------------------------------------------------------------

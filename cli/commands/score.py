@@ -12,10 +12,10 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
-from ..view import render
+from ..view import output, render
 
 SCORE = "Scoring"
 TABLE_ROWS = 200  # per-token rows a terminal table shows (json/jsonl/csv carry every token)
@@ -51,15 +51,15 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     --choice A,B,C the text is a prompt: each label's exact probability after it, beside the first-token and the
     constrained-sampler estimates and their errors."""
     from ...core.engine.models import load_draft
-    from ...core.methods.score import ScoreSettings, build_scorer, validate_score
+    from ...core.methods.score import build_scorer
     from ...core.sampling.chain import make_chain
     from ..pipeline import load
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
     explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache,
                     min_mass=min_mass)
-    settings = resolve(ScoreSettings, opts.preset, explicit, opts.set_)
-    validate_score(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("score", opts.preset, explicit, opts.set_)
     if settings.choice is not None:
         return choices(opts, settings, body)
     lm = load(opts)
@@ -90,28 +90,27 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
-    fmt, summary = opts.fmt, scorer.summary()
+    summary = scorer.summary()
     rows = [r.to_dict() for r in scorer.steps]
-    if fmt == o.Format.jsonl:
-        render.print_jsonl({"type": "summary", "command": "score", "model": lm.name, **render.clean(summary)})
-    elif fmt == o.Format.json:
-        head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
-        render.print_json({**head, "steps": rows, "text": "", "token_ids": [], "summary": summary})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        flat = [{**r, "token": render.show_token(r["token"])} for r in rows]
-        render.print_rows(flat, fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
-                              f"{' -> '.join(chain.names) or '(none)'}"),
-                 render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
-                 render.shading_legend("raw p (the model's own probability of the given token)",
-                                       "first token (not scored)", "scored tokens"),
-                 chunks_table(summary)]
+    head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
+
+    def views() -> list:
+        out = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
+                            f"{' -> '.join(chain.names) or '(none)'}"),
+               render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
+               render.shading_legend("raw p (the model's own probability of the given token)",
+                                     "first token (not scored)", "scored tokens"),
+               chunks_table(summary)]
         if summary.most_different:
-            views.append(different_table(summary))
-        views.append(render.summary_line({k: v for k, v in render.clean(summary).items()
-                                          if k not in ("chunks", "most_different")}))
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+            out.append(different_table(summary))
+        out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
+                                        if k not in ("chunks", "most_different")}))
+        return out
+
+    output.emit_for(opts, output.Output(
+        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary},
+        jsonl=[output.summary_record("score", lm.name, summary)],
+        tables=[(None, [{**r, "token": render.show_token(r["token"])} for r in rows])], views=views))
 
 
 def tokens_table(steps, title: str) -> Table:
@@ -157,26 +156,21 @@ def choices(opts, settings, body: str) -> None:
     """`score --choice`: the labels after the text, in the command's format (docs/constraints.md, exact choice
     scoring)."""
     from ...core.methods.choice import score_choices
-    from ...core.sampling.chain import cache_spec, make_chain
+    from ...core.sampling.chain import make_chain
     from ..pipeline import load
 
     lm = load(opts)
     ids = lm.encode(body)
     chain = make_chain(lm, settings)
-    report = score_choices(lm, settings, body, ids, chain, cache_spec(settings))
+    report = score_choices(lm, settings, body, ids, chain, settings.cache_spec)
     rows, summary = report.rows(), report.summary()
-    if opts.fmt == o.Format.json:
-        head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
-        render.print_json({**head, "choices": rows, "summary": summary})
-    elif opts.fmt == o.Format.jsonl:
-        for row in rows:
-            render.print_jsonl({"type": "choice", **row})
-        render.print_jsonl({"type": "summary", "command": "score", "model": lm.name, **summary})
-    elif opts.fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([{k: v for k, v in r.items() if k != "tokenizations"} for r in rows], opts.fmt.value)
-    if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [choices_table(rows, f"{lm.name} · labels after the text"), render.summary_line(summary)]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
+    head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
+    output.emit_for(opts, output.Output(
+        document={**head, "choices": rows, "summary": summary},
+        jsonl=[{"type": "choice", **render.clean(r)} for r in rows] + [output.summary_record("score", lm.name,
+                                                                                              summary)],
+        tables=[(None, [{k: v for k, v in r.items() if k != "tokenizations"} for r in rows])],
+        views=lambda: [choices_table(rows, f"{lm.name} · labels after the text"), render.summary_line(summary)]))
 
 
 def choices_table(rows: list[dict], title: str) -> Table:

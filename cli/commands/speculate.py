@@ -8,10 +8,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive, interrupted, phase
-from ..view import render
+from ..view import output, render
 from ..view.live import LiveSteps
 
 SPEC = "Speculative decoding"
@@ -45,12 +45,10 @@ def speculate(
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
     from ...core.engine.models import load_draft
     from ...core.methods.speculative.run import (
-        SpeculateSettings,
         SpeedupRounds,
         best_gamma,
         build_speculator,
         parse_gammas,
-        validate_speculate,
         warm_up_speculate,
     )
     from ...core.sampling.chain import make_chain
@@ -58,8 +56,8 @@ def speculate(
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(draft=draft, gamma=gamma, ngram_size=ngram_size, sweep_gamma=parse_gammas(sweep_gamma),
                     speedup_rounds=speedup_rounds)
-    settings = resolve(SpeculateSettings, opts.preset, explicit, opts.set_)
-    validate_speculate(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("speculate", opts.preset, explicit, opts.set_)
     if opts.export is not None:
         export_instead(opts, settings, load(opts))
         return
@@ -97,30 +95,28 @@ def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, 
     token_ids = spec.new_ids
     out_text = lm.decode(token_ids)
     extra = {"sweep": [r.to_dict() for r in sweep], "best_gamma": best} if sweep else {}
-    if fmt == o.Format.jsonl:
-        for row in extra.get("sweep", []):
-            render.print_jsonl({"type": "sweep", **render.clean(row)})
-        render.print_jsonl({"type": "summary", "command": "speculate", "model": lm.name, "text": out_text,
-                            "token_ids": token_ids, **render.clean(summary.to_dict()),
-                            **({"best_gamma": best} if sweep else {})})
-    elif fmt == o.Format.json:
-        head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
-                               draft=settings.draft, gamma=settings.gamma,
-                               verification="greedy" if spec.greedy else "speculative-sampling")
-        render.print_json({**head, "steps": [r.to_dict() for r in spec.rounds], "text": out_text,
-                           "token_ids": token_ids, "summary": summary.to_dict(), **extra})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        rows = [sweep_row(r) for r in sweep] if sweep else round_rows(spec.rounds)
-        render.print_rows(rows, fmt.value)
-    if fmt == o.Format.table or save_html or save_svg:
+    head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
+                           draft=settings.draft, gamma=settings.gamma,
+                           verification="greedy" if spec.greedy else "speculative-sampling")
+
+    def views() -> list:
         title = (f"{lm.name} <- {spec.proposer.name} · gamma {settings.gamma} · "
                  f"{'greedy verification' if spec.greedy else 'speculative sampling'} · chain: "
                  f"{' -> '.join(processors.names) or '(none)'}")
-        views = [rounds_table(spec.rounds, title, spec.greedy), marked_text(text, spec.rounds),
-                 speedup_line(summary), render.summary_line(summary)]
+        out = [rounds_table(spec.rounds, title, spec.greedy), marked_text(text, spec.rounds),
+               speedup_line(summary), render.summary_line(summary)]
         if sweep:
-            views += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
-        render.show(views, save_html, save_svg, to_screen=fmt == o.Format.table)
+            out += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
+        return out
+
+    output.emit(output.Output(
+        document={**head, "steps": [r.to_dict() for r in spec.rounds], "text": out_text, "token_ids": token_ids,
+                  "summary": summary.to_dict(), **extra},
+        jsonl=[{"type": "sweep", **render.clean(row)} for row in extra.get("sweep", [])]
+        + [output.summary_record("speculate", lm.name, {"text": out_text, "token_ids": token_ids}, summary.to_dict(),
+                                 {"best_gamma": best} if sweep else {})],
+        tables=[(None, [sweep_row(r) for r in sweep] if sweep else round_rows(spec.rounds))], views=views),
+        fmt.value, save_html, save_svg)
 
 
 # --- views ---------------------------------------------------------------------------------------------------------

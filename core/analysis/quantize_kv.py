@@ -75,7 +75,7 @@ def validate_quantize_kv(s: QuantizeKVSettings) -> CacheSpec:
 
 def kv_spec(s: QuantizeKVSettings) -> CacheSpec:
     """--cache (a quant spec or alias), with --bits/--axis/--group-size/--residual/--symmetric laid over it."""
-    base = parse_cache_spec(s.cache)
+    base = s.cache_spec
     if base.name != "quant":
         raise ConfigError(f"--cache {s.cache}: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
                           "int2-kivi, int4, fp8)")

@@ -21,7 +21,7 @@ from ...engine.stopping import StopChecker, StopRules, stop_rules
 from ...engine.tokens import check_prompt
 from ...errors import ConfigError
 from ...kv import CacheSpec, require
-from ...sampling.chain import Chain, cache_spec, make_chain, refuse_stepwise_stages
+from ...sampling.chain import Chain, make_chain, refuse_stepwise_stages
 from ...sampling.distribution import softmax
 from ...sampling.select import make_generator
 from ...sampling.semantics import plan as semantics_plan
@@ -76,7 +76,7 @@ MAX_SPEEDUP_ROUNDS = 100
 
 def validate_speculate(s: SpeculateSettings) -> None:
     validate_sample(s)
-    require(cache_spec(s), {"truncate"}, "speculative decoding (a rejected draft is rolled back)")
+    require(s.cache_spec, {"truncate"}, "speculative decoding (a rejected draft is rolled back)")
     if not 1 <= s.gamma <= MAX_GAMMA:
         raise ConfigError(f"--gamma {s.gamma}: must be an integer in [1, {MAX_GAMMA}]")
     if not 1 <= s.ngram_size <= MAX_GAMMA:
@@ -527,7 +527,7 @@ def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: Specu
     chain.reset(len(prompt_ids))
     greedy = semantics_plan(settings).selector == "greedy"
     gen = None if greedy else make_generator(settings.seed, lm.device)
-    spec = cache_spec(settings)
+    spec = settings.cache_spec
     if draft is None:
         proposer = NGramProposer(settings.ngram_size)
     else:
@@ -550,7 +550,7 @@ def plain_baseline(lm: LoadedModel, settings: SpeculateSettings, prompt_ids: lis
     """Plain target decoding of the same length, same chain and cache policy, timed in the same run."""
     return time_plain_decoding(lm.model, prompt_ids, chain, semantics_plan(settings).make_selector(settings.seed,
                                                                                                     lm.device),
-                               tokens, lm.context_length, cache=cache_spec(settings))
+                               tokens, lm.context_length, cache=settings.cache_spec)
 
 
 class SpeedupRounds:
