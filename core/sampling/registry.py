@@ -12,16 +12,16 @@ This module imports no torch, so the CLI can build its options (and ``--help``) 
 
 Default order (``DEFAULT_ORDER``), used unless ``--chain`` names another:
 
-    allow -> constraint -> softcap -> repetition-penalty -> frequency-penalty -> presence-penalty -> dry -> no-repeat-ngram
-    -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp) -> top-n-sigma -> top-k
-    -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
+    allow -> constraint -> softcap -> repetition-penalty -> frequency-penalty -> presence-penalty -> dry
+    -> no-repeat-ngram -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp) -> top-n-sigma
+    -> top-k -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
 
 The constraint (``--regex`` / ``--json-schema`` / ``--grammar`` / ``--choice``) right after the allow-list: the two
 hard restrictions of the candidate set come before any reshaping, so every later stage works on the constrained
 distribution and the mass the constraint removes is measured under the model's own (as vLLM applies its
-structured-output bitmask before the sampler). Soft-capping next because it reshapes the model's own output (as Gemma 2 does inside the model); penalties and bias
-act on (capped) logits; temperature rescales before the truncation filters, so the filters see the tempered
-distribution (as transformers does).
+structured-output bitmask before the sampler). Soft-capping next because it reshapes the model's own output (as
+Gemma 2 does inside the model); penalties and bias act on (capped) logits; temperature rescales before the
+truncation filters, so the filters see the tempered distribution (as transformers does).
 """
 
 from __future__ import annotations
