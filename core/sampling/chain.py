@@ -181,6 +181,9 @@ def validate_chain_ranges(s: ChainSettings) -> None:
         value = getattr(s, p.field)
         if p.check is not None and value is not None:
             _check(p.check.ok(value), p.field, value, p.check.allowed)
+    for p in params():  # texts that name tokens (--allow, --ban, --dry-breaker, --sequence-bias) must be UTF-8
+        for item in getattr(s, p.field) if (p.many or p.pairs) and p.field != "logit_bias" else ():
+            check_text(p.option, item[0] if p.pairs else item)
     for token, bias in s.logit_bias:
         check_text("--logit-bias", token)
         _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")
