@@ -123,6 +123,8 @@ def test_commands_run_under_a_constraint(cli, toy_model_dir):
     assert doc["chain"][0] == "constraint" and doc["text"].strip("<|endoftext|>").isdigit()
     assert {"constraint.allowed", "constraint.log_mass_kept"} <= set(doc["steps"][0]["state"])
     assert doc["summary"]["constraint"]["steps"] == len(doc["steps"])
+    many = run_json(cli, "sample", "Hi", "-n", "4", "-t", "1.5", "-N", "4", "--regex", "[0-9]+", *m)  # batched rows
+    assert all(s["text"].replace("<|endoftext|>", "").isdigit() for s in many["samples"])
     beam = run_json(cli, "beam", "Hi", "-n", "4", "-b", "2", "--choice", "yes,no", *m)
     assert all(h["text"].replace("<|endoftext|>", "") in ("yes", "no", "y", "n", "ye", "")
                for h in beam["hypotheses"])
