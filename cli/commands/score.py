@@ -110,7 +110,7 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
     output.emit_for(opts, output.Output(
         document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary},
         jsonl=[output.summary_record("score", lm.name, summary)],
-        tables=[(None, [{**r, "token": render.show_token(r["token"])} for r in rows])], views=views))
+        tables=[(None, rows)], views=views))
 
 
 def tokens_table(steps, title: str) -> Table:
