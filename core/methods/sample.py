@@ -207,7 +207,7 @@ class Sampler(Run):
         return self.state.new_ids[: self.tally.steps] if self.record else list(self.state.new_ids)
 
     def summary(self):
-        return summarize(self.tally, self.watch.timing if self.watch else None, self.stop_reason,
+        return summarize(self.steps if self.keep_steps else self.tally, self.watch.timing if self.watch else None, self.stop_reason,
                          len(self.new_ids))
 
 
