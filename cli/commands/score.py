@@ -80,7 +80,9 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
+    from ..view import kept as kept_view
     summary = scorer.summary()
+    kept = kept_view.kept_after(getattr(scorer, "runtime", None), len(ids))
     rows = [r.to_dict() for r in scorer.steps]
     head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
 
@@ -93,14 +95,17 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
                chunks_table(summary)]
         if summary.most_different:
             out.append(different_table(summary))
+        out += kept_view.kept_views(kept, lm.token_text, ids, f"kept by {settings.cache} after the text")
         out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
                                         if k not in ("chunks", "most_different")}))
         return out
 
     output.emit_for(opts, output.Output(
-        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary},
-        jsonl=[output.summary_record("score", lm.name, summary)],
-        tables=[(None, [{**r, "token": render.show_token(r["token"])} for r in rows])], views=views))
+        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary,
+                  **kept_view.document_part(kept)},
+        jsonl=[output.summary_record("score", lm.name, summary, kept_view.document_part(kept))],
+        tables=[(None, [{**r, "token": render.show_token(r["token"])} for r in rows]), *kept_view.table_part(kept)],
+        views=views))
 
 
 def tokens_table(steps, title: str) -> Table:

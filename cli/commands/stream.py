@@ -18,6 +18,7 @@ from ...core.errors import ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
+from ..view import kept as kept_view
 from ..view import output, render
 from ..view.live import LiveSteps
 
@@ -84,12 +85,17 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
     run = StreamScore(lm.model, ids, chain, lm.token_text, settings)
     with_progress(run, opts.fmt, "scoring")
     summary = run.summary()
+    kept = kept_view.kept_after(getattr(run.scorer, "runtime", None), len(ids))
     head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="score")
     output.emit_for(opts, output.Output(
-        document={**head, "steps": run.chunks, "text": "", "token_ids": [], "summary": summary},
-        jsonl=[output.summary_record("stream", lm.name, summary)], tables=[(None, [render.clean(c) for c in run.chunks])],
+        document={**head, "steps": run.chunks, "text": "", "token_ids": [], "summary": summary,
+                  **kept_view.document_part(kept)},
+        jsonl=[output.summary_record("stream", lm.name, summary, kept_view.document_part(kept))],
+        tables=[(None, [render.clean(c) for c in run.chunks]), *kept_view.table_part(kept)],
         views=lambda: [chunks_table(run.chunks, f"{lm.name} · cache {summary.policy} · {summary.tokens} tokens scored, "
-                                    f"{settings.feed} per forward"), render.summary_line(_scalars(summary))]))
+                                    f"{settings.feed} per forward"),
+                       *kept_view.kept_views(kept, lm.token_text, ids, f"kept by {summary.policy} after the text"),
+                       render.summary_line(_scalars(summary))]))
 
 
 def _read(opts, text_file: Path | None) -> str:
@@ -128,6 +134,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
         drive(run, opts.fmt)
     token_ids = run.new_ids
     out_text, summary = lm.decode(token_ids), run.summary()
+    kept = kept_view.kept_after(run.runtime, len(prompt_ids))
     head = render.document("stream", lm, as_dict(settings), chain.names, text, prompt_ids, mode="generate",
                            selector=run.selector.name)
     rows = render.step_rows(run.steps)
@@ -135,13 +142,17 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
         row.update(cache_tokens=step.cache_tokens, kv_bytes=step.kv_bytes, evicted=_range(step.evicted),
                    slots=_slots(step.slots))
     output.emit_for(opts, output.Output(
-        document={**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
-        jsonl=[output.summary_record("stream", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
-        tables=[(None, rows)],
+        document={**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary,
+                  **kept_view.document_part(kept)},
+        jsonl=[output.summary_record("stream", lm.name, {"text": out_text, "token_ids": token_ids}, summary,
+                                     kept_view.document_part(kept))],
+        tables=[(None, rows), *kept_view.table_part(kept)],
         views=lambda: [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache "
                                    f"{summary.policy}"),
                        render.shaded_text(text, [(s.token, s.raw_prob) for s in run.steps]),
-                       render.shading_legend("raw p"), render.summary_line(_scalars(summary))]))
+                       render.shading_legend("raw p"),
+                       *kept_view.kept_views(kept, lm.token_text, prompt_ids, f"kept by {summary.policy} after the run"),
+                       render.summary_line(_scalars(summary))]))
 
 
 def _range(r: list[int]) -> str:
