@@ -26,6 +26,7 @@ from .commands.sample import sample
 from .commands.score import score
 from .commands.speculate import speculate
 from .commands.stream import stream
+from .commands.view import view
 
 
 def flags_take_no_value() -> None:
@@ -49,6 +50,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the versions of decodelab, torch and "
+                                       "transformers and exit.", is_eager=True)) -> None:
+    if version:
+        from .view.output import versions
+
+        render.write_record(" ".join(f"{name} {v or '(not installed)'}" for name, v in versions().items()) + "\n")
+        raise typer.Exit(0)
+
+
 app.command()(sample)
 app.command()(probs)
 app.command()(models)
@@ -60,6 +73,7 @@ app.command()(bench)
 app.command()(stream)
 app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
+app.command()(view)
 
 
 def fail(message: str) -> int:

@@ -34,6 +34,14 @@ class Format(str, Enum):
     jsonl = "jsonl"
     markdown = "markdown"
     csv = "csv"
+    text = "text"
+    openai = "openai"
+
+
+# commands that produce a continuation `-f text` can print (the others refuse it before anything runs)
+TEXT_COMMANDS = ("sample", "stream", "speculate", "beam", "batch")
+# commands whose trace `-f openai` writes as an OpenAI completions response (raw logprobs, as vLLM's default)
+OPENAI_COMMANDS = ("sample", "score", "stream")
 
 
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' reads stdin.", show_default=False)]
@@ -71,12 +79,13 @@ Cache = Annotated[Optional[str], typer.Option(
     "--cache", help="KV-cache policy: NAME or NAME:key=value,... (default full; `decodelab models` lists them).",
     rich_help_panel=RUN, show_default=False)]
 
-Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv.",
+Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv, "
+                                     "text (the continuation alone, streamed), openai (the OpenAI completions logprobs response).",
                                      rich_help_panel=OUT)]
 Top = Annotated[Optional[int], typer.Option("--top", help="Alternatives listed per step (default 5).",
                                             rich_help_panel=OUT, show_default=False)]
-SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the rendered table as HTML.",
-                                                  rich_help_panel=OUT)]
+SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the trace page (one HTML file, as "
+                                                  "`decodelab view` draws it).", rich_help_panel=OUT)]
 SaveSvg = Annotated[Optional[Path], typer.Option("--save-svg", help="Also write the rendered table as SVG.",
                                                  rich_help_panel=OUT)]
 
@@ -153,6 +162,7 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         def wrapper(**kwargs):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
             check_paths(opts)
+            check_format(fn.__name__, opts)
             with status("starting: importing torch and transformers"):
                 pass
             return fn(opts, **kwargs)
@@ -162,6 +172,18 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         return wrapper
 
     return wrap
+
+
+def check_format(command: str, opts: Opts) -> None:
+    """``-f text`` only where there is a continuation to print."""
+    from ..core.errors import ConfigError
+
+    if getattr(opts, "fmt", None) == Format.text and command not in TEXT_COMMANDS:
+        raise ConfigError(f"--format text: {command} produces no continuation; allowed with "
+                          f"{', '.join(TEXT_COMMANDS)} (use -f json or jsonl here)")
+    if getattr(opts, "fmt", None) == Format.openai and command not in OPENAI_COMMANDS:
+        raise ConfigError(f"--format openai: {command} has no per-token trace in that shape; allowed with "
+                          f"{', '.join(OPENAI_COMMANDS)} (use -f json here)")
 
 
 def check_paths(opts: Opts) -> None:

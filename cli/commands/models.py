@@ -39,7 +39,8 @@ def listing_tables(models_rows, preset_rows, policy_rows) -> list:
             table.add_row(r["name"], "[red]missing[/red]", "", "", "", "", "", "")
             continue
         table.add_row(r["name"], r["architecture"], f"{r['parameters']:,}", str(r["layers"]),
-                      f"{r['heads']} / {r['kv_heads']}", str(r["context_length"]), str(r["vocab_size"]),
+                      f"{r['heads']} / {r['kv_heads']}", f"{r['context_length']} (trained {r['trained_context']})",
+                      str(r["vocab_size"]),
                       f"{r['file_bytes'] / 1e6:.1f} MB")
     presets = Table(title="bundled presets", header_style="bold")
     presets.add_column("name")

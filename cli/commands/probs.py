@@ -50,7 +50,7 @@ def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: L
     extra = {"semantics": plan(settings).describe()} if settings.semantics is not None else {}
     doc = render.document("probs", lm, as_dict(settings), names[1:], text, prompt_ids,
                           stages=stages, tokens=tracked, **extra)
-    rows = [{"token_id": t.token_id, "token": render.show_token(t.token), "logit": t.logit,
+    rows = [{"token_id": t.token_id, "token": t.token, "logit": t.logit,
              **{f"p_{name}": t.probs[name] for name in names}} for t in tracked]
     output.emit_for(opts, output.Output(
         document=doc, jsonl=[doc], tables=[(None, rows)],

@@ -76,7 +76,7 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
             drive(sampler, opts.fmt, on_step=live.add)
         emit(opts, lm, settings, text, prompt_ids, sampler, table, printed=live.shown)
     else:
-        drive(sampler, opts.fmt)
+        drive(sampler, opts.fmt, text_of=lambda: lm.decode(getattr(sampler, "all_ids", None) or sampler.new_ids))
         emit(opts, lm, settings, text, prompt_ids, sampler, table)
 
 
@@ -103,7 +103,7 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
         document={**head, "samples": rows, "summary": spread},
         jsonl=[{"type": "sample", **render.clean(r)} for r in rows]
         + [output.summary_record("sample", lm.name, spread)],
-        tables=[(None, [{**render.clean(r), "text": render.one_line(r.text)} for r in rows])],
+        tables=[(None, [render.clean(r) for r in rows])],
         views=lambda: render.samples_views(rows, spread, title)))
 
 
@@ -138,6 +138,7 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     output.emit_for(opts, output.Output(
         document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary,
                   **kept_view.document_part(kept)},
+        text=out_text,
         jsonl=[output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids}, summary,
                                      kept_view.document_part(kept))],
         tables=[(None, render.step_rows(sampler.steps)), *kept_view.table_part(kept)],

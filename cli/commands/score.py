@@ -104,8 +104,7 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
         document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary,
                   **kept_view.document_part(kept)},
         jsonl=[output.summary_record("score", lm.name, summary, kept_view.document_part(kept))],
-        tables=[(None, [{**r, "token": render.show_token(r["token"])} for r in rows]), *kept_view.table_part(kept)],
-        views=views))
+        tables=[(None, rows), *kept_view.table_part(kept)], views=views))
 
 
 def tokens_table(steps, title: str) -> Table:

@@ -521,6 +521,24 @@ def replay_race(seed: int, step: int, vocab: int, device) -> torch.Tensor:
     return race
 
 
+MEASURES = ("length", "mean_logprob", "raw_perplexity", "distinct_1", "distinct_2", "repetition_rate", "mean_kept",
+            "mean_entropy", "tokens_per_s")
+
+
+def variant_summary(rows: list[Row]) -> list[dict]:
+    """Per variant, over its prompts and seeds: each measure's mean, min and max (None where no run has it)."""
+    out = []
+    for variant in dict.fromkeys(r.variant for r in rows):
+        mine = [r for r in rows if r.variant == variant]
+        measures = {}
+        for key in MEASURES:
+            values = [v for v in (getattr(r, key) for r in mine) if v is not None and math.isfinite(v)]
+            measures[key] = ({"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+                             if values else None)
+        out.append({"variant": variant, "method": mine[0].method, "runs": len(mine), "measures": measures})
+    return out
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """The first index where the outputs differ (or where the shorter one ended); None if identical."""
     for i, (x, y) in enumerate(zip(a, b)):
