@@ -17,6 +17,7 @@ from .protocol import (
                        listing,
                        make_policy,
                        parse_cache_spec,
+                       parse_policy_list,
                        policy_capabilities,
                        register,
                        require,
@@ -24,4 +25,4 @@ from .protocol import (
 )
 
 __all__ = ["ALIASES", "CAPABILITIES", "POLICIES", "CacheSpec", "KVPolicy", "ModelInfo", "Rotary", "listing",
-           "make_policy", "parse_cache_spec", "policy_capabilities", "register", "require", "tensor_nbytes"]
+           "make_policy", "parse_cache_spec", "parse_policy_list", "policy_capabilities", "register", "require", "tensor_nbytes"]
