@@ -4,6 +4,8 @@ the retrieval probe.
 Each row comes from runs a user can repeat one at a time:
 
 * ``kv_bytes_peak``, ``perplexity``: ``stream --text-file F --cache X`` (the same ``--feed`` and ``--prefill``);
+  in ``quantize-kv --policies`` the bytes the cache holds after the text (the peak for every policy that only
+  grows or stays flat);
 * ``kl_mean``, ``top1_agreement``, ``top1_flips``: ``score --text-file F --cache X --against-cache full`` with the
   same feed and prefill: per token KL(full || X) of the two raw softmaxes, and the tokens whose argmax differs;
 * ``probe_accuracy``, ``probe_logprob``, ``needle_kept``: ``stream --probe --text-file F --cache X``
@@ -41,6 +43,18 @@ def policy_row(label: str, summary, full_bytes: int, probe=None) -> PolicyRow:
     return PolicyRow(label, summary.policy, summary.tokens, summary.kv_bytes_peak,
                      summary.kv_bytes_peak / full_bytes if full_bytes else float("nan"), summary.perplexity,
                      summary.kl_mean, summary.top1_agreement, summary.top1_flips,
+                     None if probe is None else probe.accuracy, None if probe is None else probe.mean_logprob,
+                     None if probe is None else probe.needle_kept)
+
+
+def fidelity_row(label: str, fidelity, full_bytes: int, probe=None) -> PolicyRow:
+    """A row from quantize-kv's fidelity run (``score --against-cache full`` under the cache; the bytes it holds after
+    the text) and a probe result (or None)."""
+    steps = fidelity.steps
+    flips = sum(not s.agree for s in steps) if steps else None
+    return PolicyRow(label, fidelity.cache, fidelity.tokens, fidelity.kv_bytes,
+                     fidelity.kv_bytes / full_bytes if full_bytes else float("nan"), fidelity.perplexity,
+                     fidelity.kl_mean, fidelity.top1_agreement, flips,
                      None if probe is None else probe.accuracy, None if probe is None else probe.mean_logprob,
                      None if probe is None else probe.needle_kept)
 
