@@ -29,6 +29,9 @@ Chunk = Annotated[Optional[int], typer.Option("--chunk", help="Perplexity per ch
 Feed = Annotated[Optional[int], typer.Option("--feed", help="Tokens per forward (default: the whole text at once; "
                                              "under a bounded --cache, eviction happens between forwards).",
                                              rich_help_panel=SCORE)]
+Prefill = Annotated[Optional[int], typer.Option("--prefill", help="The first N tokens in one forward (the prompt a "
+                                                "press that compresses once compresses), then --feed a forward.",
+                                                rich_help_panel=SCORE, show_default=False)]
 Against = Annotated[Optional[str], typer.Option("--against", help="Reference model (same tokenizer): per-token "
                                                 "KL(reference || model), top-1 agreement, log-probability "
                                                 "difference.", rich_help_panel=SCORE)]
@@ -39,7 +42,8 @@ AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Re
 
 @o.command(o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN)
 def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None,
-          feed: Feed = None, against: Against = None, against_cache: AgainstCache = None) -> None:
+          feed: Feed = None, against: Against = None, against_cache: AgainstCache = None,
+          prefill: Prefill = None) -> None:
     """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most."""
@@ -49,7 +53,8 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     from ..pipeline import load
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
-    explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache)
+    explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache,
+                    prefill=prefill)
     from ...core.methods.registry import settings_for
     settings = settings_for("score", opts.preset, explicit, opts.set_)
     lm = load(opts)

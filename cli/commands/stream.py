@@ -84,7 +84,8 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(limit=limit, chunk=chunk, feed=feed, window=window, sinks=sinks,
                     compare_policies=compare_policies_, attention=attention, policies=policies, prefill=prefill,
-                    probe=probe, probe_keys=probe_keys, probe_depths=probe_depths)
+                    probe=probe, probe_depths=probe_depths,
+                    probe_keys=tuple(k.strip() for k in probe_keys.split(",")) if probe_keys is not None else None)
     from ...core.methods.registry import settings_for
     settings = settings_for("stream", opts.preset, explicit, opts.set_)
     if text_file is not None and opts.prompt is not None:

@@ -18,6 +18,7 @@ from .protocol import (
                        make_policy,
                        parse_cache_spec,
                        parse_policy_list,
+                       split_policy_list,
                        policy_capabilities,
                        register,
                        require,
@@ -25,4 +26,5 @@ from .protocol import (
 )
 
 __all__ = ["ALIASES", "CAPABILITIES", "POLICIES", "CacheSpec", "KVPolicy", "ModelInfo", "Rotary", "listing",
-           "make_policy", "parse_cache_spec", "parse_policy_list", "policy_capabilities", "register", "require", "tensor_nbytes"]
+           "make_policy", "parse_cache_spec", "parse_policy_list", "policy_capabilities", "register", "require",
+           "split_policy_list", "tensor_nbytes"]
