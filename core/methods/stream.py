@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 
 from ..analysis.attention import _has_rotary
+from ..analysis.probe import ProbeSettings, check_probe
 from ..engine.run import Run
 from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules
@@ -59,7 +60,7 @@ def validate_stream(s: StreamSettings) -> None:
     for key in ("chunk", "feed", "window"):
         _check(getattr(s, key) >= 1, key, getattr(s, key), "must be an integer >= 1")
     _check(s.prefill is None or s.prefill >= 1, "prefill", s.prefill, "must be an integer >= 1")
-    probe_depths(s)
+    check_probe(ProbeSettings(keys=s.probe_keys, depths=probe_depths(s)))
     if s.policies is not None:
         if not s.compare_policies:
             raise ConfigError("--policies: ranks policies with --compare-policies; add it (or give one --cache)")
