@@ -32,6 +32,7 @@ from ..kv import CacheSpec, parse_cache_spec
 from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
+from .choice import check_choice_settings
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ScoreSettings(ChainSettings):
     against: str | None = None  # a reference model (same tokenizer)
     against_cache: str | None = None  # a reference cache policy (the same model unless --against)
     top: int = 10  # tokens listed in `most_different`
+    min_mass: float = 1e-6  # --choice: token paths whose model and sampler mass are both below it are not walked
 
 
 def validate_score(s: ScoreSettings) -> None:
@@ -54,6 +56,8 @@ def validate_score(s: ScoreSettings) -> None:
     _check(s.top >= 0, "top", s.top, "must be >= 0")
     if s.against_cache is not None:
         parse_cache_spec(s.against_cache, "--against-cache")
+    if s.choice is not None:
+        check_choice_settings(s)
 
 
 @dataclass
@@ -157,6 +161,7 @@ class Scorer(Run):
         ids = torch.tensor([self.ids], dtype=torch.long, device=device)
         T = len(self.ids)
         feed = self.s.feed or T - 1
+        self.chain.reset(1)  # the first token is context; stages that count generated tokens count from the second
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
