@@ -19,7 +19,8 @@ On the first --tokens (default 512: the bundled models' whole context) tokens of
   the full cache is right and each policy's accuracy means something.
 
 Policies at each budget r (the kept fraction; --budgets, default 0.5,0.25,0.125): snapkv and pyramidkv (window=8,
-kernel=5, compress once after the prompt), h2o and tova (compress after every forward: at most r of the tokens
+kernel=5, compress once after the prompt; pyramidkv with beta=4: at the paper's beta=20 the last layer's budget
+B/20 falls below the window at every budget here and pyramidkv falls back to snapkv's uniform budgets), h2o and tova (compress after every forward: at most r of the tokens
 seen), knorm (after the prompt), and the place-based window and sinks holding r x prompt tokens (sinks: 4 + the
 rest recent) for reference.
 
@@ -57,7 +58,7 @@ def policies(r: float, prompt: int) -> dict[str, str]:
     size = max(round(r * prompt), 8)
     return {
         "snapkv": f"snapkv:ratio={r},window=8,kernel=5",
-        "pyramidkv": f"pyramidkv:ratio={r},window=8,kernel=5,beta=20",
+        "pyramidkv": f"pyramidkv:ratio={r},window=8,kernel=5,beta=4",
         "h2o": f"h2o:ratio={r}",
         "tova": f"tova:ratio={r}",
         "knorm": f"knorm:ratio={r}",

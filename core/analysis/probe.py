@@ -62,7 +62,7 @@ class ProbeSettings:
 def check_probe(s: ProbeSettings) -> None:
     """Every check that needs no model (one line naming the option)."""
     if "{key}" not in s.needle:
-        raise ConfigError(f"--probe-needle {s.needle!r}: must contain {{key}} (where the key is planted)")
+        raise ConfigError(f"probe needle {s.needle!r}: must contain {{key}} (where the key is planted)")
     for depth in s.depths:
         if not 0 <= depth <= 1:
             raise ConfigError(f"--probe-depths {depth}: each depth must be in [0, 1] (a fraction of the filler)")
@@ -72,7 +72,7 @@ def check_probe(s: ProbeSettings) -> None:
         if not key.strip():
             raise ConfigError("--probe-keys: a key is empty; give keys such as 71432,58210")
     if s.filler_tokens is not None and s.filler_tokens < 1:
-        raise ConfigError(f"--limit {s.filler_tokens}: the probe needs at least 1 filler token")
+        raise ConfigError(f"probe filler_tokens {s.filler_tokens}: the probe needs at least 1 filler token")
 
 
 def probe_keys(s: ProbeSettings) -> list[str]:
@@ -91,7 +91,7 @@ class Trial:
     context_ids: list[int] = field(repr=False)  # filler and needle (and the question, with question_in_prompt)
     question_ids: list[int] = field(repr=False)  # fed after the context's compression (empty with question_in_prompt)
     answer_ids: list[int]
-    baseline_ids: list[int] = field(repr=False)  # the context without the needle
+    baseline_ids: list[int] = field(repr=False)  # the context without the needle (fed with question_ids)
 
     def describe(self) -> dict:
         return {"key": self.key, "depth": self.depth, "needle_start": self.needle_start,
@@ -103,9 +103,12 @@ def _plain(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=True))
 
 
+def _text(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
 def build_trials(tokenizer, filler_ids: list[int], s: ProbeSettings, context: int | None = None) -> list[Trial]:
     """The trials over ``filler_ids`` (the user's text as tokens), fitted to ``context`` positions if given."""
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)  # noqa: E731
     keys = probe_keys(s)
     extra = max(len(_plain(tokenizer, s.needle.format(key=k) + s.question + " " + k)) for k in keys)
     room = len(filler_ids) if context is None else max(context - extra - MARGIN, 1)
@@ -117,19 +120,21 @@ def build_trials(tokenizer, filler_ids: list[int], s: ProbeSettings, context: in
     for key in keys:
         for depth in s.depths:
             cut = round(depth * count)
-            before, after = decode(filler[:cut]), decode(filler[cut:])
+            before, after = _text(tokenizer, filler[:cut]), _text(tokenizer, filler[cut:])
             needle = s.needle.format(key=key)
-            context = _plain(tokenizer, before + needle + after)
-            prompt = _plain(tokenizer, before + needle + after + s.question)
-            with_answer = _plain(tokenizer, before + needle + after + s.question + " " + key)
-            if prompt[: len(context)] != context or with_answer[: len(prompt)] != prompt:
-                raise ConfigError("--probe-question: the tokenizer merges the text, the question and the key across "
+            text = before + needle + after
+            ids = _plain(tokenizer, text)
+            prompt = _plain(tokenizer, text + s.question)
+            with_answer = _plain(tokenizer, text + s.question + " " + key)
+            if prompt[: len(ids)] != ids or with_answer[: len(prompt)] != prompt:
+                raise ConfigError("probe question: the tokenizer merges the text, the question and the key across "
                                   "their boundaries; start the question with a space and end it in a word")
-            baseline = _plain(tokenizer, before + after)
-            split = len(prompt) if s.question_in_prompt else len(context)
+            question = prompt[len(ids):]
+            no_needle = _plain(tokenizer, before + after)
+            if s.question_in_prompt:
+                ids, question, no_needle = prompt, [], no_needle + question
             trials.append(Trial(key, depth, len(_plain(tokenizer, before)), len(_plain(tokenizer, before + needle)),
-                                prompt[:split], prompt[split:], with_answer[len(prompt):],
-                                baseline + prompt[split:] if s.question_in_prompt else baseline))
+                                ids, question, with_answer[len(prompt):], no_needle))
     return trials
 
 

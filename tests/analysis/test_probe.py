@@ -190,3 +190,15 @@ def test_stream_probe_reports_the_policy_against_the_full_cache(cli, retrieval_d
     code, out, err = cli("stream", "--text-file", digitless, "--probe", "--probe-keys", "7 7 7 7", "--cache",
                          "knorm:ratio=0.5", "-m", retrieval_dir)
     assert code == 0 and "MISS" in out and "the full cache retrieves every key" in " ".join(out.split())
+
+
+def test_a_question_in_the_prompt_leaves_the_first_answer_token_to_the_exact_prefill(model, tokenizer, filler):
+    """question_in_prompt: the prefill forward sees every token and its last logits give the first answer token, so
+    every policy gets that token exactly as the full cache does; the baseline keeps the question."""
+    s = ProbeSettings(keys=("7 7 7 7",), depths=(0.1,), question_in_prompt=True)
+    prober = Prober(model, tokenizer, filler, s)
+    trial = prober.trials[0]
+    assert trial.question_ids == [] and tokenizer.decode(trial.context_ids).endswith("The pass key is")
+    assert tokenizer.decode(trial.baseline_ids).endswith("The pass key is")
+    window = prober.policy(parse_cache_spec("window:size=32"))
+    assert window.results[0].token_logprobs[0] == prober.full()[0].token_logprobs[0]
