@@ -276,8 +276,9 @@ def run_probe(opts, lm, settings: StreamSettings, body: str, ids: list[int], cha
     status = render.error_console()
     if opts.fmt == o.Format.table:
         status.print(f"[dim]probe: {len(prober.trials)} trials under full and {settings.cache}[/dim]")
-    report = prober.report([settings.cache_spec])
-    summary = policies_view.probe_summary(report)
+    report = prober.report([settings.cache_spec], [settings.cache])
+    summary = {**policies_view.probe_summary(report), "policy": str(settings.cache_spec),  # every key shown
+               "tokens": prober.filler_tokens}
     head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="probe")
     document = policies_view.probe_document(report)
     output.emit_for(opts, output.Output(

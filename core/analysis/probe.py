@@ -107,14 +107,21 @@ def _text(tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-def build_trials(tokenizer, filler_ids: list[int], s: ProbeSettings, context: int | None = None) -> list[Trial]:
-    """The trials over ``filler_ids`` (the user's text as tokens), fitted to ``context`` positions if given."""
-    keys = probe_keys(s)
-    extra = max(len(_plain(tokenizer, s.needle.format(key=k) + s.question + " " + k)) for k in keys)
+def filler_count(tokenizer, filler_ids: list[int], s: ProbeSettings, context: int | None = None) -> int:
+    """Filler tokens used: all of them, at most ``filler_tokens``, and few enough that needle, question, answer and
+    a margin fit in ``context`` positions."""
+    extra = max(len(_plain(tokenizer, s.needle.format(key=k) + s.question + " " + k)) for k in probe_keys(s))
     room = len(filler_ids) if context is None else max(context - extra - MARGIN, 1)
     count = min(len(filler_ids), room, s.filler_tokens or len(filler_ids))
     if count < 1:
         raise ConfigError("--text-file: the probe's filler is empty; give a text to plant the key in")
+    return count
+
+
+def build_trials(tokenizer, filler_ids: list[int], s: ProbeSettings, context: int | None = None) -> list[Trial]:
+    """The trials over ``filler_ids`` (the user's text as tokens), fitted to ``context`` positions if given."""
+    keys = probe_keys(s)
+    count = filler_count(tokenizer, filler_ids, s, context)
     filler = filler_ids[:count]
     trials = []
     for key in keys:
@@ -237,6 +244,7 @@ class Prober:
     def __init__(self, model, tokenizer, filler_ids: list[int], settings: ProbeSettings, context: int | None = None):
         check_probe(settings)
         self.model = model
+        self.filler_tokens = filler_count(tokenizer, filler_ids, settings, context)
         self.trials = build_trials(tokenizer, filler_ids, settings, context)
         self._full: list[TrialResult] | None = None
 
@@ -256,6 +264,8 @@ class Prober:
             results = [run_trial(self.model, t, spec, label) for t in self.trials]
         return summarize(label or str(spec), results, self.full())
 
-    def report(self, specs: list[CacheSpec]) -> ProbeReport:
+    def report(self, specs: list[CacheSpec], labels: list[str] | None = None) -> ProbeReport:
+        """Every trial under the full cache, without the needle, and under each spec (labelled as given)."""
         full = summarize("full", self.full(), self.full())
-        return ProbeReport(self.trials, full, self.baseline(), [self.policy(s) for s in specs])
+        labels = labels or [str(s) for s in specs]
+        return ProbeReport(self.trials, full, self.baseline(), [self.policy(s, k) for s, k in zip(specs, labels)])

@@ -187,6 +187,7 @@ def test_stream_probe_reports_the_policy_against_the_full_cache(cli, retrieval_d
     prober = Prober(model, tokenizer, ids, ProbeSettings(keys=("7 7 7 7",), depths=(0.1, 0.9)), 2048)
     policy = prober.policy(parse_cache_spec("window:size=32"))
     assert [t["results"][1]["logprob"] for t in doc["probe"]["trials"]] == [r.logprob for r in policy.results]
+    assert summary["tokens"] == len(ids) and summary["policy"] == "window:positions=keep,size=32"
     code, out, err = cli("stream", "--text-file", digitless, "--probe", "--probe-keys", "7 7 7 7", "--cache",
                          "knorm:ratio=0.5", "-m", retrieval_dir)
     assert code == 0 and "MISS" in out and "the full cache retrieves every key" in " ".join(out.split())
