@@ -156,8 +156,9 @@ class StreamScore(Run):
         --against-cache full`` with the same feed)."""
         self.spec = parse_cache_spec(cache) if cache else settings.cache_spec
         self.chunk = settings.chunk
+        self.against_full = against_full  # the full cache against itself is not run: KL 0, no flips
         reference = dict(reference=model, reference_cache=parse_cache_spec("full"), reference_name="full") \
-            if against_full else {}
+            if against_full and self.spec.name != "full" else {}
         self.scorer = Scorer(model, token_ids, chain, token_text, score_settings(settings, feed), self.spec,
                              **reference)
         self.chunks: list[StreamChunk] = []
@@ -202,7 +203,9 @@ class StreamScore(Run):
                             max((c.kv_bytes for c in chunks), default=0),
                             tokens / self.seconds if self.seconds else float("nan"), self.stop_reason, chunks)
         steps = self.scorer.steps
-        if self.scorer.reference is not None and steps:
+        if self.against_full and self.spec.name == "full" and steps:
+            out.kl_mean, out.top1_agreement, out.top1_flips = 0.0, 1.0, 0
+        elif self.scorer.reference is not None and steps:
             out.kl_mean = sum(r.kl for r in steps) / len(steps)
             out.top1_flips = sum(not r.agree for r in steps)
             out.top1_agreement = sum(r.agree for r in steps) / len(steps)  # as score's summary computes it
