@@ -13,7 +13,7 @@ from rich.text import Text
 from ...core.errors import ConfigError
 from ...core.settings import as_dict, resolve
 from .. import options as o
-from ..loop import phase
+from ..loop import drive, phase
 from ..view import output, render
 
 Q = "Quantization"
@@ -88,7 +88,7 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
                           f"({lm.context_length}); give --limit {lm.context_length} or less")
     status = render.error_console()
     tell = (lambda label: status.print(f"[dim]{label}[/dim]")) if opts.fmt == o.Format.table else (lambda label: None)
-    report = run_quantize_kv(lm, ids, settings, spec, progress=tell)
+    report = run_quantize_kv(lm, ids, settings, spec, progress=tell, drive=lambda run: drive(run, o.Format.table))
     cells = grid_cells(settings)
     for k, cell in enumerate(cells):
         tell(f"grid {k + 1}/{len(cells)}: {cell}")

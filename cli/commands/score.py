@@ -54,7 +54,7 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     --choice A,B,C the text is a prompt: each label's exact probability after it, beside the first-token and the
     constrained-sampler estimates and their errors."""
     from ...core.engine.models import load_draft
-    from ...core.methods.score import build_scorer
+    from ...core.methods.score import build_scorer, scored_ids
     from ...core.sampling.chain import make_chain
     from ..pipeline import load
     body = _read(text, text_file)
@@ -69,7 +69,7 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     reference = None
     if settings.against is not None:
         reference = load_draft(settings.against, lm, opts.dtype, opts.trust_remote_code, option="--against")
-    ids = lm.encode(body)[: settings.limit]
+    ids = scored_ids(lm, body, settings, "--text-file" if text_file is not None else "TEXT")
     chain = make_chain(lm, settings)
     scorer = build_scorer(lm, settings, ids, chain, reference)
     run_with_progress(scorer, opts.fmt)

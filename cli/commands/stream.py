@@ -152,7 +152,9 @@ def with_progress(run, fmt: o.Format, label: str) -> None:
 def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     from ...core.methods.stream import StreamGenerate
     prompt_ids = lm.encode(text, opts.chat)
-    run = StreamGenerate(lm, prompt_ids, chain, settings)
+    # -f jsonl and -f text write each step (or its text) as it comes: no step is kept, unless a page is saved
+    keep = opts.fmt not in (o.Format.jsonl, o.Format.text) or bool(opts.save_html or opts.save_svg)
+    run = StreamGenerate(lm, prompt_ids, chain, settings, keep_steps=keep)
     if opts.fmt == o.Format.table:
         with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
             drive(run, opts.fmt, on_step=live.add)

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..engine.forward import model_info
 from ..engine.models import LoadedModel
+from ..engine.run import drain
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import POLICIES, CacheSpec, parse_cache_spec, parse_policy_list
@@ -276,31 +277,38 @@ class Fidelity:
     kv_bytes: int
     bytes_ratio: float  # kv_bytes / fp16 bytes of the same tokens
     steps: list = field(default_factory=list, repr=False)  # the scored tokens (score's ScoredToken), when kept
+    stop_reason: str = "end"  # "interrupted": a Ctrl-C cut the scoring; the numbers are over the tokens scored
 
     def row(self) -> dict:
         return {"cache": self.cache, "tokens": self.tokens, "kv_bytes": self.kv_bytes, "bytes_ratio": self.bytes_ratio,
                 "kl_mean": self.kl_mean, "top1_agreement": self.top1_agreement, "perplexity": self.perplexity,
                 "baseline_perplexity": self.baseline_perplexity,
-                "perplexity_change": self.perplexity / self.baseline_perplexity - 1}
+                "perplexity_change": relative_change(self.perplexity, self.baseline_perplexity)}
+
+
+def relative_change(value: float, baseline: float | None) -> float:
+    """value / baseline - 1; nan where nothing was scored (an interrupted run with no token)."""
+    return value / baseline - 1 if baseline else float("nan")
 
 
 def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_steps: bool = False,
-             prefill: int | None = None) -> Fidelity:
+             drive=None, prefill: int | None = None) -> Fidelity:
     """Score the text under ``spec`` against the same model under the full cache (the score machinery: ``score
     --cache spec --against-cache full --feed feed --prefill prefill``); the bytes are those of a ``spec`` cache
-    holding the text (real tensors)."""
-
+    holding the text (real tensors). ``drive(run)`` iterates the scoring run (the CLI's loop, which turns a Ctrl-C
+    into ``run.interrupt()``): an interrupted run is measured on the tokens it scored."""
     scorer = Scorer(lm.model, ids, build_chain({}), lm.token_text, ScoreSettings(feed=feed, prefill=prefill),
                     cache=spec, reference=lm.model, reference_cache=parse_cache_spec("full"), reference_name="full")
-    for _ in scorer:
-        pass
+    (drive or drain)(scorer)
     summary = scorer.summary()
+    held_ids = ids[: summary.tokens + 1] if scorer.interrupted else ids  # the tokens the cache actually held
     plain_quant = spec.name == "quant" and not sliding(lm)
-    held = held_bytes(lm, ids, spec, None if plain_quant else feed, None if plain_quant else prefill)
+    held = held_bytes(lm, held_ids, spec, None if plain_quant else feed, None if plain_quant else prefill)
     info = model_info(lm.model)
-    fp16 = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
+    fp16 = len(held_ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
     return Fidelity(str(spec), summary.tokens, summary.kl_mean, summary.top1_agreement, summary.perplexity,
-                    summary.reference_perplexity, held, held / fp16, scorer.steps if keep_steps else [])
+                    summary.reference_perplexity, held, held / fp16, scorer.steps if keep_steps else [],
+                    scorer.stop_reason)
 
 
 def held_bytes(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int | None = None,
@@ -360,7 +368,8 @@ class QuantizeKVReport:
     ranking: list = field(default_factory=list)  # --policies: PolicyRow (core/analysis/policies.py), best first
     probe: dict | None = None  # --probe: the probe's trials and verdict
     feed: int = 1  # tokens per forward in the fidelity runs
-    stop_reason: str = "end"  # "interrupted": Ctrl-C cut the grid; it holds the cells measured before
+    stop_reason: str = "end"  # "interrupted": Ctrl-C cut the main run (its numbers are over the tokens it scored) or
+    # the grid (it holds the cells measured before)
 
     def summary(self) -> dict:
         f = self.fidelity
@@ -369,13 +378,15 @@ class QuantizeKVReport:
                 "bytes_ratio": f.bytes_ratio, "baseline_bytes_ratio": f.kv_bytes / self.memory["baseline_kv_bytes"],
                 "kl_mean": f.kl_mean, "top1_agreement": f.top1_agreement, "perplexity": f.perplexity,
                 "baseline_perplexity": f.baseline_perplexity,
-                "perplexity_change": f.perplexity / f.baseline_perplexity - 1, "stop_reason": self.stop_reason}
+                "perplexity_change": relative_change(f.perplexity, f.baseline_perplexity),
+                "stop_reason": self.stop_reason}
 
 
 def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSettings, spec: CacheSpec,
-                    progress=None) -> QuantizeKVReport:
+                    progress=None, drive=None) -> QuantizeKVReport:
     """Everything quantize-kv reports for the text ``ids``, but the grid (``grid_cells``). ``progress(label)`` is told
-    what runs next."""
+    what runs next; ``drive`` iterates the main fidelity run (see :func:`fidelity`): an interrupted one is reported
+    with what it scored, stop_reason "interrupted"."""
     tell = progress or (lambda label: None)
     if len(ids) < 2:
         raise ConfigError(f"--text-file: {len(ids)} token(s); quantize-kv needs at least 2")
@@ -395,7 +406,7 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
         tell("full-precision keys and values")
     kv = capture_kv(lm, ids) if quant else []
     tell(f"fidelity of {spec}")
-    main = fidelity(lm, ids, spec, settings.feed, keep_steps=True, prefill=settings.prefill)
+    main = fidelity(lm, ids, spec, settings.feed, keep_steps=True, drive=drive, prefill=settings.prefill)
     full_bytes = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim
     memory = {**per_token_formula(info, heads), "tokens": len(ids), "kv_bytes": main.kv_bytes,
               "baseline_kv_bytes": held_bytes(lm, ids, parse_cache_spec("full")), "fp16_kv_bytes": full_bytes * 2,
@@ -408,7 +419,7 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
     report = QuantizeKVReport(str(spec), keys, values, memory, projections, main,
                               reconstruction(kv, policy) if quant else [],
                               kv_outliers(kv, policy.bits, policy.group, settings.top) if quant else [],
-                              feed=settings.feed)
+                              feed=settings.feed, stop_reason=main.stop_reason)
     if settings.activations is not None:
         tell(f"activations of layer {settings.activations}")
         x = capture_activations(lm, ids, settings.activations)

@@ -63,6 +63,7 @@ from ..engine.run import Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..errors import ConfigError
+from ..inputs import parse_float
 from ..kv import CacheSpec, require
 from ..sampling.chain import (
     Chain,
@@ -144,8 +145,8 @@ def parse_penalties(text: str) -> list[float]:
     for part in text.split(","):
         part = part.strip()
         try:
-            value = float(part)
-        except ValueError:
+            value = parse_float(part, "--sweep-length-penalty")
+        except ConfigError:
             raise ConfigError(f"--sweep-length-penalty {text!r}: {part!r} is not a number; "
                               "give comma-separated penalties, e.g. 0,0.5,1,2") from None
         if not abs(value) <= MAX_PENALTY:

@@ -228,6 +228,25 @@ class Scorer(Run):
         return summary
 
 
+UNKNOWN_CONTEXT_TOKENS = 2**16  # what score takes without --limit from a model that states no context length
+
+
+def scored_ids(lm, text: str, settings: ScoreSettings, option: str = "TEXT") -> list[int]:
+    """The text's tokens to score: the first --limit of them. Without --limit a text longer than the model's context
+    is refused before any forward (all of it in one forward would be scored past the positions the model was trained
+    on, with memory growing with its square): the message gives the numbers to pass."""
+    ids = lm.encode(text)
+    if settings.limit is not None:
+        return ids[: settings.limit]
+    context = lm.context_length or UNKNOWN_CONTEXT_TOKENS
+    if len(ids) > context:
+        where = f"the context of {lm.name!r}" if lm.context_length else "what score takes without --limit"
+        raise ConfigError(f"{option}: {len(ids)} tokens, more than {where} ({context}); pass --limit {context} to "
+                          f"score the first {context}, or --limit {len(ids)} for all of them (memory grows with it), "
+                          "or score it under a bounded cache with `decodelab stream --text-file`")
+    return ids
+
+
 def build_scorer(lm, settings: ScoreSettings, token_ids: list[int], chain: Chain, reference=None) -> Scorer:
     """``reference``: a LoadedModel for --against (None: the same model when --against-cache is given)."""
     ref_model, ref_name, ref_cache = None, None, None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..engine.models import LoadedModel
 from ..errors import ConfigError
+from ..inputs import is_int_text, parse_int
 from .constraint import constraint_spec
 from .semantics import DEFAULT_DRY_BREAKERS
 from .settings import ChainSettings
@@ -24,10 +25,10 @@ def token_sequence(text: str, option: str, vocab: int, encode: Callable[[str], l
         if not ids:
             raise ConfigError(f"{option} {text!r}: encodes to no tokens")
         return ids
-    try:
-        ids = tuple(int(t) for t in text.replace(",", " ").split())
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: without a model give token ids, e.g. '3' or '3 4'") from None
+    items = text.replace(",", " ").split()
+    if not all(is_int_text(t) for t in items):
+        raise ConfigError(f"{option} {text!r}: without a model give token ids, e.g. '3' or '3 4'")
+    ids = tuple(parse_int(t, option) for t in items)
     if not ids:
         raise ConfigError(f"{option} {text!r}: give at least one token id")
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -81,8 +82,8 @@ def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=N
     them every token is given by id."""
     bias: dict[int, float] = {}
     for token, value in s.logit_bias:
-        if token.lstrip("-").isdigit():
-            t = int(token)
+        if is_int_text(token):
+            t = parse_int(token, f"--logit-bias {token}={value}: TOKEN")
         elif token_id is not None:
             try:
                 t = token_id(token)

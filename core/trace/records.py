@@ -128,20 +128,45 @@ def constraint_summary(steps: list[Step]) -> ConstraintSummary | None:
                              count("constraint.top1_banned"), count("constraint.whitespace_only"), longest, worst)
 
 
-def summarize(steps: list[Step], timing, stop_reason: str, new_tokens: int | None = None) -> SampleSummary:
-    """``timing``: a :class:`~decodelab.core.run.Timing` (None: unmeasured)."""
-    n = len(steps) if new_tokens is None else new_tokens
+@dataclass
+class Tally:
+    """The running sums a run's summary needs, added step by step (the same sums, in the same order, as over the
+    kept steps), so that a run which does not keep its steps (a stream to JSONL) holds no memory per token."""
+
+    steps: int = 0
+    logprob: float = 0.0  # sums of the processed and the raw log-probabilities
+    raw_logprob: float = 0.0
+    entropy: float = 0.0  # sums of the processed and the raw entropies
+    raw_entropy: float = 0.0
+
+    def add(self, step: Step) -> None:
+        self.steps += 1
+        self.logprob += step.logprob
+        self.raw_logprob += step.raw_logprob
+        self.entropy += step.entropy
+        self.raw_entropy += step.raw_entropy
+
+    @classmethod
+    def of(cls, steps: list[Step]) -> Tally:
+        tally = cls()
+        for step in steps:
+            tally.add(step)
+        return tally
+
+
+def summarize(steps: list[Step] | Tally, timing, stop_reason: str, new_tokens: int | None = None) -> SampleSummary:
+    """``steps``: the run's steps, or their :class:`Tally` for a run that keeps none (then no constraint summary);
+    ``timing``: a :class:`~decodelab.core.run.Timing` (None: unmeasured)."""
+    tally = steps if isinstance(steps, Tally) else Tally.of(steps)
+    n = tally.steps if new_tokens is None else new_tokens
     nan = float("nan")
     rates = (timing.tokens_per_s(n), timing.decode_tokens_per_s(n), timing.prefill_s) if timing else (nan,) * 3
-    if not steps:
+    if not tally.steps:
         return SampleSummary(n, nan, nan, rates[0], stop_reason, rates[1], rates[2])
-
-    def mean(key: str) -> float:
-        return sum(getattr(s, key) for s in steps) / len(steps)
-
-    mean_raw = mean("raw_logprob")
-    return SampleSummary(n, mean("logprob"), math.exp(-mean_raw), rates[0], stop_reason, rates[1], rates[2],
-                         mean_raw, mean("raw_entropy"), mean("entropy"), constraint_summary(steps))
+    mean_raw = tally.raw_logprob / tally.steps
+    return SampleSummary(n, tally.logprob / tally.steps, math.exp(-mean_raw), rates[0], stop_reason, rates[1],
+                         rates[2], mean_raw, tally.raw_entropy / tally.steps, tally.entropy / tally.steps,
+                         None if isinstance(steps, Tally) else constraint_summary(steps))
 
 
 @dataclass
