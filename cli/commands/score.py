@@ -29,6 +29,9 @@ Chunk = Annotated[Optional[int], typer.Option("--chunk", help="Perplexity per ch
 Feed = Annotated[Optional[int], typer.Option("--feed", help="Tokens per forward (default: the whole text at once; "
                                              "under a bounded --cache, eviction happens between forwards).",
                                              rich_help_panel=SCORE)]
+Prefill = Annotated[Optional[int], typer.Option("--prefill", help="The first N tokens in one forward (the prompt a "
+                                                "press that compresses once compresses), then --feed a forward.",
+                                                rich_help_panel=SCORE, show_default=False)]
 Against = Annotated[Optional[str], typer.Option("--against", help="Reference model (same tokenizer): per-token "
                                                 "KL(reference || model), top-1 agreement, log-probability "
                                                 "difference.", rich_help_panel=SCORE)]
@@ -44,7 +47,7 @@ AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Re
 @o.command(o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN)
 def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None,
           feed: Feed = None, against: Against = None, against_cache: AgainstCache = None,
-          min_mass: MinMass = None) -> None:
+          min_mass: MinMass = None, prefill: Prefill = None) -> None:
     """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most. With
@@ -57,7 +60,7 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
     explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache,
-                    min_mass=min_mass)
+                    min_mass=min_mass, prefill=prefill)
     from ...core.methods.registry import settings_for
     settings = settings_for("score", opts.preset, explicit, opts.set_)
     if settings.choice is not None:
@@ -90,7 +93,9 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
+    from ..view import kept as kept_view
     summary = scorer.summary()
+    kept = kept_view.kept_after(getattr(scorer, "runtime", None), len(ids))
     rows = [r.to_dict() for r in scorer.steps]
     head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
 
@@ -103,14 +108,16 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
                chunks_table(summary)]
         if summary.most_different:
             out.append(different_table(summary))
+        out += kept_view.kept_views(kept, lm.token_text, ids, f"kept by {settings.cache} after the text")
         out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
                                         if k not in ("chunks", "most_different")}))
         return out
 
     output.emit_for(opts, output.Output(
-        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary},
-        jsonl=[output.summary_record("score", lm.name, summary)],
-        tables=[(None, rows)], views=views))
+        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary,
+                  **kept_view.document_part(kept)},
+        jsonl=[output.summary_record("score", lm.name, summary, kept_view.document_part(kept))],
+        tables=[(None, rows), *kept_view.table_part(kept)], views=views))
 
 
 def tokens_table(steps, title: str) -> Table:

@@ -40,6 +40,7 @@ class ScoreSettings(ChainSettings):
     limit: int | None = None  # score only the first N tokens of the text
     chunk: int | None = None  # perplexity per chunk of N scored tokens
     feed: int | None = None  # tokens per forward (default: the whole text at once)
+    prefill: int | None = None  # the first forward's tokens (the prompt a press compresses); then `feed` a forward
     against: str | None = None  # a reference model (same tokenizer)
     against_cache: str | None = None  # a reference cache policy (the same model unless --against)
     top: int = 10  # tokens listed in `most_different`
@@ -48,7 +49,7 @@ class ScoreSettings(ChainSettings):
 
 def validate_score(s: ScoreSettings) -> None:
     validate_chain(s)
-    for key in ("limit", "chunk", "feed"):
+    for key in ("limit", "chunk", "feed", "prefill"):
         value = getattr(s, key)
         if value is not None:
             _check(value >= 1, key, value, "must be an integer >= 1")
@@ -107,6 +108,15 @@ class ScoreSummary:
     most_different: list[dict] = field(default_factory=list)  # largest |logprob - reference_logprob|
 
 
+def blocks(tokens: int, feed: int, prefill: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) of each forward over positions 0 .. tokens - 2 (the last token is never fed): the first
+    ``prefill`` tokens in one forward (the prompt a press that compresses once compresses), then ``feed`` a forward."""
+    first = min(prefill or feed, tokens - 1)
+    out = [(0, first)] if first > 0 else []
+    out += [(a, min(a + feed, tokens - 1)) for a in range(first, tokens - 1, feed)]
+    return out
+
+
 def processed_logprobs(chain: Chain, ids: Tensor, logits: Tensor, start: int) -> Tensor:
     """log softmax of the chain's output for rows whose prefix is ids[:, :start + 1 + r] ([n, V] -> [n, V])."""
     if not chain.processors:
@@ -155,8 +165,7 @@ class Scorer(Run):
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
-        for start in range(0, T - 1, feed):
-            end = min(start + feed, T - 1)
+        for start, end in blocks(T, feed, self.s.prefill):
             logits = runtime.feed(ids[:, start:end], keep="all")[0]
             ref_logits = ref.feed(ids[:, start:end].to(ref.device), keep="all")[0].to(device) if ref else None
             rows = self._block(ids, logits, ref_logits, start, end)
