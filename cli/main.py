@@ -90,6 +90,24 @@ def out_of_memory(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text))
 
 
+COLUMNS = (20, 10_000)  # the terminal widths tables are laid out for
+
+
+def check_columns() -> None:
+    """COLUMNS, when set, is the width every table is laid out to: 0 would print nothing, 3 one letter a line."""
+    import os
+
+    from ..core.inputs import parse_int
+
+    value = os.environ.get("COLUMNS")
+    if value is not None and value.strip():
+        try:
+            parse_int(value, "COLUMNS", *COLUMNS)
+        except DecodelabError:
+            raise DecodelabError(f"COLUMNS={value!r}: the terminal width must be an integer in [{COLUMNS[0]}, "
+                                 f"{COLUMNS[1]}]; unset it to use the terminal's") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI. ``--debug`` (anywhere) shows tracebacks instead of one-line errors.
 
@@ -134,6 +152,7 @@ def run_cli(argv: list[str] | None) -> int:
     args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
     loop.reset()
     try:
+        check_columns()
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
         if loop.error() is not None:  # a chain emptied mid-run: the command printed what it had, then the error
             if debug:

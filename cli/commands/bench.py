@@ -30,10 +30,17 @@ Beams = Annotated[int, typer.Option("--beams", help="Beams for the beam rows.")]
 
 
 def parse_gammas(text: str) -> tuple[int, ...]:
+    from ...core.inputs import parse_int
+    from ...core.methods.speculative.run import MAX_GAMMA
+
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
-        raise ConfigError(f"--gammas {text!r}: comma-separated integers >= 1, e.g. 1,2,4,8")
-    return tuple(dict.fromkeys(int(t) for t in items))
+    try:
+        gammas = [parse_int(t, "--gammas", 1, MAX_GAMMA) for t in items]
+    except ConfigError:
+        gammas = []
+    if not gammas:
+        raise ConfigError(f"--gammas {text!r}: comma-separated integers in [1, {MAX_GAMMA}], e.g. 1,2,4,8")
+    return tuple(dict.fromkeys(gammas))
 
 
 @o.command(o.PROMPT, o.MODEL, o.OUTPUT, without=("top", "cache", "chat"))

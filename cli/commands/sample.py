@@ -12,6 +12,7 @@ from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
 from ..view import output, render
+from ..view.constraint import constraint_line
 from ..view.live import LiveSteps
 from ..view.steps_view import StepsTable
 
@@ -112,7 +113,9 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
     from ...core.engine.stopping import trim_stop
     from ...core.sampling.semantics import plan
+    from ..view import kept as kept_view
     names = sampler.chain.names
+    kept = kept_view.kept_after(sampler.runtime, len(prompt_ids))
     token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
     out_text = lm.decode(token_ids)
     effective = plan(settings)
@@ -130,11 +133,14 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     def after_table() -> list:
         return [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
                 render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
-                render.summary_line(summary)]
+                *kept_view.kept_views(kept, lm.token_text, prompt_ids, f"kept by {settings.cache} after the run"),
+                render.summary_line(summary)] + [line for line in [constraint_line(summary)] if line is not None]
 
     output.emit_for(opts, output.Output(
-        document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
+        document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary,
+                  **kept_view.document_part(kept)},
         text=out_text,
-        jsonl=[output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
-        tables=[(None, render.step_rows(sampler.steps))],
+        jsonl=[output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids}, summary,
+                                     kept_view.document_part(kept))],
+        tables=[(None, render.step_rows(sampler.steps)), *kept_view.table_part(kept)],
         views=views, screen=(lambda: [table.with_part("caption")] + after_table()) if printed else None))

@@ -19,6 +19,8 @@ from .protocol import (
                        listing,
                        make_policy,
                        parse_cache_spec,
+                       parse_policy_list,
+                       split_policy_list,
                        policy_capabilities,
                        register,
                        require,
@@ -26,5 +28,5 @@ from .protocol import (
 )
 
 __all__ = ["ALIASES", "CAPABILITIES", "POLICIES", "CacheSpec", "KVPolicy", "ModelInfo", "Rotary", "compresses_once",
-           "feed_invariant", "listing",
-           "make_policy", "parse_cache_spec", "policy_capabilities", "register", "require", "tensor_nbytes"]
+           "feed_invariant", "listing", "make_policy", "parse_cache_spec", "parse_policy_list", "policy_capabilities",
+           "register", "require", "split_policy_list", "tensor_nbytes"]

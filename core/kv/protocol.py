@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..inputs import is_int_text, parse_int
 
 CAPABILITIES = ("truncate", "reorder", "rows", "compile")
 
@@ -150,23 +151,20 @@ def tensor_nbytes(t: Tensor | None) -> int:
 
 
 def positive_int(key: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1 or str(value) != text.strip().lstrip("+"):
-        raise ValueError(f"{key} must be an integer >= 1")
-    return value
+    return _int_at_least(key, text, 1)
 
 
 def non_negative_int(key: str, text: str) -> int:
+    return _int_at_least(key, text, 0)
+
+
+def _int_at_least(key: str, text: str, lo: int) -> int:
+    """A spec's integer key, read by the one number reader (ASCII digits; at most 2**40: no cache holds more)."""
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{key} must be an integer >= 0")
-    return value
+        return parse_int(text, key, lo, 2**40)
+    except ConfigError:
+        raise ValueError(f"{key} must be an integer >= {lo}" + ("" if is_int_text(text) else f", not {text!r}")
+                         ) from None
 
 
 def boolean(key: str, text: str) -> bool:
@@ -283,3 +281,32 @@ def listing() -> list[dict]:
     return rows
 
 
+
+
+def split_policy_list(text: str) -> list[str]:
+    """'snapkv:ratio=0.5,window=8,h2o:size=64,full' -> ['snapkv:ratio=0.5,window=8', 'h2o:size=64', 'full']: pieces
+    are split on ',' (or on ';' when the text has one); a piece that is a bare name (``full``, ``int8``) or starts
+    ``NAME:`` begins a policy, any other ``key=value`` belongs to the policy before it."""
+    pieces = [p.strip() for p in str(text).split(";" if ";" in str(text) else ",") if p.strip()]
+    groups: list[list[str]] = []
+    for piece in pieces:
+        head = piece.partition("=")[0]
+        if "=" not in piece or ":" in head or not groups:
+            groups.append([piece])
+        else:
+            groups[-1].append(piece)
+    return [",".join(g) for g in groups]
+
+
+def parse_policy_list(text: str, option: str = "--policies") -> dict[str, CacheSpec]:
+    """Each policy of a list (:func:`split_policy_list`) as typed -> its CacheSpec, every spec checked, none twice."""
+    texts = split_policy_list(text)
+    if not texts:
+        raise ConfigError(f"{option} {text!r}: names no policy; give specs such as snapkv:ratio=0.5,h2o:size=64")
+    out: dict[str, CacheSpec] = {}
+    for item in texts:
+        spec = parse_cache_spec(item, option)
+        if any(str(spec) == str(other) for other in out.values()):
+            raise ConfigError(f"{option} {text!r}: {spec} is named twice")
+        out[item] = spec
+    return out

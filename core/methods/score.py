@@ -1,11 +1,12 @@
 """Teacher-forced scoring: a given text, no generation.
 
-The text's tokens t_0 .. t_{T-1} are fed through the runtime in blocks of ``feed`` tokens; token t_i (i >= 1) is
-scored from the logits after t_0 .. t_{i-1}. The default feed (:func:`score_feed`) is the whole text in one forward
-when every cache policy is feed-invariant (full, static, recompute: the same logits at any split), and one token a
-forward otherwise: a bounded, quantized or compressing policy acts between forwards, so a token is scored from what
-the policy kept of the tokens before it, as in decoding. A press that compresses once, after the prompt
-(``compress=prefill``), needs ``--feed N``: the first N tokens are its prompt.
+The text's tokens t_0 .. t_{T-1} are fed through the runtime in blocks of ``feed`` tokens (the first ``prefill``
+tokens in one forward when given); token t_i (i >= 1) is scored from the logits after t_0 .. t_{i-1}. The default
+feed (:func:`score_feed`) is the whole text in one forward when every cache policy is feed-invariant (full, static,
+recompute: the same logits at any split), and one token a forward otherwise: a bounded, quantized or compressing
+policy acts between forwards, so a token is scored from what the policy kept of the tokens before it, as in
+decoding. A press that compresses once, after the prompt (``compress=prefill``), needs ``--prefill N`` or
+``--feed N``: the first N tokens are its prompt.
 
     raw_logprob_i = log softmax(z_i)[t_i]                the model's own log-probability
     logprob_i     = log softmax(chain(t_<i, z_i))[t_i]   what these decoding settings would have given it
@@ -36,6 +37,7 @@ from ..kv import CacheSpec, compresses_once, feed_invariant, parse_cache_spec
 from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
+from .choice import check_choice_settings
 
 
 @dataclass(frozen=True)
@@ -43,23 +45,27 @@ class ScoreSettings(ChainSettings):
     limit: int | None = None  # score only the first N tokens of the text
     chunk: int | None = None  # perplexity per chunk of N scored tokens
     feed: int | None = None  # tokens per forward (default: score_feed)
+    prefill: int | None = None  # the first forward's tokens (the prompt a press compresses); then `feed` a forward
     against: str | None = None  # a reference model (same tokenizer)
     against_cache: str | None = None  # a reference cache policy (the same model unless --against)
     top: int = 10  # tokens listed in `most_different`
+    min_mass: float = 1e-6  # --choice: token paths whose model and sampler mass are both below it are not walked
 
 
 def validate_score(s: ScoreSettings) -> None:
     validate_chain(s)
-    for key in ("limit", "chunk", "feed"):
+    for key in ("limit", "chunk", "feed", "prefill"):
         value = getattr(s, key)
         if value is not None:
             _check(value >= 1, key, value, "must be an integer >= 1")
     _check(s.top >= 0, "top", s.top, "must be >= 0")
     for option, spec in policies(s).items():
-        if compresses_once(spec) and s.feed is None:
+        if compresses_once(spec) and s.feed is None and s.prefill is None:
             raise ConfigError(f"{option} {spec}: it compresses once, after the prompt, and a scored text has no "
-                              "prompt; give --feed N (the first N tokens are the prompt it compresses, the rest are "
-                              "scored as decoded) or compress=decode where the press has it")
+                              "prompt; give --feed N or --prefill N (the first N tokens are the prompt it "
+                              "compresses, the rest are scored as decoded) or compress=decode where the press has it")
+    if s.choice is not None:
+        check_choice_settings(s)
 
 
 def policies(s: ScoreSettings) -> dict[str, CacheSpec]:
@@ -132,6 +138,15 @@ class ScoreSummary:
     most_different: list[dict] = field(default_factory=list)  # largest |logprob - reference_logprob|
 
 
+def blocks(tokens: int, feed: int, prefill: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) of each forward over positions 0 .. tokens - 2 (the last token is never fed): the first
+    ``prefill`` tokens in one forward (the prompt a press that compresses once compresses), then ``feed`` a forward."""
+    first = min(prefill or feed, tokens - 1)
+    out = [(0, first)] if first > 0 else []
+    out += [(a, min(a + feed, tokens - 1)) for a in range(first, tokens - 1, feed)]
+    return out
+
+
 def processed_logprobs(chain: Chain, ids: Tensor, logits: Tensor, start: int) -> Tensor:
     """log softmax of the chain's output for rows whose prefix is ids[:, :start + 1 + r] ([n, V] -> [n, V])."""
     if not chain.processors:
@@ -177,11 +192,11 @@ class Scorer(Run):
         ids = torch.tensor([self.ids], dtype=torch.long, device=device)
         T = len(self.ids)
         feed = self.feed
+        self.chain.reset(1)  # the first token is context; stages that count generated tokens count from the second
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
-        for start in range(0, T - 1, feed):
-            end = min(start + feed, T - 1)
+        for start, end in blocks(T, feed, self.s.prefill):
             logits = runtime.feed(ids[:, start:end], keep="all")[0]
             ref_logits = ref.feed(ids[:, start:end].to(ref.device), keep="all")[0].to(device) if ref else None
             rows = self._block(ids, logits, ref_logits, start, end)
@@ -242,6 +257,25 @@ class Scorer(Run):
                                        "raw_logprob": s.raw_logprob, "reference_logprob": s.reference_logprob,
                                        "difference": s.logprob_difference(), "kl": s.kl} for s in ranked]
         return summary
+
+
+UNKNOWN_CONTEXT_TOKENS = 2**16  # what score takes without --limit from a model that states no context length
+
+
+def scored_ids(lm, text: str, settings: ScoreSettings, option: str = "TEXT") -> list[int]:
+    """The text's tokens to score: the first --limit of them. Without --limit a text longer than the model's context
+    is refused before any forward (all of it in one forward would be scored past the positions the model was trained
+    on, with memory growing with its square): the message gives the numbers to pass."""
+    ids = lm.encode(text)
+    if settings.limit is not None:
+        return ids[: settings.limit]
+    context = lm.context_length or UNKNOWN_CONTEXT_TOKENS
+    if len(ids) > context:
+        where = f"the context of {lm.name!r}" if lm.context_length else "what score takes without --limit"
+        raise ConfigError(f"{option}: {len(ids)} tokens, more than {where} ({context}); pass --limit {context} to "
+                          f"score the first {context}, or --limit {len(ids)} for all of them (memory grows with it), "
+                          "or score it under a bounded cache with `decodelab stream --text-file`")
+    return ids
 
 
 def build_scorer(lm, settings: ScoreSettings, token_ids: list[int], chain: Chain, reference=None) -> Scorer:

@@ -285,3 +285,33 @@ def test_quantize_kv_grid(cli, toy_model_dir, monkeypatch):
     assert code == 130, err
     doc = json.loads(out)
     assert doc["summary"]["stop_reason"] == "interrupted" and len(doc["grid"]) == 1
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_quantize_kv_main_pass_keeps_what_it_scored(cli, toy_model_dir, monkeypatch, fmt):
+    """A Ctrl-C in the main fidelity run (it used to print nothing): the tokens scored so far are reported, the
+    grid is not started, and the status says the run was cut short."""
+    from decodelab.core.methods.score import Scorer
+
+    raise_on_call(monkeypatch, Scorer, "_block", 4)  # --feed 1: a block a token; the 4th is cut
+    code, out, err = cli("quantize-kv", "The quick brown fox jumps over the lazy dog. " * 2, "-m", toy_model_dir,
+                         "--grid", "--feed", "1", "-f", fmt)
+    assert code == 130, err
+    summary = lines_of(out)[-1] if fmt == "jsonl" else json.loads(out)["summary"]
+    assert summary["stop_reason"] == "interrupted" and summary["tokens"] == 3
+    assert summary["kl_mean"] is not None and summary["kv_bytes"] > 0
+    if fmt == "json":
+        doc = json.loads(out)
+        assert len(doc["steps"]) == 3 and doc["grid"] == []
+    else:
+        assert [x["type"] for x in lines_of(out)] == ["step"] * 3 + ["summary"]
+
+
+def test_quantize_kv_interrupted_before_any_token(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.methods.score import Scorer
+
+    raise_on_call(monkeypatch, Scorer, "_block", 1)
+    code, out, err = cli("quantize-kv", "The quick brown fox", "-m", toy_model_dir, "--feed", "1", "-f", "json")
+    assert code == 130, err
+    summary = json.loads(out)["summary"]
+    assert summary["stop_reason"] == "interrupted" and summary["tokens"] == 0

@@ -147,8 +147,9 @@ def test_a_summary_before_any_token_and_the_mean_nll():
     (ScoreSettings(feed=-2), "--feed -2: must be an integer >= 1"),
     (ScoreSettings(top=-1), "--top -1: must be >= 0"),
     (ScoreSettings(cache="snapkv:ratio=0.5"), "--cache snapkv:kernel=5,pool=max,ratio=0.5,window=32: it compresses "
-     "once, after the prompt, and a scored text has no prompt; give --feed N (the first N tokens are the prompt it "
-     "compresses, the rest are scored as decoded) or compress=decode where the press has it"),
+     "once, after the prompt, and a scored text has no prompt; give --feed N or --prefill N (the first N tokens are "
+     "the prompt it compresses, the rest are scored as decoded) or compress=decode where the press has it"),
+    (ScoreSettings(prefill=0), "--prefill 0: must be an integer >= 1"),
 ])
 def test_score_refusals_are_whole_lines(settings, message):
     with pytest.raises(ConfigError) as err:
@@ -208,3 +209,21 @@ def test_a_static_cache_scores_as_the_full_one():
     rows = list(Scorer(model, IDS, build_chain({}), str, ScoreSettings(cache="static"),
                        cache=parse_cache_spec("static")))
     assert [r.raw_logprob for r in rows] == pytest.approx(scored(full_logprobs(model, IDS), IDS), abs=1e-4)
+
+
+def test_a_press_under_prefill_alone_compresses_the_prompt_then_scores_one_token_a_forward():
+    """--prefill N without --feed: the first N tokens are one forward (the prompt the press compresses), then one
+    token a forward (score_feed: a press acts between forwards). The same rows as --prefill N --feed 1; the
+    prompt's rows are the full cache's (one forward sees itself exactly) and the later ones read what it kept."""
+    model = random_model("llama", seed=7, scale=2.0)
+    spec, full = parse_cache_spec("snapkv:ratio=0.25,window=4"), parse_cache_spec("full")
+    validate_score(ScoreSettings(cache="snapkv:ratio=0.25,window=4", prefill=16))
+    runs = {}
+    for feed in (None, 1):
+        scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings(feed=feed, prefill=16), cache=spec,
+                        reference=model, reference_cache=full, reference_name="full")
+        runs[feed] = list(scorer)
+        assert scorer.summary().feed == 1
+    assert [r.raw_logprob for r in runs[None]] == [r.raw_logprob for r in runs[1]]
+    assert max(r.kl for r in runs[None][:16]) == pytest.approx(0.0, abs=1e-5)
+    assert max(r.kl for r in runs[None][16:]) > 1e-4  # the press evicted 3/4 of the prompt

@@ -20,6 +20,7 @@ from ...engine.runtime import Runtime
 from ...engine.stopping import StopChecker, StopRules, stop_rules
 from ...engine.tokens import check_prompt
 from ...errors import ConfigError
+from ...inputs import parse_int
 from ...kv import CacheSpec, require
 from ...sampling.chain import Chain, make_chain, refuse_stepwise_stages
 from ...sampling.distribution import softmax
@@ -92,10 +93,14 @@ def parse_gammas(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdecimal() and 1 <= int(t) <= MAX_GAMMA for t in items):
-        raise ConfigError(f"--sweep-gamma {text!r}: a comma-separated list of integers in [1, {MAX_GAMMA}], "
-                          "e.g. 1,2,4,8")
-    return tuple(dict.fromkeys(int(t) for t in items))
+    usage = f"--sweep-gamma {text!r}: a comma-separated list of integers in [1, {MAX_GAMMA}], e.g. 1,2,4,8"
+    try:
+        gammas = [parse_int(t, "--sweep-gamma", 1, MAX_GAMMA) for t in items]
+    except ConfigError:
+        raise ConfigError(usage) from None
+    if not gammas:
+        raise ConfigError(usage)
+    return tuple(dict.fromkeys(gammas))
 
 
 # ---------------------------------------------------------------------------------------------------------------
