@@ -283,6 +283,18 @@ def _check_llamacpp_windows(s: ChainSettings) -> None:
                               "library reads -1 as 0, off); give 0 (off) or N >= 1 tokens")
 
 
+# where llama.cpp itself misbehaves, decodelab keeps its own rule under --semantics llamacpp and says so
+LLAMACPP_KEPT_RULES = {
+    # llama_sampler_typical_apply: entropy = -sum p log p over every candidate; one -inf logit (p = 0, 0 x log 0 =
+    # NaN) makes it NaN and no candidate passes the comparison with it, so the stage keeps everything
+    "typical-p": "typical_p: llama.cpp's typical sampling does nothing once a candidate is at -inf (its entropy takes "
+                 "0 x log 0 = NaN); decodelab keeps its rule (0 log 0 = 0, removed candidates ranked last)",
+    # llama_sampler_temp_ext_apply: normalized entropy = H / log(size of the array), -inf candidates counted
+    "dynatemp": "dynatemp: llama.cpp normalizes the entropy by log of every candidate, those already at -inf "
+                "included (a filter before it lowers T); decodelab keeps its rule (log of the candidates left)",
+}
+
+
 def _llamacpp(s: ChainSettings) -> Plan:
     notes: list[str] = []
     user_chain = s.chain
@@ -318,5 +330,6 @@ def _llamacpp(s: ChainSettings) -> Plan:
     temperature = s.temperature
     s = replace(s, penalty_last_n=None)
     s = _finish("llamacpp", s, user_chain, notes, engine_order)
+    notes += [LLAMACPP_KEPT_RULES[name] for name in s.chain if name in LLAMACPP_KEPT_RULES]
     selector = "greedy" if temperature == 0 and s.dynatemp_range is None else "multinomial"
     return Plan("llamacpp", s, counting, selector, "raw", trim_stop=True, notes=notes)

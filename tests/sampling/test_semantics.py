@@ -425,3 +425,31 @@ def test_llamacpp_tempers_after_the_filters_and_transformers_before():
     hf = dist_stages(ChainSettings(semantics="hf", **fields, top_k=0), given_logits(dist=P4), []).probs()
     assert llama == pytest.approx([0, 0.04 / 0.29, 0.09 / 0.29, 0.16 / 0.29], abs=1e-5)
     assert hf == pytest.approx([0, 0, 0.09 / 0.25, 0.16 / 0.25], abs=1e-5)
+
+
+# --- where llama.cpp misbehaves: decodelab's rule kept, and said in semantics.notes -------------------------------
+
+
+def test_llamacpp_typical_with_a_removed_candidate_keeps_decodelabs_rule_and_says_so():
+    """p = (0.97, 0.01, 0.01, 0.01, 0): llama.cpp's entropy is NaN (0 x log 0) and its typical stage keeps all four
+    live tokens; decodelab's (0 log 0 = 0) keeps the one typical token, and the plan names the difference."""
+    assert llamacpp("0.97,0.01,0.01,0.01,0", typical_p=0.5).probs() == pytest.approx([1, 0, 0, 0, 0])
+    notes = plan(ChainSettings(semantics="llamacpp", typical_p=0.5)).notes
+    assert [n for n in notes if n.startswith("typical_p:")] == [
+        "typical_p: llama.cpp's typical sampling does nothing once a candidate is at -inf (its entropy takes "
+        "0 x log 0 = NaN); decodelab keeps its rule (0 log 0 = 0, removed candidates ranked last)"]
+    # mirostat drops typical-p in llama.cpp: no note about a stage that does not run
+    assert not any(n.startswith("typical_p:") for n in plan(ChainSettings(semantics="llamacpp", typical_p=0.5,
+                                                                          mirostat_tau=5.0)).notes)
+    assert not any(n.startswith(("typical_p:", "dynatemp:")) for n in plan(ChainSettings(semantics="llamacpp")).notes)
+
+
+def test_llamacpp_dynamic_temperature_normalizes_by_the_candidates_left_and_says_so():
+    """p = (0.7, 0.3, 0), t = 1, r = 0.5, e = 1: H = 0.6109 nats over the two live tokens; decodelab normalizes by
+    log 2 (T = 0.5 + 0.8813 = 1.3813), llama.cpp by log 3, the removed token counted (T = 1.0560)."""
+    h = -(0.7 * math.log(0.7) + 0.3 * math.log(0.3))
+    t = 0.5 + h / math.log(2)
+    got = llamacpp("0.7,0.3,0", temperature=1.0, dynatemp_range=0.5, dynatemp_exponent=1.0).probs()
+    assert got == pytest.approx(softmax_of([math.log(0.7) / t, math.log(0.3) / t, -math.inf]), abs=1e-6)
+    notes = plan(ChainSettings(semantics="llamacpp", temperature=1.0, dynatemp_range=0.5)).notes
+    assert any(n.startswith("dynatemp: llama.cpp normalizes the entropy by log of every candidate") for n in notes)
