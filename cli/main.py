@@ -16,6 +16,7 @@ from . import loop
 from .commands.batch import batch
 from .commands.beam import beam
 from .commands.bench import bench
+from .commands.check_logprobs import check_logprobs
 from .commands.compare import compare
 from .commands.models import models
 from .commands.probs import probs
@@ -58,6 +59,7 @@ app.command()(bench)
 app.command()(stream)
 app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
+app.command("check-logprobs")(check_logprobs)
 
 
 def fail(message: str) -> int:

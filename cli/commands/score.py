@@ -12,6 +12,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from ...core.errors import ConfigError
 from ...core.settings import as_dict, resolve
 from .. import options as o
 from ..loop import drive
@@ -32,14 +33,22 @@ Feed = Annotated[Optional[int], typer.Option("--feed", help="Tokens per forward 
 Against = Annotated[Optional[str], typer.Option("--against", help="Reference model (same tokenizer): per-token "
                                                 "KL(reference || model), top-1 agreement, log-probability "
                                                 "difference.", rich_help_panel=SCORE)]
+Renormalize = Annotated[Optional[bool], typer.Option(
+    "--renormalize", help="Also each token's raw log-probability renormalized over the chain's kept set "
+    "(kept_logprob, kept_mass) and the importance ratio raw / processed before and after it: the correction RL "
+    "trainers apply after top-p.", rich_help_panel=SCORE, show_default=False)]
+KeptIds = Annotated[Optional[bool], typer.Option(
+    "--kept-ids", help="Also, per scored token, the ids that survive each stage of the chain (kept_sets; ids null "
+    "where every token survives).", rich_help_panel=SCORE, show_default=False)]
 AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Reference KV-cache policy (the same "
                                                      "model unless --against), e.g. full to measure --cache.",
                                                      rich_help_panel=SCORE)]
 
 
-@o.command(o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN)
+@o.command(o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN, o.ENGINE)
 def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None,
-          feed: Feed = None, against: Against = None, against_cache: AgainstCache = None) -> None:
+          feed: Feed = None, against: Against = None, against_cache: AgainstCache = None,
+          renormalize: Renormalize = None, kept_ids: KeptIds = None) -> None:
     """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most."""
@@ -49,9 +58,12 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     from ..pipeline import load
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
-    explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache)
+    explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache,
+                    renormalize=renormalize, kept_ids=kept_ids)
     settings = resolve(ScoreSettings, opts.preset, explicit, opts.set_)
     validate_score(settings)
+    if opts.engine is not None:
+        return on_engine(opts, settings, body)
     lm = load(opts)
     reference = None
     if settings.against is not None:
@@ -141,3 +153,51 @@ def different_table(summary) -> Table:
         table.add_row(str(d["position"]), render.show_token(d["token"]), f"{d['raw_logprob']:.3f}",
                       f"{d['reference_logprob']:.3f}", Text(f"{d['difference']:+.3f}"), f"{d['kl']:.4f}")
     return table
+
+
+# --- on a served engine (--engine URL) ----------------------------------------------------------------------------
+
+
+def on_engine(opts: o.Opts, settings, body: str) -> None:
+    """score --engine: the server's prompt logprobs of the text's token ids (raw in every --logprobs-mode)."""
+    from ...core.methods.served import ServedScore, score_needs
+    from ...core.sampling.semantics import active_stages
+    from ..served import connect, local_tokenizer
+
+    needs = score_needs(settings, active_stages(settings), bool(settings.renormalize or settings.kept_ids))
+    local = local_tokenizer(opts)
+    ids = local.encode(body)[: settings.limit]
+    if len(ids) < 2:
+        raise ConfigError(f"TEXT: {len(ids)} token(s); scoring needs at least 2 (the first is context)")
+    conn = connect(opts, local, needs)
+    cap = conn.engine.capabilities.max_top_n
+    top = max(1, min(settings.top, cap) if cap is not None else settings.top)
+    run = ServedScore(conn, ids, top, settings.chunk)
+    run_with_progress(run, opts.fmt)
+    emit_engine(opts, conn, settings, body, ids, run)
+
+
+def emit_engine(opts: o.Opts, conn, settings, body: str, ids: list[int], run) -> None:
+    from ..served import document
+    from ..view.served_view import score_table
+
+    fmt, summary = opts.fmt, run.summary()
+    rows = [r.to_dict() for r in run.steps]
+    if fmt == o.Format.jsonl:
+        render.print_jsonl({"type": "summary", "command": "score", "model": conn.local.name, **render.clean(summary)})
+    elif fmt == o.Format.json:
+        render.print_json({**document("score", conn, as_dict(settings), [], body, ids), "steps": rows, "text": "",
+                           "token_ids": [], "summary": summary})
+    elif fmt in (o.Format.markdown, o.Format.csv):
+        render.print_rows([{**{k: v for k, v in render.clean(r).items() if k not in ("alternatives", "defects")},
+                            "token": render.show_token(r["token"])} for r in rows], fmt.value)
+    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+        views = [score_table(run.steps, f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · raw prompt "
+                                        "logprobs", run.top_n),
+                 render.shaded_text(conn.local.token_text(ids[0]),
+                                    [(r.token, render.exp(r.raw_logprob)) for r in run.steps]),
+                 render.shading_legend("raw p (the served model's probability of the given token)",
+                                       "first token (not scored)", "scored tokens"),
+                 chunks_table(summary),
+                 render.summary_line({k: v for k, v in render.clean(summary).items() if k != "chunks"})]
+        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)

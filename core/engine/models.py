@@ -53,33 +53,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-@dataclass
-class LoadedModel:
-    """A model, its tokenizer and the facts decoding needs about them."""
+def context_length_of(cfg) -> int | None:
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
-    name: str
-    model: torch.nn.Module
-    tokenizer: object
-    device: torch.device
-    dtype: torch.dtype
-    eos_ids: list[int] = field(default_factory=list)
 
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
-
-    @property
-    def context_length(self) -> int | None:
-        cfg = self.model.config
-        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            value = getattr(cfg, key, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return None
+class Vocabulary:
+    """What a tokenizer offers decoding (``self.name``, ``self.tokenizer``): encode, decode, token texts, the id of a
+    one-token text. Shared by a loaded model and a tokenizer loaded alone (for a served engine)."""
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         """Token ids of a prompt; with chat=True the tokenizer's chat template wraps it as one user turn."""
@@ -117,8 +101,55 @@ class LoadedModel:
         return int(ids[0])
 
 
-def _model_folder(spec: str) -> tuple[str, Path | None]:
-    """Where to load from: a bundled folder, a local folder, or (None) an id to look up in the local HF cache."""
+@dataclass
+class LoadedModel(Vocabulary):
+    """A model, its tokenizer and the facts decoding needs about them."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: list[int] = field(default_factory=list)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int | None:
+        return context_length_of(self.model.config)
+
+
+@dataclass
+class LocalTokenizer(Vocabulary):
+    """A model's tokenizer and config without its weights: what a served engine needs locally (token ids in,
+    token texts out, the vocabulary to check the server's against). ``device`` and ``dtype`` are the server's
+    business."""
+
+    name: str
+    tokenizer: object
+    config: object
+    eos_ids: list[int] = field(default_factory=list)
+    device = None
+    dtype = None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(getattr(self.config, "vocab_size", None) or len(self.tokenizer))
+
+    @property
+    def context_length(self) -> int | None:
+        return context_length_of(self.config)
+
+
+def _model_folder(spec: str, weights: bool = True) -> tuple[str, Path | None]:
+    """Where to load from: a bundled folder, a local folder, or (None) an id to look up in the local HF cache.
+    ``weights=False``: a folder with a config and a tokenizer is enough (a served engine holds the weights)."""
     if spec in BUNDLED:
         folder = bundled_dir(spec)
         if not (folder / "config.json").is_file():
@@ -126,7 +157,7 @@ def _model_folder(spec: str) -> tuple[str, Path | None]:
         return spec, folder
     path = Path(spec).expanduser()
     if path.is_dir():
-        check_model_folder(spec, path)
+        check_model_folder(spec, path, weights)
         return spec, path
     if path.exists() or spec.startswith((".", "/", "~")):
         raise ModelLoadError(f"--model {spec}: no model folder there; give a bundled name ({', '.join(BUNDLED)}), "
@@ -142,11 +173,11 @@ def set_threads(n: int) -> None:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
-def check_model_folder(spec: str, path: Path) -> None:
+def check_model_folder(spec: str, path: Path, weights: bool = True) -> None:
     """A local folder needs a config, safetensors weights and a tokenizer; say which is missing before loading."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"--model {spec}: {path} has no config.json, so it is not a model folder")
-    if not any(path.glob("*.safetensors")):
+    if weights and not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"--model {spec}: {path} has no .safetensors weights (decodelab loads safetensors only)")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ModelLoadError(f"--model {spec}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
@@ -197,6 +228,27 @@ def load_model(
     return LoadedModel(name, model, tokenizer, dev, torch_dtype, eos_token_ids(model, tokenizer))
 
 
+def load_tokenizer(spec: str = "tiny", trust_remote_code: bool = False) -> LocalTokenizer:
+    """A model's tokenizer, config and end ids, strictly offline, without its weights."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    name, folder = _model_folder(spec, weights=False)
+    source = str(folder) if folder is not None else spec
+    common = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **common)
+        config = AutoConfig.from_pretrained(source, **common)
+    except Exception as exc:
+        raise ModelLoadError(_load_failure(spec, folder, "tokenizer", exc)) from exc
+    try:
+        generation = GenerationConfig.from_pretrained(source, local_files_only=True)
+    except Exception:  # no generation_config.json: the model config's own ids
+        generation = None
+    return LocalTokenizer(name, tokenizer, config, end_ids(generation, config, tokenizer))
+
+
 def _load_failure(spec: str, folder: Path | None, what: str, exc: Exception) -> str:
     first_line = str(exc).strip().splitlines()[0].rstrip(": ") if str(exc).strip() else type(exc).__name__
     if folder is None:
@@ -207,9 +259,12 @@ def _load_failure(spec: str, folder: Path | None, what: str, exc: Exception) -> 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
     """End-of-sequence ids from the generation config, the model config, then the tokenizer."""
+    return end_ids(getattr(model, "generation_config", None), model.config, tokenizer)
+
+
+def end_ids(generation_config, config, tokenizer) -> list[int]:
     candidates = []
-    gen = getattr(model, "generation_config", None)
-    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
+    for source in (getattr(generation_config, "eos_token_id", None), getattr(config, "eos_token_id", None),
                    getattr(tokenizer, "eos_token_id", None)):
         if source is None:
             continue
