@@ -356,21 +356,19 @@ def _hypotheses(stages: list, greedy: bool) -> list[tuple[str, torch.Tensor, lis
     def logp(z):
         return torch.log_softmax(z.double(), dim=-1)
 
-    raw = stages[0][1]
-    out = [("raw", logp(raw), [])]
-    current, applied = raw, []
+    out = [("raw", logp(stages[0][1]), [])]
+    applied: list[str] = []
     for name, z in stages[1:]:
         if greedy and name == "temperature":
             break
-        if name in PENALTY_STAGES:
-            current, applied = z, applied + [name]
-            out = [h for h in out if h[0] != "penalized"] + [("penalized", logp(z), list(applied))]
-        elif name == "temperature":
-            current, applied = z, applied + [name]
-            out.append(("temperature-scaled", logp(z), list(applied)))
-        elif name in FILTER_STAGES:
-            current, applied = z, applied + [name]
-            out = [h for h in out if h[0] != "renormalized"] + [("renormalized", logp(z), list(applied))]
+        if name not in PENALTY_STAGES + ("temperature",) + FILTER_STAGES:
+            continue
+        applied = applied + [name]
+        label = ("penalized" if name in PENALTY_STAGES else "temperature-scaled" if name == "temperature"
+                 else "renormalized")
+        # each label's hypothesis is the distribution after the last stage of its kind (vLLM's order puts every
+        # penalty before temperature, and temperature before every filter)
+        out = [h for h in out if h[0] != label] + [(label, logp(z), list(applied))]
     return out
 
 
