@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -13,6 +14,7 @@ except ImportError:  # older typer runs on click
 
 from ..core.errors import DecodelabError
 from . import loop
+from .view import render
 from .commands.batch import batch
 from .commands.beam import beam
 from .commands.bench import bench
@@ -25,6 +27,7 @@ from .commands.sample import sample
 from .commands.score import score
 from .commands.speculate import speculate
 from .commands.stream import stream
+from .commands.view import view
 
 
 def flags_take_no_value() -> None:
@@ -48,6 +51,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the versions of decodelab, torch and "
+                                       "transformers and exit.", is_eager=True)) -> None:
+    if version:
+        from .view.output import versions
+
+        render.write_record(" ".join(f"{name} {v or '(not installed)'}" for name, v in versions().items()) + "\n")
+        raise typer.Exit(0)
+
+
 app.command()(sample)
 app.command()(probs)
 app.command()(models)
@@ -60,6 +75,7 @@ app.command()(stream)
 app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
 app.command("check-logprobs")(check_logprobs)
+app.command()(view)
 
 
 def fail(message: str) -> int:
@@ -77,7 +93,43 @@ def out_of_memory(exc: BaseException) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI. ``--debug`` (anywhere) shows tracebacks instead of one-line errors."""
+    """Run the CLI. ``--debug`` (anywhere) shows tracebacks instead of one-line errors.
+
+    A second Ctrl-C (while the first one's summary is written) is still a quiet exit 130: every record written is
+    whole (render.write_record holds the signal until its record is out). A reader that goes away (``| head -1``)
+    ends the run quietly with 141, as ``yes | head`` does; a write that fails (a full disk, a closed stdout) is one
+    line and exit 1."""
+    try:
+        return run_cli(argv)
+    except KeyboardInterrupt:
+        return interrupted()
+    except render.ReaderGone:
+        return reader_gone()
+    except render.OutputError as exc:
+        fail(str(exc))
+        return 1
+
+
+def interrupted() -> int:
+    try:
+        sys.stderr.write("interrupted\n")
+    except (OSError, ValueError):
+        pass
+    return 130
+
+
+def reader_gone() -> int:
+    """stdout's reader left: send what Python still holds for stdout to /dev/null, so exiting prints nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 141
+
+
+def run_cli(argv: list[str] | None) -> int:
+    """The command line, its one-line errors and its exit statuses."""
     args = list(sys.argv[1:] if argv is None else argv)
     cut = args.index("--") if "--" in args else len(args)  # after "--" every word is an argument, even "--debug"
     debug = "--debug" in args[:cut]
@@ -92,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         # a Ctrl-C inside a run: the command printed what it had, the status still says it was cut short;
         # outside any run (loading, say) typer returns 130 itself
         if loop.interrupted() or result == 130:
-            sys.stderr.write("interrupted\n")
-            return 130
+            return interrupted()
         return result if isinstance(result, int) else 0
     except typer.Exit as exc:
         return exc.exit_code
@@ -105,8 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f" ({exc.ctx.command_path})" if exc.ctx is not None else ""
         return fail(exc.format_message().replace("\n", " ") + where)
     except (typer.Abort, KeyboardInterrupt):
-        sys.stderr.write("interrupted\n")
-        return 130
+        return interrupted()
+    except (render.ReaderGone, render.OutputError):
+        raise
     except DecodelabError as exc:
         if debug:
             raise

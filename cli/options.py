@@ -35,6 +35,11 @@ class Format(str, Enum):
     jsonl = "jsonl"
     markdown = "markdown"
     csv = "csv"
+    text = "text"
+
+
+# commands that produce a continuation `-f text` can print (the others refuse it before anything runs)
+TEXT_COMMANDS = ("sample", "stream", "speculate", "beam", "batch")
 
 
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' reads stdin.", show_default=False)]
@@ -82,12 +87,13 @@ EngineModel = Annotated[Optional[str], typer.Option(
 EngineTimeout = Annotated[float, typer.Option("--engine-timeout", help="Seconds to wait for each answer.",
                                               rich_help_panel=ENGINE_PANEL)]
 
-Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv.",
+Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv, "
+                                     "text (the continuation alone, streamed).",
                                      rich_help_panel=OUT)]
 Top = Annotated[Optional[int], typer.Option("--top", help="Alternatives listed per step (default 5).",
                                             rich_help_panel=OUT, show_default=False)]
-SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the rendered table as HTML.",
-                                                  rich_help_panel=OUT)]
+SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the trace page (one HTML file, as "
+                                                  "`decodelab view` draws it).", rich_help_panel=OUT)]
 SaveSvg = Annotated[Optional[Path], typer.Option("--save-svg", help="Also write the rendered table as SVG.",
                                                  rich_help_panel=OUT)]
 
@@ -166,6 +172,7 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         def wrapper(**kwargs):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
             check_paths(opts)
+            check_format(fn.__name__, opts)
             with status("starting: importing torch and transformers"):
                 pass
             return fn(opts, **kwargs)
@@ -175,6 +182,15 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         return wrapper
 
     return wrap
+
+
+def check_format(command: str, opts: Opts) -> None:
+    """``-f text`` only where there is a continuation to print."""
+    from ..core.errors import ConfigError
+
+    if getattr(opts, "fmt", None) == Format.text and command not in TEXT_COMMANDS:
+        raise ConfigError(f"--format text: {command} produces no continuation; allowed with "
+                          f"{', '.join(TEXT_COMMANDS)} (use -f json or jsonl here)")
 
 
 def check_paths(opts: Opts) -> None:

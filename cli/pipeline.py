@@ -56,7 +56,7 @@ def export_instead(opts: Opts, settings, lm: LoadedModel | None = None, vocab: i
         render.print_json(result.to_dict())
         return True
     if target == "llamacpp":
-        sys.stdout.write(result.command() + "\n")
+        render.write_record(result.command() + "\n")
     else:
         render.print_json(result.arguments)
     for line in [f"no equivalent: {u}" for u in result.unsupported] + [f"note: {n}" for n in result.notes]:

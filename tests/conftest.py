@@ -14,10 +14,11 @@ import torch
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
-# tests/ mirrors core/ (sampling/, kv/, engine/, methods/, analysis/, cli/, layout/); a test module may import the
-# shared vectors of another folder's module by name (from test_semantics import LLAMACPP_VECTORS)
+# tests/ mirrors core/ (sampling/, kv/, engine/, trace/, methods/, analysis/, cli/, layout/); a test module may import
+# the shared vectors of another folder's module by name (from test_semantics import LLAMACPP_VECTORS)
 sys.path[:0] = [str(folder) for folder in sorted(Path(__file__).parent.iterdir()) if folder.is_dir()]
 BUNDLED_TOKENIZER = ROOT / "presets" / "models" / "tiny"
+NEG = float("-inf")  # the logit of a removed candidate
 
 
 def small_config(arch: str, vocab_size: int = 256, **overrides):

@@ -10,10 +10,10 @@ import typer
 from rich.table import Table
 
 from ...core.errors import EMPTY_CHAIN, ChainError
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive, note_error, phase
-from ..view import render
+from ..view import output, render
 from ..view.live import LiveSteps
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
@@ -57,9 +57,7 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     decodes together), finished ones leave and waiting ones join; KV in a paged pool with shared prefix blocks."""
     from ...core.methods.batch.run import (
         BatchRun,
-        BatchSettings,
         read_prompts,
-        validate_batch,
     )
     from ..pipeline import load
     explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "stop")
@@ -69,12 +67,12 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     if baselines is not None:
         names = tuple(b.strip() for b in baselines.split(",") if b.strip())
         explicit["baselines"] = () if names in ((), ("none",)) else names
-    settings = resolve(BatchSettings, opts.preset, explicit, opts.set_)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("batch", opts.preset, explicit, opts.set_)
     if baselines is not None and not explicit["baselines"]:
         from dataclasses import replace
 
         settings = replace(settings, baselines=())
-    validate_batch(settings)
     entries = read_prompts(prompts_file, settings)
     lm = load(opts)
     conn = engine_connection(opts, lm, entries)
@@ -104,33 +102,26 @@ def request_rows(lm, report: BatchReport) -> list[dict]:
 
 
 def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows, conn=None) -> None:
-    fmt = opts.fmt
     requests = request_rows(lm, report)
     summary = report.summary()
-    if fmt == o.Format.jsonl:
-        for r in requests:
-            render.print_jsonl({"type": "request", **r})
-        render.print_jsonl({"type": "summary", "command": "batch", "model": lm.name, **render.clean(summary)})
-    elif fmt == o.Format.json:
-        render.print_json({"command": "batch", "model": lm.name, "device": str(lm.device),
-                           "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(settings),
-                           "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
-                           "summary": summary, **engine_fields(report, conn)})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        if rows == Rows.iterations:
-            table = [{k: (",".join(v) if isinstance(v, list) else v) for k, v in render.clean(i).items()}
-                     for i in report.iterations]
-        else:
-            table = [{k: v for k, v in r.items() if k not in ("steps", "prompt_token_ids", "token_ids", "chain")}
-                     for r in requests]
-            for row, r in zip(table, report.results):
-                row["prompt"] = render.one_line(row["prompt"] or "")
-                row["text"] = render.one_line(row["text"])
-                row["new_tokens"] = len(r.new_ids)
-        render.print_rows(table, fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+    if rows == Rows.iterations:
+        table = [{k: (",".join(v) if isinstance(v, list) else v) for k, v in render.clean(i).items()}
+                 for i in report.iterations]
+    else:
+        table = [{k: v for k, v in r.items() if k not in ("steps", "prompt_token_ids", "token_ids", "chain")}
+                 for r in requests]
+        for row, r in zip(table, report.results):
+            row["prompt"] = row["prompt"] or ""
+            row["new_tokens"] = len(r.new_ids)
+    output.emit_for(opts, output.Output(
+        document={"command": "batch", "model": lm.name, "device": str(lm.device),
+                  "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(settings),
+                  "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
+                  "summary": summary, **engine_fields(report, conn)},
+        jsonl=[{"type": "request", **r} for r in requests] + [output.summary_record("batch", lm.name, summary)],
+        text="\n".join(render.one_line(r["text"]) for r in requests),  # one request a line
+        tables=[(None, table)],
+        views=lambda: [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]))
 
 
 def chain_names(settings: BatchSettings) -> list[str]:
@@ -175,7 +166,7 @@ def requests_table(requests: list[dict]) -> Table:
         raw = sum(s["raw_logprob"] for s in r["steps"]) / n if n else float("nan")
         table.add_row(r["id"], str(len(r["prompt_token_ids"])), str(len(r["token_ids"])), r["stop_reason"],
                       str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
-                      f"{mean:.3f}", f"{raw:.3f}", render.one_line(r["text"])[:60])
+                      f"{mean:.3f}", f"{raw:.3f}", render.cut(render.one_line(r["text"]), 60))
     return table
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Annotated, Optional
 
 import typer
@@ -10,10 +12,10 @@ from rich.table import Table
 from ...core.errors import ConfigError
 from .. import options as o
 from ..loop import note_interrupt
-from ..view import render
+from ..view import output, render
 
-CHAINS = {"greedy": "temperature 0", "sampling": "temperature 0.8 -> top-p 0.95", "beam": "(none)",
-          "speculative": "temperature 0", "prompt-lookup": "temperature 0"}  # what each setting runs (core/bench.py)
+CHAINS = {"greedy": ["temperature"], "sampling": ["temperature", "top-p"], "beam": [],
+          "speculative": ["temperature"], "prompt-lookup": ["temperature"]}  # each setting's stages (analysis/bench.py)
 PROMPT = "God blessed Noah and his sons, and said to them"  # the opening of the bundled held-out text
 
 Rounds = Annotated[int, typer.Option("--rounds", help="Timed rounds (after one warm-up round that also checks the "
@@ -68,27 +70,35 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     doc = {"command": "bench", "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
            "config": {"max_new_tokens": n, "rounds": rounds, "draft": draft if draft_lm else None, "gammas": list(g),
                       "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()},
-           "chain": [f"{name}: {stages}" for name, stages in CHAINS.items() if name in chosen],
-           "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason}
-    if opts.fmt == o.Format.json:
-        render.print_json(doc)
-    elif opts.fmt == o.Format.jsonl:
-        for r in rows:
-            render.print_jsonl({"type": "row", **render.clean(r)})
-        render.print_jsonl({"type": "summary", "command": "bench", "model": lm.name, "rows": len(rows),
-                            "stop_reason": stop_reason})
-    elif opts.fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([render.clean(r) for r in rows], opts.fmt.value)
-    if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        t = Table(title=f"{lm.name} on {lm.device} · {n} new tokens · median of "
-                  f"{rows[0].rounds if rows else 0} interleaved rounds",
-                  header_style="bold")
-        for name in ("setting", "decodelab tok/s", "generate tok/s", "ratio", "low-high"):
-            t.add_column(name, justify="left" if name == "setting" else "right", no_wrap=name != "setting")
-        for r in rows:
-            t.add_row(r.setting + (f" ({r.note})" if r.note else ""), f"{r.decodelab_tokens_per_s:.1f}",
-                      f"{r.transformers_tokens_per_s:.1f}", f"{r.ratio:.2f}x", f"{r.ratio_low:.2f}-{r.ratio_high:.2f}")
-        t.caption = ("ratio: median over rounds of decodelab tok/s / generate tok/s in the same round; generate with "
-                     "eos_token_id=None, top_k=0 when sampling; speculative rows against assisted generation with "
-                     "the same draft (assistant_model), prompt lookup rows against prompt_lookup_num_tokens")
-        render.show([t], opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
+           "chain": list(dict.fromkeys(stage for name in chosen for stage in CHAINS[name])),
+           "chains": {name: CHAINS[name] for name in chosen},
+           "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason,
+           "summary": bench_summary(rows, stop_reason)}
+    output.emit_for(opts, output.Output(
+        document=doc,
+        jsonl=[{"type": "row", **render.clean(r)} for r in rows]
+        + [output.summary_record("bench", lm.name, doc["summary"])],
+        tables=[(None, [render.clean(r) for r in rows])], views=lambda: [bench_table(lm, n, rows)]))
+
+
+def bench_summary(rows, stop_reason: str) -> dict:
+    """The ratios over every row: decodelab's tokens/s over transformers' (median per row), least and most."""
+    ratios = [r.ratio for r in rows]
+    return {"rows": len(rows), "stop_reason": stop_reason,
+            "min_ratio": min(ratios) if ratios else None, "max_ratio": max(ratios) if ratios else None,
+            "geomean_ratio": math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None}
+
+
+def bench_table(lm, n: int, rows) -> Table:
+    t = Table(title=f"{lm.name} on {lm.device} · {n} new tokens · median of "
+              f"{rows[0].rounds if rows else 0} interleaved rounds",
+              header_style="bold")
+    for name in ("setting", "decodelab tok/s", "generate tok/s", "ratio", "low-high"):
+        t.add_column(name, justify="left" if name == "setting" else "right", no_wrap=name != "setting")
+    for r in rows:
+        t.add_row(r.setting + (f" ({r.note})" if r.note else ""), f"{r.decodelab_tokens_per_s:.1f}",
+                  f"{r.transformers_tokens_per_s:.1f}", f"{r.ratio:.2f}x", f"{r.ratio_low:.2f}-{r.ratio_high:.2f}")
+    t.caption = ("ratio: median over rounds of decodelab tok/s / generate tok/s in the same round; generate with "
+                 "eos_token_id=None, top_k=0 when sampling; speculative rows against assisted generation with "
+                 "the same draft (assistant_model), prompt lookup rows against prompt_lookup_num_tokens")
+    return t

@@ -95,27 +95,25 @@ def ask_engine(opts: o.Opts, lm, settings, prompt: str | None):
 
 
 def emit(opts: o.Opts, lm, source: dict, report) -> None:
+    from ..view import output
     from ..view.served_view import check_table, defects_lines, figures_table
 
-    fmt = opts.fmt
     rows = [r.to_dict() for r in report.tokens]
-    if fmt == o.Format.json:
-        render.print_json({"command": "check-logprobs", "model": lm.name, "device": str(lm.device),
-                           "dtype": str(lm.dtype).replace("torch.", ""), "source": source,
-                           "answers": report.answers, "tokens": rows, "summary": report.summary})
-    elif fmt == o.Format.jsonl:
-        for r in rows:
-            render.print_jsonl({"type": "token", **r})
-        render.print_jsonl({"type": "summary", "command": "check-logprobs", "model": lm.name, **report.summary})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([{**{k: v for k, v in render.clean(r).items() if k not in ("defects",)},
-                            "transforms": ", ".join(r["transforms"]), "token": render.show_token(r["token"] or "")}
-                           for r in rows], fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+
+    def views() -> list:
         where = source.get("file") or source["engine"]["url"]
-        views = [check_table(report.tokens, f"{where} · recomputed on {lm.name}"), figures_table(report.summary)]
-        views += [Text(line, style="red") for line in defects_lines(report.summary["defects"])]
-        notes = sorted({n for a in report.answers for n in a["notes"]})
-        views += [Text(f"note: {n}", style="dim") for n in notes]
-        views.append(Text(f"verdict: {report.summary['verdict']}", style="bold cyan"))
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+        out = [check_table(report.tokens, f"{where} · recomputed on {lm.name}"), figures_table(report.summary)]
+        out += [Text(line, style="red") for line in defects_lines(report.summary["defects"])]
+        out += [Text(f"note: {n}", style="dim") for n in sorted({n for a in report.answers for n in a["notes"]})]
+        return out + [Text(f"verdict: {report.summary['verdict']}", style="bold cyan")]
+
+    output.emit_for(opts, output.Output(
+        document={"command": "check-logprobs", "model": lm.name, "device": str(lm.device),
+                  "dtype": str(lm.dtype).replace("torch.", ""), "source": source, "answers": report.answers,
+                  "tokens": rows, "summary": report.summary},
+        jsonl=[{"type": "token", **r} for r in rows] + [output.summary_record("check-logprobs", lm.name,
+                                                                              report.summary)],
+        tables=[(None, [{**{k: v for k, v in render.clean(r).items() if k != "defects"},
+                         "transforms": ", ".join(r["transforms"]), "token": render.show_token(r["token"] or "")}
+                        for r in rows])],
+        views=views))

@@ -22,7 +22,7 @@ from ...core.errors import EMPTY_CHAIN, ChainError, ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import note_error, note_interrupt
-from ..view import render
+from ..view import output, render
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ...core.analysis.compare import Comparison, Prompt
@@ -141,42 +141,53 @@ def stream_row(row, fmt) -> None:
 
 def flat_row(row) -> dict:
     d = render.clean(row)
-    return {k: (render.one_line(d[k]) if k == "text" else d[k]) for k in ROW_COLUMNS}
+    return {k: d[k] for k in ROW_COLUMNS}
 
 
 def emit(opts, lm, run: Comparison) -> None:
+    from ...core.analysis.compare import variant_summary
     from ...core.sampling.chain import make_chain
-    fmt = opts.fmt
+    from ...core.sampling.registry import DEFAULT_ORDER
     first = run.prompts[0]
     chains = {v.name: make_chain(lm, run.settings[v.name, run.seeds[0]]).names for v in run.variants}
     doc = {"command": "compare", "model": lm.name, "device": str(lm.device),
            "dtype": str(lm.dtype).replace("torch.", ""),
            "config": {"seeds": run.seeds, **{k: v for k, v in render.clean(run.base).items() if v is not None}},
-           "chain": [f"{name}: {' -> '.join(names) or '(none)'}" for name, names in chains.items()],
+           "chain": [n for n in DEFAULT_ORDER if any(n in names for names in chains.values())],
+           "chains": chains,
            "prompt": {"text": first.text, "token_ids": lm.encode(first.text)},
            "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
            "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
-           "rows": run.rows, "pairs": run.pairs}
-    if fmt == o.Format.json:
-        render.print_json(doc)
-    elif fmt == o.Format.jsonl:
-        for pair in run.pairs:
-            render.print_jsonl({"type": "pair", **render.clean(pair)})
-        render.print_jsonl({"type": "summary", "command": "compare", "model": lm.name, "rows": len(run.rows),
-                            "pairs": len(run.pairs)})
-    elif fmt == o.Format.csv:
-        render.print_rows([flat_row(r) for r in run.rows], "csv")
-    elif fmt == o.Format.markdown:
-        render.print_rows([flat_row(r) for r in run.rows], "markdown")
-        sys.stdout.write("\n")
-        render.print_rows([render.clean(p) for p in run.pairs], "markdown")
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        render.show(tables(lm, run), opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+           "rows": run.rows, "pairs": run.pairs, "summary": {"variants": variant_summary(run.rows)}}
+    output.emit_for(opts, output.Output(
+        document=doc,
+        jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]
+        + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
+                                 doc["summary"])],
+        tables=[(None, [flat_row(r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
+        views=lambda: tables(lm, run)))
 
 
 def fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def summary_table(summary: list[dict]) -> Table:
+    """Per variant over its prompts and seeds: mean (min-max) of each measure."""
+    t = Table(title="per variant: mean (min-max) over prompts and seeds", header_style="bold")
+    t.add_column("variant", no_wrap=True)
+    t.add_column("runs", justify="right")
+    for name in ("logp", "ppl", "d-2", "rep", "H", "tok/s"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for v in summary:
+        cells = []
+        for key, spec in (("mean_logprob", ".3f"), ("raw_perplexity", ".2f"), ("distinct_2", ".2f"),
+                          ("repetition_rate", ".2f"), ("mean_entropy", ".2f"), ("tokens_per_s", ".1f")):
+            m = v["measures"][key]
+            cells.append("-" if m is None else f"{m['mean']:{spec}} ({m['min']:{spec}}-{m['max']:{spec}})")
+        t.add_row(Text(v["variant"], style="bold"), str(v["runs"]), *cells)
+    return t
 
 
 def tables(lm, run: Comparison) -> list:
@@ -187,7 +198,7 @@ def tables(lm, run: Comparison) -> list:
             rows = [r for r in run.rows if r.prompt == prompt.id and r.seed == seed]
             if not rows:
                 continue
-            t = Table(title=f"{lm.name} · prompt {prompt.id}: {render.one_line(prompt.text)[:60]} · seed {seed}",
+            t = Table(title=f"{lm.name} · prompt {prompt.id}: {render.cut(render.one_line(prompt.text), 60)} · seed {seed}",
                       header_style="bold")
             t.add_column("variant", no_wrap=True)
             t.add_column("text", ratio=1)
@@ -202,8 +213,12 @@ def tables(lm, run: Comparison) -> list:
                          "distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: processed "
                          "entropy (nats)")
             out.append(t)
+    from ...core.analysis.compare import variant_summary
+
+    out.append(summary_table(variant_summary(run.rows)))
     if run.pairs:
         t = Table(title="where the variants part (same seed = same random draws)", header_style="bold")
+        t.key_columns = 4  # a, b, prompt and seed name a pair: a split panel repeats them
         for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why"):
             t.add_column(name, no_wrap=name != "why")
         for p in run.pairs:
@@ -240,28 +255,20 @@ def emit_engine(opts, lm, conn, run) -> None:
     from ..served import document
     from ..view.served_view import engine_pairs_table
 
-    fmt = opts.fmt
     first = run.prompts[0]
     config = {"seeds": run.seeds, **{k: v for k, v in render.clean(run.base).items() if v is not None}}
-    if fmt == o.Format.json:
-        doc = document("compare", conn, config, [], first.text, lm.encode(first.text))
-        doc.update(device=str(lm.device), dtype=str(lm.dtype).replace("torch.", ""),
-                   variants=[{"name": v.name, "method": v.method, "spec": v.describe(),
-                              "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
-                   prompts=[{"id": p.id, "text": p.text} for p in run.prompts], rows=run.rows,
-                   engine_pairs=run.pairs)
-        render.print_json(doc)
-    elif fmt == o.Format.jsonl:
-        for pair in run.pairs:
-            render.print_jsonl({"type": "engine_pair", **render.clean(pair)})
-        render.print_jsonl({"type": "summary", "command": "compare", "model": lm.name, "rows": len(run.rows),
-                            "engine_pairs": len(run.pairs)})
-    elif fmt in (o.Format.csv, o.Format.markdown):
-        render.print_rows([render.clean(p) for p in run.pairs], fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        rows_only = SimpleNamespace(prompts=run.prompts, seeds=run.seeds, rows=run.rows, pairs=[])
-        render.show(tables(lm, rows_only) + [engine_pairs_table(run.pairs)], opts.save_html, opts.save_svg,
-                    to_screen=fmt == o.Format.table)
+    doc = document("compare", conn, config, [], first.text, lm.encode(first.text))
+    doc.update(device=str(lm.device), dtype=str(lm.dtype).replace("torch.", ""),
+               variants=[{"name": v.name, "method": v.method, "spec": v.describe(),
+                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
+               prompts=[{"id": p.id, "text": p.text} for p in run.prompts], rows=run.rows, engine_pairs=run.pairs)
+    rows_only = SimpleNamespace(prompts=run.prompts, seeds=run.seeds, rows=run.rows, pairs=[])
+    output.emit_for(opts, output.Output(
+        document=doc,
+        jsonl=[{"type": "engine_pair", **render.clean(p)} for p in run.pairs]
+        + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "engine_pairs": len(run.pairs)})],
+        tables=[("rows", [flat_row(r) for r in run.rows]), ("engine pairs", [render.clean(p) for p in run.pairs])],
+        views=lambda: tables(lm, rows_only) + [engine_pairs_table(run.pairs)]))
     for pair in run.pairs:
         if pair.engine_error:
             note_error(ConfigError(pair.engine_error))

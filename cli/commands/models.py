@@ -6,7 +6,7 @@ from rich.table import Table
 
 from ...core.settings import META_KEYS, bundled_presets, load_preset
 from .. import options as o
-from ..view import render
+from ..view import output
 
 
 def presets_listing() -> list[dict]:
@@ -24,14 +24,13 @@ def models(fmt: o.Fmt = o.Format.table) -> None:
     from ...core.engine.models import describe_bundled
     from ...core.kv import listing as cache_policies
     models_rows, preset_rows, policy_rows = describe_bundled(), presets_listing(), cache_policies()
-    if fmt in (o.Format.json, o.Format.jsonl):
-        (render.print_json if fmt == o.Format.json else render.print_jsonl)(
-            {"command": "models", "models": models_rows, "presets": preset_rows, "cache_policies": policy_rows})
-        return
-    if fmt in (o.Format.markdown, o.Format.csv):
-        flat = [{k: v for k, v in r.items() if k != "path"} for r in models_rows]
-        render.print_rows(flat, fmt.value)
-        return
+    doc = {"command": "models", "models": models_rows, "presets": preset_rows, "cache_policies": policy_rows}
+    output.emit(output.Output(
+        document=doc, jsonl=[doc], tables=[(None, [{k: v for k, v in r.items() if k != "path"} for r in models_rows])],
+        views=lambda: listing_tables(models_rows, preset_rows, policy_rows)), fmt.value)
+
+
+def listing_tables(models_rows, preset_rows, policy_rows) -> list:
     table = Table(title="bundled models", header_style="bold")
     for col in ("name", "architecture", "parameters", "layers", "heads / kv", "context", "vocab", "size"):
         table.add_column(col, justify="left" if col in ("name", "architecture") else "right")
@@ -40,7 +39,8 @@ def models(fmt: o.Fmt = o.Format.table) -> None:
             table.add_row(r["name"], "[red]missing[/red]", "", "", "", "", "", "")
             continue
         table.add_row(r["name"], r["architecture"], f"{r['parameters']:,}", str(r["layers"]),
-                      f"{r['heads']} / {r['kv_heads']}", str(r["context_length"]), str(r["vocab_size"]),
+                      f"{r['heads']} / {r['kv_heads']}", f"{r['context_length']} (trained {r['trained_context']})",
+                      str(r["vocab_size"]),
                       f"{r['file_bytes'] / 1e6:.1f} MB")
     presets = Table(title="bundled presets", header_style="bold")
     presets.add_column("name")
@@ -53,4 +53,4 @@ def models(fmt: o.Fmt = o.Format.table) -> None:
         policies.add_column(col)
     for p in policy_rows:
         policies.add_row(p["name"], ", ".join(p["keys"]), ", ".join(p["capabilities"]), p["summary"])
-    render.show([table, presets, policies])
+    return [table, presets, policies]

@@ -9,9 +9,9 @@ import typer
 from rich.table import Table
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
-from ..view import render
+from ..view import output, render
 
 GIVEN = "Given distribution (no model)"
 Dist = Annotated[Optional[str], typer.Option("--dist", help="P0,P1,...: run the chain on this distribution, no model "
@@ -32,10 +32,8 @@ def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: L
     from ...core.sampling.semantics import plan
     from ..pipeline import export_instead, load, read_prompt
     given = dist is not None or logits is not None or logits_file is not None
-    from ...core.methods.probs import ProbsSettings
-    from ...core.methods.sample import validate_sample
-    settings = resolve(ProbsSettings, opts.preset, o.explicit(opts, "top", "seed"), opts.set_)
-    validate_sample(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("probs", opts.preset, o.explicit(opts, "top", "seed"), opts.set_)
     if given:
         return given_probs(opts, settings, dist, logits, logits_file, history)
     if history is not None:
@@ -49,22 +47,14 @@ def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: L
     prompt_ids = lm.encode(text, opts.chat)
     stages, tracked = build_probs(lm, settings, prompt_ids)
     names = [s.name for s in stages]
-    fmt = opts.fmt
-    if fmt == o.Format.json or fmt == o.Format.jsonl:
-        extra = {"semantics": plan(settings).describe()} if settings.semantics is not None else {}
-        doc = render.document("probs", lm, as_dict(settings), names[1:], text, prompt_ids,
-                              stages=stages, tokens=tracked, **extra)
-        (render.print_json if fmt == o.Format.json else render.print_jsonl)(doc)
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        rows = []
-        for t in tracked:
-            row = {"token_id": t.token_id, "token": render.show_token(t.token), "logit": t.logit}
-            row.update({f"p_{name}": t.probs[name] for name in names})
-            rows.append(row)
-        render.print_rows(rows, fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        render.show([tokens_table(tracked, names, lm.name), stages_table(stages)], opts.save_html, opts.save_svg,
-                    to_screen=fmt == o.Format.table)
+    extra = {"semantics": plan(settings).describe()} if settings.semantics is not None else {}
+    doc = render.document("probs", lm, as_dict(settings), names[1:], text, prompt_ids,
+                          stages=stages, tokens=tracked, **extra)
+    rows = [{"token_id": t.token_id, "token": t.token, "logit": t.logit,
+             **{f"p_{name}": t.probs[name] for name in names}} for t in tracked]
+    output.emit_for(opts, output.Output(
+        document=doc, jsonl=[doc], tables=[(None, rows)],
+        views=lambda: [tokens_table(tracked, names, lm.name), stages_table(stages)]))
 
 
 def given_probs(opts: o.Opts, settings: ProbsSettings, dist, logits, logits_file, history) -> None:
@@ -84,27 +74,18 @@ def given_probs(opts: o.Opts, settings: ProbsSettings, dist, logits, logits_file
     top = opts.top if opts.top is not None else (vocab if vocab <= 64 else settings.top)  # small: every token
     result = dist_stages(settings, raw, ids, seed=settings.seed, top=top)
     names = [s.name for s in result.stages]
-    fmt = opts.fmt
-    if fmt in (o.Format.json, o.Format.jsonl):
-        doc = {"command": "probs", "model": None, "device": str(raw.device), "dtype": "float32",
-               "config": as_dict(settings), "chain": result.chain, "given": {"logits": raw[0].tolist(),
-                                                                              "history": ids},
-               "stages": result.stages, "tokens": result.tokens, "state": result.state}
-        if top >= vocab:
-            doc["probs"] = result.probs()  # every token's probability after the last stage, by id
-        if settings.semantics is not None:
-            doc["semantics"] = result.plan.describe()
-        (render.print_json if fmt == o.Format.json else render.print_jsonl)(doc)
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        rows = []
-        for t in result.tokens:
-            row = {"token_id": t.token_id, "logit": t.logit}
-            row.update({f"p_{name}": t.probs[name] for name in names})
-            rows.append(row)
-        render.print_rows(rows, fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        render.show([tokens_table(result.tokens, names, "given distribution"), stages_table(result.stages)],
-                    opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+    doc = {"command": "probs", "model": None, "device": str(raw.device), "dtype": "float32",
+           "config": as_dict(settings), "chain": result.chain, "given": {"logits": raw[0].tolist(), "history": ids},
+           "stages": result.stages, "tokens": result.tokens, "state": result.state}
+    if top >= vocab:
+        doc["probs"] = result.probs()  # every token's probability after the last stage, by id
+    if settings.semantics is not None:
+        doc["semantics"] = result.plan.describe()
+    rows = [{"token_id": t.token_id, "logit": t.logit, **{f"p_{name}": t.probs[name] for name in names}}
+            for t in result.tokens]
+    output.emit_for(opts, output.Output(
+        document=doc, jsonl=[doc], tables=[(None, rows)],
+        views=lambda: [tokens_table(result.tokens, names, "given distribution"), stages_table(result.stages)]))
 
 
 def tokens_table(tracked, names: list[str], model_name: str) -> Table:

@@ -14,7 +14,7 @@ from ...core.errors import ConfigError
 from ...core.settings import as_dict, resolve
 from .. import options as o
 from ..loop import phase
-from ..view import render
+from ..view import output, render
 
 Q = "Quantization"
 DEFAULT_TEXT = "presets/models/validation.txt"
@@ -78,8 +78,9 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     status = render.error_console()
     tell = (lambda label: status.print(f"[dim]{label}[/dim]")) if opts.fmt == o.Format.table else (lambda label: None)
     report = run_quantize_kv(lm, ids, settings, spec, progress=tell)
-    for cell in grid_cells(settings):
-        tell(f"grid: {cell}")
+    cells = grid_cells(settings)
+    for k, cell in enumerate(cells):
+        tell(f"grid {k + 1}/{len(cells)}: {cell}")
         measured = phase(lambda: fidelity(lm, ids, cell, settings.feed))  # noqa: B023 (called at once)
         if measured is None:  # Ctrl-C: the cells so far are reported, main() then exits 130
             report.stop_reason = "interrupted"
@@ -109,26 +110,14 @@ def document(lm, settings, body: str, ids: list[int], report) -> dict:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], report) -> None:
-    fmt = opts.fmt
-    if fmt == o.Format.json:
-        render.print_json(document(lm, settings, body, ids, report))
-    elif fmt == o.Format.jsonl:
-        for s in report.fidelity.steps:
-            render.print_jsonl({"type": "step", **render.clean(s.to_dict())})
-        doc = document(lm, settings, body, ids, report)
-        render.print_jsonl({"type": "summary", "command": "quantize-kv", "model": lm.name, **doc["summary"],
-                            **{k: doc[k] for k in ("memory", "projections", "reconstruction", "outliers",
-                                                   "activations", "grid")}})
-    elif fmt == o.Format.markdown:
-        for title, rows in sections(report):
-            print(f"### {title}\n")
-            render.print_rows(rows, "markdown")
-            print()
-    elif fmt == o.Format.csv:
-        # one table: the grid when asked for, else reconstruction and outliers per layer and head
-        render.print_rows([g.row() for g in report.grid] if report.grid else layer_rows(report), "csv")
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        render.show(views(lm, report), opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+    doc = document(lm, settings, body, ids, report)
+    closing = output.summary_record("quantize-kv", lm.name, doc["summary"], {
+        k: doc[k] for k in ("memory", "projections", "reconstruction", "outliers", "activations", "grid")})
+    output.emit_for(opts, output.Output(  # csv: the grid when asked for, else reconstruction and outliers per head
+        document=doc,
+        jsonl=[{"type": "step", **render.clean(s.to_dict())} for s in report.fidelity.steps] + [closing],
+        tables=list(sections(report)), csv=[g.row() for g in report.grid] if report.grid else layer_rows(report),
+        views=lambda: views(lm, report)))
 
 
 # --- flat rows (markdown, csv) ---------------------------------------------------------------------------------------
@@ -251,6 +240,7 @@ def layer_table(report) -> Table:
 
 def outlier_table(outliers: list[dict], title: str) -> Table:
     table = Table(title=title, header_style="bold")
+    table.key_columns = 2  # layer and tensor name a row: a split panel repeats both
     for name in ("layer", "tensor", "scale set by", "x typical", "max/median", "bits lost", "per tensor",
                  "per token", "per channel", "grouped"):
         table.add_column(name, justify="right")
@@ -265,7 +255,9 @@ def outlier_table(outliers: list[dict], title: str) -> Table:
 
 
 def grid_table(report) -> Table:
-    table = Table(title="grid: x fp16 bytes · perplexity change · top-1 agreement", header_style="bold")
+    residual = int(report.grid[0].cache.split("residual=")[1].split(",")[0]) if "residual=" in report.grid[0].cache else 0
+    window = f"every cell keeps the last {residual} tokens exact" if residual else "every token quantized in every cell"
+    table = Table(title=f"grid: x fp16 bytes · perplexity change · top-1 agreement ({window})", header_style="bold")
     axes = list(dict.fromkeys(g.cache.split("axis=")[1].split(",")[0] for g in report.grid))
     table.add_column("bits", justify="right")
     for axis in axes:

@@ -9,10 +9,10 @@ from typing import Annotated, Optional
 import typer
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
-from ..view import render
+from ..view import output, render
 from ..view.live import LiveSteps
 from ..view.steps_view import StepsTable
 
@@ -39,7 +39,7 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
            resume: Resume = None, kept_ids: KeptIds = None) -> None:
     """Generate text token by token and show, per token, the processed and the raw probability."""
     from ...core.methods.branch import Branched, load_trace, parse_force, resume_values
-    from ...core.methods.sample import SampleSettings, build_sampler, validate_sample
+    from ...core.methods.sample import SampleSettings, build_sampler
     from ...core.sampling.chain import refuse_stepwise_stages
     from ..pipeline import export_instead, load, read_prompt
     if num_samples is not None and num_samples < 1:
@@ -54,8 +54,8 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
     if point is not None:  # the saved settings, below what is given now
         explicit = {**resume_values(point, SampleSettings), **{k: v for k, v in explicit.items()
                                                                if v is not None and v != ()}}
-    settings = resolve(SampleSettings, opts.preset, explicit, opts.set_)
-    validate_sample(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("sample", opts.preset, explicit, opts.set_)
     if opts.export is not None:
         export_instead(opts, settings, load(opts))
         return
@@ -85,7 +85,7 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
             drive(sampler, opts.fmt, on_step=live.add)
         emit(opts, lm, settings, text, prompt_ids, sampler, table, printed=live.shown)
     else:
-        drive(sampler, opts.fmt)
+        drive(sampler, opts.fmt, text_of=lambda: lm.decode(getattr(sampler, "all_ids", None) or sampler.new_ids))
         emit(opts, lm, settings, text, prompt_ids, sampler, table)
 
 
@@ -100,26 +100,20 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     """-N: the samples and their spread."""
     from ...core.engine.stopping import stop_rules
     from ...core.methods.many import sample_many
-    from ...core.sampling.chain import cache_spec, make_chain, refuse_stepwise_stages
+    from ...core.sampling.chain import make_chain, refuse_stepwise_stages
     chain = make_chain(lm, settings)
     refuse_stepwise_stages(chain, "sample -N")
     rows, spread = sample_many(lm.model, prompt_ids, chain, settings.temperature == 0, settings.seed, n,
-                               stop_rules(lm, settings), lm.decode, lm.token_text, cache_spec(settings))
-    fmt = opts.fmt
-    if fmt == o.Format.json:
-        head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids,
-                               selector="greedy" if settings.temperature == 0 else "multinomial")
-        render.print_json({**head, "samples": rows, "summary": spread})
-    elif fmt == o.Format.jsonl:
-        for r in rows:
-            render.print_jsonl({"type": "sample", **render.clean(r)})
-        render.print_jsonl({"type": "summary", "command": "sample", "model": lm.name, **render.clean(spread)})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([{**render.clean(r), "text": render.one_line(r.text)} for r in rows], fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        render.show(render.samples_views(rows, spread, f"{lm.name} · {n} samples · chain: "
-                                         f"{' -> '.join(chain.names) or '(none)'}"),
-                    opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec)
+    head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids,
+                           selector="greedy" if settings.temperature == 0 else "multinomial")
+    title = f"{lm.name} · {n} samples · chain: {' -> '.join(chain.names) or '(none)'}"
+    output.emit_for(opts, output.Output(
+        document={**head, "samples": rows, "summary": spread},
+        jsonl=[{"type": "sample", **render.clean(r)} for r in rows]
+        + [output.summary_record("sample", lm.name, spread)],
+        tables=[(None, [render.clean(r) for r in rows])],
+        views=lambda: render.samples_views(rows, spread, title)))
 
 
 def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler, table: StepsTable,
@@ -127,38 +121,35 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
     from ...core.engine.stopping import trim_stop
     from ...core.sampling.semantics import plan
-    fmt, names = opts.fmt, sampler.chain.names
+    names = sampler.chain.names
     token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
     out_text = lm.decode(token_ids)
     effective = plan(settings)
     if settings.trim_stop if settings.trim_stop is not None else effective.trim_stop:
         token_ids, out_text = trim_stop(token_ids, sampler.stop_reason, sampler.rules, lm.decode)
     summary = sampler.summary()
-    if fmt == o.Format.jsonl:
-        for kept in getattr(sampler, "kept_sets", []):
-            render.print_jsonl({"type": "kept", **kept})
-        render.print_jsonl({"type": "summary", "command": "sample", "model": lm.name, "text": out_text,
-                            "token_ids": token_ids, **render.clean(summary)})
-    elif fmt == o.Format.json:
-        head = render.document("sample", lm, as_dict(settings), names, text, prompt_ids,
-                               selector=sampler.selector.name)
-        if settings.semantics is not None:
-            head["semantics"] = effective.describe()
-        if getattr(sampler, "kept", False):
-            head["kept_sets"] = sampler.kept_sets
-        render.print_json({**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids,
-                           "summary": summary})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows(render.step_rows(sampler.steps), fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        full = table.with_part("all", sampler.steps)
-        greedy = sampler.selector.name == "greedy"
-        views = [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
-                 render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
-                 render.summary_line(summary)]
-        if fmt == o.Format.table:
-            render.show([table.with_part("caption") if printed else full] + views)
-        render.save([full] + views, opts.save_html, opts.save_svg)
+    head = render.document("sample", lm, as_dict(settings), names, text, prompt_ids, selector=sampler.selector.name)
+    if settings.semantics is not None:
+        head["semantics"] = effective.describe()
+    kept = [{"type": "kept", **k} for k in getattr(sampler, "kept_sets", [])]  # --kept-ids
+    if getattr(sampler, "kept", False):
+        head["kept_sets"] = sampler.kept_sets
+    greedy = sampler.selector.name == "greedy"
+
+    def views() -> list:
+        return [table.with_part("all", sampler.steps)] + after_table()
+
+    def after_table() -> list:
+        return [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
+                render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
+                render.summary_line(summary)]
+
+    output.emit_for(opts, output.Output(
+        document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
+        text=out_text,
+        jsonl=kept + [output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
+        tables=[(None, render.step_rows(sampler.steps))],
+        views=views, screen=(lambda: [table.with_part("caption")] + after_table()) if printed else None))
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------
@@ -180,7 +171,7 @@ def on_engine(opts: o.Opts, settings: SampleSettings, refused: dict, kept_ids: b
     require_logprobs(conn, "sample")
     request, notes = request_for(conn, settings, settings.top)
     run = ServedSample(conn, prompt_ids, request, notes)
-    drive(run, opts.fmt)
+    drive(run, opts.fmt, text_of=lambda: local.decode(run.new_ids))
     emit_engine(opts, conn, settings, text, prompt_ids, run)
     if run.error is not None:  # the tokens are printed; the replay's failure is the exit status
         note_error(run.error)
@@ -191,25 +182,25 @@ def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, prompt_
     from ..served import document
     from ..view.served_view import sample_table
 
-    fmt, summary, ids = opts.fmt, run.summary(), run.new_ids
+    summary, ids = run.summary(), run.new_ids
     out_text = conn.local.decode(ids)
-    if fmt == o.Format.jsonl:
-        render.print_jsonl({"type": "summary", "command": "sample", "model": conn.local.name, "text": out_text,
-                            "token_ids": ids, **render.clean(summary)})
-    elif fmt == o.Format.json:
-        effective = plan(replace(settings, semantics="vllm"))
-        render.print_json({**document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
-                                      selector="greedy" if settings.temperature == 0 else "engine"),
-                           "request": run.generated.request if run.generated else None, "notes": run.notes,
-                           "steps": run.steps, "text": out_text, "token_ids": ids, "summary": summary})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([{**{k: v for k, v in render.clean(s).items() if k not in ("alternatives", "defects")},
-                            "token": render.show_token(s.token)} for s in run.steps], fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
+    effective = plan(replace(settings, semantics="vllm"))
+    head = document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
+                    selector="greedy" if settings.temperature == 0 else "engine")
+
+    def views() -> list:
         title = f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · {summary.values} logprobs"
-        views = [sample_table(run.steps, title, summary.values, summary.raw_from, settings.top),
-                 render.shaded_text(text, [(s.token, s.prob if s.prob is not None else (s.raw_prob or 0.0))
-                                           for s in run.steps]),
-                 render.shading_legend("processed p" if summary.values == "processed" else "raw p"),
-                 render.summary_line(summary)]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+        return [sample_table(run.steps, title, summary.values, summary.raw_from, settings.top),
+                render.shaded_text(text, [(s.token, s.prob if s.prob is not None else (s.raw_prob or 0.0))
+                                          for s in run.steps]),
+                render.shading_legend("processed p" if summary.values == "processed" else "raw p"),
+                render.summary_line(summary)]
+
+    output.emit_for(opts, output.Output(
+        document={**head, "request": run.generated.request if run.generated else None, "notes": run.notes,
+                  "steps": run.steps, "text": out_text, "token_ids": ids, "summary": summary},
+        text=out_text,
+        jsonl=[output.summary_record("sample", conn.local.name, {"text": out_text, "token_ids": ids}, summary)],
+        tables=[(None, [{**{k: v for k, v in render.clean(s).items() if k not in ("alternatives", "defects")},
+                         "token": render.show_token(s.token)} for s in run.steps])],
+        views=views))

@@ -13,10 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
-from ..view import render
+from ..view import output, render
 
 SCORE = "Scoring"
 TABLE_ROWS = 200  # per-token rows a terminal table shows (json/jsonl/csv carry every token)
@@ -53,15 +53,15 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most."""
     from ...core.engine.models import load_draft
-    from ...core.methods.score import ScoreSettings, build_scorer, validate_score
+    from ...core.methods.score import build_scorer
     from ...core.sampling.chain import make_chain
     from ..pipeline import load
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
     explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache,
                     renormalize=renormalize, kept_ids=kept_ids)
-    settings = resolve(ScoreSettings, opts.preset, explicit, opts.set_)
-    validate_score(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("score", opts.preset, explicit, opts.set_)
     if opts.engine is not None:
         return on_engine(opts, settings, body)
     lm = load(opts)
@@ -92,28 +92,27 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
-    fmt, summary = opts.fmt, scorer.summary()
+    summary = scorer.summary()
     rows = [r.to_dict() for r in scorer.steps]
-    if fmt == o.Format.jsonl:
-        render.print_jsonl({"type": "summary", "command": "score", "model": lm.name, **render.clean(summary)})
-    elif fmt == o.Format.json:
-        head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
-        render.print_json({**head, "steps": rows, "text": "", "token_ids": [], "summary": summary})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        flat = [{**r, "token": render.show_token(r["token"])} for r in rows]
-        render.print_rows(flat, fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
-                              f"{' -> '.join(chain.names) or '(none)'}"),
-                 render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
-                 render.shading_legend("raw p (the model's own probability of the given token)",
-                                       "first token (not scored)", "scored tokens"),
-                 chunks_table(summary)]
+    head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
+
+    def views() -> list:
+        out = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
+                            f"{' -> '.join(chain.names) or '(none)'}"),
+               render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
+               render.shading_legend("raw p (the model's own probability of the given token)",
+                                     "first token (not scored)", "scored tokens"),
+               chunks_table(summary)]
         if summary.most_different:
-            views.append(different_table(summary))
-        views.append(render.summary_line({k: v for k, v in render.clean(summary).items()
-                                          if k not in ("chunks", "most_different")}))
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+            out.append(different_table(summary))
+        out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
+                                        if k not in ("chunks", "most_different")}))
+        return out
+
+    output.emit_for(opts, output.Output(
+        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary},
+        jsonl=[output.summary_record("score", lm.name, summary)],
+        tables=[(None, rows)], views=views))
 
 
 def tokens_table(steps, title: str) -> Table:
@@ -181,23 +180,23 @@ def emit_engine(opts: o.Opts, conn, settings, body: str, ids: list[int], run) ->
     from ..served import document
     from ..view.served_view import score_table
 
-    fmt, summary = opts.fmt, run.summary()
+    summary = run.summary()
     rows = [r.to_dict() for r in run.steps]
-    if fmt == o.Format.jsonl:
-        render.print_jsonl({"type": "summary", "command": "score", "model": conn.local.name, **render.clean(summary)})
-    elif fmt == o.Format.json:
-        render.print_json({**document("score", conn, as_dict(settings), [], body, ids), "steps": rows, "text": "",
-                           "token_ids": [], "summary": summary})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([{**{k: v for k, v in render.clean(r).items() if k not in ("alternatives", "defects")},
-                            "token": render.show_token(r["token"])} for r in rows], fmt.value)
-    if fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [score_table(run.steps, f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · raw prompt "
-                                        "logprobs", run.top_n),
-                 render.shaded_text(conn.local.token_text(ids[0]),
-                                    [(r.token, render.exp(r.raw_logprob)) for r in run.steps]),
-                 render.shading_legend("raw p (the served model's probability of the given token)",
-                                       "first token (not scored)", "scored tokens"),
-                 chunks_table(summary),
-                 render.summary_line({k: v for k, v in render.clean(summary).items() if k != "chunks"})]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=fmt == o.Format.table)
+
+    def views() -> list:
+        return [score_table(run.steps, f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · raw prompt "
+                                       "logprobs", run.top_n),
+                render.shaded_text(conn.local.token_text(ids[0]),
+                                   [(r.token, render.exp(r.raw_logprob)) for r in run.steps]),
+                render.shading_legend("raw p (the served model's probability of the given token)",
+                                      "first token (not scored)", "scored tokens"),
+                chunks_table(summary),
+                render.summary_line({k: v for k, v in render.clean(summary).items() if k != "chunks"})]
+
+    output.emit_for(opts, output.Output(
+        document={**document("score", conn, as_dict(settings), [], body, ids), "steps": rows, "text": "",
+                  "token_ids": [], "summary": summary},
+        jsonl=[output.summary_record("score", conn.local.name, summary)],
+        tables=[(None, [{**{k: v for k, v in render.clean(r).items() if k not in ("alternatives", "defects")},
+                         "token": render.show_token(r["token"])} for r in rows])],
+        views=views))

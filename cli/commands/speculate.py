@@ -8,10 +8,10 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive, interrupted, phase
-from ..view import render
+from ..view import output, render
 from ..view.live import LiveSteps
 
 SPEC = "Speculative decoding"
@@ -45,12 +45,11 @@ def speculate(
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
     from ...core.engine.models import load_draft
     from ...core.methods.speculative.run import (
-        SpeculateSettings,
         SpeedupRounds,
         best_gamma,
+        with_gamma,
         build_speculator,
         parse_gammas,
-        validate_speculate,
         warm_up_speculate,
     )
     from ...core.sampling.chain import make_chain
@@ -58,8 +57,8 @@ def speculate(
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(draft=draft, gamma=gamma, ngram_size=ngram_size, sweep_gamma=parse_gammas(sweep_gamma),
                     speedup_rounds=speedup_rounds)
-    settings = resolve(SpeculateSettings, opts.preset, explicit, opts.set_)
-    validate_speculate(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("speculate", opts.preset, explicit, opts.set_)
     if opts.export is not None:
         export_instead(opts, settings, load(opts))
         return
@@ -70,57 +69,74 @@ def speculate(
     processors = make_chain(lm, settings)
     prompt_ids = lm.encode(text, opts.chat)
     phase(lambda: warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors))
-    spec = build_speculator(lm, draft_lm, settings, prompt_ids, settings.gamma, processors)
-    if interrupted():
-        spec.interrupt()  # Ctrl-C during the warm-up: an empty run, reported as interrupted
-    else:
-        with LiveSteps(render.console(), None, unit="rounds", enabled=opts.fmt == o.Format.table) as live:
-            drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add)
-    # the shown run is round 1's speculative half; a Ctrl-C keeps the rounds completed (none: speedups null)
-    timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, settings.gamma, first=spec)
-    phase(timing.run)
-    summary = spec.summary(timing.rounds)
-    sweep = []
-    for g in (int(x) for x in settings.sweep_gamma):
+    # with --sweep-gamma the sweep runs first, so the run shown (traced) is the gamma the sweep names best
+    sweep, measured = [], {}
+    gammas = [int(x) for x in settings.sweep_gamma]
+    for k, g in enumerate(gammas):
         if interrupted():
             break  # the rows measured so far are kept
+        progress(f"speculate: timing gamma {g} ({k + 1}/{len(gammas)}, {settings.speedup_rounds} rounds each)")
         row = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, g)
         phase(row.run)
         if row.rounds:  # a gamma cut before its first round completed has no row
             sweep.append(row.first.summary(row.rounds))
+            measured[g] = row.rounds
     best = best_gamma(sweep) if sweep else None
+    shown = best if best is not None else settings.gamma
+    settings = with_gamma(settings, shown)
+    spec = build_speculator(lm, draft_lm, settings, prompt_ids, shown, processors)
+    if interrupted():
+        spec.interrupt()  # Ctrl-C before the shown run: an empty run, reported as interrupted
+    else:
+        with LiveSteps(render.console(), None, unit="rounds", enabled=opts.fmt == o.Format.table) as live:
+            drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add,
+                  text_of=lambda: lm.decode(spec.new_ids))
+    if shown in measured:
+        rounds = measured[shown]  # the sweep timed this gamma already, on the same tokens
+    else:  # the shown run is round 1's speculative half; a Ctrl-C keeps the rounds completed (none: speedups null)
+        progress(f"speculate: timing against plain decoding ({settings.speedup_rounds} rounds)")
+        timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, shown, first=spec)
+        phase(timing.run)
+        rounds = timing.rounds
+    summary = spec.summary(rounds)
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
          opts.save_svg)
+
+
+def progress(message: str) -> None:
+    """A line on stderr for a phase that takes a while (timing rounds, the gamma sweep), on a terminal only."""
+    err = render.error_console()
+    if err.is_terminal:
+        err.print(message, style="dim")
 
 
 def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg) -> None:
     token_ids = spec.new_ids
     out_text = lm.decode(token_ids)
     extra = {"sweep": [r.to_dict() for r in sweep], "best_gamma": best} if sweep else {}
-    if fmt == o.Format.jsonl:
-        for row in extra.get("sweep", []):
-            render.print_jsonl({"type": "sweep", **render.clean(row)})
-        render.print_jsonl({"type": "summary", "command": "speculate", "model": lm.name, "text": out_text,
-                            "token_ids": token_ids, **render.clean(summary.to_dict()),
-                            **({"best_gamma": best} if sweep else {})})
-    elif fmt == o.Format.json:
-        head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
-                               draft=settings.draft, gamma=settings.gamma,
-                               verification="greedy" if spec.greedy else "speculative-sampling")
-        render.print_json({**head, "steps": [r.to_dict() for r in spec.rounds], "text": out_text,
-                           "token_ids": token_ids, "summary": summary.to_dict(), **extra})
-    elif fmt in (o.Format.markdown, o.Format.csv):
-        rows = [sweep_row(r) for r in sweep] if sweep else round_rows(spec.rounds)
-        render.print_rows(rows, fmt.value)
-    if fmt == o.Format.table or save_html or save_svg:
+    head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
+                           draft=settings.draft, gamma=settings.gamma,
+                           verification="greedy" if spec.greedy else "speculative-sampling")
+
+    def views() -> list:
         title = (f"{lm.name} <- {spec.proposer.name} · gamma {settings.gamma} · "
                  f"{'greedy verification' if spec.greedy else 'speculative sampling'} · chain: "
                  f"{' -> '.join(processors.names) or '(none)'}")
-        views = [rounds_table(spec.rounds, title, spec.greedy), marked_text(text, spec.rounds),
-                 speedup_line(summary), render.summary_line(summary)]
+        out = [rounds_table(spec.rounds, title, spec.greedy), marked_text(text, spec.rounds),
+               speedup_line(summary), render.summary_line(summary)]
         if sweep:
-            views += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
-        render.show(views, save_html, save_svg, to_screen=fmt == o.Format.table)
+            out += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
+        return out
+
+    output.emit(output.Output(
+        document={**head, "steps": [r.to_dict() for r in spec.rounds], "text": out_text, "token_ids": token_ids,
+                  "summary": summary.to_dict(), **extra},
+        text=out_text,
+        jsonl=[{"type": "sweep", **render.clean(row)} for row in extra.get("sweep", [])]
+        + [output.summary_record("speculate", lm.name, {"text": out_text, "token_ids": token_ids}, summary.to_dict(),
+                                 {"best_gamma": best} if sweep else {})],
+        tables=[(None, [sweep_row(r) for r in sweep] if sweep else round_rows(spec.rounds))], views=views),
+        fmt.value, save_html, save_svg)
 
 
 # --- views ---------------------------------------------------------------------------------------------------------
@@ -183,8 +199,17 @@ def speedup_line(summary) -> Text:
     spread = (f"median of {rounds} timing rounds, min {summary.measured_speedup_min:.2f}x, max "
               f"{summary.measured_speedup_max:.2f}x" if rounds > 1 else "1 timing round, no spread")
     predicted = (f"; predicted {summary.predicted_speedup:.2f}x" if summary.predicted_speedup is not None else "")
-    return Text(f"measured speedup {summary.measured_speedup:.2f}x over plain decoding ({spread}){predicted}",
+    rates = ""
+    if summary.speculative_tokens_per_s is not None and summary.baseline_tokens_per_s is not None:
+        rates = (f"; {summary.speculative_tokens_per_s:.1f} vs {summary.baseline_tokens_per_s:.1f} tokens/s, both "
+                 "untraced loops of the same rounds")
+    line = Text(f"measured speedup {summary.measured_speedup:.2f}x over plain decoding ({spread}){predicted}{rates}",
                 style="bold")
+    if summary.speedup_noisy:
+        line.append("\nnoisy: the timing rounds disagree (spread over 25% of the median, or on both sides of 1x); "
+                    "the machine was too busy to trust this figure: rerun when it is idle, or with more "
+                    "--speedup-rounds", style="bold red")
+    return line
 
 
 SWEEP_COLUMNS = {"gamma": "g", "acceptance_rate": "a", "mean_accepted": "acc/round",
@@ -226,9 +251,9 @@ def round_rows(rounds) -> list[dict]:
         f = r.final
         rows.append({
             "index": r.index, "position": r.position, "drafted": r.drafted, "accepted": r.accepted,
-            "proposed": " ".join(render.show_token(t.token) for t in r.proposed),
-            "q": " ".join(f"{t.q:.4f}" for t in r.proposed), "p": " ".join(f"{t.p:.4f}" for t in r.proposed),
-            "final_kind": f.kind if f else "", "final_token": render.show_token(f.token) if f else "",
-            "final_prob": f.prob if f else None, "emitted": render.show_token(r.emitted_text),
+            "proposed": render.json_cell([{"token_id": t.token_id, "token": t.token, "q": t.q, "p": t.p,
+                                           "accepted": t.accepted} for t in r.proposed]),
+            "final_kind": f.kind if f else "", "final_token": f.token if f else "",
+            "final_prob": f.prob if f else None, "emitted": r.emitted_text,
         })
     return rows

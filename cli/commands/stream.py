@@ -15,10 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict, resolve
+from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
-from ..view import render
+from ..view import output, render
 from ..view.live import LiveSteps
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
@@ -57,14 +57,14 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
     """Decode or score past the model's context under a bounded KV cache (default sinks:sinks=4,recent=252): with
     PROMPT, generate -n tokens with the cache length, evicted positions and slot map per token; with --text-file,
     score the text (perplexity, cache tokens, KV bytes and tokens/s per span)."""
-    from ...core.methods.stream import StreamScore, StreamSettings, validate_stream
+    from ...core.methods.stream import StreamScore
     from ...core.sampling.chain import make_chain
     from ..pipeline import load
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(limit=limit, chunk=chunk, feed=feed, window=window, sinks=sinks,
                     compare_policies=compare_policies_, attention=attention)
-    settings = resolve(StreamSettings, opts.preset, explicit, opts.set_)
-    validate_stream(settings)
+    from ...core.methods.registry import settings_for
+    settings = settings_for("stream", opts.preset, explicit, opts.set_)
     if text_file is not None and opts.prompt is not None:
         raise ConfigError("PROMPT and --text-file: give one of them (PROMPT generates, --text-file scores)")
     if settings.compare_policies and text_file is None:
@@ -84,17 +84,12 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
     run = StreamScore(lm.model, ids, chain, lm.token_text, settings)
     with_progress(run, opts.fmt, "scoring")
     summary = run.summary()
-    if opts.fmt == o.Format.jsonl:
-        render.print_jsonl({"type": "summary", "command": "stream", "model": lm.name, **render.clean(summary)})
-    elif opts.fmt == o.Format.json:
-        head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="score")
-        render.print_json({**head, "steps": run.chunks, "text": "", "token_ids": [], "summary": summary})
-    elif opts.fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([render.clean(c) for c in run.chunks], opts.fmt.value)
-    if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [chunks_table(run.chunks, f"{lm.name} · cache {summary.policy} · {summary.tokens} tokens scored, "
-                              f"{settings.feed} per forward"), render.summary_line(_scalars(summary))]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
+    head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="score")
+    output.emit_for(opts, output.Output(
+        document={**head, "steps": run.chunks, "text": "", "token_ids": [], "summary": summary},
+        jsonl=[output.summary_record("stream", lm.name, summary)], tables=[(None, [render.clean(c) for c in run.chunks])],
+        views=lambda: [chunks_table(run.chunks, f"{lm.name} · cache {summary.policy} · {summary.tokens} tokens scored, "
+                                    f"{settings.feed} per forward"), render.summary_line(_scalars(summary))]))
 
 
 def _read(opts, text_file: Path | None) -> str:
@@ -130,27 +125,24 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
         with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
             drive(run, opts.fmt, on_step=live.add)
     else:
-        drive(run, opts.fmt)
+        drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids))
     token_ids = run.new_ids
     out_text, summary = lm.decode(token_ids), run.summary()
-    if opts.fmt == o.Format.jsonl:
-        render.print_jsonl({"type": "summary", "command": "stream", "model": lm.name, "text": out_text,
-                            "token_ids": token_ids, **render.clean(summary)})
-    elif opts.fmt == o.Format.json:
-        head = render.document("stream", lm, as_dict(settings), chain.names, text, prompt_ids, mode="generate",
-                               selector=run.selector.name)
-        render.print_json({**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary})
-    elif opts.fmt in (o.Format.markdown, o.Format.csv):
-        rows = render.step_rows(run.steps)
-        for row, step in zip(rows, run.steps):
-            row.update(cache_tokens=step.cache_tokens, kv_bytes=step.kv_bytes, evicted=_range(step.evicted),
-                       slots=_slots(step.slots))
-        render.print_rows(rows, opts.fmt.value)
-    if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache {summary.policy}"),
-                 render.shaded_text(text, [(s.token, s.raw_prob) for s in run.steps]),
-                 render.shading_legend("raw p"), render.summary_line(_scalars(summary))]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
+    head = render.document("stream", lm, as_dict(settings), chain.names, text, prompt_ids, mode="generate",
+                           selector=run.selector.name)
+    rows = render.step_rows(run.steps)
+    for row, step in zip(rows, run.steps):
+        row.update(cache_tokens=step.cache_tokens, kv_bytes=step.kv_bytes, evicted=_range(step.evicted),
+                   slots=_slots(step.slots))
+    output.emit_for(opts, output.Output(
+        document={**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
+        text=out_text,
+        jsonl=[output.summary_record("stream", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
+        tables=[(None, rows)],
+        views=lambda: [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache "
+                                   f"{summary.policy}"),
+                       render.shaded_text(text, [(s.token, s.raw_prob) for s in run.steps]),
+                       render.shading_legend("raw p"), render.summary_line(_scalars(summary))]))
 
 
 def _range(r: list[int]) -> str:
@@ -202,18 +194,14 @@ def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], c
         results.append({"label": label, "spec": str(run.spec), "summary": run.summary()})
         if run.interrupted:
             break
-    if opts.fmt == o.Format.jsonl:
-        for r in results:
-            render.print_jsonl({"type": "policy", **render.clean(r)})
-    elif opts.fmt == o.Format.json:
-        head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="compare")
-        render.print_json({**head, "policies": results, "steps": [], "text": "", "token_ids": [],
-                           "summary": {"tokens": len(ids) - 1, "context_length": lm.context_length}})
-    elif opts.fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([_compare_row(r, lm.context_length) for r in results], opts.fmt.value)
-    if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [compare_table(results, lm, len(ids) - 1), ppl_plot(results, lm.context_length)]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
+    head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="compare")
+    totals = {"tokens": len(ids) - 1, "context_length": lm.context_length}
+    output.emit_for(opts, output.Output(
+        document={**head, "policies": results, "steps": [], "text": "", "token_ids": [], "summary": totals},
+        jsonl=[{"type": "policy", **render.clean(r)} for r in results]
+        + [output.summary_record("stream", lm.name, totals, {"policies": len(results)})],
+        tables=[(None, [_compare_row(r, lm.context_length) for r in results])],
+        views=lambda: [compare_table(results, lm, len(ids) - 1), ppl_plot(results, lm.context_length)]))
 
 
 def _ppl_after(chunks, start: int) -> float:
@@ -259,8 +247,8 @@ COLOURS = ("red", "blue", "cyan", "magenta", "green", "yellow", "white", "white"
 
 
 def ppl_plot(results, context: int | None, height: int = 12, width: int = 64) -> Group:
-    """Perplexity per span over position, log scale, one marker per policy (a later policy draws over an earlier
-    one in a shared cell)."""
+    """Perplexity per span over position, log scale, one marker per policy. Each span has a column per policy where
+    the width allows, so equal values stay visible side by side; a cell two policies still share shows ``*``."""
     series = [(r["label"], r["summary"].chunks) for r in results if "summary" in r and r["summary"].chunks]
     if not series:
         return Group(Text("(nothing to plot)"))
@@ -268,13 +256,17 @@ def ppl_plot(results, context: int | None, height: int = 12, width: int = 64) ->
     lo, hi = min(values), max(values)
     hi = hi if hi > lo else lo + 1.0
     spans = max(len(chunks) for _, chunks in series)
-    cols = min(width, spans * 5)
+    per_span = max(1, min(len(series) + 1, width // spans))  # a column per policy and a gap, when they fit
+    cols = min(width, spans * per_span)
     grid = [[Text(" ") for _ in range(cols)] for _ in range(height)]
+    drawn: dict[tuple[int, int], int] = {}
     for k, (label, chunks) in enumerate(series):
         for i, c in enumerate(chunks):
-            x = min(i * cols // spans, cols - 1)
-            y = round((math.log(c.perplexity) - lo) / (hi - lo) * (height - 1))
-            grid[height - 1 - y][x] = Text(MARKS[k % len(MARKS)], style=COLOURS[k % len(COLOURS)])
+            x = min(i * cols // spans + k % per_span, cols - 1)
+            y = height - 1 - round((math.log(c.perplexity) - lo) / (hi - lo) * (height - 1))
+            shared = drawn.setdefault((y, x), k) != k
+            grid[y][x] = Text("*", style="bold") if shared else Text(MARKS[k % len(MARKS)],
+                                                                     style=COLOURS[k % len(COLOURS)])
     lines = []
     for row_index, row in enumerate(grid):
         level = math.exp(hi - (hi - lo) * row_index / (height - 1))
@@ -285,6 +277,8 @@ def ppl_plot(results, context: int | None, height: int = 12, width: int = 64) ->
         axis.append(f" (trained context {context})")
     legend = [Text(f"{'':11}{MARKS[k % len(MARKS)]} {label}", style=COLOURS[k % len(COLOURS)])
               for k, (label, _) in enumerate(series)]
+    if any(cell.plain == "*" for row in grid for cell in row):
+        legend.append(Text(f"{'':11}* two or more policies at the same point"))
     return Group(Text("perplexity per span over position (log scale)", style="bold"), *lines, axis, *legend)
 
 
@@ -298,19 +292,13 @@ def emit_attention(opts, lm, settings: StreamSettings, body: str, chain) -> None
     strongest = max(rows, key=lambda r: r.ratio)
     summary = {**meta, "max_ratio": strongest.ratio, "max_layer": strongest.layer, "max_head": strongest.head,
                "mean_ratio": sum(r.ratio for r in rows) / len(rows)}
-    if opts.fmt == o.Format.jsonl:
-        for r in rows:
-            render.print_jsonl({"type": "head", **render.clean(r)})
-        render.print_jsonl({"type": "summary", "command": "stream", "model": lm.name, **render.clean(summary)})
-    elif opts.fmt == o.Format.json:
-        head = render.document("stream", lm, as_dict(settings), chain.names, body, ids[: meta["tokens"]],
-                               mode="attention")
-        render.print_json({**head, "attention": rows, "steps": [], "text": "", "token_ids": [], "summary": summary})
-    elif opts.fmt in (o.Format.markdown, o.Format.csv):
-        render.print_rows([render.clean(r) for r in rows], opts.fmt.value)
-    if opts.fmt == o.Format.table or opts.save_html or opts.save_svg:
-        views = [heat_table(rows, lm, meta), render.summary_line(summary)]
-        render.show(views, opts.save_html, opts.save_svg, to_screen=opts.fmt == o.Format.table)
+    head = render.document("stream", lm, as_dict(settings), chain.names, body, ids[: meta["tokens"]],
+                           mode="attention")
+    output.emit_for(opts, output.Output(
+        document={**head, "attention": rows, "steps": [], "text": "", "token_ids": [], "summary": summary},
+        jsonl=[{"type": "head", **render.clean(r)} for r in rows] + [output.summary_record("stream", lm.name, summary)],
+        tables=[(None, [render.clean(r) for r in rows])],
+        views=lambda: [heat_table(rows, lm, meta), render.summary_line(summary)]))
 
 
 def heat_table(rows, lm, meta) -> Table:

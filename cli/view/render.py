@@ -6,7 +6,11 @@ import csv
 import io
 import json
 import math
+import os
+import signal
+import stat
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -38,15 +42,61 @@ def dumps(obj) -> str:
     return json.dumps(clean(obj), ensure_ascii=False, allow_nan=False)
 
 
+class OutputError(Exception):
+    """Writing the output failed (a full disk, a closed stdout): one line, exit status 1."""
+
+
+class ReaderGone(Exception):
+    """The reader of stdout went away (``| head -1``): the run ends quietly."""
+
+
+def write_record(text: str) -> None:
+    """Write one whole record (a JSON document, a JSONL line, a table) to stdout and flush it.
+
+    A record is never torn: a Ctrl-C that arrives while it is written waits until it is out, and when stdout is a
+    file and the write fails (a full disk), the file is cut back to where the record began, so every whole record
+    already written stays and no half one follows it."""
+    if sys.stdout is None:
+        raise OutputError("stdout is closed; give the command somewhere to write (a file, a pipe, a terminal)")
+    data = text.encode("utf-8", "backslashreplace")
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if _main_thread() else None
+    try:
+        sys.stdout.flush()
+        fd = sys.stdout.fileno()
+        start = os.lseek(fd, 0, os.SEEK_CUR) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except BrokenPipeError:
+            raise ReaderGone() from None
+        except OSError as exc:
+            if start is not None:
+                os.ftruncate(fd, start)
+            raise OutputError(f"writing the output to stdout failed ({exc.strerror or exc}); every whole record "
+                              "before it was kept") from None
+    except (io.UnsupportedOperation, AttributeError):  # a stdout without a file descriptor (a test's buffer)
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise ReaderGone() from None
+    finally:
+        if previous is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(clean(obj), ensure_ascii=False, allow_nan=False, indent=2) + "\n")
-    sys.stdout.flush()
+    write_record(json.dumps(clean(obj), ensure_ascii=False, allow_nan=False, indent=2) + "\n")
 
 
 def print_jsonl(obj) -> None:
-    """One line, flushed at once, so a reader (or an interrupted run) always has whole lines."""
-    sys.stdout.write(dumps(obj) + "\n")
-    sys.stdout.flush()
+    """One line, written whole and flushed at once, so a reader (or an interrupted run) always has whole lines."""
+    write_record(dumps(obj) + "\n")
 
 
 def document(command: str, lm, config: dict, chain_names: list[str], prompt_text: str, prompt_ids: list[int],
@@ -67,6 +117,11 @@ def document(command: str, lm, config: dict, chain_names: list[str], prompt_text
 def one_line(text: str) -> str:
     """Text on one table line: backslashes, newlines, tabs and carriage returns escaped, spaces kept."""
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: cut with an ellipsis, never silently."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
 def show_token(text: str) -> str:
@@ -125,31 +180,48 @@ def shading_legend(shaded_by: str, before: str = "prompt", after: str = "output"
 
 
 def step_rows(steps) -> list[dict]:
-    """Flat per-step rows for markdown and CSV."""
+    """Flat per-step rows for markdown and CSV: the token's real text (each format escapes it by its own rules when
+    printed) and the alternatives as one JSON cell, every number whole."""
     rows = []
     for s in steps:
         rows.append({
-            "index": s.index, "position": s.position, "token_id": s.token_id, "token": show_token(s.token),
+            "index": s.index, "position": s.position, "token_id": s.token_id, "token": s.token,
             "prob": s.prob, "logprob": s.logprob, "raw_prob": s.raw_prob, "raw_logprob": s.raw_logprob,
             "raw_rank": s.raw_rank, "entropy": s.entropy, "raw_entropy": s.raw_entropy, "kept": s.kept,
-            "alternatives": " ".join(f"{show_token(a.token)}:{a.prob:.4f}" for a in s.alternatives),
-            "decided_by": s.decided_by, "why": s.why,
+            "alternatives": json_cell(s.alternatives), "decided_by": s.decided_by, "why": s.why,
         })
     return rows
 
 
+def json_cell(value) -> str:
+    """A list or record as one table cell: JSON, text kept as it is."""
+    return json.dumps(clean(value), ensure_ascii=False, allow_nan=False)
+
+
+def markdown_cell(value):
+    """A markdown table cell: text on one line (backslash escapes) with its pipes escaped, read as text even when
+    it looks like a number ("007"); floats to 6 significant digits (csv and json keep every digit)."""
+    if isinstance(value, str):
+        return one_line(value).replace("|", "\\|")
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
 def print_rows(rows: list[dict], fmt: str) -> None:
-    """markdown (tabulate, GitHub style) or csv (RFC 4180 via the csv module)."""
+    """markdown (tabulate, GitHub style; cells escaped by :func:`markdown_cell`) or csv (RFC 4180 via the csv
+    module, which quotes what needs quoting). Rows hold real text: neither format loses a character."""
     if fmt == "markdown":
-        sys.stdout.write(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".6g") + "\n")
+        cells = [{k: markdown_cell(v) for k, v in row.items()} for row in rows]
+        write_record(tabulate(cells, headers="keys", tablefmt="github", disable_numparse=True)
+                     + "\n")
     else:
         buf = io.StringIO()
         if rows:
             writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
             writer.writeheader()
             writer.writerows(rows)
-        sys.stdout.write(buf.getvalue())
-    sys.stdout.flush()
+        write_record(buf.getvalue())
 
 
 def console() -> Console:
@@ -191,8 +263,20 @@ def show(renderables, save_html: Path | None = None, save_svg: Path | None = Non
     if to_screen:
         out = console()
         for r in fitted(renderables, out.width, out):
-            out.print(r)
+            print_rich(out, r)
     save(renderables, save_html, save_svg)
+
+
+def print_rich(out: Console, renderable) -> None:
+    """One renderable on the terminal console, rendered first and written as one record."""
+    if out.file is not sys.stdout:
+        out.print(renderable)
+        return
+    buffer = io.StringIO()
+    twin = Console(file=buffer, width=out.width, color_system=out.color_system, force_terminal=out.is_terminal,
+                   no_color=out.no_color, legacy_windows=False, highlight=False)
+    twin.print(renderable)
+    write_record(buffer.getvalue())
 
 
 def save(renderables, save_html: Path | None, save_svg: Path | None) -> None:

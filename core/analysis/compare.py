@@ -36,12 +36,11 @@ from ..engine.run import drain
 from ..engine.runtime import Runtime
 from ..errors import EMPTY_CHAIN, ConfigError
 from ..inputs import read_input_text
-from ..methods.beam import BeamSettings, build_beam, validate_beam
-from ..methods.sample import SampleSettings, build_sampler, validate_sample
+from ..methods.registry import CONTINUING
+from ..methods.beam import build_beam
+from ..methods.sample import build_sampler
 from ..methods.speculative.run import (
-    SpeculateSettings,
     build_speculator,
-    validate_speculate,
 )
 from ..sampling.chain import Chain, build_chain, make_chain
 from ..sampling.distribution import entropy, log_softmax
@@ -52,7 +51,6 @@ from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
 from ..settings import META_KEYS, coerce, load_preset, normalize_key
 
-METHODS = {"sample": SampleSettings, "beam": BeamSettings, "speculate": SpeculateSettings}
 SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
 
@@ -80,7 +78,7 @@ class Variant:
 
 
 def _all_keys() -> set[str]:
-    return {f.name for cls in METHODS.values() for f in fields(cls)} | set(SPECIAL)
+    return {f.name for m in CONTINUING.values() for f in fields(m.settings)} | set(SPECIAL)
 
 
 def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) -> Variant:
@@ -92,8 +90,8 @@ def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) 
         k = str(key).strip().replace("-", "_")
         if k == "method":
             method = str(raw).strip()
-            if method not in METHODS:
-                raise ConfigError(f"{where}: method={method!r}; allowed: {', '.join(METHODS)}")
+            if method not in CONTINUING:
+                raise ConfigError(f"{where}: method={method!r}; allowed: {', '.join(CONTINUING)}")
         elif k == "preset":
             preset = str(raw).strip()
         elif k in NOT_PER_VARIANT:
@@ -104,7 +102,7 @@ def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) 
         else:
             values.append((k, raw))
     variant = Variant(name, method, preset, tuple(values))
-    allowed = {f.name for f in fields(METHODS[method])}
+    allowed = {f.name for f in fields(CONTINUING[method].settings)}
     for k, _ in values:
         if k not in allowed:
             raise ConfigError(f"{where}: {k} is not a setting of method={method}; allowed: "
@@ -232,7 +230,7 @@ def read_prompts(path: str | Path) -> list[Prompt]:
 def settings_for(v: Variant, base: dict, seed: int):
     """The variant's settings for one seed: method defaults < its preset < the command's options (``base``, typed
     values, None = not given) < the variant's own keys; validated with the method's rules."""
-    cls = METHODS[v.method]
+    cls = CONTINUING[v.method].settings
     names = {f.name for f in fields(cls)}
     values: dict = {}
     try:
@@ -248,7 +246,7 @@ def settings_for(v: Variant, base: dict, seed: int):
         if "seed" in names:
             values["seed"] = seed
         settings = replace(cls(), **values)
-        {"sample": validate_sample, "beam": validate_beam, "speculate": validate_speculate}[v.method](settings)
+        CONTINUING[v.method].validate(settings)
     except ConfigError as exc:
         raise ConfigError(f"variant {v.name}: {exc}") from None
     return settings
@@ -521,6 +519,24 @@ def replay_race(seed: int, step: int, vocab: int, device) -> torch.Tensor:
     for _ in range(step + 1):
         race.exponential_(1.0, generator=gen)
     return race
+
+
+MEASURES = ("length", "mean_logprob", "raw_perplexity", "distinct_1", "distinct_2", "repetition_rate", "mean_kept",
+            "mean_entropy", "tokens_per_s")
+
+
+def variant_summary(rows: list[Row]) -> list[dict]:
+    """Per variant, over its prompts and seeds: each measure's mean, min and max (None where no run has it)."""
+    out = []
+    for variant in dict.fromkeys(r.variant for r in rows):
+        mine = [r for r in rows if r.variant == variant]
+        measures = {}
+        for key in MEASURES:
+            values = [v for v in (getattr(r, key) for r in mine) if v is not None and math.isfinite(v)]
+            measures[key] = ({"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+                             if values else None)
+        out.append({"variant": variant, "method": mine[0].method, "runs": len(mine), "measures": measures})
+    return out
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

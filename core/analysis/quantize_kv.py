@@ -75,7 +75,7 @@ def validate_quantize_kv(s: QuantizeKVSettings) -> CacheSpec:
 
 def kv_spec(s: QuantizeKVSettings) -> CacheSpec:
     """--cache (a quant spec or alias), with --bits/--axis/--group-size/--residual/--symmetric laid over it."""
-    base = parse_cache_spec(s.cache)
+    base = s.cache_spec
     if base.name != "quant":
         raise ConfigError(f"--cache {s.cache}: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
                           "int2-kivi, int4, fp8)")
@@ -295,17 +295,21 @@ def sliding(lm: LoadedModel) -> bool:
         getattr(cfg, "layer_types", None) or ())
 
 
+GRID_RESIDUAL = 0  # every cell quantizes every token unless --residual says otherwise (the same for every layout)
+
+
 def grid_specs(bits: tuple = GRID_BITS, axes: tuple[str, ...] = GRID_AXES, group: int | None = None,
                residual: int | None = None) -> list[CacheSpec]:
-    """bits x layout, each with its defaults (kivi: residual 32) unless group/residual are given."""
+    """bits x layout, every cell with the same exact residual window (``residual``, default GRID_RESIDUAL: none), so
+    the layouts are compared on equal terms (kivi's own default of 32 exact tokens against none for the others made
+    the grid compare windows, not layouts)."""
+    residual = GRID_RESIDUAL if residual is None else residual
     specs = []
     for b in bits:
         for axis in axes:
-            parts = [f"bits={b}", f"axis={axis}"]
+            parts = [f"bits={b}", f"axis={axis}", f"residual={residual}"]
             if group is not None and axis != "token":
                 parts.append(f"group={group}")
-            if residual is not None:
-                parts.append(f"residual={residual}")
             specs.append(parse_cache_spec("quant:" + ",".join(parts)))
     return specs
 

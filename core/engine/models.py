@@ -15,6 +15,9 @@ from ..errors import ConfigError, ModelLoadError
 from ..inputs import check_text
 
 BUNDLED = ("tiny", "tiny-draft")
+# the windows the bundled models were trained on (presets/train_models.py: sequence length 256), shorter than the
+# positions their config allows (max_position_embeddings 512): past 256 tokens they extrapolate
+TRAINED_CONTEXT = {"tiny": 256, "tiny-draft": 256}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -310,6 +313,7 @@ def describe_bundled() -> list[dict]:
             "heads": cfg.get("num_attention_heads"),
             "kv_heads": cfg.get("num_key_value_heads", cfg.get("num_attention_heads")),
             "context_length": cfg.get("max_position_embeddings"),
+            "trained_context": TRAINED_CONTEXT.get(name),
             "vocab_size": cfg.get("vocab_size"),
             "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
         })

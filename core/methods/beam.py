@@ -66,7 +66,6 @@ from ..errors import ConfigError
 from ..kv import CacheSpec, require
 from ..sampling.chain import (
     Chain,
-    cache_spec,
     empty_chain_error,
     make_chain,
     refuse_stepwise_stages,
@@ -125,7 +124,7 @@ def validate_beam(s: BeamSettings) -> None:
             raise ConfigError(f"--{key.replace('_', '-')} {value}: not used by beam search (transformers applies it "
                               "only when sampling; every beam scores all tokens); allowed processors: "
                               "--repetition-penalty, --no-repeat-ngram, --logit-bias")
-    require(cache_spec(s), {"reorder", "rows"}, "beam search")
+    require(s.cache_spec, {"reorder", "rows"}, "beam search")
     if not isinstance(s.beams, int) or not 1 <= s.beams <= MAX_BEAMS:
         raise ConfigError(f"--beams {s.beams}: must be an integer in [1, {MAX_BEAMS}]")
     if s.num_return is not None and not 1 <= s.num_return <= s.beams:
@@ -572,4 +571,4 @@ def build_beam(lm: LoadedModel, settings: BeamSettings, prompt_ids: list[int], c
 
 
 def beam_stepper(lm: LoadedModel, settings: BeamSettings) -> ModelStepper:
-    return ModelStepper(lm.model, cache_spec(settings))
+    return ModelStepper(lm.model, settings.cache_spec)

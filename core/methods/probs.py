@@ -24,7 +24,7 @@ from ..engine.tokens import check_prompt
 from ..errors import ConfigError
 from ..inputs import parse_numbers, read_input_text
 from ..kv import CacheSpec
-from ..sampling.chain import chain_for, Chain, cache_spec, make_chain
+from ..sampling.chain import chain_for, Chain, make_chain
 from ..sampling.select import make_generator
 from ..sampling.semantics import Plan
 from ..sampling.settings import ChainSettings
@@ -157,4 +157,4 @@ def dist_stages(settings: ChainSettings, raw: Tensor, history: list[int] | None 
 def build_probs(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain | None = None):
     chain = chain or make_chain(lm, settings)
     return next_token_stages(lm.model, prompt_ids, chain, lm.token_text, settings.top, lm.context_length,
-                             cache=cache_spec(settings))
+                             cache=settings.cache_spec)

@@ -23,7 +23,7 @@ from ..engine.stopping import StopChecker, StopRules, stop_rules
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..inputs import check_text
 from ..kv import CacheSpec, require
-from ..sampling.chain import Chain, cache_spec, make_chain, validate_chain
+from ..sampling.chain import Chain, make_chain, validate_chain
 from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, select
@@ -57,7 +57,7 @@ def validate_sample(s: SampleSettings) -> None:
         _check(text != "", "stop", "''", "an empty stop string matches everywhere; give some text")
     if s.compile:
 
-        require(cache_spec(s), {"compile"}, "--compile")
+        require(s.cache_spec, {"compile"}, "--compile")
 
 
 @dataclass
@@ -218,7 +218,7 @@ def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[in
     selector = semantics_plan(settings).make_selector(settings.seed, lm.device)
     chain = chain or make_chain(lm, settings, getattr(selector, "generator", None))
     rules = stop_rules(lm, settings)
-    runtime = runtime_for(lm, cache_spec(settings), len(prompt_ids) + rules.max_new_tokens,
+    runtime = runtime_for(lm, settings.cache_spec, len(prompt_ids) + rules.max_new_tokens,
                           compile=settings.compile)
     return Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
                    runtime=runtime, record=record, kept=kept)

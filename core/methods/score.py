@@ -29,7 +29,7 @@ from ..engine.run import Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import CacheSpec, parse_cache_spec
-from ..sampling.chain import Chain, cache_spec, validate_chain
+from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
 from ..trace.stats import kept_ids
@@ -253,5 +253,5 @@ def build_scorer(lm, settings: ScoreSettings, token_ids: list[int], chain: Chain
         ref_cache = parse_cache_spec(settings.against_cache or "full", "--against-cache")
         ref_model = (reference or lm).model
         ref_name = f"{(reference or lm).name} (cache {ref_cache})"
-    return Scorer(lm.model, token_ids, chain, lm.token_text, settings, cache_spec(settings), ref_model, ref_cache,
+    return Scorer(lm.model, token_ids, chain, lm.token_text, settings, settings.cache_spec, ref_model, ref_cache,
                   ref_name)

@@ -27,7 +27,7 @@ from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules
 from ..errors import ConfigError
 from ..kv import make_policy, parse_cache_spec
-from ..sampling.chain import Chain, cache_spec
+from ..sampling.chain import Chain
 from ..sampling.select import make_selector
 from ..sampling.settings import ChainSettings
 from ..settings import _check
@@ -112,7 +112,7 @@ class StreamScore(Run):
 
     def __init__(self, model, token_ids: list[int], chain: Chain, token_text, settings: StreamSettings,
                  cache: str | None = None, feed: int | None = None):
-        self.spec = parse_cache_spec(cache or settings.cache)
+        self.spec = parse_cache_spec(cache) if cache else settings.cache_spec
         self.chunk = settings.chunk
         self.scorer = Scorer(model, token_ids, chain, token_text, score_settings(settings, feed), self.spec)
         self.chunks: list[StreamChunk] = []
@@ -192,7 +192,7 @@ class StreamGenerate(Run):
 
     def __init__(self, lm, prompt_ids: list[int], chain: Chain, settings: StreamSettings):
 
-        self.lm, self.settings, self.spec = lm, settings, cache_spec(settings)
+        self.lm, self.settings, self.spec = lm, settings, settings.cache_spec
         # RoPE models run on past their trained positions (the point); absolute positions end at the context
         context = None if _has_rotary(lm.model) else lm.context_length
         rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), tuple(settings.stop), settings.ignore_eos,

@@ -12,7 +12,6 @@ from torch import Tensor
 from ..engine.models import LoadedModel
 from ..errors import ChainError, ConfigError
 from ..inputs import check_text
-from ..kv import parse_cache_spec
 from ..settings import _check
 from . import biases, filters, penalties, scaling  # noqa: F401  (each binds its classes to the registry)
 from .registry import BY_NAME, DEFAULT_ORDER, StageContext, params
@@ -172,7 +171,7 @@ def validate_chain(s: ChainSettings) -> None:
     effective = plan(s)
     validate_chain_ranges(effective.settings)
     chain_for(s, Tokens.placeholder())
-    cache_spec(s)
+    s.cache_spec  # parsed (and checked) once
 
 
 def validate_chain_ranges(s: ChainSettings) -> None:
@@ -189,8 +188,3 @@ def validate_chain_ranges(s: ChainSettings) -> None:
     if s.dynatemp_range is not None:
         _check(s.temperature != 0, "dynatemp_range", s.dynatemp_range,
                "needs a temperature > 0 (-t 0 is greedy); the range is around -t")
-
-
-def cache_spec(s: ChainSettings):
-    """The parsed --cache policy (every key and value checked; no model needed)."""
-    return parse_cache_spec(s.cache)

@@ -5,6 +5,9 @@ applies (``semantics``). temperature 0 means greedy."""
 from __future__ import annotations
 
 from dataclasses import field, make_dataclass
+from functools import lru_cache
+
+from ..kv import CacheSpec, parse_cache_spec
 
 from .registry import STAGES, Param, params
 
@@ -28,6 +31,16 @@ def stage_values(self, bias_ids: dict[int, float] | None = None, resolved: dict 
     return {stage.name: stage.value(self, resolved) for stage in STAGES}
 
 
+@lru_cache(maxsize=64)
+def parsed_cache(spec: str) -> CacheSpec:
+    """A ``--cache`` spec parsed once (every key and value checked; no model needed); settings only hold the text."""
+    return parse_cache_spec(spec)
+
+
+def _cache_spec(self) -> CacheSpec:
+    return parsed_cache(self.cache)
+
+
 ChainSettings = make_dataclass(
     "ChainSettings",
     [(p.field, annotation(p), field(default=p.default)) for p in params()]
@@ -35,5 +48,6 @@ ChainSettings = make_dataclass(
        ("cache", str, field(default="full")),  # the KV-cache policy, `NAME[:key=value,...]`
        ("semantics", str | None, field(default=None))],  # hf | vllm | llamacpp: read the settings as it does
     frozen=True,
-    namespace={"stage_values": stage_values, "__doc__": __doc__, "__module__": __name__},
+    namespace={"stage_values": stage_values, "cache_spec": property(_cache_spec), "__doc__": __doc__,
+               "__module__": __name__},
 )

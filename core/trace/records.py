@@ -62,6 +62,11 @@ class SampleSummary:
     stop_reason: str  # eos | stop | length | context | interrupted
     decode_tokens_per_s: float = float("nan")  # new tokens / loop time (prefill and trace excluded)
     prefill_s: float = float("nan")  # the forward over the prompt
+    # the model's own numbers beside the processed ones, so runs compare on the same scale whatever their chain (a
+    # greedy run's processed logprobs are all 0 and its processed entropies all 0)
+    mean_raw_logprob: float = float("nan")  # mean raw log-probability of the emitted tokens
+    mean_raw_entropy: float = float("nan")  # mean entropy of the model's own distribution, nats
+    mean_entropy: float = float("nan")  # mean entropy of the processed distribution drawn from, nats
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -74,9 +79,13 @@ def summarize(steps: list[Step], timing, stop_reason: str, new_tokens: int | Non
     rates = (timing.tokens_per_s(n), timing.decode_tokens_per_s(n), timing.prefill_s) if timing else (nan,) * 3
     if not steps:
         return SampleSummary(n, nan, nan, rates[0], stop_reason, rates[1], rates[2])
-    mean_logprob = sum(s.logprob for s in steps) / len(steps)
-    mean_raw = sum(s.raw_logprob for s in steps) / len(steps)
-    return SampleSummary(n, mean_logprob, math.exp(-mean_raw), rates[0], stop_reason, rates[1], rates[2])
+
+    def mean(key: str) -> float:
+        return sum(getattr(s, key) for s in steps) / len(steps)
+
+    mean_raw = mean("raw_logprob")
+    return SampleSummary(n, mean("logprob"), math.exp(-mean_raw), rates[0], stop_reason, rates[1], rates[2],
+                         mean_raw, mean("raw_entropy"), mean("entropy"))
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -399,8 +400,12 @@ def test_cli_compare_formats_and_bad_input(cli, toy_model_dir, tmp_path):
     code, out, err = cli("compare", "a", "-m", toy_model_dir, "-V", "x: temperature=0", "-V", "y: temperature=1",
                          "-n", "3", "-f", "jsonl", "--save-html", html)
     assert code == 0, err
-    kinds = [json.loads(line)["type"] for line in out.strip().splitlines()]
-    assert kinds == ["row", "row", "pair", "summary"] and "where the variants part" in html.read_text()
+    lines = [json.loads(line) for line in out.strip().splitlines()]
+    assert [line["type"] for line in lines] == ["row", "row", "pair", "summary"]
+    page = json.loads(re.search(r'<script type="application/json" id="trace">(.*?)</script>', html.read_text(),
+                                re.S).group(1))  # --save-html: the trace page, holding the run's document
+    assert page["command"] == "compare" and [p["first_divergence"] for p in page["pairs"]] == \
+        [line["first_divergence"] for line in lines if line["type"] == "pair"]
 
 
 def test_cli_sample_steps_carry_decided_by(cli, toy_model_dir):

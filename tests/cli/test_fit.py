@@ -109,3 +109,139 @@ def test_the_header_of_a_no_wrap_column_is_not_cut():
     assert column_widths(Console(width=80), table)[1] == (8, 8)
     text = printed(fit_table(table, 34), 34)
     assert "…" not in text and text.count("sum logp") == 6
+
+
+# --- the arithmetic the mutation run (tests/mutation/run.sh) found nothing checking; every expected width is
+# worked out by hand in the docstring or comment beside it ---------------------------------------------------------
+
+
+def wide_table() -> Table:
+    t = Table(title="T", caption="C")
+    t.add_column("key", no_wrap=True)
+    t.add_column("a", no_wrap=True)
+    t.add_column("b", justify="right")
+    t.add_column("c", no_wrap=True, max_width=4)
+    t.add_row("k1", "aaaaaaaa", "bb bbbb", "cccccccc")
+    return t
+
+
+def test_column_widths_need_and_want_of_headers_caps_and_fixed_widths():
+    """key: header 3 > cell 2; a: a no-wrap cell needs its whole 8; b wraps: it needs its longest word (4, "bbbb")
+    and wants the whole line (7); c: max_width 4 caps both. An explicit width is both; min_width raises both."""
+    t = wide_table()
+    console = Console(width=30, file=io.StringIO())
+    assert column_widths(console, t) == [(3, 3), (8, 8), (4, 7), (4, 4)]
+    t.add_column("d", width=6)
+    t.add_column("e", min_width=9)
+    t.columns[4]._cells = ["dd"]
+    t.columns[5]._cells = ["ee"]
+    assert column_widths(console, t)[4:] == [(6, 6), (9, 9)]
+    t.show_header = False
+    assert column_widths(console, t)[:3] == [(2, 2), (8, 8), (4, 7)]  # "k1" alone
+
+
+def test_chrome_counts_padding_and_borders_as_rich_does():
+    """Default table: padding 1 each side (2 per column) and n + 1 border lines: 3n + 1. No edge: n - 1 lines;
+    no box: none; pad_edge off: 2 padding cells fewer; collapse_padding: n - 1 fewer."""
+    assert [chrome(Table(), n) for n in (1, 2, 4)] == [4, 7, 13]
+    assert chrome(Table(show_edge=False), 4) == 8 + 3
+    assert chrome(Table(box=None), 4) == 8
+    assert chrome(Table(pad_edge=False), 4) == 6 + 5
+    assert chrome(Table(collapse_padding=True), 4) == 8 - 3 + 5
+    for n in (1, 2, 4):  # the rule agrees with what rich prints
+        t = Table()
+        for i in range(n):
+            t.add_column(str(i), width=3)
+        assert len(printed([t], 80).splitlines()[0]) == chrome(t, n) + 3 * n
+
+
+def test_panels_pack_columns_greedily_each_starting_with_the_key_column():
+    """Needs 3, 8, 4, 4 (chrome 3n + 1): key + a + b is 10 + 15 = 25, exactly the width 25, so they share a panel;
+    adding c would make 13 + 19 = 32. At width 24 b starts a panel of its own."""
+    widths = [(3, 3), (8, 8), (4, 7), (4, 4)]
+    assert panels(widths, Table(), 25) == [[0, 1, 2], [0, 3]]
+    assert panels(widths, Table(), 24) == [[0, 1], [0, 2, 3]]
+    assert panels(widths, Table(), 32) == [[0, 1, 2, 3]]
+    assert panels([(3, 3)], Table(), 10) == [[0]]
+
+
+def test_spread_shares_the_room_a_cell_at_a_time():
+    """Each round gives one cell to every column still below its want, up to the room left."""
+    assert spread([3, 5, 2], [6, 5, 3], 3) == [5, 5, 3]
+    assert spread([1, 1], [2, 3], 10) == [2, 3]
+    assert spread([1, 1, 1], [5, 5, 5], 2) == [2, 2, 1]
+    assert spread([1, 1, 1], [5, 5, 5], 0) == [1, 1, 1]
+
+
+def test_fit_table_splits_an_overwide_table_into_panels_with_fixed_widths():
+    """At 30 columns the table needs 13 + 22 = 35. Panel 1 (key, a, b) has room 30 - 10 - 15 = 5, of which b takes
+    3 (4 -> its want 7); panel 2 (key, c) takes its needs 3 and 4. The title stays on the first panel, the caption
+    comes once after the last; nothing is wider than 30."""
+    t = wide_table()
+    assert fit_table(t, 40) == [t]
+    first, second, caption = fit_table(t, 30, Console(width=30, file=io.StringIO()))
+    assert [c.header for c in first.columns] == ["key", "a", "b"] and [c.width for c in first.columns] == [3, 8, 7]
+    assert [c.header for c in second.columns] == ["key", "c"] and [c.width for c in second.columns] == [3, 4]
+    assert [c._index for c in second.columns] == [0, 1] and first.columns[2].justify == "right"
+    assert (first.title, second.title, first.caption, second.caption, caption) == ("T", None, None, None, "C")
+    assert [c.header for c in t.columns] == ["key", "a", "b", "c"] and t.columns[2].width is None  # untouched
+    out = printed([first, second, caption], 30)
+    assert max(len(line) for line in out.splitlines()) <= 30
+    assert "│ k1  │ aaaaaaaa │ bb bbbb │" in out and "│ k1  │ ccc… │" in out
+    no_caption = wide_table()
+    no_caption.caption = None
+    assert len(fit_table(no_caption, 30)) == 2
+    assert fit_table(Table(), 5) != [] and len(fit_table(Table(box=box.SIMPLE), 5)) == 1
+
+
+def test_column_widths_of_empty_columns_and_no_wrap_cells_with_spaces():
+    """An empty column with an empty header needs nothing (0, 0). A no-wrap column needs its cells whole ("aa bb":
+    5) but its header only up to the longest word ("x y": 1)."""
+    t = Table()
+    t.add_column("")
+    t.add_column("x y", no_wrap=True)
+    t.add_row("", "aa bb")
+    assert column_widths(Console(width=30, file=io.StringIO()), t) == [(0, 0), (5, 5)]
+
+
+def test_chrome_with_wider_padding():
+    """Padding 2 each side: 4 per column; collapsed, n - 1 times 2 fewer: 4 columns 16 - 6 + 5 borders = 15."""
+    assert chrome(Table(padding=(0, 2)), 4) == 16 + 5
+    assert chrome(Table(padding=(0, 2), collapse_padding=True), 4) == 16 - 6 + 5
+
+
+def text_table() -> Table:
+    t = Table()
+    t.add_column("key", no_wrap=True)
+    t.add_column("text")
+    t.add_column("c", no_wrap=True)
+    t.add_row("k", "aaaa bbbb cccc dddd eeee", "c" * 10)
+    return t
+
+
+def test_fit_table_room_is_what_the_panel_leaves_and_an_exact_fit_is_a_fit():
+    """Needs 3, 4, 10 and wants 3, 24, 10: the whole table is 13 + 37 = 50. At 30, one panel of all three needs 10
+    + 17 = 27, so the text column gets its need 4 plus the room 3: 7. At 27 there is no room: 4. At 50 it fits
+    exactly and is returned as it is."""
+    t = text_table()
+    console = Console(width=80, file=io.StringIO())
+    (part,) = fit_table(t, 30, console)
+    assert part is not t and [c.width for c in part.columns] == [3, 7, 10]
+    assert max(len(line) for line in printed([part], 30).splitlines()) <= 30
+    (part,) = fit_table(t, 27, console)
+    assert [c.width for c in part.columns] == [3, 4, 10]
+    assert fit_table(t, 50, console) == [t]
+    wide = wide_table()
+    assert fit_table(wide, 35) == [wide]  # 13 + 22 = 35 exactly
+    assert [c.width for c in fit_table(wide, 34)[0].columns] == [3, 8, 6, 4]  # needs 32: b gets 4 + 2
+
+
+def test_fit_table_measures_on_a_console_as_wide_as_the_target_when_given_none():
+    """A no-wrap cell of 85 characters with the key column: 7 + 3 + 85 = 95 columns. At 94 it does not fit, so it
+    becomes one panel with fixed widths; measured on an 80-column console the cell would seem 80 wide and fit."""
+    t = Table()
+    t.add_column("key", no_wrap=True)
+    t.add_column("v", no_wrap=True)
+    t.add_row("k", "v" * 85)
+    (part,) = fit_table(t, 94)
+    assert part is not t and [c.width for c in part.columns] == [3, 85]

@@ -40,13 +40,15 @@ MUTATE_ALL=(
     cli/view/live.py
 )
 TESTS=(
-    tests/sampling/test_bug_classes.py
+    tests/sampling/test_processors.py
+    tests/sampling/test_chain.py
+    tests/sampling/test_select.py
+    tests/engine/test_stopping.py
+    tests/engine/test_tokens.py
+    tests/trace/test_stats.py
     tests/cli/test_render.py
     tests/cli/test_steps_view.py
-    tests/cli/test_render_mut.py
     tests/cli/test_fit.py
-    tests/sampling/test_exact_edges.py
-    tests/sampling/test_processors.py
     tests/methods/test_decode.py::test_step_numbers_are_labelled_consistently
     tests/methods/test_decode.py::test_same_seed_same_trace_other_seed_other_trace
     tests/methods/test_decode.py::test_stop_strings_and_context_limit
@@ -60,6 +62,10 @@ TESTS=(
     tests/methods/test_speculative.py::test_predicted_speedup_formula
     tests/methods/test_speculative.py::test_first_two_tokens_follow_the_target_distribution
     tests/methods/test_speculative.py::test_final_kind
+    tests/methods/test_speculative.py::test_speculative_draws_come_from_the_runs_generator
+    tests/methods/test_speculative.py::test_point_masses_are_float_distributions
+    tests/methods/test_speculative.py::test_residual_is_normalised_per_row
+    tests/methods/test_speculative.py::test_a_draft_the_target_gives_probability_zero_is_never_accepted
     tests/cli/test_cli.py
     tests/sampling/test_samplers.py::test_stop_ids_and_trim_stop
 )

@@ -31,6 +31,11 @@ def random_case(seed: int, batch: int = 4, length: int = 12, vocab: int = V, mas
     return ids, logits
 
 
+def kept(logits: torch.Tensor, row: int = 0) -> list[int]:
+    """Ids left with a finite logit in one row (row 0 unless told)."""
+    return torch.isfinite(logits[row]).nonzero().flatten().tolist()
+
+
 PAIRS = [
     (Temperature(0.7), hf.TemperatureLogitsWarper(0.7)),
     (Temperature(1.9), hf.TemperatureLogitsWarper(1.9)),
@@ -255,3 +260,111 @@ def test_stable_softmax_equals_naive_where_finite(row):
 def test_entropy_of_uniform_is_log_v():
     ((stat, _),) = stage_table([("raw", torch.zeros(1, 8))])
     assert stat.entropy == pytest.approx(math.log(8))
+
+
+# --- top-k: ties with the k-th value are kept ------------------------------------------------------------------
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth():
+    """Bug: top-k keeps exactly k ids (topk indices) and drops those tied with the k-th value.
+    Logits 1, 2, 2, 3 with k = 2: the k-th largest is 2, held by ids 1 and 2, so three ids survive."""
+    logits = torch.tensor([[1.0, 2.0, 2.0, 3.0]])
+    assert kept(TopK(2)(None, logits)) == [1, 2, 3]
+    assert kept(TopK(1)(None, logits)) == [3]
+    assert kept(TopK(3)(None, logits)) == [1, 2, 3]
+    # all equal: any k keeps all of them
+    assert kept(TopK(1)(None, torch.zeros(1, 4))) == [0, 1, 2, 3]
+
+
+# --- top-p: the boundary where the mass before a token equals p exactly ----------------------------------------
+
+
+def test_top_p_stops_when_the_mass_before_a_token_equals_p_exactly():
+    """Bug: `mass_before <= p` keeps one token too many when the mass before it is exactly p.
+    Four equal logits give p = 1/4 each (exact in float32); the masses before them are 0, 1/4, 1/2, 3/4. With
+    top-p 1/2 the third token has exactly 1/2 before it: the first two already reach p, so exactly two stay."""
+    logits = torch.zeros(1, 4)
+    assert softmax(logits)[0].tolist() == [0.25] * 4  # the premise: exact quarters
+    assert len(kept(TopP(0.5)(None, logits))) == 2
+    assert len(kept(TopP(0.25)(None, logits))) == 1
+    assert len(kept(TopP(0.75)(None, logits))) == 3
+    assert len(kept(TopP(0.75 + 2**-20)(None, logits))) == 4  # just past the boundary: the fourth is needed
+
+
+def test_top_p_exact_powers_of_two():
+    """Probabilities 1/2, 1/4, 1/8, 1/8 (logits log 4, log 2, 0, 0 -> exp differences 4, 2, 1, 1 over 8, exact):
+    top-p 3/4 keeps {1/2, 1/4} (the mass before the third is exactly 3/4), top-p 1/2 keeps {1/2}."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, 0.0]]) * math.log(2.0)
+    probs = softmax(logits)[0].tolist()
+    assert probs == pytest.approx([0.5, 0.25, 0.125, 0.125], abs=1e-7)
+    assert kept(TopP(0.75)(None, logits)) == [0, 1]
+    assert kept(TopP(0.5)(None, logits)) == [0]
+
+
+# --- no-repeat-ngram: a sequence exactly n long, and a prompt of n-1 tokens ------------------------------------
+
+
+def test_no_repeat_ngram_bans_inside_a_sequence_exactly_n_long():
+    """Bug: a sequence of exactly n tokens is skipped (`length <= n` before any work).
+    [3, 3] with n = 2: the bigram (3, 3) exists and the last token is 3, so 3 is banned next.
+    [4, 4, 4] with n = 3: (4, 4, 4) exists and the tail is (4, 4), so 4 is banned."""
+    logits = torch.zeros(1, 6)
+    assert torch.isneginf(NoRepeatNGram(2)(torch.tensor([[3, 3]]), logits)[0]).nonzero().flatten().tolist() == [3]
+    assert torch.isneginf(NoRepeatNGram(3)(torch.tensor([[4, 4, 4]]), logits)[0]).nonzero().flatten().tolist() == [4]
+    # exactly n long without a repeat in the tail: nothing banned ((1, 2) would need the tail 1)
+    assert not torch.isneginf(NoRepeatNGram(2)(torch.tensor([[1, 2]]), logits)).any()
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_no_repeat_ngram_on_fewer_than_n_tokens_bans_nothing_and_does_not_crash(n):
+    """Bug (a crash today): n-1 tokens form no n-gram, but the old guard let them through to unfold(1, n, 1)."""
+    logits = torch.arange(8, dtype=torch.float32)[None]
+    for length in range(1, n):
+        ids = torch.full((1, length), 2)
+        out = NoRepeatNGram(n)(ids, logits)
+        assert torch.equal(out, logits) and out is not logits  # unchanged, and a new tensor (pure)
+
+
+# --- exact edges: the cases mutation testing (tests/mutation/run.sh) showed no other test pinned down -------------
+
+
+def test_min_p_keeps_a_token_exactly_at_the_threshold():
+    """p >= min_p * p_max is kept: probabilities 1/2, 1/4, 1/4 with min_p 1/2 put both quarters exactly on the
+    threshold (a strict > would drop them); min_p 1 keeps every token tied with the maximum."""
+    logits = torch.tensor([[2.0, 1.0, 1.0]]) * torch.log(torch.tensor(2.0))
+    assert softmax(logits)[0].tolist() == pytest.approx([0.5, 0.25, 0.25], abs=1e-7)
+    assert kept(MinP(0.5)(None, logits)) == [0, 1, 2]
+    assert kept(MinP(0.5000001)(None, logits)) == [0]
+    assert kept(MinP(1.0)(None, torch.tensor([[1.0, 3.0, 3.0, 2.0]]))) == [1, 2]
+
+
+def test_typical_p_breaks_ties_by_vocabulary_order():
+    """Equal logits: every token is exactly as typical (distance 0); the stable ranking keeps the lowest ids."""
+    assert kept(TypicalP(0.5)(None, torch.zeros(1, 4))) == [0, 1]
+    assert kept(TypicalP(0.26)(None, torch.zeros(1, 8))) == [0, 1, 2]
+
+
+# --- found by the mutation run of 2026-11-30 (tests/mutation/SURVIVORS.md lists what no test can tell apart) ------
+
+
+def test_softmax_helpers_work_over_the_last_axis_of_any_shape():
+    """log_softmax, softmax and entropy normalise over the last axis: a 1-D vector (the scheduler and the many-samples
+    trace pass one) and [B, T, V] alike. Logits (0, ln 3) give (1/4, 3/4); a row of equal logits gives (1/2, 1/2),
+    so the 3-D case differs from a normalisation over axis 1."""
+    from decodelab.core.sampling.distribution import entropy, log_softmax
+
+    z = torch.tensor([0.0, math.log(3.0)])
+    assert softmax(z).tolist() == pytest.approx([0.25, 0.75], rel=1e-6)
+    assert log_softmax(z).tolist() == pytest.approx([math.log(0.25), math.log(0.75)], rel=1e-6)
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert entropy(torch.tensor([0.25, 0.75])).item() == pytest.approx(h, rel=1e-6)
+    z3 = torch.tensor([[[0.0, math.log(3.0)], [0.0, 0.0]]])  # [1, 2, 2]
+    assert softmax(z3).tolist() == [[pytest.approx([0.25, 0.75], rel=1e-6), [0.5, 0.5]]]
+    assert log_softmax(z3).exp().tolist() == [[pytest.approx([0.25, 0.75], rel=1e-6), pytest.approx([0.5, 0.5])]]
+    assert entropy(softmax(z3)).tolist() == [pytest.approx([h, math.log(2.0)], rel=1e-6)]
+
+
+def test_typical_p_breaks_ties_by_vocabulary_order_in_a_long_row():
+    """32 equal logits (past the length where torch's unstable sort keeps the input order): mass before id i is i/32,
+    so mass 1/4 keeps ids 0..7 exactly, the lowest ids."""
+    assert kept(TypicalP(0.25)(None, torch.zeros(1, 32))) == list(range(8))

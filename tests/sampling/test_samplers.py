@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import random_model
+from conftest import NEG, random_model
 from transformers.generation import logits_process as hf
 
 from decodelab.core.sampling.settings import ChainSettings
@@ -26,8 +26,6 @@ from decodelab.core.sampling.scaling import DynamicTemperature
 from decodelab.core.sampling.select import make_generator
 from decodelab.core.sampling.chain import build
 from decodelab.core.engine.stopping import StopChecker, trim_stop
-
-NEG = float("-inf")
 
 
 def random_case(seed: int, batch: int = 4, length: int = 12, vocab: int = 40):

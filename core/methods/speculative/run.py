@@ -21,7 +21,7 @@ from ...engine.stopping import StopChecker, StopRules, stop_rules
 from ...engine.tokens import check_prompt
 from ...errors import ConfigError
 from ...kv import CacheSpec, require
-from ...sampling.chain import Chain, cache_spec, make_chain, refuse_stepwise_stages
+from ...sampling.chain import Chain, make_chain, refuse_stepwise_stages
 from ...sampling.distribution import softmax
 from ...sampling.select import make_generator
 from ...sampling.semantics import plan as semantics_plan
@@ -76,7 +76,7 @@ MAX_SPEEDUP_ROUNDS = 100
 
 def validate_speculate(s: SpeculateSettings) -> None:
     validate_sample(s)
-    require(cache_spec(s), {"truncate"}, "speculative decoding (a rejected draft is rolled back)")
+    require(s.cache_spec, {"truncate"}, "speculative decoding (a rejected draft is rolled back)")
     if not 1 <= s.gamma <= MAX_GAMMA:
         raise ConfigError(f"--gamma {s.gamma}: must be an integer in [1, {MAX_GAMMA}]")
     if not 1 <= s.ngram_size <= MAX_GAMMA:
@@ -452,14 +452,27 @@ class SpeculativeSummary:
     measured_speedup_min: float | None  # the smallest of those per-round ratios
     measured_speedup_max: float | None  # the largest
     speedup_rounds: int  # timing rounds behind them (fewer than asked when a Ctrl-C cut the measurement)
-    tokens_per_s: float  # new tokens / (prefill + rounds + trace): end to end
-    baseline_tokens_per_s: float | None  # the plain loop, 1 / target_step
+    tokens_per_s: float  # the shown (traced) run: new tokens / (prefill + rounds + trace), end to end
+    baseline_tokens_per_s: float | None  # the plain loop, 1 / target_step (median over the timing rounds)
     stop_reason: str
     decode_tokens_per_s: float = float("nan")  # new tokens / the rounds' time (prefill and trace excluded)
     prefill_s: float = float("nan")
+    # the speculative loop of the same timing rounds, 1 / median(time per emitted token): set beside
+    # baseline_tokens_per_s it tells the same story as measured_speedup (both untraced, decoding loops only)
+    speculative_tokens_per_s: float | None = None
+    speedup_noisy: bool = False  # the rounds disagree too much to trust the median (see NOISY_SPREAD)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# The measured speedup is flagged as noisy when its rounds spread by more than this fraction of the median
+# ((max - min) / median), or when they fall on both sides of 1 (faster in one round, slower in another).
+NOISY_SPREAD = 0.25
+
+
+def noisy(median: float, low: float, high: float) -> bool:
+    return (high - low) > NOISY_SPREAD * median or (low < 1.0 < high)
 
 
 def summarize(stats: RunStats, proposer: str, draft_calls: int, timed: list[SpeedupRound], timing):
@@ -506,6 +519,8 @@ def summarize(stats: RunStats, proposer: str, draft_calls: int, timed: list[Spee
         stop_reason=stats.stop_reason,
         decode_tokens_per_s=timing.decode_tokens_per_s(n),
         prefill_s=timing.prefill_s,
+        speculative_tokens_per_s=1.0 / median_spread([r.spec_token_s for r in timed]).median if timed else None,
+        speedup_noisy=noisy(speedup.median, speedup.low, speedup.high) if speedup and speedup.count > 1 else False,
     )
 
 
@@ -527,7 +542,7 @@ def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: Specu
     chain.reset(len(prompt_ids))
     greedy = semantics_plan(settings).selector == "greedy"
     gen = None if greedy else make_generator(settings.seed, lm.device)
-    spec = cache_spec(settings)
+    spec = settings.cache_spec
     if draft is None:
         proposer = NGramProposer(settings.ngram_size)
     else:
@@ -550,7 +565,7 @@ def plain_baseline(lm: LoadedModel, settings: SpeculateSettings, prompt_ids: lis
     """Plain target decoding of the same length, same chain and cache policy, timed in the same run."""
     return time_plain_decoding(lm.model, prompt_ids, chain, semantics_plan(settings).make_selector(settings.seed,
                                                                                                     lm.device),
-                               tokens, lm.context_length, cache=cache_spec(settings))
+                               tokens, lm.context_length, cache=settings.cache_spec)
 
 
 class SpeedupRounds:

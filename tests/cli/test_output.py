@@ -1,0 +1,116 @@
+"""The one output path: every format written whole, and write faults as one line (a full disk, a closed stdout), a
+reader that leaves quietly (141), a second Ctrl-C during the summary as a quiet 130."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from decodelab.cli.view import output, render
+
+DECODELAB = [sys.executable, "-m", "decodelab.cli.main"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run_shell(script: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def cmd(*args: str) -> str:
+    return " ".join([sys.executable, "-m", "decodelab.cli.main", *args])
+
+
+def test_every_format_goes_through_one_emit(capsys):
+    out = output.Output(document={"command": "x", "n": 1}, jsonl=[{"type": "summary", "n": 1}],
+                        tables=[("first", [{"a": 1}]), (None, [{"b": 2}])], csv=[{"c": 3}])
+    output.emit(out, "json")
+    assert json.loads(capsys.readouterr().out) == {"command": "x", "n": 1, "versions": output.versions()}
+    output.emit(out, "jsonl")
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"type": "summary", "n": 1}]
+    output.emit(out, "markdown")
+    md = capsys.readouterr().out
+    assert md.startswith("### first\n\n| ") and "| b |" in md.replace("|   b |", "| b |") or "b" in md.split("\n\n")[-1]
+    output.emit(out, "csv")
+    assert capsys.readouterr().out == "c\n3\n"  # the csv table, not the first markdown one
+
+
+def test_summary_record_merges_parts_in_order():
+    line = output.summary_record("sample", "tiny", {"text": "a", "x": float("nan")}, {"x": 2})
+    assert line == {"type": "summary", "command": "sample", "model": "tiny", "text": "a", "x": 2,
+                    "versions": output.versions()}
+    assert set(output.versions()) == {"decodelab", "torch", "transformers"} and output.versions()["torch"]
+
+
+def test_a_failed_write_to_a_file_cuts_it_back_to_the_last_whole_record(tmp_path, monkeypatch):
+    path = tmp_path / "out.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        monkeypatch.setattr(sys, "stdout", f)
+        render.write_record('{"a": 1}\n')
+        real, calls = os.write, {"n": 0}
+
+        def half_then_full(fd, data):  # the disk fills halfway through the second record
+            calls["n"] += 1
+            if calls["n"] == 1:
+                return real(fd, bytes(data[:4]))
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(os, "write", half_then_full)
+        with pytest.raises(render.OutputError, match="No space left on device"):
+            render.write_record('{"b": 2}\n')
+    assert path.read_text(encoding="utf-8") == '{"a": 1}\n'
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "table", "csv"])
+def test_a_full_device_is_one_line_and_exit_1(fmt):
+    r = run_shell(cmd("models", "-f", fmt) + " > /dev/full")
+    assert r.returncode == 1, r
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: writing the output") and "Traceback" not in r.stderr
+
+
+def test_a_closed_stdout_is_one_line_and_exit_1():
+    r = run_shell(cmd("models", "-f", "json") + " >&-")
+    assert r.returncode == 1, r
+    assert r.stderr.startswith("error: stdout is closed") and r.stderr.count("\n") == 1
+
+
+def test_a_reader_that_leaves_ends_the_run_quietly(toy_model_dir):
+    r = run_shell("set -o pipefail; " + cmd("sample", "Once", "-m", str(toy_model_dir), "-n", "40", "--ignore-eos",
+                                            "-f", "jsonl") + " | head -1; echo \"status=${PIPESTATUS[0]}\"")
+    first, status = r.stdout.splitlines()
+    assert json.loads(first)["type"] == "step"
+    assert status == "status=141" and r.stderr == "", r.stderr
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash's ulimit")
+def test_a_disk_that_fills_during_jsonl_keeps_every_whole_line(toy_model_dir, tmp_path):
+    out = tmp_path / "steps.jsonl"  # ulimit -f 8: 8 KiB, then writes fail with EFBIG (Python ignores SIGXFSZ)
+    r = run_shell(f"ulimit -f 8; " + cmd("sample", "Once", "-m", str(toy_model_dir), "-n", "200", "--ignore-eos",
+                                          "-f", "jsonl") + f" > {out}")
+    assert r.returncode == 1, r
+    assert r.stderr.startswith("error: writing the output") and "Traceback" not in r.stderr
+    text = out.read_text(encoding="utf-8")
+    assert text.endswith("\n") and 0 < len(text) <= 8192
+    assert all(json.loads(line)["type"] == "step" for line in text.splitlines())
+
+
+def test_a_second_ctrl_c_while_the_summary_is_written_is_a_quiet_130(cli, toy_model_dir, monkeypatch):
+    import decodelab.cli.view.render as r
+
+    real, calls = r.write_record, {"n": 0}
+
+    def interrupt_at_summary(text):
+        calls["n"] += 1
+        if '"summary"' in text:
+            raise KeyboardInterrupt  # as if Ctrl-C came while the summary was being written
+        real(text)
+
+    monkeypatch.setattr(r, "write_record", interrupt_at_summary)
+    code, out, err = cli("sample", "Hello", "-m", toy_model_dir, "-n", "3", "--ignore-eos", "-f", "jsonl")
+    assert code == 130 and err.strip().endswith("interrupted") and "Traceback" not in err
+    assert all(json.loads(line)["type"] == "step" for line in out.splitlines())

@@ -1,0 +1,191 @@
+"""The trace statistics (core/trace/stats.py): raw and processed entropies of greedy and sampled steps, alternatives
+ranked kept before removed, mass removed under the distribution before each stage, the stage table, and pack/unpack
+reading row 0. Vectors are chosen so the arithmetic is exact in float32 or compared with a stated tolerance."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from decodelab.core.sampling.biases import LogitBias
+from decodelab.core.sampling.chain import Chain, build_chain
+from decodelab.core.sampling.distribution import softmax
+from decodelab.core.sampling.step import select
+from decodelab.core.trace.stats import pack, ranked_alternatives, stage_stats, unpack
+
+from conftest import NEG
+
+INF = float("inf")
+
+
+# --- the processed entropy of a greedy step ---------------------------------------------------------------------
+
+
+P4 = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
+Z4 = P4.log()
+H4 = -sum(p * math.log(p) for p in (0.1, 0.2, 0.3, 0.4))  # 1.27985 nats
+
+
+def traced(chain: Chain, logits: torch.Tensor, top: int = 4):
+    from decodelab.core.sampling.select import Greedy
+
+    sel = select(chain, Greedy(), torch.zeros(1, 1, dtype=torch.long), logits, record=True)
+    host = pack(sel.token, logits, sel.processed, sel.stages, top).tolist()
+    return unpack(host, top, logits.shape[-1], len(sel.stages))
+
+
+def test_greedy_step_entropy_is_zero_and_raw_entropy_is_the_models():
+    """Bug: the processed entropy taken from the raw distribution. At temperature 0 the selector draws from a point
+    mass: entropy 0, prob 1, kept 1; the raw entropy stays H(0.1, 0.2, 0.3, 0.4) = 1.27985 nats."""
+    n = traced(build_chain({"temperature": 0}), Z4)
+    assert n.token_id == 3 and n.prob == 1.0 and n.kept == 1
+    assert n.entropy == 0.0
+    assert n.raw_entropy == pytest.approx(H4, rel=1e-6)
+    assert n.raw_prob == pytest.approx(0.4, rel=1e-6) and n.raw_rank == 1
+
+
+def test_sampled_step_entropy_is_the_processed_distributions():
+    """Temperature 1, top-k 2 keeps 0.3 and 0.4 -> 3/7, 4/7: entropy of that, not of the raw four."""
+    n = traced(build_chain({"temperature": 1.0, "top-k": 2}), Z4)
+    q = (3 / 7, 4 / 7)
+    assert n.entropy == pytest.approx(-sum(p * math.log(p) for p in q), rel=1e-5)
+    assert n.raw_entropy == pytest.approx(H4, rel=1e-6) and n.kept == 2
+
+
+# --- alternatives: kept candidates first ------------------------------------------------------------------------
+
+
+def test_removed_candidates_rank_below_every_kept_one():
+    """Bug: alternatives ranked by one mixed score, so a removed token with a high raw probability comes before a
+    kept one. Raw 0.1, 0.2, 0.3, 0.4 with token 3 banned: kept 1/6, 2/6, 3/6 (ids 0, 1, 2), removed id 3 (raw 0.4).
+    Expected order: 2, 1, 0 (processed), then 3; with top 2, only the kept 2, 1."""
+    banned = LogitBias({3: -INF})(None, Z4)
+    probs, raw = softmax(banned)[0], softmax(Z4)[0]
+    keep = torch.isfinite(banned[0])
+    assert ranked_alternatives(probs, raw, keep, 4).tolist() == [2, 1, 0, 3]
+    assert ranked_alternatives(probs, raw, keep, 2).tolist() == [2, 1]
+    # two removed: ids 3 and 2 banned -> kept 1 (2/3), 0 (1/3), then removed by raw: 3 (0.4), 2 (0.3)
+    two = LogitBias({3: -INF, 2: -INF})(None, Z4)
+    assert ranked_alternatives(softmax(two)[0], raw, torch.isfinite(two[0]), 4).tolist() == [1, 0, 3, 2]
+    # and through the packed trace, with both probabilities labelled
+    n = traced(build_chain({"bias": {3: -INF}}), Z4)
+    assert [a[0] for a in n.alternatives] == [2, 1, 0, 3]
+    assert [round(a[1], 6) for a in n.alternatives] == [0.5, round(2 / 6, 6), round(1 / 6, 6), 0.0]
+    assert [round(a[2], 6) for a in n.alternatives] == [0.3, 0.2, 0.1, 0.4]
+
+
+# --- mass_removed: under the distribution before the stage -------------------------------------------------------
+
+
+def test_mass_removed_is_measured_before_the_stage_not_on_the_raw_distribution():
+    """Bug: mass_removed measured against the raw distribution. Temperature 1/2 squares the probabilities:
+    0.01, 0.04, 0.09, 0.16 over 0.30. Top-k 2 then removes ids 0 and 1: 5/30 = 1/6 of the tempered mass (0.3 of
+    the raw). Top-p 0.5 after it: 9/25 and 16/25; 16/25 >= 0.5 alone, so it removes 9/25 = 0.36."""
+    chain = build_chain({"temperature": 0.5, "top-k": 2, "top-p": 0.5})
+    _, stages = chain.run_recorded(None, Z4)
+    stats = stage_stats(stages).tolist()
+    kept_counts = [int(k) for k, _, _ in stats]
+    masses = [m for _, _, m in stats]
+    assert kept_counts == [4, 4, 2, 1]
+    assert masses == pytest.approx([0.0, 0.0, 1 / 6, 9 / 25], abs=1e-6)
+    # a stage after one that already removed a token: that token is not counted again
+    chain = build_chain({"bias": {0: -INF}, "top-k": 2})
+    _, stages = chain.run_recorded(None, Z4)
+    masses = [m for _, _, m in stage_stats(stages).tolist()]
+    assert masses == pytest.approx([0.0, 0.1, 2 / 9], abs=1e-6)  # bias: 0.1; top-k drops id 1: 0.2 / 0.9
+
+
+# --- exact edges: the cases mutation testing (tests/mutation/run.sh) showed no other test pinned down -------------
+
+
+def test_stage_table_names_each_stage():
+    from decodelab.core.sampling.filters import TopK
+    from decodelab.core.trace.stats import stage_table
+
+    z = torch.tensor([[0.0, 1.0, 2.0]])
+    assert [stat.name for stat, _ in stage_table([("raw", z), ("top-k", TopK(1)(None, z))])] == ["raw", "top-k"]
+
+
+def test_a_kept_candidate_whose_probability_underflows_stays_among_the_kept():
+    """Logit -200 is kept (finite) but its float32 probability is exactly 0: it still ranks before the removed id 2,
+    whose raw probability is 0.99."""
+    from decodelab.core.trace.stats import ranked_alternatives
+
+    raw = torch.tensor([0.0, -200.0, 5.0])
+    processed = torch.tensor([0.0, -200.0, NEG])
+    probs = softmax(processed[None])[0]
+    assert probs[1].item() == 0.0  # the premise
+    alts = ranked_alternatives(probs, softmax(raw[None])[0], torch.isfinite(processed), 3)
+    assert alts.tolist() == [0, 1, 2]
+
+
+# --- found by the mutation run of 2026-11-30 (tests/mutation/SURVIVORS.md lists what no test can tell apart) ------
+
+
+def test_pack_reads_row_0_of_every_tensor_and_works_without_recorded_stages():
+    """Two rows, no stages recorded: the numbers are row 0's. Raw row 0 (0, ln 3) -> (1/4, 3/4); processed row 0
+    (-inf, 0) -> (0, 1); token 1. Row 1 is the mirror image, so reading it would give other numbers."""
+    from decodelab.core.trace.stats import pack, unpack
+
+    raw = torch.tensor([[0.0, math.log(3.0)], [math.log(3.0), 0.0]])
+    processed = torch.tensor([[NEG, 0.0], [0.0, NEG]])
+    for top, alternatives in [(2, [(1, 1.0, 0.75), (0, 0.0, 0.25)]), (1, [(1, 1.0, 0.75)]), (0, [])]:
+        n = unpack(pack(torch.tensor([1, 0]), raw, processed, None, top).tolist(), top, 2, 0)
+        assert (n.token_id, n.finite, n.prob, n.logprob, n.kept, n.entropy) == (1, True, 1.0, 0.0, 1, 0.0)
+        assert (n.raw_prob, n.raw_logprob, n.raw_rank) == (pytest.approx(0.75), pytest.approx(math.log(0.75)), 1)
+        assert n.raw_entropy == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), rel=1e-6)
+        assert [(i, p, pytest.approx(r)) for i, p, r in n.alternatives] == alternatives
+        assert n.stages == [] and n.winners == []
+
+
+def test_pack_with_stages_reads_the_race_of_row_0():
+    """Two rows, raw then bias {2: -inf}. Row 0: raw logits (0, 0, 0) -> 1/3 each, entropy ln 3; after the bias
+    (1/2, 1/2, 0), entropy ln 2, 2 kept, mass removed 1/3. Race draws E = (1, 1/e, 1/e^2) add g = -log E = (0, 1, 2):
+    the raw winner is id 2, after the bias id 1 (the chosen token), and the bias removed the raw winner. Without the
+    race (greedy) both winners would be id 0; row 1 (other logits, other draws) would give other numbers."""
+    from decodelab.core.trace.stats import pack, unpack
+
+    raw = torch.tensor([[0.0, 0.0, 0.0], [5.0, 0.0, 0.0]])
+    biased = LogitBias({2: NEG})(None, raw)
+    race = torch.tensor([[1.0, math.exp(-1.0), math.exp(-2.0)], [math.exp(-2.0), 1.0, 1.0]])
+    host = pack(torch.tensor([1, 0]), raw, biased, [("raw", raw), ("bias", biased)], 3, race).tolist()
+    n = unpack(host, 3, 3, 2)
+    assert (n.token_id, n.finite, n.kept, n.raw_rank) == (1, True, 2, 1)
+    assert (n.prob, n.raw_prob) == (pytest.approx(0.5), pytest.approx(1 / 3))
+    assert (n.entropy, n.raw_entropy) == (pytest.approx(math.log(2.0)), pytest.approx(math.log(3.0)))
+    assert [(k, pytest.approx(h), pytest.approx(m)) for k, h, m in n.stages] == [
+        (3, math.log(3.0), 0.0), (2, math.log(2.0), 1 / 3)]
+    assert (n.winners, n.ranks, n.removed) == ([2, 1], [1, 1], [True])
+    ids = [i for i, _, _ in n.alternatives]
+    assert sorted(ids[:2]) == [0, 1] and ids[2] == 2  # the kept pair (tied at 1/2), then the removed id
+    assert [(pytest.approx(p), pytest.approx(r)) for _, p, r in n.alternatives] == [(0.5, 1 / 3)] * 2 + [(0.0, 1 / 3)]
+
+
+def test_a_removed_candidate_whose_raw_probability_underflows_still_ranks_among_the_removed():
+    """Raw logits (0, -200, ln 5, ln 7) with only id 0 kept: id 1's raw probability is exactly 0 in float32 but it is
+    a real candidate (removed), not padding: the four alternatives are 0, then the removed by raw probability 3 (7/13),
+    2 (5/13), 1 (0), each once."""
+    from decodelab.core.trace.stats import ranked_alternatives
+
+    raw = softmax(torch.tensor([[0.0, -200.0, math.log(5.0), math.log(7.0)]]))[0]
+    assert raw[1].item() == 0.0  # the premise
+    kept_mask = torch.tensor([True, False, False, False])
+    probs = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert ranked_alternatives(probs, raw, kept_mask, 4).tolist() == [0, 3, 2, 1]
+    assert ranked_alternatives(probs, raw, kept_mask, 2).tolist() == [0, 3]
+
+
+def test_alternatives_keep_their_order_in_a_long_list():
+    """20 candidates, the even ids kept: the first 10 alternatives are exactly the kept ones by probability (past the
+    length where an unstable sort of the 20 padding flags would mix the two groups)."""
+    from decodelab.core.trace.stats import ranked_alternatives
+
+    z = torch.arange(20, dtype=torch.float32)
+    kept_mask = torch.arange(20) % 2 == 0
+    probs = softmax(torch.where(kept_mask, z, NEG)[None])[0]
+    raw = softmax(z[None])[0]
+    assert ranked_alternatives(probs, raw, kept_mask, 10).tolist() == list(range(18, -1, -2))
+    assert ranked_alternatives(probs, raw, kept_mask, 20).tolist() == list(range(18, -1, -2)) + list(range(19, 0, -2))
+
