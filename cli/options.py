@@ -36,10 +36,13 @@ class Format(str, Enum):
     markdown = "markdown"
     csv = "csv"
     text = "text"
+    openai = "openai"
 
 
 # commands that produce a continuation `-f text` can print (the others refuse it before anything runs)
 TEXT_COMMANDS = ("sample", "stream", "speculate", "beam", "batch")
+# commands whose trace `-f openai` writes as an OpenAI completions response (raw logprobs, as vLLM's default)
+OPENAI_COMMANDS = ("sample", "score", "stream")
 
 
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' reads stdin.", show_default=False)]
@@ -88,7 +91,7 @@ EngineTimeout = Annotated[float, typer.Option("--engine-timeout", help="Seconds 
                                               rich_help_panel=ENGINE_PANEL)]
 
 Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv, "
-                                     "text (the continuation alone, streamed).",
+                                     "text (the continuation alone, streamed), openai (the OpenAI completions logprobs response).",
                                      rich_help_panel=OUT)]
 Top = Annotated[Optional[int], typer.Option("--top", help="Alternatives listed per step (default 5).",
                                             rich_help_panel=OUT, show_default=False)]
@@ -191,6 +194,9 @@ def check_format(command: str, opts: Opts) -> None:
     if getattr(opts, "fmt", None) == Format.text and command not in TEXT_COMMANDS:
         raise ConfigError(f"--format text: {command} produces no continuation; allowed with "
                           f"{', '.join(TEXT_COMMANDS)} (use -f json or jsonl here)")
+    if getattr(opts, "fmt", None) == Format.openai and command not in OPENAI_COMMANDS:
+        raise ConfigError(f"--format openai: {command} has no per-token trace in that shape; allowed with "
+                          f"{', '.join(OPENAI_COMMANDS)} (use -f json here)")
 
 
 def check_paths(opts: Opts) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from .. import loop
 from . import render
+from ...core.trace.format import FORMAT_VERSION
+from ...core.trace.openai import to_completion
 from .html import write_page
 
 
@@ -58,8 +60,11 @@ def versions() -> dict:
 
 def emit(out: Output, fmt: str, save_html: Path | None = None, save_svg: Path | None = None) -> None:
     """Print ``out`` in format ``fmt`` (table, json, jsonl, markdown, csv), and save HTML/SVG when asked."""
+    document = stamped(out.document)
     if fmt == "json":
-        render.print_json({**out.document, "versions": versions()})
+        render.print_json(document)
+    elif fmt == "openai":
+        render.print_json(to_completion(render.clean(document)))
     elif fmt == "text":
         loop.print_text(out.text or "", final=True)
     elif fmt == "jsonl":
@@ -72,13 +77,19 @@ def emit(out: Output, fmt: str, save_html: Path | None = None, save_svg: Path | 
     elif fmt == "csv" and (out.csv is not None or out.tables):
         render.print_rows(out.csv if out.csv is not None else out.tables[0][1], "csv")
     if save_html is not None:
-        save_page(out.document, save_html)
+        save_page(document, save_html)
     if out.views is None or not (fmt == "table" or save_svg):
         return
     views = out.views()
     if fmt == "table":
         render.show(out.screen() if out.screen is not None else views)
     render.save(views, None, save_svg)
+
+
+def stamped(document: dict) -> dict:
+    """The document as every format writes it: with its format version (what `decodelab view` checks) and the
+    versions of the software behind its numbers."""
+    return {**document, "format_version": FORMAT_VERSION, "versions": versions()}
 
 
 def save_page(document: dict, path: Path) -> None:
