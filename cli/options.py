@@ -115,7 +115,7 @@ def stage_option(p: Param):
     kind = list[str] if (p.many or p.pairs) else p.kind
     names = [p.option] + ([p.short] if p.short else [])
     return Annotated[Optional[kind], typer.Option(*names, help=p.help, rich_help_panel=PANELS[p.panel],
-                                                  show_default=False)]
+                                                  show_default=False, metavar=p.metavar)]
 
 
 Semantics = _opt("--semantics", str, "Read the settings as hf, vllm or llamacpp does (order, defaults, clamps, "
@@ -148,8 +148,9 @@ MODEL = ("model", "device", "dtype", "device_map", "trust_remote_code", "cache",
 SETTINGS = ("preset", "set_")
 GENERATE = ("max_new_tokens", "seed", "stop", "ignore_eos")
 OUTPUT = ("fmt", "top", "save_html", "save_svg")
-PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain")  # what beam search applies
-CHAIN = tuple(p.field for p in stage_params() if p.panel == "chain") + ("chain",)
+CONSTRAINT = tuple(p.field for p in stage_params() if p.panel == "constraint")  # --regex, --json-schema, ...
+PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain") + CONSTRAINT  # what beam search applies
+CHAIN = tuple(p.field for p in stage_params() if p.panel == "chain") + CONSTRAINT + ("chain",)
 SAMPLERS = tuple(p.field for p in stage_params() if p.panel == "more") + ("semantics", "export")  # sample, probs, ...
 SCALAR_KEYS = tuple(p.field for p in stage_params() if not (p.many or p.pairs)) + ("semantics",)
 STOPS = ("stop_id", "trim_stop")

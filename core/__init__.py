@@ -30,9 +30,12 @@ _API = {
     "STAGES": "sampling.registry", "DEFAULT_ORDER": "sampling.registry", "chain_for": "sampling.chain",
     "make_chain": "sampling.chain", "build_chain": "sampling.chain", "Chain": "sampling.chain",
     "Tokens": "sampling.tokens", "plan": "sampling.semantics", "export": "sampling.export",
+    "constraint_spec": "sampling.constraint", "ConstraintStage": "sampling.constraint",
+    "choice_probabilities": "sampling.constraint",
     # the methods
     "build_sampler": "methods.sample", "build_probs": "methods.probs", "dist_stages": "methods.probs",
     "build_scorer": "methods.score", "build_beam": "methods.beam", "build_speculator": "methods.speculative.run",
+    "score_choices": "methods.choice",
     # KV-cache policies
     "parse_cache_spec": "kv", "CacheSpec": "kv", "POLICIES": "kv",
     # errors

@@ -296,9 +296,10 @@ def save(renderables, save_html: Path | None, save_svg: Path | None) -> None:
 
 
 def summary_line(summary) -> Text:
-    """key=value for every scalar of a summary (a dataclass or a dict)."""
+    """key=value for every scalar (and list) of a summary (a dataclass or a dict)."""
     d = clean(summary)
-    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items() if v is not None]
+    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items()
+             if v is not None and not isinstance(v, dict)]  # a nested record has its own view
     return Text("summary: " + "  ".join(parts), style="cyan")
 
 

@@ -475,12 +475,13 @@ class Comparison:
                 if values.get(name) is not va.get(name):
                     counting.pop(name, None)
                     counting.update({name: pb.counting[name]} if name in pb.counting else {})
-            return StageContext(end_ids=end_ids, counting=counting)
+            return StageContext(end_ids=end_ids, counting=counting, eos_ids=tuple(self.lm.eos_ids), tokens=tokens)
 
         def pick(values: dict, order=None) -> int:
             active = [n for n in DEFAULT_ORDER if values.get(n) is not None]
             chain = build_chain(values, merge_order(tuple(pa.order), active) if order is None else order,
                                 context_for(values))
+            chain.reset(len(prefix) - step)  # the prompt: stages that count or read generated tokens start there
             processed = chain.apply(ids, z).float()
             greedy = values.get("temperature") == 0
             return int((processed if greedy else processed - race.log()).argmax(dim=-1)[0])

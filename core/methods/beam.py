@@ -123,7 +123,7 @@ def validate_beam(s: BeamSettings) -> None:
         if value is not None:
             raise ConfigError(f"--{key.replace('_', '-')} {value}: not used by beam search (transformers applies it "
                               "only when sampling; every beam scores all tokens); allowed processors: "
-                              "--repetition-penalty, --no-repeat-ngram, --logit-bias")
+                              "--repetition-penalty, --no-repeat-ngram, --logit-bias, a constraint")
     require(s.cache_spec, {"reorder", "rows"}, "beam search")
     if not isinstance(s.beams, int) or not 1 <= s.beams <= MAX_BEAMS:
         raise ConfigError(f"--beams {s.beams}: must be an integer in [1, {MAX_BEAMS}]")
@@ -213,7 +213,7 @@ class Candidate:
     sum_logprob: float
     score: float  # sum_logprob / norm(length), as if it ended here
     finishes: bool  # EOS or the last allowed length
-    fate: str  # live | finished (entered the pool) | rejected (finished, pool better) | pruned
+    fate: str  # live | finished (entered the pool) | rejected (finished, pool better) | pruned (also: removed, -inf)
 
 
 @dataclass
@@ -428,7 +428,9 @@ class BeamSearch(Run):
         for i in range(len(vals)):
             parent, token = flat[i] // V, flat[i] % V
             if at_end or token in self.eos:
-                if i < B:
+                # a candidate the chain removed (sum -inf: fewer allowed tokens than K, as under a constraint) never
+                # finishes; transformers' pool starts at -1e9, which it cannot beat either
+                if i < B and vals[i] != float("-inf"):
                     tokens = beams[parent].tokens + [token]
                     reason = "eos" if token in self.eos else ("context" if self.capped else "length")
                     hyp = Hypothesis(0, "", tokens, vals[i], beams[parent].raw + raw[i], length, scores[i], step,

@@ -33,6 +33,7 @@ from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
 from ..trace.stats import kept_ids
+from .choice import check_choice_settings
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ScoreSettings(ChainSettings):
     top: int = 10  # tokens listed in `most_different`
     renormalize: bool = False  # also each token's raw log-probability renormalized over the chain's kept set
     kept_ids: bool = False  # also, per position, the ids that survive each stage of the chain
+    min_mass: float = 1e-6  # --choice: token paths whose model and sampler mass are both below it are not walked
 
 
 def validate_score(s: ScoreSettings) -> None:
@@ -56,6 +58,8 @@ def validate_score(s: ScoreSettings) -> None:
     _check(s.top >= 0, "top", s.top, "must be >= 0")
     if s.against_cache is not None:
         parse_cache_spec(s.against_cache, "--against-cache")
+    if s.choice is not None:
+        check_choice_settings(s)
 
 
 @dataclass
@@ -162,6 +166,7 @@ class Scorer(Run):
         ids = torch.tensor([self.ids], dtype=torch.long, device=device)
         T = len(self.ids)
         feed = self.s.feed or T - 1
+        self.chain.reset(1)  # the first token is context; stages that count generated tokens count from the second
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed

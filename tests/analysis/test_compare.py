@@ -37,6 +37,7 @@ class Ids:
     def __init__(self, model):
         self.model, self.name, self.device, self.dtype = model, "random-llama", torch.device("cpu"), torch.float32
         self.eos_ids, self.context_length, self.vocab_size = [], 256, V
+        self.tokenizer = None  # token texts are ids: no constraint can be bound
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         return [int(t) for t in text.split()]

@@ -29,6 +29,9 @@ def one_line_error(cli, *args) -> str:
     (["--stop", NON_UTF8], "--stop 'caf\\\\udce9': not valid UTF-8"),
     (["--logit-bias", " the=inf"], "+inf cannot force a token"),
     (["--logit-bias", f"{NON_UTF8}=1"], "--logit-bias 'caf\\\\udce9': not valid UTF-8"),
+    (["--allow", NON_UTF8], "--allow 'caf\\\\udce9': not valid UTF-8"),  # found by the fuzz test
+    (["--sequence-bias", f"{NON_UTF8}=1"], "--sequence-bias 'caf\\\\udce9': not valid UTF-8"),
+    (["--regex", NON_UTF8], "--regex 'caf\\\\udce9': not valid UTF-8"),
 ])
 def test_values_refused_before_the_model_loads(cli, args, needle):
     # a model that does not exist: the value must be refused first

@@ -113,8 +113,11 @@ def build_requests(lm: LoadedModel, entries: list[Entry], chat: bool = False) ->
     out = []
     for e in entries:
         s = e.settings
-        out.append(Request(e.id, lm.encode(e.prompt, chat=chat), make_chain(lm, s),
-                           make_selector(s.temperature, s.seed, lm.device), stop_rules(lm, s), lm.decode, e.prompt))
+        prompt_ids = lm.encode(e.prompt, chat=chat)
+        chain = make_chain(lm, s)
+        chain.reset(len(prompt_ids))  # stages that count generated tokens (or read them: a constraint) start here
+        out.append(Request(e.id, prompt_ids, chain, make_selector(s.temperature, s.seed, lm.device), stop_rules(lm, s),
+                           lm.decode, e.prompt))
     return out
 
 
