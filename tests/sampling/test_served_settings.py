@@ -51,3 +51,10 @@ def test_what_vllm_lacks_is_refused(kw, message):
     with pytest.raises(ConfigError, match=message) as err:
         request(**kw)
     assert "\n" not in str(err.value)
+
+
+def test_a_constraint_is_refused_not_dropped():
+    """vLLM's export writes structured_outputs, which the served client does not send: refused in one line."""
+    with pytest.raises(ConfigError, match="not sent to a served engine") as err:
+        request(temperature=0.7, regex="[a-z]+")
+    assert "\n" not in str(err.value)
