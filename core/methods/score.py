@@ -37,6 +37,7 @@ from ..kv import CacheSpec, compresses_once, feed_invariant, parse_cache_spec
 from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
+from ..trace.stats import kept_ids
 from .choice import check_choice_settings
 
 
@@ -49,6 +50,8 @@ class ScoreSettings(ChainSettings):
     against: str | None = None  # a reference model (same tokenizer)
     against_cache: str | None = None  # a reference cache policy (the same model unless --against)
     top: int = 10  # tokens listed in `most_different`
+    renormalize: bool = False  # also each token's raw log-probability renormalized over the chain's kept set
+    kept_ids: bool = False  # also, per position, the ids that survive each stage of the chain
     min_mass: float = 1e-6  # --choice: token paths whose model and sampler mass are both below it are not walked
 
 
@@ -101,6 +104,9 @@ class ScoredToken:
     reference_logprob: float | None = None
     kl: float | None = None  # KL(reference || candidate), nats
     agree: bool | None = None  # same argmax as the reference
+    kept_mass: float | None = None  # sum of the raw probabilities of the tokens the chain keeps (--renormalize)
+    kept_logprob: float | None = None  # raw_logprob - log kept_mass: renormalized over the kept set (-inf: removed)
+    kept_sets: list[dict] | None = None  # per stage {name, kept, ids} (--kept-ids; ids None: every token)
 
     def logprob_difference(self) -> float:
         """raw_logprob - reference_logprob: how much more (> 0) or less likely the candidate found this token."""
@@ -111,6 +117,11 @@ class ScoredToken:
         if self.kl is None:
             for key in ("reference_logprob", "kl", "agree"):
                 out.pop(key)
+        if self.kept_mass is None:
+            for key in ("kept_mass", "kept_logprob"):
+                out.pop(key)
+        if self.kept_sets is None:
+            out.pop("kept_sets")
         return out
 
 
@@ -136,6 +147,10 @@ class ScoreSummary:
     kl_mean: float | None = None
     top1_agreement: float | None = None
     most_different: list[dict] = field(default_factory=list)  # largest |logprob - reference_logprob|
+    # --renormalize, over tokens the chain keeps: the importance ratio p_raw / p_processed a trainer sees when the
+    # text was sampled under the chain, before and after renormalizing p_raw over the kept set
+    importance_ratio_mean: float | None = None
+    importance_ratio_kept_mean: float | None = None
 
 
 def blocks(tokens: int, feed: int, prefill: int | None = None) -> list[tuple[int, int]]:
@@ -213,8 +228,12 @@ class Scorer(Run):
         chosen = raw.gather(-1, targets[:, None])[:, 0]
         rank = (raw > chosen[:, None]).sum(dim=-1) + 1
         ent = torch.special.entr(raw.exp()).sum(dim=-1)
-        proc = processed_logprobs(self.chain, ids, logits, start).gather(-1, targets[:, None])[:, 0]
+        proc_all = processed_logprobs(self.chain, ids, logits, start)
+        proc = proc_all.gather(-1, targets[:, None])[:, 0]
         cols = [targets.float(), chosen, rank.float(), ent, proc]
+        if self.s.renormalize:  # log sum_{k kept} p_raw(k); kept_logprob = raw_logprob - that (the token removed: -inf)
+            log_mass = torch.logsumexp(raw.masked_fill(~torch.isfinite(proc_all), float("-inf")), dim=-1)
+            cols += [log_mass.exp(), torch.where(torch.isfinite(proc), chosen - log_mass, float("-inf"))]
         if ref_logits is not None:
             ref_raw = torch.log_softmax(ref_logits.float(), dim=-1)
             p_ref = ref_raw.exp()
@@ -227,9 +246,16 @@ class Scorer(Run):
             t = int(host[0][i])
             row = ScoredToken(start + 1 + i, t, self.token_text(t), host[1][i], int(host[2][i]), host[3][i],
                               host[4][i])
+            if self.s.renormalize:
+                row.kept_mass, row.kept_logprob = host[5][i], host[6][i]
             if ref_logits is not None:
-                row.reference_logprob, row.kl, row.agree = host[5][i], host[6][i], bool(host[7][i])
+                k = 7 if self.s.renormalize else 5
+                row.reference_logprob, row.kl, row.agree = host[k][i], host[k + 1][i], bool(host[k + 2][i])
             out.append(row)
+        if self.s.kept_ids:
+            for r, row in enumerate(out):
+                _, stages = self.chain.run_recorded(ids[:, : start + 1 + r], logits[r : r + 1])
+                row.kept_sets = kept_ids(stages)
         return out
 
     def summary(self) -> ScoreSummary:
@@ -247,6 +273,12 @@ class Scorer(Run):
             processed_mean_logprob=sum(s.logprob for s in steps) / n if n else float("nan"), chunks=chunks,
             feed=self.feed, tokens_per_s=self.watch.timing.tokens_per_s(n) if self.watch else float("nan"),
             stop_reason=self.stop_reason)
+        if self.s.renormalize:
+            kept = [s for s in steps if math.isfinite(s.logprob)]
+            if kept:
+                summary.importance_ratio_mean = sum(math.exp(s.raw_logprob - s.logprob) for s in kept) / len(kept)
+                summary.importance_ratio_kept_mean = sum(math.exp(s.kept_logprob - s.logprob)
+                                                         for s in kept) / len(kept)
         if self.reference is not None and n:
             summary.reference = self.reference_name
             summary.reference_perplexity = math.exp(-sum(s.reference_logprob for s in steps) / n)

@@ -19,13 +19,14 @@ README = ROOT / "README.md"
 
 def readme_commands() -> list[str]:
     """The `decodelab ...` lines of the README's bash blocks (continuation lines joined, comments dropped), the
-    quickstart's install lines left out."""
+    quickstart's install lines left out, and the lines that need a served model (``--engine URL``: the same
+    commands run against a live vLLM in tests/engine/test_vllm_real.py)."""
     out = []
     for block in re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
         for line in joined.splitlines():
             line = line.strip()
-            if line.startswith("decodelab "):
+            if line.startswith("decodelab ") and " --engine " not in line:
                 out.append(line.split("  #")[0].split(" # ")[0].strip())
     return out
 
