@@ -227,3 +227,17 @@ def test_a_press_under_prefill_alone_compresses_the_prompt_then_scores_one_token
     assert [r.raw_logprob for r in runs[None]] == [r.raw_logprob for r in runs[1]]
     assert max(r.kl for r in runs[None][:16]) == pytest.approx(0.0, abs=1e-5)
     assert max(r.kl for r in runs[None][16:]) > 1e-4  # the press evicted 3/4 of the prompt
+
+
+def test_the_shortest_text_is_two_tokens_and_one_is_refused_in_one_line():
+    """Two tokens: the first is context, one token is scored, from one forward of one token (score_feed gives 1,
+    the text minus its last token, never 2). One token: nothing to score, refused with the count."""
+    model = random_model("llama", seed=8, scale=2.0)
+    assert score_feed(None, [None], 2) == 1
+    scorer = Scorer(model, IDS[:2], build_chain({}), str, ScoreSettings())
+    rows = list(scorer)
+    assert [r.position for r in rows] == [1] and scorer.summary().feed == 1
+    assert rows[0].raw_logprob == pytest.approx(scored(full_logprobs(model, IDS[:2]), IDS[:2])[0], abs=1e-5)
+    with pytest.raises(ConfigError) as err:
+        Scorer(model, IDS[:1], build_chain({}), str, ScoreSettings())
+    assert str(err.value) == "TEXT: 1 token(s); scoring needs at least 2 (the first is context)"
