@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-# The models in tests are tiny: one thread is as fast, and it avoids OpenMP spin-waits when the two cores are busy
+# The models in tests are tiny: one thread is as fast, and it avoids OpenMP spin-waits when the two cores are busy;
+# OMP_NUM_THREADS tells the CLI's default the same (so a busy machine prints no note into a test's stderr)
 torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
 # tests/ mirrors core/ (sampling/, kv/, engine/, trace/, methods/, analysis/, cli/, layout/); a test module may import

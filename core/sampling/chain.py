@@ -14,7 +14,7 @@ from ..errors import ChainError, ConfigError
 from ..inputs import check_text
 from ..settings import _check
 from . import biases, filters, penalties, scaling  # noqa: F401  (each binds its classes to the registry)
-from .registry import BY_NAME, DEFAULT_ORDER, StageContext, params
+from .registry import BY_NAME, DEFAULT_ORDER, StageContext, check_range, params
 from .select import make_generator
 from .semantics import Plan, plan
 from .settings import ChainSettings
@@ -177,9 +177,7 @@ def validate_chain(s: ChainSettings) -> None:
 def validate_chain_ranges(s: ChainSettings) -> None:
     """Each field's range as its registry entry states it; then the rules that join two fields."""
     for p in params():
-        value = getattr(s, p.field)
-        if p.check is not None and value is not None:
-            _check(p.check.ok(value), p.field, value, p.check.allowed)
+        check_range(p, getattr(s, p.field))
     for token, bias in s.logit_bias:
         check_text("--logit-bias", token)
         _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")

@@ -27,6 +27,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..settings import _check
+
 ENGINES = ("hf", "vllm", "llamacpp")
 PANELS = {"chain": "Processor chain", "more": "More samplers, semantics, export"}
 
@@ -270,6 +272,13 @@ def params() -> list[Param]:
 
 def param(field_name: str) -> Param:
     return next(p for p in params() if p.field == field_name)
+
+
+def check_range(p: Param, value) -> None:
+    """A field's value against its entry's range (None: not set); a value outside it is one line naming the option.
+    Torch-free, so the CLI can report ``--top-p 1.5`` before torch is imported."""
+    if p.check is not None and value is not None:
+        _check(p.check.ok(value), p.field, value, p.check.allowed)
 
 
 def engine_order(engine: str) -> tuple[str, ...]:
