@@ -72,25 +72,26 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
     """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc).
 
     The distributions of the step are stacked as rows of one [S, V] tensor L (raw first, processed last; with
-    ``stages`` recorded, every stage in between), and each statistic is one operation over all of them, from one
-    log-softmax: log p = z - log sum exp z (exact 0 for a point mass, -inf exactly for a removed candidate), p = exp
-    log p. The chosen token's rank under each row, 1 + #{i : z_i > z_t}, serves the raw rank and the deciding stage
-    alike. A traced step is about twenty tensor operations whatever the chain, and one transfer; what is not reported
-    is not computed (no alternatives for ``top`` 0; no per-stage numbers, winners or removed mass without ``stages``).
-    ``race``: the selector's Exp(1) draws of this step (None: greedy), for the deciding stage."""
+    ``stages`` recorded, every stage in between), and each statistic is one operation over all of them: p = softmax
+    z, log p = log-softmax z (exact 0 for a point mass, exactly -inf for a removed candidate), H = -sum p log p (a
+    removed candidate adds 0), counts summed in int32. The chosen token's rank under each row, 1 + #{i : z_i > z_t},
+    serves the raw rank and the deciding stage alike. A traced step is about twenty tensor operations whatever the
+    chain (on a CPU each costs a fixed few microseconds, so the cheap forms are chosen: softmax and log-softmax
+    rather than exp of the log-softmax, a product rather than ``special.entr``), and one transfer. What is not
+    reported is not computed: no alternatives for ``top`` 0; no per-stage numbers, winners or removed mass without
+    ``stages``. ``race``: the selector's Exp(1) draws of this step (None: greedy), for the deciding stage."""
     t = token.reshape(-1)[:1]
     L = (torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])).float()
-    logP = torch.log_softmax(L, dim=-1)
-    P = logP.exp()
+    P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
     removed = torch.isneginf(L)
-    kept_n = L.shape[-1] - removed.sum(dim=-1)  # [S]
-    H = torch.special.entr(P).sum(dim=-1)  # [S] -sum p log p, 0 log 0 = 0
+    kept_n = (L.shape[-1] - removed.sum(dim=-1, dtype=torch.int32)).float()  # [S]
+    H = -(P * logP.nan_to_num(neginf=0.0)).sum(dim=-1)  # [S] -sum p log p; a removed candidate: 0 * 0
     z_t = L.index_select(1, t)  # [S, 1] each row's logit of the token
-    ranks = chosen_ranks(L, z_t)  # [S] (softmax is monotone: the rank by logits is the rank by probability)
+    ranks = chosen_ranks(L, z_t).float()  # [S] (softmax is monotone: the rank by logits is the rank by probability)
     logp_t, p_t = logP.index_select(1, t)[:, 0], P.index_select(1, t)[:, 0]
     scalars = torch.stack([
-        t[0].float(), torch.isfinite(z_t[-1, 0]).float(), p_t[-1], logp_t[-1], p_t[0], logp_t[0], ranks[0].float(),
-        H[-1], H[0], kept_n[-1].float(),
+        t[0].float(), torch.isfinite(z_t[-1, 0]).float(), p_t[-1], logp_t[-1], p_t[0], logp_t[0], ranks[0],
+        H[-1], H[0], kept_n[-1],
     ])
     parts = [scalars]
     if top > 0:
@@ -98,10 +99,8 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
         parts += [alt.float(), P[-1].index_select(0, alt), P[0].index_select(0, alt)]
     if stages:
         mass = torch.cat([P.new_zeros(1), (P[:-1] * removed[1:]).sum(dim=-1)])  # sum_i p^(s-1)_i [z^(s)_i = -inf]
-        noise = race_noise(None if race is None else race[:1], L[0])
-        winners, lost = race_winners(L, noise, removed)
-        parts += [torch.stack([kept_n.float(), H, mass], dim=-1).reshape(-1), winners.float(), ranks.float(),
-                  lost.float()]
+        winners, lost = race_winners(L, race_noise(None if race is None else race[:1], L[0]), removed)
+        parts += [torch.stack([kept_n, H, mass], dim=-1).reshape(-1), winners.float(), ranks, lost.float()]
     return torch.cat(parts)
 
 
