@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
 import shutil
@@ -62,6 +64,31 @@ def random_model(arch: str, seed: int = 0, vocab_size: int = 256, scale: float =
 
 
 ARCHS = ["llama", "qwen2", "gpt2", "gemma2"]
+
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextlib.contextmanager
+def host_reads():
+    """Count every read of a tensor's values into Python (what is a device-to-host transfer on a GPU): ``.item()``,
+    ``.tolist()``, ``.cpu()``, ``.numpy()`` and ``bool/int/float/index`` of a tensor. Yields a Counter by method."""
+    counts: collections.Counter = collections.Counter()
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(name, method):
+        def read(self, *args, **kwargs):
+            counts[name] += 1
+            return method(self, *args, **kwargs)
+        return read
+
+    for name, method in saved.items():
+        setattr(torch.Tensor, name, counted(name, method))
+    try:
+        yield counts
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
 
 
 @pytest.fixture(scope="session")
