@@ -101,7 +101,7 @@ def main() -> int:
         def vllm(work) -> tuple[list[list[int]], float]:
             start = time.perf_counter()
             with ThreadPoolExecutor(len(work)) as pool:
-                out = list(pool.map(lambda w: engine.generate(w[0], settings).token_ids, work))
+                out = list(pool.map(lambda w: list(engine.generate(w[0], settings).token_ids), work))
             return out, time.perf_counter() - start
 
         engine.generate(corpus(lm)[30000:30000 + PREFIX], settings)  # warm-up on other tokens

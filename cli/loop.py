@@ -16,9 +16,26 @@ _interrupted = False
 _error: ChainError | None = None
 
 
+# With -f text the continuation is printed as it grows; this is how much of it is on stdout already.
+_printed = ""
+
+
 def reset() -> None:
-    global _interrupted, _error
-    _interrupted, _error = False, None
+    global _interrupted, _error, _printed
+    _interrupted, _error, _printed = False, None, ""
+
+
+def print_text(text: str, final: bool = False) -> None:
+    """``-f text``: print what ``text`` (the continuation so far) adds to what is printed. A trailing U+FFFD (a
+    token that ends inside a UTF-8 character) waits for the next token; ``final`` prints the rest and a newline."""
+    global _printed
+    ready = text if final else text.rstrip("\ufffd")
+    if not ready.startswith(_printed):  # the text changed behind us (a stop string trimmed): print no more of it
+        ready = _printed
+    new = ready[len(_printed):] + ("\n" if final else "")
+    if new:
+        render.write_record(new)
+    _printed = ready
 
 
 def note_error(exc: ChainError) -> None:
@@ -41,14 +58,18 @@ def interrupted() -> bool:
 
 
 def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean,
-          on_step: Callable[[object], None] | None = None, kind: str = "step") -> None:
+          on_step: Callable[[object], None] | None = None, kind: str = "step",
+          text_of: Callable[[], str] | None = None) -> None:
     """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line (``{"type": kind, ...}``); ``on_step``
-    sees each step (a live table, a progress bar). An interrupt ends the run with what it produced (``run.interrupt()``: stop_reason "interrupted"); the
+    sees each step (a live table, a progress bar); with ``-f text``, ``text_of()`` (the continuation so far) is
+    printed as it grows. An interrupt ends the run with what it produced (``run.interrupt()``: stop_reason "interrupted"); the
     caller then prints the summary as usual."""
     try:
         for step in run:
             if fmt == Format.jsonl:
                 render.print_jsonl({"type": kind, **row(step)})
+            elif fmt == Format.text and text_of is not None:
+                print_text(text_of())
             if on_step is not None:
                 on_step(step)
     except KeyboardInterrupt:

@@ -26,6 +26,7 @@ from .commands.sample import sample
 from .commands.score import score
 from .commands.speculate import speculate
 from .commands.stream import stream
+from .commands.view import view
 
 
 def flags_take_no_value() -> None:
@@ -49,6 +50,18 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the versions of decodelab, torch and "
+                                       "transformers and exit.", is_eager=True)) -> None:
+    if version:
+        from .view.output import versions
+
+        render.write_record(" ".join(f"{name} {v or '(not installed)'}" for name, v in versions().items()) + "\n")
+        raise typer.Exit(0)
+
+
 app.command()(sample)
 app.command()(probs)
 app.command()(models)
@@ -60,6 +73,7 @@ app.command()(bench)
 app.command()(stream)
 app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
+app.command()(view)
 
 
 def fail(message: str) -> int:
@@ -74,6 +88,24 @@ def out_of_memory(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
         isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text))
+
+
+COLUMNS = (20, 10_000)  # the terminal widths tables are laid out for
+
+
+def check_columns() -> None:
+    """COLUMNS, when set, is the width every table is laid out to: 0 would print nothing, 3 one letter a line."""
+    import os
+
+    from ..core.inputs import parse_int
+
+    value = os.environ.get("COLUMNS")
+    if value is not None and value.strip():
+        try:
+            parse_int(value, "COLUMNS", *COLUMNS)
+        except DecodelabError:
+            raise DecodelabError(f"COLUMNS={value!r}: the terminal width must be an integer in [{COLUMNS[0]}, "
+                                 f"{COLUMNS[1]}]; unset it to use the terminal's") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +152,7 @@ def run_cli(argv: list[str] | None) -> int:
     args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
     loop.reset()
     try:
+        check_columns()
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
         if loop.error() is not None:  # a chain emptied mid-run: the command printed what it had, then the error
             if debug:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
+import typing
 from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +20,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..core.inputs import parse_float, parse_int
 from ..core.sampling.registry import DEFAULT_ORDER, PANELS, Param, check_range
 from ..core.sampling.registry import params as stage_params
 from .view.render import status
@@ -34,6 +37,14 @@ class Format(str, Enum):
     jsonl = "jsonl"
     markdown = "markdown"
     csv = "csv"
+    text = "text"
+    openai = "openai"
+
+
+# commands that produce a continuation `-f text` can print (the others refuse it before anything runs)
+TEXT_COMMANDS = ("sample", "stream", "speculate", "beam", "batch")
+# commands whose trace `-f openai` writes as an OpenAI completions response (raw logprobs, as vLLM's default)
+OPENAI_COMMANDS = ("sample", "score", "stream")
 
 
 Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' reads stdin.", show_default=False)]
@@ -72,12 +83,13 @@ Cache = Annotated[Optional[str], typer.Option(
     "--cache", help="KV-cache policy: NAME or NAME:key=value,... (default full; `decodelab models` lists them).",
     rich_help_panel=RUN, show_default=False)]
 
-Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv.",
+Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv, "
+                                     "text (the continuation alone, streamed), openai (the OpenAI completions logprobs response).",
                                      rich_help_panel=OUT)]
 Top = Annotated[Optional[int], typer.Option("--top", help="Alternatives listed per step (default 5).",
                                             rich_help_panel=OUT, show_default=False)]
-SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the rendered table as HTML.",
-                                                  rich_help_panel=OUT)]
+SaveHtml = Annotated[Optional[Path], typer.Option("--save-html", help="Also write the trace page (one HTML file, as "
+                                                  "`decodelab view` draws it).", rich_help_panel=OUT)]
 SaveSvg = Annotated[Optional[Path], typer.Option("--save-svg", help="Also write the rendered table as SVG.",
                                                  rich_help_panel=OUT)]
 
@@ -96,7 +108,7 @@ def stage_option(p: Param):
     kind = list[str] if (p.many or p.pairs) else p.kind
     names = [p.option] + ([p.short] if p.short else [])
     return Annotated[Optional[kind], typer.Option(*names, help=p.help, rich_help_panel=PANELS[p.panel],
-                                                  show_default=False)]
+                                                  show_default=False, metavar=p.metavar)]
 
 
 Semantics = _opt("--semantics", str, "Read the settings as hf, vllm or llamacpp does (order, defaults, clamps, "
@@ -128,8 +140,9 @@ MODEL = ("model", "device", "dtype", "device_map", "trust_remote_code", "cache",
 SETTINGS = ("preset", "set_")
 GENERATE = ("max_new_tokens", "seed", "stop", "ignore_eos")
 OUTPUT = ("fmt", "top", "save_html", "save_svg")
-PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain")  # what beam search applies
-CHAIN = tuple(p.field for p in stage_params() if p.panel == "chain") + ("chain",)
+CONSTRAINT = tuple(p.field for p in stage_params() if p.panel == "constraint")  # --regex, --json-schema, ...
+PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain") + CONSTRAINT  # what beam search applies
+CHAIN = tuple(p.field for p in stage_params() if p.panel == "chain") + CONSTRAINT + ("chain",)
 SAMPLERS = tuple(p.field for p in stage_params() if p.panel == "more") + ("semantics", "export")  # sample, probs, ...
 SCALAR_KEYS = tuple(p.field for p in stage_params() if not (p.many or p.pairs)) + ("semantics",)
 STOPS = ("stop_id", "trim_stop")
@@ -154,16 +167,47 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         def wrapper(**kwargs):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
             check_paths(opts)
+            check_format(fn.__name__, opts)
             check_ranges_early(opts)
             with status("starting: importing torch and transformers"):
                 pass
             return fn(opts, **kwargs)
 
+        for p in params:
+            read_numbers_once(p)
         wrapper.__signature__ = inspect.Signature(params)
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         return wrapper
 
     return wrap
+
+
+def read_numbers_once(param: inspect.Parameter) -> None:
+    """An int or float option (or a list of them) reads its text through core's one number reader (ASCII digits
+    only: '²', '١', '1_0' and, for an int, '3.0' are refused; the message names the option), not typer's own."""
+    if typing.get_origin(param.annotation) is not Annotated:
+        return
+    kind, *extras = typing.get_args(param.annotation)
+    info = next((e for e in extras if isinstance(e, (typer.models.OptionInfo, typer.models.ArgumentInfo))), None)
+    while typing.get_origin(kind) in (typing.Union, types.UnionType, list):
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    if info is None or kind not in (int, float) or info.parser is not None:
+        return
+    names = [d for d in (info.default, *(info.param_decls or ())) if isinstance(d, str) and d.startswith("--")]
+    option = names[0] if names else "--" + param.name.rstrip("_").replace("_", "-")
+    info.parser = (lambda text: parse_int(text, option)) if kind is int else (lambda text: parse_float(text, option))
+
+
+def check_format(command: str, opts: Opts) -> None:
+    """``-f text`` only where there is a continuation to print."""
+    from ..core.errors import ConfigError
+
+    if getattr(opts, "fmt", None) == Format.text and command not in TEXT_COMMANDS:
+        raise ConfigError(f"--format text: {command} produces no continuation; allowed with "
+                          f"{', '.join(TEXT_COMMANDS)} (use -f json or jsonl here)")
+    if getattr(opts, "fmt", None) == Format.openai and command not in OPENAI_COMMANDS:
+        raise ConfigError(f"--format openai: {command} has no per-token trace in that shape; allowed with "
+                          f"{', '.join(OPENAI_COMMANDS)} (use -f json here)")
 
 
 def check_paths(opts: Opts) -> None:
@@ -177,8 +221,19 @@ def check_paths(opts: Opts) -> None:
     if getattr(opts, "prompt_file", None) is not None:
         check_input_file("--prompt-file", opts.prompt_file)
     threads = getattr(opts, "threads", None)
-    if threads is not None and not 1 <= threads <= 1024:
-        raise ConfigError(f"--threads {threads}: must be an integer in [1, 1024]")
+    if threads is not None and not 1 <= threads <= usable_cpus():
+        raise ConfigError(f"--threads {threads}: must be an integer in [1, {usable_cpus()}] (the CPUs this process "
+                          "may run on; more threads only wait for each other)")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def check_ranges_early(opts: Opts) -> None:

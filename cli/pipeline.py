@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..core.engine.models import LoadedModel, choose_threads, load_model, set_threads
 from ..core.errors import ConfigError
-from ..core.inputs import read_input_text
+from ..core.inputs import read_input_text, read_stdin
 from .options import Opts
 from .view.render import status
 
@@ -18,7 +18,7 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if prompt_file is not None:
         return read_input_text("--prompt-file", prompt_file)
     if prompt == "-":
-        return sys.stdin.read()
+        return read_stdin("PROMPT")
     if prompt is None:
         raise ConfigError("PROMPT: missing; give the prompt text, '-' for stdin, or --prompt-file")
     return prompt

@@ -14,11 +14,11 @@ from dataclasses import fields, replace
 from importlib import resources
 from pathlib import Path
 
-import tomllib
-
 from .errors import ConfigError
+from .inputs import parse_float, parse_int, parse_toml, read_input_text
 
 META_KEYS = ("description",)  # allowed in a preset file, not settings
+PRESET_BYTES = 2**20  # a preset is a few lines of settings: at most 1 MiB
 
 
 def option_name(key: str) -> str:
@@ -40,14 +40,14 @@ def parse_logit_bias(items, option: str = "--logit-bias") -> tuple[tuple[str, fl
     out = []
     for item in items:
         if isinstance(item, (list, tuple)) and len(item) == 2:
-            out.append((str(item[0]), float(item[1])))
+            out.append((str(item[0]), parse_float(item[1], f"{option} {item[0]!r}=")))
             continue
         token, sep, value = str(item).rpartition("=")
         if not sep or not token:
             raise ConfigError(f"{option} {item!r}: expected TOKEN=BIAS, e.g. 42=-inf or ' the'=2.5")
         try:
-            out.append((token, float(value)))
-        except ValueError:
+            out.append((token, parse_float(value, option)))
+        except ConfigError:
             raise ConfigError(f"{option} {item!r}: BIAS {value!r} is not a number (use -inf to ban)") from None
     return tuple(out)
 
@@ -62,8 +62,12 @@ def _scalar(kind, key: str, raw):
         if text in ("false", "0", "no", "off"):
             return False
         raise ConfigError(f"{option_name(key)} {raw!r}: expected true or false")
-    if kind is int and isinstance(raw, float) and not raw.is_integer():
-        raise ConfigError(f"{option_name(key)} {raw!r}: expected an integer")
+    if kind is int:
+        if isinstance(raw, float) and raw.is_integer() and abs(raw) < 2**63:  # TOML 5.0 for 5
+            raw = int(raw)
+        return parse_int(raw, option_name(key))
+    if kind is float:
+        return parse_float(raw, option_name(key))
     try:
         return kind(raw)
     except (TypeError, ValueError):
@@ -127,14 +131,11 @@ def load_preset(spec: str) -> tuple[str, dict]:
         if not path.is_file():
             raise ConfigError(f"--preset {spec!r}: not a bundled preset ({', '.join(presets)}) nor a .toml file")
     try:
-        table = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--preset {spec!r}: invalid TOML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"--preset {spec!r}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
-    except OSError as exc:
-        raise ConfigError(f"--preset {spec!r}: cannot read {path} ({exc.strerror})") from None
-    return path.stem, table
+        text = read_input_text("--preset", path, limit=PRESET_BYTES)
+    except ConfigError as exc:  # name the preset as typed, and say TOML files are UTF-8
+        raise ConfigError(str(exc).replace(f"--preset {path}", f"--preset {spec!r}", 1)
+                          .replace("give a UTF-8 file", "TOML files are UTF-8")) from None
+    return path.stem, parse_toml(f"--preset {spec!r}", text)
 
 
 def resolve(cls, preset: str | None = None, options: dict | None = None, sets: list[str] | None = None):

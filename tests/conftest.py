@@ -119,3 +119,40 @@ def cli(capsys):
         return code, out.out, out.err
 
     return run
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Networking made to fail loudly: every connect, DNS lookup and connection attempt is recorded and refused. The
+    hub's own state is reset to a fresh process's (offline off, no agent registry loaded or cached), so a loader that
+    would reach out does so here. Yields the list of attempts."""
+    import socket
+
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args[:2])
+        raise OSError("network access in a test that proves none is made")
+
+    for owner, name in ((socket.socket, "connect"), (socket.socket, "connect_ex"), (socket, "create_connection"),
+                        (socket, "getaddrinfo")):
+        monkeypatch.setattr(owner, name, refuse)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("huggingface_hub.utils._detect_agent._registry", None, raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.AGENT_HARNESSES_PATH", "/nonexistent/agents.json", raising=False)
+    yield attempts
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch, toy_model_dir):
+    """A local Hugging Face cache holding the toy model as hub id someorg/toy (revision main); returns its root."""
+    root = tmp_path / "hub"
+    snapshot = root / "models--someorg--toy" / "snapshots" / ("0" * 40)
+    shutil.copytree(toy_model_dir, snapshot)
+    (root / "models--someorg--toy" / "refs").mkdir()
+    (root / "models--someorg--toy" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(root))
+    return root

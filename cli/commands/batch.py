@@ -108,8 +108,7 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
         table = [{k: v for k, v in r.items() if k not in ("steps", "prompt_token_ids", "token_ids", "chain")}
                  for r in requests]
         for row, r in zip(table, report.results):
-            row["prompt"] = render.one_line(row["prompt"] or "")
-            row["text"] = render.one_line(row["text"])
+            row["prompt"] = row["prompt"] or ""
             row["new_tokens"] = len(r.new_ids)
     output.emit_for(opts, output.Output(
         document={"command": "batch", "model": lm.name, "device": str(lm.device),
@@ -117,6 +116,7 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
                   "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
                   "summary": summary},
         jsonl=[{"type": "request", **r} for r in requests] + [output.summary_record("batch", lm.name, summary)],
+        text="\n".join(render.one_line(r["text"]) for r in requests),  # one request a line
         tables=[(None, table)],
         views=lambda: [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]))
 
@@ -163,5 +163,5 @@ def requests_table(requests: list[dict]) -> Table:
         raw = sum(s["raw_logprob"] for s in r["steps"]) / n if n else float("nan")
         table.add_row(r["id"], str(len(r["prompt_token_ids"])), str(len(r["token_ids"])), r["stop_reason"],
                       str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
-                      f"{mean:.3f}", f"{raw:.3f}", render.one_line(r["text"])[:60])
+                      f"{mean:.3f}", f"{raw:.3f}", render.cut(render.one_line(r["text"]), 60))
     return table

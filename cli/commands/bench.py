@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Annotated, Optional
 
 import typer
@@ -12,8 +14,8 @@ from .. import options as o
 from ..loop import note_interrupt
 from ..view import output, render
 
-CHAINS = {"greedy": "temperature 0", "sampling": "temperature 0.8 -> top-p 0.95", "beam": "(none)",
-          "speculative": "temperature 0", "prompt-lookup": "temperature 0"}  # what each setting runs (core/bench.py)
+CHAINS = {"greedy": ["temperature"], "sampling": ["temperature", "top-p"], "beam": [],
+          "speculative": ["temperature"], "prompt-lookup": ["temperature"]}  # each setting's stages (analysis/bench.py)
 PROMPT = "God blessed Noah and his sons, and said to them"  # the opening of the bundled held-out text
 
 Rounds = Annotated[int, typer.Option("--rounds", help="Timed rounds (after one warm-up round that also checks the "
@@ -28,10 +30,17 @@ Beams = Annotated[int, typer.Option("--beams", help="Beams for the beam rows.")]
 
 
 def parse_gammas(text: str) -> tuple[int, ...]:
+    from ...core.inputs import parse_int
+    from ...core.methods.speculative.run import MAX_GAMMA
+
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
-        raise ConfigError(f"--gammas {text!r}: comma-separated integers >= 1, e.g. 1,2,4,8")
-    return tuple(dict.fromkeys(int(t) for t in items))
+    try:
+        gammas = [parse_int(t, "--gammas", 1, MAX_GAMMA) for t in items]
+    except ConfigError:
+        gammas = []
+    if not gammas:
+        raise ConfigError(f"--gammas {text!r}: comma-separated integers in [1, {MAX_GAMMA}], e.g. 1,2,4,8")
+    return tuple(dict.fromkeys(gammas))
 
 
 @o.command(o.PROMPT, o.MODEL, o.OUTPUT, without=("top", "cache", "chat"))
@@ -68,13 +77,23 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     doc = {"command": "bench", "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
            "config": {"max_new_tokens": n, "rounds": rounds, "draft": draft if draft_lm else None, "gammas": list(g),
                       "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()},
-           "chain": [f"{name}: {stages}" for name, stages in CHAINS.items() if name in chosen],
-           "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason}
+           "chain": list(dict.fromkeys(stage for name in chosen for stage in CHAINS[name])),
+           "chains": {name: CHAINS[name] for name in chosen},
+           "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason,
+           "summary": bench_summary(rows, stop_reason)}
     output.emit_for(opts, output.Output(
         document=doc,
         jsonl=[{"type": "row", **render.clean(r)} for r in rows]
-        + [output.summary_record("bench", lm.name, {"rows": len(rows), "stop_reason": stop_reason})],
+        + [output.summary_record("bench", lm.name, doc["summary"])],
         tables=[(None, [render.clean(r) for r in rows])], views=lambda: [bench_table(lm, n, rows)]))
+
+
+def bench_summary(rows, stop_reason: str) -> dict:
+    """The ratios over every row: decodelab's tokens/s over transformers' (median per row), least and most."""
+    ratios = [r.ratio for r in rows]
+    return {"rows": len(rows), "stop_reason": stop_reason,
+            "min_ratio": min(ratios) if ratios else None, "max_ratio": max(ratios) if ratios else None,
+            "geomean_ratio": math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None}
 
 
 def bench_table(lm, n: int, rows) -> Table:

@@ -138,32 +138,53 @@ def stream_row(row, fmt) -> None:
 
 def flat_row(row) -> dict:
     d = render.clean(row)
-    return {k: (render.one_line(d[k]) if k == "text" else d[k]) for k in ROW_COLUMNS}
+    return {k: d[k] for k in ROW_COLUMNS}
 
 
 def emit(opts, lm, run: Comparison) -> None:
+    from ...core.analysis.compare import variant_summary
     from ...core.sampling.chain import make_chain
+    from ...core.sampling.registry import DEFAULT_ORDER
     first = run.prompts[0]
     chains = {v.name: make_chain(lm, run.settings[v.name, run.seeds[0]]).names for v in run.variants}
     doc = {"command": "compare", "model": lm.name, "device": str(lm.device),
            "dtype": str(lm.dtype).replace("torch.", ""),
            "config": {"seeds": run.seeds, **{k: v for k, v in render.clean(run.base).items() if v is not None}},
-           "chain": [f"{name}: {' -> '.join(names) or '(none)'}" for name, names in chains.items()],
+           "chain": [n for n in DEFAULT_ORDER if any(n in names for names in chains.values())],
+           "chains": chains,
            "prompt": {"text": first.text, "token_ids": lm.encode(first.text)},
            "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
            "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
-           "rows": run.rows, "pairs": run.pairs}
+           "rows": run.rows, "pairs": run.pairs, "summary": {"variants": variant_summary(run.rows)}}
     output.emit_for(opts, output.Output(
         document=doc,
         jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]
-        + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)})],
+        + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
+                                 doc["summary"])],
         tables=[(None, [flat_row(r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
         views=lambda: tables(lm, run)))
 
 
 def fmt(value, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def summary_table(summary: list[dict]) -> Table:
+    """Per variant over its prompts and seeds: mean (min-max) of each measure."""
+    t = Table(title="per variant: mean (min-max) over prompts and seeds", header_style="bold")
+    t.add_column("variant", no_wrap=True)
+    t.add_column("runs", justify="right")
+    for name in ("logp", "ppl", "d-2", "rep", "H", "tok/s"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for v in summary:
+        cells = []
+        for key, spec in (("mean_logprob", ".3f"), ("raw_perplexity", ".2f"), ("distinct_2", ".2f"),
+                          ("repetition_rate", ".2f"), ("mean_entropy", ".2f"), ("tokens_per_s", ".1f")):
+            m = v["measures"][key]
+            cells.append("-" if m is None else f"{m['mean']:{spec}} ({m['min']:{spec}}-{m['max']:{spec}})")
+        t.add_row(Text(v["variant"], style="bold"), str(v["runs"]), *cells)
+    return t
 
 
 def tables(lm, run: Comparison) -> list:
@@ -174,7 +195,7 @@ def tables(lm, run: Comparison) -> list:
             rows = [r for r in run.rows if r.prompt == prompt.id and r.seed == seed]
             if not rows:
                 continue
-            t = Table(title=f"{lm.name} · prompt {prompt.id}: {render.one_line(prompt.text)[:60]} · seed {seed}",
+            t = Table(title=f"{lm.name} · prompt {prompt.id}: {render.cut(render.one_line(prompt.text), 60)} · seed {seed}",
                       header_style="bold")
             t.add_column("variant", no_wrap=True)
             t.add_column("text", ratio=1)
@@ -189,8 +210,12 @@ def tables(lm, run: Comparison) -> list:
                          "distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: processed "
                          "entropy (nats)")
             out.append(t)
+    from ...core.analysis.compare import variant_summary
+
+    out.append(summary_table(variant_summary(run.rows)))
     if run.pairs:
         t = Table(title="where the variants part (same seed = same random draws)", header_style="bold")
+        t.key_columns = 4  # a, b, prompt and seed name a pair: a split panel repeats them
         for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why"):
             t.add_column(name, no_wrap=name != "why")
         for p in run.pairs:

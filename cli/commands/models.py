@@ -32,14 +32,15 @@ def models(fmt: o.Fmt = o.Format.table) -> None:
 
 def listing_tables(models_rows, preset_rows, policy_rows) -> list:
     table = Table(title="bundled models", header_style="bold")
-    for col in ("name", "architecture", "parameters", "layers", "heads / kv", "context", "vocab", "size"):
-        table.add_column(col, justify="left" if col in ("name", "architecture") else "right")
+    for col in ("name", "architecture", "parameters", "layers", "heads/kv", "context", "trained", "vocab", "size"):
+        table.add_column(col, justify="left" if col in ("name", "architecture") else "right", no_wrap=True)
     for r in models_rows:
         if not r["installed"]:
-            table.add_row(r["name"], "[red]missing[/red]", "", "", "", "", "", "")
+            table.add_row(r["name"], "[red]missing[/red]", "", "", "", "", "", "", "")
             continue
         table.add_row(r["name"], r["architecture"], f"{r['parameters']:,}", str(r["layers"]),
-                      f"{r['heads']} / {r['kv_heads']}", str(r["context_length"]), str(r["vocab_size"]),
+                      f"{r['heads']} / {r['kv_heads']}", str(r["context_length"]),
+                      "?" if r["trained_context"] is None else str(r["trained_context"]), str(r["vocab_size"]),
                       f"{r['file_bytes'] / 1e6:.1f} MB")
     presets = Table(title="bundled presets", header_style="bold")
     presets.add_column("name")

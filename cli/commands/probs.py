@@ -50,7 +50,7 @@ def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: L
     extra = {"semantics": plan(settings).describe()} if settings.semantics is not None else {}
     doc = render.document("probs", lm, as_dict(settings), names[1:], text, prompt_ids,
                           stages=stages, tokens=tracked, **extra)
-    rows = [{"token_id": t.token_id, "token": render.show_token(t.token), "logit": t.logit,
+    rows = [{"token_id": t.token_id, "token": t.token, "logit": t.logit,
              **{f"p_{name}": t.probs[name] for name in names}} for t in tracked]
     output.emit_for(opts, output.Output(
         document=doc, jsonl=[doc], tables=[(None, rows)],
@@ -59,15 +59,16 @@ def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: L
 
 def given_probs(opts: o.Opts, settings: ProbsSettings, dist, logits, logits_file, history) -> None:
     """--dist / --logits / --logits-file: the chain on a distribution typed in by hand; nothing is loaded."""
-    from ...core.inputs import parse_numbers
+    from ...core.inputs import parse_int
     from ...core.methods.probs import dist_stages, given_logits
     from ..pipeline import export_instead
     if opts.prompt is not None or opts.prompt_file is not None:
         raise ConfigError("PROMPT: not used with --dist/--logits/--logits-file (no model runs); drop one of them")
     raw = given_logits(dist, logits, logits_file)
-    ids = [int(v) if float(v).is_integer() else -1 for v in parse_numbers(history, "--history")] if history else []
-    if any(i < 0 for i in ids):
-        raise ConfigError(f"--history {history!r}: token ids are integers >= 0")
+    try:
+        ids = [parse_int(t, "--history", 0) for t in (history or "").replace(",", " ").split()]
+    except ConfigError:
+        raise ConfigError(f"--history {history!r}: token ids are integers >= 0, e.g. 3,17,17") from None
     if export_instead(opts, settings, vocab=raw.shape[-1]):
         return
     vocab = raw.shape[-1]

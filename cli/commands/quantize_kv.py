@@ -13,7 +13,7 @@ from rich.text import Text
 from ...core.errors import ConfigError
 from ...core.settings import as_dict, resolve
 from .. import options as o
-from ..loop import phase
+from ..loop import drive, phase
 from ..view import output, render
 
 Q = "Quantization"
@@ -77,9 +77,10 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
                           f"({lm.context_length}); give --limit {lm.context_length} or less")
     status = render.error_console()
     tell = (lambda label: status.print(f"[dim]{label}[/dim]")) if opts.fmt == o.Format.table else (lambda label: None)
-    report = run_quantize_kv(lm, ids, settings, spec, progress=tell)
-    for cell in grid_cells(settings):
-        tell(f"grid: {cell}")
+    report = run_quantize_kv(lm, ids, settings, spec, progress=tell, drive=lambda run: drive(run, o.Format.table))
+    cells = grid_cells(settings)
+    for k, cell in enumerate(cells):
+        tell(f"grid {k + 1}/{len(cells)}: {cell}")
         measured = phase(lambda: fidelity(lm, ids, cell, settings.feed))  # noqa: B023 (called at once)
         if measured is None:  # Ctrl-C: the cells so far are reported, main() then exits 130
             report.stop_reason = "interrupted"
@@ -239,6 +240,7 @@ def layer_table(report) -> Table:
 
 def outlier_table(outliers: list[dict], title: str) -> Table:
     table = Table(title=title, header_style="bold")
+    table.key_columns = 2  # layer and tensor name a row: a split panel repeats both
     for name in ("layer", "tensor", "scale set by", "x typical", "max/median", "bits lost", "per tensor",
                  "per token", "per channel", "grouped"):
         table.add_column(name, justify="right")
@@ -253,7 +255,9 @@ def outlier_table(outliers: list[dict], title: str) -> Table:
 
 
 def grid_table(report) -> Table:
-    table = Table(title="grid: x fp16 bytes · perplexity change · top-1 agreement", header_style="bold")
+    residual = int(report.grid[0].cache.split("residual=")[1].split(",")[0]) if "residual=" in report.grid[0].cache else 0
+    window = f"every cell keeps the last {residual} tokens exact" if residual else "every token quantized in every cell"
+    table = Table(title=f"grid: x fp16 bytes · perplexity change · top-1 agreement ({window})", header_style="bold")
     axes = list(dict.fromkeys(g.cache.split("axis=")[1].split(",")[0] for g in report.grid))
     table.add_column("bits", justify="right")
     for axis in axes:

@@ -12,6 +12,7 @@ from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
 from ..view import output, render
+from ..view.constraint import constraint_line
 from ..view.live import LiveSteps
 from ..view.steps_view import StepsTable
 
@@ -76,7 +77,7 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
             drive(sampler, opts.fmt, on_step=live.add)
         emit(opts, lm, settings, text, prompt_ids, sampler, table, printed=live.shown)
     else:
-        drive(sampler, opts.fmt)
+        drive(sampler, opts.fmt, text_of=lambda: lm.decode(getattr(sampler, "all_ids", None) or sampler.new_ids))
         emit(opts, lm, settings, text, prompt_ids, sampler, table)
 
 
@@ -103,7 +104,7 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
         document={**head, "samples": rows, "summary": spread},
         jsonl=[{"type": "sample", **render.clean(r)} for r in rows]
         + [output.summary_record("sample", lm.name, spread)],
-        tables=[(None, [{**render.clean(r), "text": render.one_line(r.text)} for r in rows])],
+        tables=[(None, [render.clean(r) for r in rows])],
         views=lambda: render.samples_views(rows, spread, title)))
 
 
@@ -130,10 +131,11 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     def after_table() -> list:
         return [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
                 render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
-                render.summary_line(summary)]
+                render.summary_line(summary)] + [line for line in [constraint_line(summary)] if line is not None]
 
     output.emit_for(opts, output.Output(
         document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
+        text=out_text,
         jsonl=[output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
         tables=[(None, render.step_rows(sampler.steps))],
         views=views, screen=(lambda: [table.with_part("caption")] + after_table()) if printed else None))

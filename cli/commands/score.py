@@ -32,6 +32,10 @@ Feed = Annotated[Optional[int], typer.Option("--feed", help="Tokens per forward 
 Against = Annotated[Optional[str], typer.Option("--against", help="Reference model (same tokenizer): per-token "
                                                 "KL(reference || model), top-1 agreement, log-probability "
                                                 "difference.", rich_help_panel=SCORE)]
+MinMass = Annotated[Optional[float], typer.Option("--min-mass", help="--choice: token paths whose model and "
+                                                  "sampler probability are both below this are not walked "
+                                                  "(default 1e-6; 0 walks all).", rich_help_panel=SCORE,
+                                                  show_default=False)]
 AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Reference KV-cache policy (the same "
                                                      "model unless --against), e.g. full to measure --cache.",
                                                      rich_help_panel=SCORE)]
@@ -39,24 +43,30 @@ AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Re
 
 @o.command(o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN)
 def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None,
-          feed: Feed = None, against: Against = None, against_cache: AgainstCache = None) -> None:
+          feed: Feed = None, against: Against = None, against_cache: AgainstCache = None,
+          min_mass: MinMass = None) -> None:
     """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
-    --against-cache, the KL divergence and agreement with the reference and the tokens that differ most."""
+    --against-cache, the KL divergence and agreement with the reference and the tokens that differ most. With
+    --choice A,B,C the text is a prompt: each label's exact probability after it, beside the first-token and the
+    constrained-sampler estimates and their errors."""
     from ...core.engine.models import load_draft
-    from ...core.methods.score import build_scorer
+    from ...core.methods.score import build_scorer, scored_ids
     from ...core.sampling.chain import make_chain
     from ..pipeline import load
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
-    explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache)
+    explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache,
+                    min_mass=min_mass)
     from ...core.methods.registry import settings_for
     settings = settings_for("score", opts.preset, explicit, opts.set_)
+    if settings.choice is not None:
+        return choices(opts, settings, body)
     lm = load(opts)
     reference = None
     if settings.against is not None:
         reference = load_draft(settings.against, lm, opts.dtype, opts.trust_remote_code, option="--against")
-    ids = lm.encode(body)[: settings.limit]
+    ids = scored_ids(lm, body, settings, "--text-file" if text_file is not None else "TEXT")
     chain = make_chain(lm, settings)
     scorer = build_scorer(lm, settings, ids, chain, reference)
     run_with_progress(scorer, opts.fmt)
@@ -100,7 +110,7 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
     output.emit_for(opts, output.Output(
         document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary},
         jsonl=[output.summary_record("score", lm.name, summary)],
-        tables=[(None, [{**r, "token": render.show_token(r["token"])} for r in rows])], views=views))
+        tables=[(None, rows)], views=views))
 
 
 def tokens_table(steps, title: str) -> Table:
@@ -139,4 +149,41 @@ def different_table(summary) -> Table:
     for d in summary.most_different:
         table.add_row(str(d["position"]), render.show_token(d["token"]), f"{d['raw_logprob']:.3f}",
                       f"{d['reference_logprob']:.3f}", Text(f"{d['difference']:+.3f}"), f"{d['kl']:.4f}")
+    return table
+
+
+def choices(opts, settings, body: str) -> None:
+    """`score --choice`: the labels after the text, in the command's format (docs/constraints.md, exact choice
+    scoring)."""
+    from ...core.methods.choice import score_choices
+    from ...core.sampling.chain import make_chain
+    from ..pipeline import load
+
+    lm = load(opts)
+    ids = lm.encode(body)
+    chain = make_chain(lm, settings)
+    report = score_choices(lm, settings, body, ids, chain, settings.cache_spec)
+    rows, summary = report.rows(), report.summary()
+    head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
+    output.emit_for(opts, output.Output(
+        document={**head, "choices": rows, "summary": summary},
+        jsonl=[{"type": "choice", **render.clean(r)} for r in rows] + [output.summary_record("score", lm.name,
+                                                                                              summary)],
+        tables=[(None, [{k: v for k, v in r.items() if k != "tokenizations"} for r in rows])],
+        views=lambda: [choices_table(rows, f"{lm.name} · labels after the text"), render.summary_line(summary)]))
+
+
+def choices_table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title, header_style="bold")
+    for name in ("label", "exact p", "share", "first token", "error", "sampler", "error", "tokenizations"):
+        table.add_column(name, justify="left" if name in ("label", "tokenizations") else "right", no_wrap=True)
+    for r in rows:
+        splits = "  ".join("|".join(render.show_token(t) for t in k["tokens"]) + f" {k['probability']:.3g}"
+                           for k in r["tokenizations"])
+        table.add_row(render.show_token(r["label"]), f"{r['exact']:.4g}", f"{r['share']:.4f}",
+                      f"{r['first_token']:.4f}", f"{r['first_token_error']:+.4f}", f"{r['sampler']:.4f}",
+                      f"{r['sampler_error']:+.4f}", splits)
+    table.caption = ("exact: sum over the listed tokenizations of the product of the model's conditionals; share: "
+                     "exact renormalized over the labels; first token and sampler (the --choice constraint alone, "
+                     "temperature 1) estimate the share; error = estimate - share")
     return table

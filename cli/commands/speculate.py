@@ -47,6 +47,7 @@ def speculate(
     from ...core.methods.speculative.run import (
         SpeedupRounds,
         best_gamma,
+        with_gamma,
         build_speculator,
         parse_gammas,
         warm_up_speculate,
@@ -68,27 +69,45 @@ def speculate(
     processors = make_chain(lm, settings)
     prompt_ids = lm.encode(text, opts.chat)
     phase(lambda: warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors))
-    spec = build_speculator(lm, draft_lm, settings, prompt_ids, settings.gamma, processors)
-    if interrupted():
-        spec.interrupt()  # Ctrl-C during the warm-up: an empty run, reported as interrupted
-    else:
-        with LiveSteps(render.console(), None, unit="rounds", enabled=opts.fmt == o.Format.table) as live:
-            drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add)
-    # the shown run is round 1's speculative half; a Ctrl-C keeps the rounds completed (none: speedups null)
-    timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, settings.gamma, first=spec)
-    phase(timing.run)
-    summary = spec.summary(timing.rounds)
-    sweep = []
-    for g in (int(x) for x in settings.sweep_gamma):
+    # with --sweep-gamma the sweep runs first, so the run shown (traced) is the gamma the sweep names best
+    sweep, measured = [], {}
+    gammas = [int(x) for x in settings.sweep_gamma]
+    for k, g in enumerate(gammas):
         if interrupted():
             break  # the rows measured so far are kept
+        progress(f"speculate: timing gamma {g} ({k + 1}/{len(gammas)}, {settings.speedup_rounds} rounds each)")
         row = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, g)
         phase(row.run)
         if row.rounds:  # a gamma cut before its first round completed has no row
             sweep.append(row.first.summary(row.rounds))
+            measured[g] = row.rounds
     best = best_gamma(sweep) if sweep else None
+    shown = best if best is not None else settings.gamma
+    settings = with_gamma(settings, shown)
+    spec = build_speculator(lm, draft_lm, settings, prompt_ids, shown, processors)
+    if interrupted():
+        spec.interrupt()  # Ctrl-C before the shown run: an empty run, reported as interrupted
+    else:
+        with LiveSteps(render.console(), None, unit="rounds", enabled=opts.fmt == o.Format.table) as live:
+            drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add,
+                  text_of=lambda: lm.decode(spec.new_ids))
+    if shown in measured:
+        rounds = measured[shown]  # the sweep timed this gamma already, on the same tokens
+    else:  # the shown run is round 1's speculative half; a Ctrl-C keeps the rounds completed (none: speedups null)
+        progress(f"speculate: timing against plain decoding ({settings.speedup_rounds} rounds)")
+        timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, shown, first=spec)
+        phase(timing.run)
+        rounds = timing.rounds
+    summary = spec.summary(rounds)
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
          opts.save_svg)
+
+
+def progress(message: str) -> None:
+    """A line on stderr for a phase that takes a while (timing rounds, the gamma sweep), on a terminal only."""
+    err = render.error_console()
+    if err.is_terminal:
+        err.print(message, style="dim")
 
 
 def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg) -> None:
@@ -112,6 +131,7 @@ def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, 
     output.emit(output.Output(
         document={**head, "steps": [r.to_dict() for r in spec.rounds], "text": out_text, "token_ids": token_ids,
                   "summary": summary.to_dict(), **extra},
+        text=out_text,
         jsonl=[{"type": "sweep", **render.clean(row)} for row in extra.get("sweep", [])]
         + [output.summary_record("speculate", lm.name, {"text": out_text, "token_ids": token_ids}, summary.to_dict(),
                                  {"best_gamma": best} if sweep else {})],
@@ -179,8 +199,17 @@ def speedup_line(summary) -> Text:
     spread = (f"median of {rounds} timing rounds, min {summary.measured_speedup_min:.2f}x, max "
               f"{summary.measured_speedup_max:.2f}x" if rounds > 1 else "1 timing round, no spread")
     predicted = (f"; predicted {summary.predicted_speedup:.2f}x" if summary.predicted_speedup is not None else "")
-    return Text(f"measured speedup {summary.measured_speedup:.2f}x over plain decoding ({spread}){predicted}",
+    rates = ""
+    if summary.speculative_tokens_per_s is not None and summary.baseline_tokens_per_s is not None:
+        rates = (f"; {summary.speculative_tokens_per_s:.1f} vs {summary.baseline_tokens_per_s:.1f} tokens/s, both "
+                 "untraced loops of the same rounds")
+    line = Text(f"measured speedup {summary.measured_speedup:.2f}x over plain decoding ({spread}){predicted}{rates}",
                 style="bold")
+    if summary.speedup_noisy:
+        line.append("\nnoisy: the timing rounds disagree (spread over 25% of the median, or on both sides of 1x); "
+                    "the machine was too busy to trust this figure: rerun when it is idle, or with more "
+                    "--speedup-rounds", style="bold red")
+    return line
 
 
 SWEEP_COLUMNS = {"gamma": "g", "acceptance_rate": "a", "mean_accepted": "acc/round",
@@ -222,9 +251,9 @@ def round_rows(rounds) -> list[dict]:
         f = r.final
         rows.append({
             "index": r.index, "position": r.position, "drafted": r.drafted, "accepted": r.accepted,
-            "proposed": " ".join(render.show_token(t.token) for t in r.proposed),
-            "q": " ".join(f"{t.q:.4f}" for t in r.proposed), "p": " ".join(f"{t.p:.4f}" for t in r.proposed),
-            "final_kind": f.kind if f else "", "final_token": render.show_token(f.token) if f else "",
-            "final_prob": f.prob if f else None, "emitted": render.show_token(r.emitted_text),
+            "proposed": render.json_cell([{"token_id": t.token_id, "token": t.token, "q": t.q, "p": t.p,
+                                           "accepted": t.accepted} for t in r.proposed]),
+            "final_kind": f.kind if f else "", "final_token": f.token if f else "",
+            "final_prob": f.prob if f else None, "emitted": r.emitted_text,
         })
     return rows

@@ -120,12 +120,14 @@ def with_progress(run, fmt: o.Format, label: str) -> None:
 def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     from ...core.methods.stream import StreamGenerate
     prompt_ids = lm.encode(text, opts.chat)
-    run = StreamGenerate(lm, prompt_ids, chain, settings)
+    # -f jsonl and -f text write each step (or its text) as it comes: no step is kept, unless a page is saved
+    keep = opts.fmt not in (o.Format.jsonl, o.Format.text) or bool(opts.save_html or opts.save_svg)
+    run = StreamGenerate(lm, prompt_ids, chain, settings, keep_steps=keep)
     if opts.fmt == o.Format.table:
         with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
             drive(run, opts.fmt, on_step=live.add)
     else:
-        drive(run, opts.fmt)
+        drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids))
     token_ids = run.new_ids
     out_text, summary = lm.decode(token_ids), run.summary()
     head = render.document("stream", lm, as_dict(settings), chain.names, text, prompt_ids, mode="generate",
@@ -136,6 +138,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
                    slots=_slots(step.slots))
     output.emit_for(opts, output.Output(
         document={**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
+        text=out_text,
         jsonl=[output.summary_record("stream", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
         tables=[(None, rows)],
         views=lambda: [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache "
@@ -246,8 +249,8 @@ COLOURS = ("red", "blue", "cyan", "magenta", "green", "yellow", "white", "white"
 
 
 def ppl_plot(results, context: int | None, height: int = 12, width: int = 64) -> Group:
-    """Perplexity per span over position, log scale, one marker per policy (a later policy draws over an earlier
-    one in a shared cell)."""
+    """Perplexity per span over position, log scale, one marker per policy. Each span has a column per policy where
+    the width allows, so equal values stay visible side by side; a cell two policies still share shows ``*``."""
     series = [(r["label"], r["summary"].chunks) for r in results if "summary" in r and r["summary"].chunks]
     if not series:
         return Group(Text("(nothing to plot)"))
@@ -255,13 +258,17 @@ def ppl_plot(results, context: int | None, height: int = 12, width: int = 64) ->
     lo, hi = min(values), max(values)
     hi = hi if hi > lo else lo + 1.0
     spans = max(len(chunks) for _, chunks in series)
-    cols = min(width, spans * 5)
+    per_span = max(1, min(len(series) + 1, width // spans))  # a column per policy and a gap, when they fit
+    cols = min(width, spans * per_span)
     grid = [[Text(" ") for _ in range(cols)] for _ in range(height)]
+    drawn: dict[tuple[int, int], int] = {}
     for k, (label, chunks) in enumerate(series):
         for i, c in enumerate(chunks):
-            x = min(i * cols // spans, cols - 1)
-            y = round((math.log(c.perplexity) - lo) / (hi - lo) * (height - 1))
-            grid[height - 1 - y][x] = Text(MARKS[k % len(MARKS)], style=COLOURS[k % len(COLOURS)])
+            x = min(i * cols // spans + k % per_span, cols - 1)
+            y = height - 1 - round((math.log(c.perplexity) - lo) / (hi - lo) * (height - 1))
+            shared = drawn.setdefault((y, x), k) != k
+            grid[y][x] = Text("*", style="bold") if shared else Text(MARKS[k % len(MARKS)],
+                                                                     style=COLOURS[k % len(COLOURS)])
     lines = []
     for row_index, row in enumerate(grid):
         level = math.exp(hi - (hi - lo) * row_index / (height - 1))
@@ -272,6 +279,8 @@ def ppl_plot(results, context: int | None, height: int = 12, width: int = 64) ->
         axis.append(f" (trained context {context})")
     legend = [Text(f"{'':11}{MARKS[k % len(MARKS)]} {label}", style=COLOURS[k % len(COLOURS)])
               for k, (label, _) in enumerate(series)]
+    if any(cell.plain == "*" for row in grid for cell in row):
+        legend.append(Text(f"{'':11}* two or more policies at the same point"))
     return Group(Text("perplexity per span over position (log scale)", style="bold"), *lines, axis, *legend)
 
 

@@ -2,7 +2,8 @@
 
 rich narrows an over-wide table by shrinking its wrapping columns, then every column evenly, which cuts numbers
 short with an ellipsis (`1.3e-…`) or folds them across lines. Here a table too wide for the terminal is split into
-panels of columns, each repeating the first (key) column, and each column gets at least what it needs: a no-wrap
+panels of columns, each repeating the table's key columns (``table.key_columns``, default 1: the first), and each
+column gets at least what it needs: a no-wrap
 column its longest cell, a wrapping column its longest word."""
 
 from __future__ import annotations
@@ -48,16 +49,22 @@ def chrome(table: Table, count: int) -> int:
     return pad + lines
 
 
+def key_columns(table: Table) -> list[int]:
+    """The columns that name a row (every panel repeats them): the first ``table.key_columns`` (default 1)."""
+    return list(range(min(max(getattr(table, "key_columns", 1), 1), len(table.columns) or 1)))
+
+
 def panels(widths: list[tuple[int, int]], table: Table, width: int) -> list[list[int]]:
-    """Columns in order, packed greedily into panels that fit ``width``, each starting with column 0."""
+    """Columns in order, packed greedily into panels that fit ``width``, each starting with the key columns."""
+    keys = key_columns(table)
     groups: list[list[int]] = []
-    for i in range(1, len(widths)):
+    for i in range(len(keys), len(widths)):
         group = groups[-1] if groups else None
         if group is not None and chrome(table, len(group) + 1) + sum(widths[j][0] for j in group + [i]) <= width:
             group.append(i)
         else:
-            groups.append([0, i])
-    return groups or [[0]]
+            groups.append(keys + [i])
+    return groups or [keys]
 
 
 def spread(needs: list[int], wants: list[int], room: int) -> list[int]:

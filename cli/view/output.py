@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
+from .. import loop
 from . import render
+from ...core.trace.format import FORMAT_VERSION
+from ...core.trace.openai import to_completion
+from .html import write_page
 
 
 @dataclass
@@ -19,12 +24,14 @@ class Output:
       ``{"type": "summary", ...}`` line, see :func:`summary_record`);
     * ``tables``: flat row tables, each with an optional title: markdown prints every one; csv (no room for two)
       prints ``csv``, by default the first table;
-    * ``views``: builds the rich renderables for the terminal and for ``--save-html`` / ``--save-svg``;
+    * ``views``: builds the rich renderables for the terminal and for ``--save-svg`` (``--save-html`` writes the
+      trace page of ``document``);
       ``screen``: what the terminal still needs when a live table already printed the rows.
     """
 
     document: dict
     jsonl: list[dict]
+    text: str | None = None  # the continuation, for -f text (what streaming printed already is not printed again)
     tables: list[tuple[str | None, list[dict]]] = field(default_factory=list)
     csv: list[dict] | None = None
     views: Callable[[], list] | None = None
@@ -32,17 +39,34 @@ class Output:
 
 
 def summary_record(command: str, model: str | None, *parts) -> dict:
-    """The closing JSONL line: ``{"type": "summary", "command", "model", ...}`` with the parts' fields merged."""
+    """The closing JSONL line: ``{"type": "summary", "command", "model", ...}`` with the parts' fields merged, and
+    the versions the numbers came from."""
     out = {"type": "summary", "command": command, "model": model}
     for part in parts:
         out.update(render.clean(part))
+    return {**out, "versions": versions()}
+
+
+def versions() -> dict:
+    """decodelab, torch and transformers as installed (read from the package metadata: nothing is imported)."""
+    out = {}
+    for name in ("decodelab", "torch", "transformers"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
     return out
 
 
 def emit(out: Output, fmt: str, save_html: Path | None = None, save_svg: Path | None = None) -> None:
     """Print ``out`` in format ``fmt`` (table, json, jsonl, markdown, csv), and save HTML/SVG when asked."""
+    document = stamped(out.document)
     if fmt == "json":
-        render.print_json(out.document)
+        render.print_json(document)
+    elif fmt == "openai":
+        render.print_json(to_completion(render.clean(document)))
+    elif fmt == "text":
+        loop.print_text(out.text or "", final=True)
     elif fmt == "jsonl":
         for line in out.jsonl:
             render.print_jsonl(line)
@@ -52,12 +76,25 @@ def emit(out: Output, fmt: str, save_html: Path | None = None, save_svg: Path | 
             render.print_rows(rows, "markdown")
     elif fmt == "csv" and (out.csv is not None or out.tables):
         render.print_rows(out.csv if out.csv is not None else out.tables[0][1], "csv")
-    if out.views is None or not (fmt == "table" or save_html or save_svg):
+    if save_html is not None:
+        save_page(document, save_html)
+    if out.views is None or not (fmt == "table" or save_svg):
         return
     views = out.views()
     if fmt == "table":
         render.show(out.screen() if out.screen is not None else views)
-    render.save(views, save_html, save_svg)
+    render.save(views, None, save_svg)
+
+
+def stamped(document: dict) -> dict:
+    """The document as every format writes it: with its format version (what `decodelab view` checks) and the
+    versions of the software behind its numbers."""
+    return {**document, "format_version": FORMAT_VERSION, "versions": versions()}
+
+
+def save_page(document: dict, path: Path) -> None:
+    """``--save-html``: the trace page (cli/view/html.py) drawn from the same document ``-f json`` prints."""
+    write_page(document, path, "--save-html")
 
 
 def emit_for(opts, out: Output) -> None:

@@ -119,6 +119,11 @@ def one_line(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
 
 
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: cut with an ellipsis, never silently."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
 def show_token(text: str) -> str:
     """A token as it reads in a table: control characters escaped, leading/trailing spaces made visible."""
     out = one_line(text)
@@ -175,23 +180,41 @@ def shading_legend(shaded_by: str, before: str = "prompt", after: str = "output"
 
 
 def step_rows(steps) -> list[dict]:
-    """Flat per-step rows for markdown and CSV."""
+    """Flat per-step rows for markdown and CSV: the token's real text (each format escapes it by its own rules when
+    printed) and the alternatives as one JSON cell, every number whole."""
     rows = []
     for s in steps:
         rows.append({
-            "index": s.index, "position": s.position, "token_id": s.token_id, "token": show_token(s.token),
+            "index": s.index, "position": s.position, "token_id": s.token_id, "token": s.token,
             "prob": s.prob, "logprob": s.logprob, "raw_prob": s.raw_prob, "raw_logprob": s.raw_logprob,
             "raw_rank": s.raw_rank, "entropy": s.entropy, "raw_entropy": s.raw_entropy, "kept": s.kept,
-            "alternatives": " ".join(f"{show_token(a.token)}:{a.prob:.4f}" for a in s.alternatives),
-            "decided_by": s.decided_by, "why": s.why,
+            "alternatives": json_cell(s.alternatives), "decided_by": s.decided_by, "why": s.why,
         })
     return rows
 
 
+def json_cell(value) -> str:
+    """A list or record as one table cell: JSON, text kept as it is."""
+    return json.dumps(clean(value), ensure_ascii=False, allow_nan=False)
+
+
+def markdown_cell(value):
+    """A markdown table cell: text on one line (backslash escapes) with its pipes escaped, read as text even when
+    it looks like a number ("007"); floats to 6 significant digits (csv and json keep every digit)."""
+    if isinstance(value, str):
+        return one_line(value).replace("|", "\\|")
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
+
+
 def print_rows(rows: list[dict], fmt: str) -> None:
-    """markdown (tabulate, GitHub style) or csv (RFC 4180 via the csv module)."""
+    """markdown (tabulate, GitHub style; cells escaped by :func:`markdown_cell`) or csv (RFC 4180 via the csv
+    module, which quotes what needs quoting). Rows hold real text: neither format loses a character."""
     if fmt == "markdown":
-        write_record(tabulate(rows, headers="keys", tablefmt="github", floatfmt=".6g") + "\n")
+        cells = [{k: markdown_cell(v) for k, v in row.items()} for row in rows]
+        write_record(tabulate(cells, headers="keys", tablefmt="github", disable_numparse=True)
+                     + "\n")
     else:
         buf = io.StringIO()
         if rows:
@@ -273,9 +296,10 @@ def save(renderables, save_html: Path | None, save_svg: Path | None) -> None:
 
 
 def summary_line(summary) -> Text:
-    """key=value for every scalar of a summary (a dataclass or a dict)."""
+    """key=value for every scalar (and list) of a summary (a dataclass or a dict)."""
     d = clean(summary)
-    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items() if v is not None]
+    parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items()
+             if v is not None and not isinstance(v, dict)]  # a nested record has its own view
     return Text("summary: " + "  ".join(parts), style="cyan")
 
 

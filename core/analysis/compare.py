@@ -22,20 +22,18 @@ exact but not coupled to plain sampling; beam search is deterministic (no draws)
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import combinations
 from pathlib import Path
 
-import tomllib
 import torch
 
 from ..engine.run import drain
 from ..engine.runtime import Runtime
 from ..errors import EMPTY_CHAIN, ConfigError
-from ..inputs import read_input_text
+from ..inputs import parse_int, parse_json, parse_toml, read_input_text
 from ..methods.registry import CONTINUING
 from ..methods.beam import build_beam
 from ..methods.sample import build_sampler
@@ -53,6 +51,8 @@ from ..settings import META_KEYS, coerce, load_preset, normalize_key
 
 SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
+MAX_SEEDS = 4096  # seeds in one comparison (each is a run of every variant on every prompt)
+MAX_PROMPTS = 100_000
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -148,10 +148,7 @@ def load_job(path: str | Path) -> tuple[list[Variant], dict]:
     text = read_input_text("--job", path)
     where = f"--job {path}"
     if path.suffix == ".toml":
-        try:
-            doc = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{where}: invalid TOML: {exc}") from None
+        doc = parse_toml(where, text)
         tables = doc.get("variant") or doc.get("variants") or []
         defaults = doc.get("defaults", {})
         extras = {k: doc[k] for k in ("prompts", "seeds") if k in doc}
@@ -159,12 +156,15 @@ def load_job(path: str | Path) -> tuple[list[Variant], dict]:
         tables, defaults, extras = [], {}, {}
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    tables.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"{where}: line {n} is not JSON ({exc.msg})") from None
+                tables.append(parse_json(f"{where}: line {n}", line))
     if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
         raise ConfigError(f"{where}: no variants; TOML needs [[variant]] tables, JSONL one object a line")
+    if not isinstance(defaults, dict):
+        raise ConfigError(f"{where}: [defaults] must be a table of settings")
+    if "seeds" in extras:  # checked here, so that a bad value names the job; kept as written
+        parse_seeds(extras["seeds"], f"{where}: seeds")
+    if "prompts" in extras:
+        extras["prompts"] = job_prompts(where, extras["prompts"])
     variants = []
     for i, table in enumerate(tables):
         table = {**defaults, **table}
@@ -183,21 +183,53 @@ def check_names(variants: list[Variant]) -> None:
         raise ConfigError("--variant: nothing to compare; give --variant, --preset or --job")
 
 
-def parse_seeds(text: str | int | list) -> list[int]:
-    """'0-9', '1,3,5', '0-3,7' -> sorted unique seeds (an int or a list passes through)."""
-    if isinstance(text, int):
-        return [text]
-    if isinstance(text, list):
-        return sorted({int(s) for s in text})
-    out: set[int] = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        lo, dash, hi = part.partition("-")
-        if lo.isdigit() and (not dash or hi.isdigit()) and (not dash or int(hi) >= int(lo)):
-            out.update(range(int(lo), int(hi if dash else lo) + 1))
-        else:
-            raise ConfigError(f"--seeds {text!r}: expected seeds >= 0 as a range or list, e.g. 0-9 or 1,3,5")
-    return sorted(out)
+def job_prompts(where: str, prompts) -> list[str]:
+    """A job's ``prompts``: a text or a list of texts."""
+    texts = [prompts] if isinstance(prompts, str) else prompts
+    if not isinstance(texts, list) or not all(isinstance(t, str) and t for t in texts):
+        raise ConfigError(f"{where}: prompts must be a text or a list of non-empty texts")
+    if len(texts) > MAX_PROMPTS:
+        raise ConfigError(f"{where}: {len(texts)} prompts; at most {MAX_PROMPTS}")
+    return texts
+
+
+def parse_seeds(text: str | int | list, option: str = "--seeds") -> list[int]:
+    """'0-9', '1,3,5', '0-3,7' (or a job's int or list of ints) -> sorted unique seeds in [0, 2**64). Their number
+    is counted from the merged ranges before any is listed: at most MAX_SEEDS."""
+    usage = f"expected seeds >= 0 as a range or list, e.g. 0-9 or 1,3,5 (at most {MAX_SEEDS} seeds)"
+    if isinstance(text, (int, list)) and not isinstance(text, bool):
+        items = text if isinstance(text, list) else [text]
+        if len(items) > MAX_SEEDS:
+            raise ConfigError(f"{option}: {len(items)} seeds; at most {MAX_SEEDS}")
+        return sorted({parse_int(s, option, 0, 2**64 - 1) for s in items})
+    if not isinstance(text, str):
+        raise ConfigError(f"{option} {text!r}: {usage}")
+    ranges = []
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        try:
+            a = parse_int(lo, option, 0, 2**64 - 1) if lo.strip() else None
+            b = parse_int(hi, option, 0, 2**64 - 1) if dash else a
+        except ConfigError:
+            raise ConfigError(f"{option} {text!r}: {usage}") from None
+        if a is None or b is None or b < a:
+            raise ConfigError(f"{option} {text!r}: {usage}")
+        ranges.append((a, b))
+    count = seed_count(ranges)
+    if count > MAX_SEEDS:
+        raise ConfigError(f"{option} {text!r}: {count} seeds; at most {MAX_SEEDS} (each runs every variant on every "
+                          "prompt)")
+    return sorted({s for a, b in ranges for s in range(a, b + 1)})
+
+
+def seed_count(ranges: list[tuple[int, int]]) -> int:
+    """Distinct integers in the union of inclusive ranges (merged in order, none listed)."""
+    total, end = 0, -1
+    for a, b in sorted(ranges):
+        if b > end:
+            total += b - max(a, end + 1) + 1
+            end = b
+    return total
 
 
 @dataclass
@@ -215,11 +247,8 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     if all(line.lstrip().startswith("{") for line in lines):
         prompts = []
         for n, line in enumerate(lines, 1):
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"--prompts-file {path}: line {n} is not JSON ({exc.msg})") from None
-            text = obj.get("prompt", obj.get("text"))
+            obj = parse_json(f"--prompts-file {path}: line {n}", line)
+            text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(text, str) or not text:
                 raise ConfigError(f"--prompts-file {path}: line {n} has no \"prompt\" text")
             prompts.append(Prompt(str(obj.get("id", n)), text))
@@ -475,12 +504,13 @@ class Comparison:
                 if values.get(name) is not va.get(name):
                     counting.pop(name, None)
                     counting.update({name: pb.counting[name]} if name in pb.counting else {})
-            return StageContext(end_ids=end_ids, counting=counting)
+            return StageContext(end_ids=end_ids, counting=counting, eos_ids=tuple(self.lm.eos_ids), tokens=tokens)
 
         def pick(values: dict, order=None) -> int:
             active = [n for n in DEFAULT_ORDER if values.get(n) is not None]
             chain = build_chain(values, merge_order(tuple(pa.order), active) if order is None else order,
                                 context_for(values))
+            chain.reset(len(prefix) - step)  # the prompt: stages that count or read generated tokens start there
             processed = chain.apply(ids, z).float()
             greedy = values.get("temperature") == 0
             return int((processed if greedy else processed - race.log()).argmax(dim=-1)[0])
@@ -519,6 +549,24 @@ def replay_race(seed: int, step: int, vocab: int, device) -> torch.Tensor:
     for _ in range(step + 1):
         race.exponential_(1.0, generator=gen)
     return race
+
+
+MEASURES = ("length", "mean_logprob", "raw_perplexity", "distinct_1", "distinct_2", "repetition_rate", "mean_kept",
+            "mean_entropy", "tokens_per_s")
+
+
+def variant_summary(rows: list[Row]) -> list[dict]:
+    """Per variant, over its prompts and seeds: each measure's mean, min and max (None where no run has it)."""
+    out = []
+    for variant in dict.fromkeys(r.variant for r in rows):
+        mine = [r for r in rows if r.variant == variant]
+        measures = {}
+        for key in MEASURES:
+            values = [v for v in (getattr(r, key) for r in mine) if v is not None and math.isfinite(v)]
+            measures[key] = ({"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+                             if values else None)
+        out.append({"variant": variant, "method": mine[0].method, "runs": len(mine), "measures": measures})
+    return out
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..engine.forward import model_info
 from ..engine.models import LoadedModel
+from ..engine.run import drain
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import CacheSpec, parse_cache_spec
@@ -252,28 +253,36 @@ class Fidelity:
     kv_bytes: int
     bytes_ratio: float  # kv_bytes / fp16 bytes of the same tokens
     steps: list = field(default_factory=list, repr=False)  # the scored tokens (score's ScoredToken), when kept
+    stop_reason: str = "end"  # "interrupted": a Ctrl-C cut the scoring; the numbers are over the tokens scored
 
     def row(self) -> dict:
         return {"cache": self.cache, "tokens": self.tokens, "kv_bytes": self.kv_bytes, "bytes_ratio": self.bytes_ratio,
                 "kl_mean": self.kl_mean, "top1_agreement": self.top1_agreement, "perplexity": self.perplexity,
                 "baseline_perplexity": self.baseline_perplexity,
-                "perplexity_change": self.perplexity / self.baseline_perplexity - 1}
+                "perplexity_change": relative_change(self.perplexity, self.baseline_perplexity)}
 
 
-def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_steps: bool = False) -> Fidelity:
+def relative_change(value: float, baseline: float | None) -> float:
+    """value / baseline - 1; nan where nothing was scored (an interrupted run with no token)."""
+    return value / baseline - 1 if baseline else float("nan")
+
+
+def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_steps: bool = False,
+             drive=None) -> Fidelity:
     """Score the text under ``spec`` against the same model under the full cache (the score machinery); the bytes
-    are those of a ``spec`` cache holding the text (real tensors)."""
-
+    are those of a ``spec`` cache holding the text (real tensors). ``drive(run)`` iterates the scoring run (the CLI's
+    loop, which turns a Ctrl-C into ``run.interrupt()``): an interrupted run is measured on the tokens it scored."""
     scorer = Scorer(lm.model, ids, build_chain({}), lm.token_text, ScoreSettings(feed=feed), cache=spec,
                     reference=lm.model, reference_cache=parse_cache_spec("full"), reference_name="full")
-    for _ in scorer:
-        pass
+    (drive or drain)(scorer)
     summary = scorer.summary()
-    held = held_bytes(lm, ids, spec, None if spec.name == "quant" and not sliding(lm) else feed)
+    held_ids = ids[: summary.tokens + 1] if scorer.interrupted else ids  # the tokens the cache actually held
+    held = held_bytes(lm, held_ids, spec, None if spec.name == "quant" and not sliding(lm) else feed)
     info = model_info(lm.model)
-    fp16 = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
+    fp16 = len(held_ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
     return Fidelity(str(spec), summary.tokens, summary.kl_mean, summary.top1_agreement, summary.perplexity,
-                    summary.reference_perplexity, held, held / fp16, scorer.steps if keep_steps else [])
+                    summary.reference_perplexity, held, held / fp16, scorer.steps if keep_steps else [],
+                    scorer.stop_reason)
 
 
 def held_bytes(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int | None = None) -> int:
@@ -295,17 +304,21 @@ def sliding(lm: LoadedModel) -> bool:
         getattr(cfg, "layer_types", None) or ())
 
 
+GRID_RESIDUAL = 0  # every cell quantizes every token unless --residual says otherwise (the same for every layout)
+
+
 def grid_specs(bits: tuple = GRID_BITS, axes: tuple[str, ...] = GRID_AXES, group: int | None = None,
                residual: int | None = None) -> list[CacheSpec]:
-    """bits x layout, each with its defaults (kivi: residual 32) unless group/residual are given."""
+    """bits x layout, every cell with the same exact residual window (``residual``, default GRID_RESIDUAL: none), so
+    the layouts are compared on equal terms (kivi's own default of 32 exact tokens against none for the others made
+    the grid compare windows, not layouts)."""
+    residual = GRID_RESIDUAL if residual is None else residual
     specs = []
     for b in bits:
         for axis in axes:
-            parts = [f"bits={b}", f"axis={axis}"]
+            parts = [f"bits={b}", f"axis={axis}", f"residual={residual}"]
             if group is not None and axis != "token":
                 parts.append(f"group={group}")
-            if residual is not None:
-                parts.append(f"residual={residual}")
             specs.append(parse_cache_spec("quant:" + ",".join(parts)))
     return specs
 
@@ -326,7 +339,8 @@ class QuantizeKVReport:
     activations: dict | None = None
     grid: list[Fidelity] = field(default_factory=list)
     feed: int = 1  # tokens per forward in the fidelity runs
-    stop_reason: str = "end"  # "interrupted": Ctrl-C cut the grid; it holds the cells measured before
+    stop_reason: str = "end"  # "interrupted": Ctrl-C cut the main run (its numbers are over the tokens it scored) or
+    # the grid (it holds the cells measured before)
 
     def summary(self) -> dict:
         f = self.fidelity
@@ -335,13 +349,15 @@ class QuantizeKVReport:
                 "bytes_ratio": f.bytes_ratio, "baseline_bytes_ratio": f.kv_bytes / self.memory["baseline_kv_bytes"],
                 "kl_mean": f.kl_mean, "top1_agreement": f.top1_agreement, "perplexity": f.perplexity,
                 "baseline_perplexity": f.baseline_perplexity,
-                "perplexity_change": f.perplexity / f.baseline_perplexity - 1, "stop_reason": self.stop_reason}
+                "perplexity_change": relative_change(f.perplexity, f.baseline_perplexity),
+                "stop_reason": self.stop_reason}
 
 
 def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSettings, spec: CacheSpec,
-                    progress=None) -> QuantizeKVReport:
+                    progress=None, drive=None) -> QuantizeKVReport:
     """Everything quantize-kv reports for the text ``ids``, but the grid (``grid_cells``). ``progress(label)`` is told
-    what runs next."""
+    what runs next; ``drive`` iterates the main fidelity run (see :func:`fidelity`): an interrupted one is reported
+    with what it scored, stop_reason "interrupted"."""
     tell = progress or (lambda label: None)
     if len(ids) < 2:
         raise ConfigError(f"--text-file: {len(ids)} token(s); quantize-kv needs at least 2")
@@ -357,7 +373,7 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
     tell("full-precision keys and values")
     kv = capture_kv(lm, ids)
     tell(f"fidelity of {spec}")
-    main = fidelity(lm, ids, spec, settings.feed, keep_steps=True)
+    main = fidelity(lm, ids, spec, settings.feed, keep_steps=True, drive=drive)
     full_bytes = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim
     memory = {**per_token_formula(info, heads), "tokens": len(ids), "kv_bytes": main.kv_bytes,
               "baseline_kv_bytes": held_bytes(lm, ids, parse_cache_spec("full")), "fp16_kv_bytes": full_bytes * 2,
@@ -367,7 +383,8 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
                    for label, tokens in sizes if tokens]
     report = QuantizeKVReport(str(spec), policy.layouts["key"].describe(), policy.layouts["value"].describe(),
                               memory, projections, main, reconstruction(kv, policy),
-                              kv_outliers(kv, policy.bits, policy.group, settings.top), feed=settings.feed)
+                              kv_outliers(kv, policy.bits, policy.group, settings.top), feed=settings.feed,
+                              stop_reason=main.stop_reason)
     if settings.activations is not None:
         tell(f"activations of layer {settings.activations}")
         x = capture_activations(lm, ids, settings.activations)

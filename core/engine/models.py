@@ -1,6 +1,11 @@
 """Where models and tokenizers meet transformers: finding a model (bundled name, local folder, or a hub id already
-in the local cache), checking its folder, loading it offline from safetensors only, and what a loaded model offers
-the rest of decodelab (:class:`LoadedModel`: encode, decode, token texts, end ids, context length).
+in the local cache), checking its folder (:mod:`.folder`), loading it offline from safetensors only, and what a
+loaded model offers the rest of decodelab (:class:`LoadedModel`: encode, decode, token texts, end ids, context
+length).
+
+Offline means no socket: huggingface_hub is put in offline mode before any lookup (it reads HF_HUB_OFFLINE once, at
+import, and would otherwise fetch its agent registry even for local files), and a hub id is resolved to its snapshot
+folder in the local cache by path alone, so transformers only ever sees a local folder.
 """
 
 from __future__ import annotations
@@ -14,8 +19,13 @@ import torch
 
 from ..errors import ConfigError, ModelLoadError
 from ..inputs import check_text
+from .chat import chat_ids
+from .folder import check_folder, check_loaded, parameters_in
 
 BUNDLED = ("tiny", "tiny-draft")
+# the windows the bundled models were trained on (presets/train_models.py: sequence length 256), shorter than the
+# positions their config allows (max_position_embeddings 512): past 256 tokens they extrapolate
+TRAINED_CONTEXT = {"tiny": 256, "tiny-draft": 256}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,6 +74,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     eos_ids: list[int] = field(default_factory=list)
+    folder: Path | None = None  # where it was loaded from (its chat template's file is named from it)
 
     @property
     def config(self):
@@ -86,14 +97,7 @@ class LoadedModel:
         """Token ids of a prompt; with chat=True the tokenizer's chat template wraps it as one user turn."""
         check_text("PROMPT", text)
         if chat:
-            if not getattr(self.tokenizer, "chat_template", None):
-                raise ConfigError(f"--chat: the tokenizer of {self.name!r} has no chat template")
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return list(ids)
+            return chat_ids(self.tokenizer, text, self.name, self.folder)
         return list(self.tokenizer.encode(text, add_special_tokens=True))
 
     def decode(self, ids: list[int]) -> str:
@@ -118,21 +122,46 @@ class LoadedModel:
         return int(ids[0])
 
 
-def _model_folder(spec: str) -> tuple[str, Path | None]:
-    """Where to load from: a bundled folder, a local folder, or (None) an id to look up in the local HF cache."""
+def hub_offline() -> None:
+    """No hub lookup leaves the machine: huggingface_hub's offline switch, set for this process (the module constant
+    it consults on every request) and for any child process (the environment it reads at import)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+    import huggingface_hub.constants as hub
+
+    hub.HF_HUB_OFFLINE = True
+    hub.HF_HUB_DISABLE_TELEMETRY = True
+
+
+def model_folder(spec: str) -> Path:
+    """Where to load from: a bundled folder, a local folder, or a hub id's snapshot in the local HF cache (by path:
+    no request)."""
     if spec in BUNDLED:
         folder = bundled_dir(spec)
         if not (folder / "config.json").is_file():
             raise ModelLoadError(f"--model {spec}: the bundled model's files are missing from {folder}")
-        return spec, folder
+        return folder
     path = Path(spec).expanduser()
     if path.is_dir():
-        check_model_folder(spec, path)
-        return spec, path
+        return path
     if path.exists() or spec.startswith((".", "/", "~")):
         raise ModelLoadError(f"--model {spec}: no model folder there; give a bundled name ({', '.join(BUNDLED)}), "
                              "a local model folder or a model id in the local Hugging Face cache")
-    return spec, None
+    return cached_snapshot(spec)
+
+
+def cached_snapshot(spec: str) -> Path:
+    """The snapshot folder of hub id ``spec`` (revision main) in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found, reason = try_to_load_from_cache(spec, "config.json"), ""
+    except ValueError as exc:  # HFValidationError: not a valid repo id
+        found, reason = None, ": " + str(exc).strip().splitlines()[0]
+    if not isinstance(found, str):
+        raise ModelLoadError(f"--model {spec}: not a bundled name ({', '.join(BUNDLED)}), a local folder, or a model "
+                             f"in the local Hugging Face cache (decodelab never downloads){reason}")
+    return Path(found).parent
 
 
 def set_threads(n: int) -> None:
@@ -188,19 +217,6 @@ def physical_cores() -> int:
     return max(1, usable * len(cores) // len(blocks))
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
-
-
-def check_model_folder(spec: str, path: Path) -> None:
-    """A local folder needs a config, safetensors weights and a tokenizer; say which is missing before loading."""
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(f"--model {spec}: {path} has no config.json, so it is not a model folder")
-    if not any(path.glob("*.safetensors")):
-        raise ModelLoadError(f"--model {spec}: {path} has no .safetensors weights (decodelab loads safetensors only)")
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelLoadError(f"--model {spec}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
-
-
 def load_model(
     spec: str = "tiny",
     device: str = "auto",
@@ -208,7 +224,9 @@ def load_model(
     trust_remote_code: bool = False,
     device_map: str | None = None,
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer strictly offline, from safetensors weights only."""
+    """Load a causal LM and its tokenizer strictly offline, from safetensors weights only, its folder checked before
+    and the model after (:mod:`.folder`)."""
+    hub_offline()
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -216,14 +234,14 @@ def load_model(
     hf_logging.set_verbosity_error()
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    name, folder = _model_folder(spec)
-    source = str(folder) if folder is not None else spec
+    folder = model_folder(spec)
+    check_folder(spec, folder)
     common = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **common)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **common)
     except Exception as exc:  # transformers raises OSError/ValueError variants for a missing or foreign tokenizer
         raise ModelLoadError(_load_failure(spec, folder, "tokenizer", exc)) from exc
-    kwargs = dict(common, dtype=torch_dtype, use_safetensors=True)
+    kwargs = dict(common, dtype=torch_dtype, use_safetensors=True, output_loading_info=True)
     if device_map is not None:
         import importlib.util
 
@@ -232,25 +250,33 @@ def load_model(
                                  "pip install 'decodelab[multi-device]'")
         kwargs["device_map"] = device_map
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        model, loading = AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
     except ImportError as exc:
-        raise ModelLoadError(f"--device-map {device_map}: needs the 'accelerate' package: pip install "
-                             f"'decodelab[multi-device]' ({exc})") from exc
+        raise ModelLoadError(import_failure(spec, device_map, exc)) from exc
     except Exception as exc:
         raise ModelLoadError(_load_failure(spec, folder, "model", exc)) from exc
+    check_loaded(spec, folder, model, tokenizer, loading)
     if device_map is None:
         model = model.to(dev)
     else:
         dev = next(model.parameters()).device
     model.eval()
-    return LoadedModel(name, model, tokenizer, dev, torch_dtype, eos_token_ids(model, tokenizer))
+    return LoadedModel(spec, model, tokenizer, dev, torch_dtype, eos_token_ids(model, tokenizer), folder)
 
 
-def _load_failure(spec: str, folder: Path | None, what: str, exc: Exception) -> str:
+def import_failure(spec: str, device_map: str | None, exc: ImportError) -> str:
+    """An import that failed while loading, reported as itself; only a missing accelerate under --device-map is
+    told to install the extra."""
+    missing = getattr(exc, "name", None) or ""
+    if device_map is not None and missing.split(".")[0] == "accelerate":
+        return (f"--device-map {device_map}: needs the 'accelerate' package: pip install "
+                f"'decodelab[multi-device]' ({exc})")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"--model {spec}: loading it needs a module that failed to import: {first}"
+
+
+def _load_failure(spec: str, folder: Path, what: str, exc: Exception) -> str:
     first_line = str(exc).strip().splitlines()[0].rstrip(": ") if str(exc).strip() else type(exc).__name__
-    if folder is None:
-        return (f"--model {spec}: not a bundled name ({', '.join(BUNDLED)}), a local folder, or a model in the "
-                f"local Hugging Face cache (decodelab never downloads): {first_line}")
     return f"--model {spec}: cannot load the {what} from {folder} (safetensors only): {first_line}"
 
 
@@ -266,18 +292,6 @@ def eos_token_ids(model, tokenizer) -> list[int]:
         if candidates:
             break
     return [int(i) for i in candidates]
-
-
-def safetensors_parameters(path: Path) -> int:
-    """Count the parameters in a .safetensors file from its JSON header (8-byte little-endian length, then JSON)."""
-    import json
-    import math
-    import struct
-
-    with open(path, "rb") as fh:
-        (length,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(length))
-    return sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
 
 
 def describe_bundled() -> list[dict]:
@@ -298,12 +312,13 @@ def describe_bundled() -> list[dict]:
             "path": str(folder),
             "installed": True,
             "architecture": (cfg.get("architectures") or [cfg.get("model_type")])[0],
-            "parameters": sum(safetensors_parameters(w) for w in weights),
+            "parameters": sum(parameters_in(w) for w in weights),
             "layers": cfg.get("num_hidden_layers"),
             "hidden_size": cfg.get("hidden_size"),
             "heads": cfg.get("num_attention_heads"),
             "kv_heads": cfg.get("num_key_value_heads", cfg.get("num_attention_heads")),
             "context_length": cfg.get("max_position_embeddings"),
+            "trained_context": TRAINED_CONTEXT.get(name),
             "vocab_size": cfg.get("vocab_size"),
             "file_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
         })

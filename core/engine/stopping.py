@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from .models import LoadedModel
+
+# -n at most where no context bounds the run (stream past the context, a model that states none): the token buffer
+# holds prompt + -n ids, allocated up front (8 bytes each); a huge -n with a context just runs to the context
+MAX_NEW_TOKENS = 2**24
 
 # --- stopping --------------------------------------------------------------------------------------------------
 
@@ -78,6 +83,15 @@ def trim_stop(new_ids: list[int], stop_reason: str, rules: StopRules,
     return new_ids, text[: min(hits)] if hits else text
 
 
+def check_unbounded(max_new_tokens: int, why: str) -> None:
+    """-n for a run no context bounds (``why`` says which)."""
+    if max_new_tokens > MAX_NEW_TOKENS:
+        raise ConfigError(f"--max-new-tokens {max_new_tokens}: {why}, so the run holds every token; at most "
+                          f"{MAX_NEW_TOKENS}")
+
+
 def stop_rules(lm: LoadedModel, settings, max_new_tokens: int | None = None) -> StopRules:
+    if lm.context_length is None:
+        check_unbounded(max_new_tokens or settings.max_new_tokens, f"{lm.name!r} states no context length")
     return StopRules(max_new_tokens or settings.max_new_tokens, tuple(lm.eos_ids), tuple(getattr(settings, "stop", ())),
                      settings.ignore_eos, lm.context_length, tuple(getattr(settings, "stop_id", ())))

@@ -65,8 +65,8 @@ class Ratio(Fraction):
 
 
 def ratio(key: str, text: str) -> Ratio:
-    try:
-        value = Ratio(Fraction(text.strip()))
+    try:  # ASCII only: Fraction would read '٠.٥' as 0.5
+        value = Ratio(Fraction(text.strip())) if text.isascii() else Ratio(0)
     except (ValueError, ZeroDivisionError):
         value = Ratio(0)
     if not 0 < value <= 1:

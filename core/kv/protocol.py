@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from ..inputs import is_int_text, parse_int
 
 CAPABILITIES = ("truncate", "reorder", "rows", "compile")
 
@@ -137,23 +138,20 @@ def tensor_nbytes(t: Tensor | None) -> int:
 
 
 def positive_int(key: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1 or str(value) != text.strip().lstrip("+"):
-        raise ValueError(f"{key} must be an integer >= 1")
-    return value
+    return _int_at_least(key, text, 1)
 
 
 def non_negative_int(key: str, text: str) -> int:
+    return _int_at_least(key, text, 0)
+
+
+def _int_at_least(key: str, text: str, lo: int) -> int:
+    """A spec's integer key, read by the one number reader (ASCII digits; at most 2**40: no cache holds more)."""
     try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{key} must be an integer >= 0")
-    return value
+        return parse_int(text, key, lo, 2**40)
+    except ConfigError:
+        raise ValueError(f"{key} must be an integer >= {lo}" + ("" if is_int_text(text) else f", not {text!r}")
+                         ) from None
 
 
 def boolean(key: str, text: str) -> bool:

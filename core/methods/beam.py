@@ -63,6 +63,7 @@ from ..engine.run import Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..errors import ConfigError
+from ..inputs import parse_float
 from ..kv import CacheSpec, require
 from ..sampling.chain import (
     Chain,
@@ -123,7 +124,7 @@ def validate_beam(s: BeamSettings) -> None:
         if value is not None:
             raise ConfigError(f"--{key.replace('_', '-')} {value}: not used by beam search (transformers applies it "
                               "only when sampling; every beam scores all tokens); allowed processors: "
-                              "--repetition-penalty, --no-repeat-ngram, --logit-bias")
+                              "--repetition-penalty, --no-repeat-ngram, --logit-bias, a constraint")
     require(s.cache_spec, {"reorder", "rows"}, "beam search")
     if not isinstance(s.beams, int) or not 1 <= s.beams <= MAX_BEAMS:
         raise ConfigError(f"--beams {s.beams}: must be an integer in [1, {MAX_BEAMS}]")
@@ -144,8 +145,8 @@ def parse_penalties(text: str) -> list[float]:
     for part in text.split(","):
         part = part.strip()
         try:
-            value = float(part)
-        except ValueError:
+            value = parse_float(part, "--sweep-length-penalty")
+        except ConfigError:
             raise ConfigError(f"--sweep-length-penalty {text!r}: {part!r} is not a number; "
                               "give comma-separated penalties, e.g. 0,0.5,1,2") from None
         if not abs(value) <= MAX_PENALTY:
@@ -213,7 +214,7 @@ class Candidate:
     sum_logprob: float
     score: float  # sum_logprob / norm(length), as if it ended here
     finishes: bool  # EOS or the last allowed length
-    fate: str  # live | finished (entered the pool) | rejected (finished, pool better) | pruned
+    fate: str  # live | finished (entered the pool) | rejected (finished, pool better) | pruned (also: removed, -inf)
 
 
 @dataclass
@@ -428,7 +429,9 @@ class BeamSearch(Run):
         for i in range(len(vals)):
             parent, token = flat[i] // V, flat[i] % V
             if at_end or token in self.eos:
-                if i < B:
+                # a candidate the chain removed (sum -inf: fewer allowed tokens than K, as under a constraint) never
+                # finishes; transformers' pool starts at -1e9, which it cannot beat either
+                if i < B and vals[i] != float("-inf"):
                     tokens = beams[parent].tokens + [token]
                     reason = "eos" if token in self.eos else ("context" if self.capped else "length")
                     hyp = Hypothesis(0, "", tokens, vals[i], beams[parent].raw + raw[i], length, scores[i], step,

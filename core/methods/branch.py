@@ -8,7 +8,6 @@ the draws of step t are the t-th such vector whatever happened before: a forced 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +15,15 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..inputs import read_input_text
+from ..inputs import parse_int, parse_json, read_input_text
 from ..sampling.select import Greedy, Multinomial
 from ..settings import coerce
 from ..trace.why import FORCED
+
+
+def digits(text: str) -> bool:
+    """ASCII digits alone (a step, a token id): ' 42' is, '²', '-1' and ' the' are not."""
+    return text.strip().isascii() and text.strip().isdigit()
 
 
 def parse_force(items: list[str] | tuple[str, ...], token_id=None) -> dict[int, int]:
@@ -27,11 +31,12 @@ def parse_force(items: list[str] | tuple[str, ...], token_id=None) -> dict[int, 
     out: dict[int, int] = {}
     for item in items:
         step, sep, token = str(item).partition("=")
-        if not sep or not step.strip().isdigit() or not token:
+        if not sep or not digits(step) or not token:
             raise ConfigError(f"--force {item!r}: expected STEP=TOKEN with STEP an integer >= 0, e.g. 3=42 or "
                               f"'3= the'")
-        if token.strip().isdigit():
-            tid = int(token.strip())
+        step = parse_int(step, f"--force {item!r}: STEP", 0, 2**31)
+        if digits(token):
+            tid = parse_int(token, f"--force {item!r}: TOKEN", 0, 2**31)
         elif token_id is not None:
             try:
                 tid = token_id(token)
@@ -39,9 +44,9 @@ def parse_force(items: list[str] | tuple[str, ...], token_id=None) -> dict[int, 
                 raise ConfigError(f"--force {item!r}: {exc}") from None
         else:
             raise ConfigError(f"--force {item!r}: TOKEN must be a token id here")
-        if int(step) in out:
-            raise ConfigError(f"--force {item!r}: step {int(step)} is forced twice")
-        out[int(step)] = tid
+        if step in out:
+            raise ConfigError(f"--force {item!r}: step {step} is forced twice")
+        out[step] = tid
     return out
 
 
@@ -111,21 +116,23 @@ class ResumePoint:
 def load_trace(path: str | Path) -> ResumePoint:
     """Read a `decodelab sample -f json` document (``prompt.token_ids``, ``token_ids``, ``config``)."""
     path = Path(path)
+    text = read_input_text("--resume", path)
     try:
-        doc = json.loads(read_input_text("--resume", path))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--resume {path}: not JSON ({exc.msg} at line {exc.lineno}); save a trace with "
-                          "`decodelab sample ... -f json > trace.json`") from None
+        doc = parse_json(f"--resume {path}", text)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}; save a trace with `decodelab sample ... -f json > trace.json`") from None
+    usage = f"--resume {path}: expected a `sample -f json` trace with prompt.token_ids and token_ids"
     try:
-        prompt_ids = [int(t) for t in doc["prompt"]["token_ids"]]
-        generated = [int(t) for t in doc["token_ids"]]
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError(f"--resume {path}: expected a `sample -f json` trace with prompt.token_ids and "
-                          "token_ids") from None
-    summary = doc.get("summary") or {}
-    return ResumePoint(prompt_ids, generated, str(doc["prompt"].get("text", "")), dict(doc.get("config") or {}),
-                       doc.get("model"),
-                       summary.get("stop_reason"))
+        prompt_ids = [parse_int(t, f"--resume {path}: prompt.token_ids", 0) for t in doc["prompt"]["token_ids"]]
+        generated = [parse_int(t, f"--resume {path}: token_ids", 0) for t in doc["token_ids"]]
+        summary = doc.get("summary") or {}
+        config = dict(doc.get("config") or {})
+        prompt_text = str(doc["prompt"].get("text", ""))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ConfigError(usage) from None
+    if not isinstance(summary, dict):
+        raise ConfigError(usage)
+    return ResumePoint(prompt_ids, generated, prompt_text, config, doc.get("model"), summary.get("stop_reason"))
 
 
 class Branched:

@@ -85,6 +85,7 @@ def sample_batched(model, prompt_ids: list[int], chain: Chain, greedy: bool, see
                    detok: Callable[[list[int]], str] | None = None, cache: CacheSpec | None = None):
     """N rows in one batch: -> (token ids per row, processed log-probs per row, stop reasons)."""
     check_prompt(len(prompt_ids), rules.context_length)
+    chain.reset(len(prompt_ids))  # stages that count (or read) the generated tokens start after the prompt
     runtime = Runtime.create(model, cache, capacity=len(prompt_ids) + rules.max_new_tokens, needs=frozenset({"rows"}))
     device = runtime.device
     total = len(prompt_ids) + rules.max_new_tokens

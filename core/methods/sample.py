@@ -28,7 +28,7 @@ from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, select
 from ..settings import _check
-from ..trace.records import Alternative, StageStat, Step, summarize
+from ..trace.records import Alternative, StageStat, Step, Tally, summarize
 from ..trace.stats import Numbers, pack, unpack
 from ..trace.why import decide
 
@@ -156,15 +156,19 @@ def build_step(index: int, position: int, out: Decoded, token_text: Callable[[in
 
 
 class Sampler(Run):
-    """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``."""
+    """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``.
+    ``keep_steps=False``: the steps are yielded and not kept (``steps`` stays empty; the summary comes from their
+    :class:`Tally`), for a consumer that writes each as it comes."""
 
     def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5,
-                 cache: CacheSpec | None = None, runtime: Runtime | None = None, record: bool = True):
+                 cache: CacheSpec | None = None, runtime: Runtime | None = None, record: bool = True,
+                 keep_steps: bool = True):
         self.model, self.prompt_ids, self.chain, self.selector = model, list(prompt_ids), chain, selector
         self.rules, self.token_text, self.detok, self.top = rules, token_text, detok, top
-        self.cache, self.runtime, self.record = cache, runtime, record
+        self.cache, self.runtime, self.record, self.keep_steps = cache, runtime, record, keep_steps
         self.state = DecodeState()
         self.steps: list[Step] = []
+        self.tally = Tally()
         self.watch: Stopwatch | None = None
 
     def __iter__(self) -> Iterator[Step]:
@@ -181,7 +185,9 @@ class Sampler(Run):
             self.watch.resume()
             step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, names,
                               getattr(self.selector, "last_race", None) is None)
-            self.steps.append(step)
+            self.tally.add(step)
+            if self.keep_steps:
+                self.steps.append(step)
             self.watch.lap("trace")
             self.watch.pause()
             yield step
@@ -198,10 +204,10 @@ class Sampler(Run):
     def new_ids(self) -> list[int]:
         """The tokens delivered: traced steps (an interrupt can land between a token and its trace), or every
         generated token when untraced."""
-        return [s.token_id for s in self.steps] if self.record else list(self.state.new_ids)
+        return self.state.new_ids[: self.tally.steps] if self.record else list(self.state.new_ids)
 
     def summary(self):
-        return summarize(self.steps, self.watch.timing if self.watch else None, self.stop_reason,
+        return summarize(self.steps if self.keep_steps else self.tally, self.watch.timing if self.watch else None, self.stop_reason,
                          len(self.new_ids))
 
 

@@ -32,6 +32,7 @@ from ..kv import CacheSpec, parse_cache_spec
 from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
+from .choice import check_choice_settings
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class ScoreSettings(ChainSettings):
     against: str | None = None  # a reference model (same tokenizer)
     against_cache: str | None = None  # a reference cache policy (the same model unless --against)
     top: int = 10  # tokens listed in `most_different`
+    min_mass: float = 1e-6  # --choice: token paths whose model and sampler mass are both below it are not walked
 
 
 def validate_score(s: ScoreSettings) -> None:
@@ -53,6 +55,8 @@ def validate_score(s: ScoreSettings) -> None:
     _check(s.top >= 0, "top", s.top, "must be >= 0")
     if s.against_cache is not None:
         parse_cache_spec(s.against_cache, "--against-cache")
+    if s.choice is not None:
+        check_choice_settings(s)
 
 
 @dataclass
@@ -147,6 +151,7 @@ class Scorer(Run):
         ids = torch.tensor([self.ids], dtype=torch.long, device=device)
         T = len(self.ids)
         feed = self.s.feed or T - 1
+        self.chain.reset(1)  # the first token is context; stages that count generated tokens count from the second
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
@@ -212,6 +217,25 @@ class Scorer(Run):
                                        "raw_logprob": s.raw_logprob, "reference_logprob": s.reference_logprob,
                                        "difference": s.logprob_difference(), "kl": s.kl} for s in ranked]
         return summary
+
+
+UNKNOWN_CONTEXT_TOKENS = 2**16  # what score takes without --limit from a model that states no context length
+
+
+def scored_ids(lm, text: str, settings: ScoreSettings, option: str = "TEXT") -> list[int]:
+    """The text's tokens to score: the first --limit of them. Without --limit a text longer than the model's context
+    is refused before any forward (all of it in one forward would be scored past the positions the model was trained
+    on, with memory growing with its square): the message gives the numbers to pass."""
+    ids = lm.encode(text)
+    if settings.limit is not None:
+        return ids[: settings.limit]
+    context = lm.context_length or UNKNOWN_CONTEXT_TOKENS
+    if len(ids) > context:
+        where = f"the context of {lm.name!r}" if lm.context_length else "what score takes without --limit"
+        raise ConfigError(f"{option}: {len(ids)} tokens, more than {where} ({context}); pass --limit {context} to "
+                          f"score the first {context}, or --limit {len(ids)} for all of them (memory grows with it), "
+                          "or score it under a bounded cache with `decodelab stream --text-file`")
+    return ids
 
 
 def build_scorer(lm, settings: ScoreSettings, token_ids: list[int], chain: Chain, reference=None) -> Scorer:

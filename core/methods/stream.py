@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from ..analysis.attention import _has_rotary
 from ..engine.run import Run
 from ..engine.runtime import runtime_for
-from ..engine.stopping import StopRules
+from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
 from ..kv import make_policy, parse_cache_spec
 from ..sampling.chain import Chain
@@ -51,6 +51,7 @@ class StreamSettings(SampleSettings):
 
 def validate_stream(s: StreamSettings) -> None:
     validate_sample(s)
+    check_unbounded(s.max_new_tokens, "stream runs past the context")
     for key in ("chunk", "feed", "window"):
         _check(getattr(s, key) >= 1, key, getattr(s, key), "must be an integer >= 1")
     _check(s.limit is None or s.limit >= 2, "limit", s.limit, "must be an integer >= 2")
@@ -187,10 +188,42 @@ class StreamStep(Step):
     slots: list[list[int]] = field(default_factory=list)  # [original start, original end, assigned start] runs
 
 
-class StreamGenerate(Run):
-    """The ``sample`` loop under a bounded policy, past the context; steps carry the cache state."""
+class Spans:
+    """The summary of a generated stream built as its steps come: the spans of ``chunk`` steps (raw perplexity,
+    cache tokens and bytes after the span's last step) and the largest cache, so no step need be kept."""
 
-    def __init__(self, lm, prompt_ids: list[int], chain: Chain, settings: StreamSettings):
+    def __init__(self, chunk: int):
+        self.chunk, self.closed = chunk, []
+        self.max_cache_tokens = self.max_kv_bytes = 0
+        self._start, self._count, self._raw, self._last = 0, 0, 0.0, None
+
+    def add(self, step: StreamStep) -> None:
+        if self._count == 0:
+            self._start = step.position
+        self._count += 1
+        self._raw += step.raw_logprob
+        self._last = step
+        self.max_cache_tokens = max(self.max_cache_tokens, step.cache_tokens)
+        self.max_kv_bytes = max(self.max_kv_bytes, step.kv_bytes)
+        if self._count == self.chunk:
+            self.closed.append(self._span())
+            self._count, self._raw = 0, 0.0
+
+    def _span(self) -> StreamChunk:
+        last = self._last
+        return StreamChunk(self._start, last.position + 1, self._count, math.exp(-self._raw / self._count),
+                           last.cache_tokens, last.kv_bytes, float("nan"))
+
+    def spans(self) -> list[StreamChunk]:
+        """Every span so far, the last one partial."""
+        return self.closed + ([self._span()] if self._count else [])
+
+
+class StreamGenerate(Run):
+    """The ``sample`` loop under a bounded policy, past the context; steps carry the cache state. ``keep_steps=False``
+    (a stream written as it comes): no step is kept, and the memory of the run does not grow with its steps."""
+
+    def __init__(self, lm, prompt_ids: list[int], chain: Chain, settings: StreamSettings, keep_steps: bool = True):
 
         self.lm, self.settings, self.spec = lm, settings, settings.cache_spec
         # RoPE models run on past their trained positions (the point); absolute positions end at the context
@@ -200,8 +233,10 @@ class StreamGenerate(Run):
         selector = make_selector(settings.temperature, settings.seed, lm.device)
         self.runtime = runtime_for(lm, self.spec, len(prompt_ids) + settings.max_new_tokens)
         self.sampler = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
-                               runtime=self.runtime)
+                               runtime=self.runtime, keep_steps=False)
+        self.keep_steps = keep_steps
         self.steps: list[StreamStep] = []
+        self.spans = Spans(settings.chunk)
         self.chain, self.selector = chain, selector
 
     @property
@@ -220,21 +255,16 @@ class StreamGenerate(Run):
         for step in self.sampler:
             state = cache_state(self.runtime.policy)
             out = StreamStep(**{f.name: getattr(step, f.name) for f in fields(Step)}, **state)
-            self.steps.append(out)
+            self.spans.add(out)
+            if self.keep_steps:
+                self.steps.append(out)
             yield out
 
     def summary(self) -> StreamSummary:
-        steps, base = self.steps, self.sampler.summary()
-        chunks = []
-        for a in range(0, len(steps), self.settings.chunk):
-            part = steps[a : a + self.settings.chunk]
-            ppl = math.exp(-sum(s.raw_logprob for s in part) / len(part))
-            chunks.append(StreamChunk(part[0].position, part[-1].position + 1, len(part), ppl, part[-1].cache_tokens,
-                                      part[-1].kv_bytes, float("nan")))
-        return StreamSummary(str(self.spec), len(steps), base.raw_perplexity,
-                             max((s.cache_tokens for s in steps), default=0),
-                             max((s.kv_bytes for s in steps), default=0), base.tokens_per_s, self.stop_reason,
-                             chunks, base.mean_logprob)
+        base = self.sampler.summary()
+        return StreamSummary(str(self.spec), self.sampler.tally.steps, base.raw_perplexity,
+                             self.spans.max_cache_tokens, self.spans.max_kv_bytes, base.tokens_per_s, self.stop_reason,
+                             self.spans.spans(), base.mean_logprob)
 
 
 # --- generation past the context -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from ..engine.models import LoadedModel
 from ..errors import ChainError, ConfigError
 from ..inputs import check_text
 from ..settings import _check
-from . import biases, filters, penalties, scaling  # noqa: F401  (each binds its classes to the registry)
+from . import biases, constraint, filters, penalties, scaling  # noqa: F401  (each binds its classes to the registry)
 from .registry import BY_NAME, DEFAULT_ORDER, StageContext, check_range, params
 from .select import make_generator
 from .semantics import Plan, plan
@@ -129,11 +129,12 @@ def build_chain(values: dict, order: list[str] | None = None, context: StageCont
 
 def chain_for(settings: ChainSettings, tokens: Tokens, generator=None, eos_ids=(), stop_ids=()) -> tuple[Plan, Chain]:
     """THE chain builder: the settings as their semantics reads them (:func:`~.semantics.plan`), every token-naming
-    setting resolved by ``tokens``, the stages made in the plan's order with the run's ``generator`` (XTC's coin) and
-    end ids (what min-new-tokens bans). Every caller (each method, compare's attribution, validation) builds here."""
+    setting resolved by ``tokens``, the stages made in the plan's order with the run's ``generator`` (XTC's coin),
+    end ids (what min-new-tokens bans; where the constraint allows an end) and ``tokens`` (the constraint's tokenizer
+    and logits width). Every caller (each method, compare's attribution, validation) builds here."""
     p = plan(settings)
     values = p.settings.stage_values(resolved=resolve(p.settings, tokens))
-    return p, build_chain(values, p.order, p.context(generator, tuple(eos_ids), tuple(stop_ids)))
+    return p, build_chain(values, p.order, p.context(generator, tuple(eos_ids), tuple(stop_ids), tokens))
 
 
 def make_chain(lm: LoadedModel, settings: ChainSettings, generator=None) -> Chain:
@@ -178,6 +179,9 @@ def validate_chain_ranges(s: ChainSettings) -> None:
     """Each field's range as its registry entry states it; then the rules that join two fields."""
     for p in params():
         check_range(p, getattr(s, p.field))
+    for p in params():  # texts that name tokens (--allow, --ban, --dry-breaker, --sequence-bias) must be UTF-8
+        for item in getattr(s, p.field) if (p.many or p.pairs) and p.field != "logit_bias" else ():
+            check_text(p.option, item[0] if p.pairs else item)
     for token, bias in s.logit_bias:
         check_text("--logit-bias", token)
         _check(not math.isnan(bias), "logit_bias", f"{token}={bias}", "the bias must be a number or -inf")

@@ -9,6 +9,7 @@ top_k 40 / top_p 0.95 / min_p 0.05 / temp 0.8), and llama.cpp gets decodelab's s
 
 from __future__ import annotations
 
+import json
 import math
 import shlex
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from .semantics import (
     merge_order,
     plan,
 )
+from .constraint import ConstraintSpec, constraint_spec
 from .settings import ChainSettings
 from .registry import BY_NAME
 from .tokens import resolve_token_settings
@@ -178,7 +180,32 @@ def _vllm(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
         kw["ignore_eos"] = True
     if s.penalty_last_n is not None:
         out.unsupported.append("penalty_last_n: vLLM's penalties count the whole sequence")
+    spec = _spec(s)
+    if spec is not None:
+        kw["structured_outputs"] = _vllm_structured(spec)
+        if spec.kind == "grammar":
+            out.notes.append("structured_outputs grammar: vLLM's xgrammar backend reads GBNF/EBNF, its guidance "
+                             "backend Lark; decodelab read it with llguidance")
     out.arguments = kw
+
+
+def _spec(s: ChainSettings) -> ConstraintSpec | None:
+    return constraint_spec(regex=s.regex, json_schema=s.json_schema, grammar=s.grammar, choice=s.choice)
+
+
+def _vllm_structured(spec: ConstraintSpec) -> dict:
+    """vLLM's StructuredOutputsParams: one of regex, json (the schema itself), grammar (its text), choice."""
+    if spec.kind == "json-schema":
+        return {"json": json.loads(spec.source)}
+    if spec.kind == "choice":
+        return {"choice": list(spec.labels)}
+    return {spec.kind: spec.source}
+
+
+def _gbnf_string(text: str) -> str:
+    """A GBNF string literal: double quotes, with backslash, quote and the control characters escaped."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return '"' + escaped.replace("\t", "\\t") + '"'
 
 
 def _flag_number(x: float) -> str:
@@ -244,4 +271,20 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export) -> None:
         out.unsupported.append("stop-id: llama.cpp stops on the model's end-of-generation tokens only")
     if sampling:
         out.notes.append("llama.cpp draws with its own RNG (std::mt19937): the same law, not the same tokens")
+    flags += _llamacpp_constraint(_spec(s), out)
     out.arguments = flags
+
+
+def _llamacpp_constraint(spec: ConstraintSpec | None, out: Export) -> list[str]:
+    """llama.cpp takes a JSON schema and GBNF: --json-schema, --grammar-file, and --choice written as GBNF."""
+    if spec is None:
+        return []
+    if spec.kind == "json-schema":
+        return ["--json-schema", json.dumps(json.loads(spec.source), separators=(",", ":"))]
+    if spec.kind == "choice":
+        return ["--grammar", "root ::= " + " | ".join(_gbnf_string(label) for label in spec.labels)]
+    if spec.kind == "grammar" and "::=" in spec.source:  # GBNF (a Lark rule is written `name: ...`)
+        return ["--grammar-file", spec.value]
+    what = "a Lark grammar (llama.cpp reads GBNF)" if spec.kind == "grammar" else "a regex (llama.cpp has none)"
+    out.unsupported.append(f"{spec}: {what}")
+    return []

@@ -12,13 +12,16 @@ This module imports no torch, so the CLI can build its options (and ``--help``) 
 
 Default order (``DEFAULT_ORDER``), used unless ``--chain`` names another:
 
-    allow -> softcap -> repetition-penalty -> frequency-penalty -> presence-penalty -> dry -> no-repeat-ngram
-    -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp) -> top-n-sigma -> top-k
-    -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
+    allow -> constraint -> softcap -> repetition-penalty -> frequency-penalty -> presence-penalty -> dry
+    -> no-repeat-ngram -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp) -> top-n-sigma
+    -> top-k -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
 
-Soft-capping first because it reshapes the model's own output (as Gemma 2 does inside the model); penalties and bias
-act on (capped) logits; temperature rescales before the truncation filters, so the filters see the tempered
-distribution (as transformers does).
+The constraint (``--regex`` / ``--json-schema`` / ``--grammar`` / ``--choice``) right after the allow-list: the two
+hard restrictions of the candidate set come before any reshaping, so every later stage works on the constrained
+distribution and the mass the constraint removes is measured under the model's own (as vLLM applies its
+structured-output bitmask before the sampler). Soft-capping next because it reshapes the model's own output (as
+Gemma 2 does inside the model); penalties and bias act on (capped) logits; temperature rescales before the
+truncation filters, so the filters see the tempered distribution (as transformers does).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from dataclasses import dataclass, field
 from ..settings import _check
 
 ENGINES = ("hf", "vllm", "llamacpp")
-PANELS = {"chain": "Processor chain", "more": "More samplers, semantics, export"}
+PANELS = {"chain": "Processor chain", "constraint": "Constraint (one per run)",
+          "more": "More samplers, semantics, export"}
 
 
 def _finite(x) -> bool:
@@ -50,7 +54,8 @@ class Param:
     """One settings field of a stage: ``field`` in settings and presets, ``--field-with-dashes`` on the command line.
 
     ``many``: repeatable, a tuple of texts; ``pairs``: repeatable ``TEXT=BIAS``; ``off``: per engine, the values that
-    engine reads as "stage off"; ``export``: per engine, the name it has there (a keyword argument or a flag)."""
+    engine reads as "stage off"; ``export``: per engine, the name it has there (a keyword argument or a flag);
+    ``metavar``: how ``--help`` names the value (default its type)."""
 
     field: str
     kind: type
@@ -62,6 +67,7 @@ class Param:
     check: Check | None = None
     off: dict[str, Callable[[object], bool]] = field(default_factory=dict)
     export: dict[str, str] = field(default_factory=dict)
+    metavar: str | None = None
 
     @property
     def option(self) -> str:
@@ -76,9 +82,10 @@ class Param:
 class Stage:
     """One stage. ``value(settings, resolved)`` -> the constructor's value or None (off); ``make(cls, value,
     context)`` -> the processor. ``needs``: what it takes besides (ids, logits): ``ids`` (it reads the prefix),
-    ``tokens`` (token ids resolved from texts), ``generator`` (the run's RNG), ``end_ids``, ``prompt_len``, ``state``
-    (it carries state from step to step). ``engines``: per engine, its rank in that engine's own order (absent: the
-    engine has no such stage). ``warper``: it only acts when sampling (greedy engines drop it)."""
+    ``tokens`` (token ids resolved from texts), ``tokenizer`` (the model's own, and the logits width), ``generator``
+    (the run's RNG), ``end_ids``, ``prompt_len``, ``state`` (it carries state from step to step). ``engines``: per
+    engine, its rank in that engine's own order (absent: the engine has no such stage). ``warper``: it only acts when
+    sampling (greedy engines drop it). ``any_field``: any of its fields switches it on (else the first)."""
 
     name: str
     params: tuple[Param, ...]
@@ -89,6 +96,7 @@ class Stage:
     warper: bool = False
     cls: type | None = None  # bound by @implements
     variants: dict[str, type] = field(default_factory=dict)  # other classes of the same stage, by role
+    any_field: bool = False
 
     def __post_init__(self):
         if self.value is None:
@@ -100,8 +108,8 @@ class Stage:
         return tuple(p.field for p in self.params)
 
     def switched_on(self, s) -> bool:
-        """Whether the settings switch this stage on (its first field set; mirostat: either field)."""
-        on = self.params if self.name == "mirostat" else self.params[:1]
+        """Whether the settings switch this stage on (its first field set; mirostat, constraint: any field)."""
+        on = self.params if self.any_field else self.params[:1]
         return any(getattr(s, p.field) not in (None, ()) for p in on)
 
 
@@ -145,6 +153,11 @@ def _texts(key: str, field_name: str):
     return lambda s, resolved: resolved[key] if getattr(s, field_name) else None
 
 
+def _constraint(s, resolved):
+    """The run's constraint, read (its file) and checked by token resolution (:mod:`.tokens`)."""
+    return resolved.get("constraint")
+
+
 def _bias(s, resolved):
     return resolved["bias"] or None if s.logit_bias else None
 
@@ -160,6 +173,20 @@ STAGES: list[Stage] = [
                           export={"vllm": "allowed_token_ids"}),),
           engines={"hf": 6, "vllm": 0}, needs=frozenset({"tokens"}), value=_texts("allow", "allow"),
           make=lambda cls, v, c: cls(tuple(v))),
+    Stage("constraint",
+          (Param("regex", str, "Constrain the output to a full match of this regular expression (Rust regex "
+                 "syntax).", panel="constraint", export={"vllm": "structured_outputs.regex"}, metavar="REGEX"),
+           Param("json_schema", str, "Constrain the output to JSON valid under the JSON Schema in this file.",
+                 panel="constraint", export={"vllm": "structured_outputs.json", "llamacpp": "--json-schema"},
+                 metavar="FILE"),
+           Param("grammar", str, "Constrain the output to the grammar in this file: Lark (llguidance's dialect) or "
+                 "GBNF (llama.cpp's).", panel="constraint",
+                 export={"vllm": "structured_outputs.grammar", "llamacpp": "--grammar"}, metavar="FILE"),
+           Param("choice", str, "Constrain the output to one of these comma-separated labels (spaces kept).",
+                 panel="constraint", export={"vllm": "structured_outputs.choice", "llamacpp": "--grammar"},
+                 metavar="A,B,..")),
+          engines={"vllm": -1, "llamacpp": -1}, needs=frozenset({"ids", "tokenizer", "end_ids", "prompt_len"}),
+          value=_constraint, make=lambda cls, v, c: cls.bind(v, c), any_field=True),
     Stage("softcap", (Param("softcap", float, "c * tanh(z / c) on the logits, c > 0.", panel="chain",
                             check=_gt0),)),
     Stage("repetition-penalty",
@@ -248,7 +275,7 @@ STAGES: list[Stage] = [
     Stage("mirostat", (Param("mirostat_tau", float, "Mirostat 2.0 target surprise in bits (default 5)."),
                        Param("mirostat_eta", float, "Mirostat 2.0 learning rate (default 0.1).")),
           engines={"llamacpp": 13}, needs=frozenset({"state"}), value=_mirostat, make=lambda cls, v, c: cls(**v),
-          warper=True),
+          warper=True, any_field=True),
 ]
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
 DEFAULT_ORDER: tuple[str, ...] = tuple(s.name for s in STAGES)
@@ -306,6 +333,8 @@ class StageContext:
 
     generator: object | None = None  # the run's torch.Generator (the selector's): XTC's coin
     end_ids: tuple[int, ...] = ()  # what min-new-tokens bans: EOS (and stop ids where the engine does)
+    eos_ids: tuple[int, ...] = ()  # the model's end ids: the constraint allows them exactly where its grammar accepts
+    tokens: object | None = None  # the run's sampling.tokens.Tokens: the constraint reads its tokenizer and width
     counting: dict[str, tuple[str, int | None]] = field(default_factory=dict)  # penalty -> (scope, last_n)
 
     def scope_of(self, name: str) -> dict:

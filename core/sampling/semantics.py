@@ -48,12 +48,12 @@ VLLM_SAMPLING_EPS = 1e-5  # vllm/v1/sample/sampler.py _SAMPLING_EPS: below it a 
 HF_ORDER = engine_order("hf")
 VLLM_ORDER = engine_order("vllm")
 LLAMACPP_ORDER = tuple(n for n in engine_order("llamacpp") if n != "mirostat")
-LLAMACPP_MIROSTAT_ORDER = ("bias", "temperature", "mirostat")
+LLAMACPP_MIROSTAT_ORDER = ("constraint", "bias", "temperature", "mirostat")  # the grammar is not in the chain
 ENGINE_NAMES = {"hf": "transformers", "vllm": "vLLM", "llamacpp": "llama.cpp"}
 ENGINE_STAGES = {engine: engine_order(engine) for engine in ENGINES}
 
 # decodelab stage -> the settings fields that switch it on; the stages that act only when sampling
-STAGE_FIELDS = {s.name: (s.fields if s.name == "mirostat" else s.fields[:1]) for s in STAGES}
+STAGE_FIELDS = {s.name: (s.fields if s.any_field else s.fields[:1]) for s in STAGES}
 WARPERS = tuple(s.name for s in STAGES if s.warper)
 
 
@@ -85,9 +85,12 @@ class Plan:
     def order(self) -> list[str]:
         return list(self.settings.chain or ())
 
-    def context(self, generator: torch.Generator | None = None, eos_ids=(), stop_ids=()) -> StageContext:
+    def context(self, generator: torch.Generator | None = None, eos_ids=(), stop_ids=(), tokens=None) -> StageContext:
+        """What the stages need besides their values: ``tokens`` (:class:`~.tokens.Tokens`) for the constraint's
+        tokenizer and logits width; the constraint allows exactly the model's end ids where its grammar accepts."""
         end = tuple(eos_ids) + (tuple(stop_ids) if self.stop_ends_min_tokens else ())
-        return StageContext(generator=generator, end_ids=tuple(dict.fromkeys(end)), counting=dict(self.counting))
+        return StageContext(generator=generator, end_ids=tuple(dict.fromkeys(end)), counting=dict(self.counting),
+                            eos_ids=tuple(eos_ids), tokens=tokens)
 
     def make_selector(self, seed: int, device) -> Greedy | Multinomial | HFMultinomial:
         """The one selector, with the run's generator (hand the same generator to :meth:`context`)."""
@@ -153,10 +156,24 @@ def _native(s: ChainSettings) -> Plan:
                 "greedy" if s.temperature == 0 else "multinomial")
 
 
+# how each engine places a constraint (docs/constraints.md); transformers has no grammar stage at all
+CONSTRAINT_NOTES = {
+    "hf": "constraint: transformers has no grammar stage (a prefix_allowed_tokens_fn or a logits processor runs "
+          "where it is placed); kept at decodelab's position, first after allow",
+    "vllm": "constraint: vLLM applies its structured-output bitmask to the logits before the sampler, so before "
+            "allowed_token_ids, penalties, temperature and top-k/top-p",
+    "llamacpp": "constraint: llama.cpp's grammar sampler checks the token its chain drew and only if the grammar "
+                "rejects it masks the logits first and draws again; run here grammar first (exact with temperature "
+                "alone; with top-k/top-p/min-p llama.cpp's law is a mixture of the two)",
+}
+
+
 def _finish(engine: str, s: ChainSettings, user_chain, notes: list[str], engine_order) -> ChainSettings:
     """The order: the user's --chain if given (noted), else the engine's; note the stages the engine lacks."""
     active = active_stages(s)
-    lacking = [n for n in active if n not in ENGINE_STAGES[engine]]
+    if "constraint" in active:
+        notes.append(CONSTRAINT_NOTES[engine])
+    lacking = [n for n in active if n not in ENGINE_STAGES[engine] and n != "constraint"]  # noted above
     if lacking:
         notes.append(f"{ENGINE_NAMES[engine]} has no {', '.join(lacking)}: kept at decodelab's position")
     if user_chain is not None:

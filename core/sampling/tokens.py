@@ -1,5 +1,6 @@
 """Token resolution for settings that name tokens (logit bias, sequence bias, bans, the allow-list, DRY breakers):
-texts through the model's tokenizer, or ids where there is no model.
+texts through the model's tokenizer, or ids where there is no model; and the constraint, read from its options
+(its file) and checked, which the constraint stage binds to the model's tokenizer.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 
 from ..engine.models import LoadedModel
 from ..errors import ConfigError
+from ..inputs import is_int_text, parse_int
+from .constraint import constraint_spec
 from .semantics import DEFAULT_DRY_BREAKERS
 from .settings import ChainSettings
 
@@ -22,10 +25,10 @@ def token_sequence(text: str, option: str, vocab: int, encode: Callable[[str], l
         if not ids:
             raise ConfigError(f"{option} {text!r}: encodes to no tokens")
         return ids
-    try:
-        ids = tuple(int(t) for t in text.replace(",", " ").split())
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: without a model give token ids, e.g. '3' or '3 4'") from None
+    items = text.replace(",", " ").split()
+    if not all(is_int_text(t) for t in items):
+        raise ConfigError(f"{option} {text!r}: without a model give token ids, e.g. '3' or '3 4'")
+    ids = tuple(parse_int(t, option) for t in items)
     if not ids:
         raise ConfigError(f"{option} {text!r}: give at least one token id")
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -50,22 +53,26 @@ def dry_breakers(texts, vocab: int, encode=None, token_text: Callable[[int], str
 @dataclass(frozen=True)
 class Tokens:
     """How settings that name tokens become ids: with a model's tokenizer (``encode`` a text without special
-    tokens, ``token_id`` a text that is one token, ``token_text`` an id's text), or ids only (no model: ``probs
-    --dist``), or :meth:`placeholder` when settings are checked before any tokenizer exists."""
+    tokens, ``token_id`` a text that is one token, ``token_text`` an id's text, ``tokenizer`` the tokenizer itself,
+    which the constraint stage reads whole), or ids only (no model: ``probs --dist``), or :meth:`placeholder` when
+    settings are checked before any tokenizer exists (``checking``). ``vocab`` is the logits width."""
 
     vocab: int
     encode: Callable[[str], list[int]] | None = None
     token_id: Callable[[str], int] | None = None
     token_text: Callable[[int], str] | None = None
+    tokenizer: object | None = None
+    checking: bool = False
 
     @classmethod
     def of(cls, lm: LoadedModel) -> Tokens:
-        return cls(lm.vocab_size, encode_plain(lm), lm.token_id, lm.token_text)
+        return cls(lm.vocab_size, encode_plain(lm), lm.token_id, lm.token_text, lm.tokenizer)
 
     @classmethod
     def placeholder(cls) -> Tokens:
-        """Every text is token 0: the shapes are checked, the ids come when a model is loaded."""
-        return cls(2**31, lambda text: [0], lambda text: 0, None)
+        """Every text is token 0: the shapes are checked, the ids come when a model is loaded (a constraint is
+        compiled and checked without a vocabulary)."""
+        return cls(2**31, lambda text: [0], lambda text: 0, None, None, checking=True)
 
 
 def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=None, token_text=None):
@@ -75,8 +82,8 @@ def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=N
     them every token is given by id."""
     bias: dict[int, float] = {}
     for token, value in s.logit_bias:
-        if token.lstrip("-").isdigit():
-            t = int(token)
+        if is_int_text(token):
+            t = parse_int(token, f"--logit-bias {token}={value}: TOKEN")
         elif token_id is not None:
             try:
                 t = token_id(token)
@@ -98,9 +105,11 @@ def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=N
 
 
 def resolve(s: ChainSettings, tokens: Tokens) -> dict:
-    """Every token-naming setting of ``s`` as ids: {"bias", "sequence-bias", "ban", "allow", "dry-breakers"}."""
+    """Every token-naming setting of ``s`` as ids: {"bias", "sequence-bias", "ban", "allow", "dry-breakers"}; and
+    "constraint", the :class:`~.constraint.ConstraintSpec` of --regex/--json-schema/--grammar/--choice (None: none)."""
     bias, resolved = resolve_token_settings(s, tokens.vocab, tokens.encode, tokens.token_id, tokens.token_text)
-    return {"bias": bias, **resolved}
+    spec = constraint_spec(regex=s.regex, json_schema=s.json_schema, grammar=s.grammar, choice=s.choice)
+    return {"bias": bias, **resolved, "constraint": spec}
 
 
 def encode_plain(lm: LoadedModel):

@@ -62,21 +62,111 @@ class SampleSummary:
     stop_reason: str  # eos | stop | length | context | interrupted
     decode_tokens_per_s: float = float("nan")  # new tokens / loop time (prefill and trace excluded)
     prefill_s: float = float("nan")  # the forward over the prompt
+    # the model's own numbers beside the processed ones, so runs compare on the same scale whatever their chain (a
+    # greedy run's processed logprobs are all 0 and its processed entropies all 0)
+    mean_raw_logprob: float = float("nan")  # mean raw log-probability of the emitted tokens
+    mean_raw_entropy: float = float("nan")  # mean entropy of the model's own distribution, nats
+    mean_entropy: float = float("nan")  # mean entropy of the processed distribution drawn from, nats
+    constraint: ConstraintSummary | None = None  # what a constraint stage did over the run (None: no constraint)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def summarize(steps: list[Step], timing, stop_reason: str, new_tokens: int | None = None) -> SampleSummary:
-    """``timing``: a :class:`~decodelab.core.run.Timing` (None: unmeasured)."""
-    n = len(steps) if new_tokens is None else new_tokens
+@dataclass
+class ConstraintStep:
+    """One step where the constraint bit: the mass it removed (the chain's stage statistic, under the distribution
+    before it) and the log of the mass it kept (the stage's own number, precise where the kept mass is tiny)."""
+
+    index: int
+    position: int
+    token: str
+    allowed: int  # tokens the constraint allowed there (end ids included)
+    mass_removed: float
+    log_mass_kept: float  # log(1 - mass_removed), <= 0
+
+
+@dataclass
+class ConstraintSummary:
+    """A constrained run in numbers. With m_t the mass the constraint kept at step t (under its input distribution),
+    the constrained probability of each token is its unconstrained one divided by m_t, so
+
+        removed_log_mass = -sum_t log m_t  (nats, >= 0)
+
+    is how much less likely, in log-probability, the output is under the stage's input distributions than under the
+    constrained ones: 0 when the constraint never removed anything the model wanted."""
+
+    removed_log_mass: float
+    steps: int  # traced steps under the constraint
+    forced_steps: int  # steps where it allowed exactly one token
+    top1_banned_steps: int  # steps where it removed the model's own most likely token(s)
+    whitespace_only_steps: int  # steps where every text token it allowed was whitespace-only
+    longest_whitespace_run: int  # most consecutive emitted tokens that are whitespace-only text
+    hardest: list[ConstraintStep] = field(default_factory=list)  # the steps with the least mass kept, worst first
+
+
+HARDEST = 3  # steps listed in ConstraintSummary.hardest
+
+
+def constraint_summary(steps: list[Step]) -> ConstraintSummary | None:
+    """From the steps' ``constraint.*`` state and the constraint's stage statistic (None: no constraint ran)."""
+    rows = [s for s in steps if "constraint.log_mass_kept" in s.state]
+    if not rows:
+        return None
+    bitten = []
+    for s in rows:
+        removed = next((st.mass_removed for st in s.stages if st.name == "constraint"), float("nan"))
+        bitten.append(ConstraintStep(s.index, s.position, s.token, int(s.state["constraint.allowed"]), removed,
+                                     s.state["constraint.log_mass_kept"]))
+    run = longest = 0
+    for s in steps:
+        run = run + 1 if s.token != "" and s.token.isspace() else 0
+        longest = max(longest, run)
+    count = lambda key: sum(1 for s in rows if s.state[key] > 0)  # noqa: E731
+    worst = sorted((b for b in bitten if b.log_mass_kept < 0), key=lambda b: b.log_mass_kept)[:HARDEST]
+    return ConstraintSummary(-sum(b.log_mass_kept for b in bitten), len(rows), count("constraint.forced"),
+                             count("constraint.top1_banned"), count("constraint.whitespace_only"), longest, worst)
+
+
+@dataclass
+class Tally:
+    """The running sums a run's summary needs, added step by step (the same sums, in the same order, as over the
+    kept steps), so that a run which does not keep its steps (a stream to JSONL) holds no memory per token."""
+
+    steps: int = 0
+    logprob: float = 0.0  # sums of the processed and the raw log-probabilities
+    raw_logprob: float = 0.0
+    entropy: float = 0.0  # sums of the processed and the raw entropies
+    raw_entropy: float = 0.0
+
+    def add(self, step: Step) -> None:
+        self.steps += 1
+        self.logprob += step.logprob
+        self.raw_logprob += step.raw_logprob
+        self.entropy += step.entropy
+        self.raw_entropy += step.raw_entropy
+
+    @classmethod
+    def of(cls, steps: list[Step]) -> Tally:
+        tally = cls()
+        for step in steps:
+            tally.add(step)
+        return tally
+
+
+def summarize(steps: list[Step] | Tally, timing, stop_reason: str, new_tokens: int | None = None) -> SampleSummary:
+    """``steps``: the run's steps, or their :class:`Tally` for a run that keeps none (then no constraint summary);
+    ``timing``: a :class:`~decodelab.core.run.Timing` (None: unmeasured)."""
+    tally = steps if isinstance(steps, Tally) else Tally.of(steps)
+    n = tally.steps if new_tokens is None else new_tokens
     nan = float("nan")
     rates = (timing.tokens_per_s(n), timing.decode_tokens_per_s(n), timing.prefill_s) if timing else (nan,) * 3
-    if not steps:
+    if not tally.steps:
         return SampleSummary(n, nan, nan, rates[0], stop_reason, rates[1], rates[2])
-    mean_logprob = sum(s.logprob for s in steps) / len(steps)
-    mean_raw = sum(s.raw_logprob for s in steps) / len(steps)
-    return SampleSummary(n, mean_logprob, math.exp(-mean_raw), rates[0], stop_reason, rates[1], rates[2])
+    mean_raw = tally.raw_logprob / tally.steps
+    return SampleSummary(n, tally.logprob / tally.steps, math.exp(-mean_raw), rates[0], stop_reason, rates[1],
+                         rates[2], mean_raw, tally.raw_entropy / tally.steps, tally.entropy / tally.steps,
+                         None if isinstance(steps, Tally) else constraint_summary(steps))
 
 
 @dataclass

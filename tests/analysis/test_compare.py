@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -36,6 +37,7 @@ class Ids:
     def __init__(self, model):
         self.model, self.name, self.device, self.dtype = model, "random-llama", torch.device("cpu"), torch.float32
         self.eos_ids, self.context_length, self.vocab_size = [], 256, V
+        self.tokenizer = None  # token texts are ids: no constraint can be bound
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         return [int(t) for t in text.split()]
@@ -148,6 +150,16 @@ def test_parsing_variants_seeds_jobs_and_prompts(tmp_path):
     assert cmp.parse_seeds("0-3,7") == [0, 1, 2, 3, 7]
     with pytest.raises(ConfigError, match="--seeds"):
         cmp.parse_seeds("3-1")
+    assert cmp.parse_seeds([5, 1, 5]) == [1, 5] and cmp.parse_seeds(7) == [7]
+    assert cmp.parse_seeds(f"{2**64 - 2}-{2**64 - 1}") == [2**64 - 2, 2**64 - 1]
+    for bad, says in [("²", "expected seeds"), ("0-1,³", "expected seeds"), ("-1", "expected seeds"),
+                      (f"0-{2**64}", "expected seeds"), ("0-100000000000", "100000000001 seeds; at most 4096"),
+                      ([1, "x"], "'x': expected int"), ([True], "expected an integer"), (1.5, "expected seeds")]:
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            cmp.parse_seeds(bad)
+    # counted from the merged ranges, none listed: overlaps count once, a huge count costs nothing
+    assert cmp.seed_count([(0, 9), (5, 14), (20, 20)]) == 16 and cmp.seed_count([(0, 10**18)]) == 10**18 + 1
+    assert len(cmp.parse_seeds("0-4095")) == 4096 and len(cmp.parse_seeds("0-3000,1000-4095")) == 4096
     job = tmp_path / "job.toml"
     job.write_text('seeds = "0-1"\n[defaults]\nmax_new_tokens = 5\n[[variant]]\nname = "g"\ntemperature = 0.0\n'
                    '[[variant]]\nname = "n"\npreset = "nucleus"\n')
@@ -399,8 +411,12 @@ def test_cli_compare_formats_and_bad_input(cli, toy_model_dir, tmp_path):
     code, out, err = cli("compare", "a", "-m", toy_model_dir, "-V", "x: temperature=0", "-V", "y: temperature=1",
                          "-n", "3", "-f", "jsonl", "--save-html", html)
     assert code == 0, err
-    kinds = [json.loads(line)["type"] for line in out.strip().splitlines()]
-    assert kinds == ["row", "row", "pair", "summary"] and "where the variants part" in html.read_text()
+    lines = [json.loads(line) for line in out.strip().splitlines()]
+    assert [line["type"] for line in lines] == ["row", "row", "pair", "summary"]
+    page = json.loads(re.search(r'<script type="application/json" id="trace">(.*?)</script>', html.read_text(),
+                                re.S).group(1))  # --save-html: the trace page, holding the run's document
+    assert page["command"] == "compare" and [p["first_divergence"] for p in page["pairs"]] == \
+        [line["first_divergence"] for line in lines if line["type"] == "pair"]
 
 
 def test_cli_sample_steps_carry_decided_by(cli, toy_model_dir):

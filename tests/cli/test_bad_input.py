@@ -29,6 +29,9 @@ def one_line_error(cli, *args) -> str:
     (["--stop", NON_UTF8], "--stop 'caf\\\\udce9': not valid UTF-8"),
     (["--logit-bias", " the=inf"], "+inf cannot force a token"),
     (["--logit-bias", f"{NON_UTF8}=1"], "--logit-bias 'caf\\\\udce9': not valid UTF-8"),
+    (["--allow", NON_UTF8], "--allow 'caf\\\\udce9': not valid UTF-8"),  # found by the fuzz test
+    (["--sequence-bias", f"{NON_UTF8}=1"], "--sequence-bias 'caf\\\\udce9': not valid UTF-8"),
+    (["--regex", NON_UTF8], "--regex 'caf\\\\udce9': not valid UTF-8"),
 ])
 def test_values_refused_before_the_model_loads(cli, args, needle):
     # a model that does not exist: the value must be refused first
@@ -158,13 +161,19 @@ def test_prompt_files_checked_before_the_model_loads(cli, tmp_path, content, nee
 def test_threads(cli, toy_model_dir):
     import torch
 
-    assert "--threads 0: must be an integer in [1, 1024]" in one_line_error(cli, "sample", "Hi", "--threads", "0",
-                                                                           "-m", "/nonexistent/model")
+    from decodelab.cli.options import usable_cpus
+
+    cpus = usable_cpus()
+    for bad in ("0", str(cpus + 1), "1024"):
+        if bad == "1024" and cpus >= 1024:
+            continue
+        assert f"--threads {bad}: must be an integer in [1, {cpus}]" in one_line_error(
+            cli, "sample", "Hi", "--threads", bad, "-m", "/nonexistent/model")
     before = torch.get_num_threads()
     try:
-        code, _, err = cli("probs", "Hi", "-m", toy_model_dir, "--threads", "2", "-f", "json")
+        code, _, err = cli("probs", "Hi", "-m", toy_model_dir, "--threads", str(min(2, cpus)), "-f", "json")
         assert code == 0, err
-        assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == min(2, cpus)
     finally:
         torch.set_num_threads(before)
 
@@ -215,6 +224,158 @@ def test_an_allocation_that_fails_is_one_line(cli, toy_model_dir, tmp_path):
     err = one_line_error(cli, "batch", "--prompts-file", prompts, "-m", toy_model_dir, "--blocks", str(2**20),
                          "--block-size", "4096", "--baselines", "none", "-n", "2")
     assert err.startswith("error: out of memory:") and "--blocks" in err
+
+
+# --- hostile input: nesting, size, stdin, numbers, sizes ------------------------------------------------------------
+
+
+def test_a_preset_nested_5000_deep(cli, tmp_path):
+    preset = tmp_path / "deep.toml"
+    preset.write_text("temperature = " + "[" * 5000 + "]" * 5000 + "\n")
+    err = one_line_error(cli, "sample", "Hi", "-m", "/nonexistent/model", "-p", preset)
+    assert f"--preset '{preset}': nested deeper than 64 levels" in err
+
+
+@pytest.mark.parametrize("args, option", [
+    (["sample", "--resume", "{f}"], "--resume"),
+    (["compare", "Hi", "--job", "{f}"], "--job"),
+    (["batch", "--prompts-file", "{f}"], "--prompts-file"),
+    (["compare", "--prompts-file", "{f}", "-V", "a: temperature=0"], "--prompts-file"),
+])
+def test_json_nested_100000_deep(cli, toy_model_dir, tmp_path, args, option):
+    path = tmp_path / "deep.jsonl"
+    path.write_text("{\"prompt\": " + "[" * 100_000 + "]" * 100_000 + "}\n")
+    err = one_line_error(cli, *[a.replace("{f}", str(path)) for a in args], "-m", toy_model_dir)
+    assert f"{option} {path}" in err and "nested deeper than 64 levels" in err
+
+
+def test_a_resume_trace_with_ids_that_are_not_integers(cli, toy_model_dir, tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"prompt": {"text": "Hi", "token_ids": [1, "²"]}, "token_ids": []}))
+    assert "--resume" in one_line_error(cli, "sample", "--resume", path, "-m", toy_model_dir)
+    path.write_text(json.dumps({"prompt": [], "token_ids": 3}))
+    assert "expected a `sample -f json` trace" in one_line_error(cli, "sample", "--resume", path, "-m", toy_model_dir)
+
+
+def test_an_input_file_that_never_ends(cli):
+    """/dev/zero as a prompt file: read up to the 64 MiB bound, then refused (it used to be read forever)."""
+    err = one_line_error(cli, "sample", "--prompt-file", "/dev/zero", "-m", "/nonexistent/model")
+    assert "--prompt-file /dev/zero: more than 67108864 bytes (64 MiB)" in err
+
+
+@pytest.mark.parametrize("stdin, needle", [
+    (None, "PROMPT -: stdin is closed"),
+    ("closed", "PROMPT -: stdin is closed"),
+    ("/dev/zero", "PROMPT -: more than 67108864 bytes"),
+    (b"caf\xe9", "PROMPT -: not UTF-8 text (byte 3)"),
+])
+def test_stdin_read_defensively(cli, toy_model_dir, monkeypatch, stdin, needle):
+    import io
+    import sys
+
+    def make():
+        if stdin == "closed":
+            stream = io.TextIOWrapper(io.BytesIO(b"Hi"))
+            stream.close()
+            return stream
+        if stdin == "/dev/zero":
+            return open("/dev/zero")  # noqa: SIM115 (closed below)
+        return io.TextIOWrapper(io.BytesIO(stdin)) if isinstance(stdin, bytes) else None  # None: `<&-`
+
+    for command, name in (("sample", "PROMPT"), ("score", "TEXT")):
+        stream = make()
+        monkeypatch.setattr(sys, "stdin", stream)
+        try:
+            assert needle.replace("PROMPT", name) in one_line_error(cli, command, "-", "-m", toy_model_dir)
+        finally:
+            if stream is not None:
+                stream.close()
+
+
+def test_stdin_piped_is_the_prompt(cli, toy_model_dir, monkeypatch):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("Hello\r\nthere".encode())))
+    code, out, err = cli("sample", "-", "-m", toy_model_dir, "-n", "1", "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["prompt"]["text"] == "Hello\nthere"  # universal newlines, as text mode reads them
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["compare", "Hi", "-V", "a: temperature=0", "--seeds", "²"], "--seeds '²': expected seeds >= 0"),
+    (["compare", "Hi", "-V", "a: temperature=0", "--seeds", "0-1,³"], "--seeds '0-1,³': expected seeds >= 0"),
+    (["compare", "Hi", "-V", "a: temperature=0", "--seeds", "0-100000000000"],
+     "--seeds '0-100000000000': 100000000001 seeds; at most 4096"),
+    (["compare", "Hi", "-V", "a: temperature=0", "--seeds", "0-4000,2000-5000"], "5001 seeds; at most 4096"),
+    (["sample", "Hi", "--top", "١"], "--top '١': expected int, an integer in ASCII digits 0-9"),
+    (["sample", "Hi", "-n", "1_0"], "--max-new-tokens '1_0': expected int"),
+    (["sample", "Hi", "--seed", "3.0"], "--seed '3.0': expected int"),
+    (["sample", "Hi", "--top-p", "٠.٥"], "--top-p '٠.٥': expected float"),
+    (["sample", "Hi", "--stop-id", "²"], "--stop-id '²': expected int"),
+    (["sample", "Hi", "--set", "top_k=²"], "--top-k '²': expected int"),
+    (["sample", "Hi", "--set", "temperature=1_0"], "--temperature '1_0': expected float"),
+    (["sample", "Hi", "--cache", "window:size=²"], "size must be an integer >= 1, not '²'"),
+    (["sample", "Hi", "--cache", "snapkv:ratio=٠.٥"], "ratio must be a number in (0, 1]"),
+    (["sample", "Hi", "--force", "²=3"], "--force '²=3': expected STEP=TOKEN"),
+    (["sample", "Hi", "--logit-bias", "1=²"], "BIAS '²' is not a number"),
+    (["speculate", "Hi", "--sweep-gamma", "1,²"], "--sweep-gamma '1,²': a comma-separated list of integers"),
+    (["beam", "Hi", "--sweep-length-penalty", "0,١"], "--sweep-length-penalty '0,١': '١' is not a number"),
+    (["bench", "--gammas", "²"], "--gammas '²': comma-separated integers in [1, 128]"),
+    (["sample", "Hi", "--seed", "9" * 50], "50 digits, past every bound"),
+])
+def test_every_number_is_read_in_ascii_digits_naming_its_option(cli, args, needle):
+    assert needle in one_line_error(cli, *args, "-m", "/nonexistent/model")
+
+
+def test_probs_history_and_given_logits_in_ascii_digits(cli):
+    assert "--history '1,²'" in one_line_error(cli, "probs", "--dist", "0.5,0.5", "--history", "1,²")
+    assert "--dist '٠.٥'" in one_line_error(cli, "probs", "--dist", "٠.٥,0.5")
+
+
+@pytest.mark.parametrize("content, needle", [
+    ('seeds = ["x"]\n[[variant]]\nname = "a"\ntemperature = 0\n', "seeds 'x': expected int"),
+    ('seeds = "0-100000000000"\n[[variant]]\nname = "a"\n', "100000000001 seeds; at most 4096"),
+    ('prompts = [1, 2]\n[[variant]]\nname = "a"\n', "prompts must be a text or a list of non-empty texts"),
+    ('defaults = 3\n[[variant]]\nname = "a"\n', "[defaults] must be a table"),
+])
+def test_a_compare_job_with_bad_values(cli, tmp_path, content, needle):
+    job = tmp_path / "job.toml"
+    job.write_text(content)
+    err = one_line_error(cli, "compare", "Hi", "--job", job, "-m", "/nonexistent/model")
+    assert f"--job {job}" in err and needle in err
+
+
+def test_a_preset_with_the_largest_integers(cli, toy_model_dir, tmp_path):
+    """seed 2**63-1 is a seed like any other; -n 2**63-1 runs to the context under sample and is refused, before
+    anything runs, where no context bounds the run (stream)."""
+    preset = tmp_path / "big.toml"
+    preset.write_text(f"seed = {2**63 - 1}\nmax_new_tokens = {2**63 - 1}\n")
+    code, out, err = cli("sample", "Hi", "-m", toy_model_dir, "-p", preset, "--top", "0", "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["summary"]["stop_reason"] in ("context", "eos")
+    err = one_line_error(cli, "stream", "Hi", "-m", "/nonexistent/model", "-p", preset)
+    assert f"--max-new-tokens {2**63 - 1}: stream runs past the context" in err and "at most 16777216" in err
+
+
+def test_a_long_text_to_score_without_limit_is_refused_with_the_numbers(cli, toy_model_dir, tmp_path):
+    """The whole text in one forward past the 64-position context used to be killed for memory on 1 MB."""
+    path = tmp_path / "long.txt"
+    path.write_text("the cat sat on the mat and " * 8000)  # 216 KB
+    err = one_line_error(cli, "score", "--text-file", path, "-m", toy_model_dir)
+    assert "--text-file: " in err and "tokens, more than the context of" in err and "(64); pass --limit 64" in err
+    tokens = int(err.split("--text-file: ")[1].split(" ")[0])
+    assert f"--limit {tokens} for all of them" in err and "decodelab stream --text-file" in err
+    code, out, err = cli("score", "--text-file", path, "-m", toy_model_dir, "--limit", "64", "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["summary"]["tokens"] == 63
+
+
+@pytest.mark.parametrize("value", ["0", "3", "abc", "²", "-80"])
+def test_columns_that_no_table_fits(cli, monkeypatch, value):
+    monkeypatch.setenv("COLUMNS", value)
+    err = one_line_error(cli, "models")
+    assert f"COLUMNS={value!r}: the terminal width must be an integer in [20, 10000]" in err
 
 
 def test_an_out_of_range_stage_value_is_reported_before_torch_is_imported():

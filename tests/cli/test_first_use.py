@@ -11,7 +11,7 @@ import pytest
 from rich.cells import cell_len
 
 COMMANDS = ["sample", "probs", "beam", "speculate", "score", "stream", "quantize-kv", "compare", "bench", "batch",
-            "models"]
+            "models", "view"]
 
 
 def help_in_fresh_python(*args: str) -> tuple[str, list[str]]:
@@ -25,7 +25,7 @@ def help_in_fresh_python(*args: str) -> tuple[str, list[str]]:
     return head, eval(loaded)
 
 
-@pytest.mark.parametrize("args", [["--help"], ["sample", "--help"], ["quantize-kv", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["sample", "--help"], ["quantize-kv", "--help"], ["view", "--help"]])
 def test_help_does_not_import_torch(args):
     text, loaded = help_in_fresh_python(*args)
     assert "Usage" in text

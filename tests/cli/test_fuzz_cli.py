@@ -41,6 +41,13 @@ CHAIN_OPTIONS = {
     "--typical-p": FLOATS, "--softcap": FLOATS, "--repetition-penalty": FLOATS, "--no-repeat-ngram": INTS,
     "--logit-bias": BIASES, "--chain": CHAINS,
 }
+# the constraint options (one per run: two drawn at once must be refused in one line too)
+REGEXES = TEXTS + ["(a", "[", "[a-z]+", "(yes|no)", "a{0,100000}", "(?i)yes", r"\d+", r"\b", ".*", r"[^\s\S]", "a|",
+                   r"\p{Greek}+", "é+", "(?=a)a"]
+CHOICES = TEXTS + ["yes,no", " yes, no", "a,a", "é,\U0001F600", "x" * 60 + ",y"]
+FILES = ["", "/", "/nonexistent.json", ".", NON_UTF8, "prompts.txt"]  # batch writes prompts.txt: not a schema
+CONSTRAINT_OPTIONS = {"--regex": REGEXES, "--choice": CHOICES, "--json-schema": FILES, "--grammar": FILES}
+CHAIN_OPTIONS.update(CONSTRAINT_OPTIONS)
 RUN_OPTIONS = {
     "-n": INTS, "--seed": INTS, "--set": SETS, "--preset": PRESETS, "--format": FORMATS, "--device": DEVICES,
     "--dtype": DTYPES, "--model": MODELS, "--stop": TEXTS, "--top": INTS,
@@ -83,7 +90,8 @@ BENCH_OPTIONS = {"--rounds": ["1", "0", "-1", "x"], "--gammas": ["1", "2", ",", 
 BATCH_OPTIONS = {"--max-batch": INTS, "--max-tokens-per-iteration": INTS, "--block-size": INTS, "--blocks": INTS,
                  "--baselines": ["none", "static", "", "x", "static,static"], "--rows": ["requests", "iterations", "",
                                                                                        "x"]}
-BEAM_CHAIN = {k: CHAIN_OPTIONS[k] for k in ("--repetition-penalty", "--no-repeat-ngram", "--logit-bias", "--chain")}
+BEAM_CHAIN = {k: CHAIN_OPTIONS[k] for k in ("--repetition-penalty", "--no-repeat-ngram", "--logit-bias", "--chain",
+                                           *CONSTRAINT_OPTIONS)}
 MODEL_OPTIONS = {k: v for k, v in RUN_OPTIONS.items() if k in ("--format", "--device", "--dtype", "--model")}
 COMMAND_OPTIONS = {
     "sample": {**RUN_OPTIONS, **CHAIN_OPTIONS, **SAMPLER_OPTIONS, "--cache": CACHES},

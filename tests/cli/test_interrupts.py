@@ -86,47 +86,79 @@ def test_speculate_warm_up(cli, toy_model_dir, monkeypatch):
     assert [x["type"] for x in lines] == ["summary"] and lines[0]["stop_reason"] == "interrupted"
 
 
-@pytest.mark.parametrize("nth, sweep_rows", [(1, 0), (2, 0), (3, 1)])
-def test_speculate_baseline_and_sweep(cli, toy_model_dir, monkeypatch, nth, sweep_rows):
-    """One timing round: call 1 of plain_baseline is the main run's reference, calls 2 and 3 the sweep's (gamma 1,
-    then 2)."""
+def test_speculate_baseline_cut_without_a_sweep(cli, toy_model_dir, monkeypatch):
+    """One timing round: plain_baseline's call 1 is the shown run's reference; cutting it leaves the run whole and
+    the speedup unmeasured."""
+    import decodelab.core.methods.speculative.run as build
+
+    raise_on_call(monkeypatch, build, "plain_baseline", 1)
+    lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
+                      "--ignore-eos", "--speedup-rounds", "1")
+    assert lines[-1]["type"] == "summary" and lines[-1]["new_tokens"] == 4
+    assert lines[-1]["stop_reason"] == "length"  # the run itself was complete; the reference was cut
+    assert lines[-1]["measured_speedup"] is None
+
+
+@pytest.mark.parametrize("nth, sweep_rows", [(1, 0), (2, 1)])
+def test_speculate_baseline_cut_in_the_sweep(cli, toy_model_dir, monkeypatch, nth, sweep_rows):
+    """With --sweep-gamma 1,2 and one round each the sweep runs first: plain_baseline's call 1 is gamma 1's
+    reference, call 2 gamma 2's. A cut keeps the rows measured; the shown run had not started (interrupted, no
+    tokens) and its speedup is the best measured gamma's, or none."""
     import decodelab.core.methods.speculative.run as build
 
     raise_on_call(monkeypatch, build, "plain_baseline", nth)
     lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
                       "--ignore-eos", "--sweep-gamma", "1,2", "--speedup-rounds", "1")
-    assert lines[-1]["type"] == "summary" and lines[-1]["new_tokens"] == 4
-    assert lines[-1]["stop_reason"] == "length"  # the run itself was complete; the reference was cut
-    assert (lines[-1]["measured_speedup"] is None) == (nth == 1)
+    assert lines[-1]["type"] == "summary" and lines[-1]["new_tokens"] == 0
+    assert lines[-1]["stop_reason"] == "interrupted"
     assert sum(x["type"] == "sweep" for x in lines) == sweep_rows
+    assert (lines[-1]["measured_speedup"] is None) == (sweep_rows == 0)
 
 
-# Three timing rounds, speculative (S) and plain (P) alternating: S P | P S | S P for the main run (its S is the
-# traced run), then the same for gamma 1 and gamma 2 of the sweep: plain_baseline calls 1-3 are the main run's,
-# 4-6 gamma 1's, 7-9 gamma 2's; SpeedupRounds.speculative calls 1-2 the main run's rounds 2 and 3, 3-5 gamma 1's.
-@pytest.mark.parametrize("method, nth, main_rounds, sweep_rounds", [
-    ("plain", 1, 0, []),  # round 1's reference cut: no speedup at all
-    ("plain", 2, 1, []),  # round 2 (plain first) cut: round 1 kept
-    ("plain", 3, 2, []),  # round 3 (plain second) cut
-    ("speculative", 1, 1, []),  # round 2's speculative half cut after its plain half
-    ("speculative", 2, 2, []),
-    ("plain", 4, 3, []),  # gamma 1 cut in its first round: no row for it
-    ("plain", 5, 3, [1]),  # gamma 1 cut in round 2: its row has 1 round, gamma 2 never runs
-    ("speculative", 5, 3, [2]),
-    ("plain", 8, 3, [3, 1]),
+# SpeedupRounds.plain / .speculative calls without a sweep: the shown run is round 1's speculative half, so plain
+# call 1 is round 1's reference, calls 2-3 rounds 2 (plain first) and 3 (plain second); speculative calls 1-2 the
+# speculative halves of rounds 2 and 3.
+@pytest.mark.parametrize("method, nth, main_rounds", [
+    ("plain", 1, 0),  # round 1's reference cut: no speedup at all
+    ("plain", 2, 1),  # round 2 (plain first) cut: round 1 kept
+    ("plain", 3, 2),  # round 3 (plain second) cut
+    ("speculative", 1, 1),  # round 2's speculative half cut after its plain half
+    ("speculative", 2, 2),
 ])
-def test_speculate_timing_rounds(cli, toy_model_dir, monkeypatch, method, nth, main_rounds, sweep_rounds):
+def test_speculate_timing_rounds(cli, toy_model_dir, monkeypatch, method, nth, main_rounds):
+    from decodelab.core.methods.speculative.run import SpeedupRounds
+
+    raise_on_call(monkeypatch, SpeedupRounds, method, nth)
+    lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
+                      "--ignore-eos", "--speedup-rounds", "3")
+    summary = lines[-1]
+    assert summary["type"] == "summary" and summary["new_tokens"] == 4
+    assert summary["stop_reason"] == "length"  # the shown run was complete; its timing was cut
+    assert summary["speedup_rounds"] == main_rounds
+    assert (summary["measured_speedup"] is None) == (main_rounds == 0)
+
+
+# With --sweep-gamma 1,2 the sweep runs first (then the best gamma's run is shown): gamma 1's rounds are
+# speculative 1 + plain 1, plain 2 + speculative 2, speculative 3 + plain 3; gamma 2's 4-6 alike.
+@pytest.mark.parametrize("method, nth, sweep_rounds", [
+    ("plain", 1, []),  # gamma 1 cut in its first round: no row for it, gamma 2 never runs
+    ("plain", 2, [1]),  # gamma 1 cut in round 2: its row keeps round 1
+    ("speculative", 3, [2]),
+    ("plain", 4, [3]),  # gamma 2 cut in its first round: no row for it
+    ("plain", 5, [3, 1]),
+])
+def test_speculate_sweep_rounds(cli, toy_model_dir, monkeypatch, method, nth, sweep_rounds):
+    """A Ctrl-C in the sweep keeps its whole rounds; the shown run had not started, so it is reported as interrupted
+    with no tokens, and its speedup is the sweep's own figure for the best gamma measured (if any)."""
     from decodelab.core.methods.speculative.run import SpeedupRounds
 
     raise_on_call(monkeypatch, SpeedupRounds, method, nth)
     lines = run_jsonl(cli, "speculate", "Hello", "-m", toy_model_dir, "--draft", "ngram", "-n", "4",
                       "--ignore-eos", "--sweep-gamma", "1,2", "--speedup-rounds", "3")
     summary = lines[-1]
-    assert summary["type"] == "summary" and summary["new_tokens"] == 4
-    assert summary["stop_reason"] == "length"  # the shown run was complete; its timing was cut
-    assert summary["speedup_rounds"] == main_rounds
-    assert (summary["measured_speedup"] is None) == (main_rounds == 0)
+    assert summary["type"] == "summary" and summary["stop_reason"] == "interrupted" and summary["new_tokens"] == 0
     assert [x["speedup_rounds"] for x in lines if x["type"] == "sweep"] == sweep_rounds
+    assert ("best_gamma" in summary) == bool(sweep_rounds)
 
 
 def test_score_loop(cli, toy_model_dir, monkeypatch):
@@ -253,3 +285,33 @@ def test_quantize_kv_grid(cli, toy_model_dir, monkeypatch):
     assert code == 130, err
     doc = json.loads(out)
     assert doc["summary"]["stop_reason"] == "interrupted" and len(doc["grid"]) == 1
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_quantize_kv_main_pass_keeps_what_it_scored(cli, toy_model_dir, monkeypatch, fmt):
+    """A Ctrl-C in the main fidelity run (it used to print nothing): the tokens scored so far are reported, the
+    grid is not started, and the status says the run was cut short."""
+    from decodelab.core.methods.score import Scorer
+
+    raise_on_call(monkeypatch, Scorer, "_block", 4)  # --feed 1: a block a token; the 4th is cut
+    code, out, err = cli("quantize-kv", "The quick brown fox jumps over the lazy dog. " * 2, "-m", toy_model_dir,
+                         "--grid", "--feed", "1", "-f", fmt)
+    assert code == 130, err
+    summary = lines_of(out)[-1] if fmt == "jsonl" else json.loads(out)["summary"]
+    assert summary["stop_reason"] == "interrupted" and summary["tokens"] == 3
+    assert summary["kl_mean"] is not None and summary["kv_bytes"] > 0
+    if fmt == "json":
+        doc = json.loads(out)
+        assert len(doc["steps"]) == 3 and doc["grid"] == []
+    else:
+        assert [x["type"] for x in lines_of(out)] == ["step"] * 3 + ["summary"]
+
+
+def test_quantize_kv_interrupted_before_any_token(cli, toy_model_dir, monkeypatch):
+    from decodelab.core.methods.score import Scorer
+
+    raise_on_call(monkeypatch, Scorer, "_block", 1)
+    code, out, err = cli("quantize-kv", "The quick brown fox", "-m", toy_model_dir, "--feed", "1", "-f", "json")
+    assert code == 130, err
+    summary = json.loads(out)["summary"]
+    assert summary["stop_reason"] == "interrupted" and summary["tokens"] == 0

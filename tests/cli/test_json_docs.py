@@ -48,14 +48,15 @@ def fields(obj, path: str = "top", wild: frozenset = frozenset()) -> set[tuple[s
 
 RUNS = {
     "sample": [["sample", "Once upon", "-n", "4", "-t", "0.7", "--top-p", "0.9", "--top", "3"],
-               ["sample", "Once upon", "-n", "3", "-t", "0.9", "-N", "3"]],
+               ["sample", "Once upon", "-n", "3", "-t", "0.9", "-N", "3"],
+               ["sample", "Once upon", "-n", "4", "-t", "0.9", "--regex", "[a-z ]+"]],  # summary.constraint
     "probs": [["probs", "Once upon", "-t", "0.7", "--top-k", "5"]],
     "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
                   ["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "{model}"],  # all accepted: bonus
                   ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
-              ["score", "Once upon a time"]],
+              ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"]],
     "compare": [["compare", "Once upon", "-V", "g: temperature=0", "-V", "h: temperature=0.9,top_k=5",
                  "-V", "b: method=beam,beams=2", "-n", "3"]],
     "bench": [["bench", "--settings", "greedy", "-n", "2", "--rounds", "1"]],

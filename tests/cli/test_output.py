@@ -29,7 +29,8 @@ def test_every_format_goes_through_one_emit(capsys):
     out = output.Output(document={"command": "x", "n": 1}, jsonl=[{"type": "summary", "n": 1}],
                         tables=[("first", [{"a": 1}]), (None, [{"b": 2}])], csv=[{"c": 3}])
     output.emit(out, "json")
-    assert json.loads(capsys.readouterr().out) == {"command": "x", "n": 1}
+    assert json.loads(capsys.readouterr().out) == {"command": "x", "n": 1, "format_version": 1,
+                                                   "versions": output.versions()}
     output.emit(out, "jsonl")
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"type": "summary", "n": 1}]
     output.emit(out, "markdown")
@@ -41,7 +42,9 @@ def test_every_format_goes_through_one_emit(capsys):
 
 def test_summary_record_merges_parts_in_order():
     line = output.summary_record("sample", "tiny", {"text": "a", "x": float("nan")}, {"x": 2})
-    assert line == {"type": "summary", "command": "sample", "model": "tiny", "text": "a", "x": 2}
+    assert line == {"type": "summary", "command": "sample", "model": "tiny", "text": "a", "x": 2,
+                    "versions": output.versions()}
+    assert set(output.versions()) == {"decodelab", "torch", "transformers"} and output.versions()["torch"]
 
 
 def test_a_failed_write_to_a_file_cuts_it_back_to_the_last_whole_record(tmp_path, monkeypatch):
@@ -112,3 +115,18 @@ def test_a_second_ctrl_c_while_the_summary_is_written_is_a_quiet_130(cli, toy_mo
     code, out, err = cli("sample", "Hello", "-m", toy_model_dir, "-n", "3", "--ignore-eos", "-f", "jsonl")
     assert code == 130 and err.strip().endswith("interrupted") and "Traceback" not in err
     assert all(json.loads(line)["type"] == "step" for line in out.splitlines())
+
+
+def test_f_openai_is_the_completions_shape_of_the_same_run(cli, toy_model_dir):
+    """`-f openai` writes the run's trace as an OpenAI completions response: the same tokens and raw logprobs the
+    JSON document holds; commands without such a trace refuse it in one line."""
+    args = ("sample", "Once upon", "-m", toy_model_dir, "-n", "4", "-t", "0.8", "--ignore-eos")
+    code, out, err = cli(*args, "-f", "openai")
+    assert code == 0, err
+    logprobs = json.loads(out)["choices"][0]["logprobs"]
+    code, out, err = cli(*args, "-f", "json")
+    steps = json.loads(out)["steps"]
+    assert logprobs["tokens"] == [s["token"] for s in steps]
+    assert logprobs["token_logprobs"] == [s["raw_logprob"] for s in steps]
+    code, out, err = cli("beam", "Once upon", "-m", toy_model_dir, "-n", "2", "-f", "openai")
+    assert code == 2 and err.startswith("error: --format openai: beam") and out == ""

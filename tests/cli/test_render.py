@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -148,8 +149,10 @@ def rendered(renderable, width: int = 200) -> str:
 def test_step_rows_and_markdown():
     steps = [make_step(0, " hi", 0.5, [Alternative(1, "x", 0.25, 0.125), Alternative(2, " y", 0.123456, 0.1)])]
     rows = render.step_rows(steps)
-    assert rows[0]["alternatives"] == "x:0.2500 ␣y:0.1235"
-    assert rows[0]["token"] == "␣hi" and rows[0]["prob"] == 0.5 and rows[0]["raw_rank"] == 1
+    # real text and every digit (these were the lossy "x:0.2500 ␣y:0.1235" and "␣hi" that issue 24 reported)
+    assert json.loads(rows[0]["alternatives"]) == [{"token_id": 1, "token": "x", "prob": 0.25, "raw_prob": 0.125},
+                                                   {"token_id": 2, "token": " y", "prob": 0.123456, "raw_prob": 0.1}]
+    assert rows[0]["token"] == " hi" and rows[0]["prob"] == 0.5 and rows[0]["raw_rank"] == 1
     md = captured(render.print_rows, rows, "markdown").splitlines()
     assert md[0].replace(" ", "").startswith("|index|position|token_id|token|prob|")
     cells = [c.strip() for c in md[2].strip("|").split("|")]
@@ -159,6 +162,16 @@ def test_step_rows_and_markdown():
     assert [c.strip() for c in tiny.strip("|").split("|")] == ["1.5e-07", "0.123457"]
     out = captured(render.print_rows, rows, "csv")
     assert "\r" not in out and out.count("\n") == 2  # header and one row, Unix line ends
+
+
+def test_markdown_and_csv_keep_a_tokens_text_whole():
+    """A token with a pipe, a newline, a quote, leading spaces or digits: csv reads back exactly (the csv module
+    quotes), markdown escapes it onto one line with the pipe escaped and keeps "007" as text."""
+    rows = [{"token": ' a|b\n"c', "id": 1}, {"token": "007", "id": 2}]
+    back = list(csv.DictReader(io.StringIO(captured(render.print_rows, rows, "csv"))))
+    assert [r["token"] for r in back] == [' a|b\n"c', "007"]
+    md = captured(render.print_rows, rows, "markdown").splitlines()
+    assert len(md) == 4 and "a\\|b\\n\"c" in md[2] and "| 007 " in md[3]
 
 
 def test_summary_line():
@@ -235,8 +248,10 @@ def test_csv_rows_keep_the_contract_names_and_every_digit():
     for key in ("prob", "logprob", "raw_prob", "raw_logprob", "entropy", "raw_entropy"):
         assert float(got[key]) == getattr(step, key), key
     assert [got[k] for k in ("index", "position", "token_id", "raw_rank", "kept")] == ["0", "7", "42", "3", "17"]
-    assert got["token"] == "␣hi"  # a leading space made visible
-    assert got["alternatives"] == "a:0.5679 \\n:0.0000"
+    assert got["token"] == " hi"  # the token's real text: csv quotes what needs quoting, nothing is replaced
+    alternatives = json.loads(got["alternatives"])  # one JSON cell, every digit kept (was "a:0.5679 \\n:0.0000")
+    assert alternatives == [{"token_id": 5, "token": "a", "prob": 0.56789, "raw_prob": 0.4},
+                            {"token_id": 6, "token": "\n", "prob": 0.00001, "raw_prob": 0.2}]
 
 
 # --- the arithmetic the mutation run (tests/mutation/run.sh) found nothing checking; every expected width is

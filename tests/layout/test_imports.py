@@ -111,3 +111,20 @@ def test_core_never_imports_the_cli_libraries():
             offenders += [f"{path.relative_to(ROOT)} imports {n}" for n in names
                           if n.split(".")[0] in ("typer", "rich", "tabulate", "click")]
     assert not offenders, offenders
+
+
+def test_the_public_api_resolves_and_stays_light():
+    """Every name of decodelab.core's API is what its module defines, and importing the package imports no torch
+    (the CLI's --help relies on light core modules)."""
+    import subprocess
+    import sys
+
+    import decodelab.core as core
+
+    for name in core.__all__:
+        assert getattr(core, name) is getattr(__import__(f"decodelab.core.{core._API[name]}",
+                                                         fromlist=[name]), name), name
+    light = subprocess.run([sys.executable, "-c", "import sys, decodelab.core, decodelab.core.errors, "
+                            "decodelab.core.sampling.registry; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, check=True)
+    assert light.stdout.strip() == "False"

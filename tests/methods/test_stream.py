@@ -118,6 +118,45 @@ def test_cli_generates_past_the_context_with_a_bounded_cache(cli, toy_model_dir)
     assert {"raw_prob", "alternatives", "kv_bytes"} <= set(last)
 
 
+def test_a_stream_written_as_it_comes_keeps_no_step(cli, toy_model_dir, monkeypatch):
+    """-f jsonl under a bounded cache: no step is kept by the run or its sampler (the kept steps were what grew by
+    1.7-2.6 KB a token), and the summary, built as the steps came, is the one the kept steps give."""
+    import gc
+
+    import decodelab.core.methods.stream as stream
+    from decodelab.core.trace.records import Step
+
+    def steps_alive() -> int:
+        gc.collect()
+        return sum(issubclass(type(o), Step) for o in gc.get_objects())
+
+    alive = {}
+    real = stream.StreamGenerate.summary
+    before = steps_alive()  # what earlier tests left
+
+    def summary(self):
+        alive["steps"] = steps_alive() - before
+        alive["kept"] = len(self.steps) + len(self.sampler.steps)
+        return real(self)
+
+    monkeypatch.setattr(stream.StreamGenerate, "summary", summary)
+    args = ["stream", "In the beginning", "-m", toy_model_dir, "-n", "90", "--ignore-eos", "--cache",
+            "window:size=16", "--chunk", "20", "-t", "0.8", "--seed", "3"]
+    code, out, err = cli(*args, "-f", "jsonl")
+    assert code == 0, err
+    assert alive == {"steps": 1, "kept": 0}  # the newest step alone (the span being summed ends with it)
+    lines = [json.loads(x) for x in out.splitlines()]
+    streamed = lines[-1]
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    kept = json.loads(out)
+    assert alive["kept"] == 90  # -f json keeps them: it prints them
+    assert [x["token_id"] for x in lines[:-1]] == kept["token_ids"] == streamed["token_ids"]
+    for key in ("tokens", "perplexity", "max_cache_tokens", "kv_bytes_peak", "mean_logprob", "chunks"):
+        assert streamed[key] == kept["summary"][key], key
+    assert [c["tokens"] for c in streamed["chunks"]] == [20, 20, 20, 20, 10]
+
+
 def test_cli_scores_through_score_and_reports_spans(cli, toy_model_dir, tmp_path):
     path = tmp_path / "text.txt"
     path.write_text(TEXT)

@@ -9,7 +9,6 @@ overrides the command's settings for that request only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,7 +17,7 @@ from ...engine.models import LoadedModel
 from ...engine.reference import continuous_batching_generate
 from ...engine.stopping import StopRules, stop_rules
 from ...errors import ConfigError
-from ...inputs import read_input_text
+from ...inputs import parse_json, read_input_text
 from ...sampling.chain import build_chain, make_chain
 from ...sampling.select import make_selector
 from ...settings import coerce, normalize_key
@@ -77,10 +76,7 @@ def read_prompts(path: str | Path, base: BatchSettings) -> list[Entry]:
         if not jsonl:
             entries.append(Entry(str(len(entries)), line, base))
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: not valid JSON ({exc.msg})") from None
+        obj = parse_json(where, line)
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
             raise ConfigError(f"{where}: needs a non-empty \"prompt\" string")
         overrides = {}
@@ -113,8 +109,11 @@ def build_requests(lm: LoadedModel, entries: list[Entry], chat: bool = False) ->
     out = []
     for e in entries:
         s = e.settings
-        out.append(Request(e.id, lm.encode(e.prompt, chat=chat), make_chain(lm, s),
-                           make_selector(s.temperature, s.seed, lm.device), stop_rules(lm, s), lm.decode, e.prompt))
+        prompt_ids = lm.encode(e.prompt, chat=chat)
+        chain = make_chain(lm, s)
+        chain.reset(len(prompt_ids))  # stages that count generated tokens (or read them: a constraint) start here
+        out.append(Request(e.id, prompt_ids, chain, make_selector(s.temperature, s.seed, lm.device), stop_rules(lm, s),
+                           lm.decode, e.prompt))
     return out
 
 

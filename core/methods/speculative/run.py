@@ -20,6 +20,7 @@ from ...engine.runtime import Runtime
 from ...engine.stopping import StopChecker, StopRules, stop_rules
 from ...engine.tokens import check_prompt
 from ...errors import ConfigError
+from ...inputs import parse_int
 from ...kv import CacheSpec, require
 from ...sampling.chain import Chain, make_chain, refuse_stepwise_stages
 from ...sampling.distribution import softmax
@@ -92,10 +93,14 @@ def parse_gammas(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdecimal() and 1 <= int(t) <= MAX_GAMMA for t in items):
-        raise ConfigError(f"--sweep-gamma {text!r}: a comma-separated list of integers in [1, {MAX_GAMMA}], "
-                          "e.g. 1,2,4,8")
-    return tuple(dict.fromkeys(int(t) for t in items))
+    usage = f"--sweep-gamma {text!r}: a comma-separated list of integers in [1, {MAX_GAMMA}], e.g. 1,2,4,8"
+    try:
+        gammas = [parse_int(t, "--sweep-gamma", 1, MAX_GAMMA) for t in items]
+    except ConfigError:
+        raise ConfigError(usage) from None
+    if not gammas:
+        raise ConfigError(usage)
+    return tuple(dict.fromkeys(gammas))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -452,14 +457,27 @@ class SpeculativeSummary:
     measured_speedup_min: float | None  # the smallest of those per-round ratios
     measured_speedup_max: float | None  # the largest
     speedup_rounds: int  # timing rounds behind them (fewer than asked when a Ctrl-C cut the measurement)
-    tokens_per_s: float  # new tokens / (prefill + rounds + trace): end to end
-    baseline_tokens_per_s: float | None  # the plain loop, 1 / target_step
+    tokens_per_s: float  # the shown (traced) run: new tokens / (prefill + rounds + trace), end to end
+    baseline_tokens_per_s: float | None  # the plain loop, 1 / target_step (median over the timing rounds)
     stop_reason: str
     decode_tokens_per_s: float = float("nan")  # new tokens / the rounds' time (prefill and trace excluded)
     prefill_s: float = float("nan")
+    # the speculative loop of the same timing rounds, 1 / median(time per emitted token): set beside
+    # baseline_tokens_per_s it tells the same story as measured_speedup (both untraced, decoding loops only)
+    speculative_tokens_per_s: float | None = None
+    speedup_noisy: bool = False  # the rounds disagree too much to trust the median (see NOISY_SPREAD)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# The measured speedup is flagged as noisy when its rounds spread by more than this fraction of the median
+# ((max - min) / median), or when they fall on both sides of 1 (faster in one round, slower in another).
+NOISY_SPREAD = 0.25
+
+
+def noisy(median: float, low: float, high: float) -> bool:
+    return (high - low) > NOISY_SPREAD * median or (low < 1.0 < high)
 
 
 def summarize(stats: RunStats, proposer: str, draft_calls: int, timed: list[SpeedupRound], timing):
@@ -506,6 +524,8 @@ def summarize(stats: RunStats, proposer: str, draft_calls: int, timed: list[Spee
         stop_reason=stats.stop_reason,
         decode_tokens_per_s=timing.decode_tokens_per_s(n),
         prefill_s=timing.prefill_s,
+        speculative_tokens_per_s=1.0 / median_spread([r.spec_token_s for r in timed]).median if timed else None,
+        speedup_noisy=noisy(speedup.median, speedup.low, speedup.high) if speedup and speedup.count > 1 else False,
     )
 
 

@@ -1,0 +1,103 @@
+"""Chat templates (core/engine/chat.py): the ids are exactly transformers' apply_chat_template's, and a template that
+raises, escapes its sandbox, renders too much, runs too long or eats memory is one line naming its file, exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from decodelab.core.engine import chat
+from decodelab.core.errors import ConfigError
+
+SIMPLE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+          "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+WITH_TOKENS = ("{{ bos_token }}{% for m in messages %}{{ m.role | upper }}: {{ m.content | trim }}{{ eos_token }}"
+               "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+NAMESPACE = ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}[{{ ns.n }}] "
+             "{{ m.content | tojson }}{% endfor %}{{ '\n' if add_generation_prompt }}")
+
+
+def one_line_error(cli, *args) -> str:
+    code, out, err = cli(*args)
+    assert code == 2, (code, out, err)
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    return err
+
+
+@pytest.fixture
+def with_template(tmp_path, toy_model_dir):
+    """A copy of the toy model whose chat template (chat_template.jinja) is the given text; returns the folder."""
+    def make(template: str):
+        folder = tmp_path / "chat"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(toy_model_dir, folder)
+        (folder / "chat_template.jinja").write_text(template)
+        return folder
+
+    return make
+
+
+@pytest.mark.parametrize("template", [SIMPLE, WITH_TOKENS, NAMESPACE])
+@pytest.mark.parametrize("prompt", ["Hello there", "  tabs\tand \"quotes\" é  "])
+def test_ids_equal_apply_chat_template(with_template, template, prompt):
+    """The oracle: rendered in a child process and tokenized here, the ids are transformers' own."""
+    from transformers import AutoTokenizer
+
+    folder = with_template(template)
+    tok = AutoTokenizer.from_pretrained(folder)
+    expected = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                       tokenize=True)
+    expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+    assert chat.chat_ids(tok, prompt, "toy", folder) == list(expected)
+
+
+def test_chat_through_the_cli(cli, with_template):
+    folder = with_template(SIMPLE)
+    code, out, err = cli("sample", "Hi", "-m", folder, "--chat", "-n", "2", "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["prompt"]["text"] == "Hi"
+
+
+@pytest.mark.parametrize("template, needle", [
+    ("{{ raise_exception('only user and assistant roles') }}", "raised an error: only user and assistant roles"),
+    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "the sandbox refused what it tried"),
+    ("{{ cycler.__init__.__globals__.os.popen('id').read() }}", "the sandbox refused what it tried"),
+    ("{% for %}", "is not a valid template"),
+    ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "renders more than 1048588 characters"),
+    ("{{ 'x' * 10**10 }}", "MiB of memory to render"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
+])
+def test_a_hostile_template_is_one_line_naming_its_file(cli, with_template, template, needle):
+    folder = with_template(template)
+    err = one_line_error(cli, "sample", "Hi!", "-m", folder, "--chat", "-n", "2")
+    assert f"--chat: the chat template of '{folder}' ({folder / 'chat_template.jinja'}): " in err and needle in err
+
+
+def test_a_template_that_runs_forever_is_stopped(cli, with_template, monkeypatch):
+    """10**15 iterations of nothing: killed at the time limit (shortened here), its child process reaped."""
+    import os
+
+    monkeypatch.setattr(chat, "RENDER_SECONDS", 0.5)
+    folder = with_template("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}"
+                           "{% endfor %}{% endfor %}{% endfor %}")
+    err = one_line_error(cli, "sample", "Hi", "-m", folder, "--chat", "-n", "2")
+    assert "took more than 0.5 s to render" in err
+    with pytest.raises(ChildProcessError):  # no child left, not even a zombie
+        os.waitpid(-1, os.WNOHANG)
+
+
+def test_without_fork_the_sandbox_and_the_size_limit_still_hold(with_template, monkeypatch):
+    from transformers import AutoTokenizer
+
+    monkeypatch.setattr(chat, "resource", None)  # as on Windows
+    for template, needle in (("{{ raise_exception('no') }}", "raised an error: no"),
+                             ("{{ 'x' * 2000000 }}", "renders more than")):
+        folder = with_template(template)
+        with pytest.raises(ConfigError, match=needle):
+            chat.chat_ids(AutoTokenizer.from_pretrained(folder), "Hi", "toy", folder)
+
+
+def test_no_template(cli, toy_model_dir):
+    assert "has no chat template" in one_line_error(cli, "sample", "Hi", "-m", toy_model_dir, "--chat")

@@ -1,0 +1,179 @@
+"""`-f openai`: a decodelab trace as the OpenAI completions logprobs object, against the format and against a real
+engine's answer (vLLM 0.32.0 serving the bundled tiny model, recorded in tests/engine/recordings/)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import ROOT
+
+from decodelab.core.errors import ConfigError
+from decodelab.core.trace.format import DECODELAB, OPENAI, check_version, trace_kind
+from decodelab.core.trace.openai import ID_KEYS, PROCESSED, RAW, is_openai, to_completion, to_logprobs
+
+RECORDING = ROOT / "tests" / "engine" / "recordings" / "vllm-0.32.0.json"
+COMMANDS = {"sample", "score", "stream", "probs", "beam"}
+
+
+def recorded(mode: str, index: int) -> tuple[dict, dict]:
+    """(request body, parsed response) of one recorded /v1/completions call."""
+    call = json.loads(RECORDING.read_text(encoding="utf-8"))["modes"][mode][index]
+    assert call["path"] == "/v1/completions"
+    return call["body"], json.loads(call["response"])
+
+
+def run_json(cli, *args) -> dict:
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def prompt_text(ids: list[int]) -> str:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "presets" / "models" / "tiny")
+    text = tok.decode(ids)
+    assert tok(text, add_special_tokens=False)["input_ids"] == ids, "the recorded prompt must round-trip as text"
+    return text
+
+
+def assert_completions_format(resp: dict) -> None:
+    """The OpenAI `Completion` object (openai-python types/completion.py, completion_choice.py): id, object
+    "text_completion", created int, model, choices [{index, text, finish_reason stop|length|content_filter,
+    logprobs {tokens: [str], token_logprobs: [float], top_logprobs: [{str: float}], text_offset: [int]}}], usage."""
+    assert isinstance(resp["id"], str) and resp["object"] == "text_completion" and isinstance(resp["created"], int)
+    assert isinstance(resp["model"], str)
+    for i, choice in enumerate(resp["choices"]):
+        assert choice["index"] == i and isinstance(choice["text"], str)
+        assert choice["finish_reason"] in ("stop", "length", "content_filter")
+        lp = choice["logprobs"]
+        assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+        assert len({len(v) for v in lp.values()}) == 1, "the four lists run in step"
+        assert all(isinstance(t, str) for t in lp["tokens"])
+        assert all(isinstance(v, float) and v <= 0 for v in lp["token_logprobs"])
+        assert all(isinstance(o, int) for o in lp["text_offset"])
+        for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+            assert all(isinstance(k, str) and isinstance(v, float) for k, v in top.items())
+            assert next(iter(top)) == token and top[token] == value, "the returned token first, with its value"
+    usage = resp["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    json.dumps(resp, allow_nan=False)  # no NaN or infinity: the format is plain JSON
+
+
+def test_a_sample_trace_is_an_openai_completion(cli):
+    doc = run_json(cli, "sample", "Once upon a time", "-n", "6", "-t", "0.8", "--top-p", "0.9", "--top", "4")
+    resp = to_completion(doc)
+    assert_completions_format(resp)
+    lp = resp["choices"][0]["logprobs"]
+    steps = doc["steps"]
+    assert lp["tokens"] == [s["token"] for s in steps]
+    assert lp["token_logprobs"] == [s["raw_logprob"] for s in steps], "raw by default, the trace's own numbers"
+    assert lp["text_offset"] == [sum(len(s["token"]) for s in steps[:i]) for i in range(len(steps))]
+    for top, s in zip(lp["top_logprobs"], steps):
+        assert 4 <= len(top) <= 5, "N alternatives, plus the returned token when it is not among them"
+        expected = {a["token"]: math.log(a["raw_prob"]) for a in s["alternatives"]}
+        for token, value in list(top.items())[1:]:
+            assert value == pytest.approx(expected[token], abs=1e-12)
+        values = list(top.values())[1:]
+        assert values == sorted(values, reverse=True), "after the returned token, most likely first"
+    assert resp["choices"][0]["text"] == doc["text"]
+    assert resp["usage"] == {"prompt_tokens": len(doc["prompt"]["token_ids"]), "completion_tokens": 6,
+                             "total_tokens": len(doc["prompt"]["token_ids"]) + 6}
+    assert resp["decodelab"] == {"command": "sample", "logprobs": "raw"}
+
+
+def test_processed_logprobs_leave_out_what_the_chain_removed(cli):
+    doc = run_json(cli, "sample", "Once upon a time", "-n", "4", "-t", "0.8", "--top-k", "2", "--top", "5")
+    lp = to_logprobs(doc, PROCESSED)
+    assert lp["token_logprobs"] == [s["logprob"] for s in doc["steps"]]
+    for top, s in zip(lp["top_logprobs"], doc["steps"]):
+        kept = {a["token"] for a in s["alternatives"] if a["prob"] > 0}
+        assert set(top) == kept | {s["token"]} and len(top) <= 2, "top-k 2 keeps two; removed ones have no log"
+
+
+def test_a_score_trace_lists_the_scored_tokens(cli):
+    doc = run_json(cli, "score", "Once upon a time there was")
+    resp = to_completion(doc)
+    assert_completions_format(resp)
+    lp = resp["choices"][0]["logprobs"]
+    assert lp["tokens"] == [s["token"] for s in doc["steps"]]
+    assert lp["token_logprobs"] == [s["raw_logprob"] for s in doc["steps"]]
+    assert lp["top_logprobs"] == [{s["token"]: s["raw_logprob"]} for s in doc["steps"]], "score keeps no others"
+    assert resp["choices"][0]["text"] == "".join(lp["tokens"]) and resp["usage"]["completion_tokens"] == 0
+
+
+def test_greedy_equals_vllm_raw_logprobs_of_the_same_model(cli):
+    """The oracle: vLLM's own answer for greedy decoding of the tiny model (raw logprobs, ids as keys) and the
+    converted decodelab trace of the same request agree token for token, offset for offset, key for key."""
+    body, resp = recorded("raw_logprobs", 6)
+    assert body["temperature"] == 0.0 and body["logprobs"] == 5 and body["return_tokens_as_token_ids"]
+    doc = run_json(cli, "sample", prompt_text(body["prompt"]), "-t", "0", "-n", str(body["max_tokens"]),
+                   "--ignore-eos", "--top", "5")
+    mine, theirs = to_completion(doc, RAW, ID_KEYS), resp
+    _same_logprobs(mine["choices"][0]["logprobs"], theirs["choices"][0]["logprobs"])
+    assert mine["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"] == "length"
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        assert mine["usage"][key] == theirs["usage"][key]
+
+
+def test_processed_equals_vllm_processed_logprobs_on_the_same_tokens(cli):
+    """vLLM's processed logprobs (temperature 0.8, top-k 5, logprobs 8) of the tokens it drew, against decodelab's
+    processed trace of the same tokens (forced: decodelab's seed draws others): the same numbers, and the
+    candidates top-k removed (vLLM: -9999.0) left out."""
+    body, resp = recorded("processed_logprobs", 14)
+    assert (body["temperature"], body["top_k"], body["logprobs"]) == (0.8, 5, 8)
+    theirs = resp["choices"][0]["logprobs"]
+    forced = [w for i, t in enumerate(theirs["tokens"]) for w in ("--force", f"{i}={t.split(':')[1]}")]
+    doc = run_json(cli, "sample", prompt_text(body["prompt"]), "-t", "0.8", "--top-k", "5", "-n",
+                   str(body["max_tokens"]), "--ignore-eos", "--top", "8", *forced)
+    kept = {**theirs, "top_logprobs": [{k: v for k, v in top.items() if v > -9999.0}
+                                       for top in theirs["top_logprobs"]]}
+    _same_logprobs(to_logprobs(doc, PROCESSED, ID_KEYS), kept)
+
+
+def _same_logprobs(mine: dict, theirs: dict) -> None:
+    assert mine["tokens"] == theirs["tokens"]
+    assert mine["text_offset"] == theirs["text_offset"], "vLLM counts offsets over the returned token strings"
+    assert mine["token_logprobs"] == pytest.approx(theirs["token_logprobs"], abs=2e-5)  # float32 on two engines
+    for a, b in zip(mine["top_logprobs"], theirs["top_logprobs"]):
+        assert list(a) == list(b), "the same candidates in the same order: the returned token, then by rank"
+        assert list(a.values()) == pytest.approx(list(b.values()), abs=2e-5)
+
+
+def test_documents_without_per_token_logprobs_are_refused_in_one_line(cli):
+    many = run_json(cli, "sample", "Once upon", "-n", "2", "-N", "2")
+    with pytest.raises(ConfigError, match="sample -N"):
+        to_logprobs(many)
+    probs = run_json(cli, "probs", "Once upon", "--top", "2")
+    with pytest.raises(ConfigError, match="-f openai: a probs document"):
+        to_logprobs(probs)
+    with pytest.raises(ConfigError, match="allowed: raw, processed"):
+        to_logprobs({"command": "sample", "steps": []}, "softmax")
+
+
+def test_an_engine_response_is_openai_and_a_trace_is_decodelab():
+    _, resp = recorded("raw_logprobs", 28)  # echo: the first prompt token has null
+    assert is_openai(resp) and is_openai(resp["choices"][0]["logprobs"])
+    assert resp["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    assert trace_kind(resp, "f", COMMANDS) == OPENAI
+    assert trace_kind({"command": "sample", "steps": []}, "f", COMMANDS) == DECODELAB
+    assert not is_openai({"choices": [{"text": "no logprobs"}]}) and not is_openai({"tokens": "a"})
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"command": "ls"}, "command 'ls' is not a decodelab command"),
+    ({"command": "sample", "format_version": 2}, "format_version 2 is newer than this decodelab reads"),
+    ({"command": "sample", "format_version": "1"}, "not a version number"),
+    ({"choices": []}, "not a decodelab trace"),
+    ([1, 2], "not a decodelab trace"),
+])
+def test_what_is_not_a_trace_is_one_line(doc, message):
+    with pytest.raises(ConfigError, match=message):
+        trace_kind(doc, "TRACE x.json", COMMANDS)
+
+
+def test_a_document_without_a_version_is_version_1():
+    check_version({"command": "sample"}, "x")
+    check_version({"command": "sample", "format_version": 1}, "x")
