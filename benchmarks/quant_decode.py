@@ -27,15 +27,16 @@ from decodelab.core.kv import parse_cache_spec
 TEXT = Path(__file__).resolve().parents[1] / "presets" / "models" / "validation.txt"
 
 
-def decode_seconds(lm, spec: str, ids: list[int], context: int) -> tuple[float, int]:
-    """Seconds per token of the one-token forwards after the prefill, and the cache's stored bytes at the end."""
+def decode_seconds(lm, spec: str, ids: list[int], context: int) -> tuple[float, float, int]:
+    """Wall and CPU seconds (this process: one thread, so the CPU seconds leave out the time spent waiting for a core
+    on a busy machine) per token of the one-token forwards after the prefill, and the stored bytes at the end."""
     runtime = Runtime.create(lm.model, parse_cache_spec(spec), capacity=len(ids))
     runtime.prefill(torch.tensor([ids[:context]]))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for t in ids[context:]:
         runtime.feed(torch.tensor([[t]]))
-    seconds = (time.perf_counter() - start) / (len(ids) - context)
-    return seconds, sum(runtime.policy.layer_nbytes())
+    n = len(ids) - context
+    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n, sum(runtime.policy.layer_nbytes())
 
 
 def main() -> None:
@@ -52,19 +53,26 @@ def main() -> None:
     for spec in caches:  # warm-up
         decode_seconds(lm, spec, ids[: args.context + 4], args.context)
     times: dict[str, list[float]] = {c: [] for c in caches}
+    cpu: dict[str, list[float]] = {c: [] for c in caches}
     stored: dict[str, int] = {}
     for r in range(args.rounds):
         for spec in caches[r % len(caches):] + caches[: r % len(caches)]:
-            seconds, stored[spec] = decode_seconds(lm, spec, ids, args.context)
+            seconds, cpu_seconds, stored[spec] = decode_seconds(lm, spec, ids, args.context)
             times[spec].append(seconds)
+            cpu[spec].append(cpu_seconds)
     print(f"tiny, one thread, context {args.context} then {args.tokens} one-token forwards, {args.rounds} rounds; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print("| cache | ms per token | / full cache, median (min-max) | stored bytes |")
-    print("|---|---:|---:|---:|")
+    print("| cache | wall ms per token | / full, wall: median (min-max) | / full, CPU: median (min-max) | stored "
+          "bytes |")
+    print("|---|---:|---:|---:|---:|")
     for spec, ts in times.items():
-        ratios = [a / b for a, b in zip(ts, times["full"])]
-        print(f"| `{spec}` | {1000 * statistics.median(ts):.2f} | {statistics.median(ratios):.2f}x "
-              f"({min(ratios):.2f}-{max(ratios):.2f}) | {stored[spec]:,} |")
+        print(f"| `{spec}` | {1000 * statistics.median(ts):.2f} | {ratio(ts, times['full'])} | "
+              f"{ratio(cpu[spec], cpu['full'])} | {stored[spec]:,} |")
+
+
+def ratio(ours: list[float], full: list[float]) -> str:
+    xs = [a / b for a, b in zip(ours, full)]
+    return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})"
 
 
 def merge_specs(text: str) -> list[str]:

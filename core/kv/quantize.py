@@ -110,9 +110,11 @@ def unpack(packed: Tensor, bits: int, n: int) -> Tensor:
     per = 8 // bits
     if per == 1:
         return packed
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
     mask = (1 << bits) - 1
-    codes = (packed.unsqueeze(-1) >> shifts) & mask  # [..., bytes, per]
+    # code j = (byte >> j b) & mask, one shift by a plain number per j (a CPU shifts uint8 by a scalar several times
+    # faster than by a broadcast tensor of shifts); the top code needs no mask
+    codes = torch.stack([packed & mask] + [(packed >> (j * bits)) & mask for j in range(1, per - 1)]
+                        + [packed >> ((per - 1) * bits)], dim=-1)  # [..., bytes, per]
     return codes.flatten(-2)[..., :n]
 
 
@@ -143,14 +145,22 @@ def quantize_over(x: Tensor, bits: int | str, dims: tuple[int, ...], symmetric: 
     return QTensor(pack(q.to(torch.uint8), bits), scale, zero, bits, x.shape[-1])
 
 
-def dequantize_view(q: QTensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The quantized view's values x' (see the module docstring), in ``dtype``."""
+def dequantize_view(q: QTensor, dtype: torch.dtype = torch.float32, out: Tensor | None = None) -> Tensor:
+    """The quantized view's values x' (see the module docstring), in ``dtype``; computed in float32 either way.
+    ``out``: a tensor of the view's shape (and ``dtype``) the last operation writes into, instead of a new one."""
     if q.bits == "fp8":
-        return (q.codes.float() * q.scale.float()).to(dtype)
+        return _last(torch.mul, q.codes.float(), q.scale.float(), dtype, out)
     codes = unpack(q.codes, q.bits, q.last).float()
     if q.zero is None:
-        return ((codes - 2 ** (q.bits - 1)) * q.scale.float()).to(dtype)
-    return (codes * q.scale.float() + q.zero.float()).to(dtype)
+        return _last(torch.mul, codes - 2 ** (q.bits - 1), q.scale.float(), dtype, out)
+    return _last(torch.add, codes * q.scale.float(), q.zero.float(), dtype, out)
+
+
+def _last(op, a: Tensor, b: Tensor, dtype: torch.dtype, out: Tensor | None) -> Tensor:
+    """op(a, b) in float32, then in ``dtype`` (written into ``out`` when given: the cast happens on the write)."""
+    if out is None:
+        return op(a, b).to(dtype)
+    return op(a, b, out=out)
 
 
 # --- named layouts on a [..., T, D] tensor ---------------------------------------------------------------------------

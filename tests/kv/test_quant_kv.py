@@ -349,6 +349,37 @@ def test_reorder_through_the_model_equals_separate_rows():
         torch.testing.assert_close(out[r], ref[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("spec", ["int8", "int4-kivi", "int2-kivi", "fp8", "quant:bits=4,axis=kivi,symmetric=true",
+                                  "quant:bits=4,axis=tensor,group=4,residual=2", "quant:bits=8,axis=channel,group=4",
+                                  "quant:bits=4,axis=group,group=8,residual=3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_worked_on_together_equal_each_layer_alone(spec, dtype):
+    """Every layer's stored tokens dequantized in one pass and its new tokens quantized in one pass (rows of all
+    layers side by side) give, bit for bit, the logits, stored codes, scales and bytes of each layer on its own.
+    Catches: a layer given another layer's rows, a block that leaves one forward late, the new tokens written
+    into the wrong room, a scale computed across layers."""
+    model = random_model("llama", scale=4.0).to(dtype)
+    prompt = torch.arange(3, 40).unsqueeze(0)
+    runs = []
+    for together in (True, False):
+        rt = Runtime.create(model, parse_cache_spec(spec))
+        if not together:
+            rt.policy.model_cache.together = None
+        logits = [rt.feed(prompt[:, :20]), rt.feed(prompt[:, 20:23])]
+        logits += [rt.feed(prompt[:, t : t + 1]) for t in range(23, prompt.shape[1])]
+        runs.append((rt, torch.cat(logits)))
+    (a, la), (b, lb) = runs
+    assert a.policy.model_cache.together is not None
+    assert torch.equal(la, lb)
+    assert a.policy.layer_nbytes() == b.policy.layer_nbytes()
+    for x, y in zip(a.policy.model_cache.layers, b.policy.model_cache.layers):
+        for sx, sy in ((x.k, y.k), (x.v, y.v)):
+            assert (sx.quantized, sx.exact) == (sy.quantized, sy.exact)
+            assert torch.equal(sx.states(torch.float32), sy.states(torch.float32))
+            if sx.q is not None:
+                assert torch.equal(sx.q.codes, sy.q.codes) and torch.equal(sx.q.scale, sy.q.scale)
+
+
 def test_sliding_layers_stay_sliding():
     """Gemma 2 (window 16): with a residual longer than the text nothing is quantized, so logits must equal the
     full cache's exactly (window, mask sizes and eviction right); with int8, bytes stay bounded by the window."""
