@@ -105,16 +105,19 @@ def pack(codes: Tensor, bits: int) -> Tensor:
     return (grouped << shifts).sum(dim=-1, dtype=torch.uint8)
 
 
-def unpack(packed: Tensor, bits: int, n: int) -> Tensor:
-    """Inverse of :func:`pack`: the first ``n`` codes of the last dim, as uint8."""
+def unpack(packed: Tensor, bits: int, n: int, dtype: torch.dtype = torch.uint8) -> Tensor:
+    """Inverse of :func:`pack`: the first ``n`` codes of the last dim, as ``dtype`` (uint8, or a float dtype the
+    codes are written into directly: every code is a small integer, exact in any float)."""
     per = 8 // bits
     if per == 1:
-        return packed
+        return packed.to(dtype)
     mask = (1 << bits) - 1
     # code j = (byte >> j b) & mask, one shift by a plain number per j (a CPU shifts uint8 by a scalar several times
     # faster than by a broadcast tensor of shifts); the top code needs no mask
-    codes = torch.stack([packed & mask] + [(packed >> (j * bits)) & mask for j in range(1, per - 1)]
-                        + [packed >> ((per - 1) * bits)], dim=-1)  # [..., bytes, per]
+    codes = torch.empty(*packed.shape, per, dtype=dtype, device=packed.device)  # [..., bytes, per]
+    for j in range(per):
+        shifted = packed >> (j * bits) if j else packed
+        codes[..., j] = shifted & mask if j < per - 1 else shifted
     return codes.flatten(-2)[..., :n]
 
 
@@ -150,10 +153,12 @@ def dequantize_view(q: QTensor, dtype: torch.dtype = torch.float32, out: Tensor 
     ``out``: a tensor of the view's shape (and ``dtype``) the last operation writes into, instead of a new one."""
     if q.bits == "fp8":
         return _last(torch.mul, q.codes.float(), q.scale.float(), dtype, out)
-    codes = unpack(q.codes, q.bits, q.last).float()
+    codes = unpack(q.codes, q.bits, q.last)  # uint8: the first float operation converts them as it reads them
+    if q.zero is None and q.bits == 8:  # q + 128 with its top bit flipped is q in two's complement: int8 q exactly
+        return _last(torch.mul, (codes ^ 128).view(torch.int8), q.scale.float(), dtype, out)
     if q.zero is None:
-        return _last(torch.mul, codes - 2 ** (q.bits - 1), q.scale.float(), dtype, out)
-    return _last(torch.add, codes * q.scale.float(), q.zero.float(), dtype, out)
+        return _last(torch.mul, torch.sub(codes, float(2 ** (q.bits - 1))), q.scale.float(), dtype, out)
+    return _last(torch.add, torch.mul(codes, q.scale.float()), q.zero.float(), dtype, out)
 
 
 def _last(op, a: Tensor, b: Tensor, dtype: torch.dtype, out: Tensor | None) -> Tensor:
