@@ -17,6 +17,7 @@ distribution first).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -89,11 +90,9 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
     z_t = L.index_select(1, t)  # [S, 1] each row's logit of the token
     ranks = chosen_ranks(L, z_t).float()  # [S] (softmax is monotone: the rank by logits is the rank by probability)
     logp_t, p_t = logP.index_select(1, t)[:, 0], P.index_select(1, t)[:, 0]
-    scalars = torch.stack([
-        t[0].float(), torch.isfinite(z_t[-1, 0]).float(), p_t[-1], logp_t[-1], p_t[0], logp_t[0], ranks[0],
-        H[-1], H[0], kept_n[-1],
-    ])
-    parts = [scalars]
+    # the HEAD scalars picked out of one vector by one gather (a dozen single-element picks cost a dozen operations)
+    rows = torch.cat([t.float(), torch.isfinite(z_t[-1]).float(), p_t, logp_t, ranks, H, kept_n])
+    parts = [rows.index_select(0, head_index(L.shape[0], L.device))]
     if top > 0:
         alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)
         parts += [alt.float(), P[-1].index_select(0, alt), P[0].index_select(0, alt)]
@@ -102,6 +101,15 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
         winners, lost = race_winners(L, race_noise(None if race is None else race[:1], L[0]), removed)
         parts += [torch.stack([kept_n, H, mass], dim=-1).reshape(-1), winners.float(), ranks, lost.float()]
     return torch.cat(parts)
+
+
+@functools.lru_cache(maxsize=64)
+def head_index(stages: int, device: torch.device) -> Tensor:
+    """Where the HEAD scalars sit in [token, finite, p_t (S), log p_t (S), ranks (S), H (S), kept (S)]: token,
+    finite, prob and logprob (last row), raw prob and raw logprob (row 0), raw rank, entropy (last), raw entropy,
+    kept (last)."""
+    S, p, lp, r, h, k = stages, 2, 2 + stages, 2 + 2 * stages, 2 + 3 * stages, 2 + 4 * stages
+    return torch.tensor([0, 1, p + S - 1, lp + S - 1, p, lp, r, h + S - 1, h, k + S - 1], device=device)
 
 
 class Numbers(NamedTuple):
