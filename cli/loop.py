@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core.errors import EMPTY_CHAIN, ChainError
+from ..core.errors import EMPTY_CHAIN, ChainError, DecodelabError
 from .options import Format
 from .view import render
 
@@ -12,8 +12,9 @@ from .view import render
 # is noted here, the command prints what it has (whole lines, the summary), and main() exits with status 130.
 _interrupted = False
 # Likewise a chain that leaves no candidate mid-run: the run ends with stop_reason "empty_chain", the command prints
-# what it has (a JSONL stream still ends with its summary line), and main() prints the error and exits with 2.
-_error: ChainError | None = None
+# what it has (a JSONL stream still ends with its summary line), and main() prints the error and exits with 2. A
+# served engine that fails after some answers came back (a replay, one request of a batch) is noted the same way.
+_error: DecodelabError | None = None
 
 
 # With -f text the continuation is printed as it grows; this is how much of it is on stdout already.
@@ -38,13 +39,13 @@ def print_text(text: str, final: bool = False) -> None:
     _printed = ready
 
 
-def note_error(exc: ChainError) -> None:
+def note_error(exc: DecodelabError) -> None:
     global _error
     if _error is None:
         _error = exc
 
 
-def error() -> ChainError | None:
+def error() -> DecodelabError | None:
     return _error
 
 

@@ -18,6 +18,7 @@ from .view import render
 from .commands.batch import batch
 from .commands.beam import beam
 from .commands.bench import bench
+from .commands.check_logprobs import check_logprobs
 from .commands.compare import compare
 from .commands.models import models
 from .commands.probs import probs
@@ -73,6 +74,7 @@ app.command()(bench)
 app.command()(stream)
 app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
+app.command("check-logprobs")(check_logprobs)
 app.command()(view)
 
 

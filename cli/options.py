@@ -26,6 +26,7 @@ from ..core.sampling.registry import params as stage_params
 from .view.render import status
 
 RUN = "Model and run"
+ENGINE_PANEL = "Served engine"
 PROC = "Processor chain"
 MORE = "More samplers, semantics, export"
 OUT = "Output"
@@ -83,6 +84,16 @@ Cache = Annotated[Optional[str], typer.Option(
     "--cache", help="KV-cache policy: NAME or NAME:key=value,... (default full; `decodelab models` lists them).",
     rich_help_panel=RUN, show_default=False)]
 
+Engine = Annotated[Optional[str], typer.Option(
+    "--engine", help="Run on a served model instead of the embedded runtime: an OpenAI-compatible server (vLLM, "
+    "SGLang, llama.cpp's server) at URL, e.g. http://127.0.0.1:8000. Only that URL is contacted; -m names the "
+    "local tokenizer (and model, where the command recomputes).", rich_help_panel=ENGINE_PANEL, show_default=False)]
+EngineModel = Annotated[Optional[str], typer.Option(
+    "--engine-model", help="The served model's name (the server's --served-model-name), when it serves several.",
+    rich_help_panel=ENGINE_PANEL, show_default=False)]
+EngineTimeout = Annotated[float, typer.Option("--engine-timeout", help="Seconds to wait for each answer.",
+                                              rich_help_panel=ENGINE_PANEL)]
+
 Fmt = Annotated[Format, typer.Option("--format", "-f", help="table (rich), json, jsonl (streamed), markdown, csv, "
                                      "text (the continuation alone, streamed), openai (the OpenAI completions logprobs response).",
                                      rich_help_panel=OUT)]
@@ -132,6 +143,7 @@ DEFINITIONS: dict[str, tuple[object, object]] = {
     "fmt": (Fmt, Format.table), "top": (Top, None), "save_html": (SaveHtml, None), "save_svg": (SaveSvg, None),
     "chain": (ChainOrder, None), "semantics": (Semantics, None), "export": (Export, None),
     "stop_id": (StopId, None), "trim_stop": (TrimStop, None),
+    "engine": (Engine, None), "engine_model": (EngineModel, None), "engine_timeout": (EngineTimeout, 60.0),
     **{p.field: (stage_option(p), None) for p in stage_params()},
 }
 
@@ -146,6 +158,7 @@ CHAIN = tuple(p.field for p in stage_params() if p.panel == "chain") + CONSTRAIN
 SAMPLERS = tuple(p.field for p in stage_params() if p.panel == "more") + ("semantics", "export")  # sample, probs, ...
 SCALAR_KEYS = tuple(p.field for p in stage_params() if not (p.many or p.pairs)) + ("semantics",)
 STOPS = ("stop_id", "trim_stop")
+ENGINE = ("engine", "engine_model", "engine_timeout")
 
 
 Opts = SimpleNamespace  # the shared options' values, by name
@@ -224,6 +237,7 @@ def check_paths(opts: Opts) -> None:
     if threads is not None and not 1 <= threads <= usable_cpus():
         raise ConfigError(f"--threads {threads}: must be an integer in [1, {usable_cpus()}] (the CPUs this process "
                           "may run on; more threads only wait for each other)")
+    check_engine(opts)
 
 
 def usable_cpus() -> int:
@@ -250,6 +264,22 @@ def check_ranges_early(opts: Opts) -> None:
     for p in stage_params():
         if p.field not in sets and not (p.many or p.pairs):
             check_range(p, getattr(opts, p.field, None))
+
+
+def check_engine(opts: Opts) -> None:
+    """--engine URL is an http(s) URL; --engine-model and --engine-timeout only with it (no server contacted yet)."""
+    from ..core.engine.served import base_url
+    from ..core.errors import ConfigError
+
+    if getattr(opts, "engine", None) is None:
+        for name, option in (("engine_model", "--engine-model"),):
+            if getattr(opts, name, None) is not None:
+                raise ConfigError(f"{option}: only with --engine URL")
+        return
+    base_url(opts.engine)
+    timeout = getattr(opts, "engine_timeout", 60.0)
+    if not (timeout > 0 and timeout < 1e6):
+        raise ConfigError(f"--engine-timeout {timeout}: must be a number of seconds > 0")
 
 
 def explicit(opts: Opts, *keys: str) -> dict:

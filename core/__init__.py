@@ -37,7 +37,11 @@ _API = {
     "build_scorer": "methods.score", "build_beam": "methods.beam", "build_speculator": "methods.speculative.run",
     "score_choices": "methods.choice",
     # KV-cache policies
-    "parse_cache_spec": "kv", "CacheSpec": "kv", "POLICIES": "kv",
+    "parse_cache_spec": "kv", "CacheSpec": "kv", "POLICIES": "kv", "parse_policy_list": "kv",
+    "kept_map": "kv.kept", "KeptMap": "kv.kept",
+    # what a policy costs: the retrieval probe and the policy ranking
+    "Prober": "analysis.probe", "ProbeSettings": "analysis.probe", "PolicyRow": "analysis.policies",
+    "ranked": "analysis.policies",
     # errors
     "DecodelabError": "errors", "ConfigError": "errors", "ModelLoadError": "errors", "ChainError": "errors",
 }

@@ -48,7 +48,7 @@ RowsOpt = Annotated[Rows, typer.Option("--rows", help="What markdown/csv print: 
                                        rich_help_panel=o.OUT)]
 
 
-@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN,
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN, o.ENGINE,
            without=("prompt", "prompt_file", "cache", "top"))
 def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, max_tokens_per_iteration: MaxTokens =
           None, block_size: BlockSize = None, blocks: Blocks = None, baselines: Baselines = None,
@@ -75,12 +75,15 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
         settings = replace(settings, baselines=())
     entries = read_prompts(prompts_file, settings)
     lm = load(opts)
+    conn = engine_connection(opts, lm, entries)
     run = BatchRun(lm, settings, entries, chat=opts.chat)
     with LiveSteps(render.console(), None, unit="iterations", enabled=opts.fmt == o.Format.table) as live:
         drive(run, opts.fmt, kind="iteration", on_step=live.add)
     report = run.report()
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
-    emit(opts, lm, settings, report, rows)
+    if conn is not None:
+        phase(lambda: engine_baseline(conn, lm, entries, report, opts.chat))
+    emit(opts, lm, settings, report, rows, conn)
     for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
         if r.stop_reason == EMPTY_CHAIN:
             note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
@@ -98,7 +101,7 @@ def request_rows(lm, report: BatchReport) -> list[dict]:
             for r in report.results]
 
 
-def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows) -> None:
+def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows, conn=None) -> None:
     requests = request_rows(lm, report)
     summary = report.summary()
     if rows == Rows.iterations:
@@ -114,7 +117,7 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
         document={"command": "batch", "model": lm.name, "device": str(lm.device),
                   "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(settings),
                   "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
-                  "summary": summary},
+                  "summary": summary, **engine_fields(report, conn)},
         jsonl=[{"type": "request", **r} for r in requests] + [output.summary_record("batch", lm.name, summary)],
         text="\n".join(render.one_line(r["text"]) for r in requests),  # one request a line
         tables=[(None, table)],
@@ -165,3 +168,38 @@ def requests_table(requests: list[dict]) -> Table:
                       str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
                       f"{mean:.3f}", f"{raw:.3f}", render.cut(render.one_line(r["text"]), 60))
     return table
+
+
+# --- against a served engine's own batching (--engine URL) --------------------------------------------------------
+
+
+def engine_connection(opts: o.Opts, lm, entries):
+    """With --engine: the server reached and checked before the local run starts (None without)."""
+    if opts.engine is None:
+        return None
+    from ...core.methods.served import request_of
+    from ..served import connect
+
+    for e in entries:  # a setting the server has no equivalent for is refused before anything runs
+        request_of(lm, e.settings, 1)
+    return connect(opts, lm, {"generate": "batch --engine"})
+
+
+def engine_baseline(conn, lm, entries, report, chat: bool) -> None:
+    """The same requests on the server, all sent at once (its continuous batching): figures in the summary
+    (engine_*), its tokens per request in the JSON (engine_requests); a failed request is the exit status."""
+    from ...core.methods.served import engine_baseline as run_on_engine
+
+    base = run_on_engine(conn, entries, [lm.encode(e.prompt, chat=chat) for e in entries], report.results)
+    report.baselines.append(base)
+    if base.reason:
+        from ...core.engine.served import EngineError
+
+        note_error(EngineError(base.reason))
+
+
+def engine_fields(report, conn) -> dict:
+    if conn is None:
+        return {}
+    rows = next((b.requests for b in report.baselines if b.name == "engine"), [])
+    return {"engine": conn.describe(), "engine_requests": rows}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -44,7 +45,7 @@ ROW_COLUMNS = ("variant", "prompt", "seed", "text", "length", "stop_reason", "me
                "distinct_1", "distinct_2", "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s")
 
 
-@o.command(o.MODEL, o.GENERATE, o.OUTPUT, o.CHAIN, without=("seed", "top", "cache"))
+@o.command(o.MODEL, o.GENERATE, o.OUTPUT, o.CHAIN, o.ENGINE, without=("seed", "top", "cache"))
 def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, preset: Presets = None,
             job: Job = None, prompts_file: PromptsFile = None, seeds: Seeds = None) -> None:
     """Several settings side by side on the same prompts and seeds; each seed's random draws are shared by every
@@ -69,6 +70,8 @@ def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, p
     prompt_list = collect_prompts(prompts, prompts_file, extras.get("prompts"))
     seed_list = parse_seeds(seeds if seeds is not None else extras.get("seeds", "0"))
     base = o.explicit(opts, "max_new_tokens", "ignore_eos", "stop")  # every variant starts from these
+    if opts.engine is not None:
+        return on_engine(opts, variants, prompt_list, seed_list, base)
     lm = load(opts)
     drafts = lambda spec: load_draft(spec, lm, opts.dtype, opts.trust_remote_code)  # noqa: E731
     run = Comparison(lm, variants, prompt_list, seed_list, base, load_draft=drafts)
@@ -223,3 +226,50 @@ def tables(lm, run: Comparison) -> list:
                       else f"step {p.first_divergence}", p.deciding_stage or "-", p.why or "")
         out.append(t)
     return out
+
+
+# --- on a served engine (--engine URL) ----------------------------------------------------------------------------
+
+
+def on_engine(opts, variants, prompts, seeds, base: dict) -> None:
+    """compare --engine: every variant on the server and here (read as vLLM reads it), token by token and
+    distribution by distribution (core/analysis/engine_compare.py)."""
+    from ...core.analysis.engine_compare import EngineComparison
+    from ..pipeline import load
+    from ..served import connect
+
+    lm = load(opts)
+    run = EngineComparison(lm, None, variants, prompts, seeds, base)  # every setting checked before contact
+    run.conn = connect(opts, lm, {"generate": "compare --engine", "replay": "compare --engine (teacher-forced KL)"})
+    conn = run.conn
+    with progress(run.total * 2, opts.fmt) as advance:
+        run.on_row = lambda row: (advance(row), stream_row(row, opts.fmt))
+        try:
+            run.run()
+        except KeyboardInterrupt:
+            note_interrupt()
+    emit_engine(opts, lm, conn, run)
+
+
+def emit_engine(opts, lm, conn, run) -> None:
+    from ..served import document
+    from ..view.served_view import engine_pairs_table
+
+    first = run.prompts[0]
+    config = {"seeds": run.seeds, **{k: v for k, v in render.clean(run.base).items() if v is not None}}
+    doc = document("compare", conn, config, [], first.text, lm.encode(first.text))
+    doc.update(device=str(lm.device), dtype=str(lm.dtype).replace("torch.", ""),
+               variants=[{"name": v.name, "method": v.method, "spec": v.describe(),
+                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
+               prompts=[{"id": p.id, "text": p.text} for p in run.prompts], rows=run.rows, engine_pairs=run.pairs)
+    rows_only = SimpleNamespace(prompts=run.prompts, seeds=run.seeds, rows=run.rows, pairs=[])
+    output.emit_for(opts, output.Output(
+        document=doc,
+        jsonl=[{"type": "engine_pair", **render.clean(p)} for p in run.pairs]
+        + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "engine_pairs": len(run.pairs)})],
+        tables=[("rows", [flat_row(r) for r in run.rows]), ("engine pairs", [render.clean(p) for p in run.pairs])],
+        views=lambda: tables(lm, rows_only) + [engine_pairs_table(run.pairs)]))
+    for pair in run.pairs:
+        if pair.engine_error:
+            note_error(ConfigError(pair.engine_error))
+            break

@@ -42,6 +42,15 @@ Grid = Annotated[bool, typer.Option("--grid", help="Fidelity and bytes of every 
                                     "(8/4/2 x tensor/token/channel/group/kivi).", rich_help_panel=Q)]
 Activations = Annotated[Optional[int], typer.Option("--activations", help="Also the outlier view of the input "
                                                     "activations of this decoder layer.", rich_help_panel=Q)]
+Prefill = Annotated[Optional[int], typer.Option("--prefill", help="The fidelity run's first N tokens in one forward "
+                                                "(the prompt a press that compresses once compresses), then --feed.",
+                                                rich_help_panel=Q, show_default=False)]
+Policies = Annotated[Optional[str], typer.Option("--policies", help="Also rank these cache specs against the full "
+                                                 "cache (comma-separated, e.g. int4-kivi,snapkv:ratio=0.5,h2o:size=64)"
+                                                 ": bytes, KL, top-1 flips, perplexity.", rich_help_panel=Q,
+                                                 show_default=False)]
+Probe = Annotated[bool, typer.Option("--probe", help="--policies: add the retrieval probe (a pass key planted in the "
+                                     "text) to the ranking.", rich_help_panel=Q)]
 Context = Annotated[Optional[int], typer.Option("--context", help="Project the cache's bytes at this many tokens.",
                                                 rich_help_panel=Q)]
 Batch = Annotated[Optional[int], typer.Option("--batch", help="... in this many rows (default 1).", rich_help_panel=Q,
@@ -52,7 +61,8 @@ Batch = Annotated[Optional[int], typer.Option("--batch", help="... in this many 
 def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None,
                 feed: Feed = None, bits: Bits = None, axis: Axis = None, group_size: GroupSize = None,
                 residual: Residual = None, symmetric: Symmetric = None, grid: Grid = False,
-                activations: Activations = None, context: Context = None, batch: Batch = None) -> None:
+                activations: Activations = None, context: Context = None, batch: Batch = None,
+                prefill: Prefill = None, policies: Policies = None, probe: Probe = False) -> None:
     """A quantized KV cache (--cache quant:..., int8, int4-kivi, int2-kivi; default int4-kivi) against the full one:
     memory (real bytes, the per-token formula, projections), fidelity on a text (KL, top-1 agreement, perplexity),
     reconstruction error per layer and head, and the outlier channels that set the scales."""
@@ -66,7 +76,8 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     from ..pipeline import load
     explicit = {"cache": opts.cache, "top": opts.top, "limit": limit, "feed": feed, "bits": bits, "axis": axis,
                 "group_size": group_size, "residual": residual, "symmetric": symmetric, "grid": grid or None,
-                "activations": activations, "context": context, "batch": batch}
+                "activations": activations, "context": context, "batch": batch, "prefill": prefill,
+                "policies": policies, "probe": probe or None}
     settings = resolve(QuantizeKVSettings, opts.preset, explicit, opts.set_)
     spec = validate_quantize_kv(settings)
     body = _read(text, text_file)
@@ -86,7 +97,33 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
             report.stop_reason = "interrupted"
             break
         report.grid.append(measured)
+    if report.stop_reason != "interrupted":
+        measure_ranking(lm, ids, settings, report, tell)
     emit(opts, lm, settings, body, ids, report)
+
+
+def measure_ranking(lm, ids: list[int], settings, report, tell) -> None:
+    """--policies: each cache's fidelity (and probe) one at a time, so an interrupt keeps the rows measured."""
+    from ...core.analysis.policies import fidelity_row, ranked
+    from ...core.analysis.probe import Prober, ProbeSettings
+    from ...core.analysis.quantize_kv import fidelity, ranking_cells
+    from ..view.policies import probe_document
+    cells = ranking_cells(settings)
+    prober = Prober(lm.model, lm.tokenizer, ids, ProbeSettings(), lm.context_length) if settings.probe else None
+    rows, full_bytes = [], 0
+    for k, (label, cell) in enumerate(cells.items()):
+        tell(f"policy {k + 1}/{len(cells)}: {label}")
+        measured = phase(lambda: (fidelity(lm, ids, cell, settings.feed, keep_steps=True,  # noqa: B023
+                                           prefill=settings.prefill),
+                                  prober.policy(cell, label) if prober else None))  # noqa: B023
+        if measured is None:
+            report.stop_reason = "interrupted"
+            break
+        full_bytes = full_bytes or measured[0].kv_bytes
+        rows.append(fidelity_row(label, measured[0], full_bytes, measured[1]))
+    report.ranking = ranked(rows)
+    if prober is not None and rows:
+        report.probe = probe_document(prober.report([]))
 
 
 def _read(text: str | None, text_file: Path | None) -> str:
@@ -106,7 +143,9 @@ def document(lm, settings, body: str, ids: list[int], report) -> dict:
     steps = [s.to_dict() for s in report.fidelity.steps]
     return {**head, "steps": steps, "text": "", "token_ids": [], "memory": report.memory,
             "projections": report.projections, "reconstruction": report.reconstruction, "outliers": report.outliers,
-            "activations": report.activations, "grid": [g.row() for g in report.grid], "summary": report.summary()}
+            "activations": report.activations, "grid": [g.row() for g in report.grid], "summary": report.summary(),
+            **({"ranking": report.ranking} if report.ranking else {}),
+            **({"probe": report.probe} if report.probe else {})}
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], report) -> None:
@@ -127,7 +166,8 @@ def memory_rows(report) -> list[dict]:
     m = report.memory
     per_token = report.fidelity.kv_bytes / m["tokens"]
     return [
-        {"what": f"quantized ({report.cache}), measured", "bytes_per_token": per_token,
+        {"what": f"{'quantized ' if report.reconstruction else ''}({report.cache}), measured",
+         "bytes_per_token": per_token,
          "bytes": report.fidelity.kv_bytes},
         {"what": f"full cache ({m['cache_dtype']})", "bytes_per_token": m["bytes_per_token"],
          "bytes": m["baseline_kv_bytes"]},
@@ -172,6 +212,8 @@ def sections(report) -> list[tuple[str, list[dict]]]:
                     outlier_rows([report.activations])))
     if report.grid:
         out.append(("grid: bits x layout", [g.row() for g in report.grid]))
+    if report.ranking:
+        out.append(("every policy against the full cache", [render.clean(r) for r in report.ranking]))
     return out
 
 
@@ -205,20 +247,34 @@ def views(lm, report) -> list:
         proj.add_row(p["at"], str(p["tokens"]), str(p["batch"]), mib(p["kv_bytes"]), mib(p["baseline_kv_bytes"]),
                      mib(p["fp16_kv_bytes"]), f"{p['bytes_ratio']:.3f}", fits)
     proj.caption = f"fits: within the {mib(free)} free where the cache lives (device memory, else system memory)"
-    out.append(proj)
+    if report.projections:
+        out.append(proj)
     out.append(Text(f"fidelity over {f.tokens} tokens (fed {report.feed} a forward), against the full cache: "
-                    f"KL(full || quantized) mean {f.kl_mean:.5f} nats · top-1 agreement {f.top1_agreement:.4f} · "
+                    f"KL(full || this cache) mean {f.kl_mean:.5f} nats · top-1 agreement {f.top1_agreement:.4f} · "
                     f"perplexity {f.perplexity:.3f} vs {f.baseline_perplexity:.3f} "
                     f"({f.perplexity / f.baseline_perplexity - 1:+.2%})", style="cyan"))
-    out.append(layer_table(report))
-    out.append(outlier_table(report.outliers, "outliers: the channels that set the scale (max|x| / median|x| over "
-                             "tokens) and the relative error of each scaling at these bits"))
+    if report.reconstruction:  # a quant cache (a press has no reconstruction or scales)
+        out.append(layer_table(report))
+        out.append(outlier_table(report.outliers, "outliers: the channels that set the scale (max|x| / median|x| "
+                                 "over tokens) and the relative error of each scaling at these bits"))
     if report.activations is not None:
         out.append(outlier_table([report.activations], f"activations: input of decoder layer "
                                                       f"{report.activations['layer']}"))
     if report.grid:
         out.append(grid_table(report))
+    out += ranking_views(report)
     out.append(render.summary_line(report.summary()))
+    return out
+
+
+def ranking_views(report) -> list:
+    from ..view.policies import ranking_table
+    if not report.ranking:
+        return []
+    out = [ranking_table(report.ranking, f"every policy against the full cache · {report.fidelity.tokens} tokens "
+                         f"fed {report.feed} a forward", report.probe is not None)]
+    if report.probe is not None:
+        out.append(Text("probe: " + report.probe["verdict"], style="cyan"))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -26,14 +27,17 @@ NumSamples = Annotated[Optional[int], typer.Option(
 Force = Annotated[Optional[list[str]], typer.Option(
     "--force", help="STEP=TOKEN (repeatable): pick TOKEN (an id or a one-token text) at STEP; every other step keeps "
     "its random draws.", rich_help_panel=BRANCH, show_default=False)]
+KeptIds = Annotated[Optional[bool], typer.Option(
+    "--kept-ids", help="Also export, per step, the token ids that survive each stage of the chain (JSON: kept_sets; "
+    "ids null where every token survives).", rich_help_panel=o.OUT, show_default=False)]
 Resume = Annotated[Optional[Path], typer.Option(
     "--resume", help="Continue a saved `sample -f json` trace with its settings and seed (-n more tokens; options "
     "given override the saved settings).", rich_help_panel=BRANCH, show_default=False)]
 
 
-@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.STOPS, o.OUTPUT, o.CHAIN, o.SAMPLERS)
+@o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.STOPS, o.OUTPUT, o.CHAIN, o.SAMPLERS, o.ENGINE)
 def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = None, force: Force = None,
-           resume: Resume = None) -> None:
+           resume: Resume = None, kept_ids: KeptIds = None) -> None:
     """Generate text token by token and show, per token, the processed and the raw probability."""
     from ...core.methods.branch import Branched, load_trace, parse_force, resume_values
     from ...core.methods.sample import SampleSettings, build_sampler
@@ -56,6 +60,11 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
     if opts.export is not None:
         export_instead(opts, settings, load(opts))
         return
+    if kept_ids and num_samples is not None:
+        raise ConfigError("--kept-ids: one run's steps; not with --num-samples")
+    if opts.engine is not None:
+        return on_engine(opts, settings, {"--num-samples": num_samples, "--force": force, "--resume": resume,
+                                          "--compile": compile_}, bool(kept_ids))
     if force:
         parse_force(force, token_id=lambda token: 0)  # the STEP=TOKEN shape, before the model loads
     text = point.prompt_text if point is not None else read_prompt(opts.prompt, opts.prompt_file)
@@ -66,7 +75,7 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
     prompt_ids = point.prompt_ids if point is not None else lm.encode(text, opts.chat)
     if num_samples is not None:
         return many(opts, lm, settings, text, prompt_ids, num_samples)
-    sampler = build_sampler(lm, settings, point.context_ids if point is not None else prompt_ids)
+    sampler = build_sampler(lm, settings, point.context_ids if point is not None else prompt_ids, kept=bool(kept_ids))
     if point is not None:  # skipping the saved steps' draws assumes one race vector per step and no carried state
         refuse_stepwise_stages(sampler.chain, "sample --resume")
     if point is not None or force_steps:
@@ -113,7 +122,9 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
     from ...core.engine.stopping import trim_stop
     from ...core.sampling.semantics import plan
+    from ..view import kept as kept_view
     names = sampler.chain.names
+    kept = kept_view.kept_after(sampler.runtime, len(prompt_ids))
     token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
     out_text = lm.decode(token_ids)
     effective = plan(settings)
@@ -123,6 +134,9 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     head = render.document("sample", lm, as_dict(settings), names, text, prompt_ids, selector=sampler.selector.name)
     if settings.semantics is not None:
         head["semantics"] = effective.describe()
+    kept_sets = [{"type": "kept", **k} for k in getattr(sampler, "kept_sets", [])]  # --kept-ids
+    if getattr(sampler, "kept", False):
+        head["kept_sets"] = sampler.kept_sets
     greedy = sampler.selector.name == "greedy"
 
     def views() -> list:
@@ -131,11 +145,68 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     def after_table() -> list:
         return [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
                 render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
+                *kept_view.kept_views(kept, lm.token_text, prompt_ids, f"kept by {settings.cache} after the run"),
                 render.summary_line(summary)] + [line for line in [constraint_line(summary)] if line is not None]
 
     output.emit_for(opts, output.Output(
-        document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
+        document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary,
+                  **kept_view.document_part(kept)},
         text=out_text,
-        jsonl=[output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
-        tables=[(None, render.step_rows(sampler.steps))],
+        jsonl=kept_sets + [output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids},
+                                                 summary, kept_view.document_part(kept))],
+        tables=[(None, render.step_rows(sampler.steps)), *kept_view.table_part(kept)],
         views=views, screen=(lambda: [table.with_part("caption")] + after_table()) if printed else None))
+
+
+# --- on a served engine (--engine URL) ----------------------------------------------------------------------------
+
+
+def on_engine(opts: o.Opts, settings: SampleSettings, refused: dict, kept_ids: bool) -> None:
+    """sample --engine: the tokens and their numbers as the server gives them (see core/methods/served.py)."""
+    from ...core.methods.served import ServedSample, request_for, request_of, require_logprobs, sample_needs
+    from ..loop import note_error
+    from ..pipeline import read_prompt
+    from ..served import connect, local_tokenizer, refuse_options
+
+    refuse_options("sample", refused)
+    text = read_prompt(opts.prompt, opts.prompt_file)
+    local = local_tokenizer(opts)
+    prompt_ids = local.encode(text, opts.chat)
+    request_of(local, settings, settings.top)  # a setting vLLM has no equivalent for: refused before contact
+    conn = connect(opts, local, sample_needs(settings, kept_ids))
+    require_logprobs(conn, "sample")
+    request, notes = request_for(conn, settings, settings.top)
+    run = ServedSample(conn, prompt_ids, request, notes)
+    drive(run, opts.fmt, text_of=lambda: local.decode(run.new_ids))
+    emit_engine(opts, conn, settings, text, prompt_ids, run)
+    if run.error is not None:  # the tokens are printed; the replay's failure is the exit status
+        note_error(run.error)
+
+
+def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, prompt_ids: list[int], run) -> None:
+    from ...core.sampling.semantics import plan
+    from ..served import document
+    from ..view.served_view import sample_table
+
+    summary, ids = run.summary(), run.new_ids
+    out_text = conn.local.decode(ids)
+    effective = plan(replace(settings, semantics="vllm"))
+    head = document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
+                    selector="greedy" if settings.temperature == 0 else "engine")
+
+    def views() -> list:
+        title = f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · {summary.values} logprobs"
+        return [sample_table(run.steps, title, summary.values, summary.raw_from, settings.top),
+                render.shaded_text(text, [(s.token, s.prob if s.prob is not None else (s.raw_prob or 0.0))
+                                          for s in run.steps]),
+                render.shading_legend("processed p" if summary.values == "processed" else "raw p"),
+                render.summary_line(summary)]
+
+    output.emit_for(opts, output.Output(
+        document={**head, "request": run.generated.request if run.generated else None, "notes": run.notes,
+                  "steps": run.steps, "text": out_text, "token_ids": ids, "summary": summary},
+        text=out_text,
+        jsonl=[output.summary_record("sample", conn.local.name, {"text": out_text, "token_ids": ids}, summary)],
+        tables=[(None, [{**{k: v for k, v in render.clean(s).items() if k not in ("alternatives", "defects")},
+                         "token": render.show_token(s.token)} for s in run.steps])],
+        views=views))

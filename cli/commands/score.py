@@ -12,6 +12,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from ...core.errors import ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
@@ -29,9 +30,19 @@ Chunk = Annotated[Optional[int], typer.Option("--chunk", help="Perplexity per ch
 Feed = Annotated[Optional[int], typer.Option("--feed", help="Tokens per forward (default: the whole text at once; "
                                              "under a bounded --cache, eviction happens between forwards).",
                                              rich_help_panel=SCORE)]
+Prefill = Annotated[Optional[int], typer.Option("--prefill", help="The first N tokens in one forward (the prompt a "
+                                                "press that compresses once compresses), then --feed a forward.",
+                                                rich_help_panel=SCORE, show_default=False)]
 Against = Annotated[Optional[str], typer.Option("--against", help="Reference model (same tokenizer): per-token "
                                                 "KL(reference || model), top-1 agreement, log-probability "
                                                 "difference.", rich_help_panel=SCORE)]
+Renormalize = Annotated[Optional[bool], typer.Option(
+    "--renormalize", help="Also each token's raw log-probability renormalized over the chain's kept set "
+    "(kept_logprob, kept_mass) and the importance ratio raw / processed before and after it: the correction RL "
+    "trainers apply after top-p.", rich_help_panel=SCORE, show_default=False)]
+KeptIds = Annotated[Optional[bool], typer.Option(
+    "--kept-ids", help="Also, per scored token, the ids that survive each stage of the chain (kept_sets; ids null "
+    "where every token survives).", rich_help_panel=SCORE, show_default=False)]
 MinMass = Annotated[Optional[float], typer.Option("--min-mass", help="--choice: token paths whose model and "
                                                   "sampler probability are both below this are not walked "
                                                   "(default 1e-6; 0 walks all).", rich_help_panel=SCORE,
@@ -41,10 +52,11 @@ AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Re
                                                      rich_help_panel=SCORE)]
 
 
-@o.command(o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN)
+@o.command(o.MODEL, o.SETTINGS, o.OUTPUT, o.CHAIN, o.ENGINE)
 def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None,
           feed: Feed = None, against: Against = None, against_cache: AgainstCache = None,
-          min_mass: MinMass = None) -> None:
+          renormalize: Renormalize = None, kept_ids: KeptIds = None, min_mass: MinMass = None,
+          prefill: Prefill = None) -> None:
     """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most. With
@@ -57,9 +69,11 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
     explicit.update(limit=limit, chunk=chunk, feed=feed, against=against, against_cache=against_cache,
-                    min_mass=min_mass)
+                    renormalize=renormalize, kept_ids=kept_ids, min_mass=min_mass, prefill=prefill)
     from ...core.methods.registry import settings_for
     settings = settings_for("score", opts.preset, explicit, opts.set_)
+    if opts.engine is not None:
+        return on_engine(opts, settings, body)
     if settings.choice is not None:
         return choices(opts, settings, body)
     lm = load(opts)
@@ -90,7 +104,9 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
+    from ..view import kept as kept_view
     summary = scorer.summary()
+    kept = kept_view.kept_after(getattr(scorer, "runtime", None), len(ids))
     rows = [r.to_dict() for r in scorer.steps]
     head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
 
@@ -103,14 +119,16 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
                chunks_table(summary)]
         if summary.most_different:
             out.append(different_table(summary))
+        out += kept_view.kept_views(kept, lm.token_text, ids, f"kept by {settings.cache} after the text")
         out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
                                         if k not in ("chunks", "most_different")}))
         return out
 
     output.emit_for(opts, output.Output(
-        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary},
-        jsonl=[output.summary_record("score", lm.name, summary)],
-        tables=[(None, rows)], views=views))
+        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary,
+                  **kept_view.document_part(kept)},
+        jsonl=[output.summary_record("score", lm.name, summary, kept_view.document_part(kept))],
+        tables=[(None, rows), *kept_view.table_part(kept)], views=views))
 
 
 def tokens_table(steps, title: str) -> Table:
@@ -187,3 +205,51 @@ def choices_table(rows: list[dict], title: str) -> Table:
                      "exact renormalized over the labels; first token and sampler (the --choice constraint alone, "
                      "temperature 1) estimate the share; error = estimate - share")
     return table
+
+
+# --- on a served engine (--engine URL) ----------------------------------------------------------------------------
+
+
+def on_engine(opts: o.Opts, settings, body: str) -> None:
+    """score --engine: the server's prompt logprobs of the text's token ids (raw in every --logprobs-mode)."""
+    from ...core.methods.served import ServedScore, score_needs
+    from ...core.sampling.semantics import active_stages
+    from ..served import connect, local_tokenizer
+
+    needs = score_needs(settings, active_stages(settings), bool(settings.renormalize or settings.kept_ids))
+    local = local_tokenizer(opts)
+    ids = local.encode(body)[: settings.limit]
+    if len(ids) < 2:
+        raise ConfigError(f"TEXT: {len(ids)} token(s); scoring needs at least 2 (the first is context)")
+    conn = connect(opts, local, needs)
+    cap = conn.engine.capabilities.max_top_n
+    top = max(1, min(settings.top, cap) if cap is not None else settings.top)
+    run = ServedScore(conn, ids, top, settings.chunk)
+    run_with_progress(run, opts.fmt)
+    emit_engine(opts, conn, settings, body, ids, run)
+
+
+def emit_engine(opts: o.Opts, conn, settings, body: str, ids: list[int], run) -> None:
+    from ..served import document
+    from ..view.served_view import score_table
+
+    summary = run.summary()
+    rows = [r.to_dict() for r in run.steps]
+
+    def views() -> list:
+        return [score_table(run.steps, f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · raw prompt "
+                                       "logprobs", run.top_n),
+                render.shaded_text(conn.local.token_text(ids[0]),
+                                   [(r.token, render.exp(r.raw_logprob)) for r in run.steps]),
+                render.shading_legend("raw p (the served model's probability of the given token)",
+                                      "first token (not scored)", "scored tokens"),
+                chunks_table(summary),
+                render.summary_line({k: v for k, v in render.clean(summary).items() if k != "chunks"})]
+
+    output.emit_for(opts, output.Output(
+        document={**document("score", conn, as_dict(settings), [], body, ids), "steps": rows, "text": "",
+                  "token_ids": [], "summary": summary},
+        jsonl=[output.summary_record("score", conn.local.name, summary)],
+        tables=[(None, [{**{k: v for k, v in render.clean(r).items() if k not in ("alternatives", "defects")},
+                         "token": render.show_token(r["token"])} for r in rows])],
+        views=views))

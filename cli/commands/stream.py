@@ -18,6 +18,7 @@ from ...core.errors import ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
+from ..view import kept as kept_view
 from ..view import output, render
 from ..view.live import LiveSteps
 
@@ -44,6 +45,25 @@ Window = Annotated[Optional[int], typer.Option("--window", help="--compare-polic
                                                "holds (default 256).", rich_help_panel=STREAM, show_default=False)]
 Sinks = Annotated[Optional[int], typer.Option("--sinks", help="--compare-policies and --attention: the first S "
                                               "positions (default 4).", rich_help_panel=STREAM, show_default=False)]
+Policies = Annotated[Optional[str], typer.Option("--policies", help="--compare-policies: rank these cache specs "
+                                                "instead (comma-separated, e.g. snapkv:ratio=0.5,h2o:size=64,"
+                                                "window:size=128; full is always the reference) by bytes, KL and "
+                                                "top-1 flips against the full cache (and the probe with --probe).",
+                                                rich_help_panel=STREAM, show_default=False)]
+Prefill = Annotated[Optional[int], typer.Option("--prefill", help="Scoring: the first N tokens in one forward (the "
+                                                "prompt a press that compresses once compresses), then --feed a "
+                                                "forward.", rich_help_panel=STREAM, show_default=False)]
+Probe = Annotated[Optional[bool], typer.Option("--probe", help="The retrieval probe: a pass key planted in the "
+                                              "--text-file at several depths, asked for at the end; log P(answer) "
+                                              "and greedy accuracy under --cache (or every policy of "
+                                              "--compare-policies) against the full cache.",
+                                              rich_help_panel=STREAM, show_default=False)]
+ProbeKeys = Annotated[Optional[str], typer.Option("--probe-keys", help="--probe: the keys, comma-separated "
+                                                  "(default: two random 5-digit keys from --seed).",
+                                                  rich_help_panel=STREAM, show_default=False)]
+ProbeDepths = Annotated[Optional[str], typer.Option("--probe-depths", help="--probe: where the needle goes, "
+                                                    "fractions of the text (default 0.1,0.5,0.9).",
+                                                    rich_help_panel=STREAM, show_default=False)]
 Attention = Annotated[Optional[bool], typer.Option("--attention", help="Per layer and head, the attention weight "
                                                    "late queries put on the first --sinks positions against an "
                                                    "average position (the attention-sink diagnosis).",
@@ -53,7 +73,8 @@ Attention = Annotated[Optional[bool], typer.Option("--attention", help="Per laye
 @o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, o.OUTPUT, o.CHAIN)
 def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None, feed: Feed = None,
            compare_policies_: Compare = None, window: Window = None, sinks: Sinks = None,
-           attention: Attention = None) -> None:
+           attention: Attention = None, policies: Policies = None, prefill: Prefill = None, probe: Probe = None,
+           probe_keys: ProbeKeys = None, probe_depths: ProbeDepths = None) -> None:
     """Decode or score past the model's context under a bounded KV cache (default sinks:sinks=4,recent=252): with
     PROMPT, generate -n tokens with the cache length, evicted positions and slot map per token; with --text-file,
     score the text (perplexity, cache tokens, KV bytes and tokens/s per span)."""
@@ -62,13 +83,17 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
     from ..pipeline import load
     explicit = o.explicit(opts, "max_new_tokens", "seed", "top", "ignore_eos", "stop")
     explicit.update(limit=limit, chunk=chunk, feed=feed, window=window, sinks=sinks,
-                    compare_policies=compare_policies_, attention=attention)
+                    compare_policies=compare_policies_, attention=attention, policies=policies, prefill=prefill,
+                    probe=probe, probe_depths=probe_depths,
+                    probe_keys=tuple(k.strip() for k in probe_keys.split(",")) if probe_keys is not None else None)
     from ...core.methods.registry import settings_for
     settings = settings_for("stream", opts.preset, explicit, opts.set_)
     if text_file is not None and opts.prompt is not None:
         raise ConfigError("PROMPT and --text-file: give one of them (PROMPT generates, --text-file scores)")
     if settings.compare_policies and text_file is None:
         raise ConfigError("--compare-policies: needs --text-file (the text every policy scores)")
+    if settings.probe and text_file is None:
+        raise ConfigError("--probe: needs --text-file (the filler text the pass key is planted in)")
     body = _read(opts, text_file)
     lm = load(opts)
     chain = make_chain(lm, settings)
@@ -81,15 +106,22 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
         raise ConfigError(f"--text-file {text_file}: {len(ids)} token(s); scoring needs at least 2")
     if settings.compare_policies:
         return run_compare(opts, lm, settings, body, ids, chain)
+    if settings.probe:
+        return run_probe(opts, lm, settings, body, ids, chain)
     run = StreamScore(lm.model, ids, chain, lm.token_text, settings)
     with_progress(run, opts.fmt, "scoring")
     summary = run.summary()
+    kept = kept_view.kept_after(getattr(run.scorer, "runtime", None), len(ids))
     head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="score")
     output.emit_for(opts, output.Output(
-        document={**head, "steps": run.chunks, "text": "", "token_ids": [], "summary": summary},
-        jsonl=[output.summary_record("stream", lm.name, summary)], tables=[(None, [render.clean(c) for c in run.chunks])],
+        document={**head, "steps": run.chunks, "text": "", "token_ids": [], "summary": summary,
+                  **kept_view.document_part(kept)},
+        jsonl=[output.summary_record("stream", lm.name, summary, kept_view.document_part(kept))],
+        tables=[(None, [render.clean(c) for c in run.chunks]), *kept_view.table_part(kept)],
         views=lambda: [chunks_table(run.chunks, f"{lm.name} · cache {summary.policy} · {summary.tokens} tokens scored, "
-                                    f"{settings.feed} per forward"), render.summary_line(_scalars(summary))]))
+                                    f"{settings.feed} per forward"),
+                       *kept_view.kept_views(kept, lm.token_text, ids, f"kept by {summary.policy} after the text"),
+                       render.summary_line(_scalars(summary))]))
 
 
 def _read(opts, text_file: Path | None) -> str:
@@ -130,6 +162,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
         drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids))
     token_ids = run.new_ids
     out_text, summary = lm.decode(token_ids), run.summary()
+    kept = kept_view.kept_after(run.runtime, len(prompt_ids))
     head = render.document("stream", lm, as_dict(settings), chain.names, text, prompt_ids, mode="generate",
                            selector=run.selector.name)
     rows = render.step_rows(run.steps)
@@ -137,14 +170,18 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
         row.update(cache_tokens=step.cache_tokens, kv_bytes=step.kv_bytes, evicted=_range(step.evicted),
                    slots=_slots(step.slots))
     output.emit_for(opts, output.Output(
-        document={**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary},
+        document={**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary,
+                  **kept_view.document_part(kept)},
         text=out_text,
-        jsonl=[output.summary_record("stream", lm.name, {"text": out_text, "token_ids": token_ids}, summary)],
-        tables=[(None, rows)],
+        jsonl=[output.summary_record("stream", lm.name, {"text": out_text, "token_ids": token_ids}, summary,
+                                     kept_view.document_part(kept))],
+        tables=[(None, rows), *kept_view.table_part(kept)],
         views=lambda: [cache_table(run.steps, f"{lm.name} (context {lm.context_length} positions) · cache "
                                    f"{summary.policy}"),
                        render.shaded_text(text, [(s.token, s.raw_prob) for s in run.steps]),
-                       render.shading_legend("raw p"), render.summary_line(_scalars(summary))]))
+                       render.shading_legend("raw p"),
+                       *kept_view.kept_views(kept, lm.token_text, prompt_ids, f"kept by {summary.policy} after the run"),
+                       render.summary_line(_scalars(summary))]))
 
 
 def _range(r: list[int]) -> str:
@@ -185,8 +222,11 @@ def chunks_table(chunks, title: str) -> Table:
 
 
 def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], chain) -> None:
+    from ...core.analysis.policies import policy_row, ranked
     from ...core.engine.forward import model_info
     from ...core.methods.stream import compare_policies
+    from ..view import policies as policies_view
+    prober = make_prober(lm, settings, ids) if settings.probe else None
     results = []
     for label, run in compare_policies(lm.model, ids, chain, lm.token_text, settings, model_info(lm.model)):
         if isinstance(run, str):
@@ -196,14 +236,60 @@ def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], c
         results.append({"label": label, "spec": str(run.spec), "summary": run.summary()})
         if run.interrupted:
             break
+        if prober is not None:
+            results[-1]["probe"] = prober.policy(run.spec, label)
+    full_bytes = next((r["summary"].kv_bytes_peak for r in results if r["label"] == "full" and "summary" in r), 0)
+    rows = ranked([policy_row(r["label"], r["summary"], full_bytes, r.get("probe")) for r in results
+                   if "summary" in r])
+    for r in results:
+        r["rank"] = next((row.rank for row in rows if row.label == r["label"]), None)
+        if "probe" in r:
+            r["probe"] = {k: v for k, v in render.clean(r["probe"]).items() if k != "results"}
     head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="compare")
     totals = {"tokens": len(ids) - 1, "context_length": lm.context_length}
+    extra = {}
+    if prober is not None:
+        extra["probe"] = policies_view.probe_document(prober.report([]))
     output.emit_for(opts, output.Output(
-        document={**head, "policies": results, "steps": [], "text": "", "token_ids": [], "summary": totals},
+        document={**head, "policies": results, "ranking": rows, **extra, "steps": [], "text": "", "token_ids": [],
+                  "summary": totals},
         jsonl=[{"type": "policy", **render.clean(r)} for r in results]
         + [output.summary_record("stream", lm.name, totals, {"policies": len(results)})],
-        tables=[(None, [_compare_row(r, lm.context_length) for r in results])],
-        views=lambda: [compare_table(results, lm, len(ids) - 1), ppl_plot(results, lm.context_length)]))
+        tables=[(None, [_compare_row(r, lm.context_length) for r in results]),
+                ("ranking", policies_view.ranking_rows(rows))],
+        views=lambda: [compare_table(results, lm, len(ids) - 1), ppl_plot(results, lm.context_length),
+                       policies_view.ranking_table(rows, f"{lm.name} · {len(ids) - 1} tokens · every policy against "
+                                                   "the full cache", prober is not None),
+                       *([Text("probe: " + extra["probe"]["verdict"], style="cyan")] if extra else [])]))
+
+
+def make_prober(lm, settings: StreamSettings, ids: list[int]):
+    """The probe over the text ``ids`` (fitted to the model's context), keys and depths from the settings."""
+    from ...core.analysis.probe import Prober, ProbeSettings
+    from ...core.methods.stream import probe_depths
+    probe = ProbeSettings(keys=settings.probe_keys, depths=probe_depths(settings), seed=settings.seed)
+    return Prober(lm.model, lm.tokenizer, ids, probe, lm.context_length)
+
+
+def run_probe(opts, lm, settings: StreamSettings, body: str, ids: list[int], chain) -> None:
+    """--probe under --cache: every trial under the full cache, the policy, and the full cache without the needle."""
+    from ..view import policies as policies_view
+    prober = make_prober(lm, settings, ids)
+    status = render.error_console()
+    if opts.fmt == o.Format.table:
+        status.print(f"[dim]probe: {len(prober.trials)} trials under full and {settings.cache}[/dim]")
+    report = prober.report([settings.cache_spec], [settings.cache])
+    summary = {**policies_view.probe_summary(report), "policy": str(settings.cache_spec),  # every key shown
+               "tokens": prober.filler_tokens}
+    head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="probe")
+    document = policies_view.probe_document(report)
+    output.emit_for(opts, output.Output(
+        document={**head, "probe": document, "steps": [], "text": "", "token_ids": [], "summary": summary},
+        jsonl=[{"type": "trial", **render.clean(t)} for t in document["trials"]]
+        + [output.summary_record("stream", lm.name, summary)],
+        tables=[(None, policies_view.probe_rows(report))],
+        views=lambda: [policies_view.probe_table(report, f"{lm.name} · retrieval probe · {len(prober.trials)} trials"),
+                       render.summary_line(summary)]))
 
 
 def _ppl_after(chunks, start: int) -> float:

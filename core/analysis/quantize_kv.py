@@ -26,10 +26,12 @@ from ..engine.models import LoadedModel
 from ..engine.run import drain
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
-from ..kv import CacheSpec, parse_cache_spec
+from ..kv import POLICIES, CacheSpec, parse_cache_spec, parse_policy_list
+from ..kv.press import PressPolicy
 from ..kv.quant import AXES, QuantPolicy, Stream
 from ..kv.quantize import dequantize, quantize
-from ..methods.score import Scorer, ScoreSettings
+from ..methods.score import Scorer, ScoreSettings, blocks
+from ..methods.stream import compresses_once
 from ..sampling.chain import build_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
@@ -50,6 +52,9 @@ class QuantizeKVSettings(ChainSettings):
     feed: int = 1  # tokens per forward in the fidelity run (1: the decode path)
     grid: bool = False
     activations: int | None = None  # a decoder layer whose input activations get the outlier analysis
+    prefill: int | None = None  # the fidelity run's first forward (the prompt a press that compresses once compresses)
+    policies: str | None = None  # --policies: a ranking of these cache specs against the full cache
+    probe: bool = False  # the ranking's retrieval probe (core/analysis/probe.py) over the text
     context: int | None = None  # projected bytes at this many tokens ...
     batch: int = 1  # ... in this many rows
     top: int = 4  # outlier channels listed per tensor
@@ -57,7 +62,7 @@ class QuantizeKVSettings(ChainSettings):
 
 def validate_quantize_kv(s: QuantizeKVSettings) -> CacheSpec:
     """Every check that needs no model; returns the resolved quant spec."""
-    for key in ("limit", "feed", "context", "group_size"):
+    for key in ("limit", "feed", "context", "group_size", "prefill"):
         value = getattr(s, key)
         if value is not None:
             _check(value >= 1, key, value, "must be an integer >= 1")
@@ -71,18 +76,37 @@ def validate_quantize_kv(s: QuantizeKVSettings) -> CacheSpec:
         _check(str(s.bits) in ("2", "4", "8", "fp8"), "bits", s.bits, "allowed: 2, 4, 8, fp8")
     if s.limit is not None:
         _check(s.limit >= 2, "limit", s.limit, "must be >= 2 (the first token is context)")
-    return kv_spec(s)
+    specs = [kv_spec(s)] + (list(parse_policy_list(s.policies).values()) if s.policies is not None else [])
+    for spec in specs:
+        if compresses_once(spec) and s.prefill is None:
+            raise ConfigError(f"--cache {spec}: it compresses once, after the prompt, and the measured text has no "
+                              "prompt; give --prefill N (the first N tokens are its prompt)")
+    if s.probe and s.policies is None:
+        raise ConfigError("--probe: ranks the retrieval of --policies; give --policies (or use stream --probe)")
+    return specs[0]
+
+
+def is_press(spec: CacheSpec) -> bool:
+    """A score-based policy (snapkv, h2o, tova, knorm, pyramidkv): measured for fidelity and bytes only."""
+    return issubclass(POLICIES[spec.name], PressPolicy)
 
 
 def kv_spec(s: QuantizeKVSettings) -> CacheSpec:
     """--cache (a quant spec or alias), with --bits/--axis/--group-size/--residual/--symmetric laid over it."""
     base = s.cache_spec
-    if base.name != "quant":
-        raise ConfigError(f"--cache {s.cache}: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
-                          "int2-kivi, int4, fp8)")
-    options = dict(base.options)
     overrides = {"bits": s.bits, "axis": s.axis, "group": s.group_size, "residual": s.residual,
                  "symmetric": s.symmetric}
+    if is_press(base):
+        given = [k for k, v in overrides.items() if v is not None]
+        if given:
+            raise ConfigError(f"--{given[0].replace('group', 'group-size')}: sets a quant cache; --cache {s.cache} is a "
+                              "score-based press (give its own keys in the spec)")
+        return base
+    if base.name != "quant":
+        raise ConfigError(f"--cache {s.cache}: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
+                          "int2-kivi, int4, fp8) or a score-based press (snapkv, h2o, tova, knorm, pyramidkv: memory "
+                          "and fidelity)")
+    options = dict(base.options)
     given = {k: v for k, v in overrides.items() if v is not None}
     if "axis" in given and given["axis"] != options.get("axis"):
         options = {k: v for k, v in options.items() if k == "bits"}  # defaults follow the new axis
@@ -268,16 +292,18 @@ def relative_change(value: float, baseline: float | None) -> float:
 
 
 def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_steps: bool = False,
-             drive=None) -> Fidelity:
-    """Score the text under ``spec`` against the same model under the full cache (the score machinery); the bytes
-    are those of a ``spec`` cache holding the text (real tensors). ``drive(run)`` iterates the scoring run (the CLI's
-    loop, which turns a Ctrl-C into ``run.interrupt()``): an interrupted run is measured on the tokens it scored."""
-    scorer = Scorer(lm.model, ids, build_chain({}), lm.token_text, ScoreSettings(feed=feed), cache=spec,
-                    reference=lm.model, reference_cache=parse_cache_spec("full"), reference_name="full")
+             drive=None, prefill: int | None = None) -> Fidelity:
+    """Score the text under ``spec`` against the same model under the full cache (the score machinery: ``score
+    --cache spec --against-cache full --feed feed --prefill prefill``); the bytes are those of a ``spec`` cache
+    holding the text (real tensors). ``drive(run)`` iterates the scoring run (the CLI's loop, which turns a Ctrl-C
+    into ``run.interrupt()``): an interrupted run is measured on the tokens it scored."""
+    scorer = Scorer(lm.model, ids, build_chain({}), lm.token_text, ScoreSettings(feed=feed, prefill=prefill),
+                    cache=spec, reference=lm.model, reference_cache=parse_cache_spec("full"), reference_name="full")
     (drive or drain)(scorer)
     summary = scorer.summary()
     held_ids = ids[: summary.tokens + 1] if scorer.interrupted else ids  # the tokens the cache actually held
-    held = held_bytes(lm, held_ids, spec, None if spec.name == "quant" and not sliding(lm) else feed)
+    plain_quant = spec.name == "quant" and not sliding(lm)
+    held = held_bytes(lm, held_ids, spec, None if plain_quant else feed, None if plain_quant else prefill)
     info = model_info(lm.model)
     fp16 = len(held_ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
     return Fidelity(str(spec), summary.tokens, summary.kl_mean, summary.top1_agreement, summary.perplexity,
@@ -285,15 +311,16 @@ def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_s
                     scorer.stop_reason)
 
 
-def held_bytes(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int | None = None) -> int:
-    """Real bytes of a ``spec`` cache after the text, fed ``feed`` tokens a forward (None: all at once; a quant
-    cache without sliding layers stores the same whatever the split, while a cache that flushes its residual window
-    when full, as transformers' QuantizedCache does, must be fed as the fidelity run fed it)."""
+def held_bytes(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int | None = None,
+               prefill: int | None = None) -> int:
+    """Real bytes of a ``spec`` cache after the text, fed ``prefill`` tokens and then ``feed`` a forward (None: all
+    at once; a quant cache without sliding layers stores the same whatever the split, while a cache that flushes its
+    residual window when full, as transformers' QuantizedCache does, or a press, must be fed as the fidelity run
+    fed it)."""
     runtime = Runtime.create(lm.model, spec)
     ids_t = torch.tensor([ids], device=lm.device)
-    step = feed or len(ids)
-    for start in range(0, len(ids), step):
-        runtime.feed(ids_t[:, start : start + step])
+    for start, end in blocks(len(ids) + 1, feed or len(ids), prefill):  # every token of the text, in those blocks
+        runtime.feed(ids_t[:, start:end])
     return runtime.policy.nbytes()
 
 
@@ -338,6 +365,8 @@ class QuantizeKVReport:
     outliers: list[dict]
     activations: dict | None = None
     grid: list[Fidelity] = field(default_factory=list)
+    ranking: list = field(default_factory=list)  # --policies: PolicyRow (core/analysis/policies.py), best first
+    probe: dict | None = None  # --probe: the probe's trials and verdict
     feed: int = 1  # tokens per forward in the fidelity runs
     stop_reason: str = "end"  # "interrupted": Ctrl-C cut the main run (its numbers are over the tokens it scored) or
     # the grid (it holds the cells measured before)
@@ -364,27 +393,33 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
     info = model_info(lm.model)
     cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", info.kv_heads)
-    policy = QuantPolicy(info, **spec.options)
+    quant = spec.name == "quant"
+    policy = QuantPolicy(info, **spec.options) if quant else None  # a press: memory and fidelity only
+    if settings.activations is not None and not quant:
+        raise ConfigError(f"--activations: the outlier view is of a quant cache's scales; --cache {spec} is a press")
     if settings.activations is not None:
         layers = len(decoder_layers(lm.model))
         if not 0 <= settings.activations < layers:
             raise ConfigError(f"--activations {settings.activations}: the model has decoder layers 0..{layers - 1}")
     free = available_memory(lm.device)
-    tell("full-precision keys and values")
-    kv = capture_kv(lm, ids)
+    if quant:
+        tell("full-precision keys and values")
+    kv = capture_kv(lm, ids) if quant else []
     tell(f"fidelity of {spec}")
-    main = fidelity(lm, ids, spec, settings.feed, keep_steps=True, drive=drive)
+    main = fidelity(lm, ids, spec, settings.feed, keep_steps=True, drive=drive, prefill=settings.prefill)
     full_bytes = len(ids) * 2 * info.num_layers * info.kv_heads * info.head_dim
     memory = {**per_token_formula(info, heads), "tokens": len(ids), "kv_bytes": main.kv_bytes,
               "baseline_kv_bytes": held_bytes(lm, ids, parse_cache_spec("full")), "fp16_kv_bytes": full_bytes * 2,
               "available_bytes": free}
     sizes = [("context_length", lm.context_length)] + [("context", settings.context)]
     projections = [{"at": label, **projection(policy, tokens, settings.batch if label == "context" else 1, free)}
-                   for label, tokens in sizes if tokens]
-    report = QuantizeKVReport(str(spec), policy.layouts["key"].describe(), policy.layouts["value"].describe(),
-                              memory, projections, main, reconstruction(kv, policy),
-                              kv_outliers(kv, policy.bits, policy.group, settings.top), feed=settings.feed,
-                              stop_reason=main.stop_reason)
+                   for label, tokens in sizes if tokens and quant]
+    keys = policy.layouts["key"].describe() if quant else "score-based eviction"
+    values = policy.layouts["value"].describe() if quant else "score-based eviction"
+    report = QuantizeKVReport(str(spec), keys, values, memory, projections, main,
+                              reconstruction(kv, policy) if quant else [],
+                              kv_outliers(kv, policy.bits, policy.group, settings.top) if quant else [],
+                              feed=settings.feed, stop_reason=main.stop_reason)
     if settings.activations is not None:
         tell(f"activations of layer {settings.activations}")
         x = capture_activations(lm, ids, settings.activations)
@@ -392,6 +427,14 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
                               **outlier_view(x, [f"c{i}" for i in range(x.shape[-1])], policy.bits, policy.group,
                                              settings.top)}
     return report
+
+
+def ranking_cells(settings: QuantizeKVSettings) -> dict[str, CacheSpec]:
+    """The caches of ``--policies`` (label as typed -> spec), full first: each measured with ``fidelity``."""
+    if settings.policies is None:
+        return {}
+    given = {k: v for k, v in parse_policy_list(settings.policies).items() if v.name != "full"}
+    return {"full": parse_cache_spec("full"), **given}
 
 
 def grid_cells(settings: QuantizeKVSettings) -> list[CacheSpec]:

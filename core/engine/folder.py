@@ -87,11 +87,12 @@ def check_folder(spec: str, path: Path) -> Checked:
     return checked
 
 
-def check_files(where: str, path: Path) -> None:
-    """A folder needs a config, safetensors weights and a tokenizer; say which is missing before loading."""
+def check_files(where: str, path: Path, weights: bool = True) -> None:
+    """A folder needs a config, safetensors weights and a tokenizer; say which is missing before loading.
+    ``weights=False``: a config and a tokenizer are enough (a served engine holds the weights)."""
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{where}: {path} has no config.json, so it is not a model folder")
-    if not any(path.glob("*.safetensors")):
+    if weights and not any(path.glob("*.safetensors")):
         raise ModelLoadError(f"{where}: {path} has no .safetensors weights (decodelab loads safetensors only)")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise ModelLoadError(f"{where}: {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")

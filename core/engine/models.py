@@ -20,7 +20,7 @@ import torch
 from ..errors import ConfigError, ModelLoadError
 from ..inputs import check_text
 from .chat import chat_ids
-from .folder import check_folder, check_loaded, parameters_in
+from .folder import check_files, check_folder, check_loaded, parameters_in
 
 BUNDLED = ("tiny", "tiny-draft")
 # the windows the bundled models were trained on (presets/train_models.py: sequence length 256), shorter than the
@@ -64,34 +64,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-@dataclass
-class LoadedModel:
-    """A model, its tokenizer and the facts decoding needs about them."""
+def context_length_of(cfg) -> int | None:
+    """The positions a config allows, under whichever name its architecture uses."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
-    name: str
-    model: torch.nn.Module
-    tokenizer: object
-    device: torch.device
-    dtype: torch.dtype
-    eos_ids: list[int] = field(default_factory=list)
-    folder: Path | None = None  # where it was loaded from (its chat template's file is named from it)
 
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.get_output_embeddings().weight.shape[0])
-
-    @property
-    def context_length(self) -> int | None:
-        cfg = self.model.config
-        for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-            value = getattr(cfg, key, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return None
+class Vocabulary:
+    """What a tokenizer offers decoding (``self.name``, ``self.tokenizer``, ``self.folder``): encode, decode, token
+    texts, the id of a one-token text. Shared by a loaded model and a tokenizer loaded alone (for a served engine)."""
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         """Token ids of a prompt; with chat=True the tokenizer's chat template wraps it as one user turn."""
@@ -120,6 +104,55 @@ class LoadedModel:
                 f"{text!r} is {len(ids)} tokens for {self.name!r} ({ids}); give a single-token text or a token id"
             )
         return int(ids[0])
+
+
+
+@dataclass
+class LoadedModel(Vocabulary):
+    """A model, its tokenizer and the facts decoding needs about them."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    device: torch.device
+    dtype: torch.dtype
+    eos_ids: list[int] = field(default_factory=list)
+    folder: Path | None = None  # where it was loaded from (its chat template's file is named from it)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def context_length(self) -> int | None:
+        return context_length_of(self.model.config)
+
+
+@dataclass
+class LocalTokenizer(Vocabulary):
+    """A model's tokenizer and config without its weights: what a served engine needs locally (token ids in,
+    token texts out, the vocabulary to check the server's against). ``device`` and ``dtype`` are the server's
+    business."""
+
+    name: str
+    tokenizer: object
+    config: object
+    eos_ids: list[int] = field(default_factory=list)
+    folder: Path | None = None
+    device = None
+    dtype = None
+
+    @property
+    def vocab_size(self) -> int:
+        return int(getattr(self.config, "vocab_size", None) or len(self.tokenizer))
+
+    @property
+    def context_length(self) -> int | None:
+        return context_length_of(self.config)
 
 
 def hub_offline() -> None:
@@ -275,6 +308,29 @@ def import_failure(spec: str, device_map: str | None, exc: ImportError) -> str:
     return f"--model {spec}: loading it needs a module that failed to import: {first}"
 
 
+def load_tokenizer(spec: str = "tiny", trust_remote_code: bool = False) -> LocalTokenizer:
+    """A model's tokenizer, config and end ids, strictly offline, without its weights (a served engine holds them):
+    the folder needs a config and a tokenizer only."""
+    hub_offline()
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    folder = model_folder(spec)
+    check_files(f"--model {spec}", folder, weights=False)
+    common = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), **common)
+        config = AutoConfig.from_pretrained(str(folder), **common)
+    except Exception as exc:
+        raise ModelLoadError(_load_failure(spec, folder, "tokenizer", exc)) from exc
+    try:
+        generation = GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+    except Exception:  # no generation_config.json: the model config's own ids
+        generation = None
+    return LocalTokenizer(spec, tokenizer, config, end_ids(generation, config, tokenizer), folder)
+
+
 def _load_failure(spec: str, folder: Path, what: str, exc: Exception) -> str:
     first_line = str(exc).strip().splitlines()[0].rstrip(": ") if str(exc).strip() else type(exc).__name__
     return f"--model {spec}: cannot load the {what} from {folder} (safetensors only): {first_line}"
@@ -282,9 +338,12 @@ def _load_failure(spec: str, folder: Path, what: str, exc: Exception) -> str:
 
 def eos_token_ids(model, tokenizer) -> list[int]:
     """End-of-sequence ids from the generation config, the model config, then the tokenizer."""
+    return end_ids(getattr(model, "generation_config", None), model.config, tokenizer)
+
+
+def end_ids(generation_config, config, tokenizer) -> list[int]:
     candidates = []
-    gen = getattr(model, "generation_config", None)
-    for source in (getattr(gen, "eos_token_id", None), getattr(model.config, "eos_token_id", None),
+    for source in (getattr(generation_config, "eos_token_id", None), getattr(config, "eos_token_id", None),
                    getattr(tokenizer, "eos_token_id", None)):
         if source is None:
             continue

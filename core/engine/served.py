@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from .backend import Capabilities
 
 RAW = "raw"
 PROCESSED = "processed"
@@ -125,6 +127,8 @@ class Generated:
     finish_reason: str | None  # "length", "stop" (EOS or a stop token), ...
     labels: Labels
     request: dict = field(repr=False)
+    seconds: float = math.nan  # the request's wall time, sent to answered
+    cached_tokens: int | None = None  # prompt tokens the server read from its prefix cache, where it says
 
     @property
     def defects(self) -> tuple[str, ...]:
@@ -150,18 +154,10 @@ class SamplingSettings:
     logprobs: int = 5  # top N returned per step
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop_token_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a backend can do; a command that needs more is refused before it runs."""
-
-    score: bool  # per-position logprobs, ranks and top N of a given sequence
-    generate: bool
-    seeded: bool  # the same seed gives the same tokens
-    prompt_ranks: bool  # the rank of every scored token, not only of those in the top N
-    full_logits: bool  # the whole distribution per step (never, over HTTP)
-    max_top_n: int | None
+    stop: tuple[str, ...] = ()  # stop strings (the server matches them on its own detokenised text)
+    include_stop_str_in_output: bool = False
+    allowed_token_ids: tuple[int, ...] = ()  # an allow-list mask (empty: every token)
+    bad_words: tuple[str, ...] = ()  # texts never to produce (the server tokenises them)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -197,6 +193,17 @@ def _repeated(obj) -> dict:
     return getattr(obj, "repeated", {})
 
 
+def loads(text: str | bytes):
+    """JSON as an engine wrote it, every object remembering the keys it held more than once (``repeated``):
+    a repeated key is a defect Python's json would hide by keeping the last value."""
+    return json.loads(text, object_pairs_hook=_Object.from_pairs)
+
+
+def repeated_keys(obj) -> dict:
+    """The keys an object read by :func:`loads` held more than once -> every value they had."""
+    return _repeated(obj)
+
+
 def base_url(url: str) -> str:
     """``http://host:port`` from what a user gives (a trailing ``/`` or ``/v1`` is dropped)."""
     parts = urllib.parse.urlsplit(url.strip())
@@ -221,6 +228,14 @@ class Transport:
     def get(self, path: str) -> dict:
         return self._send(urllib.request.Request(self.url + path, method="GET"))
 
+    def get_text(self, path: str) -> str:
+        """A plain-text answer (Prometheus metrics)."""
+        req = urllib.request.Request(self.url + path, method="GET")
+        status, raw = self.exchange(req, f"GET {path}")
+        if status >= 300:
+            raise self.fail(f"GET {path}: HTTP {status}: {_server_message(raw)}")
+        return raw.decode(errors="replace")
+
     def post(self, path: str, body: dict) -> dict:
         data = json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method="POST",
@@ -235,7 +250,7 @@ class Transport:
         if status >= 400:
             raise self.fail(f"{where}: HTTP {status}: {_server_message(raw)}")
         try:
-            return json.loads(raw, object_pairs_hook=_Object.from_pairs)
+            return loads(raw)
         except ValueError:
             raise self.fail(f"{where}: the answer is not JSON ({raw[:80]!r})") from None
 
@@ -301,6 +316,9 @@ def _finite(value: float, masked: float | None) -> float:
     return -math.inf if masked is not None and value <= masked else float(value)
 
 
+read_value = _finite  # public: check-logprobs reads files with the same rule
+
+
 def _sorted_top(entries: dict[int, float], n: int) -> tuple[Alternative, ...]:
     """The n highest entries, highest first (ties by token id, as torch.topk's order is not part of any API)."""
     ranked = sorted(entries.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -332,6 +350,8 @@ class VllmAdapter:
 
     kind = "vllm"
     path = "/v1/completions"
+    tokenize_path = "/tokenize"
+    metrics_path = "/metrics"  # Prometheus text: vllm:prefix_cache_hits_total, vllm:prefix_cache_queries_total
     masked = VLLM_MASKED
 
     def __init__(self, logprobs_mode: str = "raw_logprobs", max_top_n: int = 20):
@@ -370,11 +390,25 @@ class VllmAdapter:
                 "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
                 "frequency_penalty": s.frequency_penalty, "seed": s.seed, "ignore_eos": s.ignore_eos,
                 "logprobs": s.logprobs, "logit_bias": {str(t): b for t, b in s.logit_bias.items()},
-                "stop_token_ids": list(s.stop_token_ids), "stop": [], "n": 1, "echo": False, "stream": False,
-                "skip_special_tokens": False, "include_stop_str_in_output": False, "add_special_tokens": False,
+                "stop_token_ids": list(s.stop_token_ids), "stop": list(s.stop),
+                "allowed_token_ids": list(s.allowed_token_ids) or None, "bad_words": list(s.bad_words),
+                "n": 1, "echo": False, "stream": False, "skip_special_tokens": False,
+                "include_stop_str_in_output": s.include_stop_str_in_output, "add_special_tokens": False,
                 "return_tokens_as_token_ids": True, "return_token_ids": True}
 
+    def tokenize_body(self, model: str, text: str, add_special_tokens: bool) -> dict:
+        # vllm/entrypoints/serve/tokenize/protocol.py TokenizeCompletionRequest
+        return {"model": model, "prompt": text, "add_special_tokens": add_special_tokens}
+
     # answers --------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def cached_tokens(resp: dict) -> int | None:
+        """usage.prompt_tokens_details.cached_tokens: only a server run with --enable-prompt-tokens-details
+        writes it."""
+        details = ((resp.get("usage") or {}).get("prompt_tokens_details") or {}) if isinstance(resp, dict) else {}
+        value = details.get("cached_tokens")
+        return int(value) if isinstance(value, int) else None
 
     def read_score(self, t: Transport, body: dict, resp: dict) -> tuple[Position, ...]:
         choice = _first_choice(t, resp)
@@ -460,8 +494,11 @@ class SglangAdapter:
 
     kind = "sglang"
     path = "/generate"
+    tokenize_path = None  # not in the versions read
+    metrics_path = None
     masked = None
     prompt_values = RAW
+    cached_tokens = staticmethod(lambda resp: None)
 
     def __init__(self, logprobs_mode: str = "processed_logprobs", max_top_n: int | None = None):
         if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
@@ -472,6 +509,8 @@ class SglangAdapter:
                                          full_logits=False, max_top_n=max_top_n)
 
     def check(self, s: SamplingSettings) -> str | None:
+        if s.allowed_token_ids or s.bad_words:
+            return "allowed_token_ids / bad_words: SGLang's /generate has no such field"
         return None
 
     def _sampling(self, s: SamplingSettings) -> dict:
@@ -480,7 +519,7 @@ class SglangAdapter:
                 "repetition_penalty": s.repetition_penalty, "presence_penalty": s.presence_penalty,
                 "frequency_penalty": s.frequency_penalty, "sampling_seed": s.seed, "ignore_eos": s.ignore_eos,
                 "logit_bias": {str(t): b for t, b in s.logit_bias.items()},
-                "stop_token_ids": list(s.stop_token_ids), "skip_special_tokens": False, "n": 1}
+                "stop_token_ids": list(s.stop_token_ids), "stop": list(s.stop), "skip_special_tokens": False, "n": 1}
 
     def score_body(self, model: str, ids: Sequence[int], top_n: int) -> dict:
         sampling = self._sampling(SamplingSettings(max_tokens=1, logprobs=top_n))
@@ -536,7 +575,13 @@ class LlamacppAdapter:
     kind = "llamacpp"
     prompt_values = RAW
     path = "/completion"
+    tokenize_path = "/tokenize"  # tools/server: {"content", "add_special"} -> {"tokens"}
+    metrics_path = None
     masked = -3.0e38  # llama.cpp writes log(0) as the lowest float
+    cached_tokens = staticmethod(lambda resp: None)
+
+    def tokenize_body(self, model: str, text: str, add_special_tokens: bool) -> dict:
+        return {"content": text, "add_special": add_special_tokens}
 
     def __init__(self, logprobs_mode: str = "raw_logprobs", max_top_n: int | None = None):
         if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
@@ -544,13 +589,15 @@ class LlamacppAdapter:
                               f"not {logprobs_mode!r}")
         self.values = VLLM_MODES[logprobs_mode]
         self.capabilities = Capabilities(score=False, generate=True, seeded=True, prompt_ranks=False,
-                                         full_logits=False, max_top_n=max_top_n)
+                                         full_logits=False, max_top_n=max_top_n, replay=False)
 
     def check(self, s: SamplingSettings) -> str | None:
         if s.min_tokens:
             return "min_tokens: llama.cpp's server has no such field"
         if s.stop_token_ids:
             return "stop_token_ids: llama.cpp's server has no such field"
+        if s.allowed_token_ids or s.bad_words:
+            return "allowed_token_ids / bad_words: llama.cpp's server has no such field"
         return None
 
     def score_body(self, model: str, ids: Sequence[int], top_n: int) -> dict:
@@ -567,7 +614,7 @@ class LlamacppAdapter:
                 "post_sampling_probs": self.values == PROCESSED,
                 "logit_bias": [[t, b] for t, b in s.logit_bias.items()],
                 "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"], "return_tokens": True,
-                "cache_prompt": False, "stream": False}
+                "stop": list(s.stop), "cache_prompt": False, "stream": False}
 
     def read_score(self, t: Transport, body: dict, resp: dict):
         raise t.fail("llama.cpp's server returns no prompt logprobs")
@@ -694,10 +741,82 @@ class ServedEngine:
         if refused:
             raise self.transport.fail(refused)
         body = self.adapter.generate_body(self.model, ids, settings)
+        started = time.perf_counter()
         resp = self.transport.post(self.adapter.path, body)
+        seconds = time.perf_counter() - started
         self._check_answer_model(resp)
         new_ids, steps, finish = self.adapter.read_generation(self.transport, body, resp)
-        return Generated(self.model, tuple(ids), new_ids, steps, finish, self.labels(settings.logprobs), body)
+        return Generated(self.model, tuple(ids), new_ids, steps, finish, self.labels(settings.logprobs), body,
+                         seconds, self.adapter.cached_tokens(resp))
+
+    # the server's tokenizer, its prefix cache, its logprobs mode ------------------------------------------------
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int] | None:
+        """The server's token ids for ``text`` (None: the server kind has no tokenize endpoint)."""
+        if self.adapter.tokenize_path is None:
+            return None
+        resp = self.transport.post(self.adapter.tokenize_path,
+                                   self.adapter.tokenize_body(self.model, text, add_special_tokens))
+        tokens = resp.get("tokens") if isinstance(resp, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(i, int) for i in tokens):
+            raise self.transport.fail(f"POST {self.adapter.tokenize_path}: the answer has no token ids")
+        return tokens
+
+    def prefix_cache_counters(self) -> dict[str, float] | None:
+        """The server's prefix-cache counters since it started, in tokens: ``hits`` (read from the cache) and
+        ``queries`` (looked up), summed over its engines; None where the server kind exports none. Server-wide:
+        other clients' requests count too."""
+        if self.adapter.metrics_path is None:
+            return None
+        text = self.transport.get_text(self.adapter.metrics_path)
+        return {"hits": prometheus_sum(text, "vllm:prefix_cache_hits_total"),
+                "queries": prometheus_sum(text, "vllm:prefix_cache_queries_total")}
+
+    def detect_logprobs_mode(self, probe_ids: Sequence[int], tolerance: float = 1e-3) -> str:
+        """What the server's generation logprobs are, found by one probe, not assumed: one token at temperature
+        0.5 with top-k 2 (logprobs 2), then the same sequence scored (prompt values: raw, in every mode). For the
+        two kept tokens a, b with generation values v and replay values r (docs/engines.md, "the probe"):
+
+            raw modes:        v_a - v_b = r_a - r_b              (logits: some value > 0, or sum exp v > 1)
+            processed modes:  v_a - v_b = (r_a - r_b) / 0.5      (logprobs: log(exp v_a + exp v_b) = 0, the two
+                                                                  kept tokens renormalised)
+
+        The adapter is then rebuilt for the mode found, which is returned."""
+        g = self.generate(probe_ids, PROBE)
+        step = g.steps[0]
+        replay = self.score(list(probe_ids) + [step.token_id], top_n=2).positions[-1]
+        v = {a.token_id: a.logprob for a in step.top if math.isfinite(a.logprob)}
+        r = {a.token_id: a.logprob for a in replay.top}
+        pair = [t for t in v if t in r][:2]
+        if len(pair) < 2 or abs(r[pair[0]] - r[pair[1]]) < 10 * tolerance:
+            raise self.transport.fail("cannot tell the server's --logprobs-mode: the probe's two kept tokens are "
+                                      "tied or not both listed")
+        a, b = pair
+        dv, dr = v[a] - v[b], r[a] - r[b]
+        logits = max(v.values()) > tolerance or math.fsum(math.exp(x) for x in v.values()) > 1 + tolerance
+        if abs(dv - dr) < tolerance:
+            mode = "raw_logits" if logits else "raw_logprobs"
+        elif abs(dv - dr / PROBE.temperature) < tolerance:
+            normalised = abs(math.log(math.fsum(math.exp(x) for x in (v[a], v[b])))) < tolerance
+            mode = "processed_logprobs" if normalised else "processed_logits"
+        else:
+            raise self.transport.fail(f"cannot tell the server's --logprobs-mode: the probe's logprob gap {dv:.4f} "
+                                      f"is neither the raw gap {dr:.4f} nor the tempered one {dr / 0.5:.4f}")
+        self.use_mode(mode)
+        return mode
+
+    def use_mode(self, logprobs_mode: str) -> None:
+        """Read the generation values as ``logprobs_mode`` from now on (the adapter rebuilt for it)."""
+        try:
+            self._adapter = ADAPTERS[self.adapter.kind](logprobs_mode, self._max_top_n)
+        except EngineError as e:
+            raise self.transport.fail(str(e)) from None
+        self._mode = logprobs_mode
+
+    @property
+    def logprobs_mode(self) -> str:
+        """The mode the generation values are read as (the adapter's; see :meth:`detect_logprobs_mode`)."""
+        return {v: k for k, v in VLLM_MODES.items()}[self.adapter.values]
 
     def _check_top_n(self, n: int) -> None:
         cap = self.capabilities.max_top_n
@@ -709,6 +828,22 @@ class ServedEngine:
         answered = resp.get("model") if isinstance(resp, dict) else None
         if answered is not None and self.adapter.kind == "vllm" and answered != self.model:
             raise self.transport.fail(f"answered for model {answered!r}, not {self.model!r} (model name mismatch)")
+
+
+# the logprobs-mode probe: two kept tokens (top-k 2) at temperature 0.5, seeded, one token
+PROBE = SamplingSettings(max_tokens=1, temperature=0.5, top_k=2, seed=0, logprobs=2, ignore_eos=True)
+
+
+def prometheus_sum(text: str, name: str) -> float:
+    """The sum of a Prometheus counter's samples over its label sets (``name{labels} value`` lines)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return total
 
 
 def _check_ids(t: Transport, ids: Sequence[int], minimum: int) -> list[int]:

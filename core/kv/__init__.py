@@ -17,6 +17,8 @@ from .protocol import (
                        listing,
                        make_policy,
                        parse_cache_spec,
+                       parse_policy_list,
+                       split_policy_list,
                        policy_capabilities,
                        register,
                        require,
@@ -24,4 +26,5 @@ from .protocol import (
 )
 
 __all__ = ["ALIASES", "CAPABILITIES", "POLICIES", "CacheSpec", "KVPolicy", "ModelInfo", "Rotary", "listing",
-           "make_policy", "parse_cache_spec", "policy_capabilities", "register", "require", "tensor_nbytes"]
+           "make_policy", "parse_cache_spec", "parse_policy_list", "policy_capabilities", "register", "require",
+           "split_policy_list", "tensor_nbytes"]

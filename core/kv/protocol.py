@@ -258,3 +258,32 @@ def listing() -> list[dict]:
     return rows
 
 
+
+
+def split_policy_list(text: str) -> list[str]:
+    """'snapkv:ratio=0.5,window=8,h2o:size=64,full' -> ['snapkv:ratio=0.5,window=8', 'h2o:size=64', 'full']: pieces
+    are split on ',' (or on ';' when the text has one); a piece that is a bare name (``full``, ``int8``) or starts
+    ``NAME:`` begins a policy, any other ``key=value`` belongs to the policy before it."""
+    pieces = [p.strip() for p in str(text).split(";" if ";" in str(text) else ",") if p.strip()]
+    groups: list[list[str]] = []
+    for piece in pieces:
+        head = piece.partition("=")[0]
+        if "=" not in piece or ":" in head or not groups:
+            groups.append([piece])
+        else:
+            groups[-1].append(piece)
+    return [",".join(g) for g in groups]
+
+
+def parse_policy_list(text: str, option: str = "--policies") -> dict[str, CacheSpec]:
+    """Each policy of a list (:func:`split_policy_list`) as typed -> its CacheSpec, every spec checked, none twice."""
+    texts = split_policy_list(text)
+    if not texts:
+        raise ConfigError(f"{option} {text!r}: names no policy; give specs such as snapkv:ratio=0.5,h2o:size=64")
+    out: dict[str, CacheSpec] = {}
+    for item in texts:
+        spec = parse_cache_spec(item, option)
+        if any(str(spec) == str(other) for other in out.values()):
+            raise ConfigError(f"{option} {text!r}: {spec} is named twice")
+        out[item] = spec
+    return out

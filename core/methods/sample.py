@@ -29,7 +29,7 @@ from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, select
 from ..settings import _check
 from ..trace.records import Alternative, StageStat, Step, Tally, summarize
-from ..trace.stats import Numbers, pack, unpack
+from ..trace.stats import Numbers, kept_ids, pack, unpack
 from ..trace.why import decide
 
 
@@ -162,7 +162,7 @@ class Sampler(Run):
 
     def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5,
                  cache: CacheSpec | None = None, runtime: Runtime | None = None, record: bool = True,
-                 keep_steps: bool = True):
+                 keep_steps: bool = True, kept: bool = False):
         self.model, self.prompt_ids, self.chain, self.selector = model, list(prompt_ids), chain, selector
         self.rules, self.token_text, self.detok, self.top = rules, token_text, detok, top
         self.cache, self.runtime, self.record, self.keep_steps = cache, runtime, record, keep_steps
@@ -170,6 +170,8 @@ class Sampler(Run):
         self.steps: list[Step] = []
         self.tally = Tally()
         self.watch: Stopwatch | None = None
+        self.kept = kept  # also record, per step, the ids that survive each stage (--kept-ids)
+        self.kept_sets: list[dict] = []  # {index, stages: [{name, kept, ids}]} per step
 
     def __iter__(self) -> Iterator[Step]:
         runtime = self.runtime or Runtime.create(self.model, self.cache,
@@ -186,6 +188,8 @@ class Sampler(Run):
             step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, names,
                               getattr(self.selector, "last_race", None) is None)
             self.tally.add(step)
+            if self.kept:
+                self.kept_sets.append({"index": index, "stages": kept_ids(out.stages)})
             if self.keep_steps:
                 self.steps.append(step)
             self.watch.lap("trace")
@@ -215,11 +219,11 @@ class Sampler(Run):
 
 
 def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain | None = None,
-                  record: bool = True) -> Sampler:
+                  record: bool = True, kept: bool = False) -> Sampler:
     selector = semantics_plan(settings).make_selector(settings.seed, lm.device)
     chain = chain or make_chain(lm, settings, getattr(selector, "generator", None))
     rules = stop_rules(lm, settings)
     runtime = runtime_for(lm, settings.cache_spec, len(prompt_ids) + rules.max_new_tokens,
                           compile=settings.compile)
     return Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
-                   runtime=runtime, record=record)
+                   runtime=runtime, record=record, kept=kept)

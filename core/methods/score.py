@@ -32,6 +32,7 @@ from ..kv import CacheSpec, parse_cache_spec
 from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
+from ..trace.stats import kept_ids
 from .choice import check_choice_settings
 
 
@@ -40,15 +41,18 @@ class ScoreSettings(ChainSettings):
     limit: int | None = None  # score only the first N tokens of the text
     chunk: int | None = None  # perplexity per chunk of N scored tokens
     feed: int | None = None  # tokens per forward (default: the whole text at once)
+    prefill: int | None = None  # the first forward's tokens (the prompt a press compresses); then `feed` a forward
     against: str | None = None  # a reference model (same tokenizer)
     against_cache: str | None = None  # a reference cache policy (the same model unless --against)
     top: int = 10  # tokens listed in `most_different`
+    renormalize: bool = False  # also each token's raw log-probability renormalized over the chain's kept set
+    kept_ids: bool = False  # also, per position, the ids that survive each stage of the chain
     min_mass: float = 1e-6  # --choice: token paths whose model and sampler mass are both below it are not walked
 
 
 def validate_score(s: ScoreSettings) -> None:
     validate_chain(s)
-    for key in ("limit", "chunk", "feed"):
+    for key in ("limit", "chunk", "feed", "prefill"):
         value = getattr(s, key)
         if value is not None:
             _check(value >= 1, key, value, "must be an integer >= 1")
@@ -71,6 +75,9 @@ class ScoredToken:
     reference_logprob: float | None = None
     kl: float | None = None  # KL(reference || candidate), nats
     agree: bool | None = None  # same argmax as the reference
+    kept_mass: float | None = None  # sum of the raw probabilities of the tokens the chain keeps (--renormalize)
+    kept_logprob: float | None = None  # raw_logprob - log kept_mass: renormalized over the kept set (-inf: removed)
+    kept_sets: list[dict] | None = None  # per stage {name, kept, ids} (--kept-ids; ids None: every token)
 
     def logprob_difference(self) -> float:
         """raw_logprob - reference_logprob: how much more (> 0) or less likely the candidate found this token."""
@@ -81,6 +88,11 @@ class ScoredToken:
         if self.kl is None:
             for key in ("reference_logprob", "kl", "agree"):
                 out.pop(key)
+        if self.kept_mass is None:
+            for key in ("kept_mass", "kept_logprob"):
+                out.pop(key)
+        if self.kept_sets is None:
+            out.pop("kept_sets")
         return out
 
 
@@ -105,6 +117,19 @@ class ScoreSummary:
     kl_mean: float | None = None
     top1_agreement: float | None = None
     most_different: list[dict] = field(default_factory=list)  # largest |logprob - reference_logprob|
+    # --renormalize, over tokens the chain keeps: the importance ratio p_raw / p_processed a trainer sees when the
+    # text was sampled under the chain, before and after renormalizing p_raw over the kept set
+    importance_ratio_mean: float | None = None
+    importance_ratio_kept_mean: float | None = None
+
+
+def blocks(tokens: int, feed: int, prefill: int | None = None) -> list[tuple[int, int]]:
+    """[start, end) of each forward over positions 0 .. tokens - 2 (the last token is never fed): the first
+    ``prefill`` tokens in one forward (the prompt a press that compresses once compresses), then ``feed`` a forward."""
+    first = min(prefill or feed, tokens - 1)
+    out = [(0, first)] if first > 0 else []
+    out += [(a, min(a + feed, tokens - 1)) for a in range(first, tokens - 1, feed)]
+    return out
 
 
 def processed_logprobs(chain: Chain, ids: Tensor, logits: Tensor, start: int) -> Tensor:
@@ -155,8 +180,7 @@ class Scorer(Run):
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
-        for start in range(0, T - 1, feed):
-            end = min(start + feed, T - 1)
+        for start, end in blocks(T, feed, self.s.prefill):
             logits = runtime.feed(ids[:, start:end], keep="all")[0]
             ref_logits = ref.feed(ids[:, start:end].to(ref.device), keep="all")[0].to(device) if ref else None
             rows = self._block(ids, logits, ref_logits, start, end)
@@ -173,8 +197,12 @@ class Scorer(Run):
         chosen = raw.gather(-1, targets[:, None])[:, 0]
         rank = (raw > chosen[:, None]).sum(dim=-1) + 1
         ent = torch.special.entr(raw.exp()).sum(dim=-1)
-        proc = processed_logprobs(self.chain, ids, logits, start).gather(-1, targets[:, None])[:, 0]
+        proc_all = processed_logprobs(self.chain, ids, logits, start)
+        proc = proc_all.gather(-1, targets[:, None])[:, 0]
         cols = [targets.float(), chosen, rank.float(), ent, proc]
+        if self.s.renormalize:  # log sum_{k kept} p_raw(k); kept_logprob = raw_logprob - that (the token removed: -inf)
+            log_mass = torch.logsumexp(raw.masked_fill(~torch.isfinite(proc_all), float("-inf")), dim=-1)
+            cols += [log_mass.exp(), torch.where(torch.isfinite(proc), chosen - log_mass, float("-inf"))]
         if ref_logits is not None:
             ref_raw = torch.log_softmax(ref_logits.float(), dim=-1)
             p_ref = ref_raw.exp()
@@ -187,9 +215,16 @@ class Scorer(Run):
             t = int(host[0][i])
             row = ScoredToken(start + 1 + i, t, self.token_text(t), host[1][i], int(host[2][i]), host[3][i],
                               host[4][i])
+            if self.s.renormalize:
+                row.kept_mass, row.kept_logprob = host[5][i], host[6][i]
             if ref_logits is not None:
-                row.reference_logprob, row.kl, row.agree = host[5][i], host[6][i], bool(host[7][i])
+                k = 7 if self.s.renormalize else 5
+                row.reference_logprob, row.kl, row.agree = host[k][i], host[k + 1][i], bool(host[k + 2][i])
             out.append(row)
+        if self.s.kept_ids:
+            for r, row in enumerate(out):
+                _, stages = self.chain.run_recorded(ids[:, : start + 1 + r], logits[r : r + 1])
+                row.kept_sets = kept_ids(stages)
         return out
 
     def summary(self) -> ScoreSummary:
@@ -207,6 +242,12 @@ class Scorer(Run):
             processed_mean_logprob=sum(s.logprob for s in steps) / n if n else float("nan"), chunks=chunks,
             tokens_per_s=self.watch.timing.tokens_per_s(n) if self.watch else float("nan"),
             stop_reason=self.stop_reason)
+        if self.s.renormalize:
+            kept = [s for s in steps if math.isfinite(s.logprob)]
+            if kept:
+                summary.importance_ratio_mean = sum(math.exp(s.raw_logprob - s.logprob) for s in kept) / len(kept)
+                summary.importance_ratio_kept_mean = sum(math.exp(s.kept_logprob - s.logprob)
+                                                         for s in kept) / len(kept)
         if self.reference is not None and n:
             summary.reference = self.reference_name
             summary.reference_perplexity = math.exp(-sum(s.reference_logprob for s in steps) / n)

@@ -22,11 +22,12 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 
 from ..analysis.attention import _has_rotary
+from ..analysis.probe import ProbeSettings, check_probe
 from ..engine.run import Run
 from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
-from ..kv import make_policy, parse_cache_spec
+from ..kv import POLICIES, make_policy, parse_cache_spec, parse_policy_list
 from ..sampling.chain import Chain
 from ..sampling.select import make_selector
 from ..sampling.settings import ChainSettings
@@ -47,6 +48,11 @@ class StreamSettings(SampleSettings):
     sinks: int = 4  # --compare-policies and --attention: the first S positions
     compare_policies: bool = False
     attention: bool = False
+    policies: str | None = None  # --compare-policies: the specs to rank (default: policy_set's place-based ones)
+    prefill: int | None = None  # tokens of the first forward when scoring (the prompt a press compresses)
+    probe: bool = False  # the retrieval probe (core/analysis/probe.py) over the text
+    probe_keys: tuple[str, ...] = ()  # its passkeys (default: two random 5-digit keys from --seed)
+    probe_depths: str = "0.1,0.5,0.9"  # where the needle goes, fractions of the filler
 
 
 def validate_stream(s: StreamSettings) -> None:
@@ -54,12 +60,43 @@ def validate_stream(s: StreamSettings) -> None:
     check_unbounded(s.max_new_tokens, "stream runs past the context")
     for key in ("chunk", "feed", "window"):
         _check(getattr(s, key) >= 1, key, getattr(s, key), "must be an integer >= 1")
+    _check(s.prefill is None or s.prefill >= 1, "prefill", s.prefill, "must be an integer >= 1")
+    check_probe(ProbeSettings(keys=s.probe_keys, depths=probe_depths(s)))
+    if s.policies is not None:
+        if not s.compare_policies:
+            raise ConfigError("--policies: ranks policies with --compare-policies; add it (or give one --cache)")
+        for spec in parse_policy_list(s.policies).values():
+            if compresses_once(spec) and s.prefill is None:
+                raise ConfigError(f"--policies {spec}: it compresses once, after the prompt, and a scored text has no "
+                                  "prompt; give --prefill N (the first N tokens are its prompt)")
     _check(s.limit is None or s.limit >= 2, "limit", s.limit, "must be an integer >= 2")
     _check(0 <= s.sinks < s.window, "sinks", s.sinks, f"must be >= 0 and below --window ({s.window})")
 
 
+def compresses_once(spec) -> bool:
+    """A press that compresses once, after the first forward (snapkv, pyramidkv, compress=prefill)."""
+    cls = POLICIES[spec.name]
+    return getattr(cls, "default_compress", None) is not None and (
+        spec.options.get("compress") or cls.default_compress) == "prefill"
+
+
+def probe_depths(s: StreamSettings) -> tuple[float, ...]:
+    """--probe-depths '0.1,0.5,0.9' -> floats in [0, 1]."""
+    try:
+        depths = tuple(float(d) for d in s.probe_depths.split(",") if d.strip())
+    except ValueError:
+        depths = (-1.0,)
+    _check(bool(depths) and all(0 <= d <= 1 for d in depths), "probe_depths", s.probe_depths,
+           "must be fractions in [0, 1], e.g. 0.1,0.5,0.9")
+    return depths
+
+
 def policy_set(s: StreamSettings) -> dict[str, str]:
-    """--compare-policies: label -> spec, every bounded cache holding --window tokens."""
+    """--compare-policies: label -> spec: with --policies, full and the policies given (labelled as typed);
+    else every place-based bounded cache holding --window tokens."""
+    if s.policies is not None:
+        given = {label: str(spec) for label, spec in parse_policy_list(s.policies).items() if spec.name != "full"}
+        return {"full": "full", **given}
     w, k = s.window, s.sinks
     return {"full": "full", "window keep": f"window:size={w},positions=keep",
             "window rerotate": f"window:size={w},positions=rerotate",
@@ -98,6 +135,9 @@ class StreamSummary:
     stop_reason: str
     chunks: list[StreamChunk] = field(default_factory=list)
     mean_logprob: float | None = None  # generation: processed (what the selector drew from)
+    kl_mean: float | None = None  # against the full cache (--compare-policies): mean KL(full || policy), nats
+    top1_agreement: float | None = None  # fraction of tokens whose argmax equals the full cache's
+    top1_flips: int | None = None  # tokens whose argmax differs from the full cache's
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,17 +145,23 @@ class StreamSummary:
 
 def score_settings(s: StreamSettings, feed: int | None = None) -> ScoreSettings:
     chain = {f.name: getattr(s, f.name) for f in fields(ChainSettings)}
-    return ScoreSettings(**chain, limit=s.limit, chunk=s.chunk, feed=feed or s.feed, top=0)
+    return ScoreSettings(**chain, limit=s.limit, chunk=s.chunk, feed=feed or s.feed, prefill=s.prefill, top=0)
 
 
 class StreamScore(Run):
     """Iterate for one :class:`StreamChunk` per ``chunk`` scored tokens; ``summary()`` afterwards."""
 
     def __init__(self, model, token_ids: list[int], chain: Chain, token_text, settings: StreamSettings,
-                 cache: str | None = None, feed: int | None = None):
+                 cache: str | None = None, feed: int | None = None, against_full: bool = False):
+        """``against_full``: score the full cache in lockstep (KL and top-1 flips against it, as ``score
+        --against-cache full`` with the same feed)."""
         self.spec = parse_cache_spec(cache) if cache else settings.cache_spec
         self.chunk = settings.chunk
-        self.scorer = Scorer(model, token_ids, chain, token_text, score_settings(settings, feed), self.spec)
+        self.against_full = against_full  # the full cache against itself is not run: KL 0, no flips
+        reference = dict(reference=model, reference_cache=parse_cache_spec("full"), reference_name="full") \
+            if against_full and self.spec.name != "full" else {}
+        self.scorer = Scorer(model, token_ids, chain, token_text, score_settings(settings, feed), self.spec,
+                             **reference)
         self.chunks: list[StreamChunk] = []
         self.stop_reason = "end"
         self.seconds = 0.0
@@ -153,10 +199,18 @@ class StreamScore(Run):
         chunks = self.chunks
         tokens = sum(c.tokens for c in chunks)
         nll = sum(c.tokens * math.log(c.perplexity) for c in chunks)
-        return StreamSummary(str(self.spec), tokens, math.exp(nll / tokens) if tokens else float("nan"),
-                             max((c.cache_tokens for c in chunks), default=0),
-                             max((c.kv_bytes for c in chunks), default=0),
-                             tokens / self.seconds if self.seconds else float("nan"), self.stop_reason, chunks)
+        out = StreamSummary(str(self.spec), tokens, math.exp(nll / tokens) if tokens else float("nan"),
+                            max((c.cache_tokens for c in chunks), default=0),
+                            max((c.kv_bytes for c in chunks), default=0),
+                            tokens / self.seconds if self.seconds else float("nan"), self.stop_reason, chunks)
+        steps = self.scorer.steps
+        if self.against_full and self.spec.name == "full" and steps:
+            out.kl_mean, out.top1_agreement, out.top1_flips = 0.0, 1.0, 0
+        elif self.scorer.reference is not None and steps:
+            out.kl_mean = sum(r.kl for r in steps) / len(steps)
+            out.top1_flips = sum(not r.agree for r in steps)
+            out.top1_agreement = sum(r.agree for r in steps) / len(steps)  # as score's summary computes it
+        return out
 
 
 def compare_policies(model, token_ids: list[int], chain: Chain, token_text, settings: StreamSettings,
@@ -167,7 +221,8 @@ def compare_policies(model, token_ids: list[int], chain: Chain, token_text, sett
         exact_at_any_feed = label in ("full", "recompute")
         try:
             run = StreamScore(model, token_ids, chain, token_text, settings, spec,
-                              feed=max(settings.chunk, settings.feed) if exact_at_any_feed else None)
+                              feed=max(settings.chunk, settings.feed) if exact_at_any_feed else None,
+                              against_full=True)
             if info is not None:
 
                 make_policy(run.spec, info)  # refuse here (one line) rather than after the other policies ran

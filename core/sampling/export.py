@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from ..engine.served import SamplingSettings
 from ..errors import ConfigError
 from .semantics import (
     ENGINE_NAMES,
@@ -288,3 +289,44 @@ def _llamacpp_constraint(spec: ConstraintSpec | None, out: Export) -> list[str]:
     what = "a Lark grammar (llama.cpp reads GBNF)" if spec.kind == "grammar" else "a regex (llama.cpp has none)"
     out.unsupported.append(f"{spec}: {what}")
     return []
+
+
+# --- a served engine's request ------------------------------------------------------------------------------------
+
+# vLLM export keyword -> the served client's field (every other field keeps its neutral value: stage off)
+SERVED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "min_tokens", "seed", "max_tokens", "stop", "include_stop_str_in_output",
+                 "stop_token_ids", "ignore_eos", "logit_bias", "allowed_token_ids", "bad_words")
+
+
+def served_settings(settings, top: int, vocab: int, encode=None, token_id=None,
+                    eos_ids=()) -> tuple[SamplingSettings, list[str]]:
+    """The request a served engine gets for ``settings`` (SampleSettings): the settings read as vLLM reads them
+    (``--semantics vllm``: its order, off-values, output-only penalty counting), exported as vLLM's sampling
+    parameters (:func:`export`), every field of the request then written out (a field left out would be filled
+    from the model's generation_config by the server). A stage vLLM has no equivalent for is refused with one
+    line; ``top``: alternatives per step. Returns the request's settings and the export's notes."""
+    if settings.semantics not in (None, "vllm"):
+        raise ConfigError(f"--semantics {settings.semantics}: a served engine reads the settings as vLLM does; "
+                          "drop --semantics or give vllm")
+    if settings.penalty_last_n is not None:  # vLLM's reading would drop it with a note: refused, not ignored
+        raise ConfigError("--penalty-last-n: vLLM's penalties count the whole sequence (a served engine has no "
+                          "window); drop it or run without --engine")
+    out = export(replace(settings, semantics="vllm"), "vllm", vocab, encode, token_id, eos_ids)
+    if out.unsupported:
+        name, _, why = out.unsupported[0].partition(": ")
+        option = BY_NAME[name].params[0].option if name in BY_NAME else "--" + name.replace("_", "-")
+        raise ConfigError(f"{option}: {why} (a served engine has no equivalent); drop it or run without --engine")
+    unsent = [k for k in out.arguments if k not in SERVED_FIELDS]
+    if unsent:  # written by the export but not by the client (vLLM's structured_outputs): refused, never dropped
+        raise ConfigError(f"--engine: {unsent[0]} (a constraint stage) is not sent to a served engine; drop "
+                          "--regex/--json-schema/--grammar/--choice or run without --engine")
+    kw = dict(out.arguments)
+    for key in ("stop", "stop_token_ids", "allowed_token_ids", "bad_words"):
+        if key in kw:
+            kw[key] = tuple(kw[key])
+    if "logit_bias" in kw:
+        kw["logit_bias"] = {int(t): float(b) for t, b in kw["logit_bias"].items()}
+    if "top_k" in kw and kw["top_k"] is None:
+        kw.pop("top_k")
+    return SamplingSettings(logprobs=top, **kw), list(out.notes)

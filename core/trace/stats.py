@@ -151,3 +151,23 @@ def stage_table(stages: list[tuple[str, Tensor]]) -> list[tuple[StageStat, Tenso
     probs, stats = stage_probs_and_stats(stages)
     host = stats.tolist()
     return [(StageStat(name, int(k), h, m), probs[i]) for i, ((name, _), (k, h, m)) in enumerate(zip(stages, host))]
+
+
+def kept_ids(stages: list[tuple[str, Tensor]]) -> list[dict]:
+    """Per stage (raw excluded), the token ids that survive it (a finite logit): ``{name, kept, ids}``, ``ids``
+    None where every token of the vocabulary survives (the list would be the whole vocabulary). The masks of every
+    stage are stacked and read in one transfer."""
+    named = [(name, z.reshape(-1)) for name, z in stages if name != "raw"]
+    if not named:
+        return []
+    alive = torch.stack([torch.isfinite(z) for _, z in named])  # [S, V]
+    vocab = alive.shape[-1]
+    counts = alive.sum(dim=-1)
+    rows, cols = alive.nonzero(as_tuple=True)
+    host_counts, host_rows, host_cols = counts.tolist(), rows.tolist(), cols.tolist()
+    out = [{"name": name, "kept": int(n), "ids": None if n == vocab else []}
+           for (name, _), n in zip(named, host_counts)]
+    for r, c in zip(host_rows, host_cols):
+        if out[r]["ids"] is not None:
+            out[r]["ids"].append(c)
+    return out

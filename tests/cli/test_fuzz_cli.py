@@ -90,18 +90,20 @@ BENCH_OPTIONS = {"--rounds": ["1", "0", "-1", "x"], "--gammas": ["1", "2", ",", 
 BATCH_OPTIONS = {"--max-batch": INTS, "--max-tokens-per-iteration": INTS, "--block-size": INTS, "--blocks": INTS,
                  "--baselines": ["none", "static", "", "x", "static,static"], "--rows": ["requests", "iterations", "",
                                                                                        "x"]}
+ENGINE_OPTIONS = {"--engine": ["http://127.0.0.1:9", "127.0.0.1:8000", "", "ftp://x", NON_UTF8],
+                  "--engine-timeout": ["1", "0", "-1", "x", "nan"], "--engine-model": ["tiny", ""]}
 BEAM_CHAIN = {k: CHAIN_OPTIONS[k] for k in ("--repetition-penalty", "--no-repeat-ngram", "--logit-bias", "--chain",
                                            *CONSTRAINT_OPTIONS)}
 MODEL_OPTIONS = {k: v for k, v in RUN_OPTIONS.items() if k in ("--format", "--device", "--dtype", "--model")}
 COMMAND_OPTIONS = {
-    "sample": {**RUN_OPTIONS, **CHAIN_OPTIONS, **SAMPLER_OPTIONS, "--cache": CACHES},
+    "sample": {**RUN_OPTIONS, **CHAIN_OPTIONS, **SAMPLER_OPTIONS, **ENGINE_OPTIONS, "--cache": CACHES},
     "probs": {**{k: v for k, v in RUN_OPTIONS.items() if k not in ("-n", "--stop")}, **CHAIN_OPTIONS,
               "--cache": CACHES},
     "beam": {**{k: v for k, v in RUN_OPTIONS.items() if k not in ("--stop", "--top")}, **BEAM_CHAIN, **BEAM_OPTIONS,
              "--cache": CACHES},
     "speculate": {**RUN_OPTIONS, **CHAIN_OPTIONS, **SPEC_OPTIONS, "--cache": CACHES},
-    "score": {**MODEL_OPTIONS, **CHAIN_OPTIONS, **SCORE_OPTIONS, "--top": INTS, "--preset": PRESETS, "--set": SETS,
-              "--cache": CACHES},
+    "score": {**MODEL_OPTIONS, **CHAIN_OPTIONS, **SCORE_OPTIONS, **ENGINE_OPTIONS, "--top": INTS, "--preset": PRESETS,
+              "--set": SETS, "--cache": CACHES},
     "stream": {**RUN_OPTIONS, **CHAIN_OPTIONS, **STREAM_OPTIONS, "--cache": CACHES},
     "quantize-kv": {**MODEL_OPTIONS, **QUANT_OPTIONS, "--top": INTS, "--cache": CACHES},
     "compare": {**{k: v for k, v in RUN_OPTIONS.items() if k in ("-n", "--stop", "--format", "--model")},

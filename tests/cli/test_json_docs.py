@@ -49,14 +49,16 @@ def fields(obj, path: str = "top", wild: frozenset = frozenset()) -> set[tuple[s
 RUNS = {
     "sample": [["sample", "Once upon", "-n", "4", "-t", "0.7", "--top-p", "0.9", "--top", "3"],
                ["sample", "Once upon", "-n", "3", "-t", "0.9", "-N", "3"],
-               ["sample", "Once upon", "-n", "4", "-t", "0.9", "--regex", "[a-z ]+"]],  # summary.constraint
+               ["sample", "Once upon", "-n", "4", "-t", "0.9", "--regex", "[a-z ]+"],  # summary.constraint
+               ["sample", "Once upon a time", "-n", "3", "--cache", "h2o:size=3"]],  # kv_kept
     "probs": [["probs", "Once upon", "-t", "0.7", "--top-k", "5"]],
     "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
                   ["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "{model}"],  # all accepted: bonus
                   ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
-              ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"]],
+              ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"],
+              ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"]],  # kv_kept
     "compare": [["compare", "Once upon", "-V", "g: temperature=0", "-V", "h: temperature=0.9,top_k=5",
                  "-V", "b: method=beam,beams=2", "-n", "3"]],
     "bench": [["bench", "--settings", "greedy", "-n", "2", "--rounds", "1"]],
@@ -64,9 +66,17 @@ RUNS = {
                ["stream", "--text-file", "{text}", "--limit", "40", "--chunk", "16", "--cache", "window:size=8"],
                ["stream", "--text-file", "{text}", "--limit", "40", "--compare-policies", "--window", "8", "--sinks",
                 "2", "--chunk", "16"],
-               ["stream", "Once upon a time there was a", "--attention", "--sinks", "1"]],
+               ["stream", "Once upon a time there was a", "--attention", "--sinks", "1"],
+               ["stream", "Once upon", "-n", "3", "--cache", "knorm:size=2,compress=decode"],  # kv_kept
+               ["stream", "--text-file", "{text}", "--limit", "16", "--probe", "--probe-depths", "0.5", "--cache",
+                "h2o:size=8"],
+               ["stream", "--text-file", "{text}", "--limit", "16", "--compare-policies", "--policies",
+                "h2o:size=8,snapkv:ratio=0.5,window=4", "--prefill", "8", "--probe", "--probe-depths", "0.5",
+                "--chunk", "8"]],
     "models": [["models"]],
-    "quantize-kv": [["quantize-kv", "Once upon a time there was", "--limit", "6", "--activations", "0", "--grid"]],
+    "quantize-kv": [["quantize-kv", "Once upon a time there was", "--limit", "6", "--activations", "0", "--grid"],
+                    ["quantize-kv", "Once upon a time there was", "--limit", "6", "--cache", "tova:size=3",
+                     "--policies", "int8,h2o:size=3", "--probe"]],
 }
 TEXT = ROOT / "presets" / "models" / "validation.txt"
 

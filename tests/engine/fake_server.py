@@ -8,6 +8,13 @@ with an OpenAI-style error naming it. Faults can be injected:
 * ``no_logprobs``  -- completions answers lose ``logprobs`` and ``prompt_logprobs`` (set to null)
 * ``duplicate``    -- the first step's top logprobs list the sampled token twice (a repeated JSON key)
 * ``refused``      -- nothing listens at the URL (connection refused)
+* ``tokenizer``    -- /tokenize answers one id more (a BOS the local tokenizer does not add)
+* ``vocabulary``   -- generations (of more than one token) name a token id past the bundled vocabulary in their
+                      top logprobs
+* ``replay_error`` -- a scoring request (prompt_logprobs) longer than the logprobs-mode probe's gets HTTP 500
+
+The exchanges of the decodelab commands (``cli`` in the recording) are replayed too. A request recorded several
+times with different answers (GET /metrics before and after a batch) gets them in the recorded order.
 
 Use the ``fake_vllm`` fixture: ``server = fake_vllm(mode="raw_logprobs", fault=None)``; it is stopped afterwards.
 """
@@ -23,7 +30,8 @@ from pathlib import Path
 import pytest
 
 RECORDING = Path(__file__).resolve().parent / "recordings" / "vllm-0.32.0.json"
-FAULTS = (None, "timeout", "no_logprobs", "duplicate", "refused")
+FAULTS = (None, "timeout", "no_logprobs", "duplicate", "refused", "tokenizer", "vocabulary", "replay_error")
+PROBE_LEN = 9  # the logprobs-mode probe scores 8 prompt ids + 1 token (core/methods/served.py PROBE_TOKENS)
 _DUP = "\u0000dup"  # a placeholder key, replaced in the JSON text by the repeated token key
 
 
@@ -36,10 +44,10 @@ def request_key(method: str, path: str, body) -> tuple[str, str, str]:
 
 
 def index(exchanges: list[dict]) -> dict:
-    """(method, path, body) -> (status, answer text); the first recording of a request wins."""
+    """(method, path, body) -> [(status, answer text), ...] in the recorded order."""
     out: dict = {}
     for x in exchanges:
-        out.setdefault(request_key(x["method"], x["path"], x["body"]), (x["status"], x["response"]))
+        out.setdefault(request_key(x["method"], x["path"], x["body"]), []).append((x["status"], x["response"]))
     return out
 
 
@@ -63,6 +71,19 @@ def duplicate_sampled(text: str) -> str:
     return json.dumps(data).replace(json.dumps(_DUP), json.dumps(token), 1)
 
 
+def foreign_token(text: str, token_id: int = 5000) -> str:
+    """The last listed alternative of every generated step renamed to an id past the bundled vocabulary (4096)."""
+    data = json.loads(text)
+    lp = (data.get("choices") or [{}])[0].get("logprobs")
+    if not lp or not lp.get("top_logprobs"):
+        return text
+    for top in lp["top_logprobs"]:
+        if top:
+            last = list(top)[-1]
+            top[f"token_id:{token_id}"] = top.pop(last)
+    return json.dumps(data)
+
+
 def refused_url() -> str:
     """A loopback URL where nothing listens (a port just bound and released)."""
     with socket.socket() as s:
@@ -77,7 +98,8 @@ class FakeServer:
     def __init__(self, recording: dict, mode: str = "raw_logprobs", fault: str | None = None):
         if fault not in FAULTS:
             raise ValueError(f"fault {fault!r}; allowed: {FAULTS}")
-        self.answers = index(recording["modes"][mode])
+        self.answers = index(recording["modes"][mode] + recording.get("cli", {}).get(mode, []))
+        self.calls: dict = {}  # request key -> how many times asked
         self.fault = fault
         self.seen: list[tuple[str, str, object]] = []
         self._release = threading.Event()
@@ -118,13 +140,23 @@ class FakeServer:
         if self.fault == "timeout":
             self._release.wait(10)
             return
-        status, text = self.answers.get(request_key(h.command, h.path, body), (404, None))
+        key = request_key(h.command, h.path, body)
+        answers = self.answers.get(key, [(404, None)])
+        n = self.calls[key] = self.calls.get(key, 0) + 1
+        status, text = answers[min(n, len(answers)) - 1]
         if text is None:
             text = json.dumps({"error": {"message": f"fake server: no recorded answer for {h.command} {h.path} "
                                                     f"with this body", "type": "NotFoundError", "param": None,
                                          "code": 404}})
+        elif self.fault == "replay_error" and isinstance(body, dict) and body.get("prompt_logprobs") \
+                and len(body.get("prompt", [])) > PROBE_LEN:
+            status, text = 500, json.dumps({"error": {"message": "fake server: injected failure", "code": 500}})
         elif status == 200 and h.path == "/v1/completions":
-            text = self._fault(text)
+            text = self._fault(text, body)
+        elif status == 200 and h.path == "/tokenize" and self.fault == "tokenizer":
+            data = json.loads(text)
+            data["tokens"] = [0] + data["tokens"]
+            text = json.dumps(data)
         data = text.encode()
         h.send_response(status)
         h.send_header("Content-Type", "application/json")
@@ -132,11 +164,13 @@ class FakeServer:
         h.end_headers()
         h.wfile.write(data)
 
-    def _fault(self, text: str) -> str:
+    def _fault(self, text: str, body) -> str:
         if self.fault == "no_logprobs":
             return drop_logprobs(text)
         if self.fault == "duplicate":
             return duplicate_sampled(text)
+        if self.fault == "vocabulary" and isinstance(body, dict) and body.get("max_tokens", 0) > 1:
+            return foreign_token(text)  # not the logprobs-mode probe's one token
         return text
 
 

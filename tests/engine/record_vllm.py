@@ -6,7 +6,8 @@ server (tests/engine/fake_server.py). Run it from decodelab's venv; it starts vL
 
 The server runs once per --logprobs-mode (raw_logprobs, processed_logprobs) and gets the same fixed requests
 through decodelab's client: scoring snippets of presets/models/validation.txt, greedy generation, and seeded
-sampling under many settings. Each exchange is stored verbatim (the answer as the server's JSON text), so a
+sampling under many settings; then the decodelab commands of engine_cases.py (sample, score, compare, batch,
+check-logprobs with --engine) through a recording proxy, their exchanges kept under ``cli``. Each exchange is stored verbatim (the answer as the server's JSON text), so a
 replay shows the client exactly what vLLM sent. It also prints what it observed about vLLM (seeded
 reproducibility, prompt logprobs under both modes, a repeated score with the prefix cache warm).
 """
@@ -17,12 +18,14 @@ import json
 import platform
 import sys
 import time
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from engine_cases import CASES, args_for  # noqa: E402
 from vllm_server import ROOT, SERVED_NAME, TINY, VLLM_VERSION, server_command, vllm_python, vllm_server  # noqa: E402
 
 from decodelab.core.engine.served import EngineError, SamplingSettings, ServedEngine, Transport  # noqa: E402
@@ -123,7 +126,7 @@ def openai_shapes(ids: list[int]) -> list[dict]:
     chat = {"_path": "/v1/chat/completions", "model": SERVED_NAME,
             "messages": [{"role": "user", "content": "God blessed Noah and his sons"}], "logprobs": True,
             "top_logprobs": 5, "max_completion_tokens": 8, "temperature": 1.0, **NEUTRAL, "seed": 1,
-            "ignore_eos": True}
+            "ignore_eos": True, "return_token_ids": True}
     return [dict(echo, return_tokens_as_token_ids=True), dict(echo), dict(chat, return_tokens_as_token_ids=True),
             dict(chat)]
 
@@ -139,18 +142,92 @@ def observe(engine: ServedEngine, prompt: list[int], first: object, mode: str, n
     notes.append(f"{mode}: score repeated with a warm prefix cache -> identical prompt logprobs: {same}")
 
 
+class RecordingProxy:
+    """A loopback HTTP proxy in front of the server that keeps every exchange (as RecordingTransport does): the
+    decodelab commands of engine_cases.py run against it unchanged."""
+
+    def __init__(self, target: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.exchanges: list[dict] = []
+        lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.forward(None)
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                self.forward(self.rfile.read(length))
+
+            def forward(self, data):
+                transport = Transport(target, 600.0)
+                req = urllib.request.Request(target + self.path, data=data, method=self.command,
+                                             headers={"Content-Type": "application/json"} if data else {})
+                status, raw = transport.exchange(req, f"{self.command} {self.path}")
+                text = raw.decode()
+                if self.path == "/metrics":  # only the counters decodelab reads (the full page is ~50 KB)
+                    text = "\n".join(line for line in text.splitlines() if "prefix_cache" in line) + "\n"
+                with lock:
+                    proxy.exchanges.append({"method": self.command, "path": self.path,
+                                            "body": json.loads(data) if data else None, "status": status,
+                                            "response": text})
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def run_cases(url: str, mode: str, notes: list[str]) -> list[dict]:
+    """Every command of engine_cases.py through a recording proxy; the exchanges they made."""
+    import contextlib
+    import io
+    import tempfile
+
+    from decodelab.cli.main import main as cli
+
+    proxy = RecordingProxy(url)
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            for name in CASES:
+                out, err = io.StringIO(), io.StringIO()
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    code = cli(args_for(name, proxy.url, Path(folder)))
+                notes.append(f"{mode}: decodelab {name}: exit {code}" + (f" ({err.getvalue().strip()})"
+                                                                          if code else ""))
+    finally:
+        proxy.stop()
+    return proxy.exchanges
+
+
 def main() -> int:
     python = vllm_python()
     if python is None:
         print("no vLLM venv: run .ci/vllm-venv.sh or set DECODELAB_VLLM_PYTHON", file=sys.stderr)
         return 2
     texts = snippets()
-    recorded, notes = {}, []
+    recorded, cli, notes = {}, {}, []
     for mode in MODES:
         started = time.monotonic()
         with vllm_server(mode, python) as url:
             print(f"{mode}: server up in {time.monotonic() - started:.0f} s at {url}", flush=True)
             recorded[mode] = run_mode(url, mode, texts, notes)
+            cli[mode] = run_cases(url, mode, notes)
     raw_scores = [x["response"] for x in recorded[MODES[0]] if x["body"] and "prompt_logprobs" in x["body"]]
     proc_scores = [x["response"] for x in recorded[MODES[1]] if x["body"] and "prompt_logprobs" in x["body"]]
     notes.append(f"prompt_logprobs identical under raw_logprobs and processed_logprobs: "
@@ -162,7 +239,7 @@ def main() -> int:
             "recorded": time.strftime("%Y-%m-%d"), "sampling": [name for name, _ in SAMPLING],
             "errors": [name for name, _, _ in ERRORS], "observed": notes}
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({"meta": meta, "modes": recorded}, indent=1) + "\n")
+    OUT.write_text(json.dumps({"meta": meta, "modes": recorded, "cli": cli}, indent=1) + "\n")
     print("\n".join(notes))
     print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size // 1024} KB)")
     return 0

@@ -3,11 +3,14 @@ transformers (float32). Needs the vLLM venv (.ci/vllm-venv.sh) and $DECODELAB_VL
 
     DECODELAB_VLLM_PYTHON=~/.cache/decodelab/vllm-0.32.0/bin/python pytest -m vllm tests/engine/test_vllm_real.py
 
-It starts the server twice (--logprobs-mode raw_logprobs, then processed_logprobs), about 90 s each on 2 cores.
+It starts the server twice (--logprobs-mode raw_logprobs, then processed_logprobs), about 90-200 s each on 2 cores.
+The client is checked directly (ServedEngine), then the decodelab commands with --engine (score, greedy sample,
+sample under 15 settings, check-logprobs) against the model run here.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -150,3 +153,120 @@ def test_server_errors_are_one_line(served):
     with pytest.raises(EngineError) as err:
         engine.generate([5, 6], SamplingSettings(temperature=2.5))
     assert "\n" not in str(err.value) and "HTTP 400: temperature must be in [0, 2]" in str(err.value)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the decodelab commands with --engine against the live server, checked against the model run here
+
+CLI_SETTINGS = [  # (name, sampling options): each alone, then combined; >= 10 as the issue asks
+    ("t1.0", ["-t", "1.0"]),
+    ("t0.7", ["-t", "0.7"]),
+    ("t1.3", ["-t", "1.3"]),
+    ("top_p0.9", ["-t", "1.0", "--top-p", "0.9"]),
+    ("top_k3", ["-t", "1.0", "--top-k", "3"]),
+    ("top_k5_t0.8", ["-t", "0.8", "--top-k", "5"]),
+    ("min_p0.1", ["-t", "1.0", "--min-p", "0.1"]),
+    ("rep1.3", ["-t", "1.0", "--repetition-penalty", "1.3"]),
+    ("presence0.5", ["-t", "1.0", "--presence-penalty", "0.5"]),
+    ("frequency0.7", ["-t", "1.0", "--frequency-penalty", "0.7"]),
+    ("t0.8_p0.95_k20", ["-t", "0.8", "--top-p", "0.95", "--top-k", "20"]),
+    ("t0.9_minp0.05_rep1.1", ["-t", "0.9", "--min-p", "0.05", "--repetition-penalty", "1.1"]),
+    ("bias", ["-t", "1.0", "--logit-bias", "284=5", "--logit-bias", "525=-5"]),
+    ("greedy_rep1.5", ["-t", "0", "--repetition-penalty", "1.5"]),
+    ("min_new_tokens4", ["-t", "1.0", "--min-new-tokens", "4"]),
+]
+CLI_PROMPT = "And God said, Let there be light"
+CLI_TEXT = "God blessed Noah and his sons, and said unto them, Be fruitful, and multiply."
+
+
+def cli_json(cli, *args) -> dict:
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_cli_score_equals_local_score(served, cli):
+    mode, engine = served
+    doc = cli_json(cli, "score", CLI_TEXT, "--engine", engine.url)
+    local = cli_json(cli, "score", CLI_TEXT, "--dtype", "float32")
+    assert doc["engine"]["logprobs_mode"] == mode
+    assert [s["token_id"] for s in doc["steps"]] == [s["token_id"] for s in local["steps"]]
+    for a, b in zip(doc["steps"], local["steps"]):
+        assert a["raw_logprob"] == pytest.approx(b["raw_logprob"], abs=TOL) and a["raw_rank"] == b["raw_rank"]
+    assert doc["summary"]["perplexity"] == pytest.approx(local["summary"]["perplexity"], rel=TOL)
+
+
+def test_cli_greedy_sample_equals_local_token_for_token(served, cli):
+    _, engine = served
+    args = ["sample", CLI_PROMPT, "-n", "24", "-t", "0", "--ignore-eos"]
+    assert cli_json(cli, *args, "--engine", engine.url)["token_ids"] == \
+        cli_json(cli, *args, "--dtype", "float32")["token_ids"]
+
+
+@pytest.mark.parametrize("name, options", CLI_SETTINGS, ids=[n for n, _ in CLI_SETTINGS])
+def test_cli_sample_logprobs_equal_semantics_vllm_locally(served, cli, name, options):
+    """`sample --engine`'s raw and processed numbers against decodelab's own chain read with --semantics vllm,
+    teacher-forced on the engine's tokens (the same settings resolved by the same options)."""
+    import torch
+
+    from decodelab.core.engine.models import load_model
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.methods.served import chain_along, forced_logits
+    from decodelab.core.sampling.chain import make_chain
+    from decodelab.core.settings import coerce
+
+    mode, engine = served
+    extra = [] if name == "min_new_tokens4" else ["--ignore-eos"]
+    doc = cli_json(cli, "sample", CLI_PROMPT, "-n", "8", "--seed", "7", *options, *extra, "--engine", engine.url)
+    lm = load_model("tiny", device="cpu", dtype="float32")
+    config = {k: coerce(SampleSettings, k, v) if isinstance(v, dict) else v for k, v in doc["config"].items()
+              if k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                       "frequency_penalty", "min_new_tokens", "seed") and v is not None}
+    bias = tuple((t, b) for t, b in (doc["config"]["logit_bias"] or {}).items())
+    settings = SampleSettings(**config, logit_bias=bias, semantics="vllm")
+    prompt, out = doc["prompt"]["token_ids"], doc["token_ids"]
+    logits = forced_logits(lm.model, prompt, out)
+    raw = torch.log_softmax(logits.double(), -1)
+    greedy = settings.temperature == 0
+    stages = chain_along(make_chain(lm, settings), prompt, out, logits, record=True)
+    for i, s in enumerate(doc["steps"]):
+        assert s["raw_logprob"] == pytest.approx(float(raw[i, s["token_id"]]), abs=TOL)
+        if mode == "processed_logprobs":
+            z = [v for n, v in stages[i] if not (greedy and n == "temperature")][-1]
+            processed = torch.log_softmax(z.double(), -1)
+            assert s["logprob"] == pytest.approx(float(processed[s["token_id"]]), abs=TOL)
+            for a in s["alternatives"]:
+                assert a["prob"] == pytest.approx(math.exp(float(processed[a["token_id"]])), abs=TOL)
+
+
+def test_cli_check_logprobs_labels_raw_and_processed_and_flags_a_duplicate(served, cli, tmp_path):
+    from fake_server import duplicate_sampled
+
+    from decodelab.core.engine.served import Transport
+
+    mode, engine = served
+    doc = cli_json(cli, "check-logprobs", "--engine", engine.url, "--prompt", CLI_PROMPT, "-n", "8", "-t", "0.7",
+                   "--top-k", "5", "--seed", "2", "--ignore-eos")
+    labels = doc["summary"]["labels"]
+    if mode == "raw_logprobs":
+        assert labels["raw"] == 8 and doc["summary"]["verdict"].startswith("raw")
+    else:
+        assert labels["renormalized"] == 8 and doc["summary"]["verdict"].startswith("processed")
+    assert doc["summary"]["vs_label"]["max_abs_delta"] < TOL and not doc["summary"]["defects"]
+    # a logged answer with the sampled token injected twice into its top logprobs
+    body = {"model": engine.model, "prompt": doc["answers"][0]["prompt_token_ids"], "max_tokens": 6,
+            "temperature": 0.7, "top_k": 5, "seed": 2, "logprobs": 5, "ignore_eos": True,
+            "return_tokens_as_token_ids": True}
+    transport = Transport(engine.url, 120)
+    import urllib.request
+
+    req = urllib.request.Request(engine.url + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    status, raw = transport.exchange(req, "POST /v1/completions")
+    assert status == 200
+    answer = duplicate_sampled(raw.decode())
+    path = tmp_path / "logged.jsonl"
+    path.write_text(f'{{"request": {json.dumps(body)}, "response": {answer}}}\n')
+    checked = cli_json(cli, "check-logprobs", str(path))
+    assert any("listed 2 times in top logprobs" in d for d in checked["summary"]["defects"])
+    assert checked["summary"]["labels"]["renormalized" if mode == "processed_logprobs" else "raw"] == 6

@@ -123,7 +123,9 @@ class Baseline:
     tokens_per_s: float | None
     seconds: float | None
     same_tokens: int | None = None  # requests whose tokens equal the iteration-level run's
-    reason: str | None = None  # why it did not run
+    reason: str | None = None  # why it did not run (or, for the engine, the first request that failed)
+    details: dict = field(default_factory=dict)  # more figures (the engine's prefix-cache counters), in the summary
+    requests: list[dict] = field(default_factory=list)  # per request, where the baseline reports them (the engine)
 
 
 @dataclass
@@ -170,6 +172,7 @@ class BatchReport:
             out[f"{b.name}_same_tokens"] = b.same_tokens
             if b.reason:
                 out[f"{b.name}_skipped"] = b.reason
+            out.update({f"{b.name}_{k}": v for k, v in b.details.items()})
         return out
 
 
