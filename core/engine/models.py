@@ -216,8 +216,9 @@ def choose_threads(given: int | None = None, environ=os.environ, load: float | N
     """``--threads`` when given, else ``OMP_NUM_THREADS`` when set (torch reads it itself), else by measurement
     (benchmarks/threads.py): one thread per physical core while the cores are free, one thread on a busy machine
     (1-minute load average >= the physical cores: every core already has a runnable process). There an OpenMP
-    thread that finds no free core spins while the others wait for it: on the busy 2-core machine of the benchmark
-    2 threads decoded at 0.04x the speed of one with the bundled model and 0.14x with a 100M-parameter Llama.
+    thread that finds no free core spins while the others wait for it: on the 2-core machine of the benchmark at load
+    2.8, 2 threads decoded at 0.14x the speed of one with the bundled model and 0.33x with a 100M-parameter Llama
+    (at load 1.8: 1.07x and 1.82x).
     The note: the machine is busy and the run has more than one thread, or was cut to one."""
     cores = physical_cores() if cores is None else cores
     if load is None:
