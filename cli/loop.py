@@ -26,17 +26,32 @@ def reset() -> None:
     _interrupted, _error, _printed = False, None, ""
 
 
-def print_text(text: str, final: bool = False) -> None:
+def print_text(text: str, final: bool = False, stops: tuple[str, ...] = ()) -> None:
     """``-f text``: print what ``text`` (the continuation so far) adds to what is printed. A trailing U+FFFD (a
-    token that ends inside a UTF-8 character) waits for the next token; ``final`` prints the rest and a newline."""
+    token that ends inside a UTF-8 character) waits for the next token, and so does any text a stop string could
+    still claim (``stops``: what ``--trim-stop`` would cut is never printed early); ``final`` prints the rest (the
+    command's final text) and a newline."""
     global _printed
-    ready = text if final else text.rstrip("\ufffd")
+    ready = text if final else before_stop(text.rstrip("\ufffd"), stops)
     if not ready.startswith(_printed):  # the text changed behind us (a stop string trimmed): print no more of it
         ready = _printed
     new = ready[len(_printed):] + ("\n" if final else "")
     if new:
         render.write_record(new)
     _printed = ready
+
+
+def before_stop(text: str, stops: tuple[str, ...]) -> str:
+    """The part of ``text`` no stop string can claim: up to the first complete stop string, else all but the
+    longest tail that begins some stop string (the next tokens may complete it)."""
+    stops = tuple(s for s in stops if s)
+    hits = [text.find(s) for s in stops if s in text]
+    if hits:
+        return text[: min(hits)]
+    for k in range(min(len(text), max((len(s) for s in stops), default=1) - 1), 0, -1):
+        if any(s.startswith(text[-k:]) for s in stops):
+            return text[:-k]
+    return text
 
 
 def note_error(exc: DecodelabError) -> None:
@@ -60,7 +75,7 @@ def interrupted() -> bool:
 
 def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean,
           on_step: Callable[[object], None] | None = None, kind: str = "step",
-          text_of: Callable[[], str] | None = None) -> None:
+          text_of: Callable[[], str] | None = None, stops: tuple[str, ...] = ()) -> None:
     """Iterate ``run``; with ``-f jsonl`` print each step as one flushed line (``{"type": kind, ...}``); ``on_step``
     sees each step (a live table, a progress bar); with ``-f text``, ``text_of()`` (the continuation so far) is
     printed as it grows. An interrupt ends the run with what it produced (``run.interrupt()``: stop_reason "interrupted"); the
@@ -70,7 +85,7 @@ def drive(run, fmt: Format, row: Callable[[object], dict] = render.clean,
             if fmt == Format.jsonl:
                 render.print_jsonl({"type": kind, **row(step)})
             elif fmt == Format.text and text_of is not None:
-                print_text(text_of())
+                print_text(text_of(), stops=stops)
             if on_step is not None:
                 on_step(step)
     except KeyboardInterrupt:

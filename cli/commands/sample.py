@@ -86,7 +86,8 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
             drive(sampler, opts.fmt, on_step=live.add)
         emit(opts, lm, settings, text, prompt_ids, sampler, table, printed=live.shown)
     else:
-        drive(sampler, opts.fmt, text_of=lambda: lm.decode(getattr(sampler, "all_ids", None) or sampler.new_ids))
+        drive(sampler, opts.fmt, text_of=lambda: lm.decode(getattr(sampler, "all_ids", None) or sampler.new_ids),
+              stops=tuple(settings.stop))
         emit(opts, lm, settings, text, prompt_ids, sampler, table)
 
 

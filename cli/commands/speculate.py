@@ -90,7 +90,7 @@ def speculate(
     else:
         with LiveSteps(render.console(), None, unit="rounds", enabled=opts.fmt == o.Format.table) as live:
             drive(spec, opts.fmt, row=lambda rnd: render.clean(rnd.to_dict()), on_step=live.add,
-                  text_of=lambda: lm.decode(spec.new_ids))
+                  text_of=lambda: lm.decode(spec.new_ids), stops=tuple(settings.stop))
     if shown in measured:
         rounds = measured[shown]  # the sweep timed this gamma already, on the same tokens
     else:  # the shown run is round 1's speculative half; a Ctrl-C keeps the rounds completed (none: speedups null)

@@ -159,7 +159,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
         with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
             drive(run, opts.fmt, on_step=live.add)
     else:
-        drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids))
+        drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids), stops=tuple(settings.stop))
     token_ids = run.new_ids
     out_text, summary = lm.decode(token_ids), run.summary()
     kept = kept_view.kept_after(run.runtime, len(prompt_ids))

@@ -130,3 +130,41 @@ def test_f_openai_is_the_completions_shape_of_the_same_run(cli, toy_model_dir):
     assert logprobs["token_logprobs"] == [s["raw_logprob"] for s in steps]
     code, out, err = cli("beam", "Once upon", "-m", toy_model_dir, "-n", "2", "-f", "openai")
     assert code == 2 and err.startswith("error: --format openai: beam") and out == ""
+
+
+def test_before_stop_holds_back_what_a_stop_string_could_still_claim():
+    from decodelab.cli.loop import before_stop
+
+    assert before_stop("Once upon a time", ("upon",)) == "Once "  # a complete stop string: up to its first one
+    assert before_stop("Once up", ("upon",)) == "Once "  # "up" may become "upon": held back
+    assert before_stop("Once u", ("xyz", "upon")) == "Once "
+    assert before_stop("Once upo", ("on", "upon")) == "Once "  # the longest tail that begins a stop string
+    assert before_stop("Once", ("upon",)) == "Once"  # no tail begins one
+    assert before_stop("Once", ("", "Once")) == ""
+    assert before_stop("abc", ()) == "abc"
+    assert before_stop("a stop. b stop", ("stop", "b")) == "a "  # the earliest of several
+
+
+def test_f_text_never_prints_a_stop_string_that_is_trimmed_later(cli, toy_model_dir, monkeypatch):
+    """`-f text --trim-stop` streams the continuation: a stop string that spans two tokens must not reach stdout
+    before the run sees it whole (the old loop printed each token's text at once, then could not take it back)."""
+    import decodelab.cli.view.render as r
+
+    base = ("sample", "Once upon", "-m", toy_model_dir, "-n", "12", "-t", "0", "--ignore-eos")
+    code, out, err = cli(*base, "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    ends, at = [], 0
+    for s in doc["steps"]:
+        at += len(s["token"])
+        ends.append(at)
+    text = doc["text"]
+    stop = next(text[e - 1:e + 1] for e in ends[2:-1]  # two characters across a token boundary, first seen there
+                if len(text[e - 1:e + 1]) == 2 and text.find(text[e - 1:e + 1]) == e - 1)
+    writes: list[str] = []
+    real = r.write_record
+    monkeypatch.setattr(r, "write_record", lambda chunk: (writes.append(chunk), real(chunk)))
+    code, out, err = cli(*base, "--stop", stop, "--trim-stop", "-f", "text")
+    assert code == 0, err
+    assert out == text[: text.find(stop)] + "\n" and "".join(writes) == out
+    assert stop not in out

@@ -515,3 +515,22 @@ def test_cli_batch_json_fields_are_the_json_docs(cli, toy_model_dir, tmp_path):
     assert not undocumented, f"batch prints fields docs/json.md does not list: {sorted(undocumented)}"
     missing = {(p, f) for (p, f), required in table.items() if required and f != "*"} - printed
     assert not missing, f"docs/json.md lists batch fields it does not print: {sorted(missing)}"
+
+
+def test_a_batch_run_ended_for_a_cause_keeps_its_requests_and_names_the_cause():
+    """BatchRun keeps the Run contract: ``end(reason)`` after some iterations reports every request, the unfinished
+    ones with that reason (not "interrupted"), and the run's own stop_reason."""
+    from decodelab.core.engine.models import load_model
+    from decodelab.core.methods.batch.run import BatchRun, BatchSettings, Entry
+
+    lm = load_model("tiny", device="cpu")
+    settings = BatchSettings(max_new_tokens=6, temperature=0.0, ignore_eos=True, max_batch=2, baselines=())
+    run = BatchRun(lm, settings, [Entry("a", "Once upon a time", settings), Entry("b", "The compiler", settings)])
+    for i, _ in enumerate(run):
+        if i == 1:
+            break
+    run.end("empty_chain")
+    report = run.report()
+    assert report.stop_reason == "empty_chain"
+    assert len(report.results) == 2 and {r.stop_reason for r in report.results} == {"empty_chain"}
+    assert all(0 < len(r.new_ids) < 6 for r in report.results)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...engine.models import LoadedModel
 from ...engine.reference import continuous_batching_generate
+from ...engine.run import Run
 from ...engine.stopping import StopRules, stop_rules
 from ...errors import ConfigError
 from ...inputs import parse_json, read_input_text
@@ -209,9 +210,11 @@ def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: l
     return Baseline("transformers", tokens / seconds, seconds, same)
 
 
-class BatchRun:
+class BatchRun(Run):
     """The iteration-level run: iterate it for :class:`Iteration` records (``interrupt()`` ends it where it is), then
-    ``report()``, then ``run_baselines(report)`` for the baselines in ``settings.baselines`` on the same requests."""
+    ``report()``, then ``run_baselines(report)`` for the baselines in ``settings.baselines`` on the same requests.
+    (A chain that empties ends only its own request, inside the scheduler; ``end`` is the contract's, for a cause
+    that ends them all.)"""
 
     def __init__(self, lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False):
         self.lm, self.settings, self.entries, self.chat = lm, settings, entries, chat
@@ -224,7 +227,11 @@ class BatchRun:
 
     def interrupt(self) -> None:
         self.scheduler.interrupt()
-        self.stop_reason = "interrupted"
+        super().interrupt()
+
+    def end(self, reason: str) -> None:
+        self.scheduler.interrupt(reason)
+        super().end(reason)
 
     def report(self) -> BatchReport:
         sched = self.scheduler

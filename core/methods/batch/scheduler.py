@@ -199,13 +199,14 @@ class Scheduler:
             yield record
         self.results = [self._result(done[r.id]) for r in self.requests]
 
-    def interrupt(self) -> None:
-        """Ctrl-C: every request not finished (running or still waiting) ends where it is, with stop_reason
-        "interrupted" and what it produced; ``results`` then holds every request, in request order."""
+    def interrupt(self, reason: str = "interrupted") -> None:
+        """Ctrl-C (or another cause that ends them all, ``reason``): every request not finished (running or still
+        waiting) ends where it is, with that stop_reason and what it produced; ``results`` then holds every
+        request, in request order."""
         done = getattr(self, "_done", {})
         for s in [*getattr(self, "running", []), *getattr(self, "waiting", [])]:
             if s.stop_reason is None:
-                s.stop_reason = "interrupted"
+                s.stop_reason = reason
             done.setdefault(s.key, s)
         self.results = [self._result(done[r.id]) for r in self.requests if r.id in done]
 
