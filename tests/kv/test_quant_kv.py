@@ -14,7 +14,7 @@ from decodelab.core.methods.sample import decode_tokens
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import parse_cache_spec, policy_capabilities, require
 from decodelab.core.kv.quant import Layout, Stream
-from decodelab.core.kv.quantize import dequantize, pack, quantize, round_down, round_up, unpack
+from decodelab.core.kv.quantize import dequantize, dequantize_view, pack, quantize, round_down, round_up, unpack
 from decodelab.core.sampling.chain import build_chain
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.select import Greedy
@@ -93,6 +93,24 @@ def test_packed_codes_round_trip_exactly(bits, n):
     assert packed.dtype == torch.uint8
     assert packed.shape == (3, math.ceil(n * bits / 8))  # 8 / bits codes a byte
     assert torch.equal(unpack(packed, bits, n), codes)
+
+
+@pytest.mark.parametrize("axis,group", [("channel", None), ("group", 8), ("token", None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_asymmetric_dequantization_is_the_product_then_the_sum(bits, dtype, axis, group):
+    """x' = z + q s computed in one pass equals the product and then the sum in float32, bit for bit, also written
+    into a bfloat16 slice of a larger tensor. Catches the scale and the zero point swapped, the cast to the model's
+    dtype done before the sum (two roundings to bfloat16), or a write outside the slice."""
+    x = kv_like(3, shape=(2, 3, 64, 32))
+    q = quantize(x, bits, axis, group, symmetric=False).q  # channel: one scale per channel, over the token dim
+    codes = unpack(q.codes, bits, q.last)
+    want = torch.add(torch.mul(codes, q.scale.float()), q.zero.float()).to(dtype)
+    got = dequantize_view(q, dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
+    room = torch.full((want.shape[0] + 2, *want.shape[1:]), float("nan"), dtype=dtype)  # a slice of a larger tensor
+    dequantize_view(q, dtype, out=room[1:-1])
+    assert torch.equal(room[1:-1], want) and room[0].isnan().all() and room[-1].isnan().all()
 
 
 def test_packing_by_hand():
