@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..core.inputs import parse_float, parse_int
-from ..core.sampling.registry import DEFAULT_ORDER, PANELS, Param
+from ..core.sampling.registry import DEFAULT_ORDER, PANELS, Param, check_range
 from ..core.sampling.registry import params as stage_params
 from .view.render import status
 
@@ -77,7 +77,8 @@ IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos", help="Generat
                                                    rich_help_panel=RUN, show_default=False)]
 
 Threads = Annotated[Optional[int], typer.Option(
-    "--threads", help="torch CPU threads (default: torch's choice); 1 avoids OpenMP spin-waits on a busy shared CPU.",
+    "--threads", help="torch CPU threads. Default: OMP_NUM_THREADS when set, else one per physical core, or 1 when "
+    "the machine is busy (load average >= cores: extra threads would spin waiting for each other; a line says so).",
     rich_help_panel=RUN, show_default=False)]
 Cache = Annotated[Optional[str], typer.Option(
     "--cache", help="KV-cache policy: NAME or NAME:key=value,... (default full; `decodelab models` lists them).",
@@ -180,6 +181,7 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
             check_paths(opts)
             check_format(fn.__name__, opts)
+            check_ranges_early(opts)
             with status("starting: importing torch and transformers"):
                 pass
             return fn(opts, **kwargs)
@@ -246,6 +248,22 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def check_ranges_early(opts: Opts) -> None:
+    """Stage values typed as options, checked against the stage registry's ranges before torch is imported (core
+    checks the built settings again, the same way). Skipped where an engine's reading may change what a value means
+    (``--semantics``, or a preset or ``--set`` that names one), and for a field that ``--set`` overrides."""
+    from ..core.settings import load_preset
+
+    sets = {item.partition("=")[0].strip().replace("-", "_") for item in getattr(opts, "set_", None) or []}
+    preset = getattr(opts, "preset", None)
+    if getattr(opts, "semantics", None) is not None or "semantics" in sets or (
+            preset is not None and "semantics" in load_preset(preset)[1]):
+        return
+    for p in stage_params():
+        if p.field not in sets and not (p.many or p.pairs):
+            check_range(p, getattr(opts, p.field, None))
 
 
 def check_engine(opts: Opts) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..core.engine.models import LoadedModel, load_model, set_threads
+from ..core.engine.models import LoadedModel, choose_threads, load_model, set_threads
 from ..core.errors import ConfigError
 from ..core.inputs import read_input_text, read_stdin
 from .options import Opts
@@ -28,11 +28,20 @@ def load(opts: Opts) -> LoadedModel:
     device_map = getattr(opts, "device_map", None)
     if device_map is not None and device_map != "auto":
         raise ConfigError(f"--device-map {device_map!r}: allowed: auto")
-    if getattr(opts, "threads", None) is not None:
-        set_threads(opts.threads)
+    use_threads(getattr(opts, "threads", None))
     with status(f"loading model {opts.model}"):
         return load_model(opts.model, device=opts.device, dtype=opts.dtype,
                           trust_remote_code=opts.trust_remote_code, device_map=device_map)
+
+
+def use_threads(given: int | None) -> None:
+    """torch's CPU threads: --threads, OMP_NUM_THREADS or the measured default; one line on stderr when the machine
+    looks oversubscribed."""
+    choice = choose_threads(given)
+    if choice.threads is not None:
+        set_threads(choice.threads)
+    if choice.note is not None:
+        sys.stderr.write(choice.note + "\n")
 
 
 def export_instead(opts: Opts, settings, lm: LoadedModel | None = None, vocab: int | None = None) -> bool:

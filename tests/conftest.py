@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -10,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-# The models in tests are tiny: one thread is as fast, and it avoids OpenMP spin-waits when the two cores are busy
+# The models in tests are tiny: one thread is as fast, and it avoids OpenMP spin-waits when the two cores are busy;
+# OMP_NUM_THREADS tells the CLI's default the same (so a busy machine prints no note into a test's stderr)
 torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
 # tests/ mirrors core/ (sampling/, kv/, engine/, trace/, methods/, analysis/, cli/, layout/); a test module may import
@@ -59,6 +64,31 @@ def random_model(arch: str, seed: int = 0, vocab_size: int = 256, scale: float =
 
 
 ARCHS = ["llama", "qwen2", "gpt2", "gemma2"]
+
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+@contextlib.contextmanager
+def host_reads():
+    """Count every read of a tensor's values into Python (what is a device-to-host transfer on a GPU): ``.item()``,
+    ``.tolist()``, ``.cpu()``, ``.numpy()`` and ``bool/int/float/index`` of a tensor. Yields a Counter by method."""
+    counts: collections.Counter = collections.Counter()
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counted(name, method):
+        def read(self, *args, **kwargs):
+            counts[name] += 1
+            return method(self, *args, **kwargs)
+        return read
+
+    for name, method in saved.items():
+        setattr(torch.Tensor, name, counted(name, method))
+    try:
+        yield counts
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import inspect
 from ...core.sampling.registry import params
 from ...core.settings import option_name
 
-FLAGS = ("ignore_eos", "trim_stop", "compile")  # on/off options that take no value
+FLAGS = ("ignore_eos", "trim_stop", "compile")  # on/off options that take no value (any other true/false value too)
 
 
 def sample_options() -> set[str]:
@@ -44,7 +44,7 @@ def option_words(key: str, value) -> list[str]:
         if key == "chain":
             return [name, ",".join(value)]
         return [w for item in value for w in (name, str(item))]
-    if key in FLAGS:
+    if key in FLAGS or isinstance(value, bool):
         if value is None or value is False and key != "trim_stop":
             return []
         return [name] if value else ["--set", f"{key}=false"]  # trim_stop false overrides the semantics' default

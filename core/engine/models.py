@@ -198,8 +198,57 @@ def cached_snapshot(spec: str) -> Path:
 
 
 def set_threads(n: int) -> None:
-    """torch's intra-op CPU threads (--threads); the default stays torch's own choice."""
+    """torch's intra-op CPU threads (--threads, or :func:`choose_threads`)."""
     torch.set_num_threads(n)
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """torch's CPU thread count for a run (None: leave torch's own, which follows ``OMP_NUM_THREADS``), and one line
+    for the user when the machine looks oversubscribed (else None)."""
+
+    threads: int | None
+    note: str | None = None
+
+
+def choose_threads(given: int | None = None, environ=os.environ, load: float | None = None,
+                   cores: int | None = None) -> ThreadChoice:
+    """``--threads`` when given, else ``OMP_NUM_THREADS`` when set (torch reads it itself), else by measurement
+    (benchmarks/threads.py): one thread per physical core while the cores are free, one thread on a busy machine
+    (1-minute load average >= the physical cores: every core already has a runnable process). There an OpenMP
+    thread that finds no free core spins while the others wait for it: on the 2-core machine of the benchmark at load
+    2.8, 2 threads decoded at 0.14x the speed of one with the bundled model and 0.33x with a 100M-parameter Llama
+    (at load 1.8: 1.07x and 1.82x).
+    The note: the machine is busy and the run has more than one thread, or was cut to one."""
+    cores = physical_cores() if cores is None else cores
+    if load is None:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    busy = cores > 1 and load >= cores
+    where = f"load average {load:.1f} on {cores} cores: the machine looks oversubscribed"
+    omp = environ.get("OMP_NUM_THREADS", "").strip()
+    asked = given if given is not None else (int(omp) if omp.isdigit() else None)
+    if asked is not None:
+        note = f"note: {where}; with {asked} torch threads each waits on the others (--threads 1 avoids it)"
+        return ThreadChoice(given, note if busy and asked > 1 else None)
+    if busy:
+        return ThreadChoice(1, f"note: {where}; torch runs on 1 thread (--threads N to choose)")
+    return ThreadChoice(cores)
+
+
+def physical_cores() -> int:
+    """The cores this process may run on, a core's hyperthreads counted once (Linux's /proc/cpuinfo: distinct
+    (physical id, core id) pairs; elsewhere the logical count)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        blocks = [b for b in Path("/proc/cpuinfo").read_text().split("\n\n") if "processor" in b]
+    except OSError:
+        return usable
+    fields = [{k.strip(): v.strip() for k, v in (line.split(":", 1) for line in b.splitlines() if ":" in line)}
+              for b in blocks]
+    cores = {(f.get("physical id", ""), f["core id"]) for f in fields if "core id" in f}
+    if not cores or not blocks:
+        return usable
+    return max(1, usable * len(cores) // len(blocks))
 
 
 def load_model(

@@ -24,7 +24,7 @@ from ..errors import EMPTY_CHAIN, ChainError
 
 
 def synchronize(device) -> None:
-    kind = torch.device(device).type
+    kind = device.type if isinstance(device, torch.device) else torch.device(device).type  # no new device per lap
     if kind == "cuda":
         torch.cuda.synchronize(device)
     elif kind == "mps":

@@ -249,13 +249,12 @@ class PagedPolicy(KVPolicy):
         device, B, n, bs = self.info.device, len(rows), max(counts), self.block
         past = [self.seqs[key].computed for key, _ in rows]
         L = max(p + c for p, c in zip(past, counts))
-        ids = torch.zeros(B, n, dtype=torch.long)
-        table = torch.full((B, blocks_for(L, bs)), 0, dtype=torch.long)
-        for b, (key, new) in enumerate(rows):
-            if not isinstance(new, int) and counts[b]:
-                ids[b, n - counts[b] :] = torch.tensor(new, dtype=torch.long)
-            blocks = self.seqs[key].blocks
-            table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+        width = blocks_for(L, bs)
+        # built as lists and made tensors once (two tensors, not two a row): new ids left-padded with 0, block
+        # tables right-padded with block 0 (never read unmasked)
+        ids = torch.tensor([[0] * (n - c) + (list(new) if not isinstance(new, int) else [0] * c)
+                            for (_, new), c in zip(rows, counts)], dtype=torch.long)
+        table = torch.tensor([padded(self.seqs[key].blocks, width) for key, _ in rows], dtype=torch.long)
         pos, write, gather, mask = layout(past, counts, table, bs, self.scratch, self.info.dtype)
         self.plan_ = Plan([k for k, _ in rows], counts, [None if isinstance(x, int) else list(x) for _, x in rows],
                           pos.to(device), mask.to(device), write.to(device), gather.to(device), L)
@@ -308,6 +307,11 @@ class PagedPolicy(KVPolicy):
     def describe(self) -> dict:
         return {"policy": self.name, "seen": self.seen, "stored": self.stored, "blocks_used": self.blocks_used,
                 "blocks_free": self.blocks_free}
+
+
+def padded(blocks: list[int], width: int) -> list[int]:
+    """A block table row of ``width`` entries: the row's blocks, then block 0 (masked wherever it is read)."""
+    return blocks[:width] + [0] * (width - len(blocks))
 
 
 def layout(past: list[int], counts: list[int], table: Tensor, block: int, scratch: int, dtype: torch.dtype):

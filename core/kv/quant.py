@@ -85,11 +85,22 @@ class Layout:
     def tokens(self, q: QTensor) -> int:
         return q.codes.shape[2] * self.block
 
-    def dequantize(self, q: QTensor, dtype: torch.dtype) -> Tensor:
-        v = dequantize_view(q, dtype)
+    def dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+        """[B, H, n, D] in ``dtype``; ``out``: a [B, H, n, D] tensor (a slice of a larger one, say) to write into."""
+        v = dequantize_view(q, dtype, None if out is None else self.view_of(out))
+        if out is not None:
+            return out
         if self.axis == "group":
             return v.flatten(-2)  # [B, H, n, D/G, G] -> [B, H, n, D]
         return v.reshape(v.shape[0], v.shape[1], -1, v.shape[-1])  # blocks [B, H, n/G, G, D] -> [B, H, n, D]
+
+    def view_of(self, x: Tensor) -> Tensor:
+        """x [B, H, n, D] seen as the quantized view (a view, no copy)."""
+        if self.axis == "group":
+            return x.unflatten(-1, (x.shape[-1] // self.group, self.group))
+        if self.axis in ("channel", "tensor"):
+            return x.unflatten(2, (-1, self.block))
+        return x
 
     def nbytes_for(self, tokens: int, rows: int, heads: int, head_dim: int) -> int:
         """Bytes of ``tokens`` quantized tokens (a multiple of ``block``) without building them: codes packed along
@@ -143,13 +154,37 @@ class Stream:
         return self.quantized + self.exact
 
     def append(self, x: Tensor) -> None:
-        # clone/cat/slice-clone: the stream owns exactly the storage it reports (no view into a larger tensor)
+        leaving = self.enter(x)
+        if leaving is not None:
+            self.add(self.layout.quantize(leaving))
+
+    def enter(self, x: Tensor) -> Tensor | None:
+        """New tokens in: what leaves the tail for the quantized part (None: nothing). With no residual window and
+        one token a scale, every new token leaves at once: it never passes through the tail."""
+        if self.residual == 0 and self.layout.block == 1 and self.exact == 0:
+            return x
+        self.extend(x)
+        return self.take_leaving()
+
+    # clone/cat/slice-clone: the stream owns exactly the storage it reports (no view into a larger tensor)
+
+    def extend(self, x: Tensor) -> None:
+        """New tokens enter the exact tail."""
         self.tail = x.clone() if self.tail is None else torch.cat([self.tail, x], 2)
-        # tokens beyond the last `residual` leave the tail, in whole blocks
+
+    def take_leaving(self) -> Tensor | None:
+        """The tokens beyond the last ``residual`` that leave the tail, in whole blocks (None: none leave); the tail
+        keeps the rest."""
         leaving = (self.exact - self.residual) // self.layout.block * self.layout.block
-        if leaving > 0:
-            self.q = cat_q(self.q, self.layout.quantize(self.tail[:, :, :leaving]))
-            self.tail = self.tail[:, :, leaving:].clone()
+        if leaving <= 0:
+            return None
+        out = self.tail[:, :, :leaving]
+        self.tail = self.tail[:, :, leaving:].clone()
+        return out
+
+    def add(self, q: QTensor) -> None:
+        """Quantized tokens join the stored ones (a first block is copied: it may be a slice of several streams')."""
+        self.q = q.map(torch.clone) if self.q is None else cat_q(self.q, q)
 
     def states(self, dtype: torch.dtype) -> Tensor:
         """Every stored token, dequantized, then the exact tail: [B, H, tokens, D]."""
@@ -188,6 +223,105 @@ class Stream:
     def nbytes(self) -> int:
         tail = 0 if self.tail is None else self.tail.numel() * self.tail.element_size()
         return (0 if self.q is None else self.q.nbytes) + tail
+
+
+# --- the streams of every layer at once -----------------------------------------------------------------------------
+#
+# A model whose layers all attend to every token stores the same number of tokens in every layer, so the layers'
+# streams can be worked on side by side, their rows put one after another on the batch dim: each row keeps its own
+# scales (a scale never spans rows), and dequantizing or quantizing is element-wise or reduces within a row, so the
+# numbers are those of each stream alone, bit for bit, at a twelfth of the operations for twelve layers. A CPU pays a
+# fixed cost per tensor operation that a small model's cache operations are dominated by. Nothing is kept between
+# forwards but what each stream stores (the stored bytes are unchanged): the stored tokens are dequantized once per
+# forward for every layer (working memory of that forward, freed after it), and the tokens a forward adds are
+# appended after it, for every layer at once.
+
+
+def stored_with_room(streams: list[Stream], new: Tensor) -> Tensor | None:
+    """Every stream's stored tokens (dequantized, then the exact tail) with room for this forward's ``new`` tokens
+    after them: one [L * B, H, stored + n, D] tensor in ``new``'s dtype, the quantized tokens of all streams
+    dequantized in one pass straight into it; stream i's rows are [i B, (i + 1) B). None when the streams differ
+    (layout, quantized or exact token counts) or store nothing: each is then worked on alone."""
+    qs, tails = [s.q for s in streams], [s.tail for s in streams]
+    first = streams[0]
+    if first.tokens == 0 or len({(s.quantized, s.exact, id(s.layout)) for s in streams}) > 1 or \
+            (first.q is not None and len({q.codes.shape for q in qs}) > 1):
+        return None
+    rows, heads, n, dim = new.shape
+    quantized, exact = first.quantized, first.exact
+    out = torch.empty(len(streams) * rows, heads, quantized + exact + n, dim, dtype=new.dtype, device=new.device)
+    if first.q is not None:
+        together = QTensor(torch.cat([q.codes for q in qs]), torch.cat([q.scale for q in qs]),
+                           None if qs[0].zero is None else torch.cat([q.zero for q in qs]), qs[0].bits, qs[0].last)
+        first.layout.dequantize(together, new.dtype, out=out[:, :, :quantized])
+    if exact:
+        out[:, :, quantized : quantized + exact] = torch.cat(tails)
+    return out
+
+
+def append_together(streams: list[Stream], new: list[Tensor]) -> None:
+    """:meth:`Stream.append` for each stream; the tokens leaving the tails quantized in one pass when every stream
+    has the same layout and the same number leaving (else each on its own)."""
+    leaving = [stream.enter(x) for stream, x in zip(streams, new)]
+    if all(t is None for t in leaving):
+        return
+    shapes = {None if t is None else t.shape for t in leaving}
+    if len(shapes) == 1 and len({id(s.layout) for s in streams}) == 1 and len(streams) > 1:
+        rows = leaving[0].shape[0]
+        q = streams[0].layout.quantize(torch.cat(leaving))
+        for i, stream in enumerate(streams):
+            stream.add(q.map(lambda t, i=i: t[i * rows : (i + 1) * rows]))
+        return
+    for stream, t in zip(streams, leaving):
+        if t is not None:
+            stream.add(stream.layout.quantize(t))
+
+
+class LayersTogether:
+    """The cache's layers worked on together through one forward (see above): ``update`` is what a layer's
+    attention calls; ``commit`` (after the forward) appends what it added."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.stored: tuple[Tensor | None, Tensor | None] | None = None  # this forward's keys and values, all layers
+        self.pending: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def update(self, index: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
+        layer = self.layers[index]
+        if not layer.is_initialized:
+            layer.lazy_initialization(key_states, value_states)
+        if self.stored is None:
+            self.stored = (stored_with_room([la.k for la in self.layers], key_states),
+                           stored_with_room([la.v for la in self.layers], value_states))
+        self.pending[index] = (key_states, value_states)
+        layer.cumulative_length += key_states.shape[-2]
+        return (self._with(self.stored[0], layer.k, index, key_states),
+                self._with(self.stored[1], layer.v, index, value_states))
+
+    @staticmethod
+    def _with(stored: Tensor | None, stream: Stream, index: int, new: Tensor) -> Tensor:
+        """This forward's tokens in full precision after the stored ones: written into their room, or (streams
+        that differ) concatenated."""
+        if stored is None:
+            return layer_states(stream, new)
+        rows, n = new.shape[0], new.shape[2]
+        mine = stored[index * rows : (index + 1) * rows]
+        mine[:, :, mine.shape[2] - n :] = new
+        return mine
+
+    def commit(self) -> None:
+        done = sorted(self.pending)
+        layers = [self.layers[i] for i in done]
+        append_together([la.k for la in layers], [self.pending[i][0] for i in done])
+        append_together([la.v for la in layers], [self.pending[i][1] for i in done])
+        self.stored, self.pending = None, {}
+
+
+def layer_states(stream: Stream, new: Tensor) -> Tensor:
+    """One stream's stored tokens, dequantized, then ``new``: what attention sees."""
+    if stream.tokens == 0:
+        return new
+    return torch.cat([stream.states(new.dtype), new], 2)
 
 
 def held_after(tokens: int, residual: int, block: int, window: int | None = None) -> tuple[int, int]:
@@ -264,9 +398,7 @@ class QuantLayerMixin:
         return keys[:, :, -n:], values[:, :, -n:]
 
     def _with(self, stream: Stream, new: Tensor) -> Tensor:
-        if stream.tokens == 0:
-            return new
-        return torch.cat([stream.states(new.dtype), new], 2)
+        return layer_states(stream, new)
 
     def evict(self) -> None:
         """Sliding layers: forget tokens older than the last window - 1 (whole blocks at a time)."""
@@ -304,6 +436,31 @@ def quant_layer_class():
     if _layer_class is None:
         _layer_class = type("QuantLayer", (QuantLayerMixin, _layer_base()), {})
     return _layer_class
+
+
+class QuantCacheMixin:
+    """The model's cache object: with ``together`` set (every layer full attention), a layer's update goes through
+    it; else each layer updates on its own."""
+
+    together: LayersTogether | None = None
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
+        if self.together is None:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        return self.together.update(layer_idx, key_states, value_states)
+
+
+_cache_class = None
+
+
+def quant_cache_class():
+    """The cache class, built on transformers' DynamicCache on first use."""
+    global _cache_class
+    if _cache_class is None:
+        from transformers import DynamicCache
+
+        _cache_class = type("QuantCache", (QuantCacheMixin, DynamicCache), {})
+    return _cache_class
 
 
 # --- the policy ----------------------------------------------------------------------------------------------------
@@ -347,7 +504,6 @@ class QuantPolicy(KVPolicy):
     def __init__(self, info: ModelInfo, capacity: int | None = None, needs: frozenset[str] = frozenset(),
                  bits=8, axis: str = "token", group: int | None = None, residual: int = 0, symmetric: bool = True):
         super().__init__(info, capacity, needs)
-        from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
         self.bits, self.axis, self.residual, self.symmetric = bits, axis, residual, symmetric
@@ -359,7 +515,7 @@ class QuantPolicy(KVPolicy):
         sd = scale_dtype_for(info.dtype)
         layouts = {"key": self._layout("key", sd), "value": self._layout("value", sd)}
         self.layouts = layouts
-        template = DynamicCache(config=info.config)
+        template = quant_cache_class()(config=info.config)
         layers = []
         for i, layer in enumerate(template.layers):
             if isinstance(layer, DynamicSlidingWindowLayer):
@@ -376,6 +532,13 @@ class QuantPolicy(KVPolicy):
             layers.append(new)
         self.model_cache = template
         template.layers = layers
+        if all(layer.window is None for layer in layers):  # every layer holds every token: work on them together
+            template.together = LayersTogether(layers)
+
+    def after_forward(self, n: int) -> None:
+        if self.model_cache.together is not None:
+            self.model_cache.together.commit()
+        super().after_forward(n)
 
     def _group(self, group: int | None, head_dim: int) -> int:
         """Channels per group (axis=group; kivi values) must divide head_dim; the default is 32, or head_dim when

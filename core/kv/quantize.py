@@ -105,14 +105,19 @@ def pack(codes: Tensor, bits: int) -> Tensor:
     return (grouped << shifts).sum(dim=-1, dtype=torch.uint8)
 
 
-def unpack(packed: Tensor, bits: int, n: int) -> Tensor:
-    """Inverse of :func:`pack`: the first ``n`` codes of the last dim, as uint8."""
+def unpack(packed: Tensor, bits: int, n: int, dtype: torch.dtype = torch.uint8) -> Tensor:
+    """Inverse of :func:`pack`: the first ``n`` codes of the last dim, as ``dtype`` (uint8, or a float dtype the
+    codes are written into directly: every code is a small integer, exact in any float)."""
     per = 8 // bits
     if per == 1:
-        return packed
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
+        return packed.to(dtype)
     mask = (1 << bits) - 1
-    codes = (packed.unsqueeze(-1) >> shifts) & mask  # [..., bytes, per]
+    # code j = (byte >> j b) & mask, one shift by a plain number per j (a CPU shifts uint8 by a scalar several times
+    # faster than by a broadcast tensor of shifts); the top code needs no mask
+    codes = torch.empty(*packed.shape, per, dtype=dtype, device=packed.device)  # [..., bytes, per]
+    for j in range(per):
+        shifted = packed >> (j * bits) if j else packed
+        codes[..., j] = shifted & mask if j < per - 1 else shifted
     return codes.flatten(-2)[..., :n]
 
 
@@ -143,14 +148,32 @@ def quantize_over(x: Tensor, bits: int | str, dims: tuple[int, ...], symmetric: 
     return QTensor(pack(q.to(torch.uint8), bits), scale, zero, bits, x.shape[-1])
 
 
-def dequantize_view(q: QTensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    """The quantized view's values x' (see the module docstring), in ``dtype``."""
+def dequantize_view(q: QTensor, dtype: torch.dtype = torch.float32, out: Tensor | None = None) -> Tensor:
+    """The quantized view's values x' (see the module docstring), in ``dtype``; computed in float32 either way.
+    ``out``: a tensor of the view's shape (and ``dtype``) the last operation writes into, instead of a new one."""
     if q.bits == "fp8":
-        return (q.codes.float() * q.scale.float()).to(dtype)
-    codes = unpack(q.codes, q.bits, q.last).float()
+        return _last(torch.mul, q.codes.float(), q.scale.float(), dtype, out)
+    codes = unpack(q.codes, q.bits, q.last)  # uint8: the first float operation converts them as it reads them
+    if q.zero is None and q.bits == 8:  # q + 128 with its top bit flipped is q in two's complement: int8 q exactly
+        return _last(torch.mul, (codes ^ 128).view(torch.int8), q.scale.float(), dtype, out)
     if q.zero is None:
-        return ((codes - 2 ** (q.bits - 1)) * q.scale.float()).to(dtype)
-    return (codes * q.scale.float() + q.zero.float()).to(dtype)
+        return _last(torch.mul, torch.sub(codes, float(2 ** (q.bits - 1))), q.scale.float(), dtype, out)
+    if q.scale.shape[-1] == 1:  # one scale per row of the last dim: a product, then the sum written out
+        return _last(torch.add, torch.mul(codes, q.scale.float()), q.zero.float(), dtype, out)
+    # scales along the last dim (per channel): z + q s in one pass over the codes (addcmul; on a CPU about twice as
+    # fast there as a product tensor and a second pass, and slower with one scale a row, hence the branch). The same
+    # bits as the product then the sum, fused or not: q s is exact in float32 (an integer below 2^8 times a 16-bit
+    # scale has at most 8 + 11 significant bits), so the sum is the only rounding either way
+    if out is None:
+        return torch.addcmul(q.zero.float(), codes, q.scale.float()).to(dtype)
+    return torch.addcmul(q.zero.float(), codes, q.scale.float(), out=out)
+
+
+def _last(op, a: Tensor, b: Tensor, dtype: torch.dtype, out: Tensor | None) -> Tensor:
+    """op(a, b) in float32, then in ``dtype`` (written into ``out`` when given: the cast happens on the write)."""
+    if out is None:
+        return op(a, b).to(dtype)
+    return op(a, b, out=out)
 
 
 # --- named layouts on a [..., T, D] tensor ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from ..errors import ChainError, ConfigError
 from ..inputs import check_text
 from ..settings import _check
 from . import biases, constraint, filters, llamacpp, penalties, scaling  # noqa: F401  (each binds its classes)
-from .registry import BY_NAME, DEFAULT_ORDER, StageContext, params
+from .registry import BY_NAME, DEFAULT_ORDER, StageContext, check_range, params
 from .select import make_generator
 from .semantics import Plan, plan
 from .settings import ChainSettings
@@ -180,9 +180,7 @@ def validate_chain_ranges(s: ChainSettings, engine: str | None = None) -> None:
     """Each field's range as its registry entry states it (the engine's own where it has one: llama.cpp's min-p
     above 1); then the rules that join two fields."""
     for p in params():
-        value, check = getattr(s, p.field), p.checks.get(engine, p.check)
-        if check is not None and value is not None:
-            _check(check.ok(value), p.field, value, check.allowed)
+        check_range(p, getattr(s, p.field), engine)
     for p in params():  # texts that name tokens (--allow, --ban, --dry-breaker, --sequence-bias) must be UTF-8
         for item in getattr(s, p.field) if (p.many or p.pairs) and p.field != "logit_bias" else ():
             check_text(p.option, item[0] if p.pairs else item)

@@ -30,6 +30,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..settings import _check
+
 ENGINES = ("hf", "vllm", "llamacpp")
 PANELS = {"chain": "Processor chain", "constraint": "Constraint (one per run)",
           "more": "More samplers, semantics, export"}
@@ -360,6 +362,15 @@ def param(field_name: str) -> Param:
 def stage_of(field_name: str) -> Stage | None:
     """The stage a settings field belongs to (None: a field of the chain, such as penalty_last_n)."""
     return next((s for s in STAGES if field_name in s.fields), None)
+
+
+def check_range(p: Param, value, engine: str | None = None) -> None:
+    """A field's value against its entry's range (None: not set), the engine's own where it has one (``checks``:
+    llama.cpp's min-p above 1); a value outside it is one line naming the option. Torch-free, so the CLI can report
+    ``--top-p 1.5`` before torch is imported."""
+    check = p.checks.get(engine, p.check)
+    if check is not None and value is not None:
+        _check(check.ok(value), p.field, value, check.allowed)
 
 
 def engine_order(engine: str) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ distribution first).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -24,22 +25,24 @@ from torch import Tensor
 
 from ..sampling.distribution import entropy
 from .records import StageStat
-from .why import race_noise, split, stage_winners
+from .why import chosen_ranks, race_noise, race_winners, split
 
 HEAD = 10  # scalar fields before the alternatives
 
 
+KEPT_FIRST = 1 << 30  # added to a kept candidate's key: above every removed one (a float32 in [0, 1] is < 2**30)
+
+
 def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int) -> Tensor:
     """Ids of the ``top`` alternatives: kept candidates by processed probability, then removed ones by raw
-    probability. Two top-k's (each padded with -1 where its group has fewer than ``top``) and a stable sort that
-    moves the padding last, so no precision is lost mixing the two scales."""
+    probability. One top-k over an exact integer key: a non-negative float32's bit pattern, read as an int32, orders
+    as the float does (subnormals and 0 included), so kept candidates get 2**30 + bits(p) and removed ones bits(raw p)
+    (every probability is <= 1.0 = 0x3F800000 < 2**30): no precision is lost mixing the two scales, and a kept
+    candidate whose probability underflowed to 0 still ranks above every removed one."""
     k = min(top, probs.shape[-1])
-    kept_vals, kept_ids = torch.where(kept, probs, -1.0).topk(k)
-    removed_vals, removed_ids = torch.where(kept, -1.0, raw_probs).topk(k)
-    ids = torch.cat([kept_ids, removed_ids])
-    filler = torch.cat([kept_vals < 0, removed_vals < 0])  # -1: a candidate of the other group, padding a top-k
-    order = torch.sort(filler.int(), stable=True).indices[:k]  # kept, then removed, each in its own order
-    return ids[order]
+    kept_key = probs.float().contiguous().view(torch.int32) + KEPT_FIRST
+    key = torch.where(kept, kept_key, raw_probs.float().contiguous().view(torch.int32))
+    return key.topk(k).indices
 
 
 def stage_stats(stages: list[tuple[str, Tensor]]) -> Tensor:
@@ -69,28 +72,44 @@ def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tupl
          top: int, race: Tensor | None = None) -> Tensor:
     """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc).
 
-    The distributions of the step are stacked as rows of one [S, V] tensor (raw first, processed last; with
-    ``stages`` recorded, every stage in between), so each statistic is one operation over all of them: a traced
-    step costs a few dozen tensor operations whatever the chain, and one transfer. ``race``: the selector's Exp(1)
-    draws of this step (None: greedy), for the deciding stage."""
+    The distributions of the step are stacked as rows of one [S, V] tensor L (raw first, processed last; with
+    ``stages`` recorded, every stage in between), and each statistic is one operation over all of them: p = softmax
+    z, log p = log-softmax z (exact 0 for a point mass, exactly -inf for a removed candidate), H = -sum p log p (a
+    removed candidate adds 0), counts summed in int32. The chosen token's rank under each row, 1 + #{i : z_i > z_t},
+    serves the raw rank and the deciding stage alike. A traced step is about twenty tensor operations whatever the
+    chain (on a CPU each costs a fixed few microseconds, so the cheap forms are chosen: softmax and log-softmax
+    rather than exp of the log-softmax, a product rather than ``special.entr``), and one transfer. What is not
+    reported is not computed: no alternatives for ``top`` 0; no per-stage numbers, winners or removed mass without
+    ``stages``. ``race``: the selector's Exp(1) draws of this step (None: greedy), for the deciding stage."""
     t = token.reshape(-1)[:1]
     L = (torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])).float()
-    P, removed, per_stage = stage_numbers(L)
-    kept_n, H = per_stage[:, 0], per_stage[:, 1]
-    at_t = L[:, t][:, 0]  # [S] each row's logit of the token
-    logp_t = at_t - torch.logsumexp(L, dim=-1)  # log p_t = z_t - log sum exp z
-    p_t = P[:, t][:, 0]
-    scalars = torch.cat([
-        t.float(), torch.isfinite(at_t[-1:]).float(), p_t[-1:], logp_t[-1:], p_t[:1], logp_t[:1],
-        (L[0] > at_t[0]).sum(dim=-1, keepdim=True).float() + 1,  # raw rank, by logits (softmax is monotone)
-        H[-1:], H[:1], kept_n[-1:],
-    ])
-    alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)  # none for top 0
-    parts = [scalars, alt.float(), P[-1, alt], P[0, alt]]
+    P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
+    removed = torch.isneginf(L)
+    kept_n = (L.shape[-1] - removed.sum(dim=-1, dtype=torch.int32)).float()  # [S]
+    H = -(P * logP.nan_to_num(neginf=0.0)).sum(dim=-1)  # [S] -sum p log p; a removed candidate: 0 * 0
+    z_t = L.index_select(1, t)  # [S, 1] each row's logit of the token
+    ranks = chosen_ranks(L, z_t).float()  # [S] (softmax is monotone: the rank by logits is the rank by probability)
+    logp_t, p_t = logP.index_select(1, t)[:, 0], P.index_select(1, t)[:, 0]
+    # the HEAD scalars picked out of one vector by one gather (a dozen single-element picks cost a dozen operations)
+    rows = torch.cat([t.float(), torch.isfinite(z_t[-1]).float(), p_t, logp_t, ranks, H, kept_n])
+    parts = [rows.index_select(0, head_index(L.shape[0], L.device))]
+    if top > 0:
+        alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)
+        parts += [alt.float(), P[-1].index_select(0, alt), P[0].index_select(0, alt)]
     if stages:
-        parts.append(per_stage.reshape(-1))
-        parts.append(stage_winners(L, race_noise(None if race is None else race[:1], L[0]), t))
+        mass = torch.cat([P.new_zeros(1), (P[:-1] * removed[1:]).sum(dim=-1)])  # sum_i p^(s-1)_i [z^(s)_i = -inf]
+        winners, lost = race_winners(L, race_noise(None if race is None else race[:1], L[0]), removed)
+        parts += [torch.stack([kept_n, H, mass], dim=-1).reshape(-1), winners.float(), ranks, lost.float()]
     return torch.cat(parts)
+
+
+@functools.lru_cache(maxsize=64)
+def head_index(stages: int, device: torch.device) -> Tensor:
+    """Where the HEAD scalars sit in [token, finite, p_t (S), log p_t (S), ranks (S), H (S), kept (S)]: token,
+    finite, prob and logprob (last row), raw prob and raw logprob (row 0), raw rank, entropy (last), raw entropy,
+    kept (last)."""
+    S, p, lp, r, h, k = stages, 2, 2 + stages, 2 + 2 * stages, 2 + 3 * stages, 2 + 4 * stages
+    return torch.tensor([0, 1, p + S - 1, lp + S - 1, p, lp, r, h + S - 1, h, k + S - 1], device=device)
 
 
 class Numbers(NamedTuple):

@@ -34,16 +34,27 @@ def race_noise(race: Tensor | None, like: Tensor) -> Tensor | None:
     return -race.reshape(like.shape).float().log()
 
 
+def chosen_ranks(z: Tensor, z_t: Tensor) -> Tensor:
+    """For logits [S, V] and the chosen token's logit in each row [S, 1]: its rank there, 1 + the number of strictly
+    larger logits (counted in int32: exact, and cheaper than int64 on a CPU)."""
+    return (z > z_t).sum(dim=-1, dtype=torch.int32) + 1
+
+
+def race_winners(z: Tensor, noise: Tensor | None, removed: Tensor) -> tuple[Tensor, Tensor]:
+    """For stage logits [S, V], the race noise [V] (None: greedy) and the removed candidates [S, V] (z = -inf): each
+    row's winner w_s = argmax_i z_i + g_i [S], and whether stage s removed w_{s-1} [S - 1]."""
+    winners = (z if noise is None else z + noise).argmax(dim=-1)
+    return winners, removed[1:].gather(1, winners[:-1, None])[:, 0]
+
+
 def stage_winners(stage_logits: Tensor, noise: Tensor | None, chosen: Tensor) -> Tensor:
     """For stage logits [S, V] (raw first), the race noise [V] (None: greedy) and the chosen token [1]: one float vector
     [winners (S), rank of the chosen token under each stage (S), whether stage s removed the winner of stage s-1
-    (S - 1)], all on the device. Ranks: 1 + the number of strictly larger logits."""
+    (S - 1)], all on the device."""
     z = stage_logits.float()
-    winners = (z if noise is None else z + noise).argmax(dim=-1)  # [S]
-    chosen_z = z[:, chosen.reshape(-1)[0]]  # [S]
-    ranks = (z > chosen_z[:, None]).sum(dim=-1) + 1
-    removed = torch.isneginf(z[1:].gather(1, winners[:-1, None])[:, 0])  # [S - 1]
-    return torch.cat([winners.float(), ranks.float(), removed.float()])
+    winners, lost = race_winners(z, noise, torch.isneginf(z))
+    ranks = chosen_ranks(z, z.index_select(1, chosen.reshape(-1)[:1]))
+    return torch.cat([winners.float(), ranks.float(), lost.float()])
 
 
 class Decision(NamedTuple):

@@ -384,3 +384,22 @@ def test_columns_that_no_table_fits(cli, monkeypatch, value):
     monkeypatch.setenv("COLUMNS", value)
     err = one_line_error(cli, "models")
     assert f"COLUMNS={value!r}: the terminal width must be an integer in [20, 10000]" in err
+
+
+def test_an_out_of_range_stage_value_is_reported_before_torch_is_imported():
+    """Bug: `sample x --top-p 1.5` imported torch and transformers (seconds) before saying what was wrong. The same
+    value under --semantics is left to the full check (an engine may read it as "off"), and so is a value --set
+    replaces."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from decodelab.cli.main import main; code = main(sys.argv[1:]); "
+             "print(code, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", probe, "sample", "x", "--top-p", "1.5"], capture_output=True,
+                         text=True)
+    assert run.stdout.split() == ["2", "False"], (run.stdout, run.stderr)
+    assert run.stderr == "error: --top-p 1.5: must be in (0, 1]\n"
+    for args in (["--set", "top_p=0.5"], ["--semantics", "hf", "-t", "1"]):  # --set overrides it; an engine reads it
+        run = subprocess.run([sys.executable, "-c", probe, "sample", "x", "--top-p", "1.5", "-m", "/nonexistent",
+                              *args], capture_output=True, text=True)
+        assert run.stdout.split()[1] == "True", (args, run.stdout, run.stderr)

@@ -173,6 +173,7 @@ def test_option_words():
     assert option_words("trim_stop", False) == ["--set", "trim_stop=false"]
     assert option_words("trim_stop", None) == [] and option_words("trim_stop", True) == ["--trim-stop"]
     assert option_words("ignore_eos", False) == [] and option_words("ignore_eos", True) == ["--ignore-eos"]
+    assert option_words("kept_ids", False) == [] and option_words("kept_ids", True) == ["--kept-ids"]  # any flag
     assert option_words("logit_bias", {"5": None, " a": 2.0}) == ["--logit-bias", "5=-inf", "--logit-bias", " a=2.0"]
     assert option_words("chain", ["top-k", "temperature"]) == ["--chain", "top-k,temperature"]
     assert option_words("stop", ["\n\n", "x"]) == ["--stop", "\n\n", "--stop", "x"]
@@ -209,6 +210,17 @@ def test_a_stream_trace_branches_through_sample_with_its_cache(cli):
     rerun = run_json(cli, *force(meta["branch"], (1, doc["steps"][1]["token_id"])))
     assert rerun["token_ids"] == doc["token_ids"]
     assert [s["raw_logprob"] for s in rerun["steps"]] == [s["raw_logprob"] for s in doc["steps"]]
+
+
+@pytest.mark.parametrize("command", [("score", "Once upon a time there"), ("stream", "Once upon", "-n", "4"),
+                                     ("sample", "Once upon", "-n", "4", "--kept-ids")])
+def test_every_branch_command_a_page_offers_runs(cli, command):
+    """The command a page offers reads back through `sample` whatever the trace's config holds (a true/false
+    setting such as score's kept_ids was written as `--kept-ids False`, which sample refused)."""
+    cmd = page_meta(run_json(cli, *command))["branch"]
+    assert cmd is not None
+    rerun = run_json(cli, *force(cmd))
+    assert rerun["command"] == "sample"
 
 
 def test_a_prompt_that_reads_as_an_option_goes_after_the_double_dash(cli):

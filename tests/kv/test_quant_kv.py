@@ -14,7 +14,7 @@ from decodelab.core.methods.sample import decode_tokens
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import parse_cache_spec, policy_capabilities, require
 from decodelab.core.kv.quant import Layout, Stream
-from decodelab.core.kv.quantize import dequantize, pack, quantize, round_down, round_up, unpack
+from decodelab.core.kv.quantize import dequantize, dequantize_view, pack, quantize, round_down, round_up, unpack
 from decodelab.core.sampling.chain import build_chain
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.select import Greedy
@@ -93,6 +93,24 @@ def test_packed_codes_round_trip_exactly(bits, n):
     assert packed.dtype == torch.uint8
     assert packed.shape == (3, math.ceil(n * bits / 8))  # 8 / bits codes a byte
     assert torch.equal(unpack(packed, bits, n), codes)
+
+
+@pytest.mark.parametrize("axis,group", [("channel", None), ("group", 8), ("token", None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_asymmetric_dequantization_is_the_product_then_the_sum(bits, dtype, axis, group):
+    """x' = z + q s computed in one pass equals the product and then the sum in float32, bit for bit, also written
+    into a bfloat16 slice of a larger tensor. Catches the scale and the zero point swapped, the cast to the model's
+    dtype done before the sum (two roundings to bfloat16), or a write outside the slice."""
+    x = kv_like(3, shape=(2, 3, 64, 32))
+    q = quantize(x, bits, axis, group, symmetric=False).q  # channel: one scale per channel, over the token dim
+    codes = unpack(q.codes, bits, q.last)
+    want = torch.add(torch.mul(codes, q.scale.float()), q.zero.float()).to(dtype)
+    got = dequantize_view(q, dtype)
+    assert got.dtype == dtype and torch.equal(got, want)
+    room = torch.full((want.shape[0] + 2, *want.shape[1:]), float("nan"), dtype=dtype)  # a slice of a larger tensor
+    dequantize_view(q, dtype, out=room[1:-1])
+    assert torch.equal(room[1:-1], want) and room[0].isnan().all() and room[-1].isnan().all()
 
 
 def test_packing_by_hand():
@@ -365,6 +383,37 @@ def test_reorder_through_the_model_equals_separate_rows():
         single.feed(steps[0][rows[r]].view(1, 1))
         ref = single.feed(steps[1][r].view(1, 1))
         torch.testing.assert_close(out[r], ref[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4-kivi", "int2-kivi", "fp8", "quant:bits=4,axis=kivi,symmetric=true",
+                                  "quant:bits=4,axis=tensor,group=4,residual=2", "quant:bits=8,axis=channel,group=4",
+                                  "quant:bits=4,axis=group,group=8,residual=3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layers_worked_on_together_equal_each_layer_alone(spec, dtype):
+    """Every layer's stored tokens dequantized in one pass and its new tokens quantized in one pass (rows of all
+    layers side by side) give, bit for bit, the logits, stored codes, scales and bytes of each layer on its own.
+    Catches: a layer given another layer's rows, a block that leaves one forward late, the new tokens written
+    into the wrong room, a scale computed across layers."""
+    model = random_model("llama", scale=4.0).to(dtype)
+    prompt = torch.arange(3, 40).unsqueeze(0)
+    runs = []
+    for together in (True, False):
+        rt = Runtime.create(model, parse_cache_spec(spec))
+        if not together:
+            rt.policy.model_cache.together = None
+        logits = [rt.feed(prompt[:, :20]), rt.feed(prompt[:, 20:23])]
+        logits += [rt.feed(prompt[:, t : t + 1]) for t in range(23, prompt.shape[1])]
+        runs.append((rt, torch.cat(logits)))
+    (a, la), (b, lb) = runs
+    assert a.policy.model_cache.together is not None
+    assert torch.equal(la, lb)
+    assert a.policy.layer_nbytes() == b.policy.layer_nbytes()
+    for x, y in zip(a.policy.model_cache.layers, b.policy.model_cache.layers):
+        for sx, sy in ((x.k, y.k), (x.v, y.v)):
+            assert (sx.quantized, sx.exact) == (sy.quantized, sy.exact)
+            assert torch.equal(sx.states(torch.float32), sy.states(torch.float32))
+            if sx.q is not None:
+                assert torch.equal(sx.q.codes, sy.q.codes) and torch.equal(sx.q.scale, sy.q.scale)
 
 
 def test_sliding_layers_stay_sliding():

@@ -105,6 +105,32 @@ def test_batched_sampling_equals_solo_with_own_generators():
     assert [r.new_ids for r in sched.run()] == expected
 
 
+def test_plain_greedy_rows_selected_together_keep_their_own_numbers():
+    """Greedy rows with no stage are selected together (one argmax, one log-softmax over all of them) beside rows
+    with their own chains and draws. Catches: a row given another row's token or log-probabilities, the processed
+    and raw log-probabilities swapped, a sampled row's processed distribution replaced by the raw one."""
+    from decodelab.core.sampling.distribution import log_softmax
+
+    model = random_model("llama", scale=3.0)
+    prompts = prompts_of(LENGTHS, seed=4)
+    settings = [{}, {"temperature": 0.7, "top-k": 20}, {}, {"temperature": 0.5}, {}, {"min-p": 0.05}, {}]
+    seeds = [None, 12, None, 14, None, 16, None]
+    expected = []
+    for p, n, st, seed in zip(prompts, OUTPUTS, settings, seeds):
+        selector = Greedy() if seed is None else Multinomial(make_generator(seed, "cpu"))
+        steps = list(decode_tokens(model, p, build_chain(st), selector, StopRules(n)))
+        expected.append([(d.token_id, log_softmax(d.processed_logits)[d.token_id].item(),
+                          log_softmax(d.raw_logits)[d.token_id].item()) for d in steps])
+    reqs = [request(i, p, n, st, seed) for i, (p, n, st, seed) in enumerate(zip(prompts, OUTPUTS, settings, seeds))]
+    results = Scheduler(model, reqs, max_batch=5, max_tokens_per_iteration=32, block_size=BS).run()
+    for result, want in zip(results, expected):
+        assert [s.token_id for s in result.steps] == [t for t, _, _ in want]
+        assert [s.logprob for s in result.steps] == pytest.approx([lp for _, lp, _ in want], abs=1e-5)
+        assert [s.raw_logprob for s in result.steps] == pytest.approx([r for _, _, r in want], abs=1e-5)
+    assert all(s.logprob == s.raw_logprob for s in results[0].steps)  # plain greedy: processed is raw
+    assert any(s.logprob != s.raw_logprob for s in results[3].steps)  # temperature 0.5 changes it
+
+
 def test_bundled_tiny_batched_equals_solo_with_eos():
     if not (TINY / "model.safetensors").is_file():
         pytest.skip("the bundled tiny model's weights are not installed")

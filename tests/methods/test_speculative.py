@@ -24,7 +24,7 @@ from decodelab.core.methods.speculative.proposers import ModelProposer, NGramPro
 from decodelab.core.methods.speculative.run import Speculator
 from decodelab.core.methods.speculative.rule import acceptance_probability, expected_tokens, point_masses, predicted_speedup, residual_distribution, verify_greedy, verify_sampled
 
-from conftest import BUNDLED_TOKENIZER, random_model
+from conftest import BUNDLED_TOKENIZER, host_reads, random_model
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_WEIGHTS = ROOT / "presets" / "models" / "tiny" / "model.safetensors"
@@ -342,6 +342,54 @@ def test_greedy_equals_plain_greedy_bundled_pair():
         assert sp.stats.accepted > 0
     ngram = run_spec(tiny.model, NGramProposer(3), prompt, chain, rules, 4)
     assert ngram.new_ids == ref
+
+
+# --- host transfers: what a GPU run would wait for -----------------------------------------------------------------
+
+# chains without a data-dependent host read of their own (top-p, on a vocabulary larger than its 256-token head,
+# reads one bool per application to choose between the head and a full sort: a full sort costs 8-22x a top-k on a
+# CPU, so that read stays, and it adds the same to plain and speculative decoding)
+SYNC_FREE_CHAINS = [{"temperature": 0}, {"temperature": 0.9, "top-k": 40}, {"temperature": 1.2, "min-p": 0.05}]
+
+
+@pytest.mark.parametrize("settings", SYNC_FREE_CHAINS)
+@pytest.mark.parametrize("ngram", [False, True])
+def test_a_round_moves_one_transfer_and_its_trace_one_more(target, settings, ngram):
+    """Catches: a verification that reads the accepted count and the token separately, a draft loop that reads each
+    drafted token, a trace that reads its numbers one by one. Untraced: 1 read per round (drafts, verdict, token and
+    finiteness together); traced: 2 (the round's record in one more)."""
+    greedy = settings["temperature"] == 0
+    for record in (False, True):
+        gen = None if greedy else make_generator(3, "cpu")
+        chain = build_chain(settings)
+        proposer = NGramProposer(2) if ngram else ModelProposer(perturbed_copy(target, 0.05), chain,
+                                                               Greedy() if greedy else Multinomial(gen))
+        sp = Speculator(target, proposer, PROMPT * 3, chain, StopRules(20), 4, gen, record=record)
+        with host_reads() as reads:
+            for _ in sp:
+                pass
+        assert sp.stats.rounds > 2 and len(sp.new_ids) == 20
+        assert sum(reads.values()) == sp.stats.rounds * (2 if record else 1), (record, dict(reads))
+
+
+@pytest.mark.parametrize("settings", SYNC_FREE_CHAINS)
+def test_the_plain_baseline_moves_one_transfer_a_token_like_sample(target, settings):
+    """The measured speedup divides by plain decoding: it must pay what `sample` pays, one read per token (the
+    token and its finiteness together), not more (a baseline that syncs more would flatter speculation)."""
+    from decodelab.core.methods.sample import Sampler
+
+    greedy = settings["temperature"] == 0
+    selector = lambda: Greedy() if greedy else Multinomial(make_generator(1, "cpu"))  # noqa: E731
+    with host_reads() as reads:
+        timed = _timing.time_plain_decoding(target, PROMPT, build_chain(settings), selector(), 16, 256)
+    assert timed.tokens == 16 and sum(reads.values()) == 16, dict(reads)
+    for record in (False, True):
+        run = Sampler(target, PROMPT, build_chain(settings), selector(), StopRules(16, ignore_eos=True),
+                      str, str, top=3, record=record)
+        with host_reads() as reads:
+            for _ in run:
+                pass
+        assert len(run.new_ids) == 16 and sum(reads.values()) == 16, (record, dict(reads))
 
 
 def test_identical_draft_accepts_every_proposal(target):

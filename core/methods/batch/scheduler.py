@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
 from ...engine.run import synchronize
 from ...engine.runtime import Runtime
@@ -37,6 +38,7 @@ from ...kv import CacheSpec
 from ...kv.paged import PagedPolicy, PoolFull, blocks_for, chain_hashes
 from ...sampling.chain import Chain
 from ...sampling.distribution import log_softmax
+from ...sampling.select import Greedy
 from ...sampling.step import select
 
 
@@ -98,7 +100,7 @@ class Iteration:
     seconds: float
 
 
-@dataclass
+@dataclass(eq=False)  # a sequence is itself: `in` and `remove` on the running list compare identities
 class Seq:
     req: Request
     order: int  # arrival order (the queue's)
@@ -326,17 +328,7 @@ class Scheduler:
         for s, n in schedule:
             s.computed += n
             s.fed += n
-        picks, packed = [], []
-        for b, (s, _) in enumerate(schedule):
-            if s.pending or s.stop_reason is not None:
-                continue
-            sel = select(s.req.chain, s.req.selector, s.buf.prefix(), logits[b : b + 1])
-            tok = sel.token[:1]
-            packed.append(torch.stack([tok[0].float(), sel.finite[0].float(),
-                                       log_softmax(sel.processed[0])[tok[0]],
-                                       log_softmax(logits[b])[tok[0]]]))
-            picks.append((s, tok))
-        host = torch.stack(packed).tolist() if packed else []  # the iteration's one transfer
+        picks, host = self._select(schedule, logits)
         finished = []
         for (s, tok), (token_id, finite, logprob, raw_logprob) in zip(picks, host):
             if not finite:  # this request's chain left no candidate: it ends here, the others go on
@@ -357,6 +349,39 @@ class Scheduler:
                 if s.stop_reason is not None and not s.pending:
                     s.tokens.append(s.tokens[-1])
         return finished, decodes
+
+    def _select(self, schedule: list[tuple[Seq, int]], logits: Tensor) -> tuple[list[tuple[Seq, Tensor]], list]:
+        """Each row whose last pending token was computed selects its next token with its own chain and selector;
+        rows with no stage and a greedy selector (the chain leaves the raw logits as they are) are selected together,
+        one argmax and one log-softmax over all of them (row by row these give the same bits: each row is reduced
+        on its own). Returns the rows with their token tensors [1], and per row (token, finite, logprob,
+        raw_logprob) read in the iteration's one transfer."""
+        rows = [(b, s) for b, (s, _) in enumerate(schedule) if not s.pending and s.stop_reason is None]
+        if not rows:
+            return [], []
+        index = torch.tensor([b for b, _ in rows], device=logits.device)
+        picked = logits.index_select(0, index)  # [R, V]
+        raw_logp = log_softmax(picked)  # the model's own log-probabilities, every picked row at once
+        plain = [isinstance(s.req.selector, Greedy) and not s.req.chain.processors for _, s in rows]
+        tokens = picked.argmax(dim=-1) if any(plain) else None  # the greedy rows' picks (the others: below)
+        processed_logp = raw_logp if all(plain) else raw_logp.clone()
+        columns, own = [], []
+        for i, ((_, s), simple) in enumerate(zip(rows, plain)):
+            if simple:
+                columns.append(tokens[i : i + 1])
+                continue
+            sel = select(s.req.chain, s.req.selector, s.buf.prefix(), picked[i : i + 1])
+            processed_logp[i] = log_softmax(sel.processed[0])
+            columns.append(sel.token[:1])
+            own.append((i, sel.finite[:1]))
+        token = torch.cat(columns)  # [R]
+        at = token[:, None]
+        finite = torch.isfinite(picked.gather(1, at)[:, 0])  # a plain row's processed logits are its raw ones
+        for i, fin in own:
+            finite[i : i + 1] = fin
+        host = torch.stack([token.float(), finite.float(), processed_logp.gather(1, at)[:, 0],
+                            raw_logp.gather(1, at)[:, 0]], dim=-1).tolist()  # the iteration's one transfer
+        return [(s, token[i : i + 1]) for i, (_, s) in enumerate(rows)], host
 
     def _result(self, s: Seq) -> Result:
         return Result(s.req.id, s.req.prompt, list(s.req.prompt_ids), list(s.req.chain.names), list(s.new_ids),

@@ -1,0 +1,91 @@
+"""Per-token decoding time through a quantized KV cache against the full cache, paired in one run.
+
+Each cache prefills the same ``--context`` tokens of the held-out text (presets/models/validation.txt), then feeds
+``--tokens`` more one token a forward, as decoding does (every forward reads every stored token). The caches take
+turns round after round (order rotated); per cache, the time per fed token; the ratio is the median over rounds of
+the per-round ratio to the full cache (< 1.25x is the goal), with the lowest and highest. The bytes are the stored
+tensors' (codes, scales, zero points, the exact window) at the end, which the change must not move.
+
+    python benchmarks/quant_decode.py [--context 384] [--tokens 64] [--rounds 5]
+                                      [--caches int8,int4-kivi,int2-kivi,quant:bits=4,axis=kivi,symmetric=true]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from decodelab.core.engine.models import load_model
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.kv import parse_cache_spec
+
+TEXT = Path(__file__).resolve().parents[1] / "presets" / "models" / "validation.txt"
+
+
+def decode_seconds(lm, spec: str, ids: list[int], context: int) -> tuple[float, float, int]:
+    """Wall and CPU seconds (this process: one thread, so the CPU seconds leave out the time spent waiting for a core
+    on a busy machine) per token of the one-token forwards after the prefill, and the stored bytes at the end."""
+    runtime = Runtime.create(lm.model, parse_cache_spec(spec), capacity=len(ids))
+    runtime.prefill(torch.tensor([ids[:context]]))
+    start, cpu = time.perf_counter(), time.process_time()
+    for t in ids[context:]:
+        runtime.feed(torch.tensor([[t]]))
+    n = len(ids) - context
+    return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n, sum(runtime.policy.layer_nbytes())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--context", type=int, default=384)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--caches", default="int8,int4-kivi,int2-kivi,quant:bits=4,axis=kivi,symmetric=true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    lm = load_model("tiny", device="cpu")
+    ids = lm.encode(TEXT.read_text())[: args.context + args.tokens]
+    caches = merge_specs(args.caches)
+    for spec in caches:  # warm-up
+        decode_seconds(lm, spec, ids[: args.context + 4], args.context)
+    times: dict[str, list[float]] = {c: [] for c in caches}
+    cpu: dict[str, list[float]] = {c: [] for c in caches}
+    stored: dict[str, int] = {}
+    for r in range(args.rounds):
+        for spec in caches[r % len(caches):] + caches[: r % len(caches)]:
+            seconds, cpu_seconds, stored[spec] = decode_seconds(lm, spec, ids, args.context)
+            times[spec].append(seconds)
+            cpu[spec].append(cpu_seconds)
+    print(f"tiny, one thread, context {args.context} then {args.tokens} one-token forwards, {args.rounds} rounds; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("| cache | wall ms per token | / full, wall: median (min-max) | / full, CPU: median (min-max) | stored "
+          "bytes |")
+    print("|---|---:|---:|---:|---:|")
+    for spec, ts in times.items():
+        print(f"| `{spec}` | {1000 * statistics.median(ts):.2f} | {ratio(ts, times['full'])} | "
+              f"{ratio(cpu[spec], cpu['full'])} | {stored[spec]:,} |")
+
+
+def ratio(ours: list[float], full: list[float]) -> str:
+    xs = [a / b for a, b in zip(ours, full)]
+    return f"{statistics.median(xs):.2f}x ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def merge_specs(text: str) -> list[str]:
+    """The full cache first, then the listed specs (a spec's own commas join it to the next item when that item is
+    a key=value of the same spec)."""
+    out: list[str] = []
+    for item in text.split(","):
+        if out and "=" in item and ":" not in item and out[-1].startswith("quant:"):
+            out[-1] += "," + item
+        elif item:
+            out.append(item)
+    return ["full"] + out
+
+
+if __name__ == "__main__":
+    main()
