@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -12,6 +12,9 @@ from ...core.errors import ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..view import output, render
+
+if TYPE_CHECKING:  # annotations only: the settings classes load torch
+    from ...core.methods.probs import ProbsSettings
 
 GIVEN = "Given distribution (no model)"
 Dist = Annotated[Optional[str], typer.Option("--dist", help="P0,P1,...: run the chain on this distribution, no model "

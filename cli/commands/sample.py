@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -16,6 +16,9 @@ from ..view import output, render
 from ..view.constraint import constraint_line
 from ..view.live import LiveSteps
 from ..view.steps_view import StepsTable
+
+if TYPE_CHECKING:  # annotations only: the settings classes load torch
+    from ...core.methods.sample import SampleSettings
 
 Compile = Annotated[Optional[bool], typer.Option(
     "--compile", help="torch.compile the one-token decode step over the static cache (needs --cache static; the "

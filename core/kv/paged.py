@@ -246,7 +246,7 @@ class PagedPolicy(KVPolicy):
         for key, new in rows:
             self.reserve(key, new if isinstance(new, int) else len(new))
         counts = [new if isinstance(new, int) else len(new) for _, new in rows]
-        device, B, n, bs = self.info.device, len(rows), max(counts), self.block
+        device, n, bs = self.info.device, max(counts), self.block
         past = [self.seqs[key].computed for key, _ in rows]
         L = max(p + c for p, c in zip(past, counts))
         width = blocks_for(L, bs)
