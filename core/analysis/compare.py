@@ -42,7 +42,7 @@ from ..methods.speculative.run import (
 )
 from ..sampling.chain import Chain, build_chain, make_chain
 from ..sampling.distribution import entropy, log_softmax
-from ..sampling.registry import DEFAULT_ORDER
+from ..sampling.registry import DEFAULT_ORDER, params
 from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
@@ -113,7 +113,9 @@ def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) 
 def parse_variant(text: str, index: int = 0) -> Variant:
     """``"name: key=value,key=value"`` (the name is optional). A comma-separated piece that does not start with a
     known key continues the previous value, so ``chain=temperature,top-p`` and ``cache=window:size=8,positions=keep``
-    and ``logit_bias=42=-inf,7=1.5`` read as one value each."""
+    and ``logit_bias=42=-inf,7=1.5`` read as one value each. A stage's text value (``choice``, ``stop``,
+    ``logit_bias``, ``regex``, ...) keeps its spaces, as the option does (``choice= yes, no``: the labels " yes" and
+    " no"); every other value is stripped."""
     head, sep, rest = text.partition(":")
     if sep and "=" not in head:
         name, body = head.strip(), rest
@@ -126,13 +128,15 @@ def parse_variant(text: str, index: int = 0) -> Variant:
     for piece in body.split(","):
         key, eq, value = piece.partition("=")
         if eq and key.strip().replace("-", "_") in known:
-            items.append([key.strip(), value.strip()])
+            items.append([key.strip(), value])
         elif items:
-            items[-1][1] += "," + piece.strip()
+            items[-1][1] += "," + piece
         elif piece.strip():
             raise ConfigError(f"--variant {text!r}: {piece.strip()!r} is not KEY=VALUE with a known key; allowed: "
                               f"{', '.join(sorted(known))}")
-    return make_variant(name, [tuple(i) for i in items], f"--variant {name}")
+    text_fields = {p.field for p in params() if p.kind is str or p.many or p.pairs} | {"stop"}  # stop: a run setting
+    return make_variant(name, [(k, v if k.replace("-", "_") in text_fields else v.strip()) for k, v in items],
+                        f"--variant {name}")
 
 
 def preset_variant(spec: str) -> Variant:

@@ -141,6 +141,10 @@ def test_parsing_variants_seeds_jobs_and_prompts(tmp_path):
                                                      "top_p": "0.9", "cache": "static"}
     assert cmp.settings_for(v, {"cache": "full"}, 0).cache == "static"
     assert cmp.parse_variant("top_k=5", 2).name == "v3"
+    spaced = cmp.parse_variant("s: choice= yes, no, temperature= 0.5 ,logit_bias= the=-5,stop= end")
+    assert dict(spaced.values) == {"choice": " yes, no", "temperature": "0.5", "logit_bias": " the=-5",
+                                   "stop": " end"}, "a text value keeps its spaces, as the option does"
+    assert cmp.settings_for(spaced, {}, 0).temperature == 0.5
     b = cmp.parse_variant("b: method=beam,beams=3")
     assert b.method == "beam" and cmp.settings_for(b, {}, 0).beams == 3
     for bad, says in [("x: temprature=1", "known key"), ("x: seed=3", "--seeds"), ("x: beams=2", "beam"),
