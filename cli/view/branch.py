@@ -65,6 +65,8 @@ def sample_command(doc: dict) -> dict | None:
         words += ["--device", str(doc["device"]).split(":")[0]]
     if doc.get("dtype"):
         words += ["--dtype", str(doc["dtype"])]
+    if prompt.get("chat") is True:  # the prompt ran through the chat template: so must the rerun
+        words += ["--chat"]
     steps = doc.get("steps") or []
     for key, value in config.items():
         if key not in accepted:

@@ -98,5 +98,15 @@ def save_page(document: dict, path: Path) -> None:
 
 
 def emit_for(opts, out: Output) -> None:
-    """:func:`emit` with a command's shared output options (``-f``, ``--save-html``, ``--save-svg``)."""
+    """:func:`emit` with a command's shared output options (``-f``, ``--save-html``, ``--save-svg``); a prompt
+    wrapped by the chat template (``--chat``) says so in the document (``prompt.chat``), so that a rerun of it
+    can wrap it again."""
+    if getattr(opts, "chat", False):
+        mark_chat(out.document)
     emit(out, opts.fmt.value, getattr(opts, "save_html", None), getattr(opts, "save_svg", None))
+
+
+def mark_chat(document) -> None:
+    prompt = document.get("prompt") if isinstance(document, dict) else None
+    if isinstance(prompt, dict):
+        prompt["chat"] = True

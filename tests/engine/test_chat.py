@@ -101,3 +101,23 @@ def test_without_fork_the_sandbox_and_the_size_limit_still_hold(with_template, m
 
 def test_no_template(cli, toy_model_dir):
     assert "has no chat template" in one_line_error(cli, "sample", "Hi", "-m", toy_model_dir, "--chat")
+
+
+def test_a_chat_trace_says_so_and_its_branch_command_wraps_the_prompt_again(cli, with_template):
+    """`--chat` is recorded (`prompt.chat`), and the page's rerun command carries it: without it the rerun would
+    decode the bare prompt, other ids, and branch from a different run."""
+    from decodelab.cli.view.branch import sample_command
+
+    folder = with_template(SIMPLE)
+    code, out, err = cli("sample", "Hi", "-m", folder, "--chat", "-n", "3", "-t", "0.7", "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["prompt"]["chat"] is True
+    argv = sample_command(doc)["argv"]
+    assert "--chat" in argv
+    code, out, err = cli(*argv[1:], "-f", "json")
+    assert code == 0, err
+    rerun = json.loads(out)
+    assert rerun["prompt"] == doc["prompt"] and rerun["token_ids"] == doc["token_ids"]
+    code, out, err = cli("sample", "Hi", "-m", folder, "-n", "1", "-f", "json")
+    assert "chat" not in json.loads(out)["prompt"]
