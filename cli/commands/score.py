@@ -12,7 +12,6 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
-from ...core.errors import ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
@@ -213,6 +212,7 @@ def choices_table(rows: list[dict], title: str) -> Table:
 
 def on_engine(opts: o.Opts, settings, body: str) -> None:
     """score --engine: the server's prompt logprobs of the text's token ids (raw in every --logprobs-mode)."""
+    from ...core.methods.score import check_scorable
     from ...core.methods.served import ServedScore, score_needs
     from ...core.sampling.semantics import active_stages
     from ..served import connect, local_tokenizer
@@ -220,8 +220,7 @@ def on_engine(opts: o.Opts, settings, body: str) -> None:
     needs = score_needs(settings, active_stages(settings), bool(settings.renormalize or settings.kept_ids))
     local = local_tokenizer(opts)
     ids = local.encode(body)[: settings.limit]
-    if len(ids) < 2:
-        raise ConfigError(f"TEXT: {len(ids)} token(s); scoring needs at least 2 (the first is context)")
+    check_scorable(ids)  # before the server is contacted
     conn = connect(opts, local, needs)
     cap = conn.engine.capabilities.max_top_n
     top = max(1, min(settings.top, cap) if cap is not None else settings.top)

@@ -87,6 +87,7 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
                     probe=probe, probe_depths=probe_depths,
                     probe_keys=tuple(k.strip() for k in probe_keys.split(",")) if probe_keys is not None else None)
     from ...core.methods.registry import settings_for
+    from ...core.methods.score import check_scorable
     settings = settings_for("stream", opts.preset, explicit, opts.set_)
     if text_file is not None and opts.prompt is not None:
         raise ConfigError("PROMPT and --text-file: give one of them (PROMPT generates, --text-file scores)")
@@ -102,8 +103,7 @@ def stream(opts: o.Opts, text_file: TextFile = None, limit: Limit = None, chunk:
     if text_file is None:
         return run_generate(opts, lm, settings, body, chain)
     ids = lm.encode(body)[: settings.limit]
-    if len(ids) < 2:
-        raise ConfigError(f"--text-file {text_file}: {len(ids)} token(s); scoring needs at least 2")
+    check_scorable(ids, f"--text-file {text_file}")
     if settings.compare_policies:
         return run_compare(opts, lm, settings, body, ids, chain)
     if settings.probe:

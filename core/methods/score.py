@@ -174,21 +174,16 @@ def processed_logprobs(chain: Chain, ids: Tensor, logits: Tensor, start: int) ->
     return torch.log_softmax(out.float(), dim=-1)
 
 
-class Scorer(Run):
-    """Iterate for one :class:`ScoredToken` per scored position; ``summary()`` afterwards."""
+def check_scorable(token_ids: list[int], where: str = "TEXT") -> None:
+    """Scoring needs the first token as context and at least one token after it to score."""
+    if len(token_ids) < 2:
+        raise ConfigError(f"{where}: {len(token_ids)} token(s); scoring needs at least 2 (the first is context)")
 
-    def __init__(self, model, token_ids: list[int], chain: Chain, token_text, settings: ScoreSettings,
-                 cache: CacheSpec | None = None, reference=None, reference_cache: CacheSpec | None = None,
-                 reference_name: str | None = None):
-        if len(token_ids) < 2:
-            raise ConfigError(f"TEXT: {len(token_ids)} token(s); scoring needs at least 2 (the first is context)")
-        self.model, self.ids, self.chain, self.token_text, self.s = model, list(token_ids), chain, token_text, settings
-        self.spec = cache
-        self.reference, self.reference_cache, self.reference_name = reference, reference_cache, reference_name
-        self.steps: list[ScoredToken] = []
-        self.stop_reason = "end"
-        self.watch: Stopwatch | None = None
-        self.feed = score_feed(settings.feed, [cache, reference_cache], len(self.ids))
+
+class TextScore(Run):
+    """A teacher-forced run over ``self.ids``: every token after the first is scored, none is generated."""
+
+    ids: list[int]
 
     @property
     def total(self) -> int:
@@ -197,6 +192,22 @@ class Scorer(Run):
     @property
     def new_ids(self) -> list[int]:
         return []
+
+
+class Scorer(TextScore):
+    """Iterate for one :class:`ScoredToken` per scored position; ``summary()`` afterwards."""
+
+    def __init__(self, model, token_ids: list[int], chain: Chain, token_text, settings: ScoreSettings,
+                 cache: CacheSpec | None = None, reference=None, reference_cache: CacheSpec | None = None,
+                 reference_name: str | None = None):
+        check_scorable(token_ids)
+        self.model, self.ids, self.chain, self.token_text, self.s = model, list(token_ids), chain, token_text, settings
+        self.spec = cache
+        self.reference, self.reference_cache, self.reference_name = reference, reference_cache, reference_name
+        self.steps: list[ScoredToken] = []
+        self.stop_reason = "end"
+        self.watch: Stopwatch | None = None
+        self.feed = score_feed(settings.feed, [cache, reference_cache], len(self.ids))
 
     def __iter__(self) -> Iterator[ScoredToken]:
         device = next(self.model.parameters()).device

@@ -49,7 +49,7 @@ from ..errors import ConfigError
 from ..sampling.chain import Chain
 from ..sampling.export import served_settings
 from .batch.run import Baseline, Entry
-from .score import ChunkPerplexity
+from .score import ChunkPerplexity, TextScore, check_scorable
 
 # tokenised by the server and locally: words, accents, CJK, an emoji (byte fallback), digits, whitespace
 PROBE_TEXT = "decodelab tokenizer check: Grüße, 東京 😀 1234\n\tend"
@@ -330,24 +330,15 @@ class EngineScoreSummary:
     truncated: bool = True
 
 
-class ServedScore(Run):
+class ServedScore(TextScore):
     """``score --engine``: the text's token ids scored by the server (prompt logprobs), one request."""
 
     def __init__(self, conn: Connection, token_ids: list[int], top_n: int, chunk: int | None = None):
-        if len(token_ids) < 2:
-            raise ConfigError(f"TEXT: {len(token_ids)} token(s); scoring needs at least 2 (the first is context)")
+        check_scorable(token_ids)
         self.conn, self.ids, self.top_n, self.chunk = conn, list(token_ids), top_n, chunk
         self.steps: list[EngineScoredToken] = []
         self.seconds = math.nan
         self.stop_reason = "end"
-
-    @property
-    def total(self) -> int:
-        return len(self.ids) - 1
-
-    @property
-    def new_ids(self) -> list[int]:
-        return []
 
     def __iter__(self) -> Iterator[EngineScoredToken]:
         started = time.perf_counter()
