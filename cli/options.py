@@ -20,7 +20,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..core.inputs import parse_float, parse_int
+from ..core.inputs import parse_float, parse_int, usable_cpus
 from ..core.sampling.registry import DEFAULT_ORDER, PANELS, Param, check_range
 from ..core.sampling.registry import params as stage_params
 from .view.render import status
@@ -238,16 +238,6 @@ def check_paths(opts: Opts) -> None:
         raise ConfigError(f"--threads {threads}: must be an integer in [1, {usable_cpus()}] (the CPUs this process "
                           "may run on; more threads only wait for each other)")
     check_engine(opts)
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
-    import os
-
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def check_ranges_early(opts: Opts) -> None:

@@ -202,3 +202,11 @@ def parse_numbers(text: str, option: str) -> list[float]:
             raise ConfigError(f"{option} {item!r}: not a number")
         out.append(value)
     return out
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one): the bound of ``--threads``."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, ModelLoadError
-from ..inputs import check_text
+from ..inputs import check_text, usable_cpus
 from .chat import chat_ids
 from .folder import check_files, check_folder, check_loaded, parameters_in
 
@@ -238,7 +238,7 @@ def choose_threads(given: int | None = None, environ=os.environ, load: float | N
 def physical_cores() -> int:
     """The cores this process may run on, a core's hyperthreads counted once (Linux's /proc/cpuinfo: distinct
     (physical id, core id) pairs; elsewhere the logical count)."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    usable = usable_cpus()
     try:
         blocks = [b for b in Path("/proc/cpuinfo").read_text().split("\n\n") if "processor" in b]
     except OSError:
