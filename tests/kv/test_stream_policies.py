@@ -552,3 +552,85 @@ def test_beam_under_a_large_window_equals_full_and_rows_evict_together():
     logits = rt.feed(ids_of(3).view(3, 1))
     assert logits.shape[0] == 3 and rt.policy.stored == 8
     assert {layer.keys.shape for layer in rt.policy.model_cache.layers} == {(3, 2, 8, 16)}
+
+
+# --- exact edges the mutation run (tests/mutation/run.sh, core/kv/rope.py and window.py) showed no test pinned ----
+
+
+def test_a_composite_config_is_judged_by_its_text_model():
+    """A multimodal config (LLaVA over a Llama) names itself "llava"; its keys are the Llama's, so re-rotation is
+    judged by get_text_config()'s model type. A config object with neither get_text_config nor model_type (a
+    script's own namespace) reads "?" in the refusal. Bug caught: the top-level model type used (a verified text
+    model refused as "llava"), or the fallback lost."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlavaConfig
+
+    from decodelab.core.kv import ModelInfo
+    from decodelab.core.kv.rope import model_type, shiftable
+
+    llama = model_info(random_model("llama"))
+    text = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                       vocab_size=100)
+    llava = ModelInfo(**{**llama.__dict__, "config": LlavaConfig(text_config=text.to_dict())})
+    assert llava.config.model_type == "llava" and model_type(llava) == "llama"
+    assert shiftable(llava, "-o") is llama.rotary
+    # an object without get_text_config is its own text config
+    bare = ModelInfo(**{**llama.__dict__, "config": SimpleNamespace(model_type="qwen2")})
+    assert model_type(bare) == "qwen2"
+    anonymous = ModelInfo(**{**llama.__dict__, "config": SimpleNamespace()})
+    assert model_type(anonymous) == "?"
+    with pytest.raises(ConfigError) as err:
+        shiftable(anonymous, "-o")
+    assert str(err.value).endswith("(the rotate_half layout), not ?; use positions=keep or --cache recompute:size=W")
+
+
+def test_shifter_memo_is_bounded_at_64_shifts_and_stays_exact_after_eviction():
+    """cos/sin are memoised per shift d, at most 64 of them: 70 distinct shifts leave the last 64, the oldest
+    dropped first; a repeated d reuses its pair (the same tensors); a d computed again after its eviction gives
+    the same keys as a fresh Shifter. Bug caught: a memo that never hits, grows without bound, evicts at the wrong
+    size, or breaks (a bad key to pop) on the 65th shift."""
+    from decodelab.core.kv import Rotary
+
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    rot = Rotary(inv_freq, "default", rotary_dim=8, head_dim=8)
+    shifter = Shifter(rot, torch.device("cpu"))
+    first = shifter._cos_sin(1)
+    assert shifter._cos_sin(1) is first  # a hit returns the memoised pair
+    k = torch.randn(1, 2, 3, 8, generator=torch.Generator().manual_seed(0))
+    for d in range(1, 71):
+        got = shifter.shift(k, d)
+        assert torch.equal(got, Shifter(rot, torch.device("cpu")).shift(k, d))
+        assert len(shifter._memo) == min(d, 64)
+    assert list(shifter._memo) == list(range(7, 71))
+    assert torch.equal(shifter.shift(k, 1), Shifter(rot, torch.device("cpu")).shift(k, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_shift_returns_the_keys_dtype(dtype):
+    """The rotation runs in float32 and comes back in the cache's dtype (a float16 model's cache must stay
+    float16: concatenated with the new float16 keys). The values equal the float32 rotation rounded once."""
+    from decodelab.core.kv import Rotary
+
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    shifter = Shifter(Rotary(inv_freq, "default", rotary_dim=8, head_dim=12), torch.device("cpu"))
+    k = torch.randn(1, 2, 3, 12, generator=torch.Generator().manual_seed(1)).to(dtype)
+    got = shifter.shift(k, 3)
+    assert got.dtype == dtype
+    assert torch.equal(got, shifter.shift(k.float(), 3).to(dtype))
+
+
+def test_bounded_policies_built_without_a_size_refuse_and_sinks_default_to_4():
+    """make_policy with a hand-written CacheSpec that names no size (window) or no recent (sinks) is the same one
+    line as size 0, not a window of 1; sinks not named are 4, as the parser's default. Bug caught: a default of
+    size 1 (a silent one-token window) or a different sink count than --cache sinks:recent=R gives."""
+    from decodelab.core.kv import CacheSpec, make_policy
+
+    info = model_info(random_model("llama"))
+    for spec, message in [(CacheSpec("window", ()), "--cache window: needs size=W (an integer >= 1)"),
+                          (CacheSpec("sinks", (("sinks", 2),)), "--cache sinks: needs recent=R (an integer >= 1)")]:
+        with pytest.raises(ConfigError) as err:
+            make_policy(spec, info)
+        assert str(err.value) == message
+    policy = make_policy(CacheSpec("sinks", (("recent", 3),)), info)
+    assert (policy.sinks, policy.recent) == (4, 3) == (parse_cache_spec("sinks:recent=3").options["sinks"], 3)
