@@ -634,3 +634,23 @@ def test_bounded_policies_built_without_a_size_refuse_and_sinks_default_to_4():
         assert str(err.value) == message
     policy = make_policy(CacheSpec("sinks", (("recent", 3),)), info)
     assert (policy.sinks, policy.recent) == (4, 3) == (parse_cache_spec("sinks:recent=3").options["sinks"], 3)
+
+
+def test_a_model_with_a_linear_attention_layer_is_refused_in_one_line_naming_the_layer():
+    """A hybrid model (Qwen3-Next style: layer_types with "linear_attention") gets a LinearAttentionLayer from
+    DynamicCache, whose state is not a sequence of keys a window can cut: the bounded policies refuse it by name,
+    in one whole line. Bug caught: the message lost (or naming the wrong type), so the user cannot tell why."""
+    import copy
+
+    from decodelab.core.kv import ModelInfo, make_policy
+
+    info = model_info(random_model("llama"))
+    config = copy.deepcopy(info.config)
+    config.layer_types = ["full_attention", "linear_attention"]
+    hybrid = ModelInfo(**{**info.__dict__, "config": config})
+    for spec, shown in [("window:size=4", "window:size=4,positions=keep"),
+                        ("sinks:sinks=2,recent=4", "sinks:sinks=2,recent=4,positions=rerotate")]:
+        with pytest.raises(ConfigError) as err:
+            make_policy(parse_cache_spec(spec), hybrid)
+        assert str(err.value) == (f"--cache {shown}: cache layer LinearAttentionLayer of this model is not "
+                                  "supported (only plain and sliding-window attention layers)")
