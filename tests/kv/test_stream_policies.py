@@ -654,3 +654,31 @@ def test_a_model_with_a_linear_attention_layer_is_refused_in_one_line_naming_the
             make_policy(parse_cache_spec(spec), hybrid)
         assert str(err.value) == (f"--cache {shown}: cache layer LinearAttentionLayer of this model is not "
                                   "supported (only plain and sliding-window attention layers)")
+
+
+def test_the_absolute_position_bound_applies_only_to_models_without_rope():
+    """The context bound of a bounded cache (positions past n_positions refused) is for absolute position tables.
+    A RoPE model whose config happens to carry n_positions (GPT-J's configs do) is not bounded by it: keep
+    positions run past it. An ALiBi model (BLOOM: neither RoPE nor n_positions) has no table at all: a window
+    runs past any length and holds W tokens, and one longer than the text equals the full cache. Rerotate on
+    GPT-2 is refused in one line naming the spec. Bug caught: the bound read for every model, a missing
+    n_positions taken as an error, the spec lost from the refusal."""
+    from transformers import AutoModelForCausalLM, BloomConfig
+
+    llama = random_model("llama", n_positions=16)
+    stream_logits(llama, "window:size=8", ids_of(40), prefill=8)
+    torch.manual_seed(0)
+    bloom = AutoModelForCausalLM.from_config(
+        BloomConfig(vocab_size=256, hidden_size=64, n_layer=2, n_head=4, bos_token_id=None, eos_token_id=None,
+                    pad_token_id=None), attn_implementation="eager").eval()
+    assert not hasattr(bloom.config, "n_positions") and model_info(bloom).rotary is None
+    ids = ids_of(24)
+    ref, _ = stream_logits(bloom, "full", ids, prefill=4)
+    got, _ = stream_logits(bloom, "window:size=64", ids, prefill=4)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    _, rt = stream_logits(bloom, "window:size=4", ids, prefill=4)
+    assert rt.policy.stored == 4 and rt.policy.describe()["evicted"] == 20
+    with pytest.raises(ConfigError) as err:
+        Runtime.create(random_model("gpt2"), parse_cache_spec("window:size=8,positions=rerotate"))
+    assert str(err.value).startswith("--cache window:size=8,positions=rerotate: gpt2 has no rotary position "
+                                     "embedding")
