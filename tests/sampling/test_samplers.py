@@ -226,6 +226,38 @@ def test_dynamic_temperature_by_hand():
     assert sharp.state()["temperature"].item() < 0.01 and softmax(out)[0, 0] == 1.0
 
 
+
+def test_dynamic_temperature_per_row_and_at_its_edges():
+    """A batch of rows with different candidate counts K: each row's T uses its own K (log K normalises its own
+    entropy) and the state holds one T per row, [B]. A row with one candidate is left as it is and reports T = 1;
+    a row with two candidates gets its computed T. T reaching exactly 0 (T_min = max(0, 0.5 - 0.5) = 0 and a
+    softmax that underflows to a point mass, entropy 0) keeps only the arg-max, as T < 0 does: the -1000 logit is
+    removed, not left finite. Before any step the state is empty. Bugs caught: K counted over the whole batch, T
+    reported for a single candidate or computed only from three, the state shaped [B, 1], "T < 0" for "T <= 0",
+    a None state reported before the first step."""
+    stage = DynamicTemperature(1.0, 0.5)
+    assert stage.state() == {}
+    rows = torch.tensor([[1.0, 0.0, -1.0, 0.5], [2.0, 0.0, NEG, NEG], [3.0, NEG, NEG, NEG]])
+    out = stage(None, rows)
+    temps = []
+    for row in rows:
+        finite = row[torch.isfinite(row)]
+        if finite.numel() == 1:
+            temps.append(1.0)
+            continue
+        p = torch.softmax(finite, -1)
+        h = -(p * p.log()).sum().item()
+        temps.append(0.5 + (1.5 - 0.5) * h / math.log(finite.numel()))
+    state = stage.state()["temperature"]
+    assert state.shape == (3,) and state.tolist() == pytest.approx(temps, rel=1e-6)
+    torch.testing.assert_close(out[:2], rows[:2] / torch.tensor(temps[:2])[:, None], rtol=1e-6, atol=0)
+    assert torch.equal(out[2], rows[2])
+    zero = DynamicTemperature(0.5, 0.5)
+    out = zero(None, torch.tensor([[0.0, -1000.0]]))
+    assert zero.state()["temperature"].tolist() == [0.0]
+    assert out.tolist() == [[0.0, NEG]]
+
+
 def test_mirostat_v2_by_hand():
     z = torch.tensor([[0.5, 0.25, 0.125, 0.125]]).log()  # surprises 1, 2, 3, 3 bits
     m = MirostatV2(tau=1.5, eta=0.1)
