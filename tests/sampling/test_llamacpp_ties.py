@@ -131,3 +131,31 @@ def test_llamacpp_min_p_above_one_keeps_one_and_at_one_keeps_the_tied_maximum():
     # z >= z_max + log(min_p): e^-1 = 0.3679 of the maximum passes 0.36, not 0.37
     assert torch.isfinite(LlamaCppMinP(0.36)(None, logits)).tolist() == [[True, True, True, False]]
     assert torch.isfinite(LlamaCppMinP(0.37)(None, logits)).tolist() == [[True, False, True, False]]
+
+
+# --- exact edges the mutation run (tests/mutation/run.sh, core/sampling/llamacpp.py) showed no test pinned -------
+
+
+def test_llamacpp_min_p_works_row_by_row_in_a_batch():
+    """Min-p is relative to each row's own maximum: a batch (beams, batched requests) gives each row what it gives
+    alone. Row 1's maximum (1.0) is far below row 0's (5.0), so a batch-wide maximum would empty it; above 1 each
+    row keeps its own arg-max (3 and 1), not one position of the flattened batch. Bug caught: the maximum or the
+    arg-max taken over the whole batch, or a threshold that lost its row axis."""
+    logits = torch.tensor([[5.0, 4.0, 0.0, 4.5], [1.0, 0.5, -3.0, 0.9], [0.0, 2.0, 2.0, 1.0]])
+    for min_p in (0.5, 1.0, 1.5):
+        stage = LlamaCppMinP(min_p)
+        alone = torch.cat([stage(None, row[None]) for row in logits])
+        assert torch.equal(stage(None, logits), alone)
+    # by hand: z >= max + log 0.5 = max - 0.693
+    assert torch.isfinite(LlamaCppMinP(0.5)(None, logits)).tolist() == [
+        [True, False, False, True], [True, True, False, True], [False, True, True, False]]
+    assert torch.isfinite(LlamaCppMinP(1.5)(None, logits)).tolist() == [
+        [True, False, False, False], [True, False, False, False], [False, True, False, False]]
+
+
+def test_llamacpp_top_1_of_two_tokens_keeps_the_larger():
+    """k = 1 of a two-token vocabulary: no tie, so the fast path keeps exactly the arg-max (in each row, whichever
+    side it is on). Bug caught: a "tied" mask inverted (!= for ==), which on this row counts exactly k and keeps the
+    smaller token."""
+    logits = torch.tensor([[1.0, 0.0], [-2.0, 3.0]])
+    assert LlamaCppTopK(1)(None, logits).tolist() == [[1.0, float("-inf")], [float("-inf"), 3.0]]
