@@ -182,6 +182,54 @@ def test_dry_exponent_is_capped_so_the_penalty_stays_finite():
     assert math.isfinite(pen[5]) and pen[5] == 3.0 ** int(88.7228391 / math.log(3.0))
 
 
+
+def test_dry_exponent_cap_at_the_default_base_and_no_cap_needed_at_base_one():
+    """At the default base 1.75 the cap is int(88.7228391 / log 1.75) = 158 (1.75 ** 158 = 2.7e38 still fits a
+    float32; 1.75 ** 298 would not). At base 1 every power is 1, so the penalty is the multiplier, whatever the
+    repeat's length (and log 1 = 0 must not be divided by). An empty sequence breaker (a breaker string that
+    tokenizes to nothing) is dropped. Bugs caught: the cap applied only above base 2, the cap computed at base 1,
+    an empty breaker kept (its head read)."""
+    h = [5] * 300
+    pen = DRY(1.0, 1.75, 2).penalties(h)
+    assert int(88.7228391 / math.log(1.75)) == 158 and pen == {5: 1.75 ** 158}
+    assert math.isfinite(torch.tensor([0.0]).sub(pen[5]).item())
+    assert DRY(0.5, 1.0, 2).penalties(h) == {5: 0.5}
+    dry = DRY(1.0, 1.75, 2, breakers=((), (7,)))
+    assert dry.breakers == ((7,),) and dry.penalties([1, 2, 3, 1, 2]) == {3: 1.0}
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: WindowedRepetitionPenalty(penalty=0), "--repetition-penalty 0: must be > 0 (1 = off)"),
+    (lambda: WindowedRepetitionPenalty(penalty=float("inf")), "--repetition-penalty inf: must be > 0 (1 = off)"),
+    (lambda: WindowedRepetitionPenalty(scope="prompt", penalty=1.2),
+     "--repetition-penalty scope prompt: allowed: all, output"),
+    (lambda: FrequencyPenalty(value=float("nan")), "--frequency-penalty nan: must be a finite number"),
+    (lambda: FrequencyPenalty(scope="prompt", value=0.5), "--frequency-penalty scope prompt: allowed: all, output"),
+    (lambda: PresencePenalty(value=float("inf")), "--presence-penalty inf: must be a finite number"),
+    (lambda: PresencePenalty(scope="prompt", value=0.5), "--presence-penalty scope prompt: allowed: all, output"),
+    (lambda: DRY(0.0), "--dry-multiplier 0.0: must be > 0 (0 = off)"),
+    (lambda: DRY(1.0, allowed_length=-1), "--dry-allowed-length -1: must be an integer >= 0"),
+    (lambda: DRY(1.0, allowed_length=1.5), "--dry-allowed-length 1.5: must be an integer >= 0"),
+], ids=lambda x: x if isinstance(x, str) else "")
+def test_penalty_stages_built_directly_refuse_in_one_whole_line(make, message):
+    """A stage built in a script (not through the CLI's checks) refuses a bad value in the CLI's own line: option,
+    value, what is allowed. At the edges: a repetition penalty of 0 or inf, a non-finite alpha, a scope that is
+    not one of SCOPES, a DRY multiplier of 0, a negative or fractional allowed length. Bug caught: a check that
+    lets the value through (`or` for `and`, `>=` for `>`), or a line that names the wrong option or value."""
+    with pytest.raises(ConfigError) as err:
+        make()
+    assert str(err.value) == message
+
+
+def test_penalty_stages_accept_the_values_next_to_their_edges():
+    """A repetition penalty between 0 and 1 (it favours repeats: allowed), alpha 0 or negative, DRY at base 1 and
+    allowed length 0 are all valid."""
+    WindowedRepetitionPenalty(penalty=0.5)
+    FrequencyPenalty(value=-1.0)
+    PresencePenalty(value=0.0)
+    DRY(0.1, base=1.0, allowed_length=0)
+
+
 def test_xtc_by_hand():
     z = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
     gen = make_generator(0, "cpu")
