@@ -210,11 +210,18 @@ def test_dry_exponent_cap_at_the_default_base_and_no_cap_needed_at_base_one():
     (lambda: DRY(0.0), "--dry-multiplier 0.0: must be > 0 (0 = off)"),
     (lambda: DRY(1.0, allowed_length=-1), "--dry-allowed-length -1: must be an integer >= 0"),
     (lambda: DRY(1.0, allowed_length=1.5), "--dry-allowed-length 1.5: must be an integer >= 0"),
+    (lambda: DynamicTemperature(-0.5, 0.5), "--temperature -0.5: must be >= 0"),
+    (lambda: DynamicTemperature(float("inf"), 0.5), "--temperature inf: must be >= 0"),
+    (lambda: DynamicTemperature(1.0, 0.0), "--dynatemp-range 0.0: must be > 0 (0 = plain temperature)"),
+    (lambda: DynamicTemperature(1.0, float("nan")), "--dynatemp-range nan: must be > 0 (0 = plain temperature)"),
+    (lambda: DynamicTemperature(1.0, 0.5, 0.0), "--dynatemp-exponent 0.0: must be > 0"),
+    (lambda: DynamicTemperature(1.0, 0.5, float("inf")), "--dynatemp-exponent inf: must be > 0"),
 ], ids=lambda x: x if isinstance(x, str) else "")
-def test_penalty_stages_built_directly_refuse_in_one_whole_line(make, message):
+def test_penalty_and_dynatemp_stages_built_directly_refuse_in_one_whole_line(make, message):
     """A stage built in a script (not through the CLI's checks) refuses a bad value in the CLI's own line: option,
     value, what is allowed. At the edges: a repetition penalty of 0 or inf, a non-finite alpha, a scope that is
-    not one of SCOPES, a DRY multiplier of 0, a negative or fractional allowed length. Bug caught: a check that
+    not one of SCOPES, a DRY multiplier of 0, a negative or fractional allowed length, a negative or infinite
+    temperature, a dynamic-temperature range or exponent of 0 or not finite. Bug caught: a check that
     lets the value through (`or` for `and`, `>=` for `>`), or a line that names the wrong option or value."""
     with pytest.raises(ConfigError) as err:
         make()
@@ -223,7 +230,8 @@ def test_penalty_stages_built_directly_refuse_in_one_whole_line(make, message):
 
 def test_penalty_stages_accept_the_values_next_to_their_edges():
     """A repetition penalty between 0 and 1 (it favours repeats: allowed), alpha 0 or negative, DRY at base 1 and
-    allowed length 0 are all valid."""
+    allowed length 0, dynamic temperature at t = 0 are all valid."""
+    DynamicTemperature(0.0, 0.5, 0.5)
     WindowedRepetitionPenalty(penalty=0.5)
     FrequencyPenalty(value=-1.0)
     PresencePenalty(value=0.0)
