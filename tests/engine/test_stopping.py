@@ -154,3 +154,29 @@ def test_trim_stop_cuts_the_first_occurrence_of_a_stop_string_present_in_the_tex
     assert trim_stop([0, 3], "stop", rules, detok) == ([0, 3], "abDx")
     assert trim_stop([0, 1, 3], "eos", rules, detok) == ([0, 1, 3], "abENDx")
 
+
+
+def test_stop_rules_from_a_model_and_settings():
+    """stop_rules reads -n (an explicit count first), the model's EOS ids and context, and the settings' stop
+    strings, --ignore-eos and stop ids; settings without stop fields (a command that has none) give none. Only a
+    model with no context bounds -n, by MAX_NEW_TOKENS, in one line naming the model; the explicit count is the
+    one checked. Bugs caught: a field dropped or read from the wrong place, the bound applied to a model that has
+    a context, the settings' -n checked instead of the explicit one."""
+    from types import SimpleNamespace
+
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.engine.stopping import MAX_NEW_TOKENS, stop_rules
+
+    lm = SimpleNamespace(context_length=64, eos_ids=[2, 3], name="toy")
+    settings = SimpleNamespace(max_new_tokens=10, stop=["END"], ignore_eos=True, stop_id=[7])
+    assert stop_rules(lm, settings) == StopRules(10, (2, 3), ("END",), True, 64, (7,))
+    assert stop_rules(lm, settings, 5) == StopRules(5, (2, 3), ("END",), True, 64, (7,))
+    bare = SimpleNamespace(max_new_tokens=4, ignore_eos=False)
+    assert stop_rules(lm, bare) == StopRules(4, (2, 3), (), False, 64, ())
+    assert stop_rules(lm, bare, 2**30).capacity(3) == 64  # a context bounds the run: no -n limit
+    unbounded = SimpleNamespace(context_length=None, eos_ids=[2], name="toy")
+    assert stop_rules(unbounded, bare, MAX_NEW_TOKENS).max_new_tokens == MAX_NEW_TOKENS
+    with pytest.raises(ConfigError) as err:
+        stop_rules(unbounded, bare, MAX_NEW_TOKENS + 1)
+    assert str(err.value) == (f"--max-new-tokens {MAX_NEW_TOKENS + 1}: 'toy' states no context length, so the run "
+                              f"holds every token; at most {MAX_NEW_TOKENS}")
