@@ -180,3 +180,13 @@ def test_stop_rules_from_a_model_and_settings():
         stop_rules(unbounded, bare, MAX_NEW_TOKENS + 1)
     assert str(err.value) == (f"--max-new-tokens {MAX_NEW_TOKENS + 1}: 'toy' states no context length, so the run "
                               f"holds every token; at most {MAX_NEW_TOKENS}")
+
+
+def test_the_context_stops_a_run_when_the_sequence_fills_it():
+    """A context of 8: a sequence of 7 goes on, one of 8 (the context full) stops with reason "context", before
+    -n is consulted, and an EOS there is still "eos". Bug caught: the run going one token past the context, the
+    reason misnamed."""
+    checker = StopChecker(StopRules(max_new_tokens=3, eos_ids=(0,), context_length=8))
+    assert checker.check([5], 7) is None
+    assert checker.check([5, 5, 5], 8) == "context"
+    assert checker.check([5, 0], 8) == "eos"

@@ -159,3 +159,38 @@ def test_llamacpp_top_1_of_two_tokens_keeps_the_larger():
     smaller token."""
     logits = torch.tensor([[1.0, 0.0], [-2.0, 3.0]])
     assert LlamaCppTopK(1)(None, logits).tolist() == [[1.0, float("-inf")], [float("-inf"), 3.0]]
+
+
+def test_bucket_sum_is_rounded_to_float32_before_truncation():
+    """6.4f * z is rounded to float32 and so is the sum with 64.0f: for z just below -3.90625 (one float32 ulp),
+    6.4f * z lands one ulp below -25, and 39 - ulp rounds to 39.0f in float32 (bucket 39), while the same sum kept
+    in float64 truncates to 38. Bug caught: the second rounding skipped (the sum taken in float64)."""
+    z = np.nextafter(np.float32(-3.90625), np.float32(-np.inf))
+    assert float(np.float32(6.4) * z) < -25.0
+    assert bucket_of(np.array([z, -3.90625], dtype=np.float32)).tolist() == [39, 39]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to build the libstdc++ oracle")
+def test_the_replay_at_the_heap_limit_and_at_bucket_edges(tmp_path):
+    """More arrays for the libstdc++ oracle, at the edges of the bucket pass: k = 128 exactly (still the heap over
+    the whole array, with ties past the k-th), k > 128 with no logit in the top bucket (fewer than 128 buckets
+    used), and the top buckets holding exactly k (the boundary bucket is kept whole, nothing chosen from the next).
+    Bugs caught: the bucket pass from k = 128, a bucket count as long as the highest bucket used, a boundary one
+    bucket too low."""
+    source, binary = tmp_path / "topk.cpp", tmp_path / "topk"
+    source.write_text(PROGRAM)
+    subprocess.run(["g++", "-O2", "-o", str(binary), str(source)], check=True, capture_output=True)
+    rng = random.Random(1)
+    todo = []
+    for _ in range(20):
+        n = rng.randint(140, 300)
+        todo.append(([float(rng.choice([-1.0, 0.0, 0.5, 1.0, 2.0])) for _ in range(n)], 128))
+        n = rng.randint(200, 300)
+        todo.append(([float(rng.choice([-3.0, 0.0, 0.1, 0.15, 4.0])) for _ in range(n)], rng.randint(129, n)))
+    todo.append(([11.0] * 150 + [0.0] * 50, 150))
+    todo.append(([11.0] * 100 + [4.0] * 60 + [0.0] * 40, 160))
+    text = "".join(f"{len(v)} {k} {' '.join(repr(x) for x in v)}\n" for v, k in todo)
+    lines = subprocess.run([str(binary)], input=text, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(lines) == len(todo)
+    for (values, k), line in zip(todo, lines):
+        assert sorted(partial_sort_keep(np.array(values, dtype=np.float32), k)) == [int(x) for x in line.split()]
