@@ -210,6 +210,12 @@ def test_dry_exponent_cap_at_the_default_base_and_no_cap_needed_at_base_one():
     (lambda: DRY(0.0), "--dry-multiplier 0.0: must be > 0 (0 = off)"),
     (lambda: DRY(1.0, allowed_length=-1), "--dry-allowed-length -1: must be an integer >= 0"),
     (lambda: DRY(1.0, allowed_length=1.5), "--dry-allowed-length 1.5: must be an integer >= 0"),
+    (lambda: FrequencyPenalty(last_n=-1, value=0.5),
+     "--penalty-last-n -1: must be an integer >= 0 (0 switches the penalties off)"),
+    (lambda: PresencePenalty(last_n=2.5, value=0.5),
+     "--penalty-last-n 2.5: must be an integer >= 0 (0 switches the penalties off)"),
+    (lambda: DRY(1.0, last_n=0), "--dry-penalty-last-n 0: must be an integer >= 1 (or unset for all tokens)"),
+    (lambda: DRY(1.0, last_n=2.5), "--dry-penalty-last-n 2.5: must be an integer >= 1 (or unset for all tokens)"),
     (lambda: DynamicTemperature(-0.5, 0.5), "--temperature -0.5: must be >= 0"),
     (lambda: DynamicTemperature(float("inf"), 0.5), "--temperature inf: must be >= 0"),
     (lambda: DynamicTemperature(1.0, 0.0), "--dynatemp-range 0.0: must be > 0 (0 = plain temperature)"),
@@ -221,17 +227,32 @@ def test_penalty_and_dynatemp_stages_built_directly_refuse_in_one_whole_line(mak
     """A stage built in a script (not through the CLI's checks) refuses a bad value in the CLI's own line: option,
     value, what is allowed. At the edges: a repetition penalty of 0 or inf, a non-finite alpha, a scope that is
     not one of SCOPES, a DRY multiplier of 0, a negative or fractional allowed length, a negative or infinite
-    temperature, a dynamic-temperature range or exponent of 0 or not finite. Bug caught: a check that
+    temperature, a dynamic-temperature range or exponent of 0 or not finite, a negative or fractional penalty
+    window, a DRY window of 0 or fractional. Bug caught: a check that
     lets the value through (`or` for `and`, `>=` for `>`), or a line that names the wrong option or value."""
     with pytest.raises(ConfigError) as err:
         make()
     assert str(err.value) == message
 
 
+
+def test_an_output_only_penalty_run_without_the_prompt_length_is_one_whole_line():
+    """scope="output" counts only what was generated, so it must know where the prompt ends; a script that calls
+    the stage without Chain.reset(prompt_len) gets one line naming the stage and the call it missed."""
+    ids, logits = torch.tensor([[1, 2, 3]]), torch.zeros(1, 5)
+    with pytest.raises(ChainError) as err:
+        FrequencyPenalty(scope="output", value=0.5)(ids, logits)
+    assert str(err.value) == ("frequency-penalty: counts generated tokens only, but the run never said where the "
+                              "prompt ends (Chain.reset(prompt_len))")
+
+
 def test_penalty_stages_accept_the_values_next_to_their_edges():
     """A repetition penalty between 0 and 1 (it favours repeats: allowed), alpha 0 or negative, DRY at base 1 and
-    allowed length 0, dynamic temperature at t = 0 are all valid."""
+    allowed length 0, dynamic temperature at t = 0, a penalty window of 0 (off) and a DRY window of 1 are all
+    valid."""
     DynamicTemperature(0.0, 0.5, 0.5)
+    FrequencyPenalty(last_n=0, value=0.5)
+    DRY(1.0, last_n=1)
     WindowedRepetitionPenalty(penalty=0.5)
     FrequencyPenalty(value=-1.0)
     PresencePenalty(value=0.0)
