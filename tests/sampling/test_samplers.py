@@ -311,7 +311,7 @@ def test_dynamic_temperature_per_row_and_at_its_edges():
     softmax that underflows to a point mass, entropy 0) keeps only the arg-max, as T < 0 does: the -1000 logit is
     removed, not left finite. Before any step the state is empty. Bugs caught: K counted over the whole batch, T
     reported for a single candidate or computed only from three, the state shaped [B, 1], "T < 0" for "T <= 0",
-    a None state reported before the first step."""
+    the arg-max taken across the batch, a None state reported before the first step."""
     stage = DynamicTemperature(1.0, 0.5)
     assert stage.state() == {}
     rows = torch.tensor([[1.0, 0.0, -1.0, 0.5], [2.0, 0.0, NEG, NEG], [3.0, NEG, NEG, NEG]])
@@ -333,6 +333,8 @@ def test_dynamic_temperature_per_row_and_at_its_edges():
     out = zero(None, torch.tensor([[0.0, -1000.0]]))
     assert zero.state()["temperature"].tolist() == [0.0]
     assert out.tolist() == [[0.0, NEG]]
+    # each row of a batch keeps its own arg-max (here on either side)
+    assert zero(None, torch.tensor([[-1000.0, 0.0], [0.0, -1000.0]])).tolist() == [[NEG, 0.0], [0.0, NEG]]
 
 
 def test_mirostat_v2_by_hand():
