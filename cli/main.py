@@ -28,6 +28,8 @@ from .commands.score import score
 from .commands.speculate import speculate
 from .commands.stream import stream
 from .commands.view import view
+from .commands.warm import warm
+from . import warm_client
 
 
 def flags_take_no_value() -> None:
@@ -76,6 +78,7 @@ app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
 app.command("check-logprobs")(check_logprobs)
 app.command()(view)
+app.add_typer(warm)
 
 
 def fail(message: str) -> int:
@@ -118,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ends the run quietly with 141, as ``yes | head`` does; a write that fails (a full disk, a closed stdout) is one
     line and exit 1."""
     try:
-        return run_cli(argv)
+        handed = warm_client.hand_off(sys.argv[1:]) if argv is None else None  # decodelab warm: a forked run
+        return run_cli(argv) if handed is None else handed
     except KeyboardInterrupt:
         return interrupted()
     except render.ReaderGone:
