@@ -469,10 +469,6 @@ def run(argv: list[str]) -> int:
 
     try:
         code = cli.main(list(argv[1:]))
-            pr.disable(); pr.dump_stats(os.environ["XPROF"])
-            open(os.environ["XPROF"]+".mods","w").write("\n".join(sorted(set(sys.modules)-before)))
-        else:
-            code = cli.main(list(argv[1:]))
     except SystemExit as exc:
         code = exit_code(exc)
     except BaseException:
