@@ -79,41 +79,50 @@ def folder():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def base_env(folder):
+    """Taken once: an in-process run sets HF_HUB_OFFLINE in this process's environment, and a server started before
+    would then (rightly) not serve a client started after."""
+    return environment(folder)
+
+
 @pytest.fixture
-def env(folder):
+def env(base_env):
     """The environment of every client, with a warm server running for it (started once, restarted if stopped)."""
-    env = environment(folder)
+    env = dict(base_env)
     if decodelab(env, "warm", "status")[0] != 0:
         start(env, "--idle-minutes", "10")
     return env
 
 
-def warm_then_cold(env: dict, *args: str):
-    """(code, stdout, stderr) warm, with the report line taken out of stderr (asserted there), then cold."""
+def warm_and_cold(cli, env: dict, *args: str):
+    """(code, stdout, stderr) warm, with the report line taken out of stderr (asserted there), and of the same
+    command run cold in this process (the entry point a cold process runs, without paying its imports again)."""
     code, out, err = decodelab(env, *args, report=True)
     lines = err.splitlines(keepends=True)
     reports = [line for line in lines if line.startswith("decodelab: ")]
     assert len(reports) == 1 and reports[0].startswith("decodelab: warm run"), err
     warm = (code, out, "".join(line for line in lines if line not in reports))
-    return warm, decodelab(env, *args, cold=True)
+    return warm, cli(*args)
 
 
-def test_sample_json_is_the_cold_output(env):
-    warm, cold = warm_then_cold(env, "sample", PROMPT, "-n", "8", "-m", "tiny", "-f", "json", "--threads", "1",
-                                "--top-p", "0.9", "--temperature", "0.8", "--seed", "3")
+def test_sample_json_is_the_cold_output(cli, env):
+    warm, cold = warm_and_cold(cli, env, "sample", PROMPT, "-n", "8", "-m", "tiny", "-f", "json", "--threads", "1",
+                               "--top-p", "0.9", "--temperature", "0.8", "--seed", "3")
     assert warm[0] == cold[0] == 0, warm[2] + cold[2]
     assert TIMING.sub(r"\1T", warm[1]) == TIMING.sub(r"\1T", cold[1])
     assert json.loads(warm[1])["token_ids"] == json.loads(cold[1])["token_ids"]
     assert warm[2] == cold[2]
 
 
-def test_probs_json_is_the_cold_output(env):
-    warm, cold = warm_then_cold(env, "probs", PROMPT, "-m", "tiny", "-f", "json", "--threads", "1", "--top-k", "20")
+def test_probs_json_is_the_cold_output(cli, env):
+    warm, cold = warm_and_cold(cli, env, "probs", PROMPT, "-m", "tiny", "-f", "json", "--threads", "1",
+                               "--top-k", "20")
     assert warm == cold
 
 
-def test_bad_input_is_the_same_one_line_and_exit_2(env):
-    warm, cold = warm_then_cold(env, "sample", PROMPT, "--top-p", "1.5")
+def test_bad_input_is_the_same_one_line_and_exit_2(cli, env):
+    warm, cold = warm_and_cold(cli, env, "sample", PROMPT, "--top-p", "1.5")
     assert warm == cold
     assert warm[0] == 2 and warm[2].count("\n") == 1 and "--top-p" in warm[2]
 
@@ -177,7 +186,8 @@ def test_a_server_with_another_identity_is_not_used(env):
     other = {**env, "TORCH_WARM_TEST_MARK": "1"}
     code, out, err = decodelab(other, "probs", PROMPT, "-m", "tiny", "-f", "json", "--threads", "1", report=True)
     assert code == 0 and "cold run (the warm server's identity differs: $TORCH_WARM_TEST_MARK)" in err
-    assert (code, out) == decodelab(env, "probs", PROMPT, "-m", "tiny", "-f", "json", "--threads", "1", cold=True)[:2]
+    assert (code, out) == decodelab(env, "probs", PROMPT, "-m", "tiny", "-f", "json", "--threads", "1")[:2], \
+        "the same as warm"
 
 
 def test_identity_differences_are_named():
@@ -215,6 +225,6 @@ def test_an_idle_server_exits(tmp_path_factory):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_idle_minutes_out_of_range_is_one_line(folder):
-    code, out, err = decodelab(environment(folder), "warm", "start", "--idle-minutes", "0")
+def test_idle_minutes_out_of_range_is_one_line(base_env):
+    code, out, err = decodelab(base_env, "warm", "start", "--idle-minutes", "0")
     assert code == 2 and err.startswith("error: --idle-minutes 0:") and err.count("\n") == 1
