@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
-import typer
+from . import warm_client
+
+warm_client.from_the_console_script()  # a warm server runs the command: exits here, before typer, rich, torch
+
+import typer  # noqa: E402
 
 try:  # typer >= 0.20 vendors its own copy of click
     from typer._click import exceptions as cli_errors
@@ -29,7 +33,6 @@ from .commands.speculate import speculate
 from .commands.stream import stream
 from .commands.view import view
 from .commands.warm import warm
-from . import warm_client
 
 
 def flags_take_no_value() -> None:

@@ -43,10 +43,33 @@ def report(args: list[str], line: str) -> None:
             pass
 
 
+attempted = False  # one hand-off per process: at the console script's import of cli.main, else in main()
+
+
+def from_the_console_script() -> None:
+    """Called first thing in cli/main.py: when the `decodelab` console script is importing it (its __main__ has not
+    bound ``main`` yet), hand the command to a warm server before typer and rich are imported, and exit with its
+    status. Anything else that imports cli.main (tests, ``python -m``, a program) goes on as before."""
+    entry = sys.modules.get("__main__")
+    script = getattr(entry, "__file__", None) or ""
+    if os.path.basename(script) != "decodelab" or os.path.basename(sys.argv[0]) != "decodelab" \
+            or hasattr(entry, "main"):
+        return
+    try:
+        code = hand_off(sys.argv[1:])
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        raise SystemExit(130) from None
+    if code is not None:
+        raise SystemExit(code)
+
+
 def hand_off(args: list[str]) -> int | None:
     """The exit status of the command run by a warm server, or None when it must run here."""
-    if not wanted(args):
+    global attempted
+    if attempted or not wanted(args):
         return None
+    attempted = True
     try:
         sock = wire.connect()
     except wire.WireError as exc:
