@@ -84,8 +84,7 @@ def hand_off(args: list[str]) -> int | None:
         if not answer.get("ok"):
             report(args, f"cold run ({answer.get('why', 'refused')})")
             return None
-        report(args, f"warm run: server {answer['server']} forked child {answer['pid']}")
-        return wait(sock)
+        return commit(sock, args, answer["server"])
 
 
 def stdio_settings() -> dict:
@@ -126,9 +125,10 @@ def request(sock: socket.socket, args: list[str]) -> dict:
     return answer
 
 
-def wait(sock: socket.socket) -> int:
-    """Forward signals until the child's status arrives; exit with it (a child killed by a signal: the same signal
-    here, as a cold run would have died)."""
+def commit(sock: socket.socket, args: list[str], server: int) -> int:
+    """From "go" on the command is the server's (no cold fallback, so it never runs twice): forward signals until
+    the child's status arrives, and exit with it (a child killed by a signal: the same signal here, as a cold run
+    would have died)."""
     sock.settimeout(None)
     previous = {}
 
@@ -142,12 +142,13 @@ def wait(sock: socket.socket) -> int:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             previous[sig] = signal.signal(sig, forward)
     try:
-        while True:
-            try:
-                message = wire.receive(sock)
-                break
-            except InterruptedError:
-                continue
+        wire.send(sock, {"kind": "go"})
+        message = wire.receive(sock)
+        if message is not None and "pid" in message:
+            report(args, f"warm run: server {server} forked child {message['pid']}")
+            message = wire.receive(sock)
+    except (OSError, ValueError, wire.WireError):
+        message = None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -137,17 +137,24 @@ def fork_safe() -> str | None:
     return None
 
 
+def live(path: str) -> bool:
+    """Does a server answer on ``path``? (A socket file nobody listens on is left by a server that died.)"""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 def bind(path: str) -> socket.socket:
     """Listen on ``path`` (mode 0600); a socket left there by a dead server is replaced, a live one is an error."""
     if os.path.exists(path):
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-            probe.close()
+        if live(path):
             raise wire.WireError(f"a warm server already listens on {path}")
-        except OSError:
-            probe.close()
-            os.unlink(path)
+        os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
@@ -160,26 +167,28 @@ def bind(path: str) -> socket.socket:
 
 
 def serve(idle_minutes: float, ready_fd: int) -> int:
-    """Start (identity first, before the imports it describes), tell the starter on ``ready_fd``, then serve."""
+    """Start (identity first, before the imports it describes), tell the starter on ``ready_fd``, then serve. The
+    socket appears only once the imports are done: a client never waits on a server still importing."""
     ident = wire.identity()
     try:
         path = wire.socket_path(create=True)
-        listener = bind(path)
+        if os.path.exists(path) and live(path):
+            raise wire.WireError(f"a warm server already listens on {path}")
     except (wire.WireError, OSError) as exc:
         return tell(ready_fd, f"error: {exc}", 1)
     try:
         failed = warm_up()
     except Exception as exc:
-        listener.close()
-        os.unlink(path)
         return tell(ready_fd, f"error: importing decodelab failed: {type(exc).__name__}: {exc}", 1)
     for line in failed:
         print(f"warm: not preloaded: {line}", file=sys.stderr, flush=True)
     unsafe = fork_safe()
     if unsafe:
-        listener.close()
-        os.unlink(path)
         return tell(ready_fd, f"error: cannot serve: {unsafe}", 1)
+    try:
+        listener = bind(path)
+    except (wire.WireError, OSError) as exc:
+        return tell(ready_fd, f"error: {exc}", 1)
     gc.collect()
     gc.freeze()  # children share these pages; the collector leaves them alone
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -291,6 +300,11 @@ def answer(server: Server, conn: socket.socket, message: dict, fds: list[int]) -
             wire.send(conn, {"ok": False, "why": why})
             conn.close()
             return
+        wire.send(conn, {"ok": True, "server": os.getpid()})
+        go = wire.receive(conn)  # the client commits (or, if it gave up waiting and ran cold, has closed)
+        if go is None or go.get("kind") != "go":
+            conn.close()
+            return
         start(server, conn, message, fds)
     else:
         conn.close()
@@ -321,7 +335,7 @@ def start(server: Server, conn: socket.socket, message: dict, fds: list[int]) ->
     server.jobs[pid] = job
     server.runs += 1
     try:
-        wire.send(conn, {"ok": True, "pid": pid, "server": os.getpid()})
+        wire.send(conn, {"pid": pid})
     except OSError:
         kill(job)
     conn.settimeout(5.0)
