@@ -26,7 +26,7 @@ from ..kv import CacheSpec, require
 from ..sampling.chain import Chain, make_chain, validate_chain
 from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
-from ..sampling.step import check_selected, select
+from ..sampling.step import check_selected, read_selected, select
 from ..settings import _check
 from ..trace.records import Alternative, StageStat, Step, Tally, summarize
 from ..trace.stats import Numbers, kept_ids, pack, pack_rows, stage_rows, unpack
@@ -123,8 +123,7 @@ def decode_tokens(
         step_state, rows = None, None
         if record and defer and not states:
             rows = stage_rows(logits, sel.processed, sel.stages)
-            token_id, finite = torch.stack([sel.token[0].float(), sel.finite[0].float()]).tolist()
-            token_id, numbers = int(token_id), None
+            (token_id, finite), numbers = read_selected(sel), None
         elif record:
             watch.lap("loop")
             packed = pack(sel.token, logits, sel.processed, sel.stages, top, getattr(selector, "last_race", None))
@@ -138,8 +137,7 @@ def decode_tokens(
             watch.lap("trace")
             token_id, finite = numbers.token_id, numbers.finite
         else:
-            token_id, finite = torch.stack([sel.token[0].float(), sel.finite[0].float()]).tolist()
-            token_id, numbers = int(token_id), None
+            (token_id, finite), numbers = read_selected(sel), None
         check_selected(bool(finite), chain, sel.processed)
         state.new_ids.append(token_id)
         buf.append([token_id], sel.token.view(1, 1))
