@@ -9,7 +9,7 @@ which adds a logits processor to its loop), and `top_k=0` when sampling (its def
 decodelab's chain does not run). decodelab runs the same settings through `core.build`, exactly as the CLI does, and
 its time includes the prefill, the loop and (traced) the full per-token trace with 5 alternatives, built into the
 steps and the summary a command prints. "traced" is the trace as `sample -f json` (or csv, markdown) takes it: steps
-traced together in blocks (`Sampler(block=...)`, the CLI's REPORTED_AT_END); "traced, streamed" is the trace as
+traced together in blocks (`Sampler(block=...)`, REPORT_BLOCK, as the CLI does); "traced, streamed" is the trace as
 `-f jsonl`, `-f text` and the live table take it, one step at a time.
 
 Goals: traced greedy and traced top-p >= 1.1x `generate`; trace on >= 0.95x trace off. With `--compile`: the static
@@ -28,10 +28,9 @@ import time
 import torch
 
 from decodelab.core.methods.sample import build_sampler
-from decodelab.core.methods.sample import SampleSettings
+from decodelab.core.methods.sample import REPORT_BLOCK, SampleSettings
 from decodelab.core.engine.models import load_model
 from decodelab.core.engine.run import synchronize
-from decodelab.cli.commands.sample import REPORTED_AT_END
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 SETTINGS = {"greedy": {"temperature": 0.0}, "top-p": {"temperature": 0.8, "top_p": 0.9}}
@@ -46,7 +45,7 @@ def generate_kwargs(label: str, n: int) -> dict:
 
 
 def ours(lm, prompt_ids, label: str, n: int, trace: bool, cache: str = "full", compile: bool = False,
-         block: int = REPORTED_AT_END):
+         block: int = REPORT_BLOCK):
     settings = SampleSettings(max_new_tokens=n, ignore_eos=True, top=5, cache=cache, compile=compile,
                               **SETTINGS[label])
 

@@ -95,16 +95,13 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
         emit(opts, lm, settings, text, prompt_ids, sampler, table)
 
 
-# the most steps traced together when the steps are reported at the end (core.methods.sample.Sampler ``block``)
-REPORTED_AT_END = 64
-
-
 def trace_block(fmt: o.Format, branched: bool) -> int:
     """Steps traced together: a document written at the end (json, csv, markdown) takes its steps in blocks, one
     set of tensor operations per block; a stream (jsonl, text, the live table) takes each step as it comes. A forced
     or resumed run renumbers and labels each step as it comes: one at a time."""
     at_end = fmt in (o.Format.json, o.Format.csv, o.Format.markdown)
-    return REPORTED_AT_END if at_end and not branched else 1
+    from ...core.methods.sample import REPORT_BLOCK
+    return REPORT_BLOCK if at_end and not branched else 1
 
 
 def steps_table(lm, settings: SampleSettings, sampler, saved: int) -> StepsTable:

@@ -2,7 +2,7 @@
 
 ``decode_tokens`` is the bare loop (token ids, raw and processed logits per step); ``Sampler`` is the traced run:
 each step becomes a :class:`~decodelab.core.trace.records.Step` with both distributions labelled, every number of it
-moved to the host in one transfer. Both are generators, so a caller can stream steps as they come and an
+moved to the host in one transfer (the step's own, or, traced in blocks, its block's). Both are generators, so a caller can stream steps as they come and an
 interrupted run keeps what it produced. ``SampleSettings`` are the settings of ``sample`` (and the base of every
 method that generates).
 """
@@ -37,6 +37,7 @@ from ..trace.why import decide
 # CPU (benchmarks/README.md, Decode loop): the trace's cost per step falls with the block (one set of operations for
 # the block) down to blocks of about 256 KiB, then rises again (fresh large allocations pay their page faults).
 BLOCK_BYTES = 256 << 10
+REPORT_BLOCK = 64  # the most steps traced together for a consumer that reports the steps at the end
 
 
 @dataclass(frozen=True)
