@@ -134,7 +134,18 @@ def fork_safe() -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA was initialized during the imports"
+    if cuda_driver_loaded():
+        return "the CUDA driver (libcuda) was loaded during the imports; a forked child could not use it"
     return None
+
+
+def cuda_driver_loaded() -> bool:
+    """libcuda mapped into this process (a device count asked of the CUDA runtime loads and initializes it)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("libcuda.so" in line for line in f)
+    except OSError:
+        return False
 
 
 def live(path: str) -> bool:

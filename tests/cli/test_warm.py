@@ -12,6 +12,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -188,6 +189,37 @@ def test_a_server_with_another_identity_is_not_used(env):
     assert code == 0 and "cold run (the warm server's identity differs: $TORCH_WARM_TEST_MARK)" in err
     assert (code, out) == decodelab(env, "probs", PROMPT, "-m", "tiny", "-f", "json", "--threads", "1")[:2], \
         "the same as warm"
+
+
+def served(env: dict) -> tuple[str, int]:
+    """The socket of the running server and how many commands it has forked, from `warm status`."""
+    code, out, err = decodelab(env, "warm", "status")
+    assert code == 0, out + err
+    return re.search(r" on (\S+):", out).group(1), int(re.search(r"(\d+) commands served", out).group(1))
+
+
+def test_a_client_that_gives_up_before_go_runs_nothing(env):
+    """The server forks only once the client has said "go": a client that timed out waiting for the answer (and
+    ran the command cold) is never also run warm."""
+    path, before = served(env)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(path)
+    socket.send_fds(sock, [b"F"], [])
+    warm_wire.send(sock, {"kind": "status"})
+    ident = warm_wire.receive(sock)["identity"]
+    sock.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(path)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    socket.send_fds(sock, [b"F"], [devnull] * 3)
+    os.close(devnull)
+    warm_wire.send(sock, {"kind": "run", "identity": ident, "argv": ["decodelab", "models"], "cwd": "/",
+                          "environ": {}, "umask": 0o022, "stdio": {}, "ignored": []})
+    assert warm_wire.receive(sock)["ok"] is True, "accepted: the identity is the server's own"
+    sock.close()  # gone without "go"
+    assert served(env)[1] == before
 
 
 def test_identity_differences_are_named():
