@@ -10,8 +10,9 @@ Variants (``--variants``): ``python`` (an empty interpreter), ``torch`` (``impor
 torch`` and transformers' Llama classes: the floor of any run on the bundled models), ``help`` (``decodelab
 --help``), ``bad`` (``decodelab sample x --top-p 1.5``: reported before torch is imported), ``first`` (``decodelab
 sample "Once upon a time" -n 1 -f json``: command line to the first forward and its token), ``first_warm`` (the same
-command with a ``decodelab warm`` server running: the client forks a child of a process that has already imported
-everything; CPU seconds are not shown, as the child is the server's and not this script's), ``phases`` (the same
+command with a ``decodelab warm`` server running: the client hands the command to a child forked from a process
+that has already imported everything; its CPU seconds are the client's plus the child's, which the server counts
+and ``decodelab warm status`` reports), ``phases`` (the same
 path in one process with a timer after each phase: the breakdown). Every variant but ``first_warm`` runs with
 DECODELAB_NO_WARM=1, so a warm server the user left running changes nothing.
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -113,6 +115,12 @@ def warm_server(cli: list[str], on: bool):
         shutil.rmtree(ENV.pop("DECODELAB_WARM_DIR"), ignore_errors=True)
 
 
+def served_cpu(cli: list[str]) -> float:
+    """CPU seconds of every command the warm server has run so far (`decodelab warm status`)."""
+    out = subprocess.run(cli + ["warm", "status"], env=ENV, capture_output=True, text=True).stdout
+    return float(re.search(r"their CPU ([0-9.]+) s", out).group(1))
+
+
 def spread(xs: list[float]) -> str:
     if any(x != x for x in xs):
         return "-"
@@ -146,9 +154,11 @@ def rounds(args, cmds, wall, cpu, phases) -> None:
         names = list(cmds)
         names = names[r % len(names):] + names[:r % len(names)]
         for name in names:
+            before = served_cpu(cmds[name][:1]) if name == "first_warm" else 0.0
             w, c, out = timed(cmds[name], env_of(name))
             wall[name].append(w)
-            cpu[name].append(float("nan") if name == "first_warm" else c)
+            # warm: the client's CPU and its forked child's (the server's child: counted by the server)
+            cpu[name].append(c + served_cpu(cmds[name][:1]) - before if name == "first_warm" else c)
             if name == "phases":
                 phases.append(json.loads(out.strip().splitlines()[-1]))
 

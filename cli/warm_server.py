@@ -18,6 +18,7 @@ import io
 import json
 import os
 import pkgutil
+import resource
 import selectors
 import signal
 import socket
@@ -325,7 +326,13 @@ def status(server: Server) -> dict:
     idle_left = None if server.jobs else max(0.0, server.idle_s - (time.monotonic() - server.idle_since))
     return {"ok": True, "server": os.getpid(), "socket": server.path, "started": server.started,
             "identity": server.ident, "running": len(server.jobs), "runs": server.runs,
-            "idle_minutes": server.idle_s / 60.0, "idle_left_s": idle_left}
+            "idle_minutes": server.idle_s / 60.0, "idle_left_s": idle_left, "children_cpu_s": children_cpu()}
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of every child run so far (each is reaped before its client gets its status)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def refusal(server: Server, message: dict, fds: list[int]) -> str | None:

@@ -152,7 +152,7 @@ def status() -> None:
     diffs = wire.differences(info["identity"], wire.identity())
     left = info["idle_left_s"]
     say(f"warm server pid {info['server']} on {info['socket']}: up {time.time() - info['started']:.0f} s, "
-        f"{info['runs']} commands served, {info['running']} running, "
+        f"{info['runs']} commands served (their CPU {info['children_cpu_s']:.2f} s), {info['running']} running, "
         + (f"exits in {left / 60:.1f} idle minutes" if left is not None else "busy"))
     if diffs:
         say(f"it would not serve this process ({', '.join(diffs[:8])} differ): commands run cold; "

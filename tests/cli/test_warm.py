@@ -195,7 +195,7 @@ def served(env: dict) -> tuple[str, int]:
     """The socket of the running server and how many commands it has forked, from `warm status`."""
     code, out, err = decodelab(env, "warm", "status")
     assert code == 0, out + err
-    return re.search(r" on (\S+):", out).group(1), int(re.search(r"(\d+) commands served", out).group(1))
+    return re.search(r" on (\S+):", out).group(1), int(re.search(r"(\d+) commands served \(", out).group(1))
 
 
 def test_a_client_that_gives_up_before_go_runs_nothing(env):
