@@ -177,10 +177,12 @@ def bind(path: str) -> socket.socket:
     return sock
 
 
-def serve(idle_minutes: float, ready_fd: int) -> int:
+def serve(idle_minutes: float, ready_fd: int, added: tuple[str, ...] = ()) -> int:
     """Start (identity first, before the imports it describes), tell the starter on ``ready_fd``, then serve. The
-    socket appears only once the imports are done: a client never waits on a server still importing."""
-    ident = wire.identity()
+    socket appears only once the imports are done: a client never waits on a server still importing. ``added``: the
+    environment variables the starter set for the server alone (``commands.warm.server_environment``), not part of
+    the identity its clients must match."""
+    ident = wire.identity({k: v for k, v in os.environ.items() if k not in added})
     try:
         path = wire.socket_path(create=True)
         if os.path.exists(path) and live(path):
@@ -435,4 +437,4 @@ def main() -> None:
     """``python -c`` bootstrap: ``sys.path`` as the starter had it, then serve."""
     args = json.loads(sys.argv[1])
     sys.path[:] = args["path"]
-    sys.exit(serve(args["idle_minutes"], args["ready_fd"]))
+    sys.exit(serve(args["idle_minutes"], args["ready_fd"], tuple(args.get("added", ()))))

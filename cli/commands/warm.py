@@ -101,11 +101,12 @@ def spawn(idle_minutes: float) -> tuple[int, str]:
     """Launch the server in its own session, detached from this terminal, and wait for its ready line."""
     read_end, write_end = os.pipe()
     log = open(wire.log_path(), "ab")
-    args = json.dumps({"path": sys.path, "idle_minutes": idle_minutes, "ready_fd": write_end})
+    env, added = server_environment(os.environ)
+    args = json.dumps({"path": sys.path, "idle_minutes": idle_minutes, "ready_fd": write_end, "added": added})
     try:
         subprocess.Popen([sys.executable, *subprocess._args_from_interpreter_flags(), "-c", BOOT, args],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=[write_end],
-                         start_new_session=True, cwd="/")
+                         start_new_session=True, cwd="/", env=env)
     finally:
         os.close(write_end)
         log.close()
@@ -115,6 +116,19 @@ def spawn(idle_minutes: float) -> tuple[int, str]:
                           f"(its log: {wire.log_path()})")
     _, pid, path = line.split(" ", 2)
     return int(pid), path
+
+
+def server_environment(environ) -> tuple[dict[str, str], list[str]]:
+    """The server's environment: this one, plus OMP_NUM_THREADS=1 where it is unset, because without it the OpenMP
+    runtime that torch loads starts a thread at import, and a process with a second thread cannot be forked safely.
+    Its children take the client's environment, and a run with OMP_NUM_THREADS unset always sets torch's threads
+    itself (--threads or the measured default: ``core.engine.models.choose_threads``), so the value reaches no run.
+    The names added, left out of the server's identity."""
+    env = dict(environ)
+    if not env.get("OMP_NUM_THREADS"):
+        env["OMP_NUM_THREADS"] = "1"
+        return env, ["OMP_NUM_THREADS"]
+    return env, []
 
 
 def read_line(fd: int, timeout: float) -> str:

@@ -260,3 +260,21 @@ def test_an_idle_server_exits(tmp_path_factory):
 def test_idle_minutes_out_of_range_is_one_line(base_env):
     code, out, err = decodelab(base_env, "warm", "start", "--idle-minutes", "0")
     assert code == 2 and err.startswith("error: --idle-minutes 0:") and err.count("\n") == 1
+
+
+def test_a_shell_without_omp_num_threads_gets_a_server_and_its_runs_choose_their_threads(cli):
+    """Without OMP_NUM_THREADS the OpenMP runtime torch loads starts a thread at import, and a process with two
+    threads is refused as a fork server: `warm start` gives the server OMP_NUM_THREADS=1 (out of its identity), so a
+    shell that never set it is served, and the run sets its threads itself, as a cold run does: the same output."""
+    folder = tempfile.mkdtemp(prefix="dlomp-")
+    try:
+        env = {k: v for k, v in environment(folder).items() if k != "OMP_NUM_THREADS"}
+        pid = start(env, "--idle-minutes", "5")
+        args = ("sample", PROMPT, "-n", "6", "-m", "tiny", "-f", "json", "--threads", "1", "--seed", "3")
+        code, out, err = decodelab(env, *args, report=True)
+        assert code == 0 and "decodelab: warm run" in err, err
+        cold = decodelab(env, *args, cold=True)
+        assert cold[0] == 0 and TIMING.sub(r"\g<1>0", out) == TIMING.sub(r"\g<1>0", cold[1])
+        assert decodelab(env, "warm", "stop")[0] == 0 and wait_gone(pid, 30)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
