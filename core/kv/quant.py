@@ -232,9 +232,12 @@ class Stream:
 # scales (a scale never spans rows), and dequantizing or quantizing is element-wise or reduces within a row, so the
 # numbers are those of each stream alone, bit for bit, at a twelfth of the operations for twelve layers. A CPU pays a
 # fixed cost per tensor operation that a small model's cache operations are dominated by. Nothing is kept between
-# forwards but what each stream stores (the stored bytes are unchanged): the stored tokens are dequantized once per
-# forward for every layer (working memory of that forward, freed after it), and the tokens a forward adds are
-# appended after it, for every layer at once.
+# forwards but what each stream stores (the stored bytes are unchanged; each layer owns its tensors): at the first
+# layer of a forward, the stored tokens of every layer are dequantized once into one workspace per stream kind, with
+# room for the forward's new tokens (working memory of that forward, freed after it: for a float32 model as large as
+# the full cache); each layer writes its new tokens into its room and attends over its rows; after the forward, the
+# tokens that leave the exact tails are quantized in one pass straight from the workspace (where each layer's tail
+# and new tokens already lie side by side) and each layer's new tail is copied out of it.
 
 
 def stored_with_room(streams: list[Stream], new: Tensor) -> Tensor | None:

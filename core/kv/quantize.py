@@ -188,6 +188,8 @@ def _scaled(q: QTensor, w: Tensor) -> Tensor:
         return w.mul_(q.scale.float())
     if q.zero is None:
         return w.sub_(float(2 ** (q.bits - 1))).mul_(q.scale.float())
+    if q.scale.shape[-1] > 1:  # scales along the last dim (per channel): z + q s in one pass (addcmul is faster
+        return torch.addcmul(q.zero.float(), w, q.scale.float(), out=w)  # there, slower with one scale a row)
     return w.mul_(q.scale.float()).add_(q.zero.float())
 
 
