@@ -289,23 +289,27 @@ def leaving_of(stream: Stream, arriving: int) -> int:
     return max((total - stream.residual) // stream.layout.block * stream.layout.block, 0)
 
 
-def commit_from_room(streams: list[Stream], stored: Tensor, rows: int) -> None:
-    """:func:`append_together` for streams worked on together, taken from this forward's ``stored`` tensor (see
+def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> None:
+    """:func:`append_together` for streams worked on together, taken from this forward's ``stored`` tensors (see
     :func:`stored_with_room`), where every stream's exact tail and new tokens already lie side by side after its
     quantized ones: the tokens that leave are quantized in one pass straight from there, and each stream's new tail
-    is copied out of it (one copy a stream; no concatenation of the old tail and the new tokens)."""
-    first = streams[0]
-    recent = stored[:, :, first.quantized :]  # [L * B, H, exact + n, D]
-    leaving = leaving_of(first, recent.shape[2] - first.exact)
+    is copied out of it (one copy a stream; no concatenation of the old tail and the new tokens). ``groups``: (the
+    streams, their stored tensor), one group, or two of the same layout and token counts (keys and values laid out
+    alike), quantized in one pass together (their rows one after another)."""
+    first = groups[0][0][0]
+    recents = [stored[:, :, first.quantized :] for _, stored in groups]  # each [L * B, H, exact + n, D]
+    leaving = leaving_of(first, recents[0].shape[2] - first.exact)
     keeps_tail = not (first.residual == 0 and first.layout.block == 1 and first.exact == 0)
     if leaving:
-        q = first.layout.quantize(recent[:, :, :leaving])
+        views = [r[:, :, :leaving] for r in recents]
+        q = first.layout.quantize(views[0] if len(views) == 1 else torch.cat(views))
         parts = [t.split(rows) for t in (q.codes, q.scale)] + [None if q.zero is None else q.zero.split(rows)]
-        for i, stream in enumerate(streams):
+        for i, stream in enumerate(s for streams, _ in groups for s in streams):
             stream.add(QTensor(parts[0][i], parts[1][i], None if parts[2] is None else parts[2][i], q.bits, q.last))
     if keeps_tail:
-        for stream, tail in zip(streams, recent[:, :, leaving:].split(rows)):
-            stream.tail = tail.clone()
+        for (streams, _), recent in zip(groups, recents):
+            for stream, tail in zip(streams, recent[:, :, leaving:].split(rows)):
+                stream.tail = tail.clone()
 
 
 class LayersTogether:
@@ -345,13 +349,28 @@ class LayersTogether:
     def commit(self) -> None:
         done = sorted(self.pending)
         layers = [self.layers[i] for i in done]
+        rooms = []  # (streams, stored) committed from the workspace
         for kind, stored in enumerate(self.stored or (None, None)):
             streams = [la.k if kind == 0 else la.v for la in layers]
             if stored is not None and len(done) == len(self.layers):
-                commit_from_room(streams, stored, self.pending[done[0]][kind].shape[0])
+                rooms.append((streams, stored))
             else:
                 append_together(streams, [self.pending[i][kind] for i in done])
+        if rooms:
+            rows = self.pending[done[0]][0].shape[0]
+            if len(rooms) == 2 and alike(rooms[0][0][0], rooms[1][0][0]):
+                commit_from_room(rooms, rows)  # keys and values quantized in one pass
+            else:
+                for room in rooms:
+                    commit_from_room([room], rows)
         self.stored, self.views, self.pending = None, (None, None), {}
+
+
+def alike(a: Stream, b: Stream) -> bool:
+    """Two streams quantized the same way that hold the same numbers of quantized and exact tokens."""
+    la, lb = a.layout, b.layout
+    return (la.axis, la.group, la.bits, la.symmetric, la.scale_dtype, a.residual, a.quantized, a.exact) == \
+        (lb.axis, lb.group, lb.bits, lb.symmetric, lb.scale_dtype, b.residual, b.quantized, b.exact)
 
 
 def split_rooms(stored: Tensor, rows: int, n: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
