@@ -52,6 +52,7 @@ def main() -> None:
     caches = merge_specs(args.caches)
     for spec in caches:  # warm-up
         decode_seconds(lm, spec, ids[: args.context + 4], args.context)
+    load_before = os.getloadavg()[0]
     times: dict[str, list[float]] = {c: [] for c in caches}
     cpu: dict[str, list[float]] = {c: [] for c in caches}
     stored: dict[str, int] = {}
@@ -61,7 +62,8 @@ def main() -> None:
             times[spec].append(seconds)
             cpu[spec].append(cpu_seconds)
     print(f"tiny, one thread, context {args.context} then {args.tokens} one-token forwards, {args.rounds} rounds; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+          f"1-minute load average {load_before:.1f} before the rounds, {os.getloadavg()[0]:.1f} after, on "
+          f"{os.cpu_count()} cores")
     print("| cache | wall ms per token | / full, wall: median (min-max) | / full, CPU: median (min-max) | stored "
           "bytes |")
     print("|---|---:|---:|---:|---:|")
