@@ -6,7 +6,12 @@ turns round after round (order rotated); per cache, the time per fed token; the 
 the per-round ratio to the full cache (< 1.25x is the goal), with the lowest and highest. The bytes are the stored
 tensors' (codes, scales, zero points, the exact window) at the end, which the change must not move.
 
-    python benchmarks/quant_decode.py [--context 384] [--tokens 64] [--rounds 5]
+``--pairing token`` pairs more tightly, for a machine others load: every cache holds its own prefilled cache side by
+side and each token is fed to every cache in turn (order rotated token by token); the ratio is then the median over
+all rounds' tokens of the per-token ratio to the full cache, so a change in the machine's load between two caches'
+runs does not enter it.
+
+    python benchmarks/quant_decode.py [--context 384] [--tokens 64] [--rounds 5] [--pairing round|token]
                                       [--caches int8,int4-kivi,int2-kivi,quant:bits=4,axis=kivi,symmetric=true]
 """
 
@@ -39,11 +44,30 @@ def decode_seconds(lm, spec: str, ids: list[int], context: int) -> tuple[float, 
     return (time.perf_counter() - start) / n, (time.process_time() - cpu) / n, sum(runtime.policy.layer_nbytes())
 
 
+def token_paired(lm, caches: list[str], ids: list[int], context: int) -> tuple[dict, dict, dict]:
+    """One round of ``--pairing token``: each cache prefilled, then each token fed to every cache in turn. Per cache,
+    the wall and CPU seconds of every one-token forward, and the stored bytes at the end."""
+    runtimes = {}
+    for spec in caches:
+        runtimes[spec] = Runtime.create(lm.model, parse_cache_spec(spec), capacity=len(ids))
+        runtimes[spec].prefill(torch.tensor([ids[:context]]))
+    wall: dict[str, list[float]] = {c: [] for c in caches}
+    cpu: dict[str, list[float]] = {c: [] for c in caches}
+    for i, t in enumerate(ids[context:]):
+        for spec in caches[i % len(caches):] + caches[: i % len(caches)]:
+            start, c0 = time.perf_counter(), time.process_time()
+            runtimes[spec].feed(torch.tensor([[t]]))
+            wall[spec].append(time.perf_counter() - start)
+            cpu[spec].append(time.process_time() - c0)
+    return wall, cpu, {spec: sum(rt.policy.layer_nbytes()) for spec, rt in runtimes.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=384)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pairing", choices=("round", "token"), default="round")
     ap.add_argument("--caches", default="int8,int4-kivi,int2-kivi,quant:bits=4,axis=kivi,symmetric=true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -52,16 +76,26 @@ def main() -> None:
     caches = merge_specs(args.caches)
     for spec in caches:  # warm-up
         decode_seconds(lm, spec, ids[: args.context + 4], args.context)
+    load_before = os.getloadavg()[0]
     times: dict[str, list[float]] = {c: [] for c in caches}
     cpu: dict[str, list[float]] = {c: [] for c in caches}
     stored: dict[str, int] = {}
     for r in range(args.rounds):
+        if args.pairing == "token":
+            wall, cpu_seconds, stored = token_paired(lm, caches, ids, args.context)
+            for spec in caches:
+                times[spec] += wall[spec]
+                cpu[spec] += cpu_seconds[spec]
+            continue
         for spec in caches[r % len(caches):] + caches[: r % len(caches)]:
             seconds, cpu_seconds, stored[spec] = decode_seconds(lm, spec, ids, args.context)
             times[spec].append(seconds)
             cpu[spec].append(cpu_seconds)
-    print(f"tiny, one thread, context {args.context} then {args.tokens} one-token forwards, {args.rounds} rounds; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    paired = "token by token" if args.pairing == "token" else "round by round"
+    print(f"tiny, one thread, context {args.context} then {args.tokens} one-token forwards, {args.rounds} rounds "
+          f"paired {paired}; "
+          f"1-minute load average {load_before:.1f} before the rounds, {os.getloadavg()[0]:.1f} after, on "
+          f"{os.cpu_count()} cores")
     print("| cache | wall ms per token | / full, wall: median (min-max) | / full, CPU: median (min-max) | stored "
           "bytes |")
     print("|---|---:|---:|---:|---:|")

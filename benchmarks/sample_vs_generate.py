@@ -7,7 +7,10 @@ wall times (paired, so slow drift of a busy machine affects both sides alike), a
 `generate` is configured as its best users would: EOS ignored through `eos_token_id=None` (not `min_new_tokens`,
 which adds a logits processor to its loop), and `top_k=0` when sampling (its default would add top-k 50, which
 decodelab's chain does not run). decodelab runs the same settings through `core.build`, exactly as the CLI does, and
-its time includes the prefill, the loop and (traced) the full per-token trace with 5 alternatives.
+its time includes the prefill, the loop and (traced) the full per-token trace with 5 alternatives, built into the
+steps and the summary a command prints. "traced" is the trace as `sample -f json` (or csv, markdown) takes it: steps
+traced together in blocks (`Sampler(block=...)`, REPORT_BLOCK, as the CLI does); "traced, streamed" is the trace as
+`-f jsonl`, `-f text` and the live table take it, one step at a time.
 
 Goals: traced greedy and traced top-p >= 1.1x `generate`; trace on >= 0.95x trace off. With `--compile`: the static
 cache with the one-token step compiled, against `generate` with its own static cache compiled (compile times
@@ -25,7 +28,7 @@ import time
 import torch
 
 from decodelab.core.methods.sample import build_sampler
-from decodelab.core.methods.sample import SampleSettings
+from decodelab.core.methods.sample import REPORT_BLOCK, SampleSettings
 from decodelab.core.engine.models import load_model
 from decodelab.core.engine.run import synchronize
 
@@ -41,14 +44,16 @@ def generate_kwargs(label: str, n: int) -> dict:
     return {**kwargs, "do_sample": True, "temperature": s["temperature"], "top_p": s["top_p"], "top_k": 0}
 
 
-def ours(lm, prompt_ids, label: str, n: int, trace: bool, cache: str = "full", compile: bool = False):
+def ours(lm, prompt_ids, label: str, n: int, trace: bool, cache: str = "full", compile: bool = False,
+         block: int = REPORT_BLOCK):
     settings = SampleSettings(max_new_tokens=n, ignore_eos=True, top=5, cache=cache, compile=compile,
                               **SETTINGS[label])
 
     def run() -> int:
-        sampler = build_sampler(lm, settings, prompt_ids, record=trace)
+        sampler = build_sampler(lm, settings, prompt_ids, record=trace, block=block)
         for _ in sampler:
             pass
+        sampler.summary()
         return len(sampler.new_ids)
 
     return run
@@ -117,6 +122,7 @@ def main() -> None:
     for label in SETTINGS:
         runs[f"generate {label}"] = theirs(lm, ids, label, n)
         runs[f"decodelab traced {label}"] = ours(lm, prompt_ids, label, n, trace=True)
+        runs[f"decodelab traced, streamed {label}"] = ours(lm, prompt_ids, label, n, trace=True, block=1)
         runs[f"decodelab untraced {label}"] = ours(lm, prompt_ids, label, n, trace=False)
     # greedy outputs must agree before any timing means anything
     greedy_ref = lm.model.generate(ids, **generate_kwargs("greedy", n))[0, len(prompt_ids):].tolist()
@@ -152,6 +158,10 @@ def main() -> None:
               f"{paired(times, f'decodelab untraced {label}', f'generate {label}'):.2f}x")
         print(f"  traced {label} / untraced {label}:    "
               f"{paired(times, f'decodelab traced {label}', f'decodelab untraced {label}'):.2f}x   (goal >= 0.95x)")
+        print(f"  traced, streamed {label} / generate {label}:  "
+              f"{paired(times, f'decodelab traced, streamed {label}', f'generate {label}'):.2f}x")
+        print(f"  traced, streamed {label} / untraced {label}:  "
+              f"{paired(times, f'decodelab traced, streamed {label}', f'decodelab untraced {label}'):.2f}x")
     if compiled:
         for kind in ("traced", "untraced"):
             ratio = paired(times, f"decodelab static compiled greedy ({kind})", "generate static compiled greedy")

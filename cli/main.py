@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
-import typer
+from . import warm_client
+
+warm_client.from_the_console_script()  # a warm server runs the command: exits here, before typer, rich, torch
+
+import typer  # noqa: E402
 
 try:  # typer >= 0.20 vendors its own copy of click
     from typer._click import exceptions as cli_errors
@@ -28,6 +32,7 @@ from .commands.score import score
 from .commands.speculate import speculate
 from .commands.stream import stream
 from .commands.view import view
+from .commands.warm import warm
 
 
 def flags_take_no_value() -> None:
@@ -76,6 +81,7 @@ app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
 app.command("check-logprobs")(check_logprobs)
 app.command()(view)
+app.add_typer(warm)
 
 
 def fail(message: str) -> int:
@@ -118,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ends the run quietly with 141, as ``yes | head`` does; a write that fails (a full disk, a closed stdout) is one
     line and exit 1."""
     try:
-        return run_cli(argv)
+        handed = warm_client.hand_off(sys.argv[1:]) if argv is None else None  # decodelab warm: a forked run
+        return run_cli(argv) if handed is None else handed
     except KeyboardInterrupt:
         return interrupted()
     except render.ReaderGone:

@@ -78,7 +78,9 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
     prompt_ids = point.prompt_ids if point is not None else lm.encode(text, opts.chat)
     if num_samples is not None:
         return many(opts, lm, settings, text, prompt_ids, num_samples)
-    sampler = build_sampler(lm, settings, point.context_ids if point is not None else prompt_ids, kept=bool(kept_ids))
+    sampler = build_sampler(lm, settings, point.context_ids if point is not None else prompt_ids, kept=bool(kept_ids),
+                            block=trace_block(opts.fmt, point is not None or bool(force_steps),
+                                              render.console().is_terminal))
     if point is not None:  # skipping the saved steps' draws assumes one race vector per step and no carried state
         refuse_stepwise_stages(sampler.chain, "sample --resume")
     if point is not None or force_steps:
@@ -92,6 +94,16 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
         drive(sampler, opts.fmt, text_of=lambda: lm.decode(getattr(sampler, "all_ids", None) or sampler.new_ids),
               stops=tuple(settings.stop))
         emit(opts, lm, settings, text, prompt_ids, sampler, table)
+
+
+def trace_block(fmt: o.Format, branched: bool, terminal: bool) -> int:
+    """Steps traced together: a document written at the end (json, csv, markdown, a table printed to a file or a
+    pipe) takes its steps in blocks, one set of tensor operations per block; a stream (jsonl, text, the live table
+    on a terminal) takes each step as it comes. A forced or resumed run renumbers and labels each step as it comes:
+    one at a time."""
+    at_end = fmt in (o.Format.json, o.Format.csv, o.Format.markdown) or (fmt == o.Format.table and not terminal)
+    from ...core.methods.sample import REPORT_BLOCK
+    return REPORT_BLOCK if at_end and not branched else 1
 
 
 def steps_table(lm, settings: SampleSettings, sampler, saved: int) -> StepsTable:

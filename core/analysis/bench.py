@@ -4,7 +4,7 @@ Every pair decodes the same prompt for the same number of new tokens on the same
 process, round after round (one warm-up round first), so drift of the machine affects both sides alike; each side's
 figure is the median of its rounds, and ``ratio`` is the median of the per-round paired ratios (decodelab tokens/s
 / transformers tokens/s in the same round), with the lowest and highest of them. Times are end to end: prefill,
-loop and (trace on) the trace, device-synchronised.
+loop and (trace on) the trace as `sample -f json` builds it (steps traced in blocks), device-synchronised.
 
 `generate` is configured as its best users would and fairly: EOS ignored with ``eos_token_id=None`` (decodelab:
 ``ignore_eos``), no ``min_new_tokens``; sampling with ``top_k=0`` (transformers otherwise adds a top-50 filter the
@@ -27,7 +27,7 @@ from ..engine.run import synchronize
 from ..engine.stopping import StopRules
 from ..errors import ConfigError
 from ..methods.beam import BeamSearch, BeamSettings, ModelStepper
-from ..methods.sample import Sampler, decode_tokens
+from ..methods.sample import REPORT_BLOCK, Sampler, decode_tokens
 from ..methods.speculative.proposers import (
     ModelProposer,
     NGramProposer,
@@ -106,7 +106,7 @@ class Bench:
             selector = make_selector(temperature, self.seed, self.device)
             if trace:
                 return [s.token_id for s in Sampler(self.model, self.prompt_ids, chain, selector, self._rules(),
-                                                    str, None, top=5)]
+                                                    str, None, top=5, block=REPORT_BLOCK)]
             return [d.token_id for d in decode_tokens(self.model, self.prompt_ids, chain, selector, self._rules())]
         return run
 

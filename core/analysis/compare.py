@@ -36,7 +36,7 @@ from ..errors import EMPTY_CHAIN, ConfigError
 from ..inputs import parse_int, parse_json, parse_toml, read_input_text
 from ..methods.registry import CONTINUING
 from ..methods.beam import build_beam
-from ..methods.sample import build_sampler
+from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..methods.speculative.run import (
     build_speculator,
 )
@@ -416,8 +416,9 @@ class Comparison:
 
     def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> Row:
         if v.method == "sample":  # the chain shares the selector's generator, as `sample` builds it
-            sampler = build_sampler(self.lm, settings, prompt_ids)
-            steps = drain(sampler)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
+            sampler = build_sampler(self.lm, settings, prompt_ids, block=REPORT_BLOCK)
+            drain(sampler)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
+            steps = sampler.steps  # every traced step, the block pending at an early end included
             ids = sampler.new_ids
             return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), sampler.stop_reason,
                        mean_or_none([s.logprob for s in steps]),

@@ -32,7 +32,7 @@ from torch import Tensor
 from ..engine.run import drain
 from ..engine.served import PROCESSED, EngineError
 from ..errors import ConfigError
-from ..methods.sample import build_sampler
+from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..engine.backend import Capabilities, refuse_lacking
 from ..methods.served import Connection, chain_along, finish_to_stop, forced_logits, request_for, request_of
 from ..sampling.chain import make_chain
@@ -192,8 +192,9 @@ class EngineComparison:
         return pair
 
     def local_row(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> Row:
-        sampler = build_sampler(self.lm, settings, prompt_ids)
-        steps = drain(sampler)
+        sampler = build_sampler(self.lm, settings, prompt_ids, block=REPORT_BLOCK)
+        drain(sampler)
+        steps = sampler.steps  # every traced step, the block pending at an early end included
         ids = sampler.new_ids
         row = Row(engine_rows_name(v.name, "local"), v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids),
                   sampler.stop_reason, mean_or_none([s.logprob for s in steps]),

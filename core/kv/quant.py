@@ -232,9 +232,12 @@ class Stream:
 # scales (a scale never spans rows), and dequantizing or quantizing is element-wise or reduces within a row, so the
 # numbers are those of each stream alone, bit for bit, at a twelfth of the operations for twelve layers. A CPU pays a
 # fixed cost per tensor operation that a small model's cache operations are dominated by. Nothing is kept between
-# forwards but what each stream stores (the stored bytes are unchanged): the stored tokens are dequantized once per
-# forward for every layer (working memory of that forward, freed after it), and the tokens a forward adds are
-# appended after it, for every layer at once.
+# forwards but what each stream stores (the stored bytes are unchanged; each layer owns its tensors): at the first
+# layer of a forward, the stored tokens of every layer are dequantized once into one workspace per stream kind, with
+# room for the forward's new tokens (working memory of that forward, freed after it: for a float32 model as large as
+# the full cache); each layer writes its new tokens into its room and attends over its rows; after the forward, the
+# tokens that leave the exact tails are quantized in one pass straight from the workspace (where each layer's tail
+# and new tokens already lie side by side) and each layer's new tail is copied out of it.
 
 
 def stored_with_room(streams: list[Stream], new: Tensor) -> Tensor | None:
@@ -277,6 +280,38 @@ def append_together(streams: list[Stream], new: list[Tensor]) -> None:
             stream.add(stream.layout.quantize(t))
 
 
+def leaving_of(stream: Stream, arriving: int) -> int:
+    """How many tokens leave the tail for the quantized part when ``arriving`` tokens enter it (what
+    :meth:`Stream.enter` takes from the tail, in whole blocks beyond the last ``residual``)."""
+    if stream.residual == 0 and stream.layout.block == 1 and stream.exact == 0:
+        return arriving  # the tail is never used: every token leaves at once
+    total = stream.exact + arriving
+    return max((total - stream.residual) // stream.layout.block * stream.layout.block, 0)
+
+
+def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> None:
+    """:func:`append_together` for streams worked on together, taken from this forward's ``stored`` tensors (see
+    :func:`stored_with_room`), where every stream's exact tail and new tokens already lie side by side after its
+    quantized ones: the tokens that leave are quantized in one pass straight from there, and each stream's new tail
+    is copied out of it (one copy a stream; no concatenation of the old tail and the new tokens). ``groups``: (the
+    streams, their stored tensor), one group, or two of the same layout and token counts (keys and values laid out
+    alike), quantized in one pass together (their rows one after another)."""
+    first = groups[0][0][0]
+    recents = [stored[:, :, first.quantized :] for _, stored in groups]  # each [L * B, H, exact + n, D]
+    leaving = leaving_of(first, recents[0].shape[2] - first.exact)
+    keeps_tail = not (first.residual == 0 and first.layout.block == 1 and first.exact == 0)
+    if leaving:
+        views = [r[:, :, :leaving] for r in recents]
+        q = first.layout.quantize(views[0] if len(views) == 1 else torch.cat(views))
+        parts = [t.split(rows) for t in (q.codes, q.scale)] + [None if q.zero is None else q.zero.split(rows)]
+        for i, stream in enumerate(s for streams, _ in groups for s in streams):
+            stream.add(QTensor(parts[0][i], parts[1][i], None if parts[2] is None else parts[2][i], q.bits, q.last))
+    if keeps_tail:
+        for (streams, _), recent in zip(groups, recents):
+            for stream, tail in zip(streams, recent[:, :, leaving:].split(rows)):
+                stream.tail = tail.clone()
+
+
 class LayersTogether:
     """The cache's layers worked on together through one forward (see above): ``update`` is what a layer's
     attention calls; ``commit`` (after the forward) appends what it added."""
@@ -284,6 +319,7 @@ class LayersTogether:
     def __init__(self, layers: list):
         self.layers = layers
         self.stored: tuple[Tensor | None, Tensor | None] | None = None  # this forward's keys and values, all layers
+        self.views: tuple[tuple | None, tuple | None] = (None, None)  # per stream kind: (layer views, their rooms)
         self.pending: dict[int, tuple[Tensor, Tensor]] = {}
 
     def update(self, index: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
@@ -293,28 +329,53 @@ class LayersTogether:
         if self.stored is None:
             self.stored = (stored_with_room([la.k for la in self.layers], key_states),
                            stored_with_room([la.v for la in self.layers], value_states))
+            self.views = tuple(None if t is None else split_rooms(t, key_states.shape[0], key_states.shape[2])
+                               for t in self.stored)
         self.pending[index] = (key_states, value_states)
         layer.cumulative_length += key_states.shape[-2]
-        return (self._with(self.stored[0], layer.k, index, key_states),
-                self._with(self.stored[1], layer.v, index, value_states))
+        return (self._with(self.views[0], layer.k, index, key_states),
+                self._with(self.views[1], layer.v, index, value_states))
 
     @staticmethod
-    def _with(stored: Tensor | None, stream: Stream, index: int, new: Tensor) -> Tensor:
+    def _with(views: tuple | None, stream: Stream, index: int, new: Tensor) -> Tensor:
         """This forward's tokens in full precision after the stored ones: written into their room, or (streams
         that differ) concatenated."""
-        if stored is None:
+        if views is None:
             return layer_states(stream, new)
-        rows, n = new.shape[0], new.shape[2]
-        mine = stored[index * rows : (index + 1) * rows]
-        mine[:, :, mine.shape[2] - n :] = new
-        return mine
+        mine, rooms = views
+        rooms[index].copy_(new)
+        return mine[index]
 
     def commit(self) -> None:
         done = sorted(self.pending)
         layers = [self.layers[i] for i in done]
-        append_together([la.k for la in layers], [self.pending[i][0] for i in done])
-        append_together([la.v for la in layers], [self.pending[i][1] for i in done])
-        self.stored, self.pending = None, {}
+        rooms = []  # (streams, stored) committed from the workspace
+        for kind, stored in enumerate(self.stored or (None, None)):
+            streams = [la.k if kind == 0 else la.v for la in layers]
+            if stored is not None and len(done) == len(self.layers):
+                rooms.append((streams, stored))
+            else:
+                append_together(streams, [self.pending[i][kind] for i in done])
+        if rooms:
+            rows = self.pending[done[0]][0].shape[0]
+            if len(rooms) == 2 and alike(rooms[0][0][0], rooms[1][0][0]):
+                commit_from_room(rooms, rows)  # keys and values quantized in one pass
+            else:
+                for room in rooms:
+                    commit_from_room([room], rows)
+        self.stored, self.views, self.pending = None, (None, None), {}
+
+
+def alike(a: Stream, b: Stream) -> bool:
+    """Two streams quantized the same way that hold the same numbers of quantized and exact tokens."""
+    la, lb = a.layout, b.layout
+    return (la.axis, la.group, la.bits, la.symmetric, la.scale_dtype, a.residual, a.quantized, a.exact) == \
+        (lb.axis, lb.group, lb.bits, lb.symmetric, lb.scale_dtype, b.residual, b.quantized, b.exact)
+
+
+def split_rooms(stored: Tensor, rows: int, n: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """Each layer's rows of ``stored`` (views), and the room for its ``n`` new tokens at their end (views)."""
+    return stored.split(rows), stored[:, :, stored.shape[2] - n :].split(rows)
 
 
 def layer_states(stream: Stream, new: Tensor) -> Tensor:

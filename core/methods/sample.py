@@ -2,7 +2,7 @@
 
 ``decode_tokens`` is the bare loop (token ids, raw and processed logits per step); ``Sampler`` is the traced run:
 each step becomes a :class:`~decodelab.core.trace.records.Step` with both distributions labelled, every number of it
-moved to the host in one transfer. Both are generators, so a caller can stream steps as they come and an
+moved to the host in one transfer (the step's own, or, traced in blocks, its block's). Both are generators, so a caller can stream steps as they come and an
 interrupted run keeps what it produced. ``SampleSettings`` are the settings of ``sample`` (and the base of every
 method that generates).
 """
@@ -26,11 +26,18 @@ from ..kv import CacheSpec, require
 from ..sampling.chain import Chain, make_chain, validate_chain
 from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
-from ..sampling.step import check_selected, select
+from ..sampling.step import check_selected, read_selected, select
 from ..settings import _check
 from ..trace.records import Alternative, StageStat, Step, Tally, summarize
-from ..trace.stats import Numbers, kept_ids, pack, unpack
+from ..trace.stats import Numbers, kept_ids, pack, pack_rows, stage_rows, unpack
 from ..trace.why import decide
+
+
+# A deferred trace block's distributions at most (float32 bytes), before they are traced together. Measured on a
+# CPU (benchmarks/README.md, Decode loop): the trace's cost per step falls with the block (one set of operations for
+# the block) down to blocks of about 256 KiB, then rises again (fresh large allocations pay their page faults).
+BLOCK_BYTES = 256 << 10
+REPORT_BLOCK = 64  # the most steps traced together for a consumer that reports the steps at the end
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,8 @@ class Decoded(NamedTuple):
     stages: list[tuple[str, Tensor]] | None  # ("raw", logits), then each stage's output ([1, V]); when recorded
     numbers: Numbers | None = None  # every trace number of the step, on the host (when traced)
     state: dict[str, float] | None = None  # stateful stages' numbers this step used (mirostat.mu, xtc.coin, ...)
+    rows: Tensor | None = None  # deferred trace: the step's distributions [S, V] (raw first), traced in a block later
+    race: Tensor | None = None  # deferred trace: the selector's Exp(1) draws of the step (None: greedy)
 
 
 def decode_tokens(
@@ -90,10 +99,14 @@ def decode_tokens(
     top: int = 0,
     watch: Stopwatch | None = None,
     cache: CacheSpec | None = None,
+    defer: bool = False,
 ) -> Iterator[Decoded]:
     """Yield one :class:`Decoded` per generated token. ``record`` also computes every trace number of the step
     (stages, alternatives: ``top``) and moves them to the host in the step's one transfer; otherwise the one
-    transfer is the token id and the check that the chain left it a finite logit."""
+    transfer is the token id and the check that the chain left it a finite logit. ``defer`` (with ``record``): the
+    step's distributions are kept on the device (``rows``, ``race``) for :func:`pack_rows` to trace many steps in one
+    block, and the step's one transfer is the untraced one; a chain with stateful stages is traced step by step all
+    the same (their numbers are read as the step uses them)."""
     check_prompt(len(prompt_ids), rules.context_length)
     runtime = runtime or Runtime.create(model, cache, capacity=rules.capacity(len(prompt_ids)))
     state = state if state is not None else DecodeState()
@@ -108,8 +121,11 @@ def decode_tokens(
         sel = select(chain, selector, buf.prefix(), logits, record)
         states = chain.states() if record else []
         chain.accept(sel.token)
-        step_state = None
-        if record:
+        step_state, rows = None, None
+        if record and defer and not states:
+            rows = stage_rows(logits, sel.processed, sel.stages)
+            (token_id, finite), numbers = read_selected(sel), None
+        elif record:
             watch.lap("loop")
             packed = pack(sel.token, logits, sel.processed, sel.stages, top, getattr(selector, "last_race", None))
             if states:  # the stages' numbers travel in the same transfer
@@ -122,14 +138,14 @@ def decode_tokens(
             watch.lap("trace")
             token_id, finite = numbers.token_id, numbers.finite
         else:
-            token_id, finite = torch.stack([sel.token[0].float(), sel.finite[0].float()]).tolist()
-            token_id, numbers = int(token_id), None
+            (token_id, finite), numbers = read_selected(sel), None
         check_selected(bool(finite), chain, sel.processed)
         state.new_ids.append(token_id)
         buf.append([token_id], sel.token.view(1, 1))
         watch.lap("loop")
         watch.pause()
-        yield Decoded(token_id, logits[0], sel.processed[0], sel.stages, numbers, step_state)
+        race = getattr(selector, "last_race", None) if rows is not None else None
+        yield Decoded(token_id, logits[0], sel.processed[0], sel.stages, numbers, step_state, rows, race)
         watch.resume()
         reason = stopper.check(state.new_ids, buf.length)
         if reason is not None:
@@ -137,6 +153,15 @@ def decode_tokens(
             watch.lap("loop")
             return
         logits = runtime.feed(buf.last())
+
+
+def block_race(races: list[Tensor | None], L: Tensor) -> Tensor | None:
+    """The race draws of a block of steps [K, V] (None when every step was greedy). A greedy step among sampled ones
+    gets E = 1 for every token: its noise g = -log 1 = 0, the plain argmax."""
+    if all(r is None for r in races):
+        return None
+    ones = L.new_ones(1, L.shape[-1], dtype=torch.float32)
+    return torch.cat([ones if r is None else r.reshape(-1, L.shape[-1])[:1].float() for r in races])
 
 
 def build_step(index: int, position: int, out: Decoded, token_text: Callable[[int], str],
@@ -158,11 +183,14 @@ def build_step(index: int, position: int, out: Decoded, token_text: Callable[[in
 class Sampler(Run):
     """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``.
     ``keep_steps=False``: the steps are yielded and not kept (``steps`` stays empty; the summary comes from their
-    :class:`Tally`), for a consumer that writes each as it comes."""
+    :class:`Tally`), for a consumer that writes each as it comes. ``block`` > 1: up to that many steps are traced
+    together in one :func:`pack_rows` (one set of tensor operations and one transfer for the block), so the steps
+    come in bursts, for a consumer that reports them at the end; an interrupt or an early end traces what is pending
+    into ``steps``."""
 
     def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5,
                  cache: CacheSpec | None = None, runtime: Runtime | None = None, record: bool = True,
-                 keep_steps: bool = True, kept: bool = False):
+                 keep_steps: bool = True, kept: bool = False, block: int = 1):
         self.model, self.prompt_ids, self.chain, self.selector = model, list(prompt_ids), chain, selector
         self.rules, self.token_text, self.detok, self.top = rules, token_text, detok, top
         self.cache, self.runtime, self.record, self.keep_steps = cache, runtime, record, keep_steps
@@ -172,29 +200,65 @@ class Sampler(Run):
         self.watch: Stopwatch | None = None
         self.kept = kept  # also record, per step, the ids that survive each stage (--kept-ids)
         self.kept_sets: list[dict] = []  # {index, stages: [{name, kept, ids}]} per step
+        self.block = 1 if kept else max(1, block)  # the kept ids are read from each step's own stages
+        self._pending: list[tuple[int, Decoded]] = []  # deferred steps not yet traced
 
     def __iter__(self) -> Iterator[Step]:
         runtime = self.runtime or Runtime.create(self.model, self.cache,
                                                  capacity=self.rules.capacity(len(self.prompt_ids)))
         self.runtime = runtime
         self.watch = Stopwatch(runtime.device)
-        names = ["raw"] + self.chain.names
         loop = decode_tokens(self.model, self.prompt_ids, self.chain, self.selector, self.rules, self.detok,
-                             runtime=runtime, state=self.state, record=self.record, top=self.top, watch=self.watch)
+                             runtime=runtime, state=self.state, record=self.record, top=self.top, watch=self.watch,
+                             defer=self.block > 1)
         for index, out in enumerate(loop):
             if not self.record:
                 continue
+            if out.numbers is None:  # deferred: traced with its block
+                self._pending.append((index, out))
+                if len(self._pending) >= self.block or len(self._pending) * out.rows.numel() * 4 >= BLOCK_BYTES:
+                    yield from self._trace_pending()
+                continue
             self.watch.resume()
-            step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, names,
-                              getattr(self.selector, "last_race", None) is None)
-            self.tally.add(step)
+            step = self._keep(index, out, getattr(self.selector, "last_race", None) is None)
             if self.kept:
                 self.kept_sets.append({"index": index, "stages": kept_ids(out.stages)})
-            if self.keep_steps:
-                self.steps.append(step)
             self.watch.lap("trace")
             self.watch.pause()
             yield step
+        yield from self._trace_pending()
+
+    def _keep(self, index: int, out: Decoded, greedy: bool) -> Step:
+        step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, ["raw"] + self.chain.names,
+                          greedy)
+        self.tally.add(step)
+        if self.keep_steps:
+            self.steps.append(step)
+        return step
+
+    def _trace_pending(self) -> list[Step]:
+        """Trace the deferred steps as one block: their distributions stacked [K, S, V], one :func:`pack_rows`, one
+        transfer."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return []
+        self.watch.resume()
+        L = torch.stack([out.rows for _, out in pending])
+        chosen = torch.tensor([out.token_id for _, out in pending], device=L.device)
+        host = pack_rows(L, chosen, self.top, block_race([out.race for _, out in pending], L), True).tolist()
+        steps = [self._keep(index, out._replace(numbers=unpack(row, self.top, L.shape[-1], L.shape[1])),
+                            out.race is None) for (index, out), row in zip(pending, host)]
+        self.watch.lap("trace")
+        self.watch.pause()
+        return steps
+
+    def interrupt(self) -> None:
+        self._trace_pending()
+        super().interrupt()
+
+    def end(self, reason: str) -> None:
+        self._trace_pending()
+        super().end(reason)
 
     @property
     def stop_reason(self) -> str:
@@ -219,11 +283,11 @@ class Sampler(Run):
 
 
 def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain | None = None,
-                  record: bool = True, kept: bool = False) -> Sampler:
+                  record: bool = True, kept: bool = False, block: int = 1) -> Sampler:
     selector = semantics_plan(settings).make_selector(settings.seed, lm.device)
     chain = chain or make_chain(lm, settings, getattr(selector, "generator", None))
     rules = stop_rules(lm, settings)
     runtime = runtime_for(lm, settings.cache_spec, len(prompt_ids) + rules.max_new_tokens,
                           compile=settings.compile)
     return Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
-                   runtime=runtime, record=record, kept=kept)
+                   runtime=runtime, record=record, kept=kept, block=block)

@@ -28,6 +28,13 @@ def select(chain: Chain, selector, ids: Tensor, logits: Tensor, record: bool = F
     return Selected(token, processed, stages, finite)
 
 
+def read_selected(sel: Selected) -> tuple[int, bool]:
+    """Row 0's token id and whether the chain left it a finite logit, in one transfer of one number: the id where
+    finite, else -1 (ids are >= 0)."""
+    value = int(torch.where(sel.finite[:1], sel.token[:1], -1).item())
+    return (value, True) if value >= 0 else (0, False)
+
+
 def check_selected(finite: bool, chain: Chain, logits: Tensor | None = None) -> None:
     """The argmax of an all -inf (or NaN) row is meaningless: one clean error instead (``logits``, the processed
     rows, tell an overflow from a chain that removed everything)."""

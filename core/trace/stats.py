@@ -68,39 +68,55 @@ def stage_numbers(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return probs, removed, torch.stack([(~removed).sum(dim=-1).float(), entropy(probs), mass], dim=-1)
 
 
+def stage_rows(raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None) -> Tensor:
+    """The distributions of one step (row 0) stacked as the rows of one [S, V] tensor: every recorded stage (raw
+    first, processed last), or raw and processed alone without ``stages``."""
+    return torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])
+
+
 def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
          top: int, race: Tensor | None = None) -> Tensor:
-    """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc).
+    """All numbers of one traced step (row 0) in one float32 vector on the device (layout in the module doc):
+    :func:`pack_rows` of a block of one step. ``race``: the selector's Exp(1) draws of this step (None: greedy)."""
+    return pack_rows(stage_rows(raw_logits, processed, stages)[None], token.reshape(-1)[:1], top,
+                     None if race is None else race.reshape(-1, race.shape[-1])[:1], bool(stages))[0]
 
-    The distributions of the step are stacked as rows of one [S, V] tensor L (raw first, processed last; with
-    ``stages`` recorded, every stage in between), and each statistic is one operation over all of them: p = softmax
-    z, log p = log-softmax z (exact 0 for a point mass, exactly -inf for a removed candidate), H = -sum p log p (a
-    removed candidate adds 0), counts summed in int32. The chosen token's rank under each row, 1 + #{i : z_i > z_t},
-    serves the raw rank and the deciding stage alike. A traced step is about twenty tensor operations whatever the
-    chain (on a CPU each costs a fixed few microseconds, so the cheap forms are chosen: softmax and log-softmax
-    rather than exp of the log-softmax, a product rather than ``special.entr``), and one transfer. What is not
-    reported is not computed: no alternatives for ``top`` 0; no per-stage numbers, winners or removed mass without
-    ``stages``. ``race``: the selector's Exp(1) draws of this step (None: greedy), for the deciding stage."""
-    t = token.reshape(-1)[:1]
-    L = (torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])).float()
+
+def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool) -> Tensor:
+    """All numbers of K traced steps [K, F] from their distributions L [K, S, V] (raw first, processed last) and
+    chosen tokens t [K]; ``race`` [K, V]: each step's Exp(1) draws (None: greedy); ``stages``: the rows of L are the
+    recorded stages (per-stage numbers, winners and removed mass are packed), else raw and processed alone.
+
+    Each statistic is one operation over the whole block, so a block of K steps costs about as many tensor
+    operations as one step: p = softmax z, log p = log-softmax z (exact 0 for a point mass, exactly -inf for a
+    removed candidate), H = -sum p log p (a removed candidate adds 0), counts summed in int32. The chosen token's rank
+    under each row, 1 + #{i : z_i > z_t}, serves the raw rank and the deciding stage alike. On a CPU each operation
+    costs a fixed few microseconds, so the cheap forms are chosen: softmax and log-softmax rather than exp of the
+    log-softmax, a product rather than ``special.entr``. What is not reported is not computed: no alternatives for
+    ``top`` 0; no per-stage numbers, winners or removed mass without ``stages``."""
+    L = L.float()
+    K, S, V = L.shape
     P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
     removed = torch.isneginf(L)
-    kept_n = (L.shape[-1] - removed.sum(dim=-1, dtype=torch.int32)).float()  # [S]
-    H = -(P * logP.nan_to_num(neginf=0.0)).sum(dim=-1)  # [S] -sum p log p; a removed candidate: 0 * 0
-    z_t = L.index_select(1, t)  # [S, 1] each row's logit of the token
-    ranks = chosen_ranks(L, z_t).float()  # [S] (softmax is monotone: the rank by logits is the rank by probability)
-    logp_t, p_t = logP.index_select(1, t)[:, 0], P.index_select(1, t)[:, 0]
-    # the HEAD scalars picked out of one vector by one gather (a dozen single-element picks cost a dozen operations)
-    rows = torch.cat([t.float(), torch.isfinite(z_t[-1]).float(), p_t, logp_t, ranks, H, kept_n])
-    parts = [rows.index_select(0, head_index(L.shape[0], L.device))]
+    kept_n = (V - removed.sum(dim=-1, dtype=torch.int32)).float()  # [K, S]
+    H = -(P * logP.nan_to_num(neginf=0.0)).sum(dim=-1)  # [K, S] -sum p log p; a removed candidate: 0 * 0
+    at_t = t.reshape(K, 1, 1).expand(K, S, 1)
+    z_t = L.gather(2, at_t)  # [K, S, 1] each row's logit of the token
+    ranks = chosen_ranks(L, z_t).float()  # [K, S] (softmax is monotone: the rank by logits is the rank by probability)
+    logp_t, p_t = logP.gather(2, at_t)[..., 0], P.gather(2, at_t)[..., 0]
+    # the HEAD scalars picked out of one block by one gather (a dozen single-element picks cost a dozen operations)
+    rows = torch.cat([t.reshape(K, 1).float(), torch.isfinite(z_t[:, -1]).float(), p_t, logp_t, ranks, H, kept_n],
+                     dim=1)
+    parts = [rows.index_select(1, head_index(S, L.device))]
     if top > 0:
-        alt = ranked_alternatives(P[-1], P[0], ~removed[-1], top)
-        parts += [alt.float(), P[-1].index_select(0, alt), P[0].index_select(0, alt)]
+        alt = ranked_alternatives(P[:, -1], P[:, 0], ~removed[:, -1], top)  # [K, A]
+        parts += [alt.float(), P[:, -1].gather(1, alt), P[:, 0].gather(1, alt)]
     if stages:
-        mass = torch.cat([P.new_zeros(1), (P[:-1] * removed[1:]).sum(dim=-1)])  # sum_i p^(s-1)_i [z^(s)_i = -inf]
-        winners, lost = race_winners(L, race_noise(None if race is None else race[:1], L[0]), removed)
-        parts += [torch.stack([kept_n, H, mass], dim=-1).reshape(-1), winners.float(), ranks, lost.float()]
-    return torch.cat(parts)
+        # sum_i p^(s-1)_i [z^(s)_i = -inf], the first stage removing nothing
+        mass = torch.cat([P.new_zeros(K, 1), (P[:, :-1] * removed[:, 1:]).sum(dim=-1)], dim=1)
+        winners, lost = race_winners(L, race_noise(race, L[:, 0]), removed)
+        parts += [torch.stack([kept_n, H, mass], dim=-1).reshape(K, -1), winners.float(), ranks, lost.float()]
+    return torch.cat(parts, dim=1)
 
 
 @functools.lru_cache(maxsize=64)

@@ -35,16 +35,17 @@ def race_noise(race: Tensor | None, like: Tensor) -> Tensor | None:
 
 
 def chosen_ranks(z: Tensor, z_t: Tensor) -> Tensor:
-    """For logits [S, V] and the chosen token's logit in each row [S, 1]: its rank there, 1 + the number of strictly
+    """For logits [..., S, V] and the chosen token's logit in each row [..., S, 1]: its rank there, 1 + the number of strictly
     larger logits (counted in int32: exact, and cheaper than int64 on a CPU)."""
     return (z > z_t).sum(dim=-1, dtype=torch.int32) + 1
 
 
 def race_winners(z: Tensor, noise: Tensor | None, removed: Tensor) -> tuple[Tensor, Tensor]:
-    """For stage logits [S, V], the race noise [V] (None: greedy) and the removed candidates [S, V] (z = -inf): each
-    row's winner w_s = argmax_i z_i + g_i [S], and whether stage s removed w_{s-1} [S - 1]."""
-    winners = (z if noise is None else z + noise).argmax(dim=-1)
-    return winners, removed[1:].gather(1, winners[:-1, None])[:, 0]
+    """For stage logits [..., S, V], the race noise [..., V] (None: greedy) and the removed candidates [..., S, V]
+    (z = -inf): each row's winner w_s = argmax_i z_i + g_i [..., S], and whether stage s removed w_{s-1}
+    [..., S - 1]. The leading dimensions, if any, are steps traced together."""
+    winners = (z if noise is None else z + noise.unsqueeze(-2)).argmax(dim=-1)
+    return winners, removed[..., 1:, :].gather(-1, winners[..., :-1, None])[..., 0]
 
 
 def stage_winners(stage_logits: Tensor, noise: Tensor | None, chosen: Tensor) -> Tensor:

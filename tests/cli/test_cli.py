@@ -230,6 +230,41 @@ def test_interrupted_jsonl_keeps_whole_lines_and_a_summary(cli, toy_model_dir, m
     assert lines[-1]["stop_reason"] == "interrupted" and lines[-1]["new_tokens"] == 2
 
 
+def test_json_traces_in_blocks_and_gives_the_numbers_jsonl_streams(cli, toy_model_dir):
+    """`-f json` traces its steps in blocks, `-f jsonl` one at a time: the same steps, number for number."""
+    args = ("sample", "Hello", "-m", toy_model_dir, "-n", "12", "--ignore-eos", "-t", "0.9", "--top-p", "0.8",
+            "--top-k", "30", "--seed", "4")
+    doc = run_json(cli, *args)
+    code, out, err = cli(*args, "-f", "jsonl")
+    assert code == 0, err
+    streamed = [{k: v for k, v in x.items() if k != "type"} for x in map(json.loads, out.splitlines())
+                if x["type"] == "step"]
+    assert len(doc["steps"]) == 12 and doc["steps"] == streamed
+
+
+def test_interrupted_json_keeps_the_steps_of_its_pending_block(cli, toy_model_dir, monkeypatch):
+    """Ctrl-C in the forward after the 5th token of a `-f json` run (its steps still pending in a block): the
+    document holds all five steps, traced, and says the run was interrupted."""
+    from decodelab.core.engine.runtime import Runtime
+
+    real, fed = Runtime.feed, {"n": 0}
+
+    def interrupt_after_five(self, ids, keep="last"):
+        if ids.shape[1] == 1:
+            fed["n"] += 1
+            if fed["n"] == 5:
+                raise KeyboardInterrupt
+        return real(self, ids, keep)
+
+    monkeypatch.setattr(Runtime, "feed", interrupt_after_five)
+    code, out, _ = cli("sample", "Hello", "-m", toy_model_dir, "-n", "10", "-f", "json", "--ignore-eos")
+    doc = json.loads(out)
+    assert code == 130 and doc["summary"]["stop_reason"] == "interrupted"
+    assert len(doc["steps"]) == 5 == doc["summary"]["new_tokens"] and doc["token_ids"] == [
+        s["token_id"] for s in doc["steps"]]
+    assert all(0 < s["prob"] <= 1 for s in doc["steps"])
+
+
 def test_model_id_from_the_local_hf_cache(cli, toy_model_dir, tmp_path, monkeypatch):
     """A model already in the Hugging Face cache layout loads by id, offline."""
     snapshot = tmp_path / "hub" / "models--someorg--toy" / "snapshots" / ("0" * 40)

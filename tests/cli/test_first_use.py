@@ -11,7 +11,7 @@ import pytest
 from rich.cells import cell_len
 
 COMMANDS = ["sample", "probs", "beam", "speculate", "score", "stream", "quantize-kv", "compare", "bench", "batch",
-            "models", "view", "check-logprobs"]
+            "models", "view", "check-logprobs", "warm"]
 
 
 def help_in_fresh_python(*args: str) -> tuple[str, list[str]]:
