@@ -511,3 +511,77 @@ def test_kept_positions_equal_kvpress(tmp_path, arch, text, press, kwargs):
         for mine, press_kept in zip(our_heads, their_heads):
             assert last in press_kept and set(press_kept) - {last} <= set(mine)
             assert len(set(mine) - set(press_kept)) == (0 if last in mine else 1)
+
+
+# --- exact edges the mutation run (tests/mutation/run.sh, the presses and recompute) showed no test pinned --------
+
+
+def test_pyramid_budgets_of_one_and_two_layers():
+    """One layer keeps the mean (there is no slope to follow, and L - 1 = 0 must not be divided by); two layers are
+    the two ends: top = 40 / 4 = 10, bottom = 2 * 40 - 10 = 70. Bug caught: the one-layer case taken for two."""
+    from decodelab.core.kv.pyramidkv import pyramid_budgets
+
+    assert pyramid_budgets(40, 100, 4, 4, 1) == [40]
+    assert pyramid_budgets(40, 100, 4, 4, 2) == [70, 10]
+
+
+@pytest.mark.parametrize("spec,shown", [
+    ("snapkv:size=64", "snapkv:kernel=5,pool=max,size=64,window=32"),
+    ("snapkv:size=64,window=8,kernel=3,pool=avg", "snapkv:kernel=3,pool=avg,size=64,window=8"),
+    ("pyramidkv:size=64", "pyramidkv:beta=20,kernel=5,pool=max,size=64,window=32"),
+    ("h2o:size=64,recent=8", "h2o:compress=decode,recent=8,size=64"),
+    ("tova:ratio=0.5", "tova:compress=decode,ratio=0.5"),
+])
+def test_a_press_refusal_names_its_whole_spec(spec, shown):
+    """A run that needs rollback is refused in one line that names the spec as the policy holds it, every option
+    with its value (the defaults filled in). Bug caught: an option dropped or misnamed in the spec text."""
+    from decodelab.core.engine.forward import model_info
+    from decodelab.core.kv import make_policy
+
+    with pytest.raises(ConfigError) as err:
+        make_policy(parse_cache_spec(spec), model_info(random_model("llama")), needs=frozenset({"truncate"}))
+    name = spec.split(":")[0]
+    assert str(err.value) == (f"--cache {shown}: this run needs the cache to truncate, which {name} cannot (evicted "
+                              "tokens cannot come back); use --cache full or recompute")
+
+
+def test_a_hand_built_press_spec_gets_the_parsers_defaults():
+    """make_policy with a CacheSpec that names only the budget (a script, not --cache) holds the same options as
+    the parsed spec: window 32, kernel 5, pool max, beta 20. Bug caught: a constructor default that differs from
+    the parser's, so a script's pyramidkv is not the CLI's."""
+    from decodelab.core.engine.forward import model_info
+    from decodelab.core.kv import CacheSpec, make_policy
+
+    info = model_info(random_model("llama"))
+    for name in ("snapkv", "pyramidkv"):
+        policy = make_policy(CacheSpec(name, (("size", 64),)), info)
+        assert policy.spec_text() == str(parse_cache_spec(f"{name}:size=64"))
+        assert {k: v for k, v in policy.spec_options().items() if v is not None} == \
+            parse_cache_spec(f"{name}:size=64").options
+
+
+def test_which_presses_compress_once():
+    """compresses_once reads compress= and falls back to the press's own default phase: snapkv, pyramidkv and knorm
+    compress once (prefill), h2o and tova after every forward (decode) unless told prefill. Bug caught: the default
+    phase ignored or the comparison inverted (score would then feed a decode-phase press in one forward, where
+    it never compresses)."""
+    from decodelab.core.kv import POLICIES
+
+    assert [POLICIES[n].compresses_once({}) for n in ("snapkv", "pyramidkv", "knorm", "h2o", "tova")] == [
+        True, True, True, False, False]
+    assert POLICIES["h2o"].compresses_once({"compress": "prefill"}) is True
+    assert POLICIES["knorm"].compresses_once({"compress": "decode"}) is False
+
+
+def test_pyramidkv_size_may_equal_the_window_but_not_be_less():
+    """size=S is the mean budget, and every layer keeps its window: S = window is the smallest allowed, S < window
+    is one line naming both. A pyramidkv spec without a budget names pyramidkv. Bug caught: the boundary refused,
+    the line naming the wrong values or the wrong press."""
+    assert parse_cache_spec("pyramidkv:size=8,window=8").options["size"] == 8
+    with pytest.raises(ConfigError) as err:
+        parse_cache_spec("pyramidkv:size=7,window=8")
+    assert str(err.value) == "--cache 'pyramidkv:size=7,window=8': size=7 is less than window=8 (the window is kept)"
+    with pytest.raises(ConfigError) as err:
+        parse_cache_spec("pyramidkv:window=8")
+    assert str(err.value) == ("--cache 'pyramidkv:window=8': pyramidkv needs exactly one of ratio=R (fraction kept) "
+                              "or size=S (tokens kept)")

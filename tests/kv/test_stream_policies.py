@@ -682,3 +682,32 @@ def test_the_absolute_position_bound_applies_only_to_models_without_rope():
         Runtime.create(random_model("gpt2"), parse_cache_spec("window:size=8,positions=rerotate"))
     assert str(err.value).startswith("--cache window:size=8,positions=rerotate: gpt2 has no rotary position "
                                      "embedding")
+
+
+def test_recompute_edges_size_one_rollback_to_the_same_length_and_misuse():
+    """recompute built from a hand spec without size is the one line of size 0; size=1 (each token from itself
+    alone) is the smallest window. Rolling back to the length already seen changes nothing; past it is one line
+    with both lengths. after_forward without the rewrite of the same ids is a programming error said as such.
+    Bugs caught: a default window of 1, size 1 refused, a rollback to the same length refused, the misuse check
+    lost."""
+    from decodelab.core.kv import CacheSpec, make_policy
+
+    model = random_model("llama")
+    info = model_info(model)
+    with pytest.raises(ConfigError) as err:
+        make_policy(CacheSpec("recompute", ()), info)
+    assert str(err.value) == "--cache recompute: needs size=W (an integer >= 1)"
+    rt = Runtime.create(model, parse_cache_spec("recompute:size=1"))
+    ids = ids_of(5)
+    got = torch.cat([rt.feed(ids[:, i : i + 1], keep="all")[0] for i in range(5)])
+    alone = torch.cat([forward(model, ids[:, i : i + 1], None, torch.zeros(1, 1, dtype=torch.long))[0]
+                       for i in range(5)])
+    torch.testing.assert_close(got, alone, rtol=0, atol=1e-5)
+    rt.policy.truncate(5)
+    assert rt.policy.seen == 5 and rt.policy.history.shape == (1, 5)
+    with pytest.raises(ValueError) as err:
+        rt.policy.truncate(6)
+    assert str(err.value) == "cannot truncate a cache that has seen 5 tokens to 6"
+    with pytest.raises(RuntimeError) as err:
+        rt.policy.after_forward(1)
+    assert str(err.value) == "recompute: after_forward without the rewrite of the same ids"
