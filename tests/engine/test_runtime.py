@@ -416,3 +416,32 @@ def test_compiled_static_decode_equals_eager():
     assert [s.token_id for s in compiled] == [s.token_id for s in eager]
     assert [s.raw_logprob for s in compiled] == pytest.approx([s.raw_logprob for s in eager], abs=1e-4)
     assert runtime.compile_s is not None and runtime.compile_s > 0
+
+
+# --- exact edges the mutation run (tests/mutation/run.sh, core/kv/static.py) showed no test pinned --------------
+
+
+def test_static_rollback_to_the_same_length_and_rows_growing_to_the_kv_heads():
+    """A static cache rolled back to the length it has seen is unchanged; past it is one line with both lengths.
+    Reordering from the prompt's one row to two rows (as many as the random Llama's 2 KV heads, so the row count
+    and the head count agree) replaces the layers' tensors; a later reorder of two rows is in place (the
+    preallocated tensors keep their addresses) and equals index_select. Bugs caught: a rollback to the same length
+    refused, the row test reading the head axis."""
+    model = random_model("llama")
+    rt = Runtime.create(model, parse_cache_spec("static"), capacity=16)
+    rt.feed(torch.tensor([[1, 2, 3, 4, 5]]))
+    rt.policy.truncate(5)
+    assert rt.policy.seen == 5
+    with pytest.raises(ValueError) as err:
+        rt.policy.truncate(6)
+    assert str(err.value) == "cannot truncate a cache that has seen 5 tokens to 6"
+    layer = rt.policy.model_cache.layers[0]
+    assert layer.keys.shape[:2] == (1, 2)
+    rt.reorder(torch.tensor([0, 0]))
+    assert layer.keys.shape[:2] == (2, 2)
+    before, address = layer.keys.clone(), layer.keys.data_ptr()
+    rt.feed(torch.tensor([[6], [7]]))
+    after = layer.keys.clone()
+    rt.reorder(torch.tensor([1, 0]))
+    assert layer.keys.data_ptr() == address and torch.equal(layer.keys, after.index_select(0, torch.tensor([1, 0])))
+    assert torch.equal(before[:, :, :5], after[:, :, :5])

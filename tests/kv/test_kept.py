@@ -93,3 +93,15 @@ def test_the_kept_table_fits_80_columns(cli):
     assert code == 0, err
     table = [line for line in out.splitlines() if "│" in line and "layer" not in line]
     assert table and max(len(line) for line in table) <= 80
+
+
+def test_kept_by_counts_only_the_layers_asked_for():
+    """kept_by(layers) counts the (layer, head) pairs of those layers only: position 1 is held by both heads of
+    layer 0 and by no head of layer 1. Bug caught: the layer selection ignored (every layer counted)."""
+    from decodelab.core.kv.kept import KeptLayer, KeptMap
+
+    kept = KeptMap("snapkv:size=2", seen=3, prompt_tokens=3, kv_bytes=0, evicted=0, layers=[
+        KeptLayer(0, 2, 0, heads=[[0, 1], [1, 2]]), KeptLayer(1, 2, 0, heads=[[0, 2], [0, 2]])])
+    assert kept.kept_by() == [3, 2, 3]
+    assert kept.kept_by([0]) == [1, 2, 1]
+    assert kept.kept_by([1]) == [2, 0, 2]

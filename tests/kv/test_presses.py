@@ -585,3 +585,13 @@ def test_pyramidkv_size_may_equal_the_window_but_not_be_less():
         parse_cache_spec("pyramidkv:window=8")
     assert str(err.value) == ("--cache 'pyramidkv:window=8': pyramidkv needs exactly one of ratio=R (fraction kept) "
                               "or size=S (tokens kept)")
+
+
+def test_a_press_before_its_first_forward_holds_no_positions():
+    """Before any forward no layer has slots: kept_positions is one empty list per layer (the kept-token map of an
+    interrupted run). Bug caught: an unfilled layer read as a tensor."""
+    from decodelab.core.engine.forward import model_info
+    from decodelab.core.kv import make_policy
+
+    policy = make_policy(parse_cache_spec("snapkv:size=8,window=2"), model_info(random_model("llama")))
+    assert policy.kept_positions() == [[], []]

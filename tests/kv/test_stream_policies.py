@@ -711,3 +711,24 @@ def test_recompute_edges_size_one_rollback_to_the_same_length_and_misuse():
     with pytest.raises(RuntimeError) as err:
         rt.policy.after_forward(1)
     assert str(err.value) == "recompute: after_forward without the rewrite of the same ids"
+
+
+def test_recompute_windows_of_two_reach_into_the_history_and_rows_must_not_change_unannounced():
+    """recompute:size=2 fed one token at a time: each token's logits are a fresh forward over it and the token
+    before it (taken from the history, at positions 0, 1). A feed with more rows than the history without a
+    reorder is one line; a spec without size is the parser's one line. Bugs caught: the history's tail dropped for
+    a window of 2, the rows check's message lost."""
+    model = random_model("llama")
+    ids = ids_of(6)
+    rt = Runtime.create(model, parse_cache_spec("recompute:size=2"))
+    got = torch.cat([rt.feed(ids[:, i : i + 1], keep="all")[0] for i in range(6)])
+    pos = torch.arange(2).unsqueeze(0)
+    fresh = [forward(model, ids[:, :1], None, pos[:, :1])[0, -1]]
+    fresh += [forward(model, ids[:, i - 1 : i + 1], None, pos)[0, -1] for i in range(1, 6)]
+    torch.testing.assert_close(got, torch.stack(fresh), rtol=0, atol=1e-5)
+    with pytest.raises(ConfigError) as err:
+        rt.feed(torch.tensor([[1], [2]]))
+    assert str(err.value) == "--cache recompute: the rows changed without a reorder"
+    with pytest.raises(ConfigError) as err:
+        parse_cache_spec("recompute")
+    assert str(err.value) == "--cache 'recompute': recompute needs size=W (the tokens each forward re-encodes)"
