@@ -445,3 +445,24 @@ def test_static_rollback_to_the_same_length_and_rows_growing_to_the_kv_heads():
     rt.reorder(torch.tensor([1, 0]))
     assert layer.keys.data_ptr() == address and torch.equal(layer.keys, after.index_select(0, torch.tensor([1, 0])))
     assert torch.equal(before[:, :, :5], after[:, :, :5])
+
+
+def test_static_fills_exactly_its_preallocated_positions():
+    """capacity 8: a prompt of 6 and two single tokens fill it; the ninth position is one line with the count and
+    the capacity; a command that cannot say its length up front is refused. Bugs caught: the bound one too
+    small (the last slot refused) or too large (a write past the preallocation), the count misstated."""
+    from decodelab.core.kv import make_policy
+    from decodelab.core.engine.forward import model_info
+
+    model = random_model("llama")
+    rt = Runtime.create(model, parse_cache_spec("static"), capacity=8)
+    rt.feed(torch.tensor([[1, 2, 3, 4, 5, 6]]))
+    rt.feed(torch.tensor([[7]]))
+    rt.feed(torch.tensor([[8]]))
+    assert rt.policy.seen == 8
+    with pytest.raises(ConfigError) as err:
+        rt.feed(torch.tensor([[9]]))
+    assert str(err.value) == "--cache static: 9 positions exceed the preallocated 8"
+    with pytest.raises(ConfigError) as err:
+        make_policy(parse_cache_spec("static"), model_info(model))
+    assert str(err.value) == "--cache static: this command does not know its length up front; use --cache full"

@@ -105,3 +105,11 @@ def test_kept_by_counts_only_the_layers_asked_for():
     assert kept.kept_by() == [3, 2, 3]
     assert kept.kept_by([0]) == [1, 2, 1]
     assert kept.kept_by([1]) == [2, 0, 2]
+
+
+def test_the_kept_map_of_a_press_before_its_first_forward_has_empty_layers():
+    """An interrupted run can ask for the kept map before the prompt's forward: every layer holds 0 slots and no
+    heads. Bug caught: the slot count read from a head that does not exist, or reported as 1."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("snapkv:size=8,window=2"))
+    kept = kept_map(rt.policy, 0)
+    assert [(layer.slots, layer.heads) for layer in kept.layers] == [(0, []), (0, [])] and kept.kept_by() == []
