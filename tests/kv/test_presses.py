@@ -595,3 +595,34 @@ def test_a_press_before_its_first_forward_holds_no_positions():
 
     policy = make_policy(parse_cache_spec("snapkv:size=8,window=2"), model_info(random_model("llama")))
     assert policy.kept_positions() == [[], []]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("snapkv:window=8", "snapkv needs exactly one of ratio=R (fraction kept) or size=S (tokens kept)"),
+    ("knorm:compress=decode", "knorm needs exactly one of ratio=R (fraction kept) or size=S (tokens kept)"),
+    ("tova:compress=decode", "tova needs exactly one of ratio=R (fraction kept) or size=S (tokens kept)"),
+    ("snapkv:size=64,kernel=0", "kernel must be an integer >= 1"),
+    ("snapkv:size=64,kernel=4", "kernel must be odd (the pooling is centred on each token)"),
+])
+def test_press_spec_errors_name_the_press_and_the_key(spec, message):
+    """Each press's budget check names that press, and kernel= its key. Bug caught: a line naming another press, or
+    none, or no key."""
+    with pytest.raises(ConfigError) as err:
+        parse_cache_spec(spec)
+    assert str(err.value) == f"--cache '{spec}': {message}"
+
+
+def test_snapkv_size_may_equal_its_window():
+    assert parse_cache_spec("snapkv:size=8,window=8").options["size"] == 8
+
+
+def test_the_kept_map_names_the_whole_spec_and_the_evicted_entries():
+    """After a prompt of 20 under snapkv:size=8,window=2, 2 layers x 2 KV heads x 12 positions are evicted, and the
+    kept map says so with the policy's whole spec. Bug caught: the spec or the evicted count not passed on."""
+    from decodelab.core.kv.kept import kept_map
+
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("snapkv:size=8,window=2"))
+    rt.feed(torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(0)))
+    kept = kept_map(rt.policy, 20)
+    assert kept.policy == "snapkv:kernel=5,pool=max,size=8,window=2" == rt.policy.spec_text()
+    assert kept.evicted == rt.policy.evicted == 2 * 2 * 12
