@@ -466,3 +466,15 @@ def test_static_fills_exactly_its_preallocated_positions():
     with pytest.raises(ConfigError) as err:
         make_policy(parse_cache_spec("static"), model_info(model))
     assert str(err.value) == "--cache static: this command does not know its length up front; use --cache full"
+
+
+def test_full_rollback_to_the_same_length_changes_nothing_and_past_it_is_refused():
+    """Bug caught: a rollback to the length already seen refused (speculation that accepts every draft token rolls
+    back by 0), the refusal's line lost."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("full"))
+    rt.feed(torch.tensor([[1, 2, 3]]))
+    rt.policy.truncate(3)
+    assert rt.policy.seen == 3 and rt.policy.model_cache.get_seq_length() == 3
+    with pytest.raises(ValueError) as err:
+        rt.policy.truncate(4)
+    assert str(err.value) == "cannot truncate a cache that has seen 3 tokens to 4"

@@ -626,3 +626,27 @@ def test_the_kept_map_names_the_whole_spec_and_the_evicted_entries():
     kept = kept_map(rt.policy, 20)
     assert kept.policy == "snapkv:kernel=5,pool=max,size=8,window=2" == rt.policy.spec_text()
     assert kept.evicted == rt.policy.evicted == 2 * 2 * 12
+
+
+def test_h2o_budget_edges_and_a_non_ascii_ratio():
+    """h2o's recent window may fill its whole size, not more; without a budget the line names h2o. A ratio written
+    in other digits (Arabic-Indic ٠.٥, which Fraction would read as 1/2) is the ratio line, not a silent ratio.
+    A model that returns no attention weights is one line naming the spec. Bugs caught: recent = size refused,
+    the wrong press named, non-ASCII digits read or turned into ratio 1, the spec lost from the line."""
+    from decodelab.core.engine.forward import model_info
+    from decodelab.core.kv import make_policy
+
+    assert str(parse_cache_spec("h2o:size=8,recent=8")) == "h2o:compress=decode,recent=8,size=8"
+    for spec, message in [
+            ("h2o:size=8,recent=9", "recent=9 is more than size=8"),
+            ("h2o:recent=4", "h2o needs exactly one of ratio=R (fraction kept) or size=S (tokens kept)"),
+            ("snapkv:ratio=\u0660.\u0665", "ratio must be a number in (0, 1] (the fraction of tokens kept)")]:
+        with pytest.raises(ConfigError) as err:
+            parse_cache_spec(spec)
+        assert str(err.value) == f"--cache '{spec}': {message}"
+    policy = make_policy(parse_cache_spec("snapkv:size=8,window=2"), model_info(random_model("llama")))
+    assert policy.kept() == [None, None]
+    with pytest.raises(ConfigError) as err:
+        policy.observe_attentions((None, None))
+    assert str(err.value) == ("--cache snapkv:kernel=5,pool=max,size=8,window=2: this model returns no attention "
+                              "weights for every layer (even under eager attention); use --cache knorm (keys only)")
