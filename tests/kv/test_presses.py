@@ -650,3 +650,28 @@ def test_h2o_budget_edges_and_a_non_ascii_ratio():
         policy.observe_attentions((None, None))
     assert str(err.value) == ("--cache snapkv:kernel=5,pool=max,size=8,window=2: this model returns no attention "
                               "weights for every layer (even under eager attention); use --cache knorm (keys only)")
+
+
+def test_press_refusals_built_by_hand_and_the_evicted_count_of_a_batch():
+    """A hand-built press spec with no budget is one line; a hybrid model's linear-attention layer is refused by
+    name. Two rows under snapkv:size=8,window=2 after a prompt of 20 evict 2 rows x 2 layers x 2 KV heads x 12
+    positions. Bugs caught: the lines lost, the evicted count divided by the rows instead of multiplied."""
+    import copy
+
+    from decodelab.core.engine.forward import model_info
+    from decodelab.core.kv import CacheSpec, ModelInfo, make_policy
+
+    model = random_model("llama")
+    info = model_info(model)
+    with pytest.raises(ConfigError) as err:
+        make_policy(CacheSpec("h2o", ()), info)
+    assert str(err.value) == "--cache h2o: needs exactly one of ratio=R or size=S"
+    config = copy.deepcopy(info.config)
+    config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(ConfigError) as err:
+        make_policy(parse_cache_spec("snapkv:size=8,window=2"), ModelInfo(**{**info.__dict__, "config": config}))
+    assert str(err.value) == ("--cache snapkv:kernel=5,pool=max,size=8,window=2: cache layer LinearAttentionLayer of "
+                              "this model is not supported (presses compress plain full-attention layers only)")
+    rt = Runtime.create(model, parse_cache_spec("snapkv:size=8,window=2"), needs=frozenset({"rows"}))
+    rt.feed(torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(0)))
+    assert rt.policy.evicted == 2 * 2 * 2 * 12 and isinstance(rt.policy.evicted, int)
