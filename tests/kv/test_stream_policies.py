@@ -732,3 +732,29 @@ def test_recompute_windows_of_two_reach_into_the_history_and_rows_must_not_chang
     with pytest.raises(ConfigError) as err:
         parse_cache_spec("recompute")
     assert str(err.value) == "--cache 'recompute': recompute needs size=W (the tokens each forward re-encodes)"
+
+
+def test_recompute_describe_reorder_and_a_fresh_policys_misuse():
+    """describe: the tokens seen, none stored, the window actually used (the text so far while shorter than W).
+    Reordering rows moves each row's history, so the next token of a row is computed from its parent's history:
+    rows [a, b] reordered to [b, b] give two copies of b's logits. A fresh policy told of a forward it was never
+    asked for says so. Bugs caught: a describe field wrong at the edge (seen < W), a reorder that keeps the old
+    rows, the misuse check passing on a fresh policy."""
+    model = random_model("llama")
+    rt = Runtime.create(model, parse_cache_spec("recompute:size=4"), needs=frozenset({"reorder", "rows"}))
+    assert rt.policy.describe() == {"policy": "recompute", "seen": 0, "stored": 0, "window": 0}
+    rt.feed(torch.tensor([[1, 2], [3, 4]]))
+    assert rt.policy.describe() == {"policy": "recompute", "seen": 2, "stored": 0, "window": 2}
+    rt.feed(torch.tensor([[5, 6, 7], [8, 9, 10]]))
+    assert rt.policy.describe() == {"policy": "recompute", "seen": 5, "stored": 0, "window": 4}
+    rt.reorder(torch.tensor([1, 1]))
+    assert rt.policy.history.tolist() == [[3, 4, 8, 9, 10]] * 2
+    got = rt.feed(torch.tensor([[11], [11]]))
+    alone = forward(model, torch.tensor([[8, 9, 10, 11]]), None,
+                    torch.arange(4).unsqueeze(0))[0, -1]
+    torch.testing.assert_close(got[0], alone, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got[1], alone, rtol=0, atol=1e-5)
+    fresh = Runtime.create(model, parse_cache_spec("recompute:size=4")).policy
+    with pytest.raises(RuntimeError) as err:
+        fresh.after_forward(1)
+    assert str(err.value) == "recompute: after_forward without the rewrite of the same ids"
