@@ -29,14 +29,10 @@ from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, read_selected, select
 from ..settings import _check
 from ..trace.records import Alternative, StageStat, Step, Tally, summarize
-from ..trace.stats import Numbers, kept_ids, pack, pack_rows, stage_rows, unpack
+from ..trace.stats import Numbers, TraceBlock, kept_ids, pack, unpack
 from ..trace.why import decide
 
 
-# A deferred trace block's distributions at most (float32 bytes), before they are traced together. Measured on a
-# CPU (benchmarks/README.md, Decode loop): the trace's cost per step falls with the block (one set of operations for
-# the block) down to blocks of about 256 KiB, then rises again (fresh large allocations pay their page faults).
-BLOCK_BYTES = 256 << 10
 REPORT_BLOCK = 64  # the most steps traced together for a consumer that reports the steps at the end
 
 
@@ -82,7 +78,6 @@ class Decoded(NamedTuple):
     stages: list[tuple[str, Tensor]] | None  # ("raw", logits), then each stage's output ([1, V]); when recorded
     numbers: Numbers | None = None  # every trace number of the step, on the host (when traced)
     state: dict[str, float] | None = None  # stateful stages' numbers this step used (mirostat.mu, xtc.coin, ...)
-    rows: Tensor | None = None  # deferred trace: the step's distributions [S, V] (raw first), traced in a block later
     race: Tensor | None = None  # deferred trace: the selector's Exp(1) draws of the step (None: greedy)
 
 
@@ -104,9 +99,9 @@ def decode_tokens(
     """Yield one :class:`Decoded` per generated token. ``record`` also computes every trace number of the step
     (stages, alternatives: ``top``) and moves them to the host in the step's one transfer; otherwise the one
     transfer is the token id and the check that the chain left it a finite logit. ``defer`` (with ``record``): the
-    step's distributions are kept on the device (``rows``, ``race``) for :func:`pack_rows` to trace many steps in one
-    block, and the step's one transfer is the untraced one; a chain with stateful stages is traced step by step all
-    the same (their numbers are read as the step uses them)."""
+    step is yielded with its stages and race draws and no ``numbers``, for the caller to trace many steps in one
+    block (:class:`~decodelab.core.trace.stats.TraceBlock`), and its one transfer is the untraced one; a chain with
+    stateful stages is traced step by step all the same (their numbers are read as the step uses them)."""
     check_prompt(len(prompt_ids), rules.context_length)
     runtime = runtime or Runtime.create(model, cache, capacity=rules.capacity(len(prompt_ids)))
     state = state if state is not None else DecodeState()
@@ -121,9 +116,8 @@ def decode_tokens(
         sel = select(chain, selector, buf.prefix(), logits, record)
         states = chain.states() if record else []
         chain.accept(sel.token)
-        step_state, rows = None, None
-        if record and defer and not states:
-            rows = stage_rows(logits, sel.processed, sel.stages)
+        step_state, deferred = None, record and defer and not states
+        if deferred:
             (token_id, finite), numbers = read_selected(sel), None
         elif record:
             watch.lap("loop")
@@ -144,8 +138,8 @@ def decode_tokens(
         buf.append([token_id], sel.token.view(1, 1))
         watch.lap("loop")
         watch.pause()
-        race = getattr(selector, "last_race", None) if rows is not None else None
-        yield Decoded(token_id, logits[0], sel.processed[0], sel.stages, numbers, step_state, rows, race)
+        race = getattr(selector, "last_race", None) if deferred else None
+        yield Decoded(token_id, logits[0], sel.processed[0], sel.stages, numbers, step_state, race)
         watch.resume()
         reason = stopper.check(state.new_ids, buf.length)
         if reason is not None:
@@ -155,19 +149,9 @@ def decode_tokens(
         logits = runtime.feed(buf.last())
 
 
-def block_race(races: list[Tensor | None], L: Tensor) -> Tensor | None:
-    """The race draws of a block of steps [K, V] (None when every step was greedy). A greedy step among sampled ones
-    gets E = 1 for every token: its noise g = -log 1 = 0, the plain argmax."""
-    if all(r is None for r in races):
-        return None
-    ones = L.new_ones(1, L.shape[-1], dtype=torch.float32)
-    return torch.cat([ones if r is None else r.reshape(-1, L.shape[-1])[:1].float() for r in races])
-
-
-def build_step(index: int, position: int, out: Decoded, token_text: Callable[[int], str],
-               stage_names: list[str], greedy: bool = True) -> Step:
+def build_step(index: int, position: int, n: Numbers, state: dict[str, float] | None,
+               token_text: Callable[[int], str], stage_names: list[str], greedy: bool = True) -> Step:
     """A traced step from its host numbers: raw (model softmax) vs processed (what the selector drew from)."""
-    n = out.numbers
     decision = decide(stage_names, n.token_id, n.winners, n.ranks, n.removed, greedy) if n.winners else None
     return Step(
         index=index, position=position, token_id=n.token_id, token=token_text(n.token_id),
@@ -176,7 +160,7 @@ def build_step(index: int, position: int, out: Decoded, token_text: Callable[[in
         alternatives=[Alternative(i, token_text(i), p, r) for i, p, r in n.alternatives],
         stages=[StageStat(name, kept, h, mass) for name, (kept, h, mass) in zip(stage_names, n.stages)][1:],
         decided_by=decision.decided_by if decision else None, why=decision.why if decision else None,
-        state=dict(out.state or {}),
+        state=dict(state or {}),
     )
 
 
@@ -201,7 +185,8 @@ class Sampler(Run):
         self.kept = kept  # also record, per step, the ids that survive each stage (--kept-ids)
         self.kept_sets: list[dict] = []  # {index, stages: [{name, kept, ids}]} per step
         self.block = 1 if kept else max(1, block)  # the kept ids are read from each step's own stages
-        self._pending: list[tuple[int, Decoded]] = []  # deferred steps not yet traced
+        self._block = TraceBlock(self.block, top)  # deferred steps not yet traced
+        self._pending: list[int] = []  # their indices
 
     def __iter__(self) -> Iterator[Step]:
         runtime = self.runtime or Runtime.create(self.model, self.cache,
@@ -215,12 +200,17 @@ class Sampler(Run):
             if not self.record:
                 continue
             if out.numbers is None:  # deferred: traced with its block
-                self._pending.append((index, out))
-                if len(self._pending) >= self.block or len(self._pending) * out.rows.numel() * 4 >= BLOCK_BYTES:
+                self.watch.resume()
+                full = self._block.add(out.token_id, out.raw_logits[None], out.processed_logits[None], out.stages,
+                                       out.race)
+                self._pending.append(index)
+                self.watch.lap("trace")
+                self.watch.pause()
+                if full:
                     yield from self._trace_pending()
                 continue
             self.watch.resume()
-            step = self._keep(index, out, getattr(self.selector, "last_race", None) is None)
+            step = self._keep(index, out.numbers, out.state, getattr(self.selector, "last_race", None) is None)
             if self.kept:
                 self.kept_sets.append({"index": index, "stages": kept_ids(out.stages)})
             self.watch.lap("trace")
@@ -228,26 +218,24 @@ class Sampler(Run):
             yield step
         yield from self._trace_pending()
 
-    def _keep(self, index: int, out: Decoded, greedy: bool) -> Step:
-        step = build_step(index, len(self.prompt_ids) + index, out, self.token_text, ["raw"] + self.chain.names,
-                          greedy)
+    def _keep(self, index: int, numbers: Numbers, state: dict[str, float] | None, greedy: bool) -> Step:
+        step = build_step(index, len(self.prompt_ids) + index, numbers, state, self.token_text,
+                          ["raw"] + self.chain.names, greedy)
         self.tally.add(step)
         if self.keep_steps:
             self.steps.append(step)
         return step
 
     def _trace_pending(self) -> list[Step]:
-        """Trace the deferred steps as one block: their distributions stacked [K, S, V], one :func:`pack_rows`, one
-        transfer."""
-        pending, self._pending = self._pending, []
+        """Trace the deferred steps as one block (:meth:`TraceBlock.trace`: one set of operations, one transfer)."""
+        pending, greedy, self._pending = self._pending, list(self._block.greedy), []
         if not pending:
             return []
         self.watch.resume()
-        L = torch.stack([out.rows for _, out in pending])
-        chosen = torch.tensor([out.token_id for _, out in pending], device=L.device)
-        host = pack_rows(L, chosen, self.top, block_race([out.race for _, out in pending], L), True).tolist()
-        steps = [self._keep(index, out._replace(numbers=unpack(row, self.top, L.shape[-1], L.shape[1])),
-                            out.race is None) for (index, out), row in zip(pending, host)]
+        vocab, n_stages = self._block.rows.shape[-1], self._block.rows.shape[1]
+        host = self._block.trace()
+        steps = [self._keep(index, unpack(row, self.top, vocab, n_stages), None, g)
+                 for index, row, g in zip(pending, host, greedy)]
         self.watch.lap("trace")
         self.watch.pause()
         return steps

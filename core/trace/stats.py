@@ -40,8 +40,9 @@ def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int
     (every probability is <= 1.0 = 0x3F800000 < 2**30): no precision is lost mixing the two scales, and a kept
     candidate whose probability underflowed to 0 still ranks above every removed one."""
     k = min(top, probs.shape[-1])
-    kept_key = probs.float().contiguous().view(torch.int32) + KEPT_FIRST
-    key = torch.where(kept, kept_key, raw_probs.float().contiguous().view(torch.int32))
+    # a view of the same bits (a row of a [K, S, V] block is strided, its last dim is not: no copy needed)
+    kept_key = probs.float().view(torch.int32) + KEPT_FIRST
+    key = torch.where(kept, kept_key, raw_probs.float().view(torch.int32))
     return key.topk(k).indices
 
 
@@ -68,10 +69,12 @@ def stage_numbers(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return probs, removed, torch.stack([(~removed).sum(dim=-1).float(), entropy(probs), mass], dim=-1)
 
 
-def stage_rows(raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None) -> Tensor:
-    """The distributions of one step (row 0) stacked as the rows of one [S, V] tensor: every recorded stage (raw
-    first, processed last), or raw and processed alone without ``stages``."""
-    return torch.stack([z[0] for _, z in stages]) if stages else torch.stack([raw_logits[0], processed[0]])
+def stage_rows(raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
+               out: Tensor | None = None) -> Tensor:
+    """The distributions of one step (row 0) stacked as the rows of one [S, V] tensor (written into ``out`` if
+    given): every recorded stage (raw first, processed last), or raw and processed alone without ``stages``."""
+    rows = [z[0] for _, z in stages] if stages else [raw_logits[0], processed[0]]
+    return torch.stack(rows) if out is None else torch.stack(rows, out=out)
 
 
 def pack(token: Tensor, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
@@ -98,25 +101,82 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
     K, S, V = L.shape
     P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
     removed = torch.isneginf(L)
-    kept_n = (V - removed.sum(dim=-1, dtype=torch.int32)).float()  # [K, S]
+    kept_n = V - removed.sum(dim=-1, dtype=torch.int32)  # [K, S]
     H = -(P * logP.nan_to_num(neginf=0.0)).sum(dim=-1)  # [K, S] -sum p log p; a removed candidate: 0 * 0
     at_t = t.reshape(K, 1, 1).expand(K, S, 1)
     z_t = L.gather(2, at_t)  # [K, S, 1] each row's logit of the token
-    ranks = chosen_ranks(L, z_t).float()  # [K, S] (softmax is monotone: the rank by logits is the rank by probability)
+    ranks = chosen_ranks(L, z_t)  # [K, S] (softmax is monotone: the rank by logits is the rank by probability)
     logp_t, p_t = logP.gather(2, at_t)[..., 0], P.gather(2, at_t)[..., 0]
-    # the HEAD scalars picked out of one block by one gather (a dozen single-element picks cost a dozen operations)
-    rows = torch.cat([t.reshape(K, 1).float(), torch.isfinite(z_t[:, -1]).float(), p_t, logp_t, ranks, H, kept_n],
-                     dim=1)
+    # the HEAD scalars picked out of one block by one gather (a dozen single-element picks cost a dozen operations);
+    # torch.cat promotes the integer and bool parts to float32 as it copies them (ids and counts < 2**24: exact)
+    rows = torch.cat([t.reshape(K, 1), torch.isfinite(z_t[:, -1]), p_t, logp_t, ranks, H, kept_n], dim=1)
     parts = [rows.index_select(1, head_index(S, L.device))]
     if top > 0:
         alt = ranked_alternatives(P[:, -1], P[:, 0], ~removed[:, -1], top)  # [K, A]
-        parts += [alt.float(), P[:, -1].gather(1, alt), P[:, 0].gather(1, alt)]
+        parts += [alt, P[:, -1].gather(1, alt), P[:, 0].gather(1, alt)]
     if stages:
         # sum_i p^(s-1)_i [z^(s)_i = -inf], the first stage removing nothing
-        mass = torch.cat([P.new_zeros(K, 1), (P[:, :-1] * removed[:, 1:]).sum(dim=-1)], dim=1)
+        mass = torch.cat([P.new_zeros(K, 1), torch.where(removed[:, 1:], P[:, :-1], 0.0).sum(dim=-1)], dim=1)
         winners, lost = race_winners(L, race_noise(race, L[:, 0]), removed)
-        parts += [torch.stack([kept_n, H, mass], dim=-1).reshape(K, -1), winners.float(), ranks, lost.float()]
+        parts += [torch.stack([kept_n.float(), H, mass], dim=-1).reshape(K, -1), winners, ranks, lost]
     return torch.cat(parts, dim=1)
+
+
+# A block's distributions at most (bytes), before its steps are traced together. Measured on a CPU
+# (benchmarks/README.md, Trace): the trace's cost per step falls with the block (one set of operations for the
+# block) down to blocks of about 256 KiB, then rises again (larger temporaries pay fresh pages).
+BLOCK_BYTES = 256 << 10
+
+
+class TraceBlock:
+    """Steps whose trace is deferred, to be traced together. Each step's distributions [S, V] (raw first) and race
+    draws [V] are copied into one preallocated [K, S, V] (and [K, V]) buffer, reused block after block: a deferred
+    step costs one copy and keeps none of its own tensors alive. K is ``steps`` or fewer, so that the buffer holds at
+    most BLOCK_BYTES. :meth:`trace` packs the pending steps with one :func:`pack_rows` and one transfer."""
+
+    def __init__(self, steps: int, top: int):
+        self.steps, self.top = steps, top
+        self.rows: Tensor | None = None  # [K, S, V]
+        self.races: Tensor | None = None  # [K, V] float32
+        self.ids: list[int] = []
+        self.greedy: list[bool] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, token_id: int, raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
+            race: Tensor | None) -> bool:
+        """Keep one step (row 0); True when the block is full."""
+        if self.rows is None:
+            rows = stage_rows(raw_logits, processed, stages)
+            S, V = rows.shape
+            K = max(1, min(self.steps, BLOCK_BYTES // (S * V * rows.element_size())))
+            self.rows = rows.new_empty(K, S, V)
+            self.races = rows.new_empty(K, V, dtype=torch.float32)
+            self.rows[0].copy_(rows)
+        else:
+            stage_rows(raw_logits, processed, stages, out=self.rows[len(self.ids)])
+        if race is not None:
+            self.races[len(self.ids)].copy_(race.reshape(-1, race.shape[-1])[0])
+        self.ids.append(token_id)
+        self.greedy.append(race is None)
+        return len(self.ids) == self.rows.shape[0]
+
+    def trace(self) -> list[list[float]]:
+        """The pending steps' packed numbers on the host (one transfer), in order; the block is then empty. A greedy
+        step among sampled ones races with E = 1 for every token: g = -log 1 = 0, the plain argmax."""
+        n = len(self.ids)
+        if n == 0:
+            return []
+        race = None
+        if not all(self.greedy):
+            for i in (i for i, g in enumerate(self.greedy) if g):
+                self.races[i].fill_(1.0)
+            race = self.races[:n]
+        chosen = torch.tensor(self.ids, device=self.rows.device)
+        host = pack_rows(self.rows[:n], chosen, self.top, race, True).tolist()
+        self.ids, self.greedy = [], []
+        return host
 
 
 @functools.lru_cache(maxsize=64)

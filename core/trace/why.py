@@ -44,7 +44,8 @@ def race_winners(z: Tensor, noise: Tensor | None, removed: Tensor) -> tuple[Tens
     """For stage logits [..., S, V], the race noise [..., V] (None: greedy) and the removed candidates [..., S, V]
     (z = -inf): each row's winner w_s = argmax_i z_i + g_i [..., S], and whether stage s removed w_{s-1}
     [..., S - 1]. The leading dimensions, if any, are steps traced together."""
-    winners = (z if noise is None else z + noise.unsqueeze(-2)).argmax(dim=-1)
+    # max's indices are argmax's (the first of tied maxima, both), and max runs faster on a CPU
+    winners = (z if noise is None else z + noise.unsqueeze(-2)).max(dim=-1).indices
     return winners, removed[..., 1:, :].gather(-1, winners[..., :-1, None])[..., 0]
 
 

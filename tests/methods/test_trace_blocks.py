@@ -13,11 +13,11 @@ from conftest import random_model
 
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.engine.stopping import StopRules
-from decodelab.core.methods import sample as sample_module
-from decodelab.core.methods.sample import Sampler, block_race
+from decodelab.core.methods.sample import Sampler
 from decodelab.core.sampling.chain import build_chain
 from decodelab.core.sampling.select import make_selector
-from decodelab.core.trace.stats import pack, pack_rows, stage_rows
+from decodelab.core.trace import stats
+from decodelab.core.trace.stats import TraceBlock, pack
 
 PROMPT = [5, 17, 42, 9, 77, 3]
 
@@ -73,7 +73,7 @@ def test_steps_come_in_blocks_of_k_and_the_rest_at_the_end(model):
 def test_a_block_is_also_bounded_by_its_bytes(model, monkeypatch):
     """A block holds at most BLOCK_BYTES of distributions: with room for two steps' rows (S = 4 rows of V = 256
     float32 each) a block of 64 flushes every 2 steps."""
-    monkeypatch.setattr(sample_module, "BLOCK_BYTES", 2 * 4 * 256 * 4)
+    monkeypatch.setattr(stats, "BLOCK_BYTES", 2 * 4 * 256 * 4)
     _, seen = run(model, CHAINS["sampled filters"][0], 0.9, 64, n=7)
     assert seen == [2, 2, 4, 4, 6, 6, 7]
 
@@ -129,19 +129,24 @@ def test_kept_ids_are_read_step_by_step(model):
 
 
 def test_a_greedy_step_in_a_sampled_block_races_without_noise():
-    """block_race gives a greedy step E = 1 everywhere (g = -log 1 = 0): its winners are the plain argmax of each
-    stage, as pack gives it alone; the sampled step keeps its draws. Logits (0, 1, 3) then a ban of id 2: greedy
-    winners (2, 1); with draws E = (1, 1/e^4, 1) (g = (0, 4, 0)) the winners are (1, 1)."""
+    """A greedy step in a block of sampled ones races with E = 1 everywhere (g = -log 1 = 0): its winners are the
+    plain argmax of each stage, as pack gives it alone; the sampled step keeps its draws. Logits (0, 1, 3) then a ban
+    of id 2: greedy winners (2, 1); with draws E = (1, 1/e^4, 1) (g = (0, 4, 0)) the winners are (1, 1). The block's
+    buffer is reused: a second block of the same steps in the other order gives the rows swapped."""
     raw = torch.tensor([[0.0, 1.0, 3.0]])
     banned = raw.clone()
     banned[0, 2] = -math.inf
     stages = [("raw", raw), ("ban", banned)]
     draws = torch.tensor([[1.0, math.exp(-4.0), 1.0]])
-    rows = stage_rows(raw, banned, stages)
-    L = torch.stack([rows, rows])
-    block = pack_rows(L, torch.tensor([1, 1]), 2, block_race([None, draws], L), True)
-    alone_greedy = pack(torch.tensor([1]), raw, banned, stages, 2, None)
-    alone_sampled = pack(torch.tensor([1]), raw, banned, stages, 2, draws)
-    assert torch.equal(block[0], alone_greedy) and torch.equal(block[1], alone_sampled)
-    assert not torch.equal(alone_greedy, alone_sampled)  # the draws reach the winners: the rows differ
-    assert block_race([None, None], L) is None
+    alone_greedy = pack(torch.tensor([1]), raw, banned, stages, 2, None).tolist()
+    alone_sampled = pack(torch.tensor([1]), raw, banned, stages, 2, draws).tolist()
+    assert alone_greedy != alone_sampled  # the draws reach the winners: the rows differ
+    block = TraceBlock(4, 2)
+    assert not block.add(1, raw, banned, stages, None) and not block.add(1, raw, banned, stages, draws)
+    assert block.trace() == [alone_greedy, alone_sampled] and len(block) == 0
+    block.add(1, raw, banned, stages, draws)
+    block.add(1, raw, banned, stages, None)
+    assert block.trace() == [alone_sampled, alone_greedy]
+    block.add(1, raw, banned, stages, None)
+    assert block.trace() == [alone_greedy]  # all greedy: no race at all
+    assert block.trace() == []
