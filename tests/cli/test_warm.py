@@ -157,10 +157,16 @@ def test_a_table_on_a_terminal_is_the_cold_one(env):
     assert b"\x1b[" in warm[1], "a terminal gets colours"
 
 
+def sigint_as_in_a_terminal() -> None:
+    """A terminal's foreground command has SIGINT at its default; a background job of a script (as the test run may
+    be: `cmd &` ignores SIGINT) passes SIGINT ignored to its children, and then Ctrl-C does nothing, warm or cold."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_keeps_the_lines_written_and_exits_130(env):
     cmd = [str(CLI), "sample", PROMPT, "-n", "400", "--ignore-eos", "-m", "tiny", "-f", "jsonl", "--threads", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**env, warm_wire.REPORT_ENV: "1"})
+                            env={**env, warm_wire.REPORT_ENV: "1"}, preexec_fn=sigint_as_in_a_terminal)
     first = proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
     rest, err = proc.communicate(timeout=60)
@@ -169,6 +175,21 @@ def test_sigint_keeps_the_lines_written_and_exits_130(env):
     docs = [json.loads(line) for line in [first, *rest.splitlines()]]
     assert [d["type"] for d in docs[:-1]] == ["step"] * (len(docs) - 1) and docs[-1]["type"] == "summary"
     assert len(docs) < 400, "the run was cut short"
+
+
+def test_sigint_ignored_by_the_client_is_ignored_by_its_child(env):
+    """A client started with SIGINT ignored (a script's background job): its child ignores it too, as the cold
+    process would have, and the run ends by itself."""
+    cmd = [str(CLI), "sample", PROMPT, "-n", "40", "--ignore-eos", "-m", "tiny", "-f", "jsonl", "--threads", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**env, warm_wire.REPORT_ENV: "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    first = proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and b"warm run" in err, err
+    docs = [json.loads(line) for line in [first, *rest.splitlines()]]
+    assert len(docs) == 41 and docs[-1]["stop_reason"] == "length"
 
 
 def test_a_child_whose_client_died_is_killed(env):
