@@ -23,7 +23,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..sampling.distribution import entropy
 from .records import StageStat
 from .why import chosen_ranks, race_noise, race_winners, split
 
@@ -63,10 +62,24 @@ def stage_numbers(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     per stage [S, 3] the candidates kept, the entropy (nats) and the mass removed, sum_i p^(s-1)_i [z^(s)_i = -inf].
     A candidate removed by an earlier stage has p^(s-1)_i = exp(-inf) = 0 exactly, so only what stage s newly
     removed counts; the first stage removes nothing."""
-    probs = torch.softmax(logits.float(), dim=-1)
+    probs, log_probs = torch.softmax(logits.float(), dim=-1), torch.log_softmax(logits.float(), dim=-1)
     removed = torch.isneginf(logits)
-    mass = torch.cat([probs.new_zeros(1), (probs[:-1] * removed[1:]).sum(dim=-1)])
-    return probs, removed, torch.stack([(~removed).sum(dim=-1).float(), entropy(probs), mass], dim=-1)
+    kept, H = kept_and_entropy(probs, log_probs, removed)
+    return probs, removed, torch.stack([kept.float(), H, removed_mass(probs, removed)], dim=-1)
+
+
+def kept_and_entropy(P: Tensor, logP: Tensor, removed: Tensor) -> tuple[Tensor, Tensor]:
+    """For stage rows [..., S, V] (probabilities, log-probabilities, removed candidates): the candidates kept (int32)
+    and the entropy H = -sum p log p in nats (a removed candidate adds 0 * 0), [..., S] each."""
+    kept = removed.shape[-1] - removed.sum(dim=-1, dtype=torch.int32)
+    return kept, -(P * logP.nan_to_num(neginf=0.0)).sum(dim=-1)
+
+
+def removed_mass(P: Tensor, removed: Tensor) -> Tensor:
+    """Per stage [..., S], the mass under the distribution before it of the candidates it removed,
+    sum_i p^(s-1)_i [z^(s)_i = -inf]; the first stage removes nothing."""
+    first = P.new_zeros(P.shape[:-2] + (1,))
+    return torch.cat([first, torch.where(removed[..., 1:, :], P[..., :-1, :], 0.0).sum(dim=-1)], dim=-1)
 
 
 def stage_rows(raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
@@ -98,11 +111,10 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
     log-softmax, a product rather than ``special.entr``. What is not reported is not computed: no alternatives for
     ``top`` 0; no per-stage numbers, winners or removed mass without ``stages``."""
     L = L.float()
-    K, S, V = L.shape
+    K, S, _ = L.shape
     P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
     removed = torch.isneginf(L)
-    kept_n = V - removed.sum(dim=-1, dtype=torch.int32)  # [K, S]
-    H = -(P * logP.nan_to_num(neginf=0.0)).sum(dim=-1)  # [K, S] -sum p log p; a removed candidate: 0 * 0
+    kept_n, H = kept_and_entropy(P, logP, removed)  # [K, S] each
     at_t = t.reshape(K, 1, 1).expand(K, S, 1)
     z_t = L.gather(2, at_t)  # [K, S, 1] each row's logit of the token
     ranks = chosen_ranks(L, z_t)  # [K, S] (softmax is monotone: the rank by logits is the rank by probability)
@@ -115,10 +127,9 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
         alt = ranked_alternatives(P[:, -1], P[:, 0], ~removed[:, -1], top)  # [K, A]
         parts += [alt, P[:, -1].gather(1, alt), P[:, 0].gather(1, alt)]
     if stages:
-        # sum_i p^(s-1)_i [z^(s)_i = -inf], the first stage removing nothing
-        mass = torch.cat([P.new_zeros(K, 1), torch.where(removed[:, 1:], P[:, :-1], 0.0).sum(dim=-1)], dim=1)
         winners, lost = race_winners(L, race_noise(race, L[:, 0]), removed)
-        parts += [torch.stack([kept_n.float(), H, mass], dim=-1).reshape(K, -1), winners, ranks, lost]
+        parts += [torch.stack([kept_n.float(), H, removed_mass(P, removed)], dim=-1).reshape(K, -1), winners, ranks,
+                  lost]
     return torch.cat(parts, dim=1)
 
 
