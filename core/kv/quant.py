@@ -158,10 +158,16 @@ class Stream:
         if leaving is not None:
             self.add(self.layout.quantize(leaving))
 
+    @property
+    def bypasses_tail(self) -> bool:
+        """No residual window, one token a scale and an empty tail: every new token leaves at once, never passing
+        through the tail."""
+        return self.residual == 0 and self.layout.block == 1 and self.exact == 0
+
     def enter(self, x: Tensor) -> Tensor | None:
-        """New tokens in: what leaves the tail for the quantized part (None: nothing). With no residual window and
-        one token a scale, every new token leaves at once: it never passes through the tail."""
-        if self.residual == 0 and self.layout.block == 1 and self.exact == 0:
+        """New tokens in: what leaves the tail for the quantized part (None: nothing; all of them when the stream
+        :attr:`bypasses_tail`)."""
+        if self.bypasses_tail:
             return x
         self.extend(x)
         return self.take_leaving()
@@ -283,8 +289,8 @@ def append_together(streams: list[Stream], new: list[Tensor]) -> None:
 def leaving_of(stream: Stream, arriving: int) -> int:
     """How many tokens leave the tail for the quantized part when ``arriving`` tokens enter it (what
     :meth:`Stream.enter` takes from the tail, in whole blocks beyond the last ``residual``)."""
-    if stream.residual == 0 and stream.layout.block == 1 and stream.exact == 0:
-        return arriving  # the tail is never used: every token leaves at once
+    if stream.bypasses_tail:
+        return arriving
     total = stream.exact + arriving
     return max((total - stream.residual) // stream.layout.block * stream.layout.block, 0)
 
@@ -299,13 +305,12 @@ def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> No
     first = groups[0][0][0]
     recents = [stored[:, :, first.quantized :] for _, stored in groups]  # each [L * B, H, exact + n, D]
     leaving = leaving_of(first, recents[0].shape[2] - first.exact)
-    keeps_tail = not (first.residual == 0 and first.layout.block == 1 and first.exact == 0)
+    keeps_tail = not first.bypasses_tail
     if leaving:
         views = [r[:, :, :leaving] for r in recents]
         q = first.layout.quantize(views[0] if len(views) == 1 else torch.cat(views))
-        parts = [t.split(rows) for t in (q.codes, q.scale)] + [None if q.zero is None else q.zero.split(rows)]
         for i, stream in enumerate(s for streams, _ in groups for s in streams):
-            stream.add(QTensor(parts[0][i], parts[1][i], None if parts[2] is None else parts[2][i], q.bits, q.last))
+            stream.add(q.map(lambda t, i=i: t[i * rows : (i + 1) * rows]))
     if keeps_tail:
         for (streams, _), recent in zip(groups, recents):
             for stream, tail in zip(streams, recent[:, :, leaving:].split(rows)):
