@@ -14,7 +14,16 @@ from decodelab.core.methods.sample import decode_tokens
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import parse_cache_spec, policy_capabilities, require
 from decodelab.core.kv.quant import Layout, Stream
-from decodelab.core.kv.quantize import dequantize, dequantize_view, pack, quantize, round_down, round_up, unpack
+from decodelab.core.kv.quantize import (
+    dequantize,
+    dequantize_view,
+    fp8_supported,
+    pack,
+    quantize,
+    round_down,
+    round_up,
+    unpack,
+)
 from decodelab.core.sampling.chain import build_chain
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.select import Greedy
@@ -141,6 +150,82 @@ def test_one_outlier_channel_costs_per_tensor_resolution():
         qx = quantize(x, 4, axis, symmetric=False)
         mse[axis] = ((dequantize(qx) - x)[:, ordinary] ** 2).mean().item()
     assert mse["tensor"] > 100 * mse["channel"], mse
+
+
+# --- exact edges the mutation run of core/kv/quantize.py (2026-12-01) showed no test pinned ------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rounding_gives_the_nearest_value_on_the_safe_side(dtype):
+    """Brute force on the grid of ``dtype``: round_up(x) is >= x and its next value down is < x (so it is the
+    smallest such value); round_down the mirror. A value the dtype holds exactly comes back unchanged (catches a
+    ``>=`` that moves an exact value one step, or a nextafter toward the wrong infinity)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(200, generator=g) * 3, torch.tensor([0.0, 0.5, -2.0, 1.0, 3.0, -0.25])])
+    up, down = round_up(x, dtype), round_down(x, dtype)
+    assert up.dtype == down.dtype == dtype
+    assert torch.all(up.float() >= x) and torch.all(down.float() <= x)
+    assert torch.all(torch.nextafter(up, torch.full_like(up, -math.inf)).float() < x)
+    assert torch.all(torch.nextafter(down, torch.full_like(down, math.inf)).float() > x)
+    exact = x.to(dtype).float() == x
+    assert exact[-6:].all() and torch.equal(up.float()[exact], x[exact]) and torch.equal(down.float()[exact], x[exact])
+
+
+@pytest.mark.parametrize("bits,symmetric", [(8, True), (4, True), (2, True), (8, False), (4, False), (2, False),
+                                            ("fp8", True)])
+def test_a_group_of_zeros_or_of_one_value_comes_back_exactly(bits, symmetric):
+    """A group whose range is 0 has scale 0 (the division then uses 1): all zeros come back as zeros, and
+    (asymmetric) a constant row 3.0 comes back as 3.0 (zero point 3, code 0). Catches ``scale >= 0`` as the test
+    for a usable scale (0 / 0: NaN codes; any integer code times a scale of 0 is 0, so the codes are checked)."""
+    if bits == "fp8" and not fp8_supported():
+        pytest.skip("no float8_e4m3fn")
+    x = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, -2.0, 0.5, 4.0]])
+    if not symmetric:
+        x = torch.cat([x, torch.full((1, 4), 3.0)])
+    qx = quantize(x, bits, "token", symmetric=symmetric)
+    assert qx.q.scale[0].item() == 0.0
+    back = dequantize(qx)
+    assert torch.equal(back[0], x[0])
+    if bits != "fp8":  # and the codes are the grid's zero: q = round(0 / 1) (+ 2^(b-1) symmetric), not 0 / 0
+        zero_code = 2 ** (bits - 1) if symmetric else 0
+        assert unpack(qx.q.codes, bits, 4)[0].tolist() == [zero_code] * 4
+    if not symmetric:
+        assert qx.q.zero[2].item() == 3.0 and qx.q.scale[2].item() == 0.0 and torch.equal(back[2], x[2])
+
+
+@pytest.mark.parametrize("bits,dim", [(4, 5), (4, 7), (2, 5), (2, 6), (2, 7)])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_dequantization_of_a_padded_last_byte(bits, dim, symmetric):
+    """A last dim that is no multiple of 8 / b codes a byte (the last byte zero-padded): the values are x' = (q -
+    2^(b-1)) s symmetric, z + q s asymmetric, from the codes unpacked one by one, in float32 and into a float32
+    ``out`` (catches the padded branch skipped, or its slice dropped)."""
+    x = kv_like(4, shape=(2, 3, 6, dim))
+    q = quantize(x, bits, "token", symmetric=symmetric).q
+    assert q.codes.shape[-1] == math.ceil(dim * bits / 8) and q.last == dim
+    codes = unpack(q.codes, bits, dim).float()
+    want = (codes - 2 ** (bits - 1)) * q.scale.float() if symmetric else codes * q.scale.float() + q.zero.float()
+    assert torch.equal(dequantize_view(q), want)
+    out = torch.empty(2, 3, 6, dim)
+    assert dequantize_view(q, torch.float32, out=out) is out and torch.equal(out, want)
+
+
+def test_unpacked_codes_have_the_asked_dtype():
+    """unpack gives uint8 by default and writes the codes into a float dtype when asked, for every width."""
+    codes = torch.tensor([[3, 0, 1, 2, 2]], dtype=torch.uint8)
+    for bits in (2, 4, 8):
+        packed = pack(codes, bits)
+        assert unpack(packed, bits, 5).dtype == torch.uint8 and torch.equal(unpack(packed, bits, 5), codes)
+        as_float = unpack(packed, bits, 5, torch.float32)
+        assert as_float.dtype == torch.float32 and as_float.tolist() == [[3.0, 0.0, 1.0, 2.0, 2.0]]
+
+
+def test_a_group_that_does_not_divide_the_channels_is_one_line():
+    x = torch.zeros(2, 5, 6)  # T = 5, D = 6: the message names D
+    for group in (4, None):
+        with pytest.raises(ValueError, match=rf"^group={group} must divide the last dim \(6\)$"):
+            quantize(x, 8, "group", group)
+    with pytest.raises(ValueError, match="axis must be one of tensor, token, channel, group"):
+        quantize(x, 8, "row")
 
 
 # --- streams: residual window, blocks, rollback, reorder -------------------------------------------------------------

@@ -14,6 +14,9 @@
 #   rerun after new tests, adds to one table. Name the survivors to retest them against new tests:
 #   KEEP=1 bash tests/mutation/run.sh /tmp/m $(grep ': survived' /tmp/m/results.txt | cut -d: -f1)
 # MUTMUT_CHILDREN (environment): parallel workers, default 1 (the development machines share 2 cores).
+# MUTMUT_TIMEOUT_MULTIPLIER (environment): a mutant is stopped as a timeout after (estimated test time + 1) x this x 2
+#   CPU seconds; mutmut's default 15 gives an endless loop under a file of slow tests (tests/methods/test_batch.py)
+#   hours of CPU. 2 stops it after about 4 times its tests' time; a change of it reclassifies only the timeouts.
 # The tests run against the mutants are every test file under tests/ except EXCLUDE below; mutmut runs against each
 # mutant only the tests that call its function (fastest first, stopping at the first failure).
 # TESTS (environment): the test files or folders to select from instead of all of tests/ (EXCLUDE still applies), for
@@ -89,6 +92,7 @@ only_mutate = [
 $(toml_list "${files[@]/#/decodelab/}")
 ]
 also_copy = ["tests/", "presets/", "docs/", "README.md"]
+timeout_multiplier = ${MUTMUT_TIMEOUT_MULTIPLIER:-15.0}
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow and not gpu and not vllm and not browser"]
 pytest_add_cli_args_test_selection = [
 $(toml_list "${tests[@]}")
