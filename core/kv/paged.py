@@ -219,14 +219,6 @@ class PagedPolicy(KVPolicy):
         while len(seq.blocks) < blocks_for(seq.computed + n, self.block):
             seq.blocks.append(self.pool.allocate())
 
-    def computed(self, key: str) -> int:
-        return self.seqs[key].computed
-
-    def blocks_needed(self, key: str, n: int) -> int:
-        """New blocks a sequence needs to take ``n`` more tokens."""
-        seq = self.seqs[key]
-        return max(blocks_for(seq.computed + n, self.block) - len(seq.blocks), 0)
-
     def table(self, key: str) -> list[int]:
         return list(self.seqs[key].blocks)
 
