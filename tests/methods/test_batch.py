@@ -366,6 +366,51 @@ def test_shared_prefix_requests_hit_and_wait_for_an_in_flight_prefix():
     assert sum(r.computed_tokens for r in results) == sum(len(p) + 8 - 1 for p in prompts) - 3 * 6 * BS
 
 
+# --- exact edges the mutation run of core/kv/paged.py (2026-12-01) showed no test pinned --------------------------
+
+
+def test_a_freed_sequence_gives_back_its_tail_first():
+    """free() releases a sequence's blocks last first, so the next allocation overwrites its tail and its leading
+    blocks stay findable longest. A pool of 3 blocks of 4: a 12-token sequence fills (and names) all 3 and is
+    freed; a new sequence taking one block gets the third (the tail), and the first two are still a prefix hit of
+    8 tokens. Released front first, the allocation would take the first block and lose the whole chain."""
+    model = random_model("llama", scale=20.0)
+    ids = prompts_of([3 * BS], seed=21)[0]
+    runtime = paged_runtime(model, blocks=3)
+    policy = runtime.policy
+    paged_logits(runtime, "a", ids)
+    table = policy.table("a")
+    assert len(policy.pool.by_name) == 3 and policy.blocks_free == 0
+    policy.free("a")
+    assert policy.blocks_used == 0 and list(policy.pool.free) == table[::-1]
+    policy.admit("c", [])
+    policy.plan([("c", [1])])  # reserves one block
+    assert policy.table("c") == [table[2]] and policy.blocks_used == 1
+    assert policy.match(ids[: 2 * BS] + [5]) == 2 * BS
+
+
+def test_paged_bytes_description_and_refusals_by_hand():
+    """The random Llama (2 layers, 2 KV heads, head_dim 16, float32) in 5 blocks of 4: each layer's keys and
+    values are pools of 5 x 4 + 1 slots (the last is scratch) of 2 x 16 floats, 2 x 21 x 2 x 16 x 4 = 5376 bytes
+    a layer, whatever is stored. Sequence a (6 tokens, 2 blocks) and b (1 token, 1 block) in one forward; then a
+    is freed: ``stored`` follows the sequences held (1), ``seen`` the last forward (6)."""
+    model = random_model("llama")
+    runtime = paged_runtime(model, blocks=5)
+    policy = runtime.policy
+    assert policy.layer_nbytes() == [5376, 5376] and policy.nbytes() == 2 * 5376
+    policy.admit("a", [])
+    policy.admit("b", [])
+    runtime.feed(policy.plan([("a", list(range(3, 9))), ("b", [3])]))
+    assert policy.describe() == {"policy": "paged", "seen": 6, "stored": 6, "blocks_used": 3, "blocks_free": 2}
+    policy.free("a")
+    assert policy.describe() == {"policy": "paged", "seen": 6, "stored": 1, "blocks_used": 1, "blocks_free": 4}
+    assert policy.layer_nbytes() == [5376, 5376]
+    with pytest.raises(NotImplementedError, match="^paged: no rollback$"):
+        policy.truncate(0)
+    with pytest.raises(NotImplementedError, match="^paged: rows are sequences of the scheduler$"):
+        policy.reorder(torch.tensor([0]))
+
+
 # --- preemption ---------------------------------------------------------------------------------------------------
 
 
