@@ -217,7 +217,6 @@ class Quantized:
 
     q: QTensor
     shape: torch.Size
-    axis: str
 
     @property
     def nbytes(self) -> int:
@@ -233,7 +232,7 @@ def quantize(x: Tensor, bits: int | str, axis: str, group: int | None = None, sy
              scale_dtype: torch.dtype = torch.float16) -> Quantized:
     """Quantize ``x`` [..., T, D] with one scale per tensor, token, channel or group of ``group`` channels."""
     view, dims = layout_view(x, axis, group)
-    return Quantized(quantize_over(view, bits, dims, symmetric, scale_dtype), x.shape, axis)
+    return Quantized(quantize_over(view, bits, dims, symmetric, scale_dtype), x.shape)
 
 
 def dequantize(qx: Quantized, dtype: torch.dtype = torch.float32) -> Tensor:

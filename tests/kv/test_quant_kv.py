@@ -228,6 +228,14 @@ def test_a_group_that_does_not_divide_the_channels_is_one_line():
         quantize(x, 8, "row")
 
 
+
+def test_quantize_is_symmetric_with_float16_scales_unless_asked():
+    """What a call without options gets: no zero point (symmetric), float16 scales, float32 values back."""
+    x = kv_like(5, shape=(1, 2, 4, 8))
+    qx = quantize(x, 8, "token")
+    assert qx.q.zero is None and qx.q.scale.dtype == torch.float16 and dequantize(qx).dtype == torch.float32
+    assert torch.equal(dequantize(qx), dequantize(quantize(x, 8, "token", symmetric=True)))
+
 # --- streams: residual window, blocks, rollback, reorder -------------------------------------------------------------
 
 
