@@ -95,12 +95,12 @@ def pack(codes: Tensor, bits: int) -> Tensor:
     """uint8 codes < 2^bits along the last dim -> 8 / bits codes per byte (last byte zero-padded)."""
     per = 8 // bits
     if per == 1:
-        return codes.to(torch.uint8)
+        return codes
     n = codes.shape[-1]
     pad = (-n) % per
     if pad:
         codes = torch.nn.functional.pad(codes, (0, pad))
-    grouped = codes.to(torch.uint8).unflatten(-1, (-1, per))  # [..., bytes, per]
+    grouped = codes.unflatten(-1, (-1, per))  # [..., bytes, per]
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)  # code j in bits [j b, (j + 1) b)
     return (grouped << shifts).sum(dim=-1, dtype=torch.uint8)
 
