@@ -389,6 +389,27 @@ def test_a_freed_sequence_gives_back_its_tail_first():
     assert policy.match(ids[: 2 * BS] + [5]) == 2 * BS
 
 
+def test_blocks_filled_after_a_prefix_hit_are_named_on_the_right_chain():
+    """A sequence that starts from a 1-block hit records the hit's token ids and names and goes on naming the
+    blocks it fills chained on them: b shares a's first block, computes 3 more, and c (the same 4 blocks and
+    another last token) then hits all 4 (16 tokens) and its logits equal a fresh prefill. Catches the hit's ids
+    left out of the sequence (block 2 named from the wrong ids: hit 4) or its named count left at 0 (block 0
+    named again, so block 3 chained on block 0's name: hit 8). ``admit`` shares unless told not to."""
+    model = random_model("llama", scale=20.0)
+    ids = prompts_of([4 * BS], seed=22)[0]
+    runtime = paged_runtime(model)
+    paged_logits(runtime, "a", ids[:BS] + [1])
+    assert paged_logits(runtime, "b", ids + [2])[0] == BS
+    assert len(runtime.policy.pool.by_name) == 4
+    policy = runtime.policy
+    hit = policy.admit("c", ids + [3])
+    assert hit == 4 * BS and policy.table("c") == policy.table("b")[:4]
+    logits = runtime.feed(policy.plan([("c", [3])]), keep="all")[0]
+    torch.testing.assert_close(logits, full_logits(model, ids + [3])[hit:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="^sequence 'c' is already in the pool$"):
+        policy.admit("c", [1])
+
+
 def test_paged_bytes_description_and_refusals_by_hand():
     """The random Llama (2 layers, 2 KV heads, head_dim 16, float32) in 5 blocks of 4: each layer's keys and
     values are pools of 5 x 4 + 1 slots (the last is scratch) of 2 x 16 floats, 2 x 21 x 2 x 16 x 4 = 5376 bytes
