@@ -410,6 +410,18 @@ def test_blocks_filled_after_a_prefix_hit_are_named_on_the_right_chain():
         policy.admit("c", [1])
 
 
+def test_plan_left_pads_the_new_ids_with_zeros():
+    """The ids a plan returns, by hand: rows of 3 and 1 new ids left-padded with 0 to 3; a row given as a count
+    (self-planned: ids unknown) is zeros; positions of the padding are 0."""
+    runtime = paged_runtime(random_model("llama"))
+    policy = runtime.policy
+    for key in "abc":
+        policy.admit(key, [])
+    ids = policy.plan([("a", [5, 6, 7]), ("b", [9]), ("c", 2)])
+    assert ids.dtype == torch.long and ids.tolist() == [[5, 6, 7], [0, 0, 9], [0, 0, 0]]
+    assert policy.positions(3).tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 1]]
+
+
 def test_paged_bytes_description_and_refusals_by_hand():
     """The random Llama (2 layers, 2 KV heads, head_dim 16, float32) in 5 blocks of 4: each layer's keys and
     values are pools of 5 x 4 + 1 slots (the last is scratch) of 2 x 16 floats, 2 x 21 x 2 x 16 x 4 = 5376 bytes
