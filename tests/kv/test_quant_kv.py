@@ -599,3 +599,23 @@ def test_projected_bytes_equal_the_stored_bytes(arch, spec):
         if t in (1, 7, 16, 23, 40):
             assert rt.policy.bytes_at(t) == rt.policy.nbytes(), t
         rt.feed(torch.tensor([[3 + t]]))
+
+
+# --- exact edges the mutation run of core/kv/quant.py (2026-12-01) showed no test pinned -----------------------------
+
+
+@pytest.mark.parametrize("arch,spec", [("llama", "int4-kivi"), ("llama", "quant:bits=4,axis=tensor,group=4,residual=2"),
+                                       ("llama", "quant:bits=2,axis=group,group=8,residual=3"),
+                                       ("llama", "quant:bits=4,axis=channel,group=8,residual=5,symmetric=true"),
+                                       ("gemma2", "quant:bits=4,axis=kivi,group=8,residual=3")])
+def test_projected_bytes_of_several_rows_equal_the_stored_bytes(arch, spec):
+    """bytes_at(T, rows=3) = the real bytes of a 3-row run after T tokens fed one a forward: every term of the
+    formula scales with the rows (a factor dropped or a per-row scale counted once would be invisible at one row).
+    The random Llama has 2 KV heads, so a term that drops the heads shows too; Gemma 2 adds sliding layers."""
+    model = random_model(arch)
+    rt = Runtime.create(model, parse_cache_spec(spec), needs=frozenset({"rows"}))
+    rt.prefill(torch.tensor([[3], [4], [5]]))
+    for t in range(1, 21):
+        if t in (1, 6, 13, 20):
+            assert rt.policy.bytes_at(t, rows=3) == rt.policy.nbytes(), t
+        rt.feed(torch.tensor([[3 + t], [40 + t], [90 + t]]))
