@@ -412,7 +412,8 @@ def test_blocks_filled_after_a_prefix_hit_are_named_on_the_right_chain():
 
 def test_plan_left_pads_the_new_ids_with_zeros():
     """The ids a plan returns, by hand: rows of 3 and 1 new ids left-padded with 0 to 3; a row given as a count
-    (self-planned: ids unknown) is zeros; positions of the padding are 0."""
+    (self-planned: ids unknown) is zeros; positions of the padding are 0. A counted row names no block, and the
+    rows after it in the same forward still do."""
     runtime = paged_runtime(random_model("llama"))
     policy = runtime.policy
     for key in "abc":
@@ -420,6 +421,11 @@ def test_plan_left_pads_the_new_ids_with_zeros():
     ids = policy.plan([("a", [5, 6, 7]), ("b", [9]), ("c", 2)])
     assert ids.dtype == torch.long and ids.tolist() == [[5, 6, 7], [0, 0, 9], [0, 0, 0]]
     assert policy.positions(3).tolist() == [[0, 1, 2], [0, 0, 0], [0, 0, 1]]
+    policy.plan_ = None  # that plan is not run
+    # a counted row before a row of known ids in one forward: the known row still fills and names its block
+    policy.admit("d", [])
+    runtime.feed(policy.plan([("c", 1), ("d", [5, 6, 7, 8])]))
+    assert len(policy.pool.by_name) == 1 and policy.match([5, 6, 7, 8, 1]) == BS
 
 
 def test_paged_bytes_description_and_refusals_by_hand():
