@@ -308,9 +308,10 @@ def padded(blocks: list[int], width: int) -> list[int]:
 
 def layout(past: list[int], counts: list[int], table: Tensor, block: int, scratch: int, dtype: torch.dtype):
     """Index tensors of one forward. Row b has ``past[b]`` tokens stored and ``counts[b]`` new ones, left-padded
-    to n = max(counts); ``table`` [B, blocks] maps its logical blocks to physical ones. Returns positions [B, n],
-    the slot each new token is written to [B * n] (padding: ``scratch``), the slot of each key of the padded view
-    [B * L] (past a row's length: ``scratch``) and the additive mask [B, 1, n, L]."""
+    to n = max(counts); ``table`` [B, blocks] maps its logical blocks to physical ones (at least ceil(L / block)
+    blocks, L the longest row). Returns positions [B, n], the slot each new token is written to [B * n] (padding:
+    ``scratch``), the slot of each key of the padded view [B * L] (past a row's length: ``scratch``) and the
+    additive mask [B, 1, n, L]."""
     B, n, L = len(past), max(counts), max(p + c for p, c in zip(past, counts))
     past_t, count_t = torch.tensor(past), torch.tensor(counts)
     # query column c of row b is new token j = c - (n - count) at position past + j; j < 0 is padding
@@ -322,9 +323,9 @@ def layout(past: list[int], counts: list[int], table: Tensor, block: int, scratc
         return table.gather(1, p // block) * block + p % block
 
     write = torch.where(real, slot(pos), torch.full_like(pos, scratch))
-    key_pos = torch.arange(L)[None, :].expand(B, L)
+    key_pos = torch.arange(L)[None, :].expand(B, L)  # every key position is < L <= the table's blocks x block
     in_row = key_pos < (past_t + count_t)[:, None]
-    gather = torch.where(in_row, slot(key_pos.clamp(max=table.shape[1] * block - 1)), torch.full_like(key_pos, scratch))
+    gather = torch.where(in_row, slot(key_pos), torch.full_like(key_pos, scratch))
     # a real query sees keys at positions <= its own; a padding query sees key 0 only (no empty softmax row)
     allowed = torch.where(real[:, :, None], key_pos[:, None, :] <= pos[:, :, None], key_pos[:, None, :] == 0)
     mask = torch.zeros(B, 1, n, L, dtype=dtype)

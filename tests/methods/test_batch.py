@@ -444,6 +444,7 @@ def test_paged_bytes_description_and_refusals_by_hand():
     policy.free("a")
     assert policy.describe() == {"policy": "paged", "seen": 6, "stored": 1, "blocks_used": 1, "blocks_free": 4}
     assert policy.layer_nbytes() == [5376, 5376]
+    assert Runtime.create(model, parse_cache_spec("paged:blocks=2")).policy.block == 16  # the default block
     with pytest.raises(NotImplementedError, match="^paged: no rollback$"):
         policy.truncate(0)
     with pytest.raises(NotImplementedError, match="^paged: rows are sequences of the scheduler$"):
