@@ -445,6 +445,10 @@ def test_paged_bytes_description_and_refusals_by_hand():
     assert policy.describe() == {"policy": "paged", "seen": 6, "stored": 1, "blocks_used": 1, "blocks_free": 4}
     assert policy.layer_nbytes() == [5376, 5376]
     assert Runtime.create(model, parse_cache_spec("paged:blocks=2")).policy.block == 16  # the default block
+    assert Runtime.create(model, parse_cache_spec("paged:block=4"), capacity=9).policy.num_blocks == 3  # ceil(9 / 4)
+    with pytest.raises(ConfigError) as err:
+        Runtime.create(model, parse_cache_spec("paged:block=4"))
+    assert str(err.value) == "--cache paged: give blocks=N (this command does not know its length up front)"
     with pytest.raises(NotImplementedError, match="^paged: no rollback$"):
         policy.truncate(0)
     with pytest.raises(NotImplementedError, match="^paged: rows are sequences of the scheduler$"):
