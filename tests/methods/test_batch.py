@@ -428,6 +428,24 @@ def test_plan_left_pads_the_new_ids_with_zeros():
     assert len(policy.pool.by_name) == 1 and policy.match([5, 6, 7, 8, 1]) == BS
 
 
+def test_a_bfloat16_pool_holds_the_model_dtype():
+    """A bfloat16 model's pool is bfloat16 (5 blocks of 4: 2 x 21 x 2 x 16 x 2 = 2688 bytes a layer, half the
+    float32 figure) and its logits over two rows of different lengths equal the full cache's prefills (the mask in
+    the model's dtype: a float32 pool or mask would meet bfloat16 queries)."""
+    model = random_model("llama", scale=20.0).to(torch.bfloat16)
+    runtime = paged_runtime(model, blocks=5)
+    policy = runtime.policy
+    assert policy.layer_nbytes() == [2688, 2688] and policy.k[0].dtype == policy.v[1].dtype == torch.bfloat16
+    a, b = prompts_of([7, 3], seed=23)
+    policy.admit("a", [])
+    policy.admit("b", [])
+    out = runtime.feed(policy.plan([("a", a), ("b", b)]), keep="all")
+    assert out.dtype == torch.float32
+    for row, ids in ((0, a), (1, b)):
+        want = full_logits(model, ids)
+        torch.testing.assert_close(out[row, 7 - len(ids):], want, rtol=0.02, atol=0.02)
+
+
 def test_paged_bytes_description_and_refusals_by_hand():
     """The random Llama (2 layers, 2 KV heads, head_dim 16, float32) in 5 blocks of 4: each layer's keys and
     values are pools of 5 x 4 + 1 slots (the last is scratch) of 2 x 16 floats, 2 x 21 x 2 x 16 x 4 = 5376 bytes
