@@ -176,6 +176,12 @@ def test_paged_cache_as_a_one_row_policy_equals_full():
 def test_models_with_sliding_layers_are_refused():
     with pytest.raises(ConfigError, match="sliding"):
         paged_runtime(random_model("gemma2"))
+    # a composite (multimodal) config names its layers in its text config: Gemma 3's has sliding layers
+    from transformers import Gemma3Config
+
+    assert getattr(Gemma3Config(), "layer_types", None) is None
+    with pytest.raises(ConfigError, match="sliding"):
+        paged_mod.refuse_sliding(Gemma3Config())
 
 
 # --- exact attention over blocks ----------------------------------------------------------------------------------
