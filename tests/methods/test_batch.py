@@ -174,8 +174,10 @@ def test_paged_cache_as_a_one_row_policy_equals_full():
 
 
 def test_models_with_sliding_layers_are_refused():
-    with pytest.raises(ConfigError, match="sliding"):
+    with pytest.raises(ConfigError) as err:
         paged_runtime(random_model("gemma2"))
+    assert str(err.value) == ("--cache paged: this model has sliding-window layers, which paged attention here does "
+                              "not window; use --cache full")
     # a composite (multimodal) config names its layers in its text config: Gemma 3's has sliding layers
     from transformers import Gemma3Config
 
