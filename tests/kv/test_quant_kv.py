@@ -171,6 +171,20 @@ def test_rounding_gives_the_nearest_value_on_the_safe_side(dtype):
     assert exact[-6:].all() and torch.equal(up.float()[exact], x[exact]) and torch.equal(down.float()[exact], x[exact])
 
 
+def test_fp8_scales_and_values_by_hand():
+    """fp8 per token: s = absmax / 448 rounded up to float16 (4 / 448 and 8 / 448 for the two rows), x' = fp8(x /
+    s) s. The relative error bound alone cannot see a wrong scale (a scale 448^2 times too large sends every code
+    to the subnormals, whose bound 2^-10 s grows with it)."""
+    if not fp8_supported():
+        pytest.skip("no float8_e4m3fn")
+    x = torch.tensor([[1.0, -2.0, 4.0, 0.5], [0.25, 8.0, -1.0, 2.0]])
+    qx = quantize(x, "fp8", "token")
+    s = torch.tensor([[round_up(torch.tensor(4 / 448), torch.float16).item()],
+                      [round_up(torch.tensor(8 / 448), torch.float16).item()]])
+    assert qx.q.scale.float().tolist() == s.tolist()
+    assert torch.equal(dequantize(qx), (x / s).to(torch.float8_e4m3fn).float() * s)
+
+
 @pytest.mark.parametrize("bits,symmetric", [(8, True), (4, True), (2, True), (8, False), (4, False), (2, False),
                                             ("fp8", True)])
 def test_a_group_of_zeros_or_of_one_value_comes_back_exactly(bits, symmetric):
