@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 
 from decodelab.core.errors import ConfigError
-from decodelab.core.trace.format import DECODELAB, OPENAI, check_version, trace_kind
+from decodelab.core.trace.format import DECODELAB, OPENAI, check_version, parse_trace, trace_kind
 from decodelab.core.trace.openai import (ID_KEYS, PROCESSED, RAW, check_openai, is_openai, to_completion,
                                          to_logprobs)
 
@@ -259,3 +259,14 @@ def test_what_is_not_a_trace_says_what_it_is_and_what_is_allowed():
     with pytest.raises(ConfigError, match=r"OpenAI completions response .*: an object without `command` or "
                                           r"`choices`$"):
         trace_kind({"hello": 1}, "TRACE x.json", COMMANDS)
+
+
+def test_a_trace_file_that_is_not_one_json_document_is_one_line():
+    assert parse_trace("TRACE x", '{"command": "sample"}') == {"command": "sample"}
+    hint = "; give one document, a trace written with `-f json` or an OpenAI completions response"
+    for text, what in [("not json", "not JSON (Expecting value at line 1)"),
+                       ('{"command": "sample"}\n{"type": "summary"}\n', "several JSON values (JSON lines?)"),
+                       ("[" * 65 + "]" * 65, "nested deeper than 64 levels; decodelab reads flatter documents")]:
+        with pytest.raises(ConfigError) as refused:
+            parse_trace("TRACE x", text)
+        assert str(refused.value) == f"TRACE x: {what}" + ("" if what.startswith("nested") else hint)
