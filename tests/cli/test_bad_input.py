@@ -407,8 +407,8 @@ def test_an_out_of_range_stage_value_is_reported_before_torch_is_imported():
 
 # --- mutation run of core/inputs.py (2026-12-01): the readers called directly, at their bounds -------------------
 
-from decodelab.core import inputs  # noqa: E402
-from decodelab.core.errors import ConfigError  # noqa: E402
+from decodelab.core import inputs
+from decodelab.core.errors import ConfigError
 
 
 class EndlessStdin:
