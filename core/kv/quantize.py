@@ -124,8 +124,8 @@ def unpack(packed: Tensor, bits: int, n: int, dtype: torch.dtype = torch.uint8) 
 # --- quantize / dequantize over explicit reduce dims -----------------------------------------------------------------
 
 
-def quantize_over(x: Tensor, bits: int | str, dims: tuple[int, ...], symmetric: bool,
-                  scale_dtype: torch.dtype) -> QTensor:
+def quantize_over(x: Tensor, bits: int | str, dims: tuple[int, ...], symmetric: bool = True,
+                  scale_dtype: torch.dtype = torch.float16) -> QTensor:
     """Quantize ``x`` with one scale (and zero point) per slice over ``dims`` (the dims reduced)."""
     v = x.float()
     if bits == "fp8":
