@@ -454,7 +454,7 @@ def test_a_bfloat16_pool_holds_the_model_dtype():
         torch.testing.assert_close(out[row, 7 - len(ids):], want, rtol=0.02, atol=0.02)
 
 
-def test_paged_bytes_description_and_refusals_by_hand():
+def test_paged_bytes_and_description_by_hand():
     """The random Llama (2 layers, 2 KV heads, head_dim 16, float32) in 5 blocks of 4: each layer's keys and
     values are pools of 5 x 4 + 1 slots (the last is scratch) of 2 x 16 floats, 2 x 21 x 2 x 16 x 4 = 5376 bytes
     a layer, whatever is stored. Sequence a (6 tokens, 2 blocks) and b (1 token, 1 block) in one forward; then a
@@ -470,8 +470,15 @@ def test_paged_bytes_description_and_refusals_by_hand():
     policy.free("a")
     assert policy.describe() == {"policy": "paged", "seen": 6, "stored": 1, "blocks_used": 1, "blocks_free": 4}
     assert policy.layer_nbytes() == [5376, 5376]
-    assert Runtime.create(model, parse_cache_spec("paged:blocks=2")).policy.block == 16  # the default block
-    assert Runtime.create(model, parse_cache_spec("paged:block=4"), capacity=9).policy.num_blocks == 3  # ceil(9 / 4)
+
+
+def test_paged_sizes_and_refusals_by_hand():
+    """The default block is 16; with a known length (capacity) and no blocks=, ceil(9 / 4) = 3 blocks of 4;
+    without either, one exact line. No rollback, no reorder (rows are the scheduler's sequences)."""
+    model = random_model("llama")
+    assert Runtime.create(model, parse_cache_spec("paged:blocks=2")).policy.block == 16
+    policy = Runtime.create(model, parse_cache_spec("paged:block=4"), capacity=9).policy
+    assert policy.num_blocks == 3
     with pytest.raises(ConfigError) as err:
         Runtime.create(model, parse_cache_spec("paged:block=4"))
     assert str(err.value) == "--cache paged: give blocks=N (this command does not know its length up front)"
