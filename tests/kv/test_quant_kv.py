@@ -615,7 +615,7 @@ def test_projected_bytes_equal_the_stored_bytes(arch, spec):
         rt.feed(torch.tensor([[3 + t]]))
 
 
-# --- exact edges the mutation run of core/kv/quant.py (2026-12-01) showed no test pinned -----------------------------
+# --- a hand-applied mutant of core/kv/quant.py (2026-12-01; its mutmut run is not done) showed no test pinned --------
 
 
 @pytest.mark.parametrize("arch,spec", [("llama", "int4-kivi"), ("llama", "quant:bits=4,axis=tensor,group=4,residual=2"),
