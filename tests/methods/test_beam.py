@@ -515,3 +515,77 @@ def test_readme_sweep_example_shows_the_winner_changing(cli):
     assert len({tuple(r["winner"]["token_ids"]) for r in sweep}) >= 2
     assert any(r["changed"] for r in sweep)
     assert len({r["winner"]["length"] for r in sweep}) >= 2 and any(r["winner"]["reason"] == "eos" for r in sweep)
+
+
+# --- mutation run of core/methods/beam.py (2026-12-01, helper mutbeam): what its survivors asked for ------------------
+
+
+def test_summary_figures_on_the_hand_table_by_hand():
+    """Beams 2, hf, a = 1, 3 tokens on TABLE: the search runs all 3 steps (2 beams a step: 6 forward tokens); the pool
+    ends as [a, a, E] (log(.69 * .59 * .50) / 3 = -0.531) and [a, a, a] (-0.538), so the best is 3 tokens long."""
+    search = run_table(settings(2, 1.0, "never", 3))
+    s = search.summary()
+    assert (s.beams, s.steps, s.finished, s.entered, s.returned) == (2, 3, 2, 4, 2)
+    assert (s.best_length, s.forward_tokens, s.stop_reason) == (3, 6, "length")
+    assert s.best_score == pytest.approx(HAND_SUMS[tuple(H3)] / 3, abs=1e-6)
+    assert s.best_score == search.hypotheses[0].score
+    timing = search.watch.timing
+    assert s.seconds == timing.total_s > 0 and s.prefill_s == timing.prefill_s >= 0
+    assert s.tokens_per_s == pytest.approx(6 / s.seconds)
+    assert s.decode_tokens_per_s == timing.decode_tokens_per_s(6) > 0
+    assert run_table(settings(2, 1.0, "never", 3, num_return=1)).summary().returned == 1
+
+
+def test_summary_of_a_search_stopped_before_anything_finished():
+    """EOS ignored and the search left after its first step: the pool is empty, so no best hypothesis: length 0,
+    score NaN, and the first step's 2 beams are the forward tokens."""
+    s = BeamSettings(beams=2, length_penalty=1.0, early_stopping="never", max_new_tokens=3, ignore_eos=True)
+    search = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), s, eos_ids=(E,))
+    next(iter(search))
+    summary = search.summary()
+    assert (summary.finished, summary.returned, summary.best_length, summary.steps, summary.forward_tokens) == \
+        (0, 0, 0, 1, 2)
+    assert math.isnan(summary.best_score)
+
+
+def test_sweep_rows_carry_the_context_cap_the_detokenizer_and_the_steps():
+    """The context of 4 tokens leaves a 2-token prompt 2 new tokens of the 10 asked: every row stops for "context"
+    after 2 steps, where every candidate finishes: [a, a] (log(.69 * .59) = -0.898) beats [E] (-1.204) and [a, E]
+    (-1.287) under a = 0 and, halved, under a = 1 too; its reason is the cap and its text the sweep's own
+    detokenizer's."""
+    rows = sweep_length_penalty(lambda: TableStepper(TABLE, OTHER), [7, 8], build_chain({}),
+                                settings(3, 1.0, "never", 10), [0.0, 1.0], eos_ids=(E,),
+                                detok=lambda ids: "".join("Eab"[t] for t in ids), context_length=4)
+    assert [(r.stop_reason, r.steps) for r in rows] == [("context", 2), ("context", 2)]
+    assert [r.winner.token_ids for r in rows] == [[A, A], [A, A]] and [r.winner.text for r in rows] == ["aa", "aa"]
+    assert [r.winner.reason for r in rows] == ["context", "context"]
+    assert rows[1].winner.score == pytest.approx(math.log(0.69 * 0.59) / 2, abs=1e-6)
+    rows = sweep_length_penalty(lambda: TableStepper(TABLE, OTHER), [7, 8], build_chain({}),
+                                settings(2, 1.0, True, 3), [1.0], eos_ids=(E,))
+    assert [(r.stop_reason, r.steps) for r in rows] == [("all-finished", 2)]
+
+
+def test_parse_penalties_bounds_and_messages():
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.methods.beam import parse_penalties
+
+    assert parse_penalties(" 0, 0.5 ,-10,10") == [0.0, 0.5, -10.0, 10.0]  # the bounds themselves are allowed
+    with pytest.raises(ConfigError) as bad:
+        parse_penalties("0,x")
+    assert str(bad.value) == ("--sweep-length-penalty '0,x': 'x' is not a number; give comma-separated penalties, "
+                              "e.g. 0,0.5,1,2")
+    for text in ("0,10.5", "-11", "nan"):
+        with pytest.raises(ConfigError) as bad:
+            parse_penalties(text)
+        assert str(bad.value) == f"--sweep-length-penalty {text!r}: every penalty must be in [-10, 10]"
+
+
+def test_a_sampling_only_setting_is_refused_in_one_whole_line():
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.methods.beam import validate_beam
+
+    with pytest.raises(ConfigError) as bad:
+        validate_beam(BeamSettings(top_k=5))
+    assert str(bad.value) == ("--top-k 5: not used by beam search (transformers applies it only when sampling; every "
+                              "beam scores all tokens); allowed processors: --repetition-penalty, --no-repeat-ngram, "
+                              "--logit-bias, a constraint")
