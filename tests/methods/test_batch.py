@@ -8,6 +8,7 @@ released). The ``*_catches_*`` tests inject the bugs the checks exist for and re
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -684,6 +685,9 @@ FIELDS = ("index", "running", "rows", "joined", "finished", "waiting", "blocks_u
     ([6, 6], [8, 8], 2, 64, 4),  # the hand-worked case above
     ([2, 11, 4, 8, 3], [9, 3, 6, 2, 7], 4, 5, 9),
     ([10, 1, 6], [3, 12, 5], 2, 3, 5),  # a budget smaller than a prompt
+    # (mutation run, mutbeam) request 0 is preempted twice, and a sequence after the one short of blocks is still
+    # scheduled in the iteration of a preemption (so the budget left must be kept, not reset)
+    ([2, 4, 3], [8, 2, 2], 3, 3, 3),
 ])
 def test_iterations_follow_the_documented_rules(prompts, outs, max_batch, budget, blocks):
     """Every iteration record and every request's preemptions, join and finish iteration and computed tokens equal
@@ -726,3 +730,64 @@ def test_a_batch_run_ended_for_a_cause_keeps_its_requests_and_names_the_cause():
     assert report.stop_reason == "empty_chain"
     assert len(report.results) == 2 and {r.stop_reason for r in report.results} == {"empty_chain"}
     assert all(0 < len(r.new_ids) < 6 for r in report.results)
+
+
+# --- mutation run of core/methods/batch/scheduler.py (2026-12-01, helper mutbeam): what its survivors asked for -------
+
+
+def test_interrupt_reports_the_finished_the_running_and_the_waiting_in_request_order():
+    """One row (max_batch 1): request 0 (2 new tokens) finishes at iteration 1 while 1 and 2 still wait; then 1 joins
+    and draws a token, and the run is interrupted: 0 keeps "length" and its 2 tokens, 1 ends with the cause and its
+    token so far, 2 (never joined) with the cause and none. Interrupted before the first iteration: no results."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([3, 3, 3], seed=5)
+    reqs = [request(i, p, n) for i, (p, n) in enumerate(zip(prompts, [2, 6, 4]))]
+    fresh = Scheduler(model, reqs, max_batch=1, block_size=BS)
+    fresh.interrupt()
+    assert fresh.results == []
+    sched = Scheduler(model, reqs, max_batch=1, block_size=BS)
+    for record in sched:
+        if record.index == 2:
+            break
+    sched.interrupt()
+    got = [(r.id, r.stop_reason, r.new_ids, r.joined) for r in sched.results]
+    assert got == [("0", "length", solo(model, prompts[0], 2), 0), ("1", "interrupted", solo(model, prompts[1], 1), 2),
+                   ("2", "interrupted", [], -1)]
+    sched = Scheduler(model, reqs, max_batch=1, block_size=BS)
+    next(iter(sched))
+    sched.interrupt("budget")
+    assert [(r.id, r.stop_reason) for r in sched.results] == [("0", "budget"), ("1", "budget"), ("2", "budget")]
+
+
+def test_iteration_seconds_are_time_spent_inside_the_run():
+    model = random_model("llama", scale=4.0)
+    sched = Scheduler(model, [request(i, p, 3) for i, p in enumerate(prompts_of([4, 5], seed=6))], block_size=BS)
+    start = time.perf_counter()
+    records = list(sched)
+    elapsed = time.perf_counter() - start
+    assert all(0 < r.seconds for r in records) and sum(r.seconds for r in records) <= elapsed
+
+
+def test_prefix_hits_of_two_requests_joining_in_one_iteration_add_up():
+    """Requests 1 and 2 share request 0's first two blocks (8 tokens) and differ after them: both wait while 0
+    computes the blocks (iteration 0), then join together in iteration 1, finding 8 cached tokens each: 16."""
+    model = random_model("llama", scale=20.0)
+    prefix = prompts_of([2 * BS], seed=7)[0]
+    prompts = [prefix + [1, 2, 3], prefix + [4, 5], prefix + [6, 7]]
+    sched = Scheduler(model, [request(i, p, 4) for i, p in enumerate(prompts)], max_batch=3, block_size=BS)
+    records = list(sched)
+    assert [(r.index, r.joined, r.prefix_hit_tokens) for r in records if r.joined] == [(0, ["0"], 0),
+                                                                                     (1, ["1", "2"], 16)]
+    assert [r.prefix_hit_tokens for r in sched.results] == [0, 8, 8]
+    assert [r.new_ids for r in sched.results] == [solo(model, p, 4) for p in prompts]
+
+
+def test_static_batching_refuses_a_pool_its_batch_outgrows():
+    """Static batching never preempts: two 4-token prompts take a block of 4 each from a pool of 2, and the first
+    decode needs a second block for request 0."""
+    model = random_model("llama", scale=4.0)
+    sched = Scheduler(model, [request(i, p, 4) for i, p in enumerate(prompts_of([4, 4], seed=8))], max_batch=2,
+                      block_size=BS, num_blocks=2, static=True)
+    with pytest.raises(ConfigError) as err:
+        list(sched)
+    assert str(err.value) == "--blocks: the pool is too small for this batch"
