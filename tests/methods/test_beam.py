@@ -589,3 +589,27 @@ def test_a_sampling_only_setting_is_refused_in_one_whole_line():
     assert str(bad.value) == ("--top-k 5: not used by beam search (transformers applies it only when sampling; every "
                               "beam scores all tokens); allowed processors: --repetition-penalty, --no-repeat-ngram, "
                               "--logit-bias, a constraint")
+
+
+def test_validate_beam_bounds_and_the_cache_refusal():
+    """The edges of --beams [1, 256] and --return [1, beams] are allowed, one past them refused; a cache that can
+    neither reorder nor hold rows (paged) is refused naming the first missing ability and every policy with both."""
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.kv.protocol import POLICIES
+    from decodelab.core.methods.beam import validate_beam
+
+    for ok in (dict(beams=1), dict(beams=256), dict(beams=3, num_return=1), dict(beams=3, num_return=3)):
+        validate_beam(BeamSettings(**ok))
+    for bad, message in [(dict(beams=0), "--beams 0: must be an integer in [1, 256]"),
+                         (dict(beams=257), "--beams 257: must be an integer in [1, 256]"),
+                         (dict(beams=3, num_return=0), "--return 0: must be between 1 and --beams (3)"),
+                         (dict(beams=3, num_return=4), "--return 4: must be between 1 and --beams (3)")]:
+        with pytest.raises(ConfigError) as err:
+            validate_beam(BeamSettings(**bad))
+        assert str(err.value) == message
+    able = [name for name, cls in POLICIES.items() if {"reorder", "rows"} <= set(cls.capabilities)]
+    assert "full" in able and "paged" not in able
+    with pytest.raises(ConfigError) as err:
+        validate_beam(BeamSettings(cache="paged:block=4"))
+    assert str(err.value) == ("--cache paged:block=4: beam search needs the cache to reorder rows, which paged cannot; "
+                              f"policies that can: {', '.join(able)}")
