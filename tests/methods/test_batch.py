@@ -770,15 +770,16 @@ def test_iteration_seconds_are_time_spent_inside_the_run():
 
 def test_prefix_hits_of_two_requests_joining_in_one_iteration_add_up():
     """Requests 1 and 2 share request 0's first two blocks (8 tokens) and differ after them: both wait while 0
-    computes the blocks (iteration 0), then join together in iteration 1, finding 8 cached tokens each: 16."""
+    computes the blocks (iteration 0), then join together in iteration 1, finding 8 cached tokens each: 16.
+    Request 3 shares nothing: the ones waiting before it do not hold it back, it joins in iteration 0."""
     model = random_model("llama", scale=20.0)
-    prefix = prompts_of([2 * BS], seed=7)[0]
-    prompts = [prefix + [1, 2, 3], prefix + [4, 5], prefix + [6, 7]]
-    sched = Scheduler(model, [request(i, p, 4) for i, p in enumerate(prompts)], max_batch=3, block_size=BS)
+    prefix, other = prompts_of([2 * BS, 5], seed=7)
+    prompts = [prefix + [1, 2, 3], prefix + [4, 5], prefix + [6, 7], other]
+    sched = Scheduler(model, [request(i, p, 4) for i, p in enumerate(prompts)], max_batch=4, block_size=BS)
     records = list(sched)
-    assert [(r.index, r.joined, r.prefix_hit_tokens) for r in records if r.joined] == [(0, ["0"], 0),
+    assert [(r.index, r.joined, r.prefix_hit_tokens) for r in records if r.joined] == [(0, ["0", "3"], 0),
                                                                                      (1, ["1", "2"], 16)]
-    assert [r.prefix_hit_tokens for r in sched.results] == [0, 8, 8]
+    assert [r.prefix_hit_tokens for r in sched.results] == [0, 8, 8, 0]
     assert [r.new_ids for r in sched.results] == [solo(model, p, 4) for p in prompts]
 
 
@@ -791,3 +792,31 @@ def test_static_batching_refuses_a_pool_its_batch_outgrows():
     with pytest.raises(ConfigError) as err:
         list(sched)
     assert str(err.value) == "--blocks: the pool is too small for this batch"
+
+
+def test_a_chain_that_empties_in_the_first_row_leaves_the_rows_after_it_their_tokens():
+    """As test_a_request_whose_chain_empties_ends_alone, with the emptying request in row 0: request 1, in the row
+    after it, still gets the token of that iteration, and all its tokens are its solo decode's."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([4, 5], seed=2)
+    first = solo(model, prompts[0], 1)[0]
+    ban_all = build_chain({"allow": (first,), "no-repeat-ngram": 1})
+    reqs = [Request("0", prompts[0], ban_all, Greedy(), StopRules(6, ())), request(1, prompts[1], 6)]
+    results = Scheduler(model, reqs, max_batch=2, block_size=BS).run()
+    assert (results[0].new_ids, results[0].stop_reason) == ([first], "empty_chain")
+    assert (results[1].new_ids, results[1].stop_reason) == (solo(model, prompts[1], 6), "length")
+
+
+def test_a_stop_string_ends_a_batched_request_where_it_ends_the_solo_decode():
+    """The request's own detokenizer reads its stop string: with each token written <id>, the string <t> of the
+    first token t of the solo decode that did not occur before ends the request right after t."""
+    model = random_model("llama", scale=4.0)
+    prompt = prompts_of([5], seed=9)[0]
+    free = solo(model, prompt, 12)
+    k = max(i for i, t in enumerate(free) if t not in free[:i])  # the last first occurrence
+    detok = lambda ids: "".join(f"<{t}>" for t in ids)  # noqa: E731
+    rules = StopRules(12, (), stop_strings=(f"<{free[k]}>",))
+    reqs = [Request("0", prompt, build_chain({}), Greedy(), rules, detok), request(1, prompts_of([3], seed=10)[0], 4)]
+    result = Scheduler(model, reqs, max_batch=2, block_size=BS).run()[0]
+    assert (result.new_ids, result.stop_reason) == (free[: k + 1], "stop")
+    assert k > 0
