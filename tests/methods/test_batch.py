@@ -820,3 +820,18 @@ def test_a_stop_string_ends_a_batched_request_where_it_ends_the_solo_decode():
     result = Scheduler(model, reqs, max_batch=2, block_size=BS).run()[0]
     assert (result.new_ids, result.stop_reason) == (free[: k + 1], "stop")
     assert k > 0
+
+
+def test_a_finished_static_row_keeps_computing_one_token_an_iteration():
+    """Static batch of prompts 3 and 5, 2 and 4 new tokens: iteration 0 prefills both (8 tokens); request 0 draws
+    its last token in iteration 1, and its row is still fed one token in iterations 2 and 3, until request 1
+    finishes: 2 rows and 2 decode tokens in each of iterations 1-3, and 3 + 3 and 5 + 3 tokens computed."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([3, 5], seed=11)
+    sched = Scheduler(model, [request(i, p, n) for i, (p, n) in enumerate(zip(prompts, [2, 4]))], max_batch=2,
+                      block_size=BS, static=True)
+    records = list(sched)
+    assert [(r.rows, r.tokens, r.prefill_tokens, r.decode_tokens) for r in records] == \
+        [(2, 8, 8, 0), (2, 2, 0, 2), (2, 2, 0, 2), (2, 2, 0, 2)]
+    assert [(r.finished, r.computed_tokens) for r in sched.results] == [(1, 6), (3, 8)]
+    assert [r.new_ids for r in sched.results] == [solo(model, p, n) for p, n in zip(prompts, [2, 4])]
