@@ -592,15 +592,21 @@ def test_a_sampling_only_setting_is_refused_in_one_whole_line():
 
 
 def test_validate_beam_bounds_and_the_cache_refusal():
-    """The edges of --beams [1, 256] and --return [1, beams] are allowed, one past them refused; a cache that can
-    neither reorder nor hold rows (paged) is refused naming the first missing ability and every policy with both."""
+    """The edges of --beams [1, 256], --return [1, beams], --length-penalty [-10, 10] and -n >= 1 are allowed, past
+    them refused, each in one whole line; a cache that can neither reorder nor hold rows (paged) is refused naming
+    the first missing ability and every policy with both."""
     from decodelab.core.errors import ConfigError
     from decodelab.core.kv.protocol import POLICIES
     from decodelab.core.methods.beam import validate_beam
 
-    for ok in (dict(beams=1), dict(beams=256), dict(beams=3, num_return=1), dict(beams=3, num_return=3)):
+    for ok in (dict(beams=1), dict(beams=256), dict(beams=3, num_return=1), dict(beams=3, num_return=3),
+               dict(length_penalty=10.0), dict(length_penalty=-10.0), dict(max_new_tokens=1)):
         validate_beam(BeamSettings(**ok))
-    for bad, message in [(dict(beams=0), "--beams 0: must be an integer in [1, 256]"),
+    for bad, message in [(dict(length_norm="log"), "--length-norm 'log': allowed: hf, gnmt, prompt-inclusive, none"),
+                         (dict(length_penalty=-10.5), "--length-penalty -10.5: must be a number in [-10, 10] "
+                                                      "(norm(L) = L^a must stay a finite float)"),
+                         (dict(max_new_tokens=0), "--max-new-tokens 0: must be >= 1"),
+                         (dict(beams=0), "--beams 0: must be an integer in [1, 256]"),
                          (dict(beams=257), "--beams 257: must be an integer in [1, 256]"),
                          (dict(beams=3, num_return=0), "--return 0: must be between 1 and --beams (3)"),
                          (dict(beams=3, num_return=4), "--return 4: must be between 1 and --beams (3)")]:
