@@ -835,3 +835,11 @@ def test_a_finished_static_row_keeps_computing_one_token_an_iteration():
         [(2, 8, 8, 0), (2, 2, 0, 2), (2, 2, 0, 2), (2, 2, 0, 2)]
     assert [(r.finished, r.computed_tokens) for r in sched.results] == [(1, 6), (3, 8)]
     assert [r.new_ids for r in sched.results] == [solo(model, p, n) for p, n in zip(prompts, [2, 4])]
+
+
+def test_the_defaults_are_8_rows_512_tokens_and_blocks_of_16():
+    """Nine 2-token requests under the defaults: 8 join the first iteration, the ninth when one leaves."""
+    model = random_model("llama", scale=4.0)
+    sched = Scheduler(model, [request(i, p, 2) for i, p in enumerate(prompts_of([2] * 9, seed=12))])
+    assert (sched.max_batch, sched.budget, sched.policy.block, sched.prefix_caching) == (8, 512, 16, True)
+    assert [len(r.joined) for r in sched if r.joined] == [8, 1]
