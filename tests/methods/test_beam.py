@@ -619,3 +619,15 @@ def test_validate_beam_bounds_and_the_cache_refusal():
         validate_beam(BeamSettings(cache="paged:block=4"))
     assert str(err.value) == ("--cache paged:block=4: beam search needs the cache to reorder rows, which paged cannot; "
                               f"policies that can: {', '.join(able)}")
+
+
+def test_a_static_cache_is_preallocated_for_the_prompt_and_every_step():
+    """The search tells its stepper the positions it may need (prompt + max new tokens): a static cache sized so
+    searches as the full one (the same hypotheses as generate); sized for less it would refuse mid-search."""
+    from decodelab.core.kv import parse_cache_spec
+
+    model = eos_model("llama", 0, 2.0)
+    s = settings(3, 1.0, "never", 10, 3)
+    search = beam_search(model, PROMPT, build_chain({}), s, eos_ids=(EOS,), cache=parse_cache_spec("static"))
+    assert search.stepper.capacity == len(PROMPT) + 10
+    assert_same_as_generate(search.hypotheses, generate(model, PROMPT, 3, 1.0, "never", 3, 10), len(PROMPT), 3)
