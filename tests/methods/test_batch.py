@@ -843,3 +843,16 @@ def test_the_defaults_are_8_rows_512_tokens_and_blocks_of_16():
     sched = Scheduler(model, [request(i, p, 2) for i, p in enumerate(prompts_of([2] * 9, seed=12))])
     assert (sched.max_batch, sched.budget, sched.policy.block, sched.prefix_caching) == (8, 512, 16, True)
     assert [len(r.joined) for r in sched if r.joined] == [8, 1]
+
+
+def test_no_requests_make_a_one_block_pool_and_no_iterations_and_a_prompt_filling_its_context_is_refused():
+    """With no request the longest sequence is taken as 1 token: one block of 1 (static too), and the run has no
+    iteration and no result. A request's prompt as long as its own context is refused before anything runs."""
+    model = random_model("llama", scale=4.0)
+    for static in (False, True):
+        sched = Scheduler(model, [], block_size=1, static=static)
+        assert sched.policy.num_blocks == 1 and list(sched) == [] and sched.results == []
+    long = Request("0", [1, 2, 3, 4], build_chain({}), Greedy(), StopRules(2, (), context_length=4))
+    with pytest.raises(ConfigError) as err:
+        Scheduler(model, [long])
+    assert str(err.value) == "PROMPT: the prompt is 4 tokens but the model's context is 4; shorten it"
