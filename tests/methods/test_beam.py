@@ -631,3 +631,18 @@ def test_a_static_cache_is_preallocated_for_the_prompt_and_every_step():
     search = beam_search(model, PROMPT, build_chain({}), s, eos_ids=(EOS,), cache=parse_cache_spec("static"))
     assert search.stepper.capacity == len(PROMPT) + 10
     assert_same_as_generate(search.hypotheses, generate(model, PROMPT, 3, 1.0, "never", 3, 10), len(PROMPT), 3)
+
+
+def test_two_eos_ids_rank_three_candidates_a_beam_so_every_beam_stays_live():
+    """Two EOS ids (E and b) that are the likeliest tokens everywhere (0.45 each): K = max(2, 1 + 2) * B = 6
+    candidates a step, so after the 2 finishing ones of each beam B = 2 non-finishing ones are left; with only 2B,
+    the first step's top 4 (E, b, a of the prompt, then a -1e9 placeholder's E) would leave one live beam. The
+    first step finishes [E] and [b], both log .45."""
+    table = {}
+    s = settings(2, 1.0, "never", 3)
+    search = BeamSearch(TableStepper(table, [0.45, 0.10, 0.45]), [7, 8], build_chain({}), s, eos_ids=(E, B),
+                        record=True)
+    search.run()
+    assert [(len(step.candidates), len(step.beams)) for step in search.steps] == [(6, 2)] * len(search.steps)
+    assert sorted(h.token_ids for h in search.steps[0].finished) == [[E], [B]]
+    assert [h.score for h in search.steps[0].finished] == pytest.approx([math.log(0.45)] * 2, abs=1e-6)
