@@ -851,7 +851,8 @@ def test_no_requests_make_a_one_block_pool_and_no_iterations_and_a_prompt_fillin
     model = random_model("llama", scale=4.0)
     for static in (False, True):
         sched = Scheduler(model, [], block_size=1, static=static)
-        assert sched.policy.num_blocks == 1 and list(sched) == [] and sched.results == []
+        assert sched.results == [] and sched.peak_blocks == 0  # before the run, as after it
+        assert sched.policy.num_blocks == 1 and list(sched) == [] and sched.results == [] and sched.peak_blocks == 0
     long = Request("0", [1, 2, 3, 4], build_chain({}), Greedy(), StopRules(2, (), context_length=4))
     with pytest.raises(ConfigError) as err:
         Scheduler(model, [long])
