@@ -529,6 +529,7 @@ def test_summary_figures_on_the_hand_table_by_hand():
     assert (s.best_length, s.forward_tokens, s.stop_reason) == (3, 6, "length")
     assert s.best_score == pytest.approx(HAND_SUMS[tuple(H3)] / 3, abs=1e-6)
     assert s.best_score == search.hypotheses[0].score
+    assert all(h.step == h.length - 1 for h in search.hypotheses)  # a hypothesis of L tokens finished at step L - 1
     timing = search.watch.timing
     assert s.seconds == timing.total_s > 0 and s.prefill_s == timing.prefill_s >= 0
     assert s.tokens_per_s == pytest.approx(6 / s.seconds)
@@ -646,3 +647,16 @@ def test_two_eos_ids_rank_three_candidates_a_beam_so_every_beam_stays_live():
     assert [(len(step.candidates), len(step.beams)) for step in search.steps] == [(6, 2)] * len(search.steps)
     assert sorted(h.token_ids for h in search.steps[0].finished) == [[E], [B]]
     assert [h.score for h in search.steps[0].finished] == pytest.approx([math.log(0.45)] * 2, abs=1e-6)
+
+
+def test_a_chain_that_removes_every_candidate_names_its_stages():
+    """Only "a" allowed, and no-repeat-ngram 1 bans it once generated (the prompt is "b"): the second step has no
+    candidate left."""
+    from decodelab.core.sampling.chain import ChainError
+
+    chain = build_chain({"allow": (A,), "no-repeat-ngram": 1})
+    with pytest.raises(ChainError) as err:
+        run_table(settings(1, 1.0, "never", 3), prompt=(B,), chain=chain)
+    assert str(err.value) == (f"the chain [{', '.join(chain.names)}] removed every candidate token; loosen the "
+                              "filters or bans")
+    assert len(chain.names) == 2
