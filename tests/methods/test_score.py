@@ -4,6 +4,7 @@ does not divide the text."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -272,3 +273,15 @@ def test_chunks_of_one_token_and_of_the_whole_text():
         else:
             assert [(c.start, c.end) for c in s.chunks] == [(1, 40)]
             assert s.chunks[0].perplexity == pytest.approx(s.perplexity)
+
+
+def test_an_interrupted_score_says_so_and_covers_the_rows_it_scored():
+    """Interrupted after the first of four blocks (feed 10): the summary has its 10 rows and says "interrupted"."""
+    model = random_model("llama", seed=6, scale=2.0)
+    scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings(feed=10, chunk=4))
+    rows = list(itertools.islice(scorer, 10))
+    scorer.interrupt()
+    s = scorer.summary()
+    assert (s.stop_reason, s.tokens, s.feed) == ("interrupted", 10, 10)
+    assert [(c.start, c.end) for c in s.chunks] == [(1, 5), (5, 9), (9, 11)]
+    assert s.mean_nll == pytest.approx(-sum(r.raw_logprob for r in rows) / 10)
