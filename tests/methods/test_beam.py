@@ -530,6 +530,7 @@ def test_summary_figures_on_the_hand_table_by_hand():
     assert s.best_score == pytest.approx(HAND_SUMS[tuple(H3)] / 3, abs=1e-6)
     assert s.best_score == search.hypotheses[0].score
     assert all(h.step == h.length - 1 for h in search.hypotheses)  # a hypothesis of L tokens finished at step L - 1
+    assert [(h.token_ids, h.reason) for h in search.hypotheses] == [(H3, "eos"), ([A, A, A], "length")]
     timing = search.watch.timing
     assert s.seconds == timing.total_s > 0 and s.prefill_s == timing.prefill_s >= 0
     assert s.tokens_per_s == pytest.approx(6 / s.seconds)
