@@ -18,7 +18,9 @@ from decodelab.core.engine.stopping import StopRules
 from decodelab.core.methods.probs import dist_stages, given_logits
 from decodelab.core.errors import ConfigError
 from decodelab.core.sampling.export import export
-from decodelab.core.sampling.chain import build
+from decodelab.core.sampling.chain import build, chain_for
+from decodelab.core.sampling.select import Greedy
+from decodelab.core.sampling.tokens import Tokens
 from decodelab.core.sampling.semantics import merge_order, plan
 
 # --- llama.cpp tests/test-sampling.cpp, to 1e-5 -----------------------------------------------------------------
@@ -453,3 +455,126 @@ def test_llamacpp_dynamic_temperature_normalizes_by_the_candidates_left_and_says
     assert got == pytest.approx(softmax_of([math.log(0.7) / t, math.log(0.3) / t, -math.inf]), abs=1e-6)
     notes = plan(ChainSettings(semantics="llamacpp", temperature=1.0, dynatemp_range=0.5)).notes
     assert any(n.startswith("dynatemp: llama.cpp normalizes the entropy by log of every candidate") for n in notes)
+
+
+# --- exact edges the mutation run (tests/mutation/run.sh, core/sampling/semantics.py) showed no test pinned ----------
+
+
+def chain_probs(settings: ChainSettings, logits, history=(), prompt_len: int = 0) -> list[float]:
+    """softmax of ``settings``' chain (as its semantics reads it) on raw logits ``z`` after ``history``, whose first
+    ``prompt_len`` ids are the prompt (the rest generated: what an output-only penalty counts)."""
+    _, chain = chain_for(settings, Tokens(len(logits)))
+    chain.reset(prompt_len)
+    ids = torch.tensor([list(history)], dtype=torch.long).reshape(1, len(history))
+    return torch.softmax(chain.apply(ids, torch.tensor([logits], dtype=torch.float32)), -1)[0].tolist()
+
+
+VLLM_OUTPUT_ONLY = "frequency and presence penalties count generated tokens only; repetition counts the prompt too"
+
+
+@pytest.mark.parametrize("temperature, users, vllms", [
+    # z = (1, -0.3), token 0 generated once, presence 1 and repetition 2. The user's order (presence, then
+    # repetition): z_0 = (1 - 1) = 0, and 0 stays 0 under the penalty; vLLM's (repetition, then presence):
+    # z_0 = 1 / 2 - 1 = -0.5. Greedy: 0 > -0.3 picks token 0, vLLM's order token 1.
+    (0.0, [1.0, 0.0], [0.0, 1.0]),
+    (1.0, softmax_of([0.0, -0.3]), softmax_of([-0.5, -0.3])),
+])
+def test_vllm_runs_the_users_chain_greedy_or_sampled(temperature, users, vllms):
+    fields = dict(semantics="vllm", temperature=temperature, presence_penalty=1.0, repetition_penalty=2.0)
+    user = ChainSettings(**fields, chain=("presence-penalty", "repetition-penalty", "temperature"))
+    assert chain_probs(user, [1.0, -0.3], [0]) == pytest.approx(users, abs=1e-6)
+    assert "order from --chain, not vLLM's" in plan(user).notes
+    assert chain_probs(ChainSettings(**fields), [1.0, -0.3], [0]) == pytest.approx(vllms, abs=1e-6)
+
+
+def test_vllm_greedy_takes_the_argmax_after_the_allowed_ids_whatever_the_chain():
+    """z = (1, 0), allowed ids {1}, temperature 0 written first in --chain: vLLM's greedy takes the arg-max after
+    every logits processor, so token 1 (the arg-max first would keep token 0 only, which allow then removes)."""
+    s = ChainSettings(semantics="vllm", temperature=0.0, allow=("1",), chain=("temperature", "allow"))
+    assert chain_probs(s, [1.0, 0.0]) == [0.0, 1.0]
+    p = plan(s)
+    assert isinstance(p.make_selector(0, "cpu"), Greedy) and p.describe()["selector"] == "greedy"
+
+
+def test_vllm_greedy_notes_and_off_values():
+    """Greedy drops the warpers (noted by name), switches off what vLLM reads as off (repetition 1, presence 0:
+    no stage runs), and keeps a stage vLLM lacks at decodelab's position, noted."""
+    p = plan(ChainSettings(semantics="vllm", temperature=0.0, top_p=0.9, top_k=5, dry_multiplier=0.8,
+                           repetition_penalty=1.0, presence_penalty=0.0))
+    assert p.notes == ["temperature, top-k, top-p: vLLM's greedy takes the arg-max before temperature and the filters",
+                       "vLLM has no dry: kept at decodelab's position", VLLM_OUTPUT_ONLY]
+    assert p.describe()["chain"] == ["dry", "temperature"]
+
+
+def test_vllm_raises_only_a_temperature_below_0_01():
+    assert plan(ChainSettings(semantics="vllm", temperature=0.005)).notes == [
+        "temperature 0.005: vLLM raises a temperature in (0, 0.01) to 0.01 (only 0 is greedy)", VLLM_OUTPUT_ONLY]
+    assert plan(ChainSettings(semantics="vllm", temperature=0.01)).notes == [VLLM_OUTPUT_ONLY]
+
+
+def test_vllm_penalties_ignore_the_window_and_count_as_vllm_does():
+    """Repetition 2, window 1, z = (1, 1), history (0, 1): vLLM counts the whole sequence, so both tokens are
+    penalized, z = (0.5, 0.5); decodelab's own window sees token 1 only, z = (1, 0.5)."""
+    fields = dict(repetition_penalty=2.0, penalty_last_n=1, temperature=1.0)
+    vllm = ChainSettings(semantics="vllm", **fields)
+    assert chain_probs(vllm, [1.0, 1.0], [0, 1]) == pytest.approx([0.5, 0.5], abs=1e-6)
+    assert chain_probs(ChainSettings(**fields), [1.0, 1.0], [0, 1]) == pytest.approx(softmax_of([1.0, 0.5]))
+    assert plan(vllm).notes == ["penalty_last_n: vLLM's penalties count the whole sequence; window ignored",
+                                VLLM_OUTPUT_ONLY]
+    assert plan(vllm).settings.penalty_last_n is None
+
+
+@pytest.mark.parametrize("field, native", [
+    # z = 0, history (0, 0 | 1): the prompt is (0, 0), the output (1). vLLM's frequency 1 counts the output, z_1 -= 1;
+    # decodelab's own counts all three tokens, z_0 -= 2, z_1 -= 1. Presence 1: vLLM z_1 -= 1; decodelab's z_0, z_1 -= 1.
+    ("frequency_penalty", [-2.0, -1.0, 0.0]),
+    ("presence_penalty", [-1.0, -1.0, 0.0]),
+])
+def test_vllm_frequency_and_presence_count_the_output_only(field, native):
+    fields = {field: 1.0, "temperature": 1.0}
+    got = chain_probs(ChainSettings(semantics="vllm", **fields), [0.0] * 3, [0, 0, 1], prompt_len=2)
+    assert got == pytest.approx(softmax_of([0.0, -1.0, 0.0]), abs=1e-6)
+    assert chain_probs(ChainSettings(**fields), [0.0] * 3, [0, 0, 1], prompt_len=2) == pytest.approx(
+        softmax_of(native), abs=1e-6)
+
+
+@pytest.mark.parametrize("field", ["presence_penalty", "frequency_penalty"])
+def test_vllm_penalty_ranges_are_closed(field):
+    for value in (-2.0, 2.0):
+        plan(ChainSettings(semantics="vllm", **{field: value}))
+    option = "--" + field.replace("_", "-")
+    for value in (-2.5, 2.5):
+        with pytest.raises(ConfigError, match=rf"^{option} {value}: vLLM allows \[-2, 2\]$"):
+            plan(ChainSettings(semantics="vllm", **{field: value}))
+
+
+def test_vllm_top_k_allows_minus_one_and_refuses_below():
+    assert "top-k" not in plan(ChainSettings(semantics="vllm", temperature=1.0, top_k=-1)).order
+    with pytest.raises(ConfigError, match=r"^--top-k -2: vLLM allows -1, 0 \(off\) or >= 1$"):
+        plan(ChainSettings(semantics="vllm", top_k=-2))
+
+
+def test_hf_greedy_names_every_warper_it_drops():
+    """-t 0 under transformers is greedy: the warpers set are noted by name, temperature included even where
+    dynatemp takes it as its centre (it is then no stage of its own)."""
+    p = plan(ChainSettings(semantics="hf", temperature=0.0, dynatemp_range=0.5))
+    assert p.notes == ["temperature, dynatemp: not applied by transformers when do_sample=False"] and p.order == []
+    p = plan(ChainSettings(semantics="hf", temperature=0.0, top_p=0.9, top_k=5))
+    assert p.notes == ["temperature, top-k, top-p: not applied by transformers when do_sample=False"]
+
+
+def test_llamacpp_notes_the_defaults_of_the_stages_that_run():
+    """llama.cpp's common_params_sampling: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalty_last_n 64; DRY's
+    base 1.75, allowed length 2, window 64 are noted only once DRY runs (XTC's and mirostat's never here)."""
+    assert plan(ChainSettings(semantics="llamacpp")).notes == [
+        "llama.cpp defaults: temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, penalty_last_n=64"]
+    assert plan(ChainSettings(semantics="llamacpp", dry_multiplier=0.5)).notes == [
+        "llama.cpp defaults: dry_base=1.75, dry_allowed_length=2, dry_penalty_last_n=64, temperature=0.8, top_k=40, "
+        "top_p=0.95, min_p=0.05, penalty_last_n=64"]
+
+
+def test_llamacpp_negative_window_message_is_whole():
+    with pytest.raises(ConfigError) as err:
+        plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0, dry_penalty_last_n=-1))
+    assert str(err.value) == ("--dry-penalty-last-n -1: llama-cli refuses a negative window (its library reads -1 as "
+                              "0, off); give 0 (off) or N >= 1 tokens")
