@@ -578,3 +578,29 @@ def test_llamacpp_negative_window_message_is_whole():
         plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0, dry_penalty_last_n=-1))
     assert str(err.value) == ("--dry-penalty-last-n -1: llama-cli refuses a negative window (its library reads -1 as "
                               "0, off); give 0 (off) or N >= 1 tokens")
+
+
+def test_llamacpp_reads_a_negative_temperature_as_greedy():
+    """llama-cli clamps -t below 0 to 0: greedy, the arg-max of p = (0.1, 0.2, 0.3, 0.4) (-t 1 would keep the
+    distribution, llama.cpp's temperature 1 being off)."""
+    p = plan(ChainSettings(semantics="llamacpp", **{**NEUTRAL, "temperature": -0.5}))
+    assert p.settings.temperature == 0.0 and p.selector == "greedy"
+    assert llamacpp(P4, temperature=-0.5).probs() == pytest.approx([0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("base", [1.0, 1.5])
+def test_llamacpp_keeps_a_dry_base_of_one_or_more(base):
+    """Only a base below 1 is replaced by 1.75: the repeat "0 1 2 0 1" (n = 5, allowed length 2) is followed by
+    2, z_2 -= 1 * base^(5 - 2) with the base as given."""
+    history = (0, 1, 2, 0, 1, 2, 0, 1)
+    got = llamacpp(U4, history, dry_multiplier=1.0, dry_base=base, dry_allowed_length=2, dry_penalty_last_n=8)
+    assert got.probs() == pytest.approx(softmax_of([0, 0, -base ** 3, 0]))
+    assert not any(n.startswith("dry_base") for n in plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0,
+                                                                         dry_base=base)).notes)
+
+
+def test_llamacpp_dry_base_note_names_the_base_it_keeps_and_only_when_dry_runs():
+    notes = plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0, dry_base=0.5)).notes
+    assert "dry_base 0.5: llama.cpp ignores a DRY base below 1 and keeps 1.75" in notes
+    assert not any(n.startswith("dry_base") for n in plan(ChainSettings(semantics="llamacpp", dry_base=0.5)).notes)
+
