@@ -251,6 +251,7 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
     sample = _sample_fields(settings)
     sampling = _sampling(p)
     values = stage_fields("llamacpp", s, True)
+    values.pop("dry_penalty_last_n", None)  # DRY's window is written with the stage below (every token: the context)
     values["temperature"] = effective(s, "temperature") if sampling else 0.0
     values.update({f: effective(s, f) for f in ("dry_base", "dry_allowed_length", "xtc_threshold",
                                                   "dynatemp_exponent", "mirostat_tau", "mirostat_eta")

@@ -604,3 +604,8 @@ def test_llamacpp_dry_base_note_names_the_base_it_keeps_and_only_when_dry_runs()
     assert "dry_base 0.5: llama.cpp ignores a DRY base below 1 and keeps 1.75" in notes
     assert not any(n.startswith("dry_base") for n in plan(ChainSettings(semantics="llamacpp", dry_base=0.5)).notes)
 
+
+def test_llamacpp_export_writes_the_dry_window_once():
+    """DRY's window is one flag: N as given (it was also written a second time among the stage's values)."""
+    flags = export(SampleSettings(temperature=0.7, dry_multiplier=0.8, dry_penalty_last_n=16), "llamacpp", 100).arguments
+    assert flags.count("--dry-penalty-last-n") == 1 and flags[flags.index("--dry-penalty-last-n") + 1] == "16"
