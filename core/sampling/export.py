@@ -281,6 +281,8 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
         flags += [param("logit_bias").export["llamacpp"],
                   f"{t}{'+' if b >= 0 else '-'}{'inf' if math.isinf(b) else _flag_number(abs(b))}"]
     order = [LLAMACPP_SAMPLER_NAMES[n] for n in (s.chain or ()) if n in LLAMACPP_SAMPLER_NAMES]
+    if not sampling:  # llama.cpp runs only the listed samplers, then draws: --temp 0 is greedy only as one of them
+        order.append("temperature")
     flags += ["--samplers", ";".join(dict.fromkeys(order))]
     if sample["seed"] is not None:
         flags += ["--seed", str(sample["seed"])]

@@ -609,3 +609,13 @@ def test_llamacpp_export_writes_the_dry_window_once():
     """DRY's window is one flag: N as given (it was also written a second time among the stage's values)."""
     flags = export(SampleSettings(temperature=0.7, dry_multiplier=0.8, dry_penalty_last_n=16), "llamacpp", 100).arguments
     assert flags.count("--dry-penalty-last-n") == 1 and flags[flags.index("--dry-penalty-last-n") + 1] == "16"
+
+
+def test_llamacpp_export_of_a_greedy_plan_lists_the_temperature_sampler():
+    """llama.cpp's common_sampler_init adds only the --samplers listed, then its draw (dist): --temp 0 makes the
+    run greedy only through the temperature sampler (temp_ext at t <= 0 keeps the arg-max). transformers' greedy
+    (no -t) has no temperature stage, so the export must list it (it wrote `--samplers penalties`, and llama.cpp
+    then sampled)."""
+    flags = export(SampleSettings(semantics="hf", repetition_penalty=1.3, max_new_tokens=4), "llamacpp", 100).arguments
+    assert flags[flags.index("--temp") + 1] == "0"
+    assert flags[flags.index("--samplers") + 1] == "penalties;temperature"
