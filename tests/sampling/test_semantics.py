@@ -17,7 +17,7 @@ from decodelab.core.methods.sample import DecodeState, decode_tokens
 from decodelab.core.engine.stopping import StopRules
 from decodelab.core.methods.probs import dist_stages, given_logits
 from decodelab.core.errors import ConfigError
-from decodelab.core.sampling.export import export
+from decodelab.core.sampling.export import _gbnf_string, export
 from decodelab.core.sampling.chain import build, chain_for
 from decodelab.core.sampling.select import Greedy
 from decodelab.core.sampling.tokens import Tokens
@@ -619,3 +619,65 @@ def test_llamacpp_export_of_a_greedy_plan_lists_the_temperature_sampler():
     flags = export(SampleSettings(semantics="hf", repetition_penalty=1.3, max_new_tokens=4), "llamacpp", 100).arguments
     assert flags[flags.index("--temp") + 1] == "0"
     assert flags[flags.index("--samplers") + 1] == "penalties;temperature"
+
+
+# the exported llama-cli lines, flag by flag (llama.cpp common/arg.cpp names; --logit-bias TOKEN(+|-)BIAS)
+
+def test_llamacpp_export_writes_the_whole_line():
+    """Every llama.cpp default stage switched off where decodelab has it off (top-k 0, top-p 1, min-p 0), the
+    penalties with their window, DRY with its defaults filled, its window and breakers, each bias with its sign
+    (a bias of 0 is +0, -inf written as such), decodelab's order in --samplers, then the run settings."""
+    s = SampleSettings(temperature=0.7, repetition_penalty=1.1, frequency_penalty=0.2, penalty_last_n=32,
+                       dry_multiplier=0.8, dry_penalty_last_n=16, dry_breaker=("7", "8 9"),
+                       logit_bias=(("3", 1.5), ("4", -2.0), ("5", -math.inf), ("6", 0.0)), seed=7, max_new_tokens=5,
+                       stop=("END",), ignore_eos=True, stop_id=(9,))
+    out = export(s, "llamacpp", 100)
+    assert out.arguments == [
+        "--temp", "0.7", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--repeat-penalty", "1.1",
+        "--frequency-penalty", "0.2", "--dry-multiplier", "0.8", "--dry-base", "1.75", "--dry-allowed-length", "2",
+        "--repeat-last-n", "32", "--dry-penalty-last-n", "16", "--dry-sequence-breaker", "7",
+        "--dry-sequence-breaker", "8 9", "--logit-bias", "3+1.5", "--logit-bias", "4-2", "--logit-bias", "5-inf",
+        "--logit-bias", "6+0", "--samplers", "penalties;dry;temperature", "--seed", "7", "-n", "5",
+        "--reverse-prompt", "END", "--ignore-eos"]
+    assert out.unsupported == ["stop-id: llama.cpp stops on the model's end-of-generation tokens only"]
+    assert out.notes == ["llama.cpp draws with its own RNG (std::mt19937): the same law, not the same tokens"]
+    assert out.to_dict() == {"export": "llamacpp", "arguments": out.arguments, "unsupported": out.unsupported,
+                             "notes": out.notes, "command": out.command()}
+    assert out.command().startswith("llama-cli --temp 0.7 --top-k 0 ") and "'8 9'" in out.command()
+
+
+def test_hf_export_document_has_no_command():
+    out = export(SampleSettings(temperature=0.0), "hf", 100)
+    assert out.to_dict() == {"export": "hf", "arguments": out.arguments, "unsupported": [], "notes": []}
+    assert out.command() is None
+
+
+def test_llamacpp_export_of_transformers_greedy_writes_temperature_zero():
+    """--semantics hf without -t is greedy with no temperature stage: --temp 0 (1 would be llama.cpp's "off")."""
+    out = export(SampleSettings(semantics="hf", top_k=5, max_new_tokens=4, seed=3), "llamacpp", 100)
+    assert out.arguments == ["--temp", "0", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--samplers",
+                             "temperature", "--seed", "3", "-n", "4"]
+    assert out.notes == [] and out.unsupported == []
+
+
+def test_llamacpp_export_of_mirostat_and_of_vllms_output_only_penalties():
+    m = export(SampleSettings(temperature=0.7, mirostat_eta=0.2, max_new_tokens=4), "llamacpp", 100)
+    assert m.arguments == ["--temp", "0.7", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--mirostat-ent", "5",
+                           "--mirostat-lr", "0.2", "--mirostat", "2", "--samplers", "temperature", "--seed", "0",
+                           "-n", "4"]
+    assert m.notes == ["with --mirostat llama.cpp runs only logit bias, temperature and mirostat",
+                       "llama.cpp draws with its own RNG (std::mt19937): the same law, not the same tokens"]
+    s = SampleSettings(semantics="vllm", temperature=0.7, presence_penalty=0.5, max_new_tokens=4)
+    v = export(s, "llamacpp", 100, context=256)
+    assert v.arguments[8:12] == ["--presence-penalty", "0.5", "--repeat-last-n", "256"]
+    assert v.notes[:2] == ["penalties over every token: written as the model's context, 256 (llama-cli refuses -1)",
+                           "llama.cpp's penalties count prompt and output; decodelab counted the output only"]
+    unknown = export(s, "llamacpp", 100)
+    assert "--repeat-last-n" not in unknown.arguments
+    assert unknown.unsupported == ["penalties over every token: llama-cli refuses -1; give a window of at least the "
+                                   "prompt plus -n tokens"]
+
+
+def test_gbnf_string_escapes_backslash_quote_and_control_characters():
+    """GBNF literals (llama.cpp grammars/README.md): \\\\, \\", \\n, \\r, \\t inside double quotes."""
+    assert _gbnf_string('a\\b"c\nd\re\tf') == '"a\\\\b\\"c\\nd\\re\\tf"'
