@@ -261,8 +261,9 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
         if name in values and stage_is_on(s, name, values):
             flags += [param(name).export["llamacpp"], _flag_number(values[name])]
     if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
-        window = p.counting.get("repetition-penalty", ("all", None))[1]
-        window = p.counting.get("frequency-penalty", ("all", window))[1] if window is None else window
+        # a plan counts all its penalties over one window (semantics._penalty_window, _llamacpp); vLLM's count the
+        # whole sequence and transformers' name none: None, every token
+        window = next(iter(p.counting.values()), ("all", None))[1]
         text = _window(window, "penalties", context, out)
         if text is not None:
             flags += [param("penalty_last_n").export["llamacpp"], text]
