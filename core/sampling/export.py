@@ -25,6 +25,7 @@ from .semantics import (
     ENGINE_STAGES,
     HF_ORDER,
     LLAMACPP_ORDER,
+    PENALTIES,
     VLLM_ORDER,
     merge_order,
     plan,
@@ -99,6 +100,11 @@ def _sampling(p) -> bool:
     return p.selector != "greedy"
 
 
+def _counted(s: ChainSettings, p) -> list[tuple[str, int | None]]:
+    """(scope, window) of each penalty that runs: what the plan counts ("all" and None when it names none)."""
+    return [p.counting.get(name, ("all", None)) for name in PENALTIES if name in (s.chain or ())]
+
+
 def _sample_fields(settings) -> dict:
     return {k: getattr(settings, k, None) for k in ("max_new_tokens", "seed", "stop", "stop_id", "ignore_eos",
                                                      "trim_stop")}
@@ -157,7 +163,7 @@ def _hf(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
     if sampling and p.selector != "hf-multinomial":
         out.notes.append("decodelab's draw (exponential race) follows the same law as torch.multinomial but not "
                          "the same stream: use --semantics hf for the same tokens")
-    if s.penalty_last_n is not None or p.counting:
+    if any(scope == "output" or window is not None for scope, window in _counted(s, p)):
         out.unsupported.append("penalty window / output-only counting: transformers counts the whole sequence")
     out.arguments = kw
 
@@ -196,7 +202,7 @@ def _vllm(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None
         kw["stop_token_ids"] = list(sample["stop_id"])
     if sample["ignore_eos"]:
         kw["ignore_eos"] = True
-    if s.penalty_last_n is not None:
+    if any(window is not None for _, window in _counted(s, p)):
         out.unsupported.append("penalty_last_n: vLLM's penalties count the whole sequence")
     spec = _spec(s)
     if spec is not None:
@@ -260,14 +266,12 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
     for name in order:
         if name in values and stage_is_on(s, name, values):
             flags += [param(name).export["llamacpp"], _flag_number(values[name])]
-    if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
-        # a plan counts all its penalties over one window (semantics._penalty_window, _llamacpp); vLLM's count the
-        # whole sequence and transformers' name none: None, every token
-        window = next(iter(p.counting.values()), ("all", None))[1]
-        text = _window(window, "penalties", context, out)
+    counted = _counted(s, p)  # one window for all (semantics._penalty_window, _llamacpp; None: every token)
+    if counted:
+        text = _window(counted[0][1], "penalties", context, out)
         if text is not None:
             flags += [param("penalty_last_n").export["llamacpp"], text]
-        if any(scope == "output" for scope, _ in p.counting.values()):
+        if any(scope == "output" for scope, _ in counted):
             out.notes.append("llama.cpp's penalties count prompt and output; decodelab counted the output only")
     if s.dry_multiplier is not None:
         text = _window(s.dry_penalty_last_n, "DRY", context, out)

@@ -681,3 +681,21 @@ def test_llamacpp_export_of_mirostat_and_of_vllms_output_only_penalties():
 def test_gbnf_string_escapes_backslash_quote_and_control_characters():
     """GBNF literals (llama.cpp grammars/README.md): \\\\, \\", \\n, \\r, \\t inside double quotes."""
     assert _gbnf_string('a\\b"c\nd\re\tf') == '"a\\\\b\\"c\\nd\\re\\tf"'
+
+
+def test_exports_name_the_penalty_counting_of_the_penalties_that_run():
+    """llama.cpp's reading counts every penalty over the last 64 tokens: vLLM (whole sequence) cannot say that, and
+    the export says so (it said nothing). With no penalty on, transformers has nothing to object to (the window
+    was reported unsupported), and vLLM's repetition penalty alone counts the prompt too (the llama.cpp line
+    once said decodelab counted the output only)."""
+    window = export(SampleSettings(semantics="llamacpp", temperature=0.7, repetition_penalty=1.3), "vllm", 100)
+    assert window.unsupported == ["penalty_last_n: vLLM's penalties count the whole sequence"]
+    assert export(SampleSettings(semantics="llamacpp", temperature=0.7), "hf", 100).unsupported == []
+    assert export(SampleSettings(temperature=0.7, penalty_last_n=8), "hf", 100).unsupported == []
+    hf = export(SampleSettings(temperature=0.7, penalty_last_n=8, repetition_penalty=1.2), "hf", 100)
+    assert hf.unsupported == ["penalty window / output-only counting: transformers counts the whole sequence"]
+    line = export(SampleSettings(semantics="vllm", temperature=0.7, repetition_penalty=1.2), "llamacpp", 100,
+                  context=256)
+    assert not any("output only" in n for n in line.notes)
+    assert any("output only" in n for n in export(SampleSettings(semantics="vllm", temperature=0.7,
+                                                                 frequency_penalty=0.5), "llamacpp", 100).notes)
