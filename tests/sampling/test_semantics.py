@@ -699,3 +699,28 @@ def test_exports_name_the_penalty_counting_of_the_penalties_that_run():
     assert not any("output only" in n for n in line.notes)
     assert any("output only" in n for n in export(SampleSettings(semantics="vllm", temperature=0.7,
                                                                  frequency_penalty=0.5), "llamacpp", 100).notes)
+
+
+@pytest.mark.parametrize("field, value", [("repetition_penalty", 50.0), ("frequency_penalty", 5.0),
+                                          ("presence_penalty", 5.0)])
+def test_llamacpp_window_zero_switches_each_penalty_off(field, value):
+    """llama_sampler_init_penalties with penalty_last_n 0 is a no-op: token 0 seen, p stays uniform (the window of
+    the test vectors above, 5, cuts p_0 to ~0)."""
+    assert llamacpp(U5, (0,), penalty_last_n=0, **{field: value}).probs() == pytest.approx([0.2] * 5)
+    assert field.replace("_", "-") not in plan(ChainSettings(semantics="llamacpp", penalty_last_n=0,
+                                                             **{field: value})).order
+
+
+def test_llamacpp_selector_is_greedy_only_at_temperature_zero_without_a_range():
+    assert plan(ChainSettings(semantics="llamacpp")).selector == "multinomial"  # the default temperature 0.8
+    assert plan(ChainSettings(semantics="llamacpp", temperature=0.0)).selector == "greedy"
+    # t = 0 with a range runs T over [0, r]: a draw (the dynamic temperature test above works its law)
+    assert plan(ChainSettings(semantics="llamacpp", temperature=0.0, dynatemp_range=0.5)).selector == "multinomial"
+
+
+def test_llamacpp_top_p_zero_and_mirostat_notes():
+    p = plan(ChainSettings(semantics="llamacpp", **{**NEUTRAL, "top_p": 0.0}))
+    assert "top_p <= 0: llama.cpp keeps the most likely token (as top-k 1)" in p.notes and p.settings.top_k == 1
+    m = plan(ChainSettings(semantics="llamacpp", mirostat_tau=4.0, top_k=10, repetition_penalty=1.3))
+    assert ("repetition-penalty, top-k, top-p, min-p: ignored by llama.cpp when mirostat is on (its chain is logit "
+            "bias, temperature, mirostat)") in m.notes
