@@ -724,3 +724,30 @@ def test_llamacpp_top_p_zero_and_mirostat_notes():
     m = plan(ChainSettings(semantics="llamacpp", mirostat_tau=4.0, top_k=10, repetition_penalty=1.3))
     assert ("repetition-penalty, top-k, top-p, min-p: ignored by llama.cpp when mirostat is on (its chain is logit "
             "bias, temperature, mirostat)") in m.notes
+
+
+def test_llamacpp_export_of_dynamic_temperature_writes_its_centre():
+    """--dynatemp-range needs --temp, its centre, although dynatemp replaces the temperature stage; no other stage's
+    flag (XTC's, DRY's off-values) is written with it."""
+    flags = export(SampleSettings(temperature=0.7, dynatemp_range=0.5, max_new_tokens=4), "llamacpp", 100).arguments
+    assert flags == ["--temp", "0.7", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--dynatemp-range", "0.5",
+                     "--dynatemp-exp", "1", "--samplers", "temperature", "--seed", "0", "-n", "4"]
+
+
+def test_llamacpp_export_of_constraints_word_for_word(tmp_path):
+    """--json-schema takes the schema on one line (compact JSON); a Lark grammar or a regex is named unsupported."""
+    schema, lark = tmp_path / "s.json", tmp_path / "g.lark"
+    schema.write_text('{"type": "object", "required": ["a"]}', encoding="utf-8")
+    lark.write_text('start: "a"+\n', encoding="utf-8")
+    flags = export(ChainSettings(json_schema=str(schema)), "llamacpp", 10).arguments
+    assert flags[-2:] == ["--json-schema", '{"type":"object","required":["a"]}']
+    assert export(ChainSettings(regex="a+"), "llamacpp", 10).unsupported == [
+        "--regex 'a+': a regex (llama.cpp has none)"]
+    assert [u.partition(": ")[2] for u in export(ChainSettings(grammar=str(lark)), "llamacpp", 10).unsupported] == [
+        "a Lark grammar (llama.cpp reads GBNF)"]
+
+
+def test_hf_export_of_ignore_eos_bans_the_end_for_every_token():
+    out = export(SampleSettings(temperature=0.0, ignore_eos=True, max_new_tokens=5), "hf", 100)
+    assert out.arguments["min_new_tokens"] == out.arguments["max_new_tokens"] == 5
+    assert out.notes == ["ignore_eos: transformers has no such flag; min_new_tokens = max_new_tokens bans EOS"]
