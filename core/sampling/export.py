@@ -307,11 +307,11 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
 
 def stage_is_on(s: ChainSettings, field_name: str, values: dict | None = None) -> bool:
     """Whether the field's stage runs (a field of a stage that is off is not written), or the field switches one of
-    llama.cpp's defaulted stages off (LLAMACPP_FIRST)."""
+    llama.cpp's defaulted stages off (LLAMACPP_FIRST: the temperature among them, dynatemp's centre)."""
     if values is not None and field_name in LLAMACPP_FIRST:
         return True
     stage = next(st for st in STAGES if field_name in st.fields)
-    return stage.name in (s.chain or ()) or (stage.name == "temperature" and "dynatemp" in (s.chain or ()))
+    return stage.name in (s.chain or ())
 
 
 def _llamacpp_constraint(spec: ConstraintSpec | None, out: Export) -> list[str]:
