@@ -751,3 +751,60 @@ def test_hf_export_of_ignore_eos_bans_the_end_for_every_token():
     out = export(SampleSettings(temperature=0.0, ignore_eos=True, max_new_tokens=5), "hf", 100)
     assert out.arguments["min_new_tokens"] == out.arguments["max_new_tokens"] == 5
     assert out.notes == ["ignore_eos: transformers has no such flag; min_new_tokens = max_new_tokens bans EOS"]
+
+
+def test_vllm_export_writes_every_request_field():
+    """SamplingParams keyword by keyword: the seven sampling fields (off-values where decodelab is off), min_tokens,
+    logit_bias with -inf as -100, the allowed ids once each and sorted, the bans, the run settings; the stop string
+    kept in the text (decodelab's default), and what vLLM reads differently noted."""
+    s = SampleSettings(temperature=0.7, top_p=0.9, logit_bias=(("3", 1.5), ("5", -math.inf)),
+                       allow=("5", "2", "2", "3", "1"), ban=("4",), seed=3, max_new_tokens=6, stop=("END",),
+                       stop_id=(9,), ignore_eos=True, presence_penalty=0.5, min_new_tokens=2)
+    out = export(s, "vllm", 100)
+    assert out.arguments == {
+        "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.5, "min_tokens": 2,
+        "temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "logit_bias": {3: 1.5, 5: -100.0},
+        "allowed_token_ids": [1, 2, 3, 5], "bad_words": ["4"], "seed": 3, "max_tokens": 6, "stop": ["END"],
+        "include_stop_str_in_output": True, "stop_token_ids": [9], "ignore_eos": True}
+    assert out.unsupported == []
+    assert out.notes[1:] == ["vLLM's presence and frequency penalties count generated tokens only; decodelab "
+                             "counted the prompt too",
+                             "logit_bias -inf written as -100 (the OpenAI-compatible range is [-100, 100])"]
+    assert out.notes[0].startswith("order differs: decodelab runs presence-penalty before ban, vLLM the other way")
+    trimmed = export(SampleSettings(semantics="vllm", temperature=0.7, stop=("x",)), "vllm", 100)
+    assert trimmed.arguments["include_stop_str_in_output"] is False and trimmed.notes == []
+    plain = export(ChainSettings(temperature=0.7, top_k=5), "vllm", 100)  # no run settings: no seed, no max_tokens
+    assert plain.arguments == {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                               "temperature": 0.7, "top_k": 5, "top_p": 1.0, "min_p": 0.0}
+
+
+def test_hf_plan_document():
+    """transformers samples with top_k 50 unless told, ignores a penalty window, has softcap only as a model
+    property, logs the processed scores and keeps a stop string in the text."""
+    p = plan(ChainSettings(semantics="hf", temperature=0.7, repetition_penalty=1.2, penalty_last_n=4, softcap=30.0))
+    assert p.describe() == {
+        "engine": "hf", "chain": ["softcap", "repetition-penalty", "temperature", "top-k"], "selector": "hf-multinomial",
+        "logprobs": "processed", "counting": {}, "trim_stop": False,
+        "notes": ["top_k=50: transformers' default when sampling",
+                  "penalty_last_n: transformers' penalties count the whole sequence; window ignored",
+                  "softcap: in transformers a model property (final_logit_softcapping), not a processor",
+                  "transformers has no softcap: kept at decodelab's position"]}
+    assert p.settings.penalty_last_n is None
+    assert plan(ChainSettings(semantics="hf", repetition_penalty=1.2)).notes == [
+        "no temperature: transformers decodes greedily unless do_sample=True (give -t T > 0)"]
+    assert plan(ChainSettings(semantics="hf", temperature=1e-9)).selector == "hf-multinomial"  # any T > 0 samples
+
+
+def test_hf_penalty_ignores_the_window():
+    """Repetition 2, window 1, z = (1, 1), history (0, 1): transformers penalizes both tokens, z = (0.5, 0.5)."""
+    s = ChainSettings(semantics="hf", repetition_penalty=2.0, penalty_last_n=1, temperature=1.0, top_k=0)
+    assert chain_probs(s, [1.0, 1.0], [0, 1]) == pytest.approx([0.5, 0.5], abs=1e-6)
+
+
+def test_hf_runs_the_users_chain():
+    """p = (0.1, 0.2, 0.3, 0.4), T = 0.5, top-p 0.8 with --chain top-p,temperature: top-p keeps 0.4, 0.3, 0.2 first,
+    then p^2 renormalized (transformers' own order keeps two tokens: the test of engine orders above)."""
+    s = ChainSettings(semantics="hf", temperature=0.5, top_p=0.8, top_k=0, chain=("top-p", "temperature"))
+    assert dist_stages(s, given_logits(dist=P4), []).probs() == pytest.approx(
+        [0, 0.04 / 0.29, 0.09 / 0.29, 0.16 / 0.29], abs=1e-5)
+    assert "order from --chain, not transformers's" in plan(s).notes
