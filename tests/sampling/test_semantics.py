@@ -808,3 +808,15 @@ def test_hf_runs_the_users_chain():
     assert dist_stages(s, given_logits(dist=P4), []).probs() == pytest.approx(
         [0, 0.04 / 0.29, 0.09 / 0.29, 0.16 / 0.29], abs=1e-5)
     assert "order from --chain, not transformers's" in plan(s).notes
+
+
+def test_llamacpp_plan_document():
+    """llama.cpp reports the raw softmax (n_probs), counts penalties over prompt and output in the last 64 tokens
+    and leaves a reverse prompt out of the text, so its reading exported to vLLM trims the stop string."""
+    p = plan(ChainSettings(semantics="llamacpp", repetition_penalty=1.1, temperature=0.0))
+    d = p.describe()
+    assert (d["engine"], d["selector"], d["logprobs"], d["trim_stop"]) == ("llamacpp", "greedy", "raw", True)
+    assert d["counting"] == {name: {"scope": "all", "last_n": 64} for name in
+                             ("repetition-penalty", "frequency-penalty", "presence-penalty")}
+    out = export(SampleSettings(semantics="llamacpp", temperature=0.7, stop=("x",)), "vllm", 100)
+    assert out.arguments["include_stop_str_in_output"] is False
