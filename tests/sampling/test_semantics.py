@@ -19,7 +19,7 @@ from decodelab.core.methods.probs import dist_stages, given_logits
 from decodelab.core.errors import ConfigError
 from decodelab.core.sampling.export import _gbnf_string, export
 from decodelab.core.sampling.chain import build, chain_for
-from decodelab.core.sampling.select import Greedy
+from decodelab.core.sampling.select import Greedy, make_generator
 from decodelab.core.sampling.tokens import Tokens
 from decodelab.core.sampling.semantics import merge_order, plan
 
@@ -820,3 +820,25 @@ def test_llamacpp_plan_document():
                              ("repetition-penalty", "frequency-penalty", "presence-penalty")}
     out = export(SampleSettings(semantics="llamacpp", temperature=0.7, stop=("x",)), "vllm", 100)
     assert out.arguments["include_stop_str_in_output"] is False
+
+
+def test_the_plans_draw_is_the_seeded_exponential_race():
+    """decodelab's selector draws argmax_i z_i - log E_i with E ~ Exp(1) from the run's seeded generator: the same
+    seed gives the same tokens (recomputed here from make_generator), whatever else used torch's global stream."""
+    z = torch.zeros(1, 1000)
+    picks = []
+    for _ in range(2):
+        selector = plan(ChainSettings(temperature=1.0)).make_selector(5, "cpu")
+        torch.rand(3)  # the global stream moves between the two runs
+        picks.append([int(selector.from_logits(z)[0]) for _ in range(4)])
+    gen = make_generator(5, "cpu")
+    race = [int((z - torch.empty(1, 1000).exponential_(1.0, generator=gen).log()).argmax(-1)[0]) for _ in range(4)]
+    assert picks[0] == picks[1] == race
+
+
+def test_transformers_has_no_constraint_stage_noted_once():
+    """The constraint's placement has its own note; it is not also listed among the stages transformers lacks."""
+    notes = plan(ChainSettings(semantics="hf", temperature=0.7, regex="a+")).notes
+    assert [n for n in notes if "constraint" in n] == [
+        "constraint: transformers has no grammar stage (a prefix_allowed_tokens_fn or a logits processor runs where it "
+        "is placed); kept at decodelab's position, first after allow"]
