@@ -842,3 +842,26 @@ def test_transformers_has_no_constraint_stage_noted_once():
     assert [n for n in notes if "constraint" in n] == [
         "constraint: transformers has no grammar stage (a prefix_allowed_tokens_fn or a logits processor runs where it "
         "is placed); kept at decodelab's position, first after allow"]
+
+
+def test_hf_export_writes_the_generate_call():
+    """A -inf sequence bias is a bad word, the others stay sequence biases (a logit bias is a one-token sequence
+    bias); stop strings need the tokenizer; a seed is a manual_seed note, and decodelab's own race a second one.
+    Under --semantics hf the draw is transformers' own: only the seed note."""
+    s = SampleSettings(temperature=0.7, repetition_penalty=1.2, sequence_bias=(("3 4", 1.0), ("5", -math.inf)),
+                       logit_bias=(("6", -2.0),), allow=("1", "2"), seed=3, max_new_tokens=6, stop=("END",))
+    out = export(s, "hf", 100)
+    assert out.arguments == {
+        "do_sample": True, "repetition_penalty": 1.2, "temperature": 0.7, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+        "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "sequence_bias": [[[6], -2.0], [[3, 4], 1.0]],
+        "bad_words_ids": [[5]], "max_new_tokens": 6, "stop_strings": ["END"]}
+    assert out.unsupported == ["allow: transformers takes a prefix_allowed_tokens_fn callable, not a list"]
+    assert out.notes[1:] == [
+        "stop_strings needs generate(..., tokenizer=tokenizer); the stop string stays in the text",
+        "call torch.manual_seed(3) right before generate; with --semantics hf decodelab then draws the same tokens",
+        "decodelab's draw (exponential race) follows the same law as torch.multinomial but not the same stream: use "
+        "--semantics hf for the same tokens"]
+    own = export(SampleSettings(semantics="hf", temperature=0.7, seed=3, max_new_tokens=6), "hf", 100)
+    assert own.notes == ["call torch.manual_seed(3) right before generate; with --semantics hf decodelab then draws "
+                         "the same tokens"] and own.unsupported == []
+    assert export(SampleSettings(temperature=0.0, seed=3), "hf", 100).notes == []  # greedy: no seed to set
