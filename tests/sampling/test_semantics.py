@@ -865,3 +865,20 @@ def test_hf_export_writes_the_generate_call():
     assert own.notes == ["call torch.manual_seed(3) right before generate; with --semantics hf decodelab then draws "
                          "the same tokens"] and own.unsupported == []
     assert export(SampleSettings(temperature=0.0, seed=3), "hf", 100).notes == []  # greedy: no seed to set
+
+
+def test_decodelabs_own_plan_runs_the_users_chain():
+    """Without --semantics, --chain top-p,temperature on p = (0.1, 0.2, 0.3, 0.4), T = 0.5, top-p 0.8: top-p keeps
+    0.4, 0.3, 0.2, then p^2 renormalized; the default order (temperature first) keeps 0.16 / 0.30, 0.09 / 0.30."""
+    fields = dict(temperature=0.5, top_p=0.8)
+    chained = dist_stages(ChainSettings(**fields, chain=("top-p", "temperature")), given_logits(dist=P4), [])
+    assert chained.probs() == pytest.approx([0, 0.04 / 0.29, 0.09 / 0.29, 0.16 / 0.29], abs=1e-5)
+    default = dist_stages(ChainSettings(**fields), given_logits(dist=P4), [])
+    assert default.probs() == pytest.approx([0, 0, 0.09 / 0.25, 0.16 / 0.25], abs=1e-5)
+    assert plan(ChainSettings(**fields)).describe()["engine"] == "decodelab"
+
+
+def test_hf_export_of_vllms_output_only_counting():
+    out = export(SampleSettings(semantics="vllm", temperature=0.7, presence_penalty=0.5), "hf", 100)
+    assert out.unsupported == ["presence-penalty: transformers has no such stage",
+                               "penalty window / output-only counting: transformers counts the whole sequence"]

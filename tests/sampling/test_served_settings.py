@@ -58,3 +58,19 @@ def test_a_constraint_is_refused_not_dropped():
     with pytest.raises(ConfigError, match="not sent to a served engine") as err:
         request(temperature=0.7, regex="[a-z]+")
     assert "\n" not in str(err.value)
+
+
+# --- exact messages the mutation run (tests/mutation/run.sh, core/sampling/export.py) showed no test pinned ---------
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(temperature=0.7, semantics="llamacpp"), "--semantics llamacpp: a served engine reads the settings as vLLM "
+                                                  "does; drop --semantics or give vllm"),
+    (dict(temperature=0.7, repetition_penalty=1.1, penalty_last_n=16),
+     "--penalty-last-n: vLLM's penalties count the whole sequence (a served engine has no window); drop it or run "
+     "without --engine"),
+])
+def test_refusals_word_for_word(kw, message):
+    with pytest.raises(ConfigError) as err:
+        request(**kw)
+    assert str(err.value) == message
