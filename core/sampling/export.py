@@ -116,7 +116,8 @@ def stage_fields(target: str, s: ChainSettings, sampling: bool) -> dict:
     switch it on from its own defaults. Stages that act only when sampling are left out of a greedy export."""
     out = {}
     for stage in STAGES:
-        if target not in stage.engines or (stage.warper and not sampling):
+        # the constraint is written whole, once (_vllm_structured, _llamacpp_constraint)
+        if target not in stage.engines or (stage.warper and not sampling) or stage.name == "constraint":
             continue
         for i, p in enumerate(stage.params):
             if target not in p.export or p.many or p.pairs:

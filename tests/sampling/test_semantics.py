@@ -882,3 +882,17 @@ def test_hf_export_of_vllms_output_only_counting():
     out = export(SampleSettings(semantics="vllm", temperature=0.7, presence_penalty=0.5), "hf", 100)
     assert out.unsupported == ["presence-penalty: transformers has no such stage",
                                "penalty window / output-only counting: transformers counts the whole sequence"]
+
+
+def test_exports_write_the_constraint_once_and_whole(tmp_path):
+    """The constraint is one argument: vLLM's structured_outputs (a keyword SamplingParams takes; the registry's
+    "structured_outputs.regex" names a field of it, no keyword of its own), llama-cli's --json-schema with the
+    schema's text (it parses the value as JSON at once: a path written before it stopped the command)."""
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "string"}', encoding="utf-8")
+    for s in (ChainSettings(regex="a+"), ChainSettings(json_schema=str(schema)), ChainSettings(choice="yes,no")):
+        assert [k for k in export(s, "vllm", 10).arguments if k.startswith("structured")] == ["structured_outputs"]
+    flags = export(ChainSettings(json_schema=str(schema)), "llamacpp", 10).arguments
+    assert flags.count("--json-schema") == 1 and flags[-2:] == ["--json-schema", '{"type":"string"}']
+    flags = export(ChainSettings(choice="yes,no"), "llamacpp", 10).arguments
+    assert flags.count("--grammar") == 1 and flags[-2:] == ["--grammar", 'root ::= "yes" | "no"']
