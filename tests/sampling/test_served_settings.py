@@ -74,3 +74,28 @@ def test_refusals_word_for_word(kw, message):
     with pytest.raises(ConfigError) as err:
         request(**kw)
     assert str(err.value) == message
+
+
+def test_the_whole_request():
+    """Every field of the request, from settings that touch each: tuples where the client sends lists, integer
+    token ids as logit_bias keys, the stop string left out (vLLM's reading)."""
+    s, notes = request(temperature=0.5, top_k=4, min_p=0.1, repetition_penalty=1.2, frequency_penalty=0.3,
+                       logit_bias=(("2", 1.5),), stop=("END",), stop_id=(7, 8), allow=("2", "3"), ban=("4",),
+                       seed=11, min_new_tokens=2)
+    assert s == SamplingSettings(max_tokens=8, temperature=0.5, top_p=1.0, top_k=4, min_p=0.1,
+                                 repetition_penalty=1.2, presence_penalty=0.0, frequency_penalty=0.3, seed=11,
+                                 min_tokens=2, ignore_eos=False, logprobs=5, logit_bias={2: 1.5},
+                                 stop_token_ids=(7, 8), stop=("END",), include_stop_str_in_output=False,
+                                 allowed_token_ids=(2, 3), bad_words=("4",))
+    assert notes == []
+
+
+def test_a_stage_vllm_lacks_is_refused_by_its_option():
+    with pytest.raises(ConfigError) as err:
+        request(temperature=0.7, dry_multiplier=0.5)
+    assert str(err.value) == ("--dry-multiplier: vLLM has no such stage (a served engine has no equivalent); drop it "
+                              "or run without --engine")
+    with pytest.raises(ConfigError) as err:
+        request(temperature=0.7, regex="[a-z]+")
+    assert str(err.value) == ("--engine: structured_outputs (a constraint stage) is not sent to a served engine; drop "
+                              "--regex/--json-schema/--grammar/--choice or run without --engine")
