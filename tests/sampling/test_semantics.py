@@ -896,3 +896,29 @@ def test_exports_write_the_constraint_once_and_whole(tmp_path):
     assert flags.count("--json-schema") == 1 and flags[-2:] == ["--json-schema", '{"type":"string"}']
     flags = export(ChainSettings(choice="yes,no"), "llamacpp", 10).arguments
     assert flags.count("--grammar") == 1 and flags[-2:] == ["--grammar", 'root ::= "yes" | "no"']
+
+
+def test_export_notes_the_first_order_difference_except_for_llamacpp():
+    """vLLM runs min-p before top-k (decodelab the other way): noted at the first place the orders part. llama.cpp
+    is given decodelab's order in --samplers, so nothing to note."""
+    assert export(ChainSettings(temperature=0.7, top_k=5, min_p=0.1), "vllm", 10).notes == [
+        "order differs: decodelab runs top-k before min-p, vLLM the other way round (results differ when both "
+        "change logits)"]
+    line = export(ChainSettings(temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.2,
+                                logit_bias=(("1", 1.0),)), "llamacpp", 10)
+    assert line.notes == ["llama.cpp draws with its own RNG (std::mt19937): the same law, not the same tokens"]
+    assert export(ChainSettings(temperature=0.7, dry_multiplier=0.5), "hf", 10).unsupported == [
+        "dry: transformers has no such stage"]
+    with pytest.raises(ConfigError) as err:
+        export(ChainSettings(), "tgi", 10)
+    assert str(err.value) == "--export 'tgi': allowed: hf, vllm, llamacpp"
+
+
+def test_greedy_exports_leave_the_warpers_out_or_off():
+    """Greedy: transformers' do_sample False ignores the warpers (none written); vLLM's temperature 0 with top-p,
+    top-k and min-p at their off-values."""
+    s = SampleSettings(temperature=0.0, repetition_penalty=1.3, top_p=0.9)
+    assert export(s, "hf", 10).arguments == {"do_sample": False, "repetition_penalty": 1.3, "max_new_tokens": 64}
+    assert export(s, "vllm", 10).arguments == {
+        "repetition_penalty": 1.3, "frequency_penalty": 0.0, "presence_penalty": 0.0, "top_p": 1.0, "top_k": 0,
+        "min_p": 0.0, "temperature": 0.0, "seed": 0, "max_tokens": 64}
