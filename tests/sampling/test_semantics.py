@@ -876,6 +876,7 @@ def test_decodelabs_own_plan_runs_the_users_chain():
     default = dist_stages(ChainSettings(**fields), given_logits(dist=P4), [])
     assert default.probs() == pytest.approx([0, 0, 0.09 / 0.25, 0.16 / 0.25], abs=1e-5)
     assert plan(ChainSettings(**fields)).describe()["engine"] == "decodelab"
+    assert plan(ChainSettings(**fields)).describe()["selector"] == "multinomial"
 
 
 def test_hf_export_of_vllms_output_only_counting():
