@@ -99,3 +99,12 @@ def test_a_stage_vllm_lacks_is_refused_by_its_option():
         request(temperature=0.7, regex="[a-z]+")
     assert str(err.value) == ("--engine: structured_outputs (a constraint stage) is not sent to a served engine; drop "
                               "--regex/--json-schema/--grammar/--choice or run without --engine")
+
+
+def test_token_texts_are_resolved_with_the_tokenizer_given():
+    """A logit bias names one token (token_id), an allow-list text its encoding (encode): ids in the request."""
+    ids = {"a": 7, "b": 8}
+    s, _ = served_settings(SampleSettings(max_new_tokens=8, temperature=0.7, logit_bias=(("a", 1.0),),
+                                          allow=("ab",)), 5, 100, encode=lambda text: [ids[c] for c in text],
+                           token_id=lambda text: ids[text])
+    assert s.logit_bias == {7: 1.0} and s.allowed_token_ids == (7, 8)
