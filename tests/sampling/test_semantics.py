@@ -923,3 +923,9 @@ def test_greedy_exports_leave_the_warpers_out_or_off():
     assert export(s, "vllm", 10).arguments == {
         "repetition_penalty": 1.3, "frequency_penalty": 0.0, "presence_penalty": 0.0, "top_p": 1.0, "top_k": 0,
         "min_p": 0.0, "temperature": 0.0, "seed": 0, "max_tokens": 64}
+
+
+def test_unknown_semantics_message_lists_the_engines():
+    with pytest.raises(ConfigError) as err:
+        plan(ChainSettings(semantics="ollama"))
+    assert str(err.value) == "--semantics 'ollama': allowed: hf, vllm, llamacpp"
