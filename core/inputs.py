@@ -103,16 +103,23 @@ def check_depth(where: str, value, max_depth: int = MAX_DEPTH):
     return value
 
 
-def parse_json(where: str, text: str | bytes, max_depth: int = MAX_DEPTH):
+def parse_json(where: str, text: str | bytes, max_depth: int = MAX_DEPTH, expected: str = ""):
     """A JSON document handed in; ``where`` names it ("--resume trace.json", "--job j.jsonl: line 3"). Nesting past
-    the parser's own recursion limit and past ``max_depth`` is one line, as is malformed JSON."""
+    the parser's own recursion limit and past ``max_depth`` is one line, as is malformed JSON: JSON lines where one
+    document was expected are named as such; ``expected`` (what to give instead) ends the line."""
     try:
         value = json.loads(text)
     except RecursionError:
         raise ConfigError(f"{where}: nested deeper than {max_depth} levels; decodelab reads flatter documents") \
             from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where} is not JSON ({getattr(exc, 'msg', None) or exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        text = text.decode(errors="replace") if isinstance(text, bytes) else text
+        what = ("several JSON values (JSON lines?)" if exc.msg == "Extra data" and text.lstrip().startswith("{")
+                and "\n" in text.strip()
+                else f"not JSON ({exc.msg} at line {exc.lineno})")
+        raise ConfigError(f"{where}: {what}{'; ' + expected if expected else ''}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{where}: not JSON ({exc.reason}){'; ' + expected if expected else ''}") from None
     return check_depth(where, value, max_depth)
 
 

@@ -20,7 +20,7 @@ def view(trace: Trace, output: Output = None) -> None:
     opens from disk: no server, no network."""
     from ...core.errors import ConfigError
     from ...core.inputs import check_output_file, read_input_text
-    from ...core.trace.format import parse_json
+    from ...core.trace.format import parse_trace
     from ..view.html import write_page
 
     if trace == "-":
@@ -31,5 +31,5 @@ def view(trace: Trace, output: Output = None) -> None:
     if path.resolve() == Path(trace).resolve() and trace != "-":
         raise ConfigError(f"--output {path}: is the trace itself; give another file")
     check_output_file("--output", path)
-    write_page(parse_json(name, text), path, "--output", source=name)
+    write_page(parse_trace(name, text), path, "--output", source=name)
     sys.stderr.write(f"wrote {path}\n")

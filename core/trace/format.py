@@ -6,9 +6,8 @@ from a newer decodelab carries a higher number and is refused with one line rath
 
 from __future__ import annotations
 
-import json
-
 from ..errors import ConfigError
+from ..inputs import parse_json
 from .openai import is_openai
 
 FORMAT_VERSION = 1  # bump when a field changes meaning or moves; adding fields keeps the version
@@ -31,16 +30,11 @@ def check_version(doc: dict, source: str) -> None:
                           f"({FORMAT_VERSION}); upgrade decodelab to view it")
 
 
-def parse_json(source: str, text: str):
-    """One JSON value; JSON lines (``-f jsonl``) and other text get a line that says what was expected."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        if exc.msg == "Extra data" and text.lstrip().startswith("{"):
-            raise ConfigError(f"{source}: several JSON values (JSON lines, `-f jsonl`?); give one document, as "
-                              "`-f json` writes it") from None
-        raise ConfigError(f"{source}: not JSON ({exc.msg} at line {exc.lineno}); give a trace written with "
-                          "`-f json` or an OpenAI completions response") from None
+def parse_trace(source: str, text: str):
+    """One JSON document (:func:`decodelab.core.inputs.parse_json`: malformed input, JSON lines and nesting past its
+    bound are one line)."""
+    return parse_json(source, text, expected="give one document, a trace written with `-f json` or an OpenAI "
+                      "completions response")
 
 
 def trace_kind(doc, source: str, commands) -> str:

@@ -403,3 +403,62 @@ def test_an_out_of_range_stage_value_is_reported_before_torch_is_imported():
         run = subprocess.run([sys.executable, "-c", probe, "sample", "x", "--top-p", "1.5", "-m", "/nonexistent",
                               *args], capture_output=True, text=True)
         assert run.stdout.split()[1] == "True", (args, run.stdout, run.stderr)
+
+
+# --- mutation run of core/inputs.py (2026-12-01): the readers called directly, at their bounds -------------------
+
+from decodelab.core import inputs
+from decodelab.core.errors import ConfigError
+
+
+class EndlessStdin:
+    """A stdin that never ends (``< /dev/zero``): read(n) gives n bytes; an unbounded read would never return."""
+
+    closed = False
+
+    def __init__(self):
+        self.buffer = self
+
+    def read(self, n=-1):
+        assert n is not None and n >= 0, "an unbounded read of an endless stdin"
+        return b"a" * n
+
+
+def _refusal(fn, *args, **kwargs) -> str:
+    with pytest.raises(ConfigError) as refused:
+        fn(*args, **kwargs)
+    return str(refused.value)
+
+
+def test_stdin_is_read_to_its_limit_and_no_further(monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", EndlessStdin())
+    assert _refusal(inputs.read_stdin, "PROMPT", limit=8) == \
+        "PROMPT -: more than 8 bytes (0 MiB), the most decodelab reads; give a shorter text"
+    monkeypatch.setattr("sys.stdin", io.StringIO("é" * 4))  # 8 bytes of UTF-8: exactly the limit
+    assert inputs.read_stdin("PROMPT", limit=8) == "é" * 4
+    monkeypatch.setattr("sys.stdin", io.StringIO("é" * 5))
+    assert _refusal(inputs.read_stdin, "PROMPT", limit=8).startswith("PROMPT -: more than 8 bytes")
+    monkeypatch.setattr("sys.stdin", io.StringIO("caf\udce9"))  # an undecodable byte, as Python reads it
+    assert _refusal(inputs.read_stdin, "PROMPT") == "PROMPT -: not UTF-8 text (byte 3); give a UTF-8 file"
+    closed = io.StringIO("text")
+    closed.close()
+    monkeypatch.setattr("sys.stdin", closed)
+    assert _refusal(inputs.read_stdin, "--text-file") == \
+        "--text-file -: stdin is closed; pipe the text in, or give it as an argument or a file"
+
+
+def test_toml_and_number_lists_refuse_in_one_exact_line():
+    assert _refusal(inputs.parse_toml, "--job j.toml", "a = ").startswith("--job j.toml: invalid TOML: ")
+    assert inputs.parse_toml("--job j.toml", "a = [[1]]", max_depth=3) == {"a": [[1]]}
+    assert _refusal(inputs.parse_toml, "--job j.toml", "a = [[1]]", max_depth=2) == \
+        "--job j.toml: nested deeper than 2 levels; decodelab reads flatter documents"
+    assert _refusal(inputs.parse_json, "--resume t.json", '{"a": [[1]]}', max_depth=2) == \
+        "--resume t.json: nested deeper than 2 levels; decodelab reads flatter documents"
+    assert _refusal(inputs.parse_json, "--resume t.json", b'{"a": "\xe9"}') == \
+        "--resume t.json: not JSON (invalid continuation byte)"
+    assert inputs.parse_numbers("0.1, 0.2 -inf", "--probs") == [0.1, 0.2, float("-inf")]
+    assert _refusal(inputs.parse_numbers, " , ", "--probs") == \
+        "--probs: no values; give numbers separated by commas, e.g. 0.1,0.2,0.7"
+    assert _refusal(inputs.parse_numbers, "0.1,nan", "--probs") == "--probs 'nan': not a number"

@@ -122,6 +122,10 @@ def test_view_reads_stdin(cli, tmp_path, monkeypatch, sample_doc):
     ('{"command": "sample", "format_version": 99, "steps": []}', "format_version 99 is newer than this decodelab"),
     ('{"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1.0]}}]}',
      "choices\\[0\\]: logprobs.token_logprobs has 1 entries for 2 tokens"),
+    # nesting past the parser's recursion limit was a RecursionError traceback; past 64 levels, a document no
+    # decodelab writes
+    ("[" * 100_000 + "]" * 100_000, "TRACE .*: nested deeper than 64 levels"),
+    ('{"command": "sample", "steps": ' + "[" * 70 + "]" * 70 + "}", "nested deeper than 64 levels"),
 ])
 def test_what_is_not_a_trace_is_one_line_and_status_2(cli, tmp_path, text, message):
     trace = tmp_path / "t.json"

@@ -121,3 +121,45 @@ def test_a_chat_trace_says_so_and_its_branch_command_wraps_the_prompt_again(cli,
     assert rerun["prompt"] == doc["prompt"] and rerun["token_ids"] == doc["token_ids"]
     code, out, err = cli("sample", "Hi", "-m", folder, "-n", "1", "-f", "json")
     assert "chat" not in json.loads(out)["prompt"]
+
+
+# --- mutation run of core/engine/chat.py (2026-12-01): the failure lines and the in-process path, called here in
+# this process (the CLI tests above render in a forked child, whose calls the mutation run cannot see) -----------
+
+
+def test_each_kind_of_template_failure_reads_as_its_own_line():
+    import jinja2.exceptions as jinja
+
+    assert chat.describe_failure(jinja.SecurityError("access to attribute 'mro'  is unsafe")) == \
+        "the sandbox refused what it tried (access to attribute 'mro' is unsafe)"  # whitespace runs collapsed
+    assert chat.describe_failure(jinja.TemplateSyntaxError("unexpected '}'", 3)) == \
+        "is not a valid template (unexpected '}' line 3)"
+    assert chat.describe_failure(jinja.TemplateAssertionError("no filter named 'x'", 1)) == \
+        "is not a valid template (no filter named 'x' line 1)"
+    assert chat.describe_failure(jinja.TemplateError("only user roles")) == "raised an error: only user roles"
+    assert chat.describe_failure(MemoryError()) == "needed more than 1024 MiB of memory to render"
+    assert chat.describe_failure(RecursionError("deep")) == "recursed too deeply to render"
+    assert chat.describe_failure(ValueError()) == "failed to render (ValueError: ValueError)"  # no message: the kind
+    long = chat.describe_failure(ValueError("x" * 400))
+    assert long == f"failed to render (ValueError: {'x' * 300})", "the message cut at 300 characters"
+
+
+def test_the_in_process_render_keeps_the_limit_exactly():
+    assert chat.in_process(lambda: "a" * 10, 10) == ("ok", "a" * 10)
+    assert chat.in_process(lambda: "a" * 11, 10) == \
+        ("error", "renders more than 10 characters (the most allowed for this prompt)")
+    assert chat.in_process(lambda: 5, 10) == ("error", "rendered a int, not text")
+
+    def raises():
+        raise KeyError("role")
+
+    assert chat.in_process(raises, 10) == ("error", "failed to render (KeyError: 'role')")
+
+
+def test_the_childs_answer_is_read_whole_and_a_silent_death_is_named():
+    assert chat.answer(b"ok\0a\0b", 0) == ("ok", "a\0b"), "a NUL inside the text is the text's"
+    assert chat.answer(b"error\0too slow", 0) == ("error", "too slow")
+    killed = 9  # os.waitpid's status of a child killed by SIGKILL
+    assert chat.answer(b"", killed) == \
+        ("error", "the process rendering it was killed by signal 9 without an answer (more than 1024 MiB?)")
+    assert chat.answer(b"", 0) == ("error", "the process rendering it ended without an answer (more than 1024 MiB?)")

@@ -542,3 +542,52 @@ def test_cutoffs_keep_a_probability_exactly_on_the_threshold():
     assert finite_ids(EpsilonCutoff(0.2500001)(None, logits)) == [0]
     assert finite_ids(XTC(0.25, 1.0, make_generator(0, "cpu"))(None, logits)) == [2]
     assert finite_ids(XTC(0.2500001, 1.0, make_generator(0, "cpu"))(None, logits)) == [0, 1, 2]
+
+
+# --- mutation run of core/sampling/biases.py (2026-12-01): stages built inside the test (a stage built in a
+# parametrize list is made at collection, before the mutation run switches a mutant on) -------------------------
+
+
+def test_ban_built_here_matches_transformers():
+    ids, logits = random_case(0)
+    ours = Ban(sequences=((3,), (2, 5), (1, 2, 6)))
+    theirs = hf.NoBadWordsLogitsProcessor([[3], [2, 5], [1, 2, 6]])
+    assert_same(ours(ids, logits), theirs(ids.clone(), logits.clone()))
+    assert ours.biases == (((3,), NEG), ((2, 5), NEG), ((1, 2, 6), NEG))
+
+
+def test_a_sequence_as_long_as_the_ids_matches_them_all_and_a_longer_one_is_skipped():
+    """ids of length 2 = the prefix of (5, 6, 9): the whole history must match, and does; (1, 5, 6, 8) needs three
+    ids before 8, more than there are, and is skipped without stopping the sequences after it."""
+    stage = SequenceBias((((1, 5, 6, 8), 4.0), ((5, 6, 9), 2.0), ((6, 7), -1.0)))
+    out = stage(torch.tensor([[5, 6]]), torch.zeros(1, 10))
+    assert out[0].tolist() == [0, 0, 0, 0, 0, 0, 0, -1.0, 0, 2.0]
+    theirs = hf.SequenceBiasLogitsProcessor({(1, 5, 6, 8): 4.0, (5, 6, 9): 2.0, (6, 7): -1.0})
+    assert_same(out, theirs(torch.tensor([[5, 6]]), torch.zeros(1, 10)))
+
+
+def test_the_bias_stages_refuse_in_one_exact_line():
+    for make, line in [
+        (lambda: SequenceBias((((), 1.0),)), "--sequence-bias '': a sequence needs at least one token"),
+        (lambda: SequenceBias((((3,), float("nan")),)), "--sequence-bias nan: the bias must be a number or -inf"),
+        (lambda: Ban(sequences=((),)), "--ban '': a sequence needs at least one token"),
+        (lambda: AllowList(()), "--allow '': give at least one token"),
+        (lambda: MinNewTokens(-1), "--min-new-tokens -1: must be an integer >= 0"),
+    ]:
+        with pytest.raises(ConfigError) as refused:
+            make()
+        assert str(refused.value) == line
+    assert MinNewTokens(0).n == 0, "0 is allowed: no ban"
+    with pytest.raises(ChainError) as refused:
+        MinNewTokens(2, (1,))(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, 5))
+    assert str(refused.value) == \
+        "min-new-tokens: the run never said where the prompt ends (Chain.reset(prompt_len))"
+
+
+def test_the_allow_list_checks_both_ends_of_the_vocabulary():
+    z = torch.zeros(1, 5)
+    assert (~torch.isneginf(AllowList((0, 4))(None, z)))[0].tolist() == [True, False, False, False, True]
+    for ids, shown in [((1, 5), 5), ((-1, 2), 2)]:
+        with pytest.raises(ConfigError) as refused:
+            AllowList(ids)(None, z)
+        assert str(refused.value) == f"--allow {shown}: token id out of range [0, 5)"

@@ -10,8 +10,9 @@ import pytest
 from conftest import ROOT
 
 from decodelab.core.errors import ConfigError
-from decodelab.core.trace.format import DECODELAB, OPENAI, check_version, trace_kind
-from decodelab.core.trace.openai import ID_KEYS, PROCESSED, RAW, is_openai, to_completion, to_logprobs
+from decodelab.core.trace.format import DECODELAB, OPENAI, check_version, parse_trace, trace_kind
+from decodelab.core.trace.openai import (ID_KEYS, PROCESSED, RAW, check_openai, is_openai, to_completion,
+                                         to_logprobs)
 
 RECORDING = ROOT / "tests" / "engine" / "recordings" / "vllm-0.32.0.json"
 COMMANDS = {"sample", "score", "stream", "probs", "beam"}
@@ -177,3 +178,95 @@ def test_what_is_not_a_trace_is_one_line(doc, message):
 def test_a_document_without_a_version_is_version_1():
     check_version({"command": "sample"}, "x")
     check_version({"command": "sample", "format_version": 1}, "x")
+
+
+# --- mutation run of core/trace/openai.py and format.py (2026-12-01): the cases its survivors asked for ----------
+
+
+def test_a_processed_score_trace_writes_the_chains_logprobs_and_null_for_a_removed_token(cli):
+    """`score -t 0.5 --top-k 1`: the processed log-probability differs from the raw one wherever the token is kept
+    (temperature) and is null where top-k removed the scored token; its top is then null, not {token: null}."""
+    doc = run_json(cli, "score", "Once upon a time there was", "-t", "0.5", "--top-k", "1")
+    steps = doc["steps"]
+    assert any(s["logprob"] is None for s in steps) and any(s["logprob"] is not None for s in steps)
+    assert all(s["logprob"] != s["raw_logprob"] for s in steps), "the case must tell the two distributions apart"
+    lp = to_logprobs(doc, PROCESSED, ID_KEYS)
+    assert lp["tokens"] == [f"token_id:{s['token_id']}" for s in steps]
+    assert lp["token_logprobs"] == [s["logprob"] for s in steps]
+    assert lp["top_logprobs"] == [None if s["logprob"] is None else {f"token_id:{s['token_id']}": s["logprob"]}
+                                  for s in steps]
+    assert to_logprobs(doc, RAW)["token_logprobs"] == [s["raw_logprob"] for s in steps]
+
+
+def test_a_generating_stream_trace_is_written_and_a_scoring_one_refused(cli):
+    doc = run_json(cli, "stream", "Once upon a time", "-n", "3", "--top", "2")
+    assert doc["mode"] == "generate"
+    lp = to_logprobs(doc)
+    assert lp["tokens"] == [s["token"] for s in doc["steps"]]
+    assert lp["token_logprobs"] == [s["raw_logprob"] for s in doc["steps"]]
+    with pytest.raises(ConfigError) as refused:
+        to_logprobs({**doc, "mode": "score"})
+    assert str(refused.value) == ("-f openai: a stream score document has no per-token log-probabilities to write; "
+                                  "`sample`, `score` and `stream` (generating) have")
+    with pytest.raises(ConfigError) as refused:
+        to_logprobs({"command": "sample", "samples": [], "steps": None})
+    assert str(refused.value).startswith("-f openai: a sample -N (no per-token steps) document has no ")
+    with pytest.raises(ConfigError, match=r"^token_keys 'names': allowed: text, ids$"):
+        to_logprobs(doc, RAW, "names")
+
+
+def _step(token: str, token_id: int, logprob: float) -> dict:
+    return {"token": token, "token_id": token_id, "logprob": logprob, "raw_logprob": logprob, "alternatives": []}
+
+
+def test_a_completions_text_is_the_documents_text_and_its_finish_reason_the_stop_reason():
+    """The response's text is the trace's text, not the tokens' pieces joined (a byte-level piece, "\ufffd", is
+    not the text's character); an EOS stop finishes "stop"; a trace without a text has an empty one."""
+    doc = {"command": "sample", "model": "m", "text": "é", "prompt": {"token_ids": [1, 2]},
+           "steps": [_step("\ufffd", 7, -0.5), _step("\ufffd", 8, -0.25)], "summary": {"stop_reason": "eos"}}
+    resp = to_completion(doc)
+    assert resp["id"] == "decodelab-sample" and resp["created"] == 0
+    choice = resp["choices"][0]
+    assert choice["text"] == "é" and choice["finish_reason"] == "stop"
+    assert resp["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    no_text = {k: v for k, v in doc.items() if k != "text"}
+    assert to_completion(no_text)["choices"][0]["text"] == ""
+    assert to_completion({**doc, "summary": {"stop_reason": "length"}})["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_logprobs_object_whose_lists_do_not_run_in_step_is_one_line():
+    good = {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0], "top_logprobs": None, "text_offset": [0, 1]}
+    check_openai(good, "TRACE x")  # top_logprobs null: allowed
+    check_openai({"choices": [{"logprobs": good}]}, "TRACE x")
+    with pytest.raises(ConfigError, match=r"^TRACE x: logprobs.text_offset has 1 entries for 2 tokens; the lists "):
+        check_openai({**good, "text_offset": [0]}, "TRACE x")
+    with pytest.raises(ConfigError, match=r"^TRACE x: logprobs.top_logprobs has 'none' entries for 2 tokens"):
+        check_openai({**good, "top_logprobs": "none"}, "TRACE x")
+    with pytest.raises(ConfigError, match=r"^TRACE x: choices\[1\]: logprobs.token_logprobs has 1 entries"):
+        check_openai({"choices": [{"logprobs": good}, {"logprobs": {**good, "token_logprobs": [-1.0]}}]}, "TRACE x")
+
+
+def test_what_is_not_a_trace_says_what_it_is_and_what_is_allowed():
+    assert not is_openai([1, 2]) and not is_openai("text")
+    with pytest.raises(ConfigError) as refused:
+        trace_kind({"command": "ls"}, "TRACE x.json", COMMANDS)
+    assert str(refused.value) == "TRACE x.json: command 'ls' is not a decodelab command (beam, probs, sample, " \
+                                 "score, stream)"
+    with pytest.raises(ConfigError, match=r"^TRACE x.json: format_version 2 is newer"):
+        trace_kind({"command": "sample", "format_version": 2}, "TRACE x.json", COMMANDS)
+    with pytest.raises(ConfigError, match=r"OpenAI completions response .*: list$"):
+        trace_kind([1, 2], "TRACE x.json", COMMANDS)
+    with pytest.raises(ConfigError, match=r"OpenAI completions response .*: an object without `command` or "
+                                          r"`choices`$"):
+        trace_kind({"hello": 1}, "TRACE x.json", COMMANDS)
+
+
+def test_a_trace_file_that_is_not_one_json_document_is_one_line():
+    assert parse_trace("TRACE x", '{"command": "sample"}') == {"command": "sample"}
+    hint = "; give one document, a trace written with `-f json` or an OpenAI completions response"
+    for text, what in [("not json", "not JSON (Expecting value at line 1)"),
+                       ('{"command": "sample"}\n{"type": "summary"}\n', "several JSON values (JSON lines?)"),
+                       ("[" * 65 + "]" * 65, "nested deeper than 64 levels; decodelab reads flatter documents")]:
+        with pytest.raises(ConfigError) as refused:
+            parse_trace("TRACE x", text)
+        assert str(refused.value) == f"TRACE x: {what}" + ("" if what.startswith("nested") else hint)
