@@ -929,3 +929,11 @@ def test_unknown_semantics_message_lists_the_engines():
     with pytest.raises(ConfigError) as err:
         plan(ChainSettings(semantics="ollama"))
     assert str(err.value) == "--semantics 'ollama': allowed: hf, vllm, llamacpp"
+
+
+def test_vllm_export_follows_trim_stop_when_given():
+    """--trim-stop overrides the plan's default (decodelab keeps a stop string, vLLM's reading trims it)."""
+    trimmed = export(SampleSettings(temperature=0.7, stop=("x",), trim_stop=True), "vllm", 100)
+    assert trimmed.arguments["include_stop_str_in_output"] is False
+    kept = export(SampleSettings(semantics="vllm", temperature=0.7, stop=("x",), trim_stop=False), "vllm", 100)
+    assert kept.arguments["include_stop_str_in_output"] is True
