@@ -937,3 +937,13 @@ def test_vllm_export_follows_trim_stop_when_given():
     assert trimmed.arguments["include_stop_str_in_output"] is False
     kept = export(SampleSettings(semantics="vllm", temperature=0.7, stop=("x",), trim_stop=False), "vllm", 100)
     assert kept.arguments["include_stop_str_in_output"] is True
+
+
+def test_vllm_export_of_a_grammar_names_the_backends(tmp_path):
+    gbnf = tmp_path / "g.gbnf"
+    gbnf.write_text('root ::= "a"+\n', encoding="utf-8")
+    out = export(ChainSettings(grammar=str(gbnf)), "vllm", 10)
+    assert out.arguments["structured_outputs"] == {"grammar": 'root ::= "a"+\n'}
+    assert out.notes == ["structured_outputs grammar: vLLM's xgrammar backend reads GBNF/EBNF, its guidance backend "
+                         "Lark; decodelab read it with llguidance"]
+    assert export(ChainSettings(regex="a+"), "vllm", 10).notes == []
