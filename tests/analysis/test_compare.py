@@ -20,7 +20,7 @@ from decodelab.core.sampling.chain import build_chain
 from decodelab.core.sampling.distribution import softmax
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.select import make_selector
-from decodelab.core.trace.why import decide_from_logits
+from decodelab.core.trace.why import decide, decide_from_logits
 
 V = 256
 PROMPT = "5 17 42 9 100 3"
@@ -102,6 +102,28 @@ def test_why_the_model_decided_when_no_stage_changed_the_pick():
     d = decide_from_logits(["raw", "temperature", "top-k"], [z, z / 0.5, torch.tensor([-math.inf, 4.0, 2.0])], 1,
                            None)
     assert d.decided_by == "model"
+
+
+# mutation run of core/trace/why.py (2026-12-01): a stage after the first deciding, the greedy wording, a forced
+# token, a step with no stages recorded
+
+
+def test_why_a_later_stage_removed_the_argmax_after_the_one_before_it():
+    """Greedy: the raw argmax is 0, the bias makes it 1, the ban removes 1 and 0 wins again: the ban decided (it
+    removed the winner of the stage before it, not of the raw distribution), in greedy's words."""
+    z = torch.tensor([2.0, 1.0, 0.5])
+    biased = z + torch.tensor([0.0, 3.0, 0.0])
+    banned = biased.clone()
+    banned[1] = -math.inf
+    d = decide_from_logits(["raw", "bias", "ban"], [z, biased, banned], 0, None)
+    assert (d.decided_by, d.why) == ("ban", "ban removed the argmax after bias")
+
+
+def test_why_a_token_the_selector_did_not_pick_is_forced_and_no_stages_say_so():
+    z = torch.tensor([2.0, 1.0, 0.5])
+    assert tuple(decide_from_logits(["raw", "temperature"], [z, z / 2], 2, None)) == \
+        ("forced", "not the selector's pick")
+    assert tuple(decide(["raw"], 3, [], [], [], True)) == ("model", "no stage recorded")
 
 
 def test_why_in_a_traced_run_names_the_bias_exactly_where_it_changed_the_argmax(llama):

@@ -8,6 +8,7 @@ released). The ``*_catches_*`` tests inject the bugs the checks exist for and re
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -684,6 +685,9 @@ FIELDS = ("index", "running", "rows", "joined", "finished", "waiting", "blocks_u
     ([6, 6], [8, 8], 2, 64, 4),  # the hand-worked case above
     ([2, 11, 4, 8, 3], [9, 3, 6, 2, 7], 4, 5, 9),
     ([10, 1, 6], [3, 12, 5], 2, 3, 5),  # a budget smaller than a prompt
+    # (mutation run, mutbeam) request 0 is preempted twice, and a sequence after the one short of blocks is still
+    # scheduled in the iteration of a preemption (so the budget left must be kept, not reset)
+    ([2, 4, 3], [8, 2, 2], 3, 3, 3),
 ])
 def test_iterations_follow_the_documented_rules(prompts, outs, max_batch, budget, blocks):
     """Every iteration record and every request's preemptions, join and finish iteration and computed tokens equal
@@ -726,3 +730,130 @@ def test_a_batch_run_ended_for_a_cause_keeps_its_requests_and_names_the_cause():
     assert report.stop_reason == "empty_chain"
     assert len(report.results) == 2 and {r.stop_reason for r in report.results} == {"empty_chain"}
     assert all(0 < len(r.new_ids) < 6 for r in report.results)
+
+
+# --- mutation run of core/methods/batch/scheduler.py (2026-12-01, helper mutbeam): what its survivors asked for -------
+
+
+def test_interrupt_reports_the_finished_the_running_and_the_waiting_in_request_order():
+    """One row (max_batch 1): request 0 (2 new tokens) finishes at iteration 1 while 1 and 2 still wait; then 1 joins
+    and draws a token, and the run is interrupted: 0 keeps "length" and its 2 tokens, 1 ends with the cause and its
+    token so far, 2 (never joined) with the cause and none. Interrupted before the first iteration: no results."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([3, 3, 3], seed=5)
+    reqs = [request(i, p, n) for i, (p, n) in enumerate(zip(prompts, [2, 6, 4]))]
+    fresh = Scheduler(model, reqs, max_batch=1, block_size=BS)
+    fresh.interrupt()
+    assert fresh.results == []
+    sched = Scheduler(model, reqs, max_batch=1, block_size=BS)
+    for record in sched:
+        if record.index == 2:
+            break
+    sched.interrupt()
+    got = [(r.id, r.stop_reason, r.new_ids, r.joined) for r in sched.results]
+    assert got == [("0", "length", solo(model, prompts[0], 2), 0), ("1", "interrupted", solo(model, prompts[1], 1), 2),
+                   ("2", "interrupted", [], -1)]
+    sched = Scheduler(model, reqs, max_batch=1, block_size=BS)
+    next(iter(sched))
+    sched.interrupt("budget")
+    assert [(r.id, r.stop_reason) for r in sched.results] == [("0", "budget"), ("1", "budget"), ("2", "budget")]
+
+
+def test_iteration_seconds_are_time_spent_inside_the_run():
+    model = random_model("llama", scale=4.0)
+    sched = Scheduler(model, [request(i, p, 3) for i, p in enumerate(prompts_of([4, 5], seed=6))], block_size=BS)
+    start = time.perf_counter()
+    records = list(sched)
+    elapsed = time.perf_counter() - start
+    assert all(0 < r.seconds for r in records) and sum(r.seconds for r in records) <= elapsed
+
+
+def test_prefix_hits_of_two_requests_joining_in_one_iteration_add_up():
+    """Requests 1 and 2 share request 0's first two blocks (8 tokens) and differ after them: both wait while 0
+    computes the blocks (iteration 0), then join together in iteration 1, finding 8 cached tokens each: 16.
+    Request 3 shares nothing: the ones waiting before it do not hold it back, it joins in iteration 0."""
+    model = random_model("llama", scale=20.0)
+    prefix, other = prompts_of([2 * BS, 5], seed=7)
+    prompts = [prefix + [1, 2, 3], prefix + [4, 5], prefix + [6, 7], other]
+    sched = Scheduler(model, [request(i, p, 4) for i, p in enumerate(prompts)], max_batch=4, block_size=BS)
+    records = list(sched)
+    assert [(r.index, r.joined, r.prefix_hit_tokens) for r in records if r.joined] == [(0, ["0", "3"], 0),
+                                                                                     (1, ["1", "2"], 16)]
+    assert [r.prefix_hit_tokens for r in sched.results] == [0, 8, 8, 0]
+    assert [r.new_ids for r in sched.results] == [solo(model, p, 4) for p in prompts]
+
+
+def test_static_batching_refuses_a_pool_its_batch_outgrows():
+    """Static batching never preempts: two 4-token prompts take a block of 4 each from a pool of 2, and the first
+    decode needs a second block for request 0."""
+    model = random_model("llama", scale=4.0)
+    sched = Scheduler(model, [request(i, p, 4) for i, p in enumerate(prompts_of([4, 4], seed=8))], max_batch=2,
+                      block_size=BS, num_blocks=2, static=True)
+    with pytest.raises(ConfigError) as err:
+        list(sched)
+    assert str(err.value) == "--blocks: the pool is too small for this batch"
+
+
+def test_a_chain_that_empties_in_the_first_row_leaves_the_rows_after_it_their_tokens():
+    """As test_a_request_whose_chain_empties_ends_alone, with the emptying request in row 0: request 1, in the row
+    after it, still gets the token of that iteration, and all its tokens are its solo decode's."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([4, 5], seed=2)
+    first = solo(model, prompts[0], 1)[0]
+    ban_all = build_chain({"allow": (first,), "no-repeat-ngram": 1})
+    reqs = [Request("0", prompts[0], ban_all, Greedy(), StopRules(6, ())), request(1, prompts[1], 6)]
+    results = Scheduler(model, reqs, max_batch=2, block_size=BS).run()
+    assert (results[0].new_ids, results[0].stop_reason) == ([first], "empty_chain")
+    assert (results[1].new_ids, results[1].stop_reason) == (solo(model, prompts[1], 6), "length")
+
+
+def test_a_stop_string_ends_a_batched_request_where_it_ends_the_solo_decode():
+    """The request's own detokenizer reads its stop string: with each token written <id>, the string <t> of the
+    first token t of the solo decode that did not occur before ends the request right after t."""
+    model = random_model("llama", scale=4.0)
+    prompt = prompts_of([5], seed=9)[0]
+    free = solo(model, prompt, 12)
+    k = max(i for i, t in enumerate(free) if t not in free[:i])  # the last first occurrence
+    detok = lambda ids: "".join(f"<{t}>" for t in ids)  # noqa: E731
+    rules = StopRules(12, (), stop_strings=(f"<{free[k]}>",))
+    reqs = [Request("0", prompt, build_chain({}), Greedy(), rules, detok), request(1, prompts_of([3], seed=10)[0], 4)]
+    result = Scheduler(model, reqs, max_batch=2, block_size=BS).run()[0]
+    assert (result.new_ids, result.stop_reason) == (free[: k + 1], "stop")
+    assert k > 0
+
+
+def test_a_finished_static_row_keeps_computing_one_token_an_iteration():
+    """Static batch of prompts 3 and 5, 2 and 4 new tokens: iteration 0 prefills both (8 tokens); request 0 draws
+    its last token in iteration 1, and its row is still fed one token in iterations 2 and 3, until request 1
+    finishes: 2 rows and 2 decode tokens in each of iterations 1-3, and 3 + 3 and 5 + 3 tokens computed."""
+    model = random_model("llama", scale=4.0)
+    prompts = prompts_of([3, 5], seed=11)
+    sched = Scheduler(model, [request(i, p, n) for i, (p, n) in enumerate(zip(prompts, [2, 4]))], max_batch=2,
+                      block_size=BS, static=True)
+    records = list(sched)
+    assert [(r.rows, r.tokens, r.prefill_tokens, r.decode_tokens) for r in records] == \
+        [(2, 8, 8, 0), (2, 2, 0, 2), (2, 2, 0, 2), (2, 2, 0, 2)]
+    assert [(r.finished, r.computed_tokens) for r in sched.results] == [(1, 6), (3, 8)]
+    assert [r.new_ids for r in sched.results] == [solo(model, p, n) for p, n in zip(prompts, [2, 4])]
+
+
+def test_the_defaults_are_8_rows_512_tokens_and_blocks_of_16():
+    """Nine 2-token requests under the defaults: 8 join the first iteration, the ninth when one leaves."""
+    model = random_model("llama", scale=4.0)
+    sched = Scheduler(model, [request(i, p, 2) for i, p in enumerate(prompts_of([2] * 9, seed=12))])
+    assert (sched.max_batch, sched.budget, sched.policy.block, sched.prefix_caching) == (8, 512, 16, True)
+    assert [len(r.joined) for r in sched if r.joined] == [8, 1]
+
+
+def test_no_requests_make_a_one_block_pool_and_no_iterations_and_a_prompt_filling_its_context_is_refused():
+    """With no request the longest sequence is taken as 1 token: one block of 1 (static too), and the run has no
+    iteration and no result. A request's prompt as long as its own context is refused before anything runs."""
+    model = random_model("llama", scale=4.0)
+    for static in (False, True):
+        sched = Scheduler(model, [], block_size=1, static=static)
+        assert sched.results == [] and sched.peak_blocks == 0  # before the run, as after it
+        assert sched.policy.num_blocks == 1 and list(sched) == [] and sched.results == [] and sched.peak_blocks == 0
+    long = Request("0", [1, 2, 3, 4], build_chain({}), Greedy(), StopRules(2, (), context_length=4))
+    with pytest.raises(ConfigError) as err:
+        Scheduler(model, [long])
+    assert str(err.value) == "PROMPT: the prompt is 4 tokens but the model's context is 4; shorten it"

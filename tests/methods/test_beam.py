@@ -515,3 +515,149 @@ def test_readme_sweep_example_shows_the_winner_changing(cli):
     assert len({tuple(r["winner"]["token_ids"]) for r in sweep}) >= 2
     assert any(r["changed"] for r in sweep)
     assert len({r["winner"]["length"] for r in sweep}) >= 2 and any(r["winner"]["reason"] == "eos" for r in sweep)
+
+
+# --- mutation run of core/methods/beam.py (2026-12-01, helper mutbeam): what its survivors asked for ------------------
+
+
+def test_summary_figures_on_the_hand_table_by_hand():
+    """Beams 2, hf, a = 1, 3 tokens on TABLE: the search runs all 3 steps (2 beams a step: 6 forward tokens); the pool
+    ends as [a, a, E] (log(.69 * .59 * .50) / 3 = -0.531) and [a, a, a] (-0.538), so the best is 3 tokens long."""
+    search = run_table(settings(2, 1.0, "never", 3))
+    s = search.summary()
+    assert (s.beams, s.steps, s.finished, s.entered, s.returned) == (2, 3, 2, 4, 2)
+    assert (s.best_length, s.forward_tokens, s.stop_reason) == (3, 6, "length")
+    assert s.best_score == pytest.approx(HAND_SUMS[tuple(H3)] / 3, abs=1e-6)
+    assert s.best_score == search.hypotheses[0].score
+    assert all(h.step == h.length - 1 for h in search.hypotheses)  # a hypothesis of L tokens finished at step L - 1
+    assert [(h.token_ids, h.reason) for h in search.hypotheses] == [(H3, "eos"), ([A, A, A], "length")]
+    timing = search.watch.timing
+    assert s.seconds == timing.total_s > 0 and s.prefill_s == timing.prefill_s >= 0
+    assert s.tokens_per_s == pytest.approx(6 / s.seconds)
+    assert s.decode_tokens_per_s == timing.decode_tokens_per_s(6) > 0
+    assert run_table(settings(2, 1.0, "never", 3, num_return=1)).summary().returned == 1
+
+
+def test_summary_of_a_search_stopped_before_anything_finished():
+    """EOS ignored and the search left after its first step: the pool is empty, so no best hypothesis: length 0,
+    score NaN, and the first step's 2 beams are the forward tokens."""
+    s = BeamSettings(beams=2, length_penalty=1.0, early_stopping="never", max_new_tokens=3, ignore_eos=True)
+    search = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), s, eos_ids=(E,))
+    next(iter(search))
+    summary = search.summary()
+    assert (summary.finished, summary.returned, summary.best_length, summary.steps, summary.forward_tokens) == \
+        (0, 0, 0, 1, 2)
+    assert math.isnan(summary.best_score)
+
+
+def test_sweep_rows_carry_the_context_cap_the_detokenizer_and_the_steps():
+    """The context of 4 tokens leaves a 2-token prompt 2 new tokens of the 10 asked: every row stops for "context"
+    after 2 steps, where every candidate finishes: [a, a] (log(.69 * .59) = -0.898) beats [E] (-1.204) and [a, E]
+    (-1.287) under a = 0 and, halved, under a = 1 too; its reason is the cap and its text the sweep's own
+    detokenizer's."""
+    rows = sweep_length_penalty(lambda: TableStepper(TABLE, OTHER), [7, 8], build_chain({}),
+                                settings(3, 1.0, "never", 10), [0.0, 1.0], eos_ids=(E,),
+                                detok=lambda ids: "".join("Eab"[t] for t in ids), context_length=4)
+    assert [(r.stop_reason, r.steps) for r in rows] == [("context", 2), ("context", 2)]
+    assert [r.winner.token_ids for r in rows] == [[A, A], [A, A]] and [r.winner.text for r in rows] == ["aa", "aa"]
+    assert [r.winner.reason for r in rows] == ["context", "context"]
+    assert rows[1].winner.score == pytest.approx(math.log(0.69 * 0.59) / 2, abs=1e-6)
+    rows = sweep_length_penalty(lambda: TableStepper(TABLE, OTHER), [7, 8], build_chain({}),
+                                settings(2, 1.0, True, 3), [1.0], eos_ids=(E,))
+    assert [(r.stop_reason, r.steps) for r in rows] == [("all-finished", 2)]
+
+
+def test_parse_penalties_bounds_and_messages():
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.methods.beam import parse_penalties
+
+    assert parse_penalties(" 0, 0.5 ,-10,10") == [0.0, 0.5, -10.0, 10.0]  # the bounds themselves are allowed
+    with pytest.raises(ConfigError) as bad:
+        parse_penalties("0,x")
+    assert str(bad.value) == ("--sweep-length-penalty '0,x': 'x' is not a number; give comma-separated penalties, "
+                              "e.g. 0,0.5,1,2")
+    for text in ("0,10.5", "-11", "nan"):
+        with pytest.raises(ConfigError) as bad:
+            parse_penalties(text)
+        assert str(bad.value) == f"--sweep-length-penalty {text!r}: every penalty must be in [-10, 10]"
+
+
+def test_a_sampling_only_setting_is_refused_in_one_whole_line():
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.methods.beam import validate_beam
+
+    with pytest.raises(ConfigError) as bad:
+        validate_beam(BeamSettings(top_k=5))
+    assert str(bad.value) == ("--top-k 5: not used by beam search (transformers applies it only when sampling; every "
+                              "beam scores all tokens); allowed processors: --repetition-penalty, --no-repeat-ngram, "
+                              "--logit-bias, a constraint")
+
+
+def test_validate_beam_bounds_and_the_cache_refusal():
+    """The edges of --beams [1, 256], --return [1, beams], --length-penalty [-10, 10] and -n >= 1 are allowed, past
+    them refused, each in one whole line; a cache that can neither reorder nor hold rows (paged) is refused naming
+    the first missing ability and every policy with both."""
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.kv.protocol import POLICIES
+    from decodelab.core.methods.beam import validate_beam
+
+    for ok in (dict(beams=1), dict(beams=256), dict(beams=3, num_return=1), dict(beams=3, num_return=3),
+               dict(length_penalty=10.0), dict(length_penalty=-10.0), dict(max_new_tokens=1)):
+        validate_beam(BeamSettings(**ok))
+    for bad, message in [(dict(length_norm="log"), "--length-norm 'log': allowed: hf, gnmt, prompt-inclusive, none"),
+                         (dict(length_penalty=-10.5), "--length-penalty -10.5: must be a number in [-10, 10] "
+                                                      "(norm(L) = L^a must stay a finite float)"),
+                         (dict(max_new_tokens=0), "--max-new-tokens 0: must be >= 1"),
+                         (dict(beams=0), "--beams 0: must be an integer in [1, 256]"),
+                         (dict(beams=257), "--beams 257: must be an integer in [1, 256]"),
+                         (dict(beams=3, num_return=0), "--return 0: must be between 1 and --beams (3)"),
+                         (dict(beams=3, num_return=4), "--return 4: must be between 1 and --beams (3)")]:
+        with pytest.raises(ConfigError) as err:
+            validate_beam(BeamSettings(**bad))
+        assert str(err.value) == message
+    able = [name for name, cls in POLICIES.items() if {"reorder", "rows"} <= set(cls.capabilities)]
+    assert "full" in able and "paged" not in able
+    with pytest.raises(ConfigError) as err:
+        validate_beam(BeamSettings(cache="paged:block=4"))
+    assert str(err.value) == ("--cache paged:block=4: beam search needs the cache to reorder rows, which paged cannot; "
+                              f"policies that can: {', '.join(able)}")
+
+
+def test_a_static_cache_is_preallocated_for_the_prompt_and_every_step():
+    """The search tells its stepper the positions it may need (prompt + max new tokens): a static cache sized so
+    searches as the full one (the same hypotheses as generate); sized for less it would refuse mid-search."""
+    from decodelab.core.kv import parse_cache_spec
+
+    model = eos_model("llama", 0, 2.0)
+    s = settings(3, 1.0, "never", 10, 3)
+    search = beam_search(model, PROMPT, build_chain({}), s, eos_ids=(EOS,), cache=parse_cache_spec("static"))
+    assert search.stepper.capacity == len(PROMPT) + 10
+    assert_same_as_generate(search.hypotheses, generate(model, PROMPT, 3, 1.0, "never", 3, 10), len(PROMPT), 3)
+
+
+def test_two_eos_ids_rank_three_candidates_a_beam_so_every_beam_stays_live():
+    """Two EOS ids (E and b) that are the likeliest tokens everywhere (0.45 each): K = max(2, 1 + 2) * B = 6
+    candidates a step, so after the 2 finishing ones of each beam B = 2 non-finishing ones are left; with only 2B,
+    the first step's top 4 (E, b, a of the prompt, then a -1e9 placeholder's E) would leave one live beam. The
+    first step finishes [E] and [b], both log .45."""
+    table = {}
+    s = settings(2, 1.0, "never", 3)
+    search = BeamSearch(TableStepper(table, [0.45, 0.10, 0.45]), [7, 8], build_chain({}), s, eos_ids=(E, B),
+                        record=True)
+    search.run()
+    assert [(len(step.candidates), len(step.beams)) for step in search.steps] == [(6, 2)] * len(search.steps)
+    assert sorted(h.token_ids for h in search.steps[0].finished) == [[E], [B]]
+    assert [h.score for h in search.steps[0].finished] == pytest.approx([math.log(0.45)] * 2, abs=1e-6)
+
+
+def test_a_chain_that_removes_every_candidate_names_its_stages():
+    """Only "a" allowed, and no-repeat-ngram 1 bans it once generated (the prompt is "b"): the second step has no
+    candidate left."""
+    from decodelab.core.sampling.chain import ChainError
+
+    chain = build_chain({"allow": (A,), "no-repeat-ngram": 1})
+    with pytest.raises(ChainError) as err:
+        run_table(settings(1, 1.0, "never", 3), prompt=(B,), chain=chain)
+    assert str(err.value) == (f"the chain [{', '.join(chain.names)}] removed every candidate token; loosen the "
+                              "filters or bans")
+    assert len(chain.names) == 2

@@ -4,6 +4,7 @@ does not divide the text."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -241,3 +242,46 @@ def test_the_shortest_text_is_two_tokens_and_one_is_refused_in_one_line():
     with pytest.raises(ConfigError) as err:
         Scorer(model, IDS[:1], build_chain({}), str, ScoreSettings())
     assert str(err.value) == "TEXT: 1 token(s); scoring needs at least 2 (the first is context)"
+
+
+# --- mutation run of core/methods/score.py (2026-12-01, helper mutbeam): what its survivors asked for -----------------
+
+
+def test_blocks_cover_every_fed_position_once_by_hand():
+    """Positions 0 .. T - 2 are fed (the last token never is): in blocks of `feed`, the last one shorter when feed
+    does not divide T - 1; a prefill block first when given, cut to T - 1 when longer than the text."""
+    from decodelab.core.methods.score import blocks
+
+    assert blocks(10, 3) == [(0, 3), (3, 6), (6, 9)]
+    assert blocks(11, 3) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert blocks(10, 3, prefill=5) == [(0, 5), (5, 8), (8, 9)]
+    assert blocks(10, 3, prefill=20) == [(0, 9)]
+    assert blocks(10, 100) == [(0, 9)] and blocks(2, 5) == [(0, 1)] and blocks(3, 1) == [(0, 1), (1, 2)]
+
+
+def test_chunks_of_one_token_and_of_the_whole_text():
+    """--chunk 1: one chunk per scored token, its perplexity exp(-raw_logprob); --chunk 39 and 100 on 39 scored
+    tokens: one chunk, the text's perplexity."""
+    model = random_model("qwen2", seed=5, scale=2.0)
+    for chunk in (1, 39, 100):
+        scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings(chunk=chunk))
+        rows = list(scorer)
+        s = scorer.summary()
+        if chunk == 1:
+            assert [(c.start, c.end) for c in s.chunks] == [(r.position, r.position + 1) for r in rows]
+            assert [c.perplexity for c in s.chunks] == pytest.approx([math.exp(-r.raw_logprob) for r in rows])
+        else:
+            assert [(c.start, c.end) for c in s.chunks] == [(1, 40)]
+            assert s.chunks[0].perplexity == pytest.approx(s.perplexity)
+
+
+def test_an_interrupted_score_says_so_and_covers_the_rows_it_scored():
+    """Interrupted after the first of four blocks (feed 10): the summary has its 10 rows and says "interrupted"."""
+    model = random_model("llama", seed=6, scale=2.0)
+    scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings(feed=10, chunk=4))
+    rows = list(itertools.islice(scorer, 10))
+    scorer.interrupt()
+    s = scorer.summary()
+    assert (s.stop_reason, s.tokens, s.feed) == ("interrupted", 10, 10)
+    assert [(c.start, c.end) for c in s.chunks] == [(1, 5), (5, 9), (9, 11)]
+    assert s.mean_nll == pytest.approx(-sum(r.raw_logprob for r in rows) / 10)
