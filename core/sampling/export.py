@@ -25,6 +25,7 @@ from .semantics import (
     ENGINE_STAGES,
     HF_ORDER,
     LLAMACPP_ORDER,
+    PENALTIES,
     VLLM_ORDER,
     merge_order,
     plan,
@@ -99,6 +100,11 @@ def _sampling(p) -> bool:
     return p.selector != "greedy"
 
 
+def _counted(s: ChainSettings, p) -> list[tuple[str, int | None]]:
+    """(scope, window) of each penalty that runs: what the plan counts ("all" and None when it names none)."""
+    return [p.counting.get(name, ("all", None)) for name in PENALTIES if name in (s.chain or ())]
+
+
 def _sample_fields(settings) -> dict:
     return {k: getattr(settings, k, None) for k in ("max_new_tokens", "seed", "stop", "stop_id", "ignore_eos",
                                                      "trim_stop")}
@@ -110,7 +116,8 @@ def stage_fields(target: str, s: ChainSettings, sampling: bool) -> dict:
     switch it on from its own defaults. Stages that act only when sampling are left out of a greedy export."""
     out = {}
     for stage in STAGES:
-        if target not in stage.engines or (stage.warper and not sampling):
+        # the constraint is written whole, once (_vllm_structured, _llamacpp_constraint)
+        if target not in stage.engines or (stage.warper and not sampling) or stage.name == "constraint":
             continue
         for i, p in enumerate(stage.params):
             if target not in p.export or p.many or p.pairs:
@@ -157,7 +164,7 @@ def _hf(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
     if sampling and p.selector != "hf-multinomial":
         out.notes.append("decodelab's draw (exponential race) follows the same law as torch.multinomial but not "
                          "the same stream: use --semantics hf for the same tokens")
-    if s.penalty_last_n is not None or p.counting:
+    if any(scope == "output" or window is not None for scope, window in _counted(s, p)):
         out.unsupported.append("penalty window / output-only counting: transformers counts the whole sequence")
     out.arguments = kw
 
@@ -196,7 +203,7 @@ def _vllm(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None
         kw["stop_token_ids"] = list(sample["stop_id"])
     if sample["ignore_eos"]:
         kw["ignore_eos"] = True
-    if s.penalty_last_n is not None:
+    if any(window is not None for _, window in _counted(s, p)):
         out.unsupported.append("penalty_last_n: vLLM's penalties count the whole sequence")
     spec = _spec(s)
     if spec is not None:
@@ -251,6 +258,7 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
     sample = _sample_fields(settings)
     sampling = _sampling(p)
     values = stage_fields("llamacpp", s, True)
+    values.pop("dry_penalty_last_n", None)  # DRY's window is written with the stage below (every token: the context)
     values["temperature"] = effective(s, "temperature") if sampling else 0.0
     values.update({f: effective(s, f) for f in ("dry_base", "dry_allowed_length", "xtc_threshold",
                                                   "dynatemp_exponent", "mirostat_tau", "mirostat_eta")
@@ -259,13 +267,12 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
     for name in order:
         if name in values and stage_is_on(s, name, values):
             flags += [param(name).export["llamacpp"], _flag_number(values[name])]
-    if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
-        window = p.counting.get("repetition-penalty", ("all", None))[1]
-        window = p.counting.get("frequency-penalty", ("all", window))[1] if window is None else window
-        text = _window(window, "penalties", context, out)
+    counted = _counted(s, p)  # one window for all (semantics._penalty_window, _llamacpp; None: every token)
+    if counted:
+        text = _window(counted[0][1], "penalties", context, out)
         if text is not None:
             flags += [param("penalty_last_n").export["llamacpp"], text]
-        if any(scope == "output" for scope, _ in p.counting.values()):
+        if any(scope == "output" for scope, _ in counted):
             out.notes.append("llama.cpp's penalties count prompt and output; decodelab counted the output only")
     if s.dry_multiplier is not None:
         text = _window(s.dry_penalty_last_n, "DRY", context, out)
@@ -280,6 +287,8 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
         flags += [param("logit_bias").export["llamacpp"],
                   f"{t}{'+' if b >= 0 else '-'}{'inf' if math.isinf(b) else _flag_number(abs(b))}"]
     order = [LLAMACPP_SAMPLER_NAMES[n] for n in (s.chain or ()) if n in LLAMACPP_SAMPLER_NAMES]
+    if not sampling:  # llama.cpp runs only the listed samplers, then draws: --temp 0 is greedy only as one of them
+        order.append("temperature")
     flags += ["--samplers", ";".join(dict.fromkeys(order))]
     if sample["seed"] is not None:
         flags += ["--seed", str(sample["seed"])]
@@ -299,11 +308,11 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
 
 def stage_is_on(s: ChainSettings, field_name: str, values: dict | None = None) -> bool:
     """Whether the field's stage runs (a field of a stage that is off is not written), or the field switches one of
-    llama.cpp's defaulted stages off (LLAMACPP_FIRST)."""
+    llama.cpp's defaulted stages off (LLAMACPP_FIRST: the temperature among them, dynatemp's centre)."""
     if values is not None and field_name in LLAMACPP_FIRST:
         return True
     stage = next(st for st in STAGES if field_name in st.fields)
-    return stage.name in (s.chain or ()) or (stage.name == "temperature" and "dynatemp" in (s.chain or ()))
+    return stage.name in (s.chain or ())
 
 
 def _llamacpp_constraint(spec: ConstraintSpec | None, out: Export) -> list[str]:

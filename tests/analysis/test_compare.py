@@ -515,3 +515,27 @@ def test_a_ban_given_as_text_decides_the_divergence_it_causes(cli, tmp_path):
     assert pair["first_divergence"] is not None
     assert pair["deciding_stage"] == "ban", pair
 
+
+
+# --- exact edges the mutation run (tests/mutation/run.sh, core/analysis/compare.py, partial) showed no test pinned ---
+
+
+def summary_row(variant: str, length: int, mean_logprob, raw_perplexity, method: str = "sample") -> cmp.Row:
+    return cmp.Row(variant, method, "1", 0, "", [], length, "length", mean_logprob, raw_perplexity, None, None, None,
+                   None, None, 10.0)
+
+
+def test_variant_summary_by_hand():
+    """Per variant, over its runs: mean, min and max of each measure, a None or non-finite value left out, None
+    where no run has one. a: lengths 3 and 5 (mean 4), mean log-probs -1 and None (only -1), perplexities inf and
+    2 (only 2); b: one run."""
+    rows = [summary_row("a", 3, -1.0, math.inf), summary_row("b", 7, -0.5, 3.0, method="beam"),
+            summary_row("a", 5, None, 2.0)]
+    a, b = cmp.variant_summary(rows)
+    assert (a["variant"], a["method"], a["runs"], b["variant"], b["method"], b["runs"]) == ("a", "sample", 2, "b",
+                                                                                            "beam", 1)
+    assert a["measures"]["length"] == {"mean": 4.0, "min": 3, "max": 5}
+    assert a["measures"]["mean_logprob"] == {"mean": -1.0, "min": -1.0, "max": -1.0}
+    assert a["measures"]["raw_perplexity"] == {"mean": 2.0, "min": 2.0, "max": 2.0}
+    assert a["measures"]["distinct_1"] is None and a["measures"]["tokens_per_s"]["mean"] == 10.0
+    assert b["measures"]["length"] == {"mean": 7.0, "min": 7, "max": 7}

@@ -17,8 +17,10 @@ from decodelab.core.methods.sample import DecodeState, decode_tokens
 from decodelab.core.engine.stopping import StopRules
 from decodelab.core.methods.probs import dist_stages, given_logits
 from decodelab.core.errors import ConfigError
-from decodelab.core.sampling.export import export
-from decodelab.core.sampling.chain import build
+from decodelab.core.sampling.export import _gbnf_string, export
+from decodelab.core.sampling.chain import build, chain_for
+from decodelab.core.sampling.select import Greedy, make_generator
+from decodelab.core.sampling.tokens import Tokens
 from decodelab.core.sampling.semantics import merge_order, plan
 
 # --- llama.cpp tests/test-sampling.cpp, to 1e-5 -----------------------------------------------------------------
@@ -453,3 +455,495 @@ def test_llamacpp_dynamic_temperature_normalizes_by_the_candidates_left_and_says
     assert got == pytest.approx(softmax_of([math.log(0.7) / t, math.log(0.3) / t, -math.inf]), abs=1e-6)
     notes = plan(ChainSettings(semantics="llamacpp", temperature=1.0, dynatemp_range=0.5)).notes
     assert any(n.startswith("dynatemp: llama.cpp normalizes the entropy by log of every candidate") for n in notes)
+
+
+# --- exact edges the mutation run (tests/mutation/run.sh, core/sampling/semantics.py) showed no test pinned ----------
+
+
+def chain_probs(settings: ChainSettings, logits, history=(), prompt_len: int = 0) -> list[float]:
+    """softmax of ``settings``' chain (as its semantics reads it) on raw logits ``z`` after ``history``, whose first
+    ``prompt_len`` ids are the prompt (the rest generated: what an output-only penalty counts)."""
+    _, chain = chain_for(settings, Tokens(len(logits)))
+    chain.reset(prompt_len)
+    ids = torch.tensor([list(history)], dtype=torch.long).reshape(1, len(history))
+    return torch.softmax(chain.apply(ids, torch.tensor([logits], dtype=torch.float32)), -1)[0].tolist()
+
+
+VLLM_OUTPUT_ONLY = "frequency and presence penalties count generated tokens only; repetition counts the prompt too"
+
+
+@pytest.mark.parametrize("temperature, users, vllms", [
+    # z = (1, -0.3), token 0 generated once, presence 1 and repetition 2. The user's order (presence, then
+    # repetition): z_0 = (1 - 1) = 0, and 0 stays 0 under the penalty; vLLM's (repetition, then presence):
+    # z_0 = 1 / 2 - 1 = -0.5. Greedy: 0 > -0.3 picks token 0, vLLM's order token 1.
+    (0.0, [1.0, 0.0], [0.0, 1.0]),
+    (1.0, softmax_of([0.0, -0.3]), softmax_of([-0.5, -0.3])),
+])
+def test_vllm_runs_the_users_chain_greedy_or_sampled(temperature, users, vllms):
+    fields = dict(semantics="vllm", temperature=temperature, presence_penalty=1.0, repetition_penalty=2.0)
+    user = ChainSettings(**fields, chain=("presence-penalty", "repetition-penalty", "temperature"))
+    assert chain_probs(user, [1.0, -0.3], [0]) == pytest.approx(users, abs=1e-6)
+    assert "order from --chain, not vLLM's" in plan(user).notes
+    assert chain_probs(ChainSettings(**fields), [1.0, -0.3], [0]) == pytest.approx(vllms, abs=1e-6)
+
+
+def test_vllm_greedy_takes_the_argmax_after_the_allowed_ids_whatever_the_chain():
+    """z = (1, 0), allowed ids {1}, temperature 0 written first in --chain: vLLM's greedy takes the arg-max after
+    every logits processor, so token 1 (the arg-max first would keep token 0 only, which allow then removes)."""
+    s = ChainSettings(semantics="vllm", temperature=0.0, allow=("1",), chain=("temperature", "allow"))
+    assert chain_probs(s, [1.0, 0.0]) == [0.0, 1.0]
+    p = plan(s)
+    assert isinstance(p.make_selector(0, "cpu"), Greedy) and p.describe()["selector"] == "greedy"
+
+
+def test_vllm_greedy_notes_and_off_values():
+    """Greedy drops the warpers (noted by name), switches off what vLLM reads as off (repetition 1, presence 0:
+    no stage runs), and keeps a stage vLLM lacks at decodelab's position, noted."""
+    p = plan(ChainSettings(semantics="vllm", temperature=0.0, top_p=0.9, top_k=5, dry_multiplier=0.8,
+                           repetition_penalty=1.0, presence_penalty=0.0))
+    assert p.notes == ["temperature, top-k, top-p: vLLM's greedy takes the arg-max before temperature and the filters",
+                       "vLLM has no dry: kept at decodelab's position", VLLM_OUTPUT_ONLY]
+    assert p.describe()["chain"] == ["dry", "temperature"]
+
+
+def test_vllm_raises_only_a_temperature_below_0_01():
+    assert plan(ChainSettings(semantics="vllm", temperature=0.005)).notes == [
+        "temperature 0.005: vLLM raises a temperature in (0, 0.01) to 0.01 (only 0 is greedy)", VLLM_OUTPUT_ONLY]
+    assert plan(ChainSettings(semantics="vllm", temperature=0.01)).notes == [VLLM_OUTPUT_ONLY]
+
+
+def test_vllm_penalties_ignore_the_window_and_count_as_vllm_does():
+    """Repetition 2, window 1, z = (1, 1), history (0, 1): vLLM counts the whole sequence, so both tokens are
+    penalized, z = (0.5, 0.5); decodelab's own window sees token 1 only, z = (1, 0.5)."""
+    fields = dict(repetition_penalty=2.0, penalty_last_n=1, temperature=1.0)
+    vllm = ChainSettings(semantics="vllm", **fields)
+    assert chain_probs(vllm, [1.0, 1.0], [0, 1]) == pytest.approx([0.5, 0.5], abs=1e-6)
+    assert chain_probs(ChainSettings(**fields), [1.0, 1.0], [0, 1]) == pytest.approx(softmax_of([1.0, 0.5]))
+    assert plan(vllm).notes == ["penalty_last_n: vLLM's penalties count the whole sequence; window ignored",
+                                VLLM_OUTPUT_ONLY]
+    assert plan(vllm).settings.penalty_last_n is None
+
+
+@pytest.mark.parametrize("field, native", [
+    # z = 0, history (0, 0 | 1): the prompt is (0, 0), the output (1). vLLM's frequency 1 counts the output, z_1 -= 1;
+    # decodelab's own counts all three tokens, z_0 -= 2, z_1 -= 1. Presence 1: vLLM z_1 -= 1; decodelab's z_0, z_1 -= 1.
+    ("frequency_penalty", [-2.0, -1.0, 0.0]),
+    ("presence_penalty", [-1.0, -1.0, 0.0]),
+])
+def test_vllm_frequency_and_presence_count_the_output_only(field, native):
+    fields = {field: 1.0, "temperature": 1.0}
+    got = chain_probs(ChainSettings(semantics="vllm", **fields), [0.0] * 3, [0, 0, 1], prompt_len=2)
+    assert got == pytest.approx(softmax_of([0.0, -1.0, 0.0]), abs=1e-6)
+    assert chain_probs(ChainSettings(**fields), [0.0] * 3, [0, 0, 1], prompt_len=2) == pytest.approx(
+        softmax_of(native), abs=1e-6)
+
+
+@pytest.mark.parametrize("field", ["presence_penalty", "frequency_penalty"])
+def test_vllm_penalty_ranges_are_closed(field):
+    for value in (-2.0, 2.0):
+        plan(ChainSettings(semantics="vllm", **{field: value}))
+    option = "--" + field.replace("_", "-")
+    for value in (-2.5, 2.5):
+        with pytest.raises(ConfigError, match=rf"^{option} {value}: vLLM allows \[-2, 2\]$"):
+            plan(ChainSettings(semantics="vllm", **{field: value}))
+
+
+def test_vllm_top_k_allows_minus_one_and_refuses_below():
+    assert "top-k" not in plan(ChainSettings(semantics="vllm", temperature=1.0, top_k=-1)).order
+    with pytest.raises(ConfigError, match=r"^--top-k -2: vLLM allows -1, 0 \(off\) or >= 1$"):
+        plan(ChainSettings(semantics="vllm", top_k=-2))
+
+
+def test_hf_greedy_names_every_warper_it_drops():
+    """-t 0 under transformers is greedy: the warpers set are noted by name, temperature included even where
+    dynatemp takes it as its centre (it is then no stage of its own)."""
+    p = plan(ChainSettings(semantics="hf", temperature=0.0, dynatemp_range=0.5))
+    assert p.notes == ["temperature, dynatemp: not applied by transformers when do_sample=False"] and p.order == []
+    p = plan(ChainSettings(semantics="hf", temperature=0.0, top_p=0.9, top_k=5))
+    assert p.notes == ["temperature, top-k, top-p: not applied by transformers when do_sample=False"]
+
+
+def test_llamacpp_notes_the_defaults_of_the_stages_that_run():
+    """llama.cpp's common_params_sampling: temp 0.8, top_k 40, top_p 0.95, min_p 0.05, penalty_last_n 64; DRY's
+    base 1.75, allowed length 2, window 64 are noted only once DRY runs (XTC's and mirostat's never here)."""
+    assert plan(ChainSettings(semantics="llamacpp")).notes == [
+        "llama.cpp defaults: temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, penalty_last_n=64"]
+    assert plan(ChainSettings(semantics="llamacpp", dry_multiplier=0.5)).notes == [
+        "llama.cpp defaults: dry_base=1.75, dry_allowed_length=2, dry_penalty_last_n=64, temperature=0.8, top_k=40, "
+        "top_p=0.95, min_p=0.05, penalty_last_n=64"]
+
+
+def test_llamacpp_negative_window_message_is_whole():
+    with pytest.raises(ConfigError) as err:
+        plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0, dry_penalty_last_n=-1))
+    assert str(err.value) == ("--dry-penalty-last-n -1: llama-cli refuses a negative window (its library reads -1 as "
+                              "0, off); give 0 (off) or N >= 1 tokens")
+
+
+def test_llamacpp_reads_a_negative_temperature_as_greedy():
+    """llama-cli clamps -t below 0 to 0: greedy, the arg-max of p = (0.1, 0.2, 0.3, 0.4) (-t 1 would keep the
+    distribution, llama.cpp's temperature 1 being off)."""
+    p = plan(ChainSettings(semantics="llamacpp", **{**NEUTRAL, "temperature": -0.5}))
+    assert p.settings.temperature == 0.0 and p.selector == "greedy"
+    assert llamacpp(P4, temperature=-0.5).probs() == pytest.approx([0, 0, 0, 1])
+
+
+@pytest.mark.parametrize("base", [1.0, 1.5])
+def test_llamacpp_keeps_a_dry_base_of_one_or_more(base):
+    """Only a base below 1 is replaced by 1.75: the repeat "0 1 2 0 1" (n = 5, allowed length 2) is followed by
+    2, z_2 -= 1 * base^(5 - 2) with the base as given."""
+    history = (0, 1, 2, 0, 1, 2, 0, 1)
+    got = llamacpp(U4, history, dry_multiplier=1.0, dry_base=base, dry_allowed_length=2, dry_penalty_last_n=8)
+    assert got.probs() == pytest.approx(softmax_of([0, 0, -base ** 3, 0]))
+    assert not any(n.startswith("dry_base") for n in plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0,
+                                                                         dry_base=base)).notes)
+
+
+def test_llamacpp_dry_base_note_names_the_base_it_keeps_and_only_when_dry_runs():
+    notes = plan(ChainSettings(semantics="llamacpp", dry_multiplier=1.0, dry_base=0.5)).notes
+    assert "dry_base 0.5: llama.cpp ignores a DRY base below 1 and keeps 1.75" in notes
+    assert not any(n.startswith("dry_base") for n in plan(ChainSettings(semantics="llamacpp", dry_base=0.5)).notes)
+
+
+def test_llamacpp_export_writes_the_dry_window_once():
+    """DRY's window is one flag: N as given (it was also written a second time among the stage's values)."""
+    flags = export(SampleSettings(temperature=0.7, dry_multiplier=0.8, dry_penalty_last_n=16), "llamacpp", 100).arguments
+    assert flags.count("--dry-penalty-last-n") == 1 and flags[flags.index("--dry-penalty-last-n") + 1] == "16"
+
+
+def test_llamacpp_export_of_a_greedy_plan_lists_the_temperature_sampler():
+    """llama.cpp's common_sampler_init adds only the --samplers listed, then its draw (dist): --temp 0 makes the
+    run greedy only through the temperature sampler (temp_ext at t <= 0 keeps the arg-max). transformers' greedy
+    (no -t) has no temperature stage, so the export must list it (it wrote `--samplers penalties`, and llama.cpp
+    then sampled)."""
+    flags = export(SampleSettings(semantics="hf", repetition_penalty=1.3, max_new_tokens=4), "llamacpp", 100).arguments
+    assert flags[flags.index("--temp") + 1] == "0"
+    assert flags[flags.index("--samplers") + 1] == "penalties;temperature"
+
+
+# the exported llama-cli lines, flag by flag (llama.cpp common/arg.cpp names; --logit-bias TOKEN(+|-)BIAS)
+
+def test_llamacpp_export_writes_the_whole_line():
+    """Every llama.cpp default stage switched off where decodelab has it off (top-k 0, top-p 1, min-p 0), the
+    penalties with their window, DRY with its defaults filled, its window and breakers, each bias with its sign
+    (a bias of 0 is +0, -inf written as such), decodelab's order in --samplers, then the run settings."""
+    s = SampleSettings(temperature=0.7, repetition_penalty=1.1, frequency_penalty=0.2, penalty_last_n=32,
+                       dry_multiplier=0.8, dry_penalty_last_n=16, dry_breaker=("7", "8 9"),
+                       logit_bias=(("3", 1.5), ("4", -2.0), ("5", -math.inf), ("6", 0.0)), seed=7, max_new_tokens=5,
+                       stop=("END",), ignore_eos=True, stop_id=(9,))
+    out = export(s, "llamacpp", 100)
+    assert out.arguments == [
+        "--temp", "0.7", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--repeat-penalty", "1.1",
+        "--frequency-penalty", "0.2", "--dry-multiplier", "0.8", "--dry-base", "1.75", "--dry-allowed-length", "2",
+        "--repeat-last-n", "32", "--dry-penalty-last-n", "16", "--dry-sequence-breaker", "7",
+        "--dry-sequence-breaker", "8 9", "--logit-bias", "3+1.5", "--logit-bias", "4-2", "--logit-bias", "5-inf",
+        "--logit-bias", "6+0", "--samplers", "penalties;dry;temperature", "--seed", "7", "-n", "5",
+        "--reverse-prompt", "END", "--ignore-eos"]
+    assert out.unsupported == ["stop-id: llama.cpp stops on the model's end-of-generation tokens only"]
+    assert out.notes == ["llama.cpp draws with its own RNG (std::mt19937): the same law, not the same tokens"]
+    assert out.to_dict() == {"export": "llamacpp", "arguments": out.arguments, "unsupported": out.unsupported,
+                             "notes": out.notes, "command": out.command()}
+    assert out.command().startswith("llama-cli --temp 0.7 --top-k 0 ") and "'8 9'" in out.command()
+
+
+def test_hf_export_document_has_no_command():
+    out = export(SampleSettings(temperature=0.0), "hf", 100)
+    assert out.to_dict() == {"export": "hf", "arguments": out.arguments, "unsupported": [], "notes": []}
+    assert out.command() is None
+
+
+def test_llamacpp_export_of_transformers_greedy_writes_temperature_zero():
+    """--semantics hf without -t is greedy with no temperature stage: --temp 0 (1 would be llama.cpp's "off")."""
+    out = export(SampleSettings(semantics="hf", top_k=5, max_new_tokens=4, seed=3), "llamacpp", 100)
+    assert out.arguments == ["--temp", "0", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--samplers",
+                             "temperature", "--seed", "3", "-n", "4"]
+    assert out.notes == [] and out.unsupported == []
+
+
+def test_llamacpp_export_of_mirostat_and_of_vllms_output_only_penalties():
+    m = export(SampleSettings(temperature=0.7, mirostat_eta=0.2, max_new_tokens=4), "llamacpp", 100)
+    assert m.arguments == ["--temp", "0.7", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--mirostat-ent", "5",
+                           "--mirostat-lr", "0.2", "--mirostat", "2", "--samplers", "temperature", "--seed", "0",
+                           "-n", "4"]
+    assert m.notes == ["with --mirostat llama.cpp runs only logit bias, temperature and mirostat",
+                       "llama.cpp draws with its own RNG (std::mt19937): the same law, not the same tokens"]
+    s = SampleSettings(semantics="vllm", temperature=0.7, presence_penalty=0.5, max_new_tokens=4)
+    v = export(s, "llamacpp", 100, context=256)
+    assert v.arguments[8:12] == ["--presence-penalty", "0.5", "--repeat-last-n", "256"]
+    assert v.notes[:2] == ["penalties over every token: written as the model's context, 256 (llama-cli refuses -1)",
+                           "llama.cpp's penalties count prompt and output; decodelab counted the output only"]
+    unknown = export(s, "llamacpp", 100)
+    assert "--repeat-last-n" not in unknown.arguments
+    assert unknown.unsupported == ["penalties over every token: llama-cli refuses -1; give a window of at least the "
+                                   "prompt plus -n tokens"]
+
+
+def test_gbnf_string_escapes_backslash_quote_and_control_characters():
+    """GBNF literals (llama.cpp grammars/README.md): \\\\, \\", \\n, \\r, \\t inside double quotes."""
+    assert _gbnf_string('a\\b"c\nd\re\tf') == '"a\\\\b\\"c\\nd\\re\\tf"'
+
+
+def test_exports_name_the_penalty_counting_of_the_penalties_that_run():
+    """llama.cpp's reading counts every penalty over the last 64 tokens: vLLM (whole sequence) cannot say that, and
+    the export says so (it said nothing). With no penalty on, transformers has nothing to object to (the window
+    was reported unsupported), and vLLM's repetition penalty alone counts the prompt too (the llama.cpp line
+    once said decodelab counted the output only)."""
+    window = export(SampleSettings(semantics="llamacpp", temperature=0.7, repetition_penalty=1.3), "vllm", 100)
+    assert window.unsupported == ["penalty_last_n: vLLM's penalties count the whole sequence"]
+    assert export(SampleSettings(semantics="llamacpp", temperature=0.7), "hf", 100).unsupported == []
+    assert export(SampleSettings(temperature=0.7, penalty_last_n=8), "hf", 100).unsupported == []
+    hf = export(SampleSettings(temperature=0.7, penalty_last_n=8, repetition_penalty=1.2), "hf", 100)
+    assert hf.unsupported == ["penalty window / output-only counting: transformers counts the whole sequence"]
+    line = export(SampleSettings(semantics="vllm", temperature=0.7, repetition_penalty=1.2), "llamacpp", 100,
+                  context=256)
+    assert not any("output only" in n for n in line.notes)
+    assert any("output only" in n for n in export(SampleSettings(semantics="vllm", temperature=0.7,
+                                                                 frequency_penalty=0.5), "llamacpp", 100).notes)
+
+
+@pytest.mark.parametrize("field, value", [("repetition_penalty", 50.0), ("frequency_penalty", 5.0),
+                                          ("presence_penalty", 5.0)])
+def test_llamacpp_window_zero_switches_each_penalty_off(field, value):
+    """llama_sampler_init_penalties with penalty_last_n 0 is a no-op: token 0 seen, p stays uniform (the window of
+    the test vectors above, 5, cuts p_0 to ~0)."""
+    assert llamacpp(U5, (0,), penalty_last_n=0, **{field: value}).probs() == pytest.approx([0.2] * 5)
+    assert field.replace("_", "-") not in plan(ChainSettings(semantics="llamacpp", penalty_last_n=0,
+                                                             **{field: value})).order
+
+
+def test_llamacpp_selector_is_greedy_only_at_temperature_zero_without_a_range():
+    assert plan(ChainSettings(semantics="llamacpp")).selector == "multinomial"  # the default temperature 0.8
+    assert plan(ChainSettings(semantics="llamacpp", temperature=0.0)).selector == "greedy"
+    # t = 0 with a range runs T over [0, r]: a draw (the dynamic temperature test above works its law)
+    assert plan(ChainSettings(semantics="llamacpp", temperature=0.0, dynatemp_range=0.5)).selector == "multinomial"
+
+
+def test_llamacpp_top_p_zero_and_mirostat_notes():
+    p = plan(ChainSettings(semantics="llamacpp", **{**NEUTRAL, "top_p": 0.0}))
+    assert "top_p <= 0: llama.cpp keeps the most likely token (as top-k 1)" in p.notes and p.settings.top_k == 1
+    m = plan(ChainSettings(semantics="llamacpp", mirostat_tau=4.0, top_k=10, repetition_penalty=1.3))
+    assert ("repetition-penalty, top-k, top-p, min-p: ignored by llama.cpp when mirostat is on (its chain is logit "
+            "bias, temperature, mirostat)") in m.notes
+
+
+def test_llamacpp_export_of_dynamic_temperature_writes_its_centre():
+    """--dynatemp-range needs --temp, its centre, although dynatemp replaces the temperature stage; no other stage's
+    flag (XTC's, DRY's off-values) is written with it."""
+    flags = export(SampleSettings(temperature=0.7, dynatemp_range=0.5, max_new_tokens=4), "llamacpp", 100).arguments
+    assert flags == ["--temp", "0.7", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--dynatemp-range", "0.5",
+                     "--dynatemp-exp", "1", "--samplers", "temperature", "--seed", "0", "-n", "4"]
+
+
+def test_llamacpp_export_of_constraints_word_for_word(tmp_path):
+    """--json-schema takes the schema on one line (compact JSON); a Lark grammar or a regex is named unsupported."""
+    schema, lark = tmp_path / "s.json", tmp_path / "g.lark"
+    schema.write_text('{"type": "object", "required": ["a"]}', encoding="utf-8")
+    lark.write_text('start: "a"+\n', encoding="utf-8")
+    flags = export(ChainSettings(json_schema=str(schema)), "llamacpp", 10).arguments
+    assert flags[-2:] == ["--json-schema", '{"type":"object","required":["a"]}']
+    assert export(ChainSettings(regex="a+"), "llamacpp", 10).unsupported == [
+        "--regex 'a+': a regex (llama.cpp has none)"]
+    assert [u.partition(": ")[2] for u in export(ChainSettings(grammar=str(lark)), "llamacpp", 10).unsupported] == [
+        "a Lark grammar (llama.cpp reads GBNF)"]
+
+
+def test_hf_export_of_ignore_eos_bans_the_end_for_every_token():
+    out = export(SampleSettings(temperature=0.0, ignore_eos=True, max_new_tokens=5), "hf", 100)
+    assert out.arguments["min_new_tokens"] == out.arguments["max_new_tokens"] == 5
+    assert out.notes == ["ignore_eos: transformers has no such flag; min_new_tokens = max_new_tokens bans EOS"]
+
+
+def test_vllm_export_writes_every_request_field():
+    """SamplingParams keyword by keyword: the seven sampling fields (off-values where decodelab is off), min_tokens,
+    logit_bias with -inf as -100, the allowed ids once each and sorted, the bans, the run settings; the stop string
+    kept in the text (decodelab's default), and what vLLM reads differently noted."""
+    s = SampleSettings(temperature=0.7, top_p=0.9, logit_bias=(("3", 1.5), ("5", -math.inf)),
+                       allow=("5", "2", "2", "3", "1"), ban=("4",), seed=3, max_new_tokens=6, stop=("END",),
+                       stop_id=(9,), ignore_eos=True, presence_penalty=0.5, min_new_tokens=2)
+    out = export(s, "vllm", 100)
+    assert out.arguments == {
+        "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.5, "min_tokens": 2,
+        "temperature": 0.7, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "logit_bias": {3: 1.5, 5: -100.0},
+        "allowed_token_ids": [1, 2, 3, 5], "bad_words": ["4"], "seed": 3, "max_tokens": 6, "stop": ["END"],
+        "include_stop_str_in_output": True, "stop_token_ids": [9], "ignore_eos": True}
+    assert out.unsupported == []
+    assert out.notes[1:] == ["vLLM's presence and frequency penalties count generated tokens only; decodelab "
+                             "counted the prompt too",
+                             "logit_bias -inf written as -100 (the OpenAI-compatible range is [-100, 100])"]
+    assert out.notes[0].startswith("order differs: decodelab runs presence-penalty before ban, vLLM the other way")
+    trimmed = export(SampleSettings(semantics="vllm", temperature=0.7, stop=("x",)), "vllm", 100)
+    assert trimmed.arguments["include_stop_str_in_output"] is False and trimmed.notes == []
+    plain = export(ChainSettings(temperature=0.7, top_k=5), "vllm", 100)  # no run settings: no seed, no max_tokens
+    assert plain.arguments == {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                               "temperature": 0.7, "top_k": 5, "top_p": 1.0, "min_p": 0.0}
+
+
+def test_hf_plan_document():
+    """transformers samples with top_k 50 unless told, ignores a penalty window, has softcap only as a model
+    property, logs the processed scores and keeps a stop string in the text."""
+    p = plan(ChainSettings(semantics="hf", temperature=0.7, repetition_penalty=1.2, penalty_last_n=4, softcap=30.0))
+    assert p.describe() == {
+        "engine": "hf", "chain": ["softcap", "repetition-penalty", "temperature", "top-k"], "selector": "hf-multinomial",
+        "logprobs": "processed", "counting": {}, "trim_stop": False,
+        "notes": ["top_k=50: transformers' default when sampling",
+                  "penalty_last_n: transformers' penalties count the whole sequence; window ignored",
+                  "softcap: in transformers a model property (final_logit_softcapping), not a processor",
+                  "transformers has no softcap: kept at decodelab's position"]}
+    assert p.settings.penalty_last_n is None
+    assert plan(ChainSettings(semantics="hf", repetition_penalty=1.2)).notes == [
+        "no temperature: transformers decodes greedily unless do_sample=True (give -t T > 0)"]
+    assert plan(ChainSettings(semantics="hf", temperature=1e-9)).selector == "hf-multinomial"  # any T > 0 samples
+
+
+def test_hf_penalty_ignores_the_window():
+    """Repetition 2, window 1, z = (1, 1), history (0, 1): transformers penalizes both tokens, z = (0.5, 0.5)."""
+    s = ChainSettings(semantics="hf", repetition_penalty=2.0, penalty_last_n=1, temperature=1.0, top_k=0)
+    assert chain_probs(s, [1.0, 1.0], [0, 1]) == pytest.approx([0.5, 0.5], abs=1e-6)
+
+
+def test_hf_runs_the_users_chain():
+    """p = (0.1, 0.2, 0.3, 0.4), T = 0.5, top-p 0.8 with --chain top-p,temperature: top-p keeps 0.4, 0.3, 0.2 first,
+    then p^2 renormalized (transformers' own order keeps two tokens: the test of engine orders above)."""
+    s = ChainSettings(semantics="hf", temperature=0.5, top_p=0.8, top_k=0, chain=("top-p", "temperature"))
+    assert dist_stages(s, given_logits(dist=P4), []).probs() == pytest.approx(
+        [0, 0.04 / 0.29, 0.09 / 0.29, 0.16 / 0.29], abs=1e-5)
+    assert "order from --chain, not transformers's" in plan(s).notes
+
+
+def test_llamacpp_plan_document():
+    """llama.cpp reports the raw softmax (n_probs), counts penalties over prompt and output in the last 64 tokens
+    and leaves a reverse prompt out of the text, so its reading exported to vLLM trims the stop string."""
+    p = plan(ChainSettings(semantics="llamacpp", repetition_penalty=1.1, temperature=0.0))
+    d = p.describe()
+    assert (d["engine"], d["selector"], d["logprobs"], d["trim_stop"]) == ("llamacpp", "greedy", "raw", True)
+    assert d["counting"] == {name: {"scope": "all", "last_n": 64} for name in
+                             ("repetition-penalty", "frequency-penalty", "presence-penalty")}
+    out = export(SampleSettings(semantics="llamacpp", temperature=0.7, stop=("x",)), "vllm", 100)
+    assert out.arguments["include_stop_str_in_output"] is False
+
+
+def test_the_plans_draw_is_the_seeded_exponential_race():
+    """decodelab's selector draws argmax_i z_i - log E_i with E ~ Exp(1) from the run's seeded generator: the same
+    seed gives the same tokens (recomputed here from make_generator), whatever else used torch's global stream."""
+    z = torch.zeros(1, 1000)
+    picks = []
+    for _ in range(2):
+        selector = plan(ChainSettings(temperature=1.0)).make_selector(5, "cpu")
+        torch.rand(3)  # the global stream moves between the two runs
+        picks.append([int(selector.from_logits(z)[0]) for _ in range(4)])
+    gen = make_generator(5, "cpu")
+    race = [int((z - torch.empty(1, 1000).exponential_(1.0, generator=gen).log()).argmax(-1)[0]) for _ in range(4)]
+    assert picks[0] == picks[1] == race
+
+
+def test_transformers_has_no_constraint_stage_noted_once():
+    """The constraint's placement has its own note; it is not also listed among the stages transformers lacks."""
+    notes = plan(ChainSettings(semantics="hf", temperature=0.7, regex="a+")).notes
+    assert [n for n in notes if "constraint" in n] == [
+        "constraint: transformers has no grammar stage (a prefix_allowed_tokens_fn or a logits processor runs where it "
+        "is placed); kept at decodelab's position, first after allow"]
+
+
+def test_hf_export_writes_the_generate_call():
+    """A -inf sequence bias is a bad word, the others stay sequence biases (a logit bias is a one-token sequence
+    bias); stop strings need the tokenizer; a seed is a manual_seed note, and decodelab's own race a second one.
+    Under --semantics hf the draw is transformers' own: only the seed note."""
+    s = SampleSettings(temperature=0.7, repetition_penalty=1.2, sequence_bias=(("3 4", 1.0), ("5", -math.inf)),
+                       logit_bias=(("6", -2.0),), allow=("1", "2"), seed=3, max_new_tokens=6, stop=("END",))
+    out = export(s, "hf", 100)
+    assert out.arguments == {
+        "do_sample": True, "repetition_penalty": 1.2, "temperature": 0.7, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+        "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "sequence_bias": [[[6], -2.0], [[3, 4], 1.0]],
+        "bad_words_ids": [[5]], "max_new_tokens": 6, "stop_strings": ["END"]}
+    assert out.unsupported == ["allow: transformers takes a prefix_allowed_tokens_fn callable, not a list"]
+    assert out.notes[1:] == [
+        "stop_strings needs generate(..., tokenizer=tokenizer); the stop string stays in the text",
+        "call torch.manual_seed(3) right before generate; with --semantics hf decodelab then draws the same tokens",
+        "decodelab's draw (exponential race) follows the same law as torch.multinomial but not the same stream: use "
+        "--semantics hf for the same tokens"]
+    own = export(SampleSettings(semantics="hf", temperature=0.7, seed=3, max_new_tokens=6), "hf", 100)
+    assert own.notes == ["call torch.manual_seed(3) right before generate; with --semantics hf decodelab then draws "
+                         "the same tokens"] and own.unsupported == []
+    assert export(SampleSettings(temperature=0.0, seed=3), "hf", 100).notes == []  # greedy: no seed to set
+
+
+def test_decodelabs_own_plan_runs_the_users_chain():
+    """Without --semantics, --chain top-p,temperature on p = (0.1, 0.2, 0.3, 0.4), T = 0.5, top-p 0.8: top-p keeps
+    0.4, 0.3, 0.2, then p^2 renormalized; the default order (temperature first) keeps 0.16 / 0.30, 0.09 / 0.30."""
+    fields = dict(temperature=0.5, top_p=0.8)
+    chained = dist_stages(ChainSettings(**fields, chain=("top-p", "temperature")), given_logits(dist=P4), [])
+    assert chained.probs() == pytest.approx([0, 0.04 / 0.29, 0.09 / 0.29, 0.16 / 0.29], abs=1e-5)
+    default = dist_stages(ChainSettings(**fields), given_logits(dist=P4), [])
+    assert default.probs() == pytest.approx([0, 0, 0.09 / 0.25, 0.16 / 0.25], abs=1e-5)
+    assert plan(ChainSettings(**fields)).describe()["engine"] == "decodelab"
+    assert plan(ChainSettings(**fields)).describe()["selector"] == "multinomial"
+
+
+def test_hf_export_of_vllms_output_only_counting():
+    out = export(SampleSettings(semantics="vllm", temperature=0.7, presence_penalty=0.5), "hf", 100)
+    assert out.unsupported == ["presence-penalty: transformers has no such stage",
+                               "penalty window / output-only counting: transformers counts the whole sequence"]
+
+
+def test_exports_write_the_constraint_once_and_whole(tmp_path):
+    """The constraint is one argument: vLLM's structured_outputs (a keyword SamplingParams takes; the registry's
+    "structured_outputs.regex" names a field of it, no keyword of its own), llama-cli's --json-schema with the
+    schema's text (it parses the value as JSON at once: a path written before it stopped the command)."""
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "string"}', encoding="utf-8")
+    for s in (ChainSettings(regex="a+"), ChainSettings(json_schema=str(schema)), ChainSettings(choice="yes,no")):
+        assert [k for k in export(s, "vllm", 10).arguments if k.startswith("structured")] == ["structured_outputs"]
+    flags = export(ChainSettings(json_schema=str(schema)), "llamacpp", 10).arguments
+    assert flags.count("--json-schema") == 1 and flags[-2:] == ["--json-schema", '{"type":"string"}']
+    flags = export(ChainSettings(choice="yes,no"), "llamacpp", 10).arguments
+    assert flags.count("--grammar") == 1 and flags[-2:] == ["--grammar", 'root ::= "yes" | "no"']
+
+
+def test_export_notes_the_first_order_difference_except_for_llamacpp():
+    """vLLM runs min-p before top-k (decodelab the other way): noted at the first place the orders part. llama.cpp
+    is given decodelab's order in --samplers, so nothing to note."""
+    assert export(ChainSettings(temperature=0.7, top_k=5, min_p=0.1), "vllm", 10).notes == [
+        "order differs: decodelab runs top-k before min-p, vLLM the other way round (results differ when both "
+        "change logits)"]
+    line = export(ChainSettings(temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.2,
+                                logit_bias=(("1", 1.0),)), "llamacpp", 10)
+    assert line.notes == ["llama.cpp draws with its own RNG (std::mt19937): the same law, not the same tokens"]
+    assert export(ChainSettings(temperature=0.7, dry_multiplier=0.5), "hf", 10).unsupported == [
+        "dry: transformers has no such stage"]
+    with pytest.raises(ConfigError) as err:
+        export(ChainSettings(), "tgi", 10)
+    assert str(err.value) == "--export 'tgi': allowed: hf, vllm, llamacpp"
+
+
+def test_greedy_exports_leave_the_warpers_out_or_off():
+    """Greedy: transformers' do_sample False ignores the warpers (none written); vLLM's temperature 0 with top-p,
+    top-k and min-p at their off-values."""
+    s = SampleSettings(temperature=0.0, repetition_penalty=1.3, top_p=0.9)
+    assert export(s, "hf", 10).arguments == {"do_sample": False, "repetition_penalty": 1.3, "max_new_tokens": 64}
+    assert export(s, "vllm", 10).arguments == {
+        "repetition_penalty": 1.3, "frequency_penalty": 0.0, "presence_penalty": 0.0, "top_p": 1.0, "top_k": 0,
+        "min_p": 0.0, "temperature": 0.0, "seed": 0, "max_tokens": 64}
+
+
+def test_unknown_semantics_message_lists_the_engines():
+    with pytest.raises(ConfigError) as err:
+        plan(ChainSettings(semantics="ollama"))
+    assert str(err.value) == "--semantics 'ollama': allowed: hf, vllm, llamacpp"
+
+
+def test_vllm_export_follows_trim_stop_when_given():
+    """--trim-stop overrides the plan's default (decodelab keeps a stop string, vLLM's reading trims it)."""
+    trimmed = export(SampleSettings(temperature=0.7, stop=("x",), trim_stop=True), "vllm", 100)
+    assert trimmed.arguments["include_stop_str_in_output"] is False
+    kept = export(SampleSettings(semantics="vllm", temperature=0.7, stop=("x",), trim_stop=False), "vllm", 100)
+    assert kept.arguments["include_stop_str_in_output"] is True
+
+
+def test_vllm_export_of_a_grammar_names_the_backends(tmp_path):
+    gbnf = tmp_path / "g.gbnf"
+    gbnf.write_text('root ::= "a"+\n', encoding="utf-8")
+    out = export(ChainSettings(grammar=str(gbnf)), "vllm", 10)
+    assert out.arguments["structured_outputs"] == {"grammar": 'root ::= "a"+\n'}
+    assert out.notes == ["structured_outputs grammar: vLLM's xgrammar backend reads GBNF/EBNF, its guidance backend "
+                         "Lark; decodelab read it with llguidance"]
+    assert export(ChainSettings(regex="a+"), "vllm", 10).notes == []
