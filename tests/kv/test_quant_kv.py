@@ -13,7 +13,7 @@ from conftest import random_model
 from decodelab.core.methods.sample import decode_tokens
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import parse_cache_spec, policy_capabilities, require
-from decodelab.core.kv.quant import Layout, Stream
+from decodelab.core.kv.quant import Layout, Stream, held_after
 from decodelab.core.kv.quantize import (
     dequantize,
     dequantize_view,
@@ -633,3 +633,59 @@ def test_projected_bytes_of_several_rows_equal_the_stored_bytes(arch, spec):
         if t in (1, 6, 13, 20):
             assert rt.policy.bytes_at(t, rows=3) == rt.policy.nbytes(), t
         rt.feed(torch.tensor([[3 + t], [40 + t], [90 + t]]))
+
+
+# --- the mutation run of core/kv/quant.py (2026-12-01): byte formula, held counts, held sliding layers -------------
+
+
+@pytest.mark.parametrize("axis,group", [("token", 1), ("group", 5), ("channel", 3), ("tensor", 3)])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_byte_formula_equals_the_quantized_tensors(axis, group, bits, symmetric):
+    """Layout.nbytes_for (no tensors) = the real bytes of quantizing [2 rows, 3 heads, 6 tokens, 10 channels]: a
+    head dim of 10 packs into no whole number of bytes at 2 or 4 bits (20 or 40 bits a token, groups of 5 channels
+    10 or 20 bits), so the ceiling of the packed length shows; 2 rows and 3 heads (and 2 blocks of 3 tokens) make
+    every factor of the formula differ from 1. No tokens: no bytes."""
+    layout = Layout(axis, group, bits, symmetric, torch.float16)
+    x = kv_like(shape=(2, 3, 6, 10))
+    assert layout.nbytes_for(6, 2, 3, 10) == layout.quantize(x).nbytes
+    assert layout.nbytes_for(0, 2, 3, 10) == 0
+
+
+def test_byte_formula_by_hand():
+    """2-bit, 10 channels, 2 rows x 3 heads x 6 tokens, asymmetric (a float16 scale and zero = 4 bytes a group):
+    per token: ceil(20 / 8) = 3 code bytes + 4 -> 36 x 7 = 252. Groups of 5: 2 groups of ceil(10 / 8) = 2 bytes
+    + 4 -> 36 x 2 x 6 = 432. Per channel in blocks of 3 tokens: codes 36 x 3 = 108, (scale, zero) per block and
+    channel 2 x 3 x 2 x 10 x 4 = 480 -> 588. Per row in blocks of 3: codes 108, 2 rows x 2 blocks x 4 -> 124."""
+    want = {"token": (1, 252), "group": (5, 432), "channel": (3, 588), "tensor": (3, 124)}
+    for axis, (group, nbytes) in want.items():
+        assert Layout(axis, group, 2, False, torch.float16).nbytes_for(6, 2, 3, 10) == nbytes, axis
+
+
+@pytest.mark.parametrize("residual", [0, 3])
+@pytest.mark.parametrize("block", [1, 4])
+@pytest.mark.parametrize("window", [None, 6, 9])
+def test_held_counts_equal_a_stream_fed_one_token_a_forward(residual, block, window):
+    """held_after (counts, no tensors) = a real stream fed one token a forward, after each token the sliding layer's
+    eviction (keep the last window - 1 tokens, whole blocks at a time), at every length up to 25 (past several
+    blocks and windows; with a window of 6 and blocks of 4, a block must wait while it is partly inside)."""
+    axis = "channel" if block > 1 else "token"
+    s = Stream(Layout(axis, block, 8, True, torch.float16), residual)
+    x = kv_like(shape=(1, 1, 25, 4))
+    for t in range(25):
+        s.append(x[:, :, t : t + 1])
+        if window is not None and s.tokens > window - 1:
+            s.drop_first(s.tokens - (window - 1))
+        assert held_after(t + 1, residual, block, window) == (s.quantized, s.exact), t + 1
+
+
+@pytest.mark.parametrize("spec", ["int8", "quant:bits=4,axis=group,group=8"])
+def test_projected_bytes_of_a_held_sliding_cache_equal_the_stored_bytes(spec):
+    """A run that rolls back (needs truncate) holds every token of Gemma 2's sliding layers (window 16), so bytes_at
+    counts them all: past 16 tokens the formula of an evicting layer would count fewer."""
+    model = random_model("gemma2")
+    rt = Runtime.create(model, parse_cache_spec(spec), needs=frozenset({"truncate"}))
+    rt.prefill(torch.tensor([[3]]))
+    for t in range(1, 25):
+        rt.feed(torch.tensor([[3 + t]]))
+    assert rt.policy.bytes_at(25) == rt.policy.nbytes() == 25 * rt.policy.bytes_at(1)
