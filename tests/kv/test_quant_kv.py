@@ -648,7 +648,8 @@ def test_byte_formula_equals_the_quantized_tensors(axis, group, bits, symmetric)
     every factor of the formula differ from 1. No tokens: no bytes."""
     layout = Layout(axis, group, bits, symmetric, torch.float16)
     x = kv_like(shape=(2, 3, 6, 10))
-    assert layout.nbytes_for(6, 2, 3, 10) == layout.quantize(x).nbytes
+    nbytes = layout.nbytes_for(6, 2, 3, 10)
+    assert nbytes == layout.quantize(x).nbytes and isinstance(nbytes, int)  # a byte count, not 1664.0
     assert layout.nbytes_for(0, 2, 3, 10) == 0
 
 
@@ -689,3 +690,26 @@ def test_projected_bytes_of_a_held_sliding_cache_equal_the_stored_bytes(spec):
     for t in range(1, 25):
         rt.feed(torch.tensor([[3 + t]]))
     assert rt.policy.bytes_at(25) == rt.policy.nbytes() == 25 * rt.policy.bytes_at(1)
+
+
+@pytest.mark.parametrize("axis", ["token", "channel"])
+def test_stream_rollback_within_the_tail_keeps_the_first_tokens_exactly(axis):
+    """keep_first(n) anywhere from the end of the quantized tokens to the end of the tail keeps the first n tokens
+    as they were (the tail cut to n - quantized); into the quantized tokens it cuts the codes for one-token scales
+    (the tail goes) and is refused, in one line, where a block of tokens shares a scale. 29 tokens, residual 8,
+    blocks of 4: 20 quantized, 9 exact (per channel) or 21 and 8 (per token)."""
+    x = kv_like(shape=(2, 3, 29, 16))
+    for n in range(29, -1, -1):
+        s = stream(axis, residual=8, group=4)
+        for chunk in torch.split(x, [5, 1, 1, 9, 1, 12], dim=2):
+            s.append(chunk)
+        before, quantized = s.states(torch.float32), s.quantized
+        assert quantized == (20 if axis == "channel" else 21)
+        if n < quantized and axis == "channel":
+            with pytest.raises(ValueError, match="^a rollback into a block of tokens that shares a scale cannot "
+                                                 "be exact$"):
+                s.keep_first(n)
+            continue
+        s.keep_first(n)
+        assert (s.tokens, s.quantized) == (n, min(n, quantized))
+        assert torch.equal(s.states(torch.float32), before[:, :, :n])
