@@ -144,3 +144,19 @@ def test_the_reference_is_not_vacuous():
     got, _, _ = decode_both(model, "quant:bits=4,axis=kivi,group=8,residual=5", ids, [11] + [1] * 19)
     _, other, _ = decode_both(model, "quant:bits=4,axis=kivi,group=8,residual=6", ids, [11] + [1] * 19)
     assert not all(torch.equal(a, b) for a, b in zip(got, other))
+
+
+# --- the mutation run of core/kv/quant.py (2026-12-01): a model of one layer ----------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,group=8,residual=5", "quant:bits=4,axis=tensor,group=4,residual=3"])
+def test_decode_of_a_one_layer_model_equals_recomputing_from_scratch(spec):
+    """One layer: the layers-together path works on one stream per kind (a first stream looked up as the second
+    of the list would not exist); logits bit for bit as from scratch, past several blocks."""
+    model = random_model("llama", scale=4.0, num_hidden_layers=1)
+    ids = torch.arange(3, 3 + 20).unsqueeze(0)
+    got, want, rt = decode_both(model, spec, ids, [7] + [1] * 13)
+    assert rt.policy.model_cache.together is not None and len(rt.policy.model_cache.layers) == 1
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), (spec, i)
+    assert rt.policy.model_cache.layers[0].k.quantized > 0
