@@ -713,3 +713,28 @@ def test_stream_rollback_within_the_tail_keeps_the_first_tokens_exactly(axis):
         s.keep_first(n)
         assert (s.tokens, s.quantized) == (n, min(n, quantized))
         assert torch.equal(s.states(torch.float32), before[:, :, :n])
+
+
+def test_stored_with_room_holds_every_streams_states_then_room_or_is_none():
+    """The layers-together workspace: stream i's rows [i B, (i + 1) B) hold its stored tokens (dequantized, then the
+    exact tail) and then room for the new ones, from the first stored token on (1 token, then 7: 4 quantized in a
+    block, 3 exact). None when nothing is stored, or when the streams hold different counts: 7 and 8 tokens have
+    the same 4 quantized (codes of the same shape) and 3 or 4 exact."""
+    from decodelab.core.kv.quant import stored_with_room
+
+    layout = Layout("channel", 4, 4, False, torch.float16)
+    x = kv_like(shape=(2, 3, 9, 8))
+    new = kv_like(seed=1, shape=(1, 3, 2, 8))
+    a, b = Stream(layout, 3), Stream(layout, 3)
+    assert stored_with_room([a, b], new) is None
+    for t, n in ((0, 1), (1, 6)):
+        a.append(x[:1, :, t : t + n])
+        b.append(x[1:, :, t : t + n])
+        out = stored_with_room([a, b], new)
+        assert out is not None and out.shape == (2, 3, t + n + 2, 8)
+        assert torch.equal(out[:1, :, : t + n], a.states(torch.float32))
+        assert torch.equal(out[1:, :, : t + n], b.states(torch.float32))
+    assert (a.quantized, a.exact) == (4, 3)
+    b.append(x[1:, :, 7:8])
+    assert (b.quantized, b.exact) == (4, 4)
+    assert stored_with_room([a, b], new) is None
