@@ -738,3 +738,29 @@ def test_stored_with_room_holds_every_streams_states_then_room_or_is_none():
     b.append(x[1:, :, 7:8])
     assert (b.quantized, b.exact) == (4, 4)
     assert stored_with_room([a, b], new) is None
+
+
+def test_streams_appended_together_equal_each_appended_alone():
+    """append_together = Stream.append for each stream, where the streams differ too: one with 6 exact tokens, whose
+    seventh sends a block of 4 out of the tail (blocks of 4, residual 3), beside one that has none leaving; and two
+    streams of different layouts (per token: 1 token leaves; per channel: a block of 4)."""
+    from decodelab.core.kv.quant import append_together
+
+    x = kv_like(shape=(2, 3, 12, 8))
+    def pair(layouts, fed):
+        streams = [Stream(layout, 3) for layout in layouts]
+        for s, n in zip(streams, fed):
+            if n:
+                s.append(x[:1, :, :n])
+        return streams
+    channel = Layout("channel", 4, 4, False, torch.float16)
+    per_token = Layout("token", 1, 4, False, torch.float16)
+    for layouts, fed in (([channel, channel], [6, 0]), ([per_token, channel], [6, 6])):
+        together, alone = pair(layouts, fed), pair(layouts, fed)
+        append_together(together, [x[:1, :, 6:7]] * 2)
+        for s in alone:
+            s.append(x[:1, :, 6:7])
+        for a, b in zip(together, alone):
+            assert (a.quantized, a.exact) == (b.quantized, b.exact)
+            assert torch.equal(a.states(torch.float32), b.states(torch.float32))
+        assert together[0].quantized == 4
