@@ -647,9 +647,10 @@ def test_byte_formula_equals_the_quantized_tensors(axis, group, bits, symmetric)
     10 or 20 bits), so the ceiling of the packed length shows; 2 rows and 3 heads (and 2 blocks of 3 tokens) make
     every factor of the formula differ from 1. No tokens: no bytes."""
     layout = Layout(axis, group, bits, symmetric, torch.float16)
-    x = kv_like(shape=(2, 3, 6, 10))
-    nbytes = layout.nbytes_for(6, 2, 3, 10)
-    assert nbytes == layout.quantize(x).nbytes and isinstance(nbytes, int)  # a byte count, not 1664.0
+    for dim in (10, 40):  # 40 x 2 bits = 10 bytes: a divisor of 9 for 8 would give 9
+        x = kv_like(shape=(2, 3, 6, dim))
+        nbytes = layout.nbytes_for(6, 2, 3, dim)
+        assert nbytes == layout.quantize(x).nbytes and isinstance(nbytes, int)  # a byte count, not 1664.0
     assert layout.nbytes_for(0, 2, 3, 10) == 0
 
 
