@@ -285,3 +285,54 @@ def test_an_interrupted_score_says_so_and_covers_the_rows_it_scored():
     assert (s.stop_reason, s.tokens, s.feed) == ("interrupted", 10, 10)
     assert [(c.start, c.end) for c in s.chunks] == [(1, 5), (5, 9), (9, 11)]
     assert s.mean_nll == pytest.approx(-sum(r.raw_logprob for r in rows) / 10)
+
+
+# --- mutation run of the rest of core/methods/score.py (2026-12-01, helper mutcs): what its survivors asked for ------
+
+REPEATS = IDS[:9] * 3 + IDS[9:13]  # 31 tokens, each of the first 9 seen again: the penalty reaches them
+
+
+def test_a_chain_that_reads_the_prefix_scores_each_row_against_its_own_prefix():
+    """processed_logprobs and --kept-ids under the repetition penalty (a stage that reads the ids): row p is scored
+    from the logits after positions 0 .. p - 1 with exactly the tokens 0 .. p - 1 penalised. Oracle: transformers'
+    own RepetitionPenaltyLogitsProcessor and top-k over a full forward, prefix by prefix. Feed 4 over 31 tokens puts
+    rows at r > 0 inside blocks that start past 0, the last block shorter (30 fed positions)."""
+    from transformers import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
+
+    model = random_model("llama", seed=6, scale=2.0)
+    with torch.no_grad():
+        logits = model(torch.tensor([REPEATS])).logits[0].float()
+    penalty, top_k = RepetitionPenaltyLogitsProcessor(1.8), TopKLogitsWarper(40)
+    rows = list(Scorer(model, REPEATS, build_chain({"repetition-penalty": 1.8}), str, ScoreSettings(feed=4)))
+    assert [r.position for r in rows] == list(range(1, len(REPEATS)))
+    for r in rows:  # the whole distribution after the penalty: its normalizer sees every penalised token
+        prefix = torch.tensor([REPEATS[: r.position]])
+        expected = torch.log_softmax(penalty(prefix, logits[r.position - 1 : r.position].clone()), dim=-1)
+        assert r.logprob == pytest.approx(float(expected[0, r.token_id]), abs=1e-4), r.position
+    settings = ScoreSettings(feed=4, kept_ids=True)
+    rows = list(Scorer(model, REPEATS, build_chain({"repetition-penalty": 1.8, "top-k": 40}), str, settings))
+    for r in rows:  # the top 40 after the penalty: a penalised token moves across its boundary
+        prefix = torch.tensor([REPEATS[: r.position]])
+        z = top_k(prefix, penalty(prefix, logits[r.position - 1 : r.position].clone()))
+        assert sorted(r.kept_sets[-1]["ids"]) == torch.isfinite(z[0]).nonzero()[:, 0].tolist(), r.position
+
+
+def test_kl_agreement_and_kept_mass_together_against_a_full_and_a_banded_forward():
+    """--renormalize with a reference (the reference's columns come after the two kept columns): per row,
+    KL(ref || model) = sum_k p_ref(k) (log p_ref(k) - log p(k)), agree = the two argmaxes are equal, kept_mass =
+    the raw mass of the top-4 set, from a full forward (the model) and a banded one (the reference under a window)."""
+    model = random_model("llama", seed=6, scale=2.0)
+    logp, ref = full_logprobs(model, IDS), banded_logprobs(model, IDS, 7)
+    scorer = Scorer(model, IDS, build_chain({"top-k": 4}), str, ScoreSettings(renormalize=True), reference=model,
+                    reference_cache=parse_cache_spec("window:size=6"), reference_name="ref")
+    rows = list(scorer)
+    agree = []
+    for r in rows:
+        p, q = logp[r.position - 1], ref[r.position - 1]
+        assert r.kl == pytest.approx(float((q.exp() * (q - p)).sum()), abs=1e-4)
+        assert r.agree == (int(p.argmax()) == int(q.argmax()))
+        assert r.reference_logprob == pytest.approx(float(q[r.token_id]), abs=1e-4)
+        assert r.kept_mass == pytest.approx(float(p.exp().topk(4).values.sum()), abs=1e-4)
+        assert r.raw_logprob == pytest.approx(float(p[r.token_id]), abs=1e-4)
+        agree.append(r.agree)
+    assert True in agree and False in agree  # both answers occur, so neither constant passes
