@@ -336,3 +336,34 @@ def test_kl_agreement_and_kept_mass_together_against_a_full_and_a_banded_forward
         assert r.raw_logprob == pytest.approx(float(p[r.token_id]), abs=1e-4)
         agree.append(r.agree)
     assert True in agree and False in agree  # both answers occur, so neither constant passes
+
+
+def fake_lm(tokens: int, context: int | None):
+    """What scored_ids reads of a loaded model: encode (one token a character here), name, context_length."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(encode=lambda text: list(range(len(text))), name="toy", context_length=context)
+
+
+def test_scored_ids_takes_a_text_of_exactly_the_context_and_refuses_one_token_more():
+    from decodelab.core.methods.score import UNKNOWN_CONTEXT_TOKENS, scored_ids
+
+    assert scored_ids(fake_lm(8, 8), "x" * 8, ScoreSettings()) == list(range(8))  # len == context: taken
+    assert scored_ids(fake_lm(9, 8), "x" * 9, ScoreSettings(limit=3)) == [0, 1, 2]  # --limit cuts first
+    with pytest.raises(ConfigError) as e:
+        scored_ids(fake_lm(9, 8), "x" * 9, ScoreSettings())
+    assert str(e.value) == ("TEXT: 9 tokens, more than the context of 'toy' (8); pass --limit 8 to score the first 8, "
+                            "or --limit 9 for all of them (memory grows with it), or score it under a bounded cache "
+                            "with `decodelab stream --text-file`")
+    n = UNKNOWN_CONTEXT_TOKENS  # a model that states no context length: 2**16
+    assert len(scored_ids(fake_lm(n, None), "x" * n, ScoreSettings())) == n
+    with pytest.raises(ConfigError) as e:
+        scored_ids(fake_lm(n + 1, None), "x" * (n + 1), ScoreSettings(), option="--text-file")
+    assert str(e.value).startswith(f"--text-file: {n + 1} tokens, more than what score takes without --limit ({n}); "
+                                   f"pass --limit {n} to score the first {n}, or --limit {n + 1} for all")
+
+
+def test_validate_score_checks_the_choice_settings():
+    """--choice with another stage set is refused by validate_score itself (check_choice_settings on the settings)."""
+    with pytest.raises(ConfigError, match=r"^--choice .*drop the top-k stage$"):
+        validate_score(ScoreSettings(choice="yes,no", top_k=5))
