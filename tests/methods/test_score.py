@@ -302,18 +302,21 @@ def test_a_chain_that_reads_the_prefix_scores_each_row_against_its_own_prefix():
     model = random_model("llama", seed=6, scale=2.0)
     with torch.no_grad():
         logits = model(torch.tensor([REPEATS])).logits[0].float()
-    penalty, top_k = RepetitionPenaltyLogitsProcessor(1.8), TopKLogitsWarper(40)
+    penalty = RepetitionPenaltyLogitsProcessor(1.8)
     rows = list(Scorer(model, REPEATS, build_chain({"repetition-penalty": 1.8}), str, ScoreSettings(feed=4)))
     assert [r.position for r in rows] == list(range(1, len(REPEATS)))
     for r in rows:  # the whole distribution after the penalty: its normalizer sees every penalised token
         prefix = torch.tensor([REPEATS[: r.position]])
         expected = torch.log_softmax(penalty(prefix, logits[r.position - 1 : r.position].clone()), dim=-1)
         assert r.logprob == pytest.approx(float(expected[0, r.token_id]), abs=1e-4), r.position
+    # a penalty below 1 multiplies a seen token's positive logit by 20: the top 3 are mostly the prefix's own
+    # tokens, so the set changes with each token the prefix gains (the latest one included)
+    boost, top_k = RepetitionPenaltyLogitsProcessor(0.05), TopKLogitsWarper(3)
     settings = ScoreSettings(feed=4, kept_ids=True)
-    rows = list(Scorer(model, REPEATS, build_chain({"repetition-penalty": 1.8, "top-k": 40}), str, settings))
-    for r in rows:  # the top 40 after the penalty: a penalised token moves across its boundary
+    rows = list(Scorer(model, REPEATS, build_chain({"repetition-penalty": 0.05, "top-k": 3}), str, settings))
+    for r in rows:
         prefix = torch.tensor([REPEATS[: r.position]])
-        z = top_k(prefix, penalty(prefix, logits[r.position - 1 : r.position].clone()))
+        z = top_k(prefix, boost(prefix, logits[r.position - 1 : r.position].clone()))
         assert sorted(r.kept_sets[-1]["ids"]) == torch.isfinite(z[0]).nonzero()[:, 0].tolist(), r.position
 
 
@@ -334,6 +337,7 @@ def test_kl_agreement_and_kept_mass_together_against_a_full_and_a_banded_forward
         assert r.reference_logprob == pytest.approx(float(q[r.token_id]), abs=1e-4)
         assert r.kept_mass == pytest.approx(float(p.exp().topk(4).values.sum()), abs=1e-4)
         assert r.raw_logprob == pytest.approx(float(p[r.token_id]), abs=1e-4)
+        assert r.token == str(r.token_id) == str(IDS[r.position])
         agree.append(r.agree)
     assert True in agree and False in agree  # both answers occur, so neither constant passes
 
