@@ -371,3 +371,15 @@ def test_validate_score_checks_the_choice_settings():
     """--choice with another stage set is refused by validate_score itself (check_choice_settings on the settings)."""
     with pytest.raises(ConfigError, match=r"^--choice .*drop the top-k stage$"):
         validate_score(ScoreSettings(choice="yes,no", top_k=5))
+
+
+def test_without_a_stage_the_processed_logprob_is_the_raw_one_of_a_full_forward():
+    """The empty chain (processed_logprobs' first branch): logprob = raw_logprob = log softmax over the vocabulary
+    of a full forward, in one block of 39 rows (a softmax over the rows instead would not sum to 1 per row)."""
+    model = random_model("llama", seed=6, scale=2.0)
+    scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings())
+    rows = list(scorer)
+    assert scorer.feed == len(IDS) - 1
+    expected = scored(full_logprobs(model, IDS), IDS)
+    assert [r.logprob for r in rows] == pytest.approx(expected, abs=1e-4)
+    assert [r.raw_logprob for r in rows] == pytest.approx(expected, abs=1e-4)
