@@ -383,3 +383,17 @@ def test_without_a_stage_the_processed_logprob_is_the_raw_one_of_a_full_forward(
     expected = scored(full_logprobs(model, IDS), IDS)
     assert [r.logprob for r in rows] == pytest.approx(expected, abs=1e-4)
     assert [r.raw_logprob for r in rows] == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_reference_model_in_one_block_of_many_rows_agrees_row_by_row():
+    """--against another model under the full cache: one forward of 39 rows for each (score_feed), and per row
+    agree = its own two argmaxes equal, KL and the reference's log-probability from two full forwards."""
+    model, other = random_model("llama", seed=6, scale=2.0), random_model("llama", seed=7, scale=2.0)
+    logp, ref = full_logprobs(model, IDS), full_logprobs(other, IDS)
+    scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings(), reference=other, reference_cache=None)
+    rows = list(scorer)
+    assert scorer.feed == len(IDS) - 1
+    assert [r.agree for r in rows] == (logp.argmax(dim=-1) == ref.argmax(dim=-1))[:-1].tolist()
+    assert [r.kl for r in rows] == pytest.approx(((ref.exp() * (ref - logp)).sum(dim=-1))[:-1].tolist(), abs=1e-4)
+    assert [r.reference_logprob for r in rows] == pytest.approx(scored(ref, IDS), abs=1e-4)
+    assert True in [r.agree for r in rows] and False in [r.agree for r in rows]
