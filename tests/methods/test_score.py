@@ -257,6 +257,7 @@ def test_blocks_cover_every_fed_position_once_by_hand():
     assert blocks(10, 3, prefill=5) == [(0, 5), (5, 8), (8, 9)]
     assert blocks(10, 3, prefill=20) == [(0, 9)]
     assert blocks(10, 100) == [(0, 9)] and blocks(2, 5) == [(0, 1)] and blocks(3, 1) == [(0, 1), (1, 2)]
+    assert blocks(1, 3) == [] and blocks(1, 3, prefill=2) == []  # one token: no position is fed (helper mutcs)
 
 
 def test_chunks_of_one_token_and_of_the_whole_text():
