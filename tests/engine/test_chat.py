@@ -159,7 +159,42 @@ def test_the_in_process_render_keeps_the_limit_exactly():
 def test_the_childs_answer_is_read_whole_and_a_silent_death_is_named():
     assert chat.answer(b"ok\0a\0b", 0) == ("ok", "a\0b"), "a NUL inside the text is the text's"
     assert chat.answer(b"error\0too slow", 0) == ("error", "too slow")
+    lone = "caf\udce9"  # a lone surrogate (an undecodable byte of the prompt) crosses the pipe as it is
+    assert chat.answer(b"ok\0" + lone.encode("utf-8", "surrogatepass"), 0) == ("ok", lone)
     killed = 9  # os.waitpid's status of a child killed by SIGKILL
     assert chat.answer(b"", killed) == \
         ("error", "the process rendering it was killed by signal 9 without an answer (more than 1024 MiB?)")
     assert chat.answer(b"", 0) == ("error", "the process rendering it ended without an answer (more than 1024 MiB?)")
+
+
+def test_the_parent_reads_the_childs_pipe_to_the_byte_bound_and_the_deadline():
+    """collect's bound for ``limit`` characters is 4 * limit + 16 bytes, counted over every chunk read; past the
+    deadline with nothing more written, the child is declared too slow."""
+    import os
+    import threading
+    import time
+
+    limit, too_large = 4, ("error", "renders more than 4 characters (the most allowed for this prompt)")
+    for chunks, verdict in [([32], None), ([20, 13], too_large), ([33], too_large)]:
+        read_end, write_end = os.pipe()
+
+        def write(chunks=chunks, fd=write_end):
+            for n in chunks:
+                os.write(fd, b"a" * n)
+                time.sleep(0.2)  # a second chunk is a second read
+            os.close(fd)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        data, got = chat.collect(read_end, limit, 1.0)  # under 1 s left from the start
+        writer.join()
+        os.close(read_end)
+        assert got == verdict, chunks
+        assert data == (b"a" * sum(chunks) if verdict is None else b"")
+    read_end, write_end = os.pipe()
+    try:
+        assert chat.collect(read_end, limit, 0.2) == \
+            (b"", ("error", "took more than 0.2 s to render; a chat template renders in milliseconds"))
+    finally:
+        os.close(read_end)
+        os.close(write_end)

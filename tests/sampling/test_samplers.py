@@ -587,7 +587,7 @@ def test_the_bias_stages_refuse_in_one_exact_line():
 def test_the_allow_list_checks_both_ends_of_the_vocabulary():
     z = torch.zeros(1, 5)
     assert (~torch.isneginf(AllowList((0, 4))(None, z)))[0].tolist() == [True, False, False, False, True]
-    for ids, shown in [((1, 5), 5), ((-1, 2), 2)]:
+    for ids, shown in [((1, 2, 5), 5), ((-1, 2, 3), 3)]:  # three ids: the largest is the last, not the second
         with pytest.raises(ConfigError) as refused:
             AllowList(ids)(None, z)
         assert str(refused.value) == f"--allow {shown}: token id out of range [0, 5)"
