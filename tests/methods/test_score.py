@@ -257,6 +257,7 @@ def test_blocks_cover_every_fed_position_once_by_hand():
     assert blocks(10, 3, prefill=5) == [(0, 5), (5, 8), (8, 9)]
     assert blocks(10, 3, prefill=20) == [(0, 9)]
     assert blocks(10, 100) == [(0, 9)] and blocks(2, 5) == [(0, 1)] and blocks(3, 1) == [(0, 1), (1, 2)]
+    assert blocks(1, 3) == [] and blocks(1, 3, prefill=2) == []  # one token: no position is fed (helper mutcs)
 
 
 def test_chunks_of_one_token_and_of_the_whole_text():
@@ -285,3 +286,115 @@ def test_an_interrupted_score_says_so_and_covers_the_rows_it_scored():
     assert (s.stop_reason, s.tokens, s.feed) == ("interrupted", 10, 10)
     assert [(c.start, c.end) for c in s.chunks] == [(1, 5), (5, 9), (9, 11)]
     assert s.mean_nll == pytest.approx(-sum(r.raw_logprob for r in rows) / 10)
+
+
+# --- mutation run of the rest of core/methods/score.py (2026-12-01, helper mutcs): what its survivors asked for ------
+
+REPEATS = IDS[:9] * 3 + IDS[9:13]  # 31 tokens, each of the first 9 seen again: the penalty reaches them
+
+
+def test_a_chain_that_reads_the_prefix_scores_each_row_against_its_own_prefix():
+    """processed_logprobs and --kept-ids under the repetition penalty (a stage that reads the ids): row p is scored
+    from the logits after positions 0 .. p - 1 with exactly the tokens 0 .. p - 1 penalised. Oracle: transformers'
+    own RepetitionPenaltyLogitsProcessor and top-k over a full forward, prefix by prefix. Feed 4 over 31 tokens puts
+    rows at r > 0 inside blocks that start past 0, the last block shorter (30 fed positions)."""
+    from transformers import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
+
+    model = random_model("llama", seed=6, scale=2.0)
+    with torch.no_grad():
+        logits = model(torch.tensor([REPEATS])).logits[0].float()
+    penalty = RepetitionPenaltyLogitsProcessor(1.8)
+    rows = list(Scorer(model, REPEATS, build_chain({"repetition-penalty": 1.8}), str, ScoreSettings(feed=4)))
+    assert [r.position for r in rows] == list(range(1, len(REPEATS)))
+    for r in rows:  # the whole distribution after the penalty: its normalizer sees every penalised token
+        prefix = torch.tensor([REPEATS[: r.position]])
+        expected = torch.log_softmax(penalty(prefix, logits[r.position - 1 : r.position].clone()), dim=-1)
+        assert r.logprob == pytest.approx(float(expected[0, r.token_id]), abs=1e-4), r.position
+    # a penalty below 1 multiplies a seen token's positive logit by 20: the top 3 are mostly the prefix's own
+    # tokens, so the set changes with each token the prefix gains (the latest one included)
+    boost, top_k = RepetitionPenaltyLogitsProcessor(0.05), TopKLogitsWarper(3)
+    settings = ScoreSettings(feed=4, kept_ids=True)
+    rows = list(Scorer(model, REPEATS, build_chain({"repetition-penalty": 0.05, "top-k": 3}), str, settings))
+    for r in rows:
+        prefix = torch.tensor([REPEATS[: r.position]])
+        z = top_k(prefix, boost(prefix, logits[r.position - 1 : r.position].clone()))
+        assert sorted(r.kept_sets[-1]["ids"]) == torch.isfinite(z[0]).nonzero()[:, 0].tolist(), r.position
+
+
+def test_kl_agreement_and_kept_mass_together_against_a_full_and_a_banded_forward():
+    """--renormalize with a reference (the reference's columns come after the two kept columns): per row,
+    KL(ref || model) = sum_k p_ref(k) (log p_ref(k) - log p(k)), agree = the two argmaxes are equal, kept_mass =
+    the raw mass of the top-4 set, from a full forward (the model) and a banded one (the reference under a window)."""
+    model = random_model("llama", seed=6, scale=2.0)
+    logp, ref = full_logprobs(model, IDS), banded_logprobs(model, IDS, 7)
+    scorer = Scorer(model, IDS, build_chain({"top-k": 4}), str, ScoreSettings(renormalize=True), reference=model,
+                    reference_cache=parse_cache_spec("window:size=6"), reference_name="ref")
+    rows = list(scorer)
+    agree = []
+    for r in rows:
+        p, q = logp[r.position - 1], ref[r.position - 1]
+        assert r.kl == pytest.approx(float((q.exp() * (q - p)).sum()), abs=1e-4)
+        assert r.agree == (int(p.argmax()) == int(q.argmax()))
+        assert r.reference_logprob == pytest.approx(float(q[r.token_id]), abs=1e-4)
+        assert r.kept_mass == pytest.approx(float(p.exp().topk(4).values.sum()), abs=1e-4)
+        assert r.raw_logprob == pytest.approx(float(p[r.token_id]), abs=1e-4)
+        assert r.token == str(r.token_id) == str(IDS[r.position])
+        agree.append(r.agree)
+    assert True in agree and False in agree  # both answers occur, so neither constant passes
+
+
+def fake_lm(tokens: int, context: int | None):
+    """What scored_ids reads of a loaded model: encode (one token a character here), name, context_length."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(encode=lambda text: list(range(len(text))), name="toy", context_length=context)
+
+
+def test_scored_ids_takes_a_text_of_exactly_the_context_and_refuses_one_token_more():
+    from decodelab.core.methods.score import UNKNOWN_CONTEXT_TOKENS, scored_ids
+
+    assert scored_ids(fake_lm(8, 8), "x" * 8, ScoreSettings()) == list(range(8))  # len == context: taken
+    assert scored_ids(fake_lm(9, 8), "x" * 9, ScoreSettings(limit=3)) == [0, 1, 2]  # --limit cuts first
+    with pytest.raises(ConfigError) as e:
+        scored_ids(fake_lm(9, 8), "x" * 9, ScoreSettings())
+    assert str(e.value) == ("TEXT: 9 tokens, more than the context of 'toy' (8); pass --limit 8 to score the first 8, "
+                            "or --limit 9 for all of them (memory grows with it), or score it under a bounded cache "
+                            "with `decodelab stream --text-file`")
+    n = UNKNOWN_CONTEXT_TOKENS  # a model that states no context length: 2**16
+    assert len(scored_ids(fake_lm(n, None), "x" * n, ScoreSettings())) == n
+    with pytest.raises(ConfigError) as e:
+        scored_ids(fake_lm(n + 1, None), "x" * (n + 1), ScoreSettings(), option="--text-file")
+    assert str(e.value).startswith(f"--text-file: {n + 1} tokens, more than what score takes without --limit ({n}); "
+                                   f"pass --limit {n} to score the first {n}, or --limit {n + 1} for all")
+
+
+def test_validate_score_checks_the_choice_settings():
+    """--choice with another stage set is refused by validate_score itself (check_choice_settings on the settings)."""
+    with pytest.raises(ConfigError, match=r"^--choice .*drop the top-k stage$"):
+        validate_score(ScoreSettings(choice="yes,no", top_k=5))
+
+
+def test_without_a_stage_the_processed_logprob_is_the_raw_one_of_a_full_forward():
+    """The empty chain (processed_logprobs' first branch): logprob = raw_logprob = log softmax over the vocabulary
+    of a full forward, in one block of 39 rows (a softmax over the rows instead would not sum to 1 per row)."""
+    model = random_model("llama", seed=6, scale=2.0)
+    scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings())
+    rows = list(scorer)
+    assert scorer.feed == len(IDS) - 1
+    expected = scored(full_logprobs(model, IDS), IDS)
+    assert [r.logprob for r in rows] == pytest.approx(expected, abs=1e-4)
+    assert [r.raw_logprob for r in rows] == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_reference_model_in_one_block_of_many_rows_agrees_row_by_row():
+    """--against another model under the full cache: one forward of 39 rows for each (score_feed), and per row
+    agree = its own two argmaxes equal, KL and the reference's log-probability from two full forwards."""
+    model, other = random_model("llama", seed=6, scale=2.0), random_model("llama", seed=7, scale=2.0)
+    logp, ref = full_logprobs(model, IDS), full_logprobs(other, IDS)
+    scorer = Scorer(model, IDS, build_chain({}), str, ScoreSettings(), reference=other, reference_cache=None)
+    rows = list(scorer)
+    assert scorer.feed == len(IDS) - 1
+    assert [r.agree for r in rows] == (logp.argmax(dim=-1) == ref.argmax(dim=-1))[:-1].tolist()
+    assert [r.kl for r in rows] == pytest.approx(((ref.exp() * (ref - logp)).sum(dim=-1))[:-1].tolist(), abs=1e-4)
+    assert [r.reference_logprob for r in rows] == pytest.approx(scored(ref, IDS), abs=1e-4)
+    assert True in [r.agree for r in rows] and False in [r.agree for r in rows]
