@@ -442,6 +442,13 @@ def test_stdin_is_read_to_its_limit_and_no_further(monkeypatch):
     assert _refusal(inputs.read_stdin, "PROMPT", limit=8).startswith("PROMPT -: more than 8 bytes")
     monkeypatch.setattr("sys.stdin", io.StringIO("caf\udce9"))  # an undecodable byte, as Python reads it
     assert _refusal(inputs.read_stdin, "PROMPT") == "PROMPT -: not UTF-8 text (byte 3); give a UTF-8 file"
+    class Unreadable(EndlessStdin):
+        def read(self, n=-1):
+            raise OSError(9, "Bad file descriptor")  # `<&-` seen by a process whose stdin object outlived it
+
+    monkeypatch.setattr("sys.stdin", Unreadable())
+    assert _refusal(inputs.read_stdin, "PROMPT") == \
+        "PROMPT -: stdin is closed; pipe the text in, or give it as an argument or a file"
     closed = io.StringIO("text")
     closed.close()
     monkeypatch.setattr("sys.stdin", closed)

@@ -175,7 +175,7 @@ def test_the_parent_reads_the_childs_pipe_to_the_byte_bound_and_the_deadline():
     import time
 
     limit, too_large = 4, ("error", "renders more than 4 characters (the most allowed for this prompt)")
-    for chunks, verdict in [([32], None), ([20, 13], too_large), ([33], too_large)]:
+    for chunks, verdict in [([20, 12], None), ([20, 13], too_large), ([33], too_large)]:  # 32 bytes: the bound
         read_end, write_end = os.pipe()
 
         def write(chunks=chunks, fd=write_end):
