@@ -17,6 +17,10 @@
 # MUTMUT_TIMEOUT_MULTIPLIER (environment): a mutant is stopped as a timeout after (estimated test time + 1) x this x 2
 #   CPU seconds; mutmut's default 15 gives an endless loop under a file of slow tests (tests/methods/test_batch.py)
 #   hours of CPU. 2 stops it after about 4 times its tests' time; a change of it reclassifies only the timeouts.
+# Run it detached (`setsid bash tests/mutation/run.sh ... < /dev/null &`): a mutant that turns a pid into 0 kills its
+#   process group, and with it the run, without a word; rerun with KEEP=1 and patterns that skip it.
+# A test sees a constructor's mutant only if it builds the object in its body: objects built in a parametrize list
+#   are built at collection, before mutmut switches a mutant on.
 # The tests run against the mutants are every test file under tests/ except EXCLUDE below; mutmut runs against each
 # mutant only the tests that call its function (fastest first, stopping at the first failure).
 # TESTS (environment): the test files or folders to select from instead of all of tests/ (EXCLUDE still applies), for
