@@ -54,6 +54,11 @@ LLAMACPP_MIROSTAT_ORDER = ("constraint", "bias", "temperature", "mirostat")  # t
 ENGINE_NAMES = {"hf": "transformers", "vllm": "vLLM", "llamacpp": "llama.cpp"}
 ENGINE_STAGES = {engine: engine_order(engine) for engine in ENGINES}
 
+
+def possessive(name: str) -> str:
+    """transformers' (a name ending in s takes the apostrophe alone), vLLM's, llama.cpp's."""
+    return name + ("'" if name.endswith("s") else "'s")
+
 # decodelab stage -> the settings fields that switch it on; the stages that act only when sampling
 STAGE_FIELDS = {s.name: (s.fields if s.any_field else s.fields[:1]) for s in STAGES}
 WARPERS = tuple(s.name for s in STAGES if s.warper)
@@ -195,7 +200,7 @@ def _finish(engine: str, s: ChainSettings, user_chain, notes: list[str], engine_
         notes.append(f"{ENGINE_NAMES[engine]} has no {', '.join(lacking)}: kept at decodelab's position")
     if user_chain is not None:
         order = [n for n in user_chain if n in active]
-        notes.append(f"order from --chain, not {ENGINE_NAMES[engine]}'s")
+        notes.append(f"order from --chain, not {possessive(ENGINE_NAMES[engine])}")
     else:
         order = merge_order(engine_order, active)
     return replace(s, chain=tuple(order))
@@ -318,8 +323,6 @@ def _llamacpp(s: ChainSettings) -> Plan:
     if window == 0:
         s = replace(s, repetition_penalty=None, frequency_penalty=None, presence_penalty=None)
     counting = {name: ("all", window) for name in PENALTIES}
-    if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
-        notes.append(f"penalties count prompt and output, the last {window} tokens")
     if s.mirostat_tau is not None or s.mirostat_eta is not None:
         s = _dropped(s, [n for n in DEFAULT_ORDER if n not in LLAMACPP_MIROSTAT_ORDER],
                      "ignored by llama.cpp when mirostat is on (its chain is logit bias, temperature, mirostat)",
@@ -327,6 +330,8 @@ def _llamacpp(s: ChainSettings) -> Plan:
         engine_order = LLAMACPP_MIROSTAT_ORDER
     else:
         engine_order = LLAMACPP_ORDER
+    if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
+        notes.append(f"penalties count prompt and output, the last {window} tokens")  # those mirostat left
     temperature = s.temperature
     s = replace(s, penalty_last_n=None)
     s = _finish("llamacpp", s, user_chain, notes, engine_order)

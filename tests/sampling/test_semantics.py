@@ -724,6 +724,9 @@ def test_llamacpp_top_p_zero_and_mirostat_notes():
     m = plan(ChainSettings(semantics="llamacpp", mirostat_tau=4.0, top_k=10, repetition_penalty=1.3))
     assert ("repetition-penalty, top-k, top-p, min-p: ignored by llama.cpp when mirostat is on (its chain is logit "
             "bias, temperature, mirostat)") in m.notes
+    assert not any(n.startswith("penalties count") for n in m.notes), "mirostat dropped the penalty: no window"
+    kept = plan(ChainSettings(semantics="llamacpp", repetition_penalty=1.3))
+    assert "penalties count prompt and output, the last 64 tokens" in kept.notes
 
 
 def test_llamacpp_export_of_dynamic_temperature_writes_its_centre():
@@ -807,7 +810,7 @@ def test_hf_runs_the_users_chain():
     s = ChainSettings(semantics="hf", temperature=0.5, top_p=0.8, top_k=0, chain=("top-p", "temperature"))
     assert dist_stages(s, given_logits(dist=P4), []).probs() == pytest.approx(
         [0, 0.04 / 0.29, 0.09 / 0.29, 0.16 / 0.29], abs=1e-5)
-    assert "order from --chain, not transformers's" in plan(s).notes
+    assert "order from --chain, not transformers'" in plan(s).notes
 
 
 def test_llamacpp_plan_document():
