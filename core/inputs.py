@@ -107,6 +107,7 @@ def parse_json(where: str, text: str | bytes, max_depth: int = MAX_DEPTH, expect
     """A JSON document handed in; ``where`` names it ("--resume trace.json", "--job j.jsonl: line 3"). Nesting past
     the parser's own recursion limit and past ``max_depth`` is one line, as is malformed JSON: JSON lines where one
     document was expected are named as such; ``expected`` (what to give instead) ends the line."""
+    hint = f"; {expected}" if expected else ""
     try:
         value = json.loads(text)
     except RecursionError:
@@ -117,9 +118,9 @@ def parse_json(where: str, text: str | bytes, max_depth: int = MAX_DEPTH, expect
         what = ("several JSON values (JSON lines?)" if exc.msg == "Extra data" and text.lstrip().startswith("{")
                 and "\n" in text.strip()
                 else f"not JSON ({exc.msg} at line {exc.lineno})")
-        raise ConfigError(f"{where}: {what}{'; ' + expected if expected else ''}") from None
+        raise ConfigError(f"{where}: {what}{hint}") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{where}: not JSON ({exc.reason}){'; ' + expected if expected else ''}") from None
+        raise ConfigError(f"{where}: not JSON ({exc.reason}){hint}") from None
     return check_depth(where, value, max_depth)
 
 

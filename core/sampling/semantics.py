@@ -55,13 +55,14 @@ ENGINE_NAMES = {"hf": "transformers", "vllm": "vLLM", "llamacpp": "llama.cpp"}
 ENGINE_STAGES = {engine: engine_order(engine) for engine in ENGINES}
 
 
-def possessive(name: str) -> str:
-    """transformers' (a name ending in s takes the apostrophe alone), vLLM's, llama.cpp's."""
-    return name + ("'" if name.endswith("s") else "'s")
-
 # decodelab stage -> the settings fields that switch it on; the stages that act only when sampling
 STAGE_FIELDS = {s.name: (s.fields if s.any_field else s.fields[:1]) for s in STAGES}
 WARPERS = tuple(s.name for s in STAGES if s.warper)
+
+
+def possessive(name: str) -> str:
+    """transformers' (a name ending in s takes the apostrophe alone), vLLM's, llama.cpp's."""
+    return name + ("'" if name.endswith("s") else "'s")
 
 
 def engine_off(engine: str, s: ChainSettings) -> ChainSettings:
