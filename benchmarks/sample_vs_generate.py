@@ -1,8 +1,9 @@
 """Tokens/s of decodelab's decode loop against transformers `generate`, side by side in one process.
 
 Every variant decodes the same prompt for exactly the same number of tokens on the same model. The variants run in
-alternation, round after round; each reported ratio is the median over rounds of the per-round ratio of the two
-wall times (paired, so slow drift of a busy machine affects both sides alike), and tok/s is the median rate.
+alternation, round after round, in a fresh random order each round; each reported ratio is the median over rounds
+of the per-round ratio of the two wall times (paired, so slow drift of a busy machine affects both sides alike),
+and tok/s is the median rate.
 
 `generate` is configured as its best users would: EOS ignored through `eos_token_id=None` (not `min_new_tokens`,
 which adds a logits processor to its loop), and `top_k=0` when sampling (its default would add top-k 50, which
@@ -12,7 +13,11 @@ steps and the summary a command prints. "traced" is the trace as `sample -f json
 traced together in blocks (`Sampler(block=...)`, REPORT_BLOCK, as the CLI does); "traced, streamed" is the trace as
 `-f jsonl`, `-f text` and the live table take it, one step at a time.
 
-Goals: traced greedy and traced top-p >= 1.1x `generate`; trace on >= 0.95x trace off. With `--compile`: the static
+Goals: traced greedy and traced top-p >= 1.1x `generate`; trace on >= 0.95x trace off. The trace's cost is also
+read inside each traced run, where it cannot drift against its reference: the stopwatch's trace laps (statistics,
+the transfer, the steps built) over the rest of the same run (prefill, forwards, chain, selector), token after
+token interleaved (the in-run share; the pairing of traced and untraced runs also counts what tracing does to the
+forwards around it, such as a colder cache, and moves by several hundredths on a machine whose speed drifts). With `--compile`: the static
 cache with the one-token step compiled, against `generate` with its own static cache compiled (compile times
 reported separately, rates measured after compiling).
 
@@ -22,6 +27,7 @@ reported separately, rates measured after compiling).
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -54,8 +60,11 @@ def ours(lm, prompt_ids, label: str, n: int, trace: bool, cache: str = "full", c
         for _ in sampler:
             pass
         sampler.summary()
+        timing = sampler.watch.timing
+        run.shares.append(timing.trace_s / (timing.prefill_s + timing.loop_s))
         return len(sampler.new_ids)
 
+    run.shares = []  # per run: the time spent tracing / the rest of that run (prefill, forwards, chain, selector)
     return run
 
 
@@ -67,6 +76,37 @@ def theirs(lm, ids, label: str, n: int, **extra):
         return out.shape[1] - ids.shape[1]
 
     return run
+
+
+def interleaved(lm, prompt_ids, label: str, n: int, rounds: int) -> dict[str, list[float]]:
+    """Per round, the seconds each decodelab variant (traced, traced streamed, untraced) spent on its n tokens when
+    the three runs advance together, one token each in turn (a fresh random order every token): a drift of the
+    machine's speed reaches all three alike, which the pairing of whole runs cannot promise on a machine whose speed
+    moves within a second. A traced run's seconds include its blocks' traces, on the token that fills the block."""
+    variants = {"traced": REPORT_BLOCK, "traced, streamed": 1, "untraced": None}
+    settings = SampleSettings(max_new_tokens=n, ignore_eos=True, top=5, **SETTINGS[label])
+    order = random.Random(1)
+    out: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds + 1):  # the first round warms up
+        samplers = {name: build_sampler(lm, settings, prompt_ids, record=block is not None, block=block or 1)
+                    for name, block in variants.items()}
+        steps = {name: iter(s) for name, s in samplers.items()}
+        spent = dict.fromkeys(variants, 0.0)
+        live = list(variants)
+        while live:
+            for name in order.sample(live, len(live)):
+                start = time.perf_counter()
+                if next(steps[name], None) is None:
+                    live.remove(name)
+                spent[name] += time.perf_counter() - start
+        for name, sampler in samplers.items():
+            start = time.perf_counter()
+            sampler.summary()
+            spent[name] += time.perf_counter() - start
+            assert len(sampler.new_ids) == n, (name, len(sampler.new_ids))
+        for name in variants:
+            out[name].append(spent[name])
+    return {name: ts[1:] for name, ts in out.items()}
 
 
 def timed(fn, device) -> float:
@@ -81,9 +121,11 @@ def measure(runs: dict, n: int, rounds: int, device) -> dict[str, list[float]]:
     for fn in runs.values():  # warm-up (and, with --compile, the compilation)
         fn()
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for r in range(rounds):
-        names = list(runs)
-        names = names[r % len(names):] + names[: r % len(names)]  # rotate the order every round
+    order = random.Random(0)
+    for _ in range(rounds):
+        # a fresh order every round: a run is slower or faster after some variants (what they leave in the caches
+        # and the allocator), and a rotation would keep each variant behind the same neighbour every round
+        names = order.sample(list(runs), len(runs))
         for name in names:
             seconds, produced = timed(runs[name], device)
             assert produced == n, (name, produced)
@@ -146,7 +188,7 @@ def main() -> None:
     times = measure(runs, n, args.rounds, lm.device)
     print(f"model {lm.name} on {lm.device} ({str(lm.dtype).replace('torch.', '')}), torch threads "
           f"{torch.get_num_threads()}, prompt {len(prompt_ids)} tokens, {n} new tokens, {args.rounds} rounds "
-          f"(order rotated each round), medians")
+          f"(a fresh random order each round), medians")
     width = max(map(len, times))
     for name, ts in times.items():
         print(f"  {name:<{width}}  {n / statistics.median(ts):8.1f} tok/s")
@@ -162,6 +204,17 @@ def main() -> None:
               f"{paired(times, f'decodelab traced, streamed {label}', f'generate {label}'):.2f}x")
         print(f"  traced, streamed {label} / untraced {label}:  "
               f"{paired(times, f'decodelab traced, streamed {label}', f'decodelab untraced {label}'):.2f}x")
+        for kind in ("traced", "traced, streamed"):
+            share = statistics.median(runs[f"decodelab {kind} {label}"].shares[1:])  # the warm-up run left out
+            print(f"  {kind} {label}, in-run trace share (trace time / the rest of the same run): {share:.1%}"
+                  + ("   (goal <= 5%)" if kind == "traced" else ""))
+    print("interleaved token by token (the three decodelab runs advance together; median over rounds of the "
+          "per-round ratio):")
+    for label in SETTINGS:
+        spent = interleaved(lm, prompt_ids, label, n, args.rounds)
+        for kind in ("traced", "traced, streamed"):
+            ratio = statistics.median(u / t for u, t in zip(spent["untraced"], spent[kind]))
+            print(f"  {kind} {label} / untraced {label}:  {ratio:.2f}x" + ("   (goal >= 0.95x)" if kind == "traced" else ""))
     if compiled:
         for kind in ("traced", "untraced"):
             ratio = paired(times, f"decodelab static compiled greedy ({kind})", "generate static compiled greedy")

@@ -189,3 +189,68 @@ def test_alternatives_keep_their_order_in_a_long_list():
     assert ranked_alternatives(probs, raw, kept_mask, 10).tolist() == list(range(18, -1, -2))
     assert ranked_alternatives(probs, raw, kept_mask, 20).tolist() == list(range(18, -1, -2)) + list(range(19, 0, -2))
 
+
+
+# --- the vectorised forms of 2026-12-01 (float comparisons, a max without indices): the same answers as the plain
+# definitions on the inputs where the plain forms are easiest to get wrong --------------------------------------------
+
+
+def test_race_winners_are_the_first_of_tied_maxima_as_argmax_gives_them():
+    """w = V - max_i [y_i = m] (V - i) against torch.argmax (the first maximum): rows whose maximum is tied at two
+    places (the first must win, not the last), sits at index 0 or V - 1 (the weights' ends), is +inf (inf == inf,
+    where a difference would be NaN), or is -inf everywhere but one; and a row of -inf alone (every entry ties: 0).
+    Catches the weights counting up (the last maximum), an off-by-one at either end, or an equality that misses
+    infinities."""
+    from decodelab.core.trace.why import race_winners
+
+    V = 7
+    rows = torch.tensor([
+        [0.0, 3.0, 1.0, 3.0, 2.0, 3.0, 0.5],  # tied at 1, 3, 5: argmax 1
+        [9.0, 1.0, 9.0, 0.0, 0.0, 0.0, 9.0],  # tied at 0, 2, 6: argmax 0
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0],  # at V - 1
+        [0.0, INF, 1.0, INF, 2.0, 0.0, 0.0],  # +inf, tied: argmax 1
+        [-INF, -INF, -INF, -INF, 0.0, -INF, -INF],  # one survivor: 4
+        [-INF] * V,  # all removed: every entry ties, argmax 0
+    ])
+    z = rows.reshape(3, 2, V)  # three steps of two stages each
+    winners, lost = race_winners(z, None, torch.isneginf(z))
+    assert winners.reshape(-1).tolist() == rows.argmax(dim=-1).tolist() == [1, 0, 6, 1, 4, 0]
+    # stage 1 removed stage 0's winner where its logit there is -inf: step 2 only (row 5 at row 4's winner, 4)
+    assert lost.reshape(-1).tolist() == [False, False, True]
+    # with race noise g: the winner of z + g, again the first of ties (g = 0 at the tied places, -1 elsewhere)
+    g = torch.tensor([-1.0, 0.0, -1.0, 0.0, -1.0, 0.0, -1.0])
+    w, _ = race_winners(rows[:1][None].expand(1, 2, V), g[None], torch.zeros(1, 2, V))
+    assert w.reshape(-1).tolist() == [1, 1]
+
+
+def test_chosen_ranks_count_strictly_larger_logits_through_infinities():
+    """rank = 1 + #{i : z_i > z_t}, with ties not counted and infinities compared as numbers: the chosen token tied
+    with two others (rank 1, not 3), below a +inf (rank 2), itself removed (-inf: every finite logit is larger), and
+    against other -inf entries (never larger than a -inf chosen). Catches >= for >, and a difference z_i - z_t, which
+    is NaN for two infinities of one sign."""
+    from decodelab.core.trace.why import chosen_ranks
+
+    z = torch.tensor([[[2.0, 2.0, 1.0, 2.0, -INF], [2.0, INF, 1.0, 0.0, -INF], [1.0, 0.0, -INF, 3.0, -INF]]])
+    z_t = z.gather(2, torch.tensor([[[0], [0], [2]]]))  # the chosen token's logit in each row
+    assert chosen_ranks(z, z_t).tolist() == [[1.0, 2.0, 4.0]]
+
+
+def test_a_float_removed_mask_gives_the_bool_masks_alternatives_counts_and_masses():
+    """The trace computes its masks as float32 1.0 / 0.0 (stats.removed_mask): the kept counts, entropies, removed
+    masses and alternatives equal the ones the bool masks give, on a row with removed candidates and a kept candidate
+    whose probability underflows to 0 (kept, so ranked before every removed one)."""
+    from decodelab.core.trace.stats import kept_and_entropy, ranked_alternatives, removed_mask, removed_mass
+
+    raw = torch.tensor([1.0, 0.9, -200.0, 0.5, 3.0, 1.0])
+    processed = torch.tensor([1.0, 0.9, -200.0, -INF, 3.0, -INF])
+    L = torch.stack([raw, processed])  # [S = 2, V]
+    P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
+    as_float, as_bool = removed_mask(L), torch.isneginf(L)
+    assert as_float.dtype == torch.float32 and torch.equal(as_float.bool(), as_bool)
+    kept, H = kept_and_entropy(P, logP, as_float)
+    assert kept.tolist() == [6.0, 4.0]
+    want_H = [-sum(p * math.log(p) for p in row.tolist() if p > 0) for row in P]
+    assert H.tolist() == pytest.approx(want_H, rel=1e-6)
+    assert removed_mass(P, as_float).tolist() == pytest.approx([0.0, (P[0, 3] + P[0, 5]).item()], rel=1e-6)
+    for kept_mask in (~as_bool[1], 1 - as_float[1]):
+        assert ranked_alternatives(P[1], P[0], kept_mask, 6).tolist() == [4, 0, 1, 2, 5, 3]
