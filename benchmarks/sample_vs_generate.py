@@ -78,37 +78,6 @@ def theirs(lm, ids, label: str, n: int, **extra):
     return run
 
 
-def interleaved(lm, prompt_ids, label: str, n: int, rounds: int) -> dict[str, list[float]]:
-    """Per round, the seconds each decodelab variant (traced, traced streamed, untraced) spent on its n tokens when
-    the three runs advance together, one token each in turn (a fresh random order every token): a drift of the
-    machine's speed reaches all three alike, which the pairing of whole runs cannot promise on a machine whose speed
-    moves within a second. A traced run's seconds include its blocks' traces, on the token that fills the block."""
-    variants = {"traced": REPORT_BLOCK, "traced, streamed": 1, "untraced": None}
-    settings = SampleSettings(max_new_tokens=n, ignore_eos=True, top=5, **SETTINGS[label])
-    order = random.Random(1)
-    out: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds + 1):  # the first round warms up
-        samplers = {name: build_sampler(lm, settings, prompt_ids, record=block is not None, block=block or 1)
-                    for name, block in variants.items()}
-        steps = {name: iter(s) for name, s in samplers.items()}
-        spent = dict.fromkeys(variants, 0.0)
-        live = list(variants)
-        while live:
-            for name in order.sample(live, len(live)):
-                start = time.perf_counter()
-                if next(steps[name], None) is None:
-                    live.remove(name)
-                spent[name] += time.perf_counter() - start
-        for name, sampler in samplers.items():
-            start = time.perf_counter()
-            sampler.summary()
-            spent[name] += time.perf_counter() - start
-            assert len(sampler.new_ids) == n, (name, len(sampler.new_ids))
-        for name in variants:
-            out[name].append(spent[name])
-    return {name: ts[1:] for name, ts in out.items()}
-
-
 def timed(fn, device) -> float:
     synchronize(device)
     start = time.perf_counter()
@@ -208,13 +177,6 @@ def main() -> None:
             share = statistics.median(runs[f"decodelab {kind} {label}"].shares[1:])  # the warm-up run left out
             print(f"  {kind} {label}, in-run trace share (trace time / the rest of the same run): {share:.1%}"
                   + ("   (goal <= 5%)" if kind == "traced" else ""))
-    print("interleaved token by token (the three decodelab runs advance together; median over rounds of the "
-          "per-round ratio):")
-    for label in SETTINGS:
-        spent = interleaved(lm, prompt_ids, label, n, args.rounds)
-        for kind in ("traced", "traced, streamed"):
-            ratio = statistics.median(u / t for u, t in zip(spent["untraced"], spent[kind]))
-            print(f"  {kind} {label} / untraced {label}:  {ratio:.2f}x" + ("   (goal >= 0.95x)" if kind == "traced" else ""))
     if compiled:
         for kind in ("traced", "untraced"):
             ratio = paired(times, f"decodelab static compiled greedy ({kind})", "generate static compiled greedy")

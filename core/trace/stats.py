@@ -23,7 +23,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..sampling.distribution import NEG_INF
 from .records import StageStat
 from .why import chosen_ranks, race_noise, race_winners, split
 
@@ -34,17 +33,15 @@ KEPT_FIRST = 1 << 30  # added to a kept candidate's key: above every removed one
 
 
 def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int) -> Tensor:
-    """Ids of the ``top`` alternatives: kept candidates (``kept``: a 0/1 mask, bool or float) by processed
-    probability, then removed ones by raw probability. One top-k over an exact integer key: a non-negative float32's
-    bit pattern, read as an int32, orders as the float does (subnormals and 0 included), so kept candidates get
-    2**30 + bits(p) and removed ones bits(raw p) (every probability is <= 1.0 = 0x3F800000 < 2**30): no precision is
-    lost mixing the two scales, and a kept candidate whose probability underflowed to 0 still ranks above every
-    removed one. The key is bits(raw p) + k (2**30 + bits(p) - bits(raw p)) with k the mask: integer arithmetic
-    (every term below 2**31), where a select on the mask costs more on a CPU."""
+    """Ids of the ``top`` alternatives: kept candidates by processed probability, then removed ones by raw
+    probability. One top-k over an exact integer key: a non-negative float32's bit pattern, read as an int32, orders
+    as the float does (subnormals and 0 included), so kept candidates get 2**30 + bits(p) and removed ones bits(raw p)
+    (every probability is <= 1.0 = 0x3F800000 < 2**30): no precision is lost mixing the two scales, and a kept
+    candidate whose probability underflowed to 0 still ranks above every removed one."""
     k = min(top, probs.shape[-1])
-    # views of the same bits (a row of a [K, S, V] block is strided, its last dim is not: no copy needed)
-    kept_bits, raw_bits = probs.float().view(torch.int32), raw_probs.float().view(torch.int32)
-    key = raw_bits + kept.to(torch.int32) * (kept_bits + KEPT_FIRST - raw_bits)
+    # a view of the same bits (a row of a [K, S, V] block is strided, its last dim is not: no copy needed)
+    kept_key = probs.float().view(torch.int32) + KEPT_FIRST
+    key = torch.where(kept, kept_key, raw_probs.float().view(torch.int32))
     return key.topk(k).indices
 
 
@@ -61,34 +58,30 @@ def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Ten
 
 
 def stage_numbers(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """For stage logits [S, V] (raw first): the probabilities [S, V], the removed candidates [S, V] (1.0 where the
-    logit is -inf) and per stage [S, 3] the candidates kept, the entropy (nats) and the mass removed,
-    sum_i p^(s-1)_i [z^(s)_i = -inf]. A candidate removed by an earlier stage has p^(s-1)_i = exp(-inf) = 0 exactly,
-    so only what stage s newly removed counts; the first stage removes nothing."""
+    """For stage logits [S, V] (raw first): the probabilities [S, V], the removed candidates [S, V] (logit -inf) and
+    per stage [S, 3] the candidates kept, the entropy (nats) and the mass removed, sum_i p^(s-1)_i [z^(s)_i = -inf].
+    A candidate removed by an earlier stage has p^(s-1)_i = exp(-inf) = 0 exactly, so only what stage s newly
+    removed counts; the first stage removes nothing."""
     probs, log_probs = torch.softmax(logits.float(), dim=-1), torch.log_softmax(logits.float(), dim=-1)
-    removed = removed_mask(logits.float())
+    removed = torch.isneginf(logits)
     kept, H = kept_and_entropy(probs, log_probs, removed)
-    return probs, removed, torch.stack([kept, H, removed_mass(probs, removed)], dim=-1)
-
-
-def removed_mask(z: Tensor) -> Tensor:
-    """1.0 where a float32 logit is -inf (removed), else 0.0: a float mask, since on a CPU a comparison that writes
-    float32 and the sums and products over it run several times faster than over bool."""
-    return torch.eq(z, NEG_INF, out=torch.empty_like(z))
+    return probs, removed, torch.stack([kept.float(), H, removed_mass(probs, removed)], dim=-1)
 
 
 def kept_and_entropy(P: Tensor, logP: Tensor, removed: Tensor) -> tuple[Tensor, Tensor]:
-    """For stage rows [..., S, V] (probabilities, log-probabilities, the float removed mask): the candidates kept
-    (float32, exact below 2**24) and the entropy H = -sum p log p in nats, [..., S] each. A removed candidate has
-    p = 0 and log p = -inf, whose product is NaN: the sum leaves it out (it adds 0 * 0 to H)."""
-    return removed.shape[-1] - removed.sum(dim=-1), -(P * logP).nansum(dim=-1)
+    """For stage rows [..., S, V] (probabilities, log-probabilities, removed candidates): the candidates kept (int32)
+    and the entropy H = -sum p log p in nats, [..., S] each. A removed candidate has p = 0 and log p = -inf, whose
+    product is NaN: the sum leaves it out (it adds 0 * 0), the same sum as zeroing its log p first, bit for bit, one
+    pass over the block fewer."""
+    kept = removed.shape[-1] - removed.sum(dim=-1, dtype=torch.int32)
+    return kept, -(P * logP).nansum(dim=-1)
 
 
 def removed_mass(P: Tensor, removed: Tensor) -> Tensor:
     """Per stage [..., S], the mass under the distribution before it of the candidates it removed,
-    sum_i p^(s-1)_i [z^(s)_i = -inf] (``removed``: the float mask); the first stage removes nothing."""
+    sum_i p^(s-1)_i [z^(s)_i = -inf]; the first stage removes nothing."""
     first = P.new_zeros(P.shape[:-2] + (1,))
-    return torch.cat([first, (P[..., :-1, :] * removed[..., 1:, :]).sum(dim=-1)], dim=-1)
+    return torch.cat([first, torch.where(removed[..., 1:, :], P[..., :-1, :], 0.0).sum(dim=-1)], dim=-1)
 
 
 def stage_rows(raw_logits: Tensor, processed: Tensor, stages: list[tuple[str, Tensor]] | None,
@@ -114,16 +107,17 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
 
     Each statistic is one operation over the whole block, so a block of K steps costs about as many tensor
     operations as one step: p = softmax z, log p = log-softmax z (exact 0 for a point mass, exactly -inf for a
-    removed candidate), H = -sum p log p (a removed candidate adds 0), counts summed over a float mask. The chosen
-    token's rank under each row, 1 + #{i : z_i > z_t}, serves the raw rank and the deciding stage alike. On a CPU each
-    operation costs a fixed few microseconds, so the cheap forms are chosen: softmax and log-softmax rather than exp
-    of the log-softmax, a product rather than ``special.entr``, comparisons that write float32 rather than bool, a
-    max without indices. What is not reported is not computed: no alternatives for ``top`` 0; no per-stage numbers,
-    winners or removed mass without ``stages``."""
+    removed candidate), H = -sum p log p (a removed candidate's NaN product left out), counts summed in int32. The
+    chosen token's rank under each row, 1 + #{i : z_i > z_t}, serves the raw rank and the deciding stage alike. On a
+    CPU each operation costs a fixed few microseconds, so the cheap forms are chosen: softmax and log-softmax rather
+    than exp of the log-softmax, a product rather than ``special.entr``. The masks stay bool: comparisons that write
+    float32 run faster on a block in the cache, but not inside a run, where the block is cold and four times the
+    bytes cost what they save (benchmarks/README.md, Trace). What is not reported is not computed: no alternatives
+    for ``top`` 0; no per-stage numbers, winners or removed mass without ``stages``."""
     L = L.float()
     K, S, _ = L.shape
     P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
-    removed = removed_mask(L)
+    removed = torch.isneginf(L)
     kept_n, H = kept_and_entropy(P, logP, removed)  # [K, S] each
     at_t = t.reshape(K, 1, 1).expand(K, S, 1)
     z_t = L.gather(2, at_t)  # [K, S, 1] each row's logit of the token
@@ -134,21 +128,19 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
     rows = torch.cat([t.reshape(K, 1), torch.isfinite(z_t[:, -1]), p_t, logp_t, ranks, H, kept_n], dim=1)
     parts = [rows.index_select(1, head_index(S, L.device))]
     if top > 0:
-        alt = ranked_alternatives(P[:, -1], P[:, 0], 1 - removed[:, -1], top)  # [K, A]
+        alt = ranked_alternatives(P[:, -1], P[:, 0], ~removed[:, -1], top)  # [K, A]
         parts += [alt, P[:, -1].gather(1, alt), P[:, 0].gather(1, alt)]
     if stages:
         winners, lost = race_winners(L, race_noise(race, L[:, 0]), removed)
-        parts += [torch.stack([kept_n, H, removed_mass(P, removed)], dim=-1).reshape(K, -1), winners, ranks,
+        parts += [torch.stack([kept_n.float(), H, removed_mass(P, removed)], dim=-1).reshape(K, -1), winners, ranks,
                   lost]
     return torch.cat(parts, dim=1)
 
 
-# A block's distributions at most (bytes), before its steps are traced together. Measured inside decoding runs on a
-# CPU (benchmarks/README.md, Trace): the trace's share of a run falls with the block (one set of operations for the
-# block) down to blocks of 512-768 KiB (16 top-p steps, 24 greedy ones at V = 4096), then rises again. Timed alone,
-# on a block already in the cache, the best block looks smaller (256 KiB): in a run the block is cold, written a
-# step at a time between forwards that stream the weights through the cache.
-BLOCK_BYTES = 768 << 10
+# A block's distributions at most (bytes), before its steps are traced together. Measured on a CPU
+# (benchmarks/README.md, Trace): the trace's cost per step falls with the block (one set of operations for the
+# block) down to blocks of about 256 KiB, then rises again (larger temporaries pay fresh pages).
+BLOCK_BYTES = 256 << 10
 
 
 class TraceBlock:

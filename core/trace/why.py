@@ -18,7 +18,6 @@ re-scoring. All of it is computed on the device with the step's other trace numb
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -36,30 +35,18 @@ def race_noise(race: Tensor | None, like: Tensor) -> Tensor | None:
 
 
 def chosen_ranks(z: Tensor, z_t: Tensor) -> Tensor:
-    """For logits [..., S, V] and the chosen token's logit in each row [..., S, 1]: its rank there, 1 + the number of
-    strictly larger logits, as float32 (exact below 2**24). The comparison writes 1.0 / 0.0 into a float tensor:
-    on a CPU a bool result and its count cost several times a float one."""
-    return torch.gt(z, z_t, out=torch.empty_like(z)).sum(dim=-1) + 1
+    """For logits [..., S, V] and the chosen token's logit in each row [..., S, 1]: its rank there, 1 + the number of strictly
+    larger logits (counted in int32: exact, and cheaper than int64 on a CPU)."""
+    return (z > z_t).sum(dim=-1, dtype=torch.int32) + 1
 
 
 def race_winners(z: Tensor, noise: Tensor | None, removed: Tensor) -> tuple[Tensor, Tensor]:
     """For stage logits [..., S, V], the race noise [..., V] (None: greedy) and the removed candidates [..., S, V]
-    (1 where z = -inf; bool or float): each row's winner w_s = argmax_i z_i + g_i [..., S] (float32, exact below
-    2**24), and whether stage s removed w_{s-1} [..., S - 1]. The leading dimensions, if any, are steps traced
-    together. The arg-max is the first of tied maxima: with y = z + g and m = max y,
-    w = V - max_i [y_i = m] (V - i), from a max without indices and a float comparison, both vectorised on a CPU
-    where a max with indices is not (a row holding a NaN has no maximum: it gets V - 1, not an index off the end)."""
-    y = z if noise is None else z + noise.unsqueeze(-2)
-    V = y.shape[-1]
-    top = torch.eq(y, y.amax(dim=-1, keepdim=True), out=torch.empty_like(y))
-    winners = (V - top.mul_(countdown(V, y.device)).amax(dim=-1)).clamp_(max=V - 1)
-    return winners, removed[..., 1:, :].gather(-1, winners[..., :-1, None].long())[..., 0]
-
-
-@functools.lru_cache(maxsize=16)
-def countdown(n: int, device: torch.device) -> Tensor:
-    """[n, n - 1, ..., 1] as float32: index i's weight n - i, so the largest weighted hit is the first hit."""
-    return torch.arange(n, 0, -1, dtype=torch.float32, device=device)
+    (z = -inf): each row's winner w_s = argmax_i z_i + g_i [..., S], and whether stage s removed w_{s-1}
+    [..., S - 1]. The leading dimensions, if any, are steps traced together."""
+    # max's indices are argmax's (the first of tied maxima, both), and max runs faster on a CPU
+    winners = (z if noise is None else z + noise.unsqueeze(-2)).max(dim=-1).indices
+    return winners, removed[..., 1:, :].gather(-1, winners[..., :-1, None])[..., 0]
 
 
 def stage_winners(stage_logits: Tensor, noise: Tensor | None, chosen: Tensor) -> Tensor:

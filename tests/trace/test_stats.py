@@ -191,16 +191,15 @@ def test_alternatives_keep_their_order_in_a_long_list():
 
 
 
-# --- the vectorised forms of 2026-12-01 (float comparisons, a max without indices): the same answers as the plain
-# definitions on the inputs where the plain forms are easiest to get wrong --------------------------------------------
+# --- the race winners, ranks, counts and masses at ties, infinities and underflow (2026-12-01: pinned before trying
+# faster forms of them; benchmarks/README.md, Trace) ----------------------------------------------------------------
 
 
 def test_race_winners_are_the_first_of_tied_maxima_as_argmax_gives_them():
-    """w = V - max_i [y_i = m] (V - i) against torch.argmax (the first maximum): rows whose maximum is tied at two
-    places (the first must win, not the last), sits at index 0 or V - 1 (the weights' ends), is +inf (inf == inf,
-    where a difference would be NaN), or is -inf everywhere but one; and a row of -inf alone (every entry ties: 0).
-    Catches the weights counting up (the last maximum), an off-by-one at either end, or an equality that misses
-    infinities."""
+    """The winner of each row against torch.argmax (the first maximum): rows whose maximum is tied at several places
+    (the first must win, not the last), sits at index 0 or V - 1, is +inf (tied: inf == inf), or is -inf everywhere
+    but one; and a row of -inf alone (every entry ties: 0). Catches a form that finds the last maximum, an off-by-one
+    at either end, or an equality that misses infinities (a difference of two infinities is NaN)."""
     from decodelab.core.trace.why import race_winners
 
     V = 7
@@ -235,22 +234,22 @@ def test_chosen_ranks_count_strictly_larger_logits_through_infinities():
     assert chosen_ranks(z, z_t).tolist() == [[1.0, 2.0, 4.0]]
 
 
-def test_a_float_removed_mask_gives_the_bool_masks_alternatives_counts_and_masses():
-    """The trace computes its masks as float32 1.0 / 0.0 (stats.removed_mask): the kept counts, entropies, removed
-    masses and alternatives equal the ones the bool masks give, on a row with removed candidates and a kept candidate
-    whose probability underflows to 0 (kept, so ranked before every removed one)."""
-    from decodelab.core.trace.stats import kept_and_entropy, ranked_alternatives, removed_mask, removed_mass
+def test_counts_entropies_masses_and_alternatives_at_a_removed_and_an_underflowed_candidate():
+    """A kept candidate whose probability underflows to 0 (logit -200; log p finite) beside two removed ones (-inf):
+    the kept counts, the entropies (a removed candidate's 0 * -inf left out, the underflowed one's 0 * log p adding
+    0), the mass the stage removed and the alternatives (the underflowed candidate kept, so before every removed
+    one)."""
+    from decodelab.core.trace.stats import kept_and_entropy, ranked_alternatives, removed_mass
 
     raw = torch.tensor([1.0, 0.9, -200.0, 0.5, 3.0, 1.0])
     processed = torch.tensor([1.0, 0.9, -200.0, -INF, 3.0, -INF])
     L = torch.stack([raw, processed])  # [S = 2, V]
     P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
-    as_float, as_bool = removed_mask(L), torch.isneginf(L)
-    assert as_float.dtype == torch.float32 and torch.equal(as_float.bool(), as_bool)
-    kept, H = kept_and_entropy(P, logP, as_float)
-    assert kept.tolist() == [6.0, 4.0]
+    assert P[1, 2].item() == 0.0 and math.isfinite(logP[1, 2].item())  # the premise
+    removed = torch.isneginf(L)
+    kept, H = kept_and_entropy(P, logP, removed)
+    assert kept.tolist() == [6, 4]
     want_H = [-sum(p * math.log(p) for p in row.tolist() if p > 0) for row in P]
-    assert H.tolist() == pytest.approx(want_H, rel=1e-6)
-    assert removed_mass(P, as_float).tolist() == pytest.approx([0.0, (P[0, 3] + P[0, 5]).item()], rel=1e-6)
-    for kept_mask in (~as_bool[1], 1 - as_float[1]):
-        assert ranked_alternatives(P[1], P[0], kept_mask, 6).tolist() == [4, 0, 1, 2, 5, 3]
+    assert H.tolist() == pytest.approx(want_H, rel=1e-6) and all(math.isfinite(h) for h in H.tolist())
+    assert removed_mass(P, removed).tolist() == pytest.approx([0.0, (P[0, 3] + P[0, 5]).item()], rel=1e-6)
+    assert ranked_alternatives(P[1], P[0], ~removed[1], 6).tolist() == [4, 0, 1, 2, 5, 3]
