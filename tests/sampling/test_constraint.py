@@ -637,3 +637,96 @@ def test_choice_on_the_real_vocabulary_walks_every_tokenization():
         assert len(every) > 1
         assert s.all_paths == pytest.approx(sum(math.exp(score(t)) for t in every), rel=1e-9)
         assert s.exact == pytest.approx(math.exp(score(encodings[s.label][0])), rel=1e-9)
+
+
+# --- mutation run of core/sampling/constraint.py (2026-12-01, helper mutcon): what its survivors asked for ----------
+
+
+def test_the_whitespace_column_is_the_brute_force_scan():
+    """Whitespace-only text per token, recomputed from the GPT-2 alphabet: a split character (a lone lead or
+    continuation byte) is not whitespace, nor is the special end token."""
+    built = ConstraintVocabulary.from_tokenizer(tokenizer(), [EOS])  # in the body: a mutant of the builder is on
+
+    def whitespace(data):
+        try:
+            return data is not None and data.decode("utf-8").isspace()
+        except UnicodeDecodeError:
+            return False
+
+    want = torch.tensor([whitespace(data) for data in token_bytes()])
+    assert built.size == V and built.eos_ids == (EOS,)
+    assert torch.equal(built.whitespace, want)
+    assert 0 < int(want.sum()) < V and not want[byte_token(0xC3)] and want[byte_token(ord("\n"))]
+
+
+def test_end_ids_outside_the_vocabulary_and_a_tokenizer_the_matcher_cannot_read():
+    """llguidance refuses an end id outside the tokenizer's vocabulary (V is one past the last id) and a tokenizer
+    that is not a fast one: one line naming the option, the reason in parentheses. The last id is an end id."""
+    spec = constraint_spec(regex="a")
+    cannot = "--regex 'a': this tokenizer cannot drive the matcher"
+    with pytest.raises(ConfigError) as err:
+        ConstraintStage(spec, tokenizer(), eos_ids=[EOS, V])
+    assert str(err.value) == f"{cannot} (EOS token ID {V} is out of range (vocab_size={V}))"
+    assert ConstraintStage(spec, tokenizer(), eos_ids=[EOS, V - 1]).eos_ids == (EOS, V - 1)
+    with pytest.raises(ConfigError) as err:
+        ConstraintStage(spec, object())
+    assert str(err.value) == f"{cannot} (Only fast tokenizers are supported)"
+
+
+def test_top1_banned_compares_each_row_with_its_own_maximum():
+    """Rows with different maxima: a row whose kept maximum is below another row's maximum keeps its top-1."""
+    stage = stage_for("regex", "(yes|no|maybe)")
+    stage.reset(len(PROMPT))
+    y, n = byte_token(ord("y")), byte_token(ord("n"))
+    logits = torch.zeros(2, V)
+    logits[0, y] = 5.0
+    logits[1, n] = 1.0
+    stage(torch.tensor([PROMPT] * 2), logits)
+    assert stage.state()["top1_banned"].tolist() == [0.0, 0.0]
+
+
+def test_whitespace_only_with_one_whitespace_token_allowed():
+    stage = stage_for("regex", "a\n")
+    stage.reset(len(PROMPT))
+    out = stage(torch.tensor([PROMPT + ids_of(b"a")]), torch.zeros(1, V))
+    assert (~torch.isneginf(out[0])).nonzero().flatten().tolist() == [byte_token(ord("\n"))]
+    state = stage.state()
+    assert state["whitespace_only"].item() == 1.0 and state["forced"].item() == 1.0
+
+
+def test_a_tokenizer_that_takes_no_weak_reference_is_read_each_time(monkeypatch):
+    """The fallback of ConstraintVocabulary.cached (the table is keyed by weak references): the vocabulary of the
+    given end ids and width, read afresh."""
+    from decodelab.core.sampling import constraint
+
+    class NoWeakReferences:
+        def setdefault(self, key, default):
+            raise TypeError(f"cannot create weak reference to {type(key).__name__!r} object")
+
+    monkeypatch.setattr(constraint, "_VOCABULARIES", NoWeakReferences())
+    first = ConstraintVocabulary.cached(tokenizer(), [EOS, 7], V + 4)
+    again = ConstraintVocabulary.cached(tokenizer(), [EOS, 7], V + 4)
+    assert first is not again
+    for got in (first, again):
+        assert got.size == V + 4 and got.eos_ids == (EOS, 7) and got.whitespace.shape == (V + 4,)
+    with pytest.raises(ConfigError, match=r"^this tokenizer cannot drive the matcher \(Only fast"):
+        ConstraintVocabulary.cached(1)  # an int takes no weak reference either
+
+
+def test_the_vocabulary_table_is_keyed_by_end_ids_and_width():
+    tok = tokenizer()
+    plain = ConstraintVocabulary.cached(tok, [EOS])
+    assert ConstraintVocabulary.cached(tok, (EOS,)) is plain  # read once per tokenizer, end ids and width
+    padded = ConstraintVocabulary.cached(tok, [EOS], V + 4)
+    assert padded is not plain and padded.size == V + 4 and plain.size == V
+    other_end = ConstraintVocabulary.cached(tok, [EOS, 7])
+    assert other_end.eos_ids == (EOS, 7) and plain.eos_ids == (EOS,)
+    assert ConstraintVocabulary.cached(tok, [EOS], V + 4) is padded
+
+
+def test_bind_without_tokens_checks_only():
+    """A context with no ``tokens`` attribute at all (settings checked before any model) gives the checked form."""
+    from decodelab.core.sampling.constraint import CheckedConstraint
+
+    checked = ConstraintStage.bind(constraint_spec(regex="a+"), object())
+    assert isinstance(checked, CheckedConstraint) and checked.spec.source == "a+"
