@@ -730,3 +730,31 @@ def test_bind_without_tokens_checks_only():
 
     checked = ConstraintStage.bind(constraint_spec(regex="a+"), object())
     assert isinstance(checked, CheckedConstraint) and checked.spec.source == "a+"
+
+
+def test_reset_takes_a_prompt_of_zero_tokens_and_refuses_the_rest():
+    stage = stage_for("regex", "ab|abcd")
+    stage.reset(0)  # a run from no prompt at all: every id is generated
+    out = stage(torch.tensor([ids_of(b"ab")]), torch.zeros(1, V))
+    assert torch.equal(~torch.isneginf(out[0]), allowed_after(stage, ids_of(b"ab")))
+    for bad in (-1, 2.0, "3", None):
+        with pytest.raises(ChainError) as err:
+            stage.reset(bad)
+        assert str(err.value) == f"constraint: prompt length {bad!r} must be an integer >= 0"
+
+
+def test_the_stage_refusals_word_for_word():
+    stage = ConstraintStage(constraint_spec(regex="a"), vocabulary())
+    with pytest.raises(ChainError) as err:
+        stage(torch.tensor([PROMPT]), torch.zeros(1, V))
+    assert str(err.value) == "constraint: the run never said where the prompt ends (Chain.reset(prompt_len))"
+    stage.reset(len(PROMPT))
+    with pytest.raises(ChainError) as err:
+        stage(torch.tensor([PROMPT]), torch.zeros(1, V + 1))
+    assert str(err.value) == f"constraint: the logits have {V + 1} entries, the constraint's vocabulary {V}"
+    with pytest.raises(ChainError) as err:
+        stage(torch.tensor([PROMPT[:2]]), torch.zeros(1, V))
+    assert str(err.value) == f"constraint: 2 ids are fewer than the prompt's {len(PROMPT)}"
+    out = stage(torch.tensor([PROMPT]), torch.zeros(1, V))  # exactly the prompt: the start's set
+    assert torch.equal(~torch.isneginf(out[0]), allowed_after(stage, []))
+
