@@ -658,14 +658,15 @@ class _SamplerWalk:
             else:
                 self.lost += math.exp(log_q)
             return []
-        # log p(t | x) = log P(x + t) - log P(x). A lone candidate has q(t | x) = 1 whatever p: its normalizer is its
-        # own conditional, and a lone end id needs no score at all.
+        # log p(t | x) = log P(x + t) - log P(x), log q(t | x) = log p(t | x) - log sum_u p(u | x). A lone candidate
+        # has q(t | x) = 1 whatever p, p = 0 included (where the difference would be -inf - -inf), and a lone end id
+        # needs no score at all.
         single = len(candidates) == 1
         conditional = [0.0 if single and t in self.eos else self.score(prefix + (t,)) - log_p for t in candidates]
-        norm = conditional[0] if single else _logsumexp(conditional)
+        norm = None if single else _logsumexp(conditional)
         todo = []
         for t, lp in zip(candidates, conditional):
-            q = log_q + lp - norm
+            q = log_q if single else log_q + lp - norm
             if t in self.eos:
                 self._add(label, q)
             elif self._pruned(log_p + lp, q):

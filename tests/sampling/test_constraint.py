@@ -758,3 +758,14 @@ def test_the_stage_refusals_word_for_word():
     out = stage(torch.tensor([PROMPT]), torch.zeros(1, V))  # exactly the prompt: the start's set
     assert torch.equal(~torch.isneginf(out[0]), allowed_after(stage, []))
 
+
+
+def test_a_lone_candidate_the_model_gives_probability_zero_is_still_drawn():
+    """A lone allowed token has q = 1 whatever its p, even p = 0 (log p = -inf): the sampler follows it, the model
+    gives its path 0. ``-inf - -inf`` would make the sampler's mass NaN."""
+    score = table_scorer({(): {5: 0.5, 7: 0.5}, (5, 6): {END: 1.0}, (7,): {END: 1.0}})  # p(6 | 5) = 0
+    got = choice_probabilities(score, {"ab": [(5, 6)], "c": [(7,)]}, eos_ids=[END])
+    ab, c = got.labels
+    assert ab.sampler == pytest.approx(0.5) and c.sampler == pytest.approx(0.5)
+    assert ab.exact == 0.0 and ab.all_paths == 0.0 and ab.share == 0.0 and c.share == 1.0
+    assert got.sampler_lost == 0.0 and got.sampler_unexplored == 0.0
