@@ -714,7 +714,9 @@ def test_a_tokenizer_that_takes_no_weak_reference_is_read_each_time(monkeypatch)
 
 
 def test_the_vocabulary_table_is_keyed_by_end_ids_and_width():
-    tok = tokenizer()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TINY)  # a tokenizer the table has not seen
     plain = ConstraintVocabulary.cached(tok, [EOS])
     assert ConstraintVocabulary.cached(tok, (EOS,)) is plain  # read once per tokenizer, end ids and width
     padded = ConstraintVocabulary.cached(tok, [EOS], V + 4)
@@ -769,3 +771,65 @@ def test_a_lone_candidate_the_model_gives_probability_zero_is_still_drawn():
     assert ab.sampler == pytest.approx(0.5) and c.sampler == pytest.approx(0.5)
     assert ab.exact == 0.0 and ab.all_paths == 0.0 and ab.share == 0.0 and c.share == 1.0
     assert got.sampler_lost == 0.0 and got.sampler_unexplored == 0.0
+
+
+def test_choice_when_no_label_can_be_reached():
+    """Every label has probability 0 and the constraint allows nothing at the start: shares and first-token
+    estimates 0 (not 0 / 0), the sampler and the model mass 0 for each label, all of the sampler's mass lost."""
+    got = choice_probabilities(lambda tokens: float("-inf") if tokens else 0.0, {"yes": [(3,)], "no": [(4,)]},
+                               eos_ids=[END], allowed_next=lambda prefix: ([], None))
+    for s in got.labels:
+        assert (s.exact, s.share, s.first_token, s.sampler, s.all_paths) == (0.0, 0.0, 0.0, 0.0, 0.0)
+    assert got.sampler_lost == 1.0 and got.sampler_unexplored == 0.0
+
+
+def test_choice_without_end_ids_and_with_dead_ends():
+    """No end ids: a label with nothing allowed after it ends there. Two prefixes that complete no label and allow
+    nothing lose their sampler mass, added up."""
+    score = table_scorer({(): {3: 0.4, 4: 0.2, 7: 0.1, 8: 0.3}})
+    tree = {(): ([3, 4, 7, 8], None), (3,): ([], "yes"), (4,): ([], "no"), (7,): ([], None), (8,): ([], None)}
+    scores = choice_probabilities(score, {"yes": [(3,)], "no": [(4,)]}, allowed_next=tree.__getitem__)
+    got = {s.label: s for s in scores.labels}
+    assert got["yes"].sampler == pytest.approx(0.4) and got["no"].sampler == pytest.approx(0.2)
+    assert got["yes"].all_paths == pytest.approx(0.4) and scores.sampler_lost == pytest.approx(0.4)  # 0.1 + 0.3
+
+
+def test_a_lone_end_id_is_never_scored():
+    """After 'yes' only the end may follow: q = 1 without asking the model (a scorer that cannot score end ids)."""
+    table = table_scorer({(): {3: 0.6, 4: 0.4}})
+
+    def score(tokens):
+        assert END not in tokens, tokens
+        return table(tokens)
+
+    got = choice_probabilities(score, {"yes": [(3,)], "no": [(4,)]}, eos_ids=[END])
+    assert [s.sampler for s in got.labels] == pytest.approx([0.6, 0.4])
+
+
+def test_pruning_at_exactly_min_mass_and_two_pruned_branches():
+    score = table_scorer({(): {3: 0.5, 4: 0.5}, (3,): {END: 1.0}, (4,): {END: 1.0}})
+    encodings = {"yes": [(3,)], "no": [(4,)]}
+    at = choice_probabilities(score, encodings, eos_ids=[END], min_mass=0.5)  # mass 0.5 is not below 0.5: walked
+    assert at.sampler_unexplored == 0.0 and [s.sampler for s in at.labels] == pytest.approx([0.5, 0.5])
+    above = choice_probabilities(score, encodings, eos_ids=[END], min_mass=0.6)  # both branches pruned
+    assert above.sampler_unexplored == pytest.approx(1.0) and [s.sampler for s in above.labels] == [0.0, 0.0]
+
+
+def test_logsumexp_of_nothing_and_of_minus_infinities():
+    from decodelab.core.sampling.constraint import _logsumexp
+
+    assert _logsumexp([]) == float("-inf") and _logsumexp([float("-inf")] * 2) == float("-inf")
+    assert _logsumexp([math.log(0.25), math.log(0.25), float("-inf")]) == pytest.approx(math.log(0.5))
+
+
+def test_bind_reads_the_tokens_width_and_words_the_refusal():
+    from types import SimpleNamespace
+
+    def context(tok, vocab):
+        return SimpleNamespace(tokens=SimpleNamespace(checking=False, tokenizer=tok, vocab=vocab), eos_ids=[EOS])
+
+    stage = ConstraintStage.bind(constraint_spec(regex="[a-z]+"), context(tokenizer(), V + 4))
+    assert isinstance(stage, ConstraintStage) and stage.vocabulary.size == V + 4
+    with pytest.raises(ConfigError) as err:
+        ConstraintStage.bind(constraint_spec(regex="a"), context(object(), None))
+    assert str(err.value) == "--regex 'a': this tokenizer cannot drive the matcher (Only fast tokenizers are supported)"
