@@ -833,3 +833,30 @@ def test_bind_reads_the_tokens_width_and_words_the_refusal():
     with pytest.raises(ConfigError) as err:
         ConstraintStage.bind(constraint_spec(regex="a"), context(object(), None))
     assert str(err.value) == "--regex 'a': this tokenizer cannot drive the matcher (Only fast tokenizers are supported)"
+
+
+def test_the_trie_keeps_one_node_per_prefix_and_dead_prefixes_stay_dead():
+    stage = stage_for("regex", "ab|abcd")
+    stage.reset(len(PROMPT))
+    ab = ids_of(b"ab")
+    assert stage.node(ab) is stage.node(ab) and stage.node(ab) is stage.node(ab[:1]).children[ab[1]]
+    assert not allowed_after(stage, ids_of(b"xa")).any()  # a token after a rejected one: still nothing
+    assert not allowed_after(stage, ids_of(b"ab") + [EOS] + ids_of(b"c")).any()  # text after the end
+
+
+def test_token_zero_is_text_when_the_end_is_another_id():
+    """Id 0 is an ordinary token here ('a'); the end is id 2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE({"a": 0, "b": 1, "<end>": 2}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<end>")
+    stage = ConstraintStage(constraint_spec(regex="a+b"), tok, eos_ids=[2])
+    assert stage.next_tokens([]) == ([0], False)
+    assert stage.next_tokens([0]) == ([0, 1], False)
+    assert stage.next_tokens([0, 0, 1]) == ([], True)
+    stage.reset(0)
+    out = stage(torch.tensor([[0, 1]]), torch.zeros(1, 3))
+    assert (~torch.isneginf(out[0])).tolist() == [False, False, True]
