@@ -860,3 +860,16 @@ def test_token_zero_is_text_when_the_end_is_another_id():
     stage.reset(0)
     out = stage(torch.tensor([[0, 1]]), torch.zeros(1, 3))
     assert (~torch.isneginf(out[0])).tolist() == [False, False, True]
+
+
+def test_the_end_bit_keeps_the_other_tokens_of_its_byte():
+    """The end (id 0) shares its mask byte with ids 1-7 ('!' to "'"): setting it must keep the ones allowed."""
+    pattern = "a[!-']?"
+    stage, reference = stage_for("regex", pattern), RegexReference(pattern)
+    assert_same(stage, reference, ids_of(b"a"))
+    assert allowed_after(stage, ids_of(b"a"))[: 8].tolist() == [True] * 8
+
+
+def test_state_before_any_call_is_empty():
+    stage = ConstraintStage(constraint_spec(regex="a"), vocabulary())
+    assert stage.state() == {}
