@@ -873,3 +873,17 @@ def test_the_end_bit_keeps_the_other_tokens_of_its_byte():
 def test_state_before_any_call_is_empty():
     stage = ConstraintStage(constraint_spec(regex="a"), vocabulary())
     assert stage.state() == {}
+
+
+def test_the_language_refusals_word_for_word(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        constraint_spec(regex="").grammar()
+    assert str(err.value) == "--regex '': matches only the empty text: nothing to generate"
+    with pytest.raises(ConfigError) as err:
+        constraint_spec(regex=r"[^\s\S]").grammar()
+    assert str(err.value) == r"--regex '[^\s\S]': matches no text"
+    # a grammar that starts with a special token: no error and not accepting, yet no text can start it
+    path = write(tmp_path, "special.lark", 'start: <[256]> "a"\n')
+    with pytest.raises(ConfigError) as err:
+        constraint_spec(grammar=path).grammar()
+    assert str(err.value) == f"--grammar {path}: matches no text"
