@@ -887,3 +887,47 @@ def test_the_language_refusals_word_for_word(tmp_path):
     with pytest.raises(ConfigError) as err:
         constraint_spec(grammar=path).grammar()
     assert str(err.value) == f"--grammar {path}: matches no text"
+
+
+def test_the_spec_names_its_option_and_value(tmp_path):
+    path = write(tmp_path, "g.lark", 'start: "a"\n')
+    schema = write(tmp_path, "s.json", '{"type": "boolean"}')
+    assert str(constraint_spec(regex="a b")) == "--regex 'a b'"
+    assert str(constraint_spec(regex="a\nb")) == r"--regex 'a\nb'"  # a control character: Python's repr
+    assert str(constraint_spec(grammar=path)) == f"--grammar {path}"  # a path as is
+    assert str(constraint_spec(json_schema=schema)) == f"--json-schema {schema}"
+    assert str(constraint_spec(choice="yes,no")) == "--choice 'yes,no'"
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError) as err:
+            constraint_spec(grammar=empty)
+        assert str(err.value) == "--grammar '': give a file's path"
+
+
+def test_a_regex_digit_class_means_any_unicode_digit():
+    r"""The regex is read as Python reads it: \d, also inside a class, takes '٣' (ARABIC-INDIC DIGIT THREE), not
+    only 0-9 (llguidance's regex_to_lark makes it [0-9] unless told otherwise); \D refuses it."""
+    for pattern in (r"[\d]", r"\d"):
+        stage = stage_for("regex", pattern)
+        assert allowed_after(stage, ids_of("٣".encode()))[EOS] and allowed_after(stage, ids_of(b"3"))[EOS]
+    assert not allowed_after(stage_for("regex", r"\D"), ids_of("٣".encode())).any()
+
+
+def test_one_line_of_a_matcher_message():
+    from decodelab.core.sampling.constraint import _one_line
+
+    assert _one_line("", keep_position=False) == "rejected by the matcher"
+    message = "at 1(5): unexpected token:\nerror: expected NAME\nerror: a second\n"
+    assert _one_line(message, keep_position=False) == "unexpected token: expected NAME"
+    assert _one_line(message, keep_position=True) == "at 1(5): unexpected token: expected NAME"
+    assert _one_line("grammar rejected in BOX:\nno error line here", keep_position=False) == "grammar rejected in BOX"
+
+
+def test_a_checked_constraint_cannot_run():
+    from decodelab.core.sampling.constraint import CheckedConstraint
+
+    checked = CheckedConstraint(constraint_spec(regex="a"))
+    assert checked.reset(3) is None
+    with pytest.raises(ChainError) as err:
+        checked(torch.tensor([PROMPT]), torch.zeros(1, V))
+    assert str(err.value) == ("constraint: checked without a model's tokenizer; build the chain with the model's "
+                              "Tokens")
