@@ -931,3 +931,21 @@ def test_a_checked_constraint_cannot_run():
         checked(torch.tensor([PROMPT]), torch.zeros(1, V))
     assert str(err.value) == ("constraint: checked without a model's tokenizer; build the chain with the model's "
                               "Tokens")
+
+
+def test_the_spec_refusals_word_for_word(tmp_path):
+    path = write(tmp_path, "bad.gbnf", "root ::= (\n")
+    with pytest.raises(ConfigError) as err:
+        constraint_spec(grammar=path).grammar()
+    assert str(err.value) == f"--grammar {path}: not a Lark or GBNF grammar (Expected ')' at line 2, 'root ::= (\\n' ^ '')"
+    with pytest.raises(ConfigError) as err:
+        constraint_spec(regex="a\udcffb")  # a byte that was not UTF-8 on the command line
+    assert str(err.value) == r"--regex 'a\\udcffb': not valid UTF-8 (an undecodable byte at character 1); give UTF-8 text"
+
+
+def test_choice_labels_outside_ascii_are_the_brute_force_set():
+    """Labels written into the grammar as themselves (not as \\u escapes): the allowed sets of the regex of the
+    same two texts."""
+    stage, reference = stage_for("choice", "日本,grün"), RegexReference("(日本|grün)")
+    for generated in ([], ids_of("日".encode()), ids_of("日本".encode()), ids_of("grü".encode()[:-1])):
+        assert_same(stage, reference, generated)
