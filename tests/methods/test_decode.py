@@ -207,3 +207,111 @@ def test_sampled_first_token_follows_the_processed_distribution_end_to_end():
         assert step.prob == pytest.approx(float(probs[step.token_id]), rel=1e-4)
     assert counts[probs == 0].sum() == 0
     assert chi_square(counts[kept], probs[kept]) < 18.47  # p = 0.001, 4 degrees of freedom
+
+
+# --- mutation run of core/methods/sample.py (2026-12-01, helper mutsam): build_step by hand, the stopwatch's
+# buckets on a fake clock, the summary, build_sampler's wiring ------------------------------------------------------
+
+
+def test_build_step_copies_every_number_and_names_the_deciding_stage_by_hand():
+    """Stages raw, temperature, top-k; the race winners (4, 4, 7) for the chosen 7: the last stage that changed the
+    winner is top-k (index 2), which removed the winner after temperature: "top-k removed the argmax after
+    temperature" (greedy, the default), "... the pick (same draws) after temperature" sampled. Stage statistics
+    leave raw out; no winners recorded: no decision."""
+    from decodelab.core.methods.sample import build_step
+    from decodelab.core.trace.records import Alternative, StageStat
+    from decodelab.core.trace.stats import Numbers
+
+    n = Numbers(token_id=7, finite=True, prob=0.5, logprob=-0.69, raw_prob=0.25, raw_logprob=-1.39, raw_rank=2,
+                entropy=0.9, raw_entropy=1.8, kept=3, alternatives=[(7, 0.5, 0.25), (4, 0.3, 0.4)],
+                stages=[(10, 1.8, 0.0), (10, 1.7, 0.0), (3, 0.9, 0.35)], winners=[4, 4, 7], ranks=[2, 2, 1],
+                removed=[False, True])
+    names = ["raw", "temperature", "top-k"]
+    text = {7: "seven", 4: "four"}.get
+    state = {"mirostat.mu": 5.0}
+    step = build_step(3, 9, n, state, text, names)
+    assert (step.index, step.position, step.token_id, step.token) == (3, 9, 7, "seven")
+    assert (step.prob, step.logprob, step.raw_prob, step.raw_logprob, step.raw_rank) == (0.5, -0.69, 0.25, -1.39, 2)
+    assert (step.entropy, step.raw_entropy, step.kept) == (0.9, 1.8, 3)
+    assert step.alternatives == [Alternative(7, "seven", 0.5, 0.25), Alternative(4, "four", 0.3, 0.4)]
+    assert step.stages == [StageStat("temperature", 10, 1.7, 0.0), StageStat("top-k", 3, 0.9, 0.35)]
+    assert step.decided_by == "top-k" and step.why == "top-k removed the argmax after temperature"
+    assert step.state == state and step.state is not state
+    sampled = build_step(3, 9, n, None, text, names, greedy=False)
+    assert sampled.why == "top-k removed the pick (same draws) after temperature" and sampled.state == {}
+    bare = build_step(0, 6, n._replace(winners=[], ranks=[], removed=[]), None, text, names)
+    assert bare.decided_by is None and bare.why is None
+
+
+class FakeClock:
+    """A perf_counter that moves only when the test says: each piece of work advances it by a distinct amount, so
+    each bucket's total is a sum worked by hand."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def wrap(self, fn, cost):
+        def timed(*args, **kwargs):
+            self.now += cost
+            return fn(*args, **kwargs)
+        return timed
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_the_stopwatch_buckets_are_exact_on_a_fake_clock(monkeypatch, block):
+    """6 steps. Costs: prefill 100 (and its own feed 10), each of the 5 decode feeds 10, a step's trace
+    (pack+unpack, or add to a block, a block's trace, a row's unpack) 1, 2, 3, 1, a token's text 5, the consumer 1000
+    a step (never counted). Step by step: prefill 110, loop 5 x 10 = 50, trace 6 x (1 + 5) = 36. Blocks of 4 (a
+    full block at step 4, two pending at the end): trace 6 x 2 + 2 x 3 + 6 x 1 + 6 x 5 = 54. A lap dropped, a pause
+    or a resume lost moves the consumer's time or the work of one bucket into another."""
+    from types import SimpleNamespace
+
+    from decodelab.core.engine import run as run_module
+    from decodelab.core.engine.runtime import Runtime
+    from decodelab.core.methods import sample as sample_module
+    from decodelab.core.trace.stats import TraceBlock
+
+    clock = FakeClock()
+    monkeypatch.setattr(run_module, "time", SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(Runtime, "prefill", clock.wrap(Runtime.prefill, 100))
+    monkeypatch.setattr(Runtime, "feed", clock.wrap(Runtime.feed, 10))
+    monkeypatch.setattr(sample_module, "unpack", clock.wrap(sample_module.unpack, 1))
+    monkeypatch.setattr(TraceBlock, "add", clock.wrap(TraceBlock.add, 2))
+    monkeypatch.setattr(TraceBlock, "trace", clock.wrap(TraceBlock.trace, 3))
+    model = random_model("llama", seed=11, scale=4.0)
+    sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}), make_selector(0.9, 3, "cpu"),
+                      StopRules(6), clock.wrap(str, 5), None, top=0, block=block)
+    for _ in sampler:
+        clock.now += 1000
+    timing = sampler.watch.timing
+    assert (timing.prefill_s, timing.loop_s, timing.trace_s) == (110.0, 50.0, 36.0 if block == 1 else 54.0)
+    summary = sampler.summary()
+    assert summary.tokens_per_s == 6 / timing.total_s and summary.decode_tokens_per_s == 6 / 50.0
+
+
+def test_the_summary_is_the_mean_of_the_steps_kept_or_streamed():
+    """Recomputed from the steps handed over: mean processed logprob, exp(-mean raw logprob), the count and the
+    reason, the same whether the run keeps its steps or only tallies them (keep_steps=False: steps stays empty); an
+    untraced run counts its tokens; a run not yet started has no timing."""
+    model = random_model("llama", seed=11, scale=4.0)
+
+    def make(**kw):
+        return Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}), make_selector(0.9, 3, "cpu"),
+                       StopRules(7), str, None, top=2, **kw)
+
+    for keep in (True, False):
+        sampler = make(keep_steps=keep)
+        steps = list(sampler)
+        assert len(steps) == 7 and len(sampler.steps) == (7 if keep else 0)
+        s = sampler.summary()
+        assert s.new_tokens == 7 and s.stop_reason == "length"
+        assert s.mean_logprob == pytest.approx(sum(x.logprob for x in steps) / 7, rel=1e-12)
+        assert s.raw_perplexity == pytest.approx(math.exp(-sum(x.raw_logprob for x in steps) / 7), rel=1e-12)
+        assert s.tokens_per_s > 0 and s.prefill_s >= 0
+    untraced = make(record=False)
+    assert list(untraced) == [] and len(untraced.new_ids) == 7 and untraced.summary().new_tokens == 7
+    fresh = make().summary()
+    assert fresh.new_tokens == 0 and math.isnan(fresh.tokens_per_s) and math.isnan(fresh.prefill_s)
