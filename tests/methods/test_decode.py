@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -315,3 +316,43 @@ def test_the_summary_is_the_mean_of_the_steps_kept_or_streamed():
     assert list(untraced) == [] and len(untraced.new_ids) == 7 and untraced.summary().new_tokens == 7
     fresh = make().summary()
     assert fresh.new_tokens == 0 and math.isnan(fresh.tokens_per_s) and math.isnan(fresh.prefill_s)
+
+
+def test_build_sampler_wires_the_settings_into_the_run(monkeypatch):
+    """build_sampler on the bundled tiny model against a run assembled from the parts by hand: the selector and
+    XTC's coin share one generator seeded by --seed (XTC bites at some step, so a second generator would change the
+    draws), --top alternatives, a static cache of exactly prompt + max_new_tokens positions, one step a token (no
+    blocks, no kept sets by default); a stop string found by scanning the decoded prefixes ends it where the scan
+    says; --compile asks the runtime to compile its decode step."""
+    from decodelab.core.engine.models import load_model
+    from decodelab.core.engine.runtime import Runtime
+    from decodelab.core.engine.stopping import stop_rules
+    from decodelab.core.methods.sample import SampleSettings, build_sampler
+    from decodelab.core.sampling.chain import make_chain
+    from decodelab.core.sampling.semantics import plan
+
+    lm = load_model("tiny", device="cpu", dtype="float32")
+    prompt = lm.encode("Once upon a time")
+    s = SampleSettings(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.02, seed=7, top=3, max_new_tokens=12,
+                       ignore_eos=True, cache="static")
+    run = build_sampler(lm, s, prompt)
+    assert type(run.runtime.policy).__name__ == "StaticPolicy" and run.runtime.policy.capacity == len(prompt) + 12
+    assert run.block == 1 and run.record and not run.kept
+    seen = []
+    steps = [seen.append(len(run.state.new_ids)) or step for step in run]
+    assert seen == list(range(1, 13)) and run.kept_sets == [] and all(len(x.alternatives) == 3 for x in steps)
+    assert any(st.name == "xtc" and st.mass_removed > 0 for x in steps for st in x.stages)  # the coin came up
+    selector = plan(s).make_selector(7, "cpu")
+    ref = Sampler(lm.model, prompt, make_chain(lm, s, selector.generator), selector, stop_rules(lm, s),
+                  lm.token_text, lm.decode, top=3, runtime=Runtime.create(lm.model, s.cache_spec, len(prompt) + 12))
+    assert [x.to_dict() for x in steps] == [x.to_dict() for x in ref]
+    free = run.new_ids
+    text = lm.decode(free[:6])[-3:]
+    first = next(k for k in range(1, 13) if text in lm.decode(free[:k]))
+    stopped = build_sampler(lm, dataclasses.replace(s, stop=(text,)), prompt)
+    list(stopped)
+    assert stopped.stop_reason == "stop" and stopped.new_ids == free[:first]
+    compiled = []
+    monkeypatch.setattr(Runtime, "compile_decode", lambda self: compiled.append(self))
+    built = build_sampler(lm, dataclasses.replace(s, compile=True), prompt)
+    assert compiled == [built.runtime]
