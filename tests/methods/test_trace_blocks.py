@@ -150,3 +150,31 @@ def test_a_greedy_step_in_a_sampled_block_races_without_noise():
     block.add(1, raw, banned, stages, None)
     assert block.trace() == [alone_greedy]  # all greedy: no race at all
     assert block.trace() == []
+
+
+# --- mutation run of core/methods/sample.py (2026-12-01, helper mutsam): the Sampler's defaults, its own runtime,
+# each step's index and position, the why of a greedy and of a sampled step, stepwise or in blocks ------------------
+
+
+def test_the_sampler_defaults_one_step_a_token_five_alternatives_and_builds_its_runtime_from_cache(model):
+    """Without block, top or runtime: every step reaches the consumer right after its token, with 5 alternatives;
+    the runtime it builds follows ``cache`` (static) with room for exactly prompt + max_new_tokens positions (6 + 9)."""
+    from decodelab.core.kv import CacheSpec
+
+    sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}),
+                      make_selector(0.9, 3, "cpu"), StopRules(9), str, None, cache=CacheSpec("static"))
+    seen = [len(sampler.state.new_ids) for _ in sampler]
+    assert seen == list(range(1, 10)) and sampler.block == 1
+    assert all(len(s.alternatives) == 5 for s in sampler.steps)
+    assert type(sampler.runtime.policy).__name__ == "StaticPolicy" and sampler.runtime.policy.capacity == 15
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_each_step_has_its_index_position_and_the_why_of_its_selector(model, block):
+    """Indices 0..n-1 at positions 6..6+n-1 (after the 6-token prompt). A greedy run's steps are decided by an
+    argmax, a sampled run's by a pick from the same draws: the why of a step names which (core/trace/why.py)."""
+    for name, word, other in [("greedy", "argmax", "pick"), ("sampled filters", "pick (same draws)", "argmax")]:
+        got, _ = run(model, CHAINS[name][0], CHAINS[name][1], block, n=10)
+        assert [s.index for s in got.steps] == list(range(10))
+        assert [s.position for s in got.steps] == list(range(6, 16))
+        assert all(word in s.why and other not in s.why for s in got.steps)
