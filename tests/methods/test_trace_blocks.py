@@ -178,3 +178,26 @@ def test_each_step_has_its_index_position_and_the_why_of_its_selector(model, blo
         assert [s.index for s in got.steps] == list(range(10))
         assert [s.position for s in got.steps] == list(range(6, 16))
         assert all(word in s.why and other not in s.why for s in got.steps)
+
+
+def test_an_empty_chain_inside_a_block_ends_the_run_with_the_pending_steps_traced(model, monkeypatch):
+    """The chain empties in the forward after the 6th token, in blocks of 4 (``drain``, what a report of many runs
+    uses): 4 steps were handed over, end(EMPTY_CHAIN) traces the two pending ones, equal to a step-by-step run's
+    first six, and says why."""
+    from decodelab.core.engine.run import drain
+    from decodelab.core.errors import EMPTY_CHAIN, ChainError
+
+    ref, _ = run(model, CHAINS["sampled filters"][0], 0.9, 1)
+    sampler = Sampler(model, PROMPT, build_chain(CHAINS["sampled filters"][0]), make_selector(0.9, 3, "cpu"),
+                      StopRules(20), str, None, top=4, block=4)
+    real_feed = Runtime.feed
+
+    def feed(self, ids, keep="last"):
+        if len(sampler.state.new_ids) == 6:
+            raise ChainError("the chain removed every candidate")
+        return real_feed(self, ids, keep)
+
+    monkeypatch.setattr(Runtime, "feed", feed)
+    handed = drain(sampler)
+    assert len(handed) == 4 and sampler.stop_reason == EMPTY_CHAIN
+    assert as_dicts(sampler.steps) == as_dicts(ref.steps[:6]) and sampler.new_ids == ref.new_ids[:6]
