@@ -158,7 +158,8 @@ def test_a_greedy_step_in_a_sampled_block_races_without_noise():
 
 def test_the_sampler_defaults_one_step_a_token_five_alternatives_and_builds_its_runtime_from_cache(model):
     """Without block, top or runtime: every step reaches the consumer right after its token, with 5 alternatives;
-    the runtime it builds follows ``cache`` (static) with room for exactly prompt + max_new_tokens positions (6 + 9)."""
+    the runtime it builds follows ``cache`` (static) with room for exactly prompt + max_new_tokens positions (6 + 9),
+    and is the one the loop feeds."""
     from decodelab.core.kv import CacheSpec
 
     sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}),
@@ -167,6 +168,13 @@ def test_the_sampler_defaults_one_step_a_token_five_alternatives_and_builds_its_
     assert seen == list(range(1, 10)) and sampler.block == 1
     assert all(len(s.alternatives) == 5 for s in sampler.steps)
     assert type(sampler.runtime.policy).__name__ == "StaticPolicy" and sampler.runtime.policy.capacity == 15
+    assert sampler.runtime.seen == 6 + 8  # the run fed that runtime: the prompt, then each token but the last
+
+
+def test_blocks_of_two_come_in_pairs(model):
+    """The smallest block that defers: 5 steps in blocks of 2 reach the consumer after tokens 2, 4 and 5."""
+    _, seen = run(model, CHAINS["sampled filters"][0], 0.9, 2, n=5)
+    assert seen == [2, 2, 4, 4, 5]
 
 
 @pytest.mark.parametrize("block", [1, 4])
