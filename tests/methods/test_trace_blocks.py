@@ -209,3 +209,17 @@ def test_an_empty_chain_inside_a_block_ends_the_run_with_the_pending_steps_trace
     handed = drain(sampler)
     assert len(handed) == 4 and sampler.stop_reason == EMPTY_CHAIN
     assert as_dicts(sampler.steps) == as_dicts(ref.steps[:6]) and sampler.new_ids == ref.new_ids[:6]
+
+
+def test_a_stateful_steps_mu_follows_the_mirostat_update_worked_from_its_own_numbers(model):
+    """Mirostat 2 (tau 5, eta 0.1, temperature 1: the step's processed prob is the kept, renormalized one): mu starts at
+    2 tau = 10 and after token x moves to mu - eta (-log2 p_kept(x) - tau). Each step's state is the mu that step
+    used, read in the step's own transfer after its numbers; the same, whatever the block."""
+    for block in (1, 16):
+        got, _ = run(model, CHAINS["mirostat"][0], 1.0, block, n=8)
+        mu = 10.0
+        for step in got.steps:
+            assert list(step.state) == ["mirostat.mu"]
+            assert step.state["mirostat.mu"] == pytest.approx(mu, rel=1e-5)
+            mu -= 0.1 * (-math.log2(step.prob) - 5.0)
+        assert len({s.state["mirostat.mu"] for s in got.steps}) == 8  # mu moved at every step
