@@ -356,3 +356,30 @@ def test_build_sampler_wires_the_settings_into_the_run(monkeypatch):
     monkeypatch.setattr(Runtime, "compile_decode", lambda self: compiled.append(self))
     built = build_sampler(lm, dataclasses.replace(s, compile=True), prompt)
     assert compiled == [built.runtime]
+
+
+def test_decode_tokens_defaults_untraced_and_builds_its_runtime_from_cache(monkeypatch):
+    """Called bare, the loop traces nothing (no numbers, no stages, no race); record=True alone traces each step in
+    its own transfer with no alternatives (top 0). Without a runtime it builds one from ``cache`` (static here) with
+    room for exactly prompt + max_new_tokens positions (6 + 5), and feeds it."""
+    from decodelab.core.engine.runtime import Runtime
+    from decodelab.core.kv import CacheSpec
+
+    model = random_model("llama", seed=11, scale=4.0)
+    made = []
+    real_create = Runtime.create.__func__
+
+    def create(cls, *args, **kwargs):
+        made.append(real_create(cls, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(Runtime, "create", classmethod(create))
+    chain = build_chain({"temperature": 0.9, "top-k": 12})
+    bare = list(decode_tokens(model, PROMPT, chain, make_selector(0.9, 3, "cpu"), StopRules(5),
+                              cache=CacheSpec("static")))
+    assert len(bare) == 5 and all(d.numbers is None and d.stages is None and d.race is None for d in bare)
+    assert len(made) == 1 and type(made[0].policy).__name__ == "StaticPolicy"
+    assert made[0].policy.capacity == 11 and made[0].seen == 6 + 4
+    traced = list(decode_tokens(model, PROMPT, chain, make_selector(0.9, 3, "cpu"), StopRules(5), record=True))
+    assert [d.token_id for d in traced] == [d.token_id for d in bare]
+    assert all(d.numbers is not None and d.numbers.alternatives == [] and d.race is None for d in traced)
