@@ -383,3 +383,24 @@ def test_decode_tokens_defaults_untraced_and_builds_its_runtime_from_cache(monke
     traced = list(decode_tokens(model, PROMPT, chain, make_selector(0.9, 3, "cpu"), StopRules(5), record=True))
     assert [d.token_id for d in traced] == [d.token_id for d in bare]
     assert all(d.numbers is not None and d.numbers.alternatives == [] and d.race is None for d in traced)
+
+
+def test_a_chain_that_empties_raises_at_the_step_a_scan_of_the_greedy_run_predicts():
+    """top-k 1 keeps the raw argmax, then a 1-gram ban removes it if it is already in the sequence (prompt
+    included): the loop yields the free greedy run up to the first token already seen, and raises there, whether
+    the step is untraced, traced or deferred."""
+    from decodelab.core.errors import ChainError
+
+    model = random_model("llama", seed=11, scale=4.0)
+    free, _ = greedy_ids(model, PROMPT, 30)
+    k = next(i for i, t in enumerate(free) if t in PROMPT + free[:i])
+    assert 0 < k < 30
+    for record, defer in [(False, False), (True, False), (True, True)]:
+        chain = build_chain({"temperature": 0.5, "top-k": 1, "no-repeat-ngram": 1},
+                            ["temperature", "top-k", "no-repeat-ngram"])
+        got = []
+        with pytest.raises(ChainError, match="removed every candidate"):
+            for d in decode_tokens(model, PROMPT, chain, make_selector(0.5, 3, "cpu"), StopRules(30),
+                                   record=record, top=2, defer=defer):
+                got.append(d.token_id)
+        assert got == free[:k]
