@@ -404,3 +404,15 @@ def test_a_chain_that_empties_raises_at_the_step_a_scan_of_the_greedy_run_predic
                                    record=record, top=2, defer=defer):
                 got.append(d.token_id)
         assert got == free[:k]
+
+
+def test_a_temperature_that_overflows_float32_is_told_apart_from_an_empty_chain():
+    """Logits of a few units over temperature 1e-40 exceed float32's 3.4e38: +inf, and NaN in the softmax. The loop
+    hands the processed row to the check, which names the overflow (not "removed every candidate")."""
+    from decodelab.core.errors import ChainError
+
+    model = random_model("llama", seed=11, scale=4.0)
+    for record in (False, True):
+        with pytest.raises(ChainError, match=r"^the chain \[temperature\] made a logit overflow to \+inf or NaN"):
+            list(decode_tokens(model, PROMPT, build_chain({"temperature": 1e-40}), make_selector(1.0, 3, "cpu"),
+                               StopRules(3), record=record))
