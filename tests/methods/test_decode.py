@@ -416,3 +416,25 @@ def test_a_temperature_that_overflows_float32_is_told_apart_from_an_empty_chain(
         with pytest.raises(ChainError, match=r"^the chain \[temperature\] made a logit overflow to \+inf or NaN"):
             list(decode_tokens(model, PROMPT, build_chain({"temperature": 1e-40}), make_selector(1.0, 3, "cpu"),
                                StopRules(3), record=record))
+
+
+def test_build_sampler_greedy_equals_generate_traced_in_blocks_or_untraced():
+    """Greedy through build_sampler (a selector without a generator) on the bundled tiny model: the ids of
+    transformers' greedy ``generate``, traced in blocks of 4 (steps reach the consumer after tokens 4, 8 and 10) or
+    untraced (no steps at all). A constrained run keeps its steps' constraint numbers for the summary."""
+    from decodelab.core.engine.models import load_model
+    from decodelab.core.methods.sample import SampleSettings, build_sampler
+
+    lm = load_model("tiny", device="cpu", dtype="float32")
+    prompt = lm.encode("Once upon a time")
+    ref = lm.model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10, min_new_tokens=10)
+    expected = ref[0, len(prompt):].tolist()
+    s = SampleSettings(temperature=0.0, max_new_tokens=10, ignore_eos=True)
+    blocks = build_sampler(lm, s, prompt, block=4)
+    seen = [len(blocks.state.new_ids) for _ in blocks]
+    assert seen == [4] * 4 + [8] * 4 + [10] * 2 and blocks.new_ids == expected
+    untraced = build_sampler(lm, s, prompt, record=False)
+    assert list(untraced) == [] and untraced.new_ids == expected
+    constrained = build_sampler(lm, SampleSettings(regex=r"[0-9]{1,3}", temperature=0.0, max_new_tokens=3), prompt)
+    list(constrained)
+    assert constrained.summary().constraint is not None
