@@ -253,3 +253,130 @@ def test_counts_entropies_masses_and_alternatives_at_a_removed_and_an_underflowe
     assert H.tolist() == pytest.approx(want_H, rel=1e-6) and all(math.isfinite(h) for h in H.tolist())
     assert removed_mass(P, removed).tolist() == pytest.approx([0.0, (P[0, 3] + P[0, 5]).item()], rel=1e-6)
     assert ranked_alternatives(P[1], P[0], ~removed[1], 6).tolist() == [4, 0, 1, 2, 5, 3]
+
+
+# --- found by the mutation run of 2026-12-01 (stats.py against this file and test_trace_blocks.py; the survivors
+# left are in tests/mutation/SURVIVORS.md) ------------------------------------------------------------------------
+
+Z5 = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])  # raw logits: order 0, 1, 2, 4, 3
+
+
+def reference(rows: list[torch.Tensor]) -> list[tuple[list[float], int, float, float]]:
+    """Per stage row [V]: probabilities, kept count, entropy (nats) and the mass it removed under the row before,
+    in float64 from the definitions."""
+    out, before = [], None
+    for z in rows:
+        z = z.double()
+        p = torch.softmax(z, dim=-1)
+        kept = int(torch.isfinite(z).sum())
+        H = -sum(v * math.log(v) for v in p.tolist() if v > 0)
+        mass = 0.0 if before is None else float(before[torch.isneginf(z)].sum())
+        out.append((p.tolist(), kept, H, mass))
+        before = p
+    return out
+
+
+def three_stage(values: dict, token: int, top: int = 5):
+    chain = build_chain(values, order=list(values))  # the stages in the order given
+    processed, stages = chain.run_recorded(None, Z5)
+    host = pack(torch.tensor([token]), Z5, processed, stages, top).tolist()
+    return unpack(host, top, 5, len(stages)), [z[0] for _, z in stages]
+
+
+def test_three_stages_whose_last_reorders_the_kept_candidates():
+    """raw -> top-k 3 -> bias {2: +3}: the last stage lifts id 2 over 0 and 1, so its row (not the one before it)
+    orders the alternatives, 2, 0, 1, then the removed ones by raw probability, 4 (logit 0) before 3 (logit -1); every
+    field of the step against float64 from the definitions. With S = 3, row -1 is not row +1 nor row -2, and stage 2's
+    numbers sit at other offsets than stage 1's: a read of the wrong row or offset gives other numbers."""
+    n, rows = three_stage({"top-k": 3, "bias": {2: 3.0}}, token=2)
+    ref = reference(rows)
+    p_last, p_raw = ref[-1][0], ref[0][0]
+    assert [a[0] for a in n.alternatives] == [2, 0, 1, 4, 3]
+    assert [a[1] for a in n.alternatives] == pytest.approx([p_last[i] for i in (2, 0, 1, 4, 3)], rel=1e-6)
+    assert [a[2] for a in n.alternatives] == pytest.approx([p_raw[i] for i in (2, 0, 1, 4, 3)], rel=1e-6)
+    assert (n.token_id, n.finite, n.kept) == (2, True, 3)
+    assert (n.prob, n.raw_prob) == (pytest.approx(p_last[2], rel=1e-6), pytest.approx(p_raw[2], rel=1e-6))
+    assert (n.logprob, n.raw_logprob) == (pytest.approx(math.log(p_last[2]), rel=1e-6),
+                                          pytest.approx(math.log(p_raw[2]), rel=1e-6))
+    assert n.raw_rank == 3 and n.ranks == [3, 3, 1]
+    assert (n.entropy, n.raw_entropy) == (pytest.approx(ref[-1][2], rel=1e-6), pytest.approx(ref[0][2], rel=1e-6))
+    assert [k for k, _, _ in n.stages] == [5, 3, 3]
+    assert [h for _, h, _ in n.stages] == pytest.approx([r[2] for r in ref], rel=1e-6)
+    assert [m for _, _, m in n.stages] == pytest.approx([0.0, ref[1][3], 0.0], abs=1e-7)
+    assert ref[1][3] > 0.05  # the premise: top-k removed real mass
+    # greedy: the raw and top-k winner is id 0, the bias's is id 2 (the chosen token); the bias removed nothing
+    assert (n.winners, n.removed) == ([0, 0, 2], [False, False])
+
+
+def test_three_stages_whose_last_removes_candidates():
+    """raw -> bias {2: +3} -> top-k 2: the last stage is the one that removes (ids 1, 3, 4), so the kept mask must be
+    its row's: the alternatives are 2, 0, then the removed by raw probability 1, 4, 3 (an earlier row's mask keeps all
+    five, which would rank the removed ones by their processed probability, 0 each, a tie)."""
+    n, rows = three_stage({"bias": {2: 3.0}, "top-k": 2}, token=2)
+    ref = reference(rows)
+    assert [a[0] for a in n.alternatives] == [2, 0, 1, 4, 3]
+    assert [a[1] for a in n.alternatives][2:] == [0.0, 0.0, 0.0]
+    assert (n.kept, [k for k, _, _ in n.stages]) == (2, [5, 5, 2])
+    assert [m for _, _, m in n.stages] == pytest.approx([0.0, 0.0, ref[2][3]], abs=1e-7)
+
+
+def test_a_token_removed_by_the_last_of_three_stages_is_not_finite():
+    """A forced token (not the selector's) that top-k, the last stage, removed while the bias before it kept it:
+    finite is read from the last row (False), not from the row before (True)."""
+    n, _ = three_stage({"bias": {2: 3.0}, "top-k": 2}, token=1)
+    assert (n.token_id, n.finite, n.prob) == (1, False, 0.0)
+
+
+def test_a_kept_token_whose_probability_underflows_is_finite():
+    """finite says the chain left the token a finite logit, not that its probability is above 0: a forced token at
+    logit -200 (kept by every stage) has probability 0.0 in float32 and is finite."""
+    z = torch.tensor([[0.0, -200.0, 1.0]])
+    chain = build_chain({"temperature": 1.0})
+    processed, stages = chain.run_recorded(None, z)
+    n = unpack(pack(torch.tensor([1]), z, processed, stages, 3).tolist(), 3, 3, len(stages))
+    assert (n.token_id, n.finite, n.prob) == (1, True, 0.0)
+
+
+def test_stage_table_reports_each_stages_kept_count_entropy_and_removed_mass():
+    """stage_table's numbers against float64 from the definitions on raw -> temperature 1/2 -> top-k 2 over Z5:
+    kept 5, 5, 2; each row's entropy (the entropies of the three rows differ, so a softmax or a log-softmax over the
+    wrong dim, or a field dropped, shows); top-k's removed mass under the tempered distribution."""
+    from decodelab.core.trace.stats import stage_table
+
+    chain = build_chain({"temperature": 0.5, "top-k": 2}, order=["temperature", "top-k"])
+    _, stages = chain.run_recorded(None, Z5)
+    ref = reference([z[0] for _, z in stages])
+    table = stage_table(stages)
+    assert [s.name for s, _ in table] == ["raw", "temperature", "top-k"]
+    assert [s.kept for s, _ in table] == [5, 5, 2] and all(isinstance(s.kept, int) for s, _ in table)
+    assert [s.entropy for s, _ in table] == pytest.approx([r[2] for r in ref], rel=1e-6)
+    assert [s.mass_removed for s, _ in table] == pytest.approx([r[3] for r in ref], abs=1e-7)
+    assert len({round(r[2], 3) for r in ref}) == 3  # the premise: three different entropies
+    assert [p.tolist() for _, p in table] == [pytest.approx(r[0], rel=1e-6) for r in ref]
+
+
+def test_kept_ids_lists_each_stages_survivors_and_none_for_the_whole_vocabulary():
+    """kept_ids on raw -> bias {3: -inf} -> top-k 2 over Z5: the raw row is left out; the bias keeps four of five
+    (ids listed), top-k keeps ids 0 and 1; a stage that keeps every token gets ids None (temperature, added first)."""
+    from decodelab.core.trace.stats import kept_ids
+
+    chain = build_chain({"temperature": 1.5, "bias": {3: -INF}, "top-k": 2}, order=["temperature", "bias", "top-k"])
+    _, stages = chain.run_recorded(None, Z5)
+    assert kept_ids(stages) == [
+        {"name": "temperature", "kept": 5, "ids": None},
+        {"name": "bias", "kept": 4, "ids": [0, 1, 2, 4]},
+        {"name": "top-k", "kept": 2, "ids": [0, 1]},
+    ]
+    assert kept_ids(stages[:1]) == []  # raw alone: no stage
+
+
+def test_a_block_smaller_than_one_step_traces_every_step_alone(monkeypatch):
+    """BLOCK_BYTES below one step's rows: a block of one step (not two), so each add fills the block."""
+    from decodelab.core.trace import stats
+
+    monkeypatch.setattr(stats, "BLOCK_BYTES", 8)
+    block = stats.TraceBlock(64, 2)
+    z = Z5.clone()
+    stages = build_chain({"top-k": 2}).run_recorded(None, z)[1]
+    assert block.add(0, z, stages[-1][1], stages, None) is True
+    assert len(block.trace()) == 1 and len(block) == 0
