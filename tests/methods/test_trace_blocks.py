@@ -150,3 +150,76 @@ def test_a_greedy_step_in_a_sampled_block_races_without_noise():
     block.add(1, raw, banned, stages, None)
     assert block.trace() == [alone_greedy]  # all greedy: no race at all
     assert block.trace() == []
+
+
+# --- mutation run of core/methods/sample.py (2026-12-01, helper mutsam): the Sampler's defaults, its own runtime,
+# each step's index and position, the why of a greedy and of a sampled step, stepwise or in blocks ------------------
+
+
+def test_the_sampler_defaults_one_step_a_token_five_alternatives_and_builds_its_runtime_from_cache(model):
+    """Without block, top or runtime: every step reaches the consumer right after its token, with 5 alternatives;
+    the runtime it builds follows ``cache`` (static) with room for exactly prompt + max_new_tokens positions (6 + 9),
+    and is the one the loop feeds."""
+    from decodelab.core.kv import CacheSpec
+
+    sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}),
+                      make_selector(0.9, 3, "cpu"), StopRules(9), str, None, cache=CacheSpec("static"))
+    seen = [len(sampler.state.new_ids) for _ in sampler]
+    assert seen == list(range(1, 10)) and sampler.block == 1
+    assert all(len(s.alternatives) == 5 for s in sampler.steps)
+    assert type(sampler.runtime.policy).__name__ == "StaticPolicy" and sampler.runtime.policy.capacity == 15
+    assert sampler.runtime.seen == 6 + 8  # the run fed that runtime: the prompt, then each token but the last
+
+
+def test_blocks_of_two_come_in_pairs(model):
+    """The smallest block that defers: 5 steps in blocks of 2 reach the consumer after tokens 2, 4 and 5."""
+    _, seen = run(model, CHAINS["sampled filters"][0], 0.9, 2, n=5)
+    assert seen == [2, 2, 4, 4, 5]
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_each_step_has_its_index_position_and_the_why_of_its_selector(model, block):
+    """Indices 0..n-1 at positions 6..6+n-1 (after the 6-token prompt). A greedy run's steps are decided by an
+    argmax, a sampled run's by a pick from the same draws: the why of a step names which (core/trace/why.py)."""
+    for name, word, other in [("greedy", "argmax", "pick"), ("sampled filters", "pick (same draws)", "argmax")]:
+        got, _ = run(model, CHAINS[name][0], CHAINS[name][1], block, n=10)
+        assert [s.index for s in got.steps] == list(range(10))
+        assert [s.position for s in got.steps] == list(range(6, 16))
+        assert all(word in s.why and other not in s.why for s in got.steps)
+
+
+def test_an_empty_chain_inside_a_block_ends_the_run_with_the_pending_steps_traced(model, monkeypatch):
+    """The chain empties in the forward after the 6th token, in blocks of 4 (``drain``, what a report of many runs
+    uses): 4 steps were handed over, end(EMPTY_CHAIN) traces the two pending ones, equal to a step-by-step run's
+    first six, and says why."""
+    from decodelab.core.engine.run import drain
+    from decodelab.core.errors import EMPTY_CHAIN, ChainError
+
+    ref, _ = run(model, CHAINS["sampled filters"][0], 0.9, 1)
+    sampler = Sampler(model, PROMPT, build_chain(CHAINS["sampled filters"][0]), make_selector(0.9, 3, "cpu"),
+                      StopRules(20), str, None, top=4, block=4)
+    real_feed = Runtime.feed
+
+    def feed(self, ids, keep="last"):
+        if len(sampler.state.new_ids) == 6:
+            raise ChainError("the chain removed every candidate")
+        return real_feed(self, ids, keep)
+
+    monkeypatch.setattr(Runtime, "feed", feed)
+    handed = drain(sampler)
+    assert len(handed) == 4 and sampler.stop_reason == EMPTY_CHAIN
+    assert as_dicts(sampler.steps) == as_dicts(ref.steps[:6]) and sampler.new_ids == ref.new_ids[:6]
+
+
+def test_a_stateful_steps_mu_follows_the_mirostat_update_worked_from_its_own_numbers(model):
+    """Mirostat 2 (tau 5, eta 0.1, temperature 1: the step's processed prob is the kept, renormalized one): mu starts at
+    2 tau = 10 and after token x moves to mu - eta (-log2 p_kept(x) - tau). Each step's state is the mu that step
+    used, read in the step's own transfer after its numbers; the same, whatever the block."""
+    for block in (1, 16):
+        got, _ = run(model, CHAINS["mirostat"][0], 1.0, block, n=8)
+        mu = 10.0
+        for step in got.steps:
+            assert list(step.state) == ["mirostat.mu"]
+            assert step.state["mirostat.mu"] == pytest.approx(mu, rel=1e-5)
+            mu -= 0.1 * (-math.log2(step.prob) - 5.0)
+        assert len({s.state["mirostat.mu"] for s in got.steps}) == 8  # mu moved at every step

@@ -591,3 +591,33 @@ def test_the_allow_list_checks_both_ends_of_the_vocabulary():
         with pytest.raises(ConfigError) as refused:
             AllowList(ids)(None, z)
         assert str(refused.value) == f"--allow {shown}: token id out of range [0, 5)"
+
+
+# --- mutation run of core/methods/sample.py (2026-12-01, helper mutsam): validate_sample at each bound ------------
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"stop_id": (3, -1)}, "--stop-id -1: must be a token id >= 0"),  # the second id checked too
+    ({"max_new_tokens": 0}, "--max-new-tokens 0: must be >= 1"),
+    ({"top": -1}, "--top -1: must be >= 0"),
+    ({"seed": -1}, "--seed -1: must be an integer in [0, 2**64)"),
+    ({"seed": 2**64}, "--seed 18446744073709551616: must be an integer in [0, 2**64)"),
+    ({"stop": ("END", "")}, "--stop '': an empty stop string matches everywhere; give some text"),
+    ({"stop": ("ok", "a\udcff")}, "--stop 'a\\\\udcff': not valid UTF-8 (an undecodable byte at character 1); "
+                                  "give UTF-8 text"),
+    ({"compile": True}, "--cache full: --compile needs the cache to be compiled, which full cannot; policies that "
+                        "can: static"),
+    ({"temperature": -1.0}, "--temperature -1.0: must be >= 0 (0 means greedy)"),  # the chain's own checks run
+])
+def test_validate_sample_refuses_just_past_each_bound_with_its_exact_message(fields, message):
+    with pytest.raises(ConfigError) as err:
+        validate_sample(SampleSettings(**fields))
+    assert str(err.value) == message
+
+
+def test_validate_sample_accepts_each_bound_itself():
+    """The smallest (and largest) value each check allows: stop id 0, one new token, top 0, seeds 0 and 2**64 - 1,
+    a one-character stop string, --compile with the static cache."""
+    for fields in [{"stop_id": (0,)}, {"max_new_tokens": 1}, {"top": 0}, {"seed": 0}, {"seed": 2**64 - 1},
+                   {"stop": ("x",)}, {"compile": True, "cache": "static"}]:
+        validate_sample(SampleSettings(**fields))
