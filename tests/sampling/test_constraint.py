@@ -937,10 +937,12 @@ def test_the_spec_refusals_word_for_word(tmp_path):
     path = write(tmp_path, "bad.gbnf", "root ::= (\n")
     with pytest.raises(ConfigError) as err:
         constraint_spec(grammar=path).grammar()
-    assert str(err.value) == f"--grammar {path}: not a Lark or GBNF grammar (Expected ')' at line 2, 'root ::= (\\n' ^ '')"
+    assert str(err.value) == (f"--grammar {path}: not a Lark or GBNF grammar "
+                              "(Expected ')' at line 2, 'root ::= (\\n' ^ '')")
     with pytest.raises(ConfigError) as err:
         constraint_spec(regex="a\udcffb")  # a byte that was not UTF-8 on the command line
-    assert str(err.value) == r"--regex 'a\\udcffb': not valid UTF-8 (an undecodable byte at character 1); give UTF-8 text"
+    assert str(err.value) == (r"--regex 'a\\udcffb': not valid UTF-8 (an undecodable byte at character 1); "
+                              "give UTF-8 text")
 
 
 def test_choice_labels_outside_ascii_are_the_brute_force_set():
