@@ -17,9 +17,9 @@ Goals: traced greedy and traced top-p >= 1.1x `generate`; trace on >= 0.95x trac
 read inside each traced run, where it cannot drift against its reference: the stopwatch's trace laps (statistics,
 the transfer, the steps built) over the rest of the same run (prefill, forwards, chain, selector), token after
 token interleaved (the in-run share; the pairing of traced and untraced runs also counts what tracing does to the
-forwards around it, such as a colder cache, and moves by several hundredths on a machine whose speed drifts). With `--compile`: the static
-cache with the one-token step compiled, against `generate` with its own static cache compiled (compile times
-reported separately, rates measured after compiling).
+forwards around it, such as a colder cache, and moves by several hundredths on a machine whose speed drifts).
+With `--compile`: the static cache with the one-token step compiled, against `generate` with its own static cache
+compiled (compile times reported separately, rates measured after compiling).
 
     python benchmarks/sample_vs_generate.py [--model tiny] [--tokens 128] [--rounds 7] [--threads 1] [--compile]
 """

@@ -54,7 +54,6 @@ LLAMACPP_MIROSTAT_ORDER = ("constraint", "bias", "temperature", "mirostat")  # t
 ENGINE_NAMES = {"hf": "transformers", "vllm": "vLLM", "llamacpp": "llama.cpp"}
 ENGINE_STAGES = {engine: engine_order(engine) for engine in ENGINES}
 
-
 # decodelab stage -> the settings fields that switch it on; the stages that act only when sampling
 STAGE_FIELDS = {s.name: (s.fields if s.any_field else s.fields[:1]) for s in STAGES}
 WARPERS = tuple(s.name for s in STAGES if s.warper)

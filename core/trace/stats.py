@@ -70,11 +70,10 @@ def stage_numbers(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def kept_and_entropy(P: Tensor, logP: Tensor, removed: Tensor) -> tuple[Tensor, Tensor]:
     """For stage rows [..., S, V] (probabilities, log-probabilities, removed candidates): the candidates kept (int32)
-    and the entropy H = -sum p log p in nats, [..., S] each. A removed candidate has p = 0 and log p = -inf, whose
-    product is NaN: the sum leaves it out (it adds 0 * 0), the same sum as zeroing its log p first, bit for bit, one
-    pass over the block fewer."""
+    and the entropy H = -sum p log p in nats (a removed candidate adds 0 * 0), [..., S] each. Only the removed
+    candidates' -inf is zeroed: a NaN logit keeps H NaN (a sum that skips NaN would report such a row's entropy as 0)."""
     kept = removed.shape[-1] - removed.sum(dim=-1, dtype=torch.int32)
-    return kept, -(P * logP).nansum(dim=-1)
+    return kept, -(P * logP.nan_to_num(neginf=0.0)).sum(dim=-1)
 
 
 def removed_mass(P: Tensor, removed: Tensor) -> Tensor:
@@ -107,7 +106,7 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
 
     Each statistic is one operation over the whole block, so a block of K steps costs about as many tensor
     operations as one step: p = softmax z, log p = log-softmax z (exact 0 for a point mass, exactly -inf for a
-    removed candidate), H = -sum p log p (a removed candidate's NaN product left out), counts summed in int32. The
+    removed candidate), H = -sum p log p (a removed candidate adds 0), counts summed in int32. The
     chosen token's rank under each row, 1 + #{i : z_i > z_t}, serves the raw rank and the deciding stage alike. On a
     CPU each operation costs a fixed few microseconds, so the cheap forms are chosen: softmax and log-softmax rather
     than exp of the log-softmax, a product rather than ``special.entr``. The masks stay bool: comparisons that write

@@ -380,3 +380,16 @@ def test_a_block_smaller_than_one_step_traces_every_step_alone(monkeypatch):
     stages = build_chain({"top-k": 2}).run_recorded(None, z)[1]
     assert block.add(0, z, stages[-1][1], stages, None) is True
     assert len(block.trace()) == 1 and len(block) == 0
+
+
+def test_a_nan_logit_leaves_the_entropy_nan_not_zero():
+    """Only a removed candidate's -inf is zeroed in p log p: a row holding a NaN logit (an overflowed model) has NaN
+    probabilities, and its entropy must say NaN, where a sum that skips NaN would report 0 nats, a confident-looking
+    number for a broken row; the clean row beside it keeps its entropy."""
+    from decodelab.core.trace.stats import kept_and_entropy
+
+    L = torch.tensor([[0.0, float("nan"), 1.0], [0.0, -INF, 0.0]])
+    P, logP = torch.softmax(L, dim=-1), torch.log_softmax(L, dim=-1)
+    _, H = kept_and_entropy(P, logP, torch.isneginf(L))
+    assert math.isnan(H[0].item())
+    assert H[1].item() == pytest.approx(math.log(2.0), rel=1e-6)
