@@ -253,10 +253,7 @@ class ConstraintVocabulary:
             lt = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(eos) or None)
         except ValueError as exc:
             raise ConfigError(f"this tokenizer cannot drive the matcher ({exc})") from None
-        size = lt.vocab_size
-        bad = [e for e in eos if not 0 <= e < size]
-        if bad:
-            raise ConfigError(f"end id {bad[0]} is outside the vocabulary of {size} tokens")
+        size = lt.vocab_size  # llguidance has refused an end id outside [0, size) above
         ws = [not lt.is_special_token(i) and _whitespace_only(lt.decode_bytes([i])) for i in range(size)]
         return cls(lt, size, eos, torch.tensor(ws, dtype=torch.bool))
 
