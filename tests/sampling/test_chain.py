@@ -149,3 +149,47 @@ def test_chain_states_are_named_stage_dot_key_in_chain_order():
     assert all(value is want for (_, value), want in zip(chain.states(), (mu, coin, t)))
     assert Chain([Temperature(1.0)]).states() == []
 
+
+
+# --- mutation run of core/sampling/chain.py, registry.py and tokens.py (2026-12-02) -------------------------------
+
+
+def test_stepwise_stages_are_refused_with_their_own_options_and_others_pass():
+    """XTC (its own coin) and mirostat (mu carried from step to step) cannot score several continuations at once;
+    the line names the stage's options (XTC's threshold alone does not switch it on, so only its probability)."""
+    from types import SimpleNamespace
+
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.sampling.chain import Chain, refuse_stepwise_stages
+
+    def chain(*names):
+        return Chain([SimpleNamespace(name=n) for n in names])
+
+    refuse_stepwise_stages(chain("top-k", "temperature", "top-p", "dry"), "beam search")
+    tail = "draws its own coin or carries state from step to step; drop it for this command"
+    with pytest.raises(ConfigError) as err:
+        refuse_stepwise_stages(chain("top-k", "xtc"), "beam search")
+    assert str(err.value) == f"--xtc-probability: beam search scores several continuations per step, and xtc {tail}"
+    with pytest.raises(ConfigError) as err:
+        refuse_stepwise_stages(chain("mirostat"), "speculative decoding")
+    assert str(err.value) == (f"--mirostat-tau/--mirostat-eta: speculative decoding scores several continuations "
+                              f"per step, and mirostat {tail}")
+
+
+def test_build_shares_the_selectors_generator_and_resolves_texts_with_the_tokenizers_functions():
+    """``build``: XTC's coin comes from the selector's own generator (one seed, one stream), and --ban, --logit-bias
+    and --dry-breaker texts go through the functions handed in (encode, token_id, token_text)."""
+    from decodelab.core.sampling.chain import build
+    from decodelab.core.sampling.settings import ChainSettings
+
+    texts = ["a", "b:", ":", "c", "::"]
+    encoded = {"ab": [0, 1], ":": [2]}
+    s = ChainSettings(temperature=1.0, xtc_probability=0.5, ban=("ab",), logit_bias=(("c", 2.0),),
+                      dry_multiplier=0.8, dry_breaker=(":",))
+    _, chain, selector = build(s, 5, 0, "cpu", encode=lambda t: encoded[t], token_id=texts.index,
+                               token_text=texts.__getitem__)
+    stage = {p.name: p for p in chain.processors}
+    assert stage["xtc"].generator is selector.generator
+    assert stage["ban"].sequences == ((0, 1),)
+    assert stage["bias"].bias == {3: 2.0}
+    assert stage["dry"].breakers == ((2,), (1,), (4,))

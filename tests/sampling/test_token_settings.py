@@ -1,0 +1,79 @@
+"""Token resolution (core/sampling/tokens.py): settings that name tokens (--ban, --allow, --sequence-bias,
+--dry-breaker) become token ids, through a tokenizer's functions or, with no model, as ids typed on the command line.
+
+Written for the mutation run of core/sampling/chain.py, registry.py and tokens.py (2026-12-02): each case is worked by
+hand on a five-token vocabulary, so its numbers reach the lines a plausible edit would change (the last id in range
+and the first past it, a list with two bad ids, a breaker inside several tokens' texts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from decodelab.core.errors import ConfigError
+from decodelab.core.sampling.semantics import DEFAULT_DRY_BREAKERS
+from decodelab.core.sampling.tokens import dry_breakers, token_sequence
+
+TEXTS = ["a", "b:", ":", "c", "::"]  # token i's text in a five-token vocabulary
+ENCODE = {":": [2], "a": [0], "ab": [0, 1]}
+
+
+def encode(text: str) -> list[int]:
+    return list(ENCODE.get(text, []))
+
+
+def refusal(call) -> str:
+    with pytest.raises(ConfigError) as err:
+        call()
+    return str(err.value)
+
+
+def test_ids_typed_without_a_model_are_read_with_commas_or_spaces_and_bounded_by_the_vocabulary():
+    """With no tokenizer a sequence is ids, comma- or space-separated; [0, vocab) is allowed, both ends checked."""
+    assert token_sequence("3,4", "--ban", 5, None) == (3, 4)
+    assert token_sequence(" 0 4 ", "--ban", 5, None) == (0, 4)  # the first and last ids of the vocabulary
+    assert token_sequence("1, 2", "--ban", 5, None) == (1, 2)
+    assert refusal(lambda: token_sequence("5", "--ban", 5, None)) == "--ban '5': token id 5 out of range [0, 5)"
+    # the first id out of range is the one named
+    assert refusal(lambda: token_sequence("2 6 7", "--allow", 5, None)) == (
+        "--allow '2 6 7': token id 6 out of range [0, 5)")
+    assert refusal(lambda: token_sequence("-1", "--ban", 5, None)) == "--ban '-1': token id -1 out of range [0, 5)"
+
+
+def test_ids_typed_without_a_model_refuse_text_an_empty_list_and_a_number_past_every_bound():
+    assert refusal(lambda: token_sequence("3 x", "--ban", 5, None)) == (
+        "--ban '3 x': without a model give token ids, e.g. '3' or '3 4'")
+    assert refusal(lambda: token_sequence(" , ", "--sequence-bias", 5, None)) == (
+        "--sequence-bias ' , ': give at least one token id")
+    long = "9" * 41  # past inputs.MAX_DIGITS: parse_int's refusal names the option it was handed
+    assert refusal(lambda: token_sequence(long, "--ban", 5, None)).startswith("--ban 999999999999...: 41 digits")
+
+
+def test_texts_with_a_tokenizer_are_its_tokens_and_a_text_of_no_tokens_is_refused():
+    assert token_sequence("ab", "--ban", 5, encode) == (0, 1)
+    assert refusal(lambda: token_sequence("zz", "--ban", 5, encode)) == "--ban 'zz': encodes to no tokens"
+
+
+def test_dry_breakers_add_every_token_whose_text_contains_the_breaker():
+    """':' encodes to token 2, and tokens 1 ('b:') and 4 ('::') contain it: llama.cpp's whole-token overlaps. The
+    breaker's own encoding comes first; duplicates (token 2 again) are dropped."""
+    got = dry_breakers((":",), 5, encode, TEXTS.__getitem__)
+    assert got == ((2,), (1,), (4,))
+    assert dry_breakers((":",), 5, encode) == ((2,),)  # no token_text: the encoding alone
+    assert dry_breakers(("3",), 5) == ((3,),)  # no tokenizer: ids
+
+
+def test_dry_breakers_default_to_llamacpps_with_a_tokenizer_and_to_none_without():
+    seen = []
+
+    def recording(text):
+        seen.append(text)
+        return [0]
+
+    assert dry_breakers((), 5, recording) == ((0,),)
+    assert tuple(seen) == DEFAULT_DRY_BREAKERS
+    assert dry_breakers((), 5) == ()
+
+
+def test_a_dry_breaker_is_refused_under_its_own_option():
+    assert refusal(lambda: dry_breakers(("x y",), 5)) == (
+        "--dry-breaker 'x y': without a model give token ids, e.g. '3' or '3 4'")
