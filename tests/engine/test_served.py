@@ -15,7 +15,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fake_server import RECORDING, duplicate_sampled, fake_vllm, load_recording  # noqa: E402,F401
+from fake_server import (  # noqa: E402,F401
+    RECORDING,
+    completion_answer,
+    duplicate_sampled,
+    fake_vllm,
+    load_recording,
+    models_answer,
+    prompt_answer,
+    table_engine,
+)
 
 from decodelab.core.engine.served import (  # noqa: E402
     PROCESSED,
@@ -654,47 +663,12 @@ def test_llamacpp_answers_read_by_hand():
     pbody = post.generate_body("m", [1], SamplingSettings(logprobs=2))
     _, steps, _ = post.read_generation(t, pbody, {"completion_probabilities": [
         {"id": 5, "prob": 0.0, "top_probs": [{"id": 6, "prob": 1.0}, {"id": 5, "prob": 0.0}]}]})
-    assert steps[0].logprob == -math.inf and [(x.token_id, x.logprob) for x in steps[0].top] == [(6, 0.0), (5, -math.inf)]
+    assert steps[0].logprob == -math.inf
+    assert [(x.token_id, x.logprob) for x in steps[0].top] == [(6, 0.0), (5, -math.inf)]
     for bad in ({"completion_probabilities": None}, ["x"]):
         with pytest.raises(EngineError) as err:
             raw.read_generation(t, body, bad)
         assert str(err.value).endswith(": the answer has no completion_probabilities (was n_probs sent?)")
-
-
-class TableTransport:
-    """A transport that answers from a table, path -> answer (or a function of the body), and keeps what it was
-    sent; it opens no socket. Its failures are worded as Transport's."""
-
-    url = "http://127.0.0.1:9"
-
-    def __init__(self, answers: dict):
-        self.answers, self.sent = answers, []
-
-    def fail(self, what: str) -> EngineError:
-        return EngineError(f"--engine {self.url}: {what}")
-
-    def _answer(self, method, path, body):
-        self.sent.append((method, path, body))
-        answer = self.answers[path]
-        return answer(body) if callable(answer) else answer
-
-    def get(self, path):
-        return self._answer("GET", path, None)
-
-    def get_text(self, path):
-        return self._answer("GET", path, None)
-
-    def post(self, path, body):
-        return self._answer("POST", path, body)
-
-
-def models_answer(*ids, owned_by="vllm"):
-    return {"object": "list", "data": [{"id": i, "owned_by": owned_by} for i in ids]}
-
-
-def table_engine(answers: dict, **kw) -> tuple[ServedEngine, TableTransport]:
-    t = TableTransport({"/v1/models": models_answer("tiny"), **answers})
-    return ServedEngine("unused", transport=t, **kw), t
 
 
 def test_models_and_the_served_model_resolved():
@@ -743,20 +717,6 @@ def test_the_server_kind_from_owned_by_or_given():
                               "(post_sampling_probs), not 'raw_logits'")
     e, _ = table_engine({}, logprobs_mode="processed_logits")
     assert e.labels(3) == Labels("processed_logits", 3, "vllm") and e.labels(4, RAW) == Labels(RAW, 4, "vllm")
-
-
-def completion_answer(tokens, token_logprobs, tops, model="tiny", finish="length", **extra) -> dict:
-    """A vLLM /v1/completions answer with generation logprobs (tokens as token_id:N), written by hand."""
-    return {"model": model, **extra, "choices": [{"finish_reason": finish, "token_ids": list(tokens), "logprobs": {
-        "tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": list(token_logprobs),
-        "top_logprobs": None if tops is None else [
-            None if top is None else {f"token_id:{k}": v for k, v in top.items()} for top in tops]}}]}
-
-
-def prompt_answer(entries, model="tiny") -> dict:
-    """A vLLM answer with prompt_logprobs: per position None or {id: (logprob, rank)}."""
-    return {"model": model, "choices": [{"prompt_logprobs": [
-        None if e is None else {str(k): {"logprob": lp, "rank": r} for k, (lp, r) in e.items()} for e in entries]}]}
 
 
 def test_score_reads_positions_and_refuses_before_sending():
