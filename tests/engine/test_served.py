@@ -1060,3 +1060,61 @@ def test_vllm_adapter_modes_and_capabilities():
         VllmAdapter("final")
     assert str(err.value) == ("logprobs mode 'final'; allowed: raw_logprobs, processed_logprobs, raw_logits, "
                               "processed_logits")
+
+
+def test_a_text_key_in_top_logprobs_is_one_line():
+    from decodelab.core.engine.served import loads
+
+    adapter, t = VllmAdapter(), Transport("http://127.0.0.1:9")
+    message = ("--engine http://127.0.0.1:9: token ' the' is text, not token_id:N (the server ignored "
+               "return_tokens_as_token_ids)")
+    for top in ('{"token_id:7": -0.5, " the": -1.0}', '{"token_id:7": -0.5, " the": -1.0, " the": -1.0}'):
+        answer = loads('{"choices": [{"logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5], '
+                       f'"top_logprobs": [{top}]}}}}]}}')
+        with pytest.raises(EngineError) as err:
+            adapter.read_generation(t, {"logprobs": 2}, answer)
+        assert str(err.value) == message
+    with pytest.raises(EngineError, match="token 'token_id:X5' is text"):
+        from decodelab.core.engine.served import _token_id
+
+        _token_id(t, "token_id:X5")
+
+
+def test_a_repeated_token_with_the_same_value_is_named_once():
+    from decodelab.core.engine.served import loads
+
+    text = json.dumps(completion_answer([7], [-0.5], [{7: -0.5, 3: -1.0}]))
+    e, _ = table_engine({"/v1/completions": loads(text.replace('"token_id:3": -1.0',
+                                                               '"token_id:3": -1.0, "token_id:3": -1.0'))})
+    (s,) = e.generate([4], SamplingSettings(max_tokens=1, logprobs=3)).steps
+    assert s.defects == ("step 0: token 3 listed 2 times in top logprobs",)
+
+
+def test_score_lists_five_alternatives_by_default():
+    answer = prompt_answer([None, {5: (-1.0, 1)}])
+    e, t = table_engine({"/v1/completions": answer})
+    assert e.score([4, 5]).labels.top_n == 5 and t.sent[-1][2]["prompt_logprobs"] == 5
+
+
+def test_the_probe_at_its_bounds():
+    """Each comparison of the probe at equality, with values exact in binary (tolerance 0.125, T = 0.5)."""
+    # the replay gap exactly 10 x the tolerance is read (only a smaller one is a tie)
+    e, _ = probe_engine({7: -0.5, 8: -1.75}, {7: -0.5, 8: -1.75})
+    assert e.detect_logprobs_mode([4, 5], tolerance=0.125) == "raw_logprobs"
+    # a generation gap exactly the tolerance off the raw gap (1.375 vs 1.25), or off the tempered one (2.625 vs 2.5)
+    for gen_top in ({7: -0.5, 8: -1.875}, {7: -0.5, 8: -3.125}):
+        e, _ = probe_engine(gen_top, {7: -0.5, 8: -1.75})
+        with pytest.raises(EngineError, match="is neither the raw gap 1.2500 nor the tempered one 2.5000"):
+            e.detect_logprobs_mode([4, 5], tolerance=0.125)
+    # two values whose probabilities sum to exactly 1 + the tolerance are log-probabilities, not logits
+    gen_top = {7: 0.0, 8: math.log(0.125)}
+    e, _ = probe_engine(gen_top, {7: -0.5, 8: math.log(0.125) - 0.5})
+    assert e.detect_logprobs_mode([4, 5], tolerance=0.125) == "raw_logprobs"
+    # two log-probabilities that hold almost all the mass (0.7 + 0.2995, within 1e-3 of 1) are not logits either
+    gen_top = {7: math.log(0.7), 8: math.log(0.2995)}
+    e, _ = probe_engine(gen_top, gen_top)
+    assert e.detect_logprobs_mode([4, 5]) == "raw_logprobs"
+    # tempered, with log(sum exp) exactly the tolerance (0.125; the second value adds nothing at this precision):
+    # not renormalised, so logits
+    e, _ = probe_engine({7: 0.125, 8: -40.0}, {7: -0.5, 8: -20.5625})
+    assert e.detect_logprobs_mode([4, 5], tolerance=0.125) == "processed_logits"
