@@ -1118,3 +1118,18 @@ def test_the_probe_at_its_bounds():
     # not renormalised, so logits
     e, _ = probe_engine({7: 0.125, 8: -40.0}, {7: -0.5, 8: -20.5625})
     assert e.detect_logprobs_mode([4, 5], tolerance=0.125) == "processed_logits"
+
+
+def test_prometheus_sum_reads_the_value_field_whatever_the_blanks():
+    """The exposition format separates a sample's fields by blanks or tabs and may end a line with a timestamp; a
+    label value may hold a blank. The value is the field after the label set."""
+    from decodelab.core.engine.served import prometheus_sum
+
+    text = ('vllm:prefix_cache_hits_total{engine="0"}\t4\n'
+            'vllm:prefix_cache_hits_total{engine="1"} 2 1700000000000\n'
+            'vllm:prefix_cache_hits_total{model_name="my model"}   3\n'
+            'vllm:prefix_cache_hits_total\t5\n'
+            "vllm:prefix_cache_hits_total{broken 7\n"
+            "vllm:prefix_cache_hits_total{}\n"
+            'vllm:prefix_cache_hits_total{engine="2"} 1e1\n')
+    assert prometheus_sum(text, "vllm:prefix_cache_hits_total") == 24.0
