@@ -963,13 +963,16 @@ def test_use_mode_refuses_a_mode_the_kind_lacks():
 
 class _Answering(BaseHTTPRequestHandler):
     """Answers GET/POST by path: /s<status>/<body> answers that status and body; /echo answers the request's body
-    and content type as JSON; /hangup closes the connection without an answer."""
+    and content type as JSON; /bytes answers bytes that are not UTF-8; /hangup closes the connection without an
+    answer."""
 
     def _answer(self):
         if self.path == "/hangup":
             self.close_connection = True
             return
-        if self.path == "/echo":
+        if self.path == "/bytes":  # not UTF-8
+            status, data = 200, b"\xff ok"
+        elif self.path == "/echo":
             sent = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             status, data = 200, json.dumps({"body": json.loads(sent), "type": self.headers["Content-Type"]}).encode()
         else:
@@ -1133,3 +1136,61 @@ def test_prometheus_sum_reads_the_value_field_whatever_the_blanks():
             "vllm:prefix_cache_hits_total{}\n"
             'vllm:prefix_cache_hits_total{engine="2"} 1e1\n')
     assert prometheus_sum(text, "vllm:prefix_cache_hits_total") == 24.0
+
+
+def test_get_text_failures_name_the_request(answering):
+    from fake_server import refused_url
+
+    assert answering.get_text("/bytes") == "\ufffd ok"  # undecodable bytes replaced
+    url = refused_url()
+    with pytest.raises(EngineError) as err:
+        Transport(url).get_text("/metrics")
+    assert str(err.value) == f"--engine {url}: GET /metrics: connection refused (is the server running?)"
+
+
+def test_answers_without_choices_or_meta_are_one_line():
+    t = Transport("http://127.0.0.1:9")
+    for answer in ({"choices": []}, [1], "text"):
+        with pytest.raises(EngineError) as err:
+            VllmAdapter().read_generation(t, {"logprobs": 1}, answer)
+        assert str(err.value) == "--engine http://127.0.0.1:9: the answer has no choices"
+        e, _ = table_engine({"/v1/completions": answer})
+        with pytest.raises(EngineError) as err:
+            e.generate([4], SamplingSettings(max_tokens=1, logprobs=1))
+        assert str(err.value) == "--engine http://127.0.0.1:9: the answer has no choices"
+    for answer in ({}, ["x"]):
+        with pytest.raises(EngineError) as err:
+            SglangAdapter().read_generation(t, {"top_logprobs_num": 1}, answer)
+        assert str(err.value) == "--engine http://127.0.0.1:9: the answer has no meta_info"
+
+
+def test_long_disagreeing_token_ids_name_the_first_eight():
+    ids = list(range(10, 19))
+    answer = completion_answer(ids, [-0.5] * 9, [{i: -0.5} for i in ids])
+    answer["choices"][0]["token_ids"] = ids[:8] + [99]
+    e, _ = table_engine({"/v1/completions": answer})
+    with pytest.raises(EngineError) as err:
+        e.generate([4], SamplingSettings(max_tokens=9, logprobs=1))
+    assert str(err.value).endswith(f": token_ids {ids[:8]} disagree with the logprobs' tokens {ids[:8]}")
+
+
+def test_a_generation_for_another_model_is_refused():
+    e, _ = table_engine({"/v1/completions": completion_answer([7], [-0.5], [{7: -0.5}], model="other")})
+    with pytest.raises(EngineError) as err:
+        e.generate([4], SamplingSettings(max_tokens=1, logprobs=1))
+    assert str(err.value) == "--engine http://127.0.0.1:9: answered for model 'other', not 'tiny' (model name mismatch)"
+
+
+def test_adapter_details_at_their_edges():
+    assert base_url("http://h:1/boX/") == "http://h:1/boX"  # only slashes are dropped from the end
+    assert SglangAdapter()._sampling(SamplingSettings(top_k=1))["top_k"] == 1  # only 0 means off
+    assert LlamacppAdapter().check(SamplingSettings(min_tokens=2)) == "min_tokens: llama.cpp's server has no such field"
+    t, a = Transport("http://127.0.0.1:9"), SglangAdapter()
+    top = [[-0.5, 7, None], [-1.0, 8, None], [-1.5, 9, None]]
+    scored = a.read_score(t, {"input_ids": [1, 7], "top_logprobs_num": 2},
+                          {"meta_info": {"input_token_logprobs": [[None, 1, None], [-0.5, 7, None]],
+                                         "input_top_logprobs": [None, top]}})
+    assert [x.token_id for x in scored[1].top] == [7, 8]  # the top 2 of the three listed
+    _, steps, _ = a.read_generation(t, {"top_logprobs_num": 2}, {"meta_info": {
+        "output_token_logprobs": [[-0.5, 7, None], [-1.0, 8, None]], "output_top_logprobs": [top, top]}})
+    assert [(s.index, len(s.top)) for s in steps] == [(0, 2), (1, 2)]
