@@ -1134,8 +1134,9 @@ def test_prometheus_sum_reads_the_value_field_whatever_the_blanks():
             'vllm:prefix_cache_hits_total\t5\n'
             "vllm:prefix_cache_hits_total{broken 7\n"
             "vllm:prefix_cache_hits_total{}\n"
-            'vllm:prefix_cache_hits_total{engine="2"} 1e1\n')
-    assert prometheus_sum(text, "vllm:prefix_cache_hits_total") == 24.0
+            'vllm:prefix_cache_hits_total{engine="2"} 1e1\n'
+            'vllm:prefix_cache_hits_total{model_name="a}b"} 6\n')  # the label set ends at its last brace
+    assert prometheus_sum(text, "vllm:prefix_cache_hits_total") == 30.0
 
 
 def test_get_text_failures_name_the_request(answering):
