@@ -26,6 +26,7 @@ from fake_server import (  # noqa: E402,F401
     table_engine,
 )
 
+from decodelab.core.engine.backend import Capabilities  # noqa: E402
 from decodelab.core.engine.served import (  # noqa: E402
     PROCESSED,
     RAW,
@@ -561,14 +562,9 @@ def test_sglang_bodies_field_by_field():
     assert (a.kind, a.path, a.tokenize_path, a.metrics_path, a.masked, a.prompt_values) == \
         ("sglang", "/generate", None, None, None, RAW)
     assert SglangAdapter.cached_tokens({"usage": {"prompt_tokens_details": {"cached_tokens": 3}}}) is None
-    caps = SglangAdapter(max_top_n=7).capabilities
-    assert (caps.score, caps.generate, caps.seeded, caps.prompt_ranks, caps.full_logits, caps.max_top_n,
-            caps.replay) == (True, True, True, False, False, 7, True)
+    assert SglangAdapter(max_top_n=7).capabilities == Capabilities(
+        score=True, generate=True, seeded=True, prompt_ranks=False, full_logits=False, max_top_n=7, replay=True)
     assert SglangAdapter().capabilities.max_top_n is None
-    with pytest.raises(EngineError) as err:
-        SglangAdapter("raw_logits")
-    assert str(err.value) == ("SGLang logprobs are raw_logprobs (SGLANG_RETURN_ORIGINAL_LOGPROB=1) or "
-                              "processed_logprobs, not 'raw_logits'")
 
 
 def test_sglang_answers_read_by_hand():
@@ -629,14 +625,9 @@ def test_llamacpp_bodies_field_by_field():
     assert a.check(SamplingSettings(stop_token_ids=(2,))) == "stop_token_ids: llama.cpp's server has no such field"
     assert a.check(SamplingSettings(allowed_token_ids=(1,))) == a.check(SamplingSettings(bad_words=("x",))) == \
         "allowed_token_ids / bad_words: llama.cpp's server has no such field"
-    caps = LlamacppAdapter(max_top_n=7).capabilities
-    assert (caps.score, caps.generate, caps.seeded, caps.prompt_ranks, caps.full_logits, caps.max_top_n,
-            caps.replay) == (False, True, True, False, False, 7, False)
+    assert LlamacppAdapter(max_top_n=7).capabilities == Capabilities(
+        score=False, generate=True, seeded=True, prompt_ranks=False, full_logits=False, max_top_n=7, replay=False)
     assert LlamacppAdapter().values == RAW and LlamacppAdapter().capabilities.max_top_n is None
-    with pytest.raises(EngineError) as err:
-        LlamacppAdapter("raw_logits")
-    assert str(err.value) == ("llama.cpp gives raw_logprobs or processed_logprobs (post_sampling_probs), "
-                              "not 'raw_logits'")
     with pytest.raises(EngineError) as err:
         a.score_body("m", [1, 2], 2)
     assert str(err.value) == "llama.cpp's server returns no prompt logprobs: it cannot score a sequence"
@@ -1054,15 +1045,11 @@ def test_vllm_adapter_modes_and_capabilities():
                                  ("processed_logits", "processed_logits", "raw_logits")]:
         a = VllmAdapter(mode)
         assert (a.values, a.prompt_values) == (values, prompt)
-    caps = VllmAdapter(max_top_n=7).capabilities
-    assert (caps.score, caps.generate, caps.seeded, caps.prompt_ranks, caps.full_logits, caps.max_top_n,
-            caps.replay, caps.kv_policies) == (True, True, True, True, False, 7, True, False)
+    assert VllmAdapter(max_top_n=7).capabilities == Capabilities(
+        score=True, generate=True, seeded=True, prompt_ranks=True, full_logits=False, max_top_n=7, replay=True,
+        kv_policies=False)
     assert VllmAdapter().capabilities.max_top_n == 20
     assert VllmAdapter().tokenize_body("m", "hi", False) == {"model": "m", "prompt": "hi", "add_special_tokens": False}
-    with pytest.raises(EngineError) as err:
-        VllmAdapter("final")
-    assert str(err.value) == ("logprobs mode 'final'; allowed: raw_logprobs, processed_logprobs, raw_logits, "
-                              "processed_logits")
 
 
 def test_a_text_key_in_top_logprobs_is_one_line():
@@ -1195,3 +1182,16 @@ def test_adapter_details_at_their_edges():
     _, steps, _ = a.read_generation(t, {"top_logprobs_num": 2}, {"meta_info": {
         "output_token_logprobs": [[-0.5, 7, None], [-1.0, 8, None]], "output_top_logprobs": [top, top]}})
     assert [(s.index, len(s.top)) for s in steps] == [(0, 2), (1, 2)]
+
+
+def test_each_adapter_refuses_a_mode_it_lacks():
+    for adapter, mode, message in [
+            (VllmAdapter, "final", "logprobs mode 'final'; allowed: raw_logprobs, processed_logprobs, raw_logits, "
+                                   "processed_logits"),
+            (SglangAdapter, "raw_logits", "SGLang logprobs are raw_logprobs (SGLANG_RETURN_ORIGINAL_LOGPROB=1) or "
+                                          "processed_logprobs, not 'raw_logits'"),
+            (LlamacppAdapter, "raw_logits", "llama.cpp gives raw_logprobs or processed_logprobs "
+                                            "(post_sampling_probs), not 'raw_logits'")]:
+        with pytest.raises(EngineError) as err:
+            adapter(mode)
+        assert str(err.value) == message
