@@ -4,6 +4,7 @@ and values worked by hand (the CLI runs against recorded vLLM answers are in tes
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -222,7 +223,8 @@ def test_sample_without_a_replay_or_tokens(local):
     conn = connection(local, {"/v1/completions": empty})
     run = m.ServedSample(conn, [4, 5], SamplingSettings(max_tokens=2, logprobs=1))
     before = run.summary()  # nothing run yet: no generation, no time
-    assert (before.new_tokens, before.values, before.finish_reason, before.raw_from) == (0, RAW, None, None)
+    assert (before.new_tokens, before.values, before.finish_reason, before.raw_from, before.stop_reason) == (
+        0, RAW, None, None, "length")
     assert math.isnan(before.seconds) and math.isnan(before.tokens_per_s)
     assert list(run) == [] and run.stop_reason == "stop"
     assert [path for _, path, _ in conn.engine.transport.sent] == ["/v1/models", "/v1/completions"]
@@ -428,3 +430,59 @@ def test_connect_to_servers_without_a_probe(local, monkeypatch):
     assert str(err.value).startswith("score --engine: needs scoring a given sequence (prompt logprobs), which the "
                                      f"llamacpp server at {URL} cannot give")
     assert [path for _, path, _ in made[0][3].sent] == ["/v1/models"]
+
+
+def fake_clock(monkeypatch, start: float = 100.0, step: float = 1.0):
+    """time.perf_counter as a counter: start, start + step, ... (step 0: a clock that never moves)."""
+    import itertools
+
+    ticks = itertools.count()
+    monkeypatch.setattr(m.time, "perf_counter", lambda: start + step * next(ticks))
+
+
+def test_rows_carry_the_engines_defects_and_the_time(local, monkeypatch):
+    from decodelab.core.engine.served import loads
+
+    # the generated token 7 listed twice in its step's top logprobs; the scored position 1 listed out of order
+    text = json.dumps(completion_answer([7], [-0.5], [{7: -0.5, 3: -1.0}]))
+    generation = loads(text.replace('"token_id:7": -0.5,', '"token_id:7": -0.5, "token_id:7": -0.5,'))
+    conn = connection(local, {"/v1/completions": lambda body: generation if "logprobs" in body else prompt_answer(
+        [None, {7: (-0.6, 1)}])})
+    (row,) = list(m.ServedSample(conn, [4], SamplingSettings(max_tokens=1, logprobs=2)))
+    assert row.defects == ["step 0: token 7 listed 2 times in top logprobs"]
+    as_dict = row.to_dict()
+    assert as_dict.pop("tail_mass") == pytest.approx(1 - math.exp(-0.5) - math.exp(-1.0), abs=1e-12)
+    assert as_dict == {"index": 0, "position": 1, "token_id": 7, "token": local.token_text(7), "prob": None,
+                             "logprob": None, "raw_prob": math.exp(-0.5), "raw_logprob": -0.5, "raw_rank": 1,
+                             "alternatives": [{"token_id": 7, "token": local.token_text(7), "prob": None,
+                                               "raw_prob": math.exp(-0.5)},
+                                              {"token_id": 3, "token": local.token_text(3), "prob": None,
+                                               "raw_prob": math.exp(-1.0)}],
+                             "values": RAW, "defects": ["step 0: token 7 listed 2 times in top logprobs"]}
+    answer = prompt_answer([None, {5: (-1.0, 2), 1: (-2.0, 3), 3: (-0.5, 1)}])  # 1 listed before 3
+    fake_clock(monkeypatch, start=10.0, step=2.5)
+    run = m.ServedScore(connection(local, {"/v1/completions": answer}), [4, 5], top_n=3)
+    (row,) = list(run)
+    assert row.defects == ["position 1: top logprobs not sorted (the engine's top-N order is broken)"]
+    assert run.seconds == 2.5 and run.summary().tokens_per_s == 0.4 and run.summary().seconds == 2.5
+
+
+def test_engine_baseline_times_and_partial_cached_counts(local, monkeypatch):
+    from decodelab.core.methods.batch.run import Entry
+
+    answers = {(4,): completion_answer([1], [-0.5], [{1: -0.5}], usage={"prompt_tokens_details": {"cached_tokens": 1}}),
+               (5,): completion_answer([2, 3], [-0.5, -0.5], [{2: -0.5}, {3: -0.5}])}
+    conn = connection(local, {"/v1/completions": lambda body: answers[tuple(body["prompt"])],
+                              "/metrics": "vllm:prefix_cache_hits_total 0\n"})
+    settings = SampleSettings(temperature=0.0, max_new_tokens=2)
+    entries = [Entry("a", "x", settings), Entry("b", "y", settings)]
+    # the clock: 100 when sent, 101 and 102 around each of the two requests, 105 when the last is in
+    fake_clock(monkeypatch, start=100.0, step=1.0)
+    base = m.engine_baseline(conn, entries, [[4], [5]], [])
+    assert base.seconds == 5.0 and base.tokens_per_s == 3 / 5.0
+    assert [r["seconds"] for r in base.requests] == [1.0, 1.0] and [r["cached_tokens"] for r in base.requests] == [1,
+                                                                                                                   None]
+    assert "cached_tokens" not in base.details  # one request did not say: no total
+    fake_clock(monkeypatch, step=0.0)  # a clock that never moves: no rate rather than a division by zero
+    base = m.engine_baseline(conn, entries, [[4], [5]], [])
+    assert (base.seconds, base.tokens_per_s) == (0.0, None)
