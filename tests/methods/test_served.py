@@ -52,6 +52,7 @@ def connection(local, answers: dict, mode="raw_logprobs", owned_by="vllm", max_t
 def test_finish_to_stop_and_probability():
     assert m.finish_to_stop("stop", [5, 0], [0]) == "eos" and m.finish_to_stop("stop", (5, 0), (2, 0)) == "eos"
     assert m.finish_to_stop("stop", [0, 5], [0]) == "stop" and m.finish_to_stop("stop", [], [0]) == "stop"
+    assert m.finish_to_stop("stop", [0, 0, 5], [0]) == "stop"  # the last token, not the second
     assert m.finish_to_stop("length", [5, 0], [0]) == "length" and m.finish_to_stop(None, [5], [0]) == "length"
     assert m.finish_to_stop("abort", [5], [0]) == "abort" and m.finish_to_stop("", [5], [0]) == "length"
     assert m.probability(None) is None and m.probability(0.0) == 1.0
@@ -486,3 +487,27 @@ def test_engine_baseline_times_and_partial_cached_counts(local, monkeypatch):
     fake_clock(monkeypatch, step=0.0)  # a clock that never moves: no rate rather than a division by zero
     base = m.engine_baseline(conn, entries, [[4], [5]], [])
     assert (base.seconds, base.tokens_per_s) == (0.0, None)
+
+
+class WithBos:
+    """The tiny tokenizer as one that starts an encoding with a BOS (id 1) when asked for special tokens."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def encode(self, text, add_special_tokens=True):
+        return ([1] if add_special_tokens else []) + list(self.inner.encode(text, add_special_tokens=False))
+
+
+def test_special_tokens_where_each_side_wants_them(local, monkeypatch):
+    from dataclasses import replace
+
+    bos = replace(local, tokenizer=WithBos(local.tokenizer))
+    # texts in the request (here --allow) are encoded without special tokens: "the" is [1057], never [1, 1057]
+    request, _ = m.request_of(bos, SampleSettings(allow=("the",)), 2)
+    assert request.allowed_token_ids == (1057,)
+    # the tokenizer check compares both sides with special tokens, and the probe starts with the server's BOS
+    made, bos_ids = serving(bos, monkeypatch)
+    assert bos_ids[0] == 1 and m.connect(URL, bos, {}).tokenizer_checked
+    sent = made[0][3].sent
+    assert sent[1][2]["add_special_tokens"] is True and sent[2][2]["prompt"] == bos_ids[:8]
