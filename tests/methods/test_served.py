@@ -511,3 +511,13 @@ def test_special_tokens_where_each_side_wants_them(local, monkeypatch):
     assert bos_ids[0] == 1 and m.connect(URL, bos, {}).tokenizer_checked
     sent = made[0][3].sent
     assert sent[1][2]["add_special_tokens"] is True and sent[2][2]["prompt"] == bos_ids[:8]
+
+
+def test_a_clock_that_never_moves_gives_no_rate(local, monkeypatch):
+    fake_clock(monkeypatch, step=0.0)
+    run = m.ServedScore(connection(local, {"/v1/completions": prompt_answer([None, {5: (-1.0, 1)}])}), [4, 5], 1)
+    list(run)
+    assert run.seconds == 0.0 and math.isnan(run.summary().tokens_per_s)
+    run = m.ServedSample(connection(local, sample_answers()), [4, 5], SamplingSettings(max_tokens=2, logprobs=2))
+    list(run)
+    assert run.summary().seconds == 0.0 and math.isnan(run.summary().tokens_per_s)
