@@ -163,7 +163,8 @@ def test_a_comparison_by_hand(lm):
 
     seen = []
     conn = table_connection(lm, {"/v1/completions": completions})
-    c = EngineComparison(lm, None, [Variant("g", values=(("temperature", 0.0),)), Variant("t")],
+    c = EngineComparison(lm, None, [Variant("g", values=(("temperature", 0.0),)),
+                                    Variant("t", values=(("temperature", 1.0),))],
                          [Prompt("p", "Once upon a time")], [0], base={"max_new_tokens": 3}, top_n=2,
                          on_row=seen.append)
     c.conn = conn
@@ -171,6 +172,15 @@ def test_a_comparison_by_hand(lm):
     assert [r.variant for r in c.rows] == ["g@local", "g@engine", "t@local"] and seen == c.rows
     local_row, engine_row = c.rows[:2]
     assert local_row.token_ids == [12, 261, 836] and local_row.stop_reason == "length"
+    with torch.no_grad():  # the local greedy run's own raw log-probabilities, from the model's forward
+        greedy = torch.log_softmax(lm.model(torch.tensor([prompt_ids + [12, 261, 836]])).logits[0, 4:7].double(), -1)
+    greedy_raw = [float(greedy[i, t]) for i, t in enumerate([12, 261, 836])]
+    assert (local_row.method, local_row.prompt, local_row.seed, local_row.text, local_row.length) == (
+        "sample", "p", 0, lm.decode([12, 261, 836]), 3)
+    assert local_row.raw_perplexity == pytest.approx(math.exp(-sum(greedy_raw) / 3), rel=1e-5)
+    # greedy keeps one candidate a step: processed log-probability 0, one kept, no entropy
+    assert (local_row.mean_logprob, local_row.mean_kept, local_row.mean_entropy) == (0.0, 1.0, 0.0)
+    assert (local_row.distinct_1, local_row.distinct_2) == (1.0, 1.0)
     assert (engine_row.method, engine_row.prompt, engine_row.seed, engine_row.text, engine_row.token_ids,
             engine_row.length, engine_row.stop_reason) == ("sample", "p", 0, lm.decode(ids), ids, 3, "length")
     assert engine_row.mean_logprob == pytest.approx(sum(gen) / 3, abs=1e-12)
@@ -199,9 +209,13 @@ def test_a_comparison_by_hand(lm):
     assert g.engine_error is None
     assert t == EnginePair("t", "p", 0, False, False, None, 0, 2, None, None, None, None, None, None, None, None,
                            "--engine http://127.0.0.1:9: POST /v1/completions: HTTP 500: sampled")
+    assert g.to_dict()["first_divergence"] == 2 and list(t.to_dict()) == [
+        "variant", "prompt", "seed", "greedy", "same_tokens", "first_divergence", "positions", "top_n",
+        "kl_lower_mean", "kl_upper_mean", "kl_upper_max", "tail_mass_mean", "top1_agreement",
+        "max_abs_delta_raw_logprob", "mean_abs_delta_raw_logprob", "max_abs_delta_logprob", "engine_error"]
 
 
-def test_a_failed_replay_or_an_empty_answer_in_raw_mode(lm):
+def test_a_failed_replay_or_an_empty_answer_in_raw_mode(lm, monkeypatch):
     import sys
     from pathlib import Path
 
@@ -217,20 +231,55 @@ def test_a_failed_replay_or_an_empty_answer_in_raw_mode(lm):
             raise EngineError("--engine http://127.0.0.1:9: POST /v1/completions: HTTP 500: replay")
         if body["max_tokens"] == 1:
             return completion_answer([], [], [], finish="stop")
-        return completion_answer([12, 261], [-0.5, -0.25], [{12: -0.5}, {261: -0.25}], finish="stop")
+        out = [12, 261, 12, 261, 12, 261, 12, 0]  # a loop, ended by the end id 0
+        return completion_answer(out, [-0.5] * 8, [{t: -0.5} for t in out], finish="stop")
 
-    c = EngineComparison(lm, None, [Variant("g", values=(("temperature", 0.0), ("max_new_tokens", 2))),
+    import itertools
+
+    from decodelab.core.analysis.compare import distinct_n, repetition_rate
+
+    ticks = itertools.count()  # time.perf_counter as 2 s a call: the request takes 2 s
+    monkeypatch.setattr(__import__("time"), "perf_counter", lambda: 2.0 * next(ticks))
+    c = EngineComparison(lm, None, [Variant("g", values=(("temperature", 0.0), ("max_new_tokens", 8))),
                                     Variant("e", values=(("temperature", 0.0), ("max_new_tokens", 1)))],
                          [Prompt("p", "Once upon a time")], [3], top_n=2)
     c.conn = table_connection(lm, {"/v1/completions": completions}, mode="raw_logprobs")
     g, e = c.run().pairs
     engine_row = c.rows[1]
-    assert (engine_row.token_ids, engine_row.mean_logprob, engine_row.raw_perplexity) == ([12, 261], None, None)
+    out = [12, 261, 12, 261, 12, 261, 12, 0]
+    assert (engine_row.token_ids, engine_row.mean_logprob, engine_row.raw_perplexity) == (out, None, None)
+    assert (engine_row.stop_reason, engine_row.tokens_per_s) == ("eos", 4.0)  # 8 tokens in 2 s
+    assert (engine_row.distinct_1, engine_row.distinct_2, engine_row.repetition_rate) == (
+        distinct_n(out, 1), distinct_n(out, 2), repetition_rate(out))
+    # 3 distinct of 8 tokens, 3 of 7 bigrams, 3 of 5 4-grams: seq-rep-4 = 1 - 3/5
+    assert (engine_row.distinct_1, engine_row.distinct_2) == (3 / 8, 3 / 7)
+    assert engine_row.repetition_rate == pytest.approx(0.4, abs=1e-12)
+    assert c.rows[0].token_ids[:3] == [12, 261, 836]  # the local greedy run parts from the loop at step 2
     assert (g.same_tokens, g.first_divergence, g.positions, g.kl_lower_mean, g.max_abs_delta_logprob) == (
-        True, None, 0, None, None)
+        False, 2, 0, None, None)
     assert g.engine_error == "--engine http://127.0.0.1:9: POST /v1/completions: HTTP 500: replay"
     assert g.seed == 3 and g.greedy
     empty = c.rows[3]
     assert (empty.variant, empty.token_ids, empty.length, empty.stop_reason, empty.raw_perplexity) == (
         "e@engine", [], 0, "stop", None)
     assert (e.positions, e.engine_error, e.same_tokens, e.first_divergence) == (0, None, False, 0)
+
+
+def test_a_request_timed_at_zero_has_no_rate(lm, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    from decodelab.core.analysis.compare import Prompt, Variant
+    from decodelab.core.analysis.engine_compare import EngineComparison
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+    from fake_server import completion_answer
+
+    monkeypatch.setattr(__import__("time"), "perf_counter", lambda: 5.0)  # a clock that never moves
+    c = EngineComparison(lm, None, [Variant("g", values=(("temperature", 0.0), ("max_new_tokens", 1)))],
+                         [Prompt("p", "Once upon a time")], [0], top_n=2)
+    answer = completion_answer([12], [-0.5], [{12: -0.5}])  # the replay gets null, "no choices": it fails
+    c.conn = table_connection(lm, {"/v1/completions": lambda body: None if "prompt_logprobs" in body else answer},
+                              mode="raw_logprobs")
+    c.run()
+    assert c.rows[1].variant == "g@engine" and math.isnan(c.rows[1].tokens_per_s)
