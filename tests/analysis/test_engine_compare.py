@@ -70,6 +70,22 @@ def test_a_listed_token_the_local_model_removes_makes_the_kl_infinite():
     assert lower == math.inf and upper == math.inf
 
 
+# mutation run of core/analysis/engine_compare.py (2026-12-02): the bounds at their edges
+
+
+def test_the_one_unlisted_token_the_local_model_removes_makes_the_kl_infinite():
+    q = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64).log()  # the tail 0.2 can only sit on token 2
+    lower, upper, tail = truncated_kl([(0, math.log(0.5)), (1, math.log(0.3))], q)
+    assert (lower, upper) == (math.inf, math.inf) and tail == pytest.approx(0.2)
+
+
+def test_a_tail_that_is_a_whole_number_of_caps_leaves_no_rest():
+    # listed 0.5 and 0.25: the tail 0.25 is one cap of 0.25, on one of the two unlisted tokens (q 0.25): no rest
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64).log()
+    lower, upper, tail = truncated_kl([(0, math.log(0.5)), (1, math.log(0.25))], q)
+    assert tail == 0.25 and upper == pytest.approx(0.5 * math.log(2), abs=1e-12)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # mutation run of core/analysis/engine_compare.py (2026-12-02): the comparison against a table transport
 # (tests/engine/fake_server.py), its figures recomputed from the model's own forward
@@ -181,6 +197,7 @@ def test_a_comparison_by_hand(lm):
     # greedy keeps one candidate a step: processed log-probability 0, one kept, no entropy
     assert (local_row.mean_logprob, local_row.mean_kept, local_row.mean_entropy) == (0.0, 1.0, 0.0)
     assert (local_row.distinct_1, local_row.distinct_2) == (1.0, 1.0)
+    assert local_row.decided_by == ["model"] * 3 and local_row.tokens_per_s > 0
     assert (engine_row.method, engine_row.prompt, engine_row.seed, engine_row.text, engine_row.token_ids,
             engine_row.length, engine_row.stop_reason) == ("sample", "p", 0, lm.decode(ids), ids, 3, "length")
     assert engine_row.mean_logprob == pytest.approx(sum(gen) / 3, abs=1e-12)
@@ -254,7 +271,9 @@ def test_a_failed_replay_or_an_empty_answer_in_raw_mode(lm, monkeypatch):
     # 3 distinct of 8 tokens, 3 of 7 bigrams, 3 of 5 4-grams: seq-rep-4 = 1 - 3/5
     assert (engine_row.distinct_1, engine_row.distinct_2) == (3 / 8, 3 / 7)
     assert engine_row.repetition_rate == pytest.approx(0.4, abs=1e-12)
-    assert c.rows[0].token_ids[:3] == [12, 261, 836]  # the local greedy run parts from the loop at step 2
+    local_ids = c.rows[0].token_ids
+    assert local_ids[:3] == [12, 261, 836] and len(local_ids) == 8  # the local run parts from the loop at step 2
+    assert c.rows[0].repetition_rate == repetition_rate(local_ids) and c.rows[0].tokens_per_s > 0
     assert (g.same_tokens, g.first_divergence, g.positions, g.kl_lower_mean, g.max_abs_delta_logprob) == (
         False, 2, 0, None, None)
     assert g.engine_error == "--engine http://127.0.0.1:9: POST /v1/completions: HTTP 500: replay"
