@@ -79,6 +79,16 @@ def test_the_one_unlisted_token_the_local_model_removes_makes_the_kl_infinite():
     assert (lower, upper) == (math.inf, math.inf) and tail == pytest.approx(0.2)
 
 
+def test_a_listed_token_at_zero_adds_nothing_and_caps_nothing():
+    """A listed token at -inf (p = 0) adds 0 log 0 = 0 to the head, and bounds no unlisted token (the cap is the
+    least positive listed p): the tail 0.5 sits as one cap of 0.5 on an unlisted token of q 0.25."""
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64).log()
+    lower, upper, tail = truncated_kl([(0, math.log(0.5)), (1, -math.inf)], q)
+    head = 0.5 * math.log(0.5 / 0.25)
+    assert tail == 0.5 and lower == pytest.approx(head + 0.5 * math.log(0.5 / 0.5), abs=1e-12)
+    assert upper == pytest.approx(head + 0.5 * math.log(0.5 / 0.25), abs=1e-12)
+
+
 def test_a_tail_that_is_a_whole_number_of_caps_leaves_no_rest():
     # listed 0.5 and 0.25: the tail 0.25 is one cap of 0.25, on one of the two unlisted tokens (q 0.25): no rest
     q = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64).log()
