@@ -312,3 +312,16 @@ def test_a_request_timed_at_zero_has_no_rate(lm, monkeypatch):
                               mode="raw_logprobs")
     c.run()
     assert c.rows[1].variant == "g@engine" and math.isnan(c.rows[1].tokens_per_s)
+
+
+def test_a_local_run_that_draws_nothing(lm):
+    """--allow the and --ban the: the chain is empty at the first step, so the local row has no token and no
+    figure (and no perplexity of nothing)."""
+    from decodelab.core.analysis.compare import Prompt, Variant
+    from decodelab.core.analysis.engine_compare import EngineComparison
+
+    v = Variant("g", values=(("temperature", 0.0), ("max_new_tokens", 2), ("allow", ("the",)), ("ban", ("the",))))
+    c = EngineComparison(lm, None, [v], [Prompt("p", "Once upon a time")], [0])
+    row = c.local_row(v, c.settings["g", 0], c.prompts[0], lm.encode("Once upon a time"), 0)
+    assert (row.token_ids, row.length, row.stop_reason, row.raw_perplexity, row.mean_logprob) == (
+        [], 0, "empty_chain", None, None)
