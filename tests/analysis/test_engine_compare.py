@@ -89,6 +89,15 @@ def test_a_listed_token_at_zero_adds_nothing_and_caps_nothing():
     assert upper == pytest.approx(head + 0.5 * math.log(0.5 / 0.25), abs=1e-12)
 
 
+def test_every_listed_token_at_zero():
+    """Nothing listed has mass: the tail is 1 and caps itself; on three unlisted tokens of q 0.25 the bound puts it
+    all on one of them."""
+    q = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64).log()
+    lower, upper, tail = truncated_kl([(0, -math.inf)], q)
+    assert tail == 1.0 and lower == pytest.approx(math.log(1 / 0.75), abs=1e-12)
+    assert upper == pytest.approx(math.log(1 / 0.25), abs=1e-12)
+
+
 def test_a_tail_that_is_a_whole_number_of_caps_leaves_no_rest():
     # listed 0.5 and 0.25: the tail 0.25 is one cap of 0.25, on one of the two unlisted tokens (q 0.25): no rest
     q = torch.tensor([0.25, 0.25, 0.25, 0.25], dtype=torch.float64).log()
@@ -152,7 +161,7 @@ def test_variants_the_engine_cannot_run_are_refused_before_it_is_contacted(lm):
     assert EngineComparison(lm, c.conn, [Variant("w")], prompts, [0]).top_n == 20
 
 
-def test_a_comparison_by_hand(lm):
+def test_a_comparison_worked_by_hand(lm):
     """The engine answers the greedy variant with 12, 261, 9 (the local greedy run gives 12, 261, 836) and replays
     them with its raw values off the model's by +0.01, -0.03, +0.02; the sampled variant's request fails."""
     from decodelab.core.analysis.compare import Prompt, Variant, distinct_n, repetition_rate
@@ -242,7 +251,7 @@ def test_a_comparison_by_hand(lm):
         "max_abs_delta_raw_logprob", "mean_abs_delta_raw_logprob", "max_abs_delta_logprob", "engine_error"]
 
 
-def test_a_failed_replay_or_an_empty_answer_in_raw_mode(lm, monkeypatch):
+def test_a_failed_replay_a_loop_and_an_empty_answer_in_raw_mode(lm, monkeypatch):
     import sys
     from pathlib import Path
 
@@ -284,6 +293,8 @@ def test_a_failed_replay_or_an_empty_answer_in_raw_mode(lm, monkeypatch):
     local_ids = c.rows[0].token_ids
     assert local_ids[:3] == [12, 261, 836] and len(local_ids) == 8  # the local run parts from the loop at step 2
     assert c.rows[0].repetition_rate == repetition_rate(local_ids) and c.rows[0].tokens_per_s > 0
+    assert (c.rows[0].distinct_1, c.rows[0].distinct_2) == (distinct_n(local_ids, 1), distinct_n(local_ids, 2))
+    assert len({distinct_n(local_ids, n) for n in (1, 2, 3)}) == 3  # a run where the three differ
     assert (g.same_tokens, g.first_divergence, g.positions, g.kl_lower_mean, g.max_abs_delta_logprob) == (
         False, 2, 0, None, None)
     assert g.engine_error == "--engine http://127.0.0.1:9: POST /v1/completions: HTTP 500: replay"
