@@ -64,7 +64,11 @@ def truncated_kl(listed: list[tuple[int, float]], local: Tensor) -> tuple[float,
     q_unlisted = local.double()[unlisted].exp()
     tail_q = float(q_unlisted.sum())
     lower = head + tail_p * (math.log(tail_p) - math.log(tail_q)) if tail_q > 0 else math.inf
-    return lower, head + tail_bound(tail_p, min(float(p.min()), tail_p), q_unlisted), tail_p
+    # every unlisted p is at most the least listed one; a listed p of 0 (a value of -inf, with a tail left) would
+    # make that cap 0 and the tail nowhere to go: the least positive listed p caps instead (looser, still a bound)
+    positive = p[p > 0]
+    cap = min(float(positive.min()), tail_p) if positive.numel() else tail_p
+    return lower, head + tail_bound(tail_p, cap, q_unlisted), tail_p
 
 
 def tail_bound(tail: float, cap: float, q: Tensor) -> float:

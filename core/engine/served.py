@@ -835,14 +835,22 @@ PROBE = SamplingSettings(max_tokens=1, temperature=0.5, top_k=2, seed=0, logprob
 
 
 def prometheus_sum(text: str, name: str) -> float:
-    """The sum of a Prometheus counter's samples over its label sets (``name{labels} value`` lines)."""
+    """The sum of a Prometheus counter's samples over its label sets (``name{labels} value [timestamp]`` lines,
+    the fields parted by blanks or tabs; a label value may hold a blank, the value and timestamp never a ``}``)."""
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
+        if not line.startswith(name):
+            continue
+        rest = line[len(name):]
+        if rest.startswith("{"):
+            rest = rest[rest.rfind("}") + 1:]
+        elif rest[:1] not in (" ", "\t"):
+            continue  # another metric whose name starts with this one
+        fields = rest.split()
+        try:
+            total += float(fields[0])
+        except (IndexError, ValueError):
+            continue
     return total
 
 

@@ -110,8 +110,8 @@ def connect(url: str, local, needs: dict[str, str], model: str | None = None, ti
                 f"{len(server_ids)} tokens there, {len(local_ids)} here; first difference at token {first}: "
                 f"{server_ids[first:first + 3]} vs {local_ids[first:first + 3]}); point -m at the served model's "
                 "folder")
-    if engine.adapter.kind == "vllm":
-        probe = (server_ids or list(local.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)))[:PROBE_TOKENS]
+    if engine.adapter.kind == "vllm":  # vLLM tokenizes: its ids, checked equal to the local ones above
+        probe = server_ids[:PROBE_TOKENS]
         mode, found = engine.detect_logprobs_mode(probe), "probe"
     else:
         mode, found = engine.logprobs_mode, "adapter default"

@@ -17,6 +17,9 @@ The exchanges of the decodelab commands (``cli`` in the recording) are replayed 
 times with different answers (GET /metrics before and after a batch) gets them in the recorded order.
 
 Use the ``fake_vllm`` fixture: ``server = fake_vllm(mode="raw_logprobs", fault=None)``; it is stopped afterwards.
+
+For answers no recording holds, :class:`TableTransport` answers the client from a table of hand-written answers
+(``table_engine``, ``completion_answer``, ``prompt_answer``), without a socket.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from decodelab.core.engine.served import EngineError, ServedEngine
 
 RECORDING = Path(__file__).resolve().parent / "recordings" / "vllm-0.32.0.json"
 FAULTS = (None, "timeout", "no_logprobs", "duplicate", "refused", "tokenizer", "vocabulary", "replay_error")
@@ -190,3 +195,57 @@ def fake_vllm():
     yield start
     for server in started:
         server.stop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the client without a socket: a transport answering from a table, and answers written by hand
+
+
+class TableTransport:
+    """A transport that answers from a table, path -> answer (or a function of the body), and keeps what it was
+    sent; it opens no socket. Its failures are worded as Transport's."""
+
+    url = "http://127.0.0.1:9"
+
+    def __init__(self, answers: dict):
+        self.answers, self.sent = answers, []
+
+    def fail(self, what: str) -> EngineError:
+        return EngineError(f"--engine {self.url}: {what}")
+
+    def _answer(self, method, path, body):
+        self.sent.append((method, path, body))
+        answer = self.answers[path]
+        return answer(body) if callable(answer) else answer
+
+    def get(self, path):
+        return self._answer("GET", path, None)
+
+    def get_text(self, path):
+        return self._answer("GET", path, None)
+
+    def post(self, path, body):
+        return self._answer("POST", path, body)
+
+
+def models_answer(*ids, owned_by="vllm"):
+    return {"object": "list", "data": [{"id": i, "owned_by": owned_by} for i in ids]}
+
+
+def table_engine(answers: dict, **kw) -> tuple[ServedEngine, TableTransport]:
+    t = TableTransport({"/v1/models": models_answer("tiny"), **answers})
+    return ServedEngine("unused", transport=t, **kw), t
+
+
+def completion_answer(tokens, token_logprobs, tops, model="tiny", finish="length", **extra) -> dict:
+    """A vLLM /v1/completions answer with generation logprobs (tokens as token_id:N), written by hand."""
+    return {"model": model, **extra, "choices": [{"finish_reason": finish, "token_ids": list(tokens), "logprobs": {
+        "tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": list(token_logprobs),
+        "top_logprobs": None if tops is None else [
+            None if top is None else {f"token_id:{k}": v for k, v in top.items()} for top in tops]}}]}
+
+
+def prompt_answer(entries, model="tiny") -> dict:
+    """A vLLM answer with prompt_logprobs: per position None or {id: (logprob, rank)}."""
+    return {"model": model, "choices": [{"prompt_logprobs": [
+        None if e is None else {str(k): {"logprob": lp, "rank": r} for k, (lp, r) in e.items()} for e in entries]}]}
