@@ -621,3 +621,186 @@ def test_validate_sample_accepts_each_bound_itself():
     for fields in [{"stop_id": (0,)}, {"max_new_tokens": 1}, {"top": 0}, {"seed": 0}, {"seed": 2**64 - 1},
                    {"stop": ("x",)}, {"compile": True, "cache": "static"}]:
         validate_sample(SampleSettings(**fields))
+
+
+# --- mutation run of core/settings.py (2026-12-02): each helper of the settings module, messages word for word ----
+
+
+def test_option_name_and_check_name_the_option_as_typed():
+    from decodelab.core.settings import _check, option_name
+
+    assert option_name("top_p") == "--top-p" and option_name("dry_penalty_last_n") == "--dry-penalty-last-n"
+    _check(True, "top_p", 2, "must be in (0, 1]")
+    with pytest.raises(ConfigError) as exc:
+        _check(False, "top_p", 2, "must be in (0, 1]")
+    assert str(exc.value) == "--top-p 2: must be in (0, 1]"
+
+
+def test_parse_logit_bias_reads_texts_pairs_and_tables():
+    from decodelab.core.settings import parse_logit_bias
+
+    inf = float("inf")
+    assert parse_logit_bias({"a": 1.5, "7": "-inf"}) == (("a", 1.5), ("7", -inf))
+    assert parse_logit_bias([("x", 2), ["y", "3"]]) == (("x", 2.0), ("y", 3.0))
+    assert parse_logit_bias(["a=b=2", " the=-1"]) == (("a=b", 2.0), (" the", -1.0))  # the last '=' splits
+    with pytest.raises(ConfigError) as exc:
+        parse_logit_bias([("x", "z")])
+    assert str(exc.value) == "--logit-bias 'x'= 'z': expected float, a number in ASCII digits (e.g. 0.5 or 1e-3)"
+    for item in ("=2", "abc"):
+        with pytest.raises(ConfigError) as exc:
+            parse_logit_bias([item])
+        assert str(exc.value) == f"--logit-bias {item!r}: expected TOKEN=BIAS, e.g. 42=-inf or ' the'=2.5"
+    with pytest.raises(ConfigError) as exc:
+        parse_logit_bias([("a", "b", "c")])  # not a pair: read as text, which has no '='
+    assert str(exc.value).startswith("--logit-bias ('a', 'b', 'c'): expected TOKEN=BIAS")
+    with pytest.raises(ConfigError) as exc:
+        parse_logit_bias(["a=x"], "--sequence-bias")
+    assert str(exc.value) == "--sequence-bias 'a=x': BIAS 'x' is not a number (use -inf to ban)"
+
+
+def test_coerce_reads_booleans_integers_floats_and_other_types():
+    from decodelab.core.settings import _scalar
+
+    for text in ("true", " TRUE ", "1", "yes", "on"):
+        assert coerce(SampleSettings, "ignore_eos", text) is True
+    for text in ("false", "0", "no", " No "):
+        assert coerce(SampleSettings, "ignore_eos", text) is False
+    assert _scalar(bool, "ignore_eos", "off") is False  # coerce reads "off" as None first
+    assert coerce(SampleSettings, "ignore_eos", True) is True and coerce(SampleSettings, "ignore_eos", False) is False
+    with pytest.raises(ConfigError) as exc:
+        coerce(SampleSettings, "ignore_eos", "maybe")
+    assert str(exc.value) == "--ignore-eos 'maybe': expected true or false"
+    value = coerce(SampleSettings, "top_k", 5.0)  # TOML 5.0 for 5
+    assert value == 5 and type(value) is int
+    assert coerce(SampleSettings, "seed", -(2.0**62)) == -(2**62) and coerce(SampleSettings, "top_k", " 12") == 12
+    for raw in (5.5, 2.0**63, -(2.0**63)):  # not an integer, or past the int64 range: refused, not rounded
+        with pytest.raises(ConfigError) as exc:
+            coerce(SampleSettings, "seed", raw)
+        assert str(exc.value) == f"--seed {raw!r}: expected an integer"
+    with pytest.raises(ConfigError) as exc:
+        coerce(SampleSettings, "max_new_tokens", "1.5")
+    assert str(exc.value) == "--max-new-tokens '1.5': expected int, an integer in ASCII digits 0-9"
+    assert coerce(SampleSettings, "top_p", "0.5") == 0.5 and coerce(SampleSettings, "temperature", 2) == 2.0
+    with pytest.raises(ConfigError) as exc:
+        coerce(SampleSettings, "top_p", "x")
+    assert str(exc.value) == "--top-p 'x': expected float, a number in ASCII digits (e.g. 0.5 or 1e-3)"
+    assert coerce(SampleSettings, "cache", "window:size=8") == "window:size=8"
+    assert _scalar(complex, "when", "1+2j") == 1 + 2j
+    with pytest.raises(ConfigError) as exc:
+        _scalar(complex, "when", "x")
+    assert str(exc.value) == "--when 'x': expected complex"
+    with pytest.raises(ConfigError) as exc:
+        _scalar(complex, "when", [1])
+    assert str(exc.value) == "--when [1]: expected complex"
+
+
+def test_coerce_switches_off_lists_and_ids():
+    for raw in (None, "none", " Off ", "NONE"):
+        assert coerce(SampleSettings, "top_k", raw) is None
+    assert coerce(SampleSettings, "top_k", 0) == 0
+    for raw in (None, "off"):
+        with pytest.raises(ConfigError) as exc:
+            coerce(SampleSettings, "max_new_tokens", raw)
+        assert str(exc.value) == "--max-new-tokens: cannot be switched off"
+    assert coerce(SampleSettings, "logit_bias", "a=1,,b=2") == (("a", 1.0), ("b", 2.0))
+    assert coerce(SampleSettings, "logit_bias", ["a=1"]) == (("a", 1.0),)
+    assert coerce(SampleSettings, "sequence_bias", {"x y": -2}) == (("x y", -2.0),)
+    with pytest.raises(ConfigError) as exc:
+        coerce(SampleSettings, "sequence_bias", "x")
+    assert str(exc.value) == "--sequence-bias 'x': expected TOKEN=BIAS, e.g. 42=-inf or ' the'=2.5"
+    assert coerce(SampleSettings, "stop_id", " 3, 7,") == (3, 7)
+    assert coerce(SampleSettings, "stop_id", [3, "7"]) == (3, 7) and coerce(SampleSettings, "stop_id", 5) == (5,)
+    with pytest.raises(ConfigError) as exc:
+        coerce(SampleSettings, "stop_id", "3,x")
+    assert str(exc.value) == "--stop-id 'x': expected int, an integer in ASCII digits 0-9"
+    assert coerce(SampleSettings, "dry_breaker", ["\n", "", ":"]) == ("\n", ":")  # a TOML list: kept as written
+    assert coerce(SampleSettings, "stop", " a , ,b ") == ("a", "b")
+    assert coerce(SampleSettings, "chain", "top_k, temperature") == ("top_k", "temperature")  # tuple | None
+    assert coerce(SampleSettings, "chain", ["top_k"]) == ("top_k",)
+
+
+def test_normalize_key_and_the_bundled_presets():
+    import dataclasses
+
+    from decodelab.core.settings import bundled_presets, field_names, load_preset, normalize_key, preset_dir
+
+    names = [f.name for f in dataclasses.fields(SampleSettings)]
+    assert field_names(SampleSettings) == names
+    assert normalize_key(SampleSettings, " top-p ") == "top_p" and normalize_key(SampleSettings, "seed") == "seed"
+    with pytest.raises(ConfigError) as exc:
+        normalize_key(SampleSettings, "nope")
+    assert str(exc.value) == f"unknown setting 'nope'; allowed: {', '.join(names)}"
+    assert (preset_dir() / "greedy.toml").is_file()
+    presets = bundled_presets()
+    assert list(presets) == ["balanced", "creative", "greedy", "nucleus", "softcap"]
+    assert all(path.name == f"{name}.toml" and path.is_file() for name, path in presets.items())
+    name, table = load_preset("greedy")
+    assert name == "greedy" and table["temperature"] == 0.0 and set(table) == {"description", "temperature"}
+    with pytest.raises(ConfigError) as exc:
+        load_preset("nope")
+    assert str(exc.value) == ("--preset 'nope': not a bundled preset (balanced, creative, greedy, nucleus, softcap) "
+                              "nor a .toml file")
+
+
+def test_load_preset_reads_a_file_and_names_it_as_typed(tmp_path, monkeypatch):
+    from decodelab.core.settings import load_preset
+
+    (tmp_path / "mine.toml").write_text("top_k = 3\n")
+    assert load_preset(str(tmp_path / "mine.toml")) == ("mine", {"top_k": 3})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load_preset("~/mine.toml") == ("mine", {"top_k": 3})
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff = 1\n")
+    with pytest.raises(ConfigError) as exc:
+        load_preset(str(bad))
+    assert str(exc.value) == f"--preset {str(bad)!r}: not UTF-8 text (byte 0); TOML files are UTF-8"
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"#" * 2**20)  # 1 MiB exactly: read
+    assert load_preset(str(big)) == ("big", {})
+    big.write_bytes(b"#" * (2**20 + 1))
+    with pytest.raises(ConfigError) as exc:
+        load_preset(str(big))
+    assert str(exc.value) == (f"--preset {str(big)!r}: more than 1048576 bytes (1 MiB), the most decodelab reads; "
+                              "give a shorter text")
+    bad.write_text("top_k = \n")
+    with pytest.raises(ConfigError) as exc:
+        load_preset(str(bad))
+    assert str(exc.value).startswith(f"--preset {str(bad)!r}: invalid TOML: ")
+
+
+def test_resolve_layers_defaults_preset_options_and_sets(tmp_path):
+    from decodelab.core.settings import as_dict, resolve
+
+    assert resolve(SampleSettings) == SampleSettings()
+    path = tmp_path / "p.toml"
+    path.write_text('description = "mine"\ntop_k = 3\nseed = 4\ntop_p = 0.5\n')
+    s = resolve(SampleSettings, str(path), {"top_k": None, "stop": (), "seed": 0, "top_p": 0.25},
+                ["top-p = 0.75 ", "logit_bias=a=1"])
+    assert type(s) is SampleSettings
+    assert (s.top_k, s.seed, s.stop, s.top_p, s.logit_bias) == (3, 0, (), 0.75, (("a", 1.0),))
+    assert resolve(SampleSettings, None, {"ignore_eos": False, "max_new_tokens": 9}).max_new_tokens == 9
+    with pytest.raises(ConfigError) as exc:
+        resolve(SampleSettings, None, None, ["seed"])
+    assert str(exc.value) == "--set 'seed': expected KEY=VALUE"
+    with pytest.raises(ConfigError) as exc:
+        resolve(SampleSettings, None, None, ["seed=x"])
+    assert str(exc.value) == "--seed 'x': expected int, an integer in ASCII digits 0-9"
+    path.write_text("nope = 1\n")
+    with pytest.raises(ConfigError) as exc:
+        resolve(SampleSettings, str(path))
+    names = ", ".join(f.name for f in __import__("dataclasses").fields(SampleSettings))
+    assert str(exc.value) == f"--preset {str(path)!r}: key 'nope' in the file: unknown setting 'nope'; allowed: {names}"
+    path.write_text('top-k = "x"\n')
+    with pytest.raises(ConfigError) as exc:
+        resolve(SampleSettings, str(path))
+    assert str(exc.value) == (f"--preset {str(path)!r}: key 'top-k' in the file: --top-k 'x': expected int, an "
+                              "integer in ASCII digits 0-9")
+    d = as_dict(SampleSettings(logit_bias=(("a", 1.0), ("7", -2.0)), sequence_bias=(("b c", -2.0),), seed=3))
+    assert d["logit_bias"] == {"a": 1.0, "7": -2.0} and d["sequence_bias"] == {"b c": -2.0} and d["seed"] == 3
+    assert d["stop"] == () and d["top_k"] is None
+
+    @__import__("dataclasses").dataclass(frozen=True)
+    class OnlyLogitBias:  # a method's settings without sequence_bias: no such key is added
+        logit_bias: tuple = (("b", 0.5),)
+
+    assert as_dict(OnlyLogitBias()) == {"logit_bias": {"b": 0.5}}
