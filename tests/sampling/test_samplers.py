@@ -769,6 +769,8 @@ def test_load_preset_reads_a_file_and_names_it_as_typed(tmp_path, monkeypatch):
 
 
 def test_resolve_layers_defaults_preset_options_and_sets(tmp_path):
+    import dataclasses
+
     from decodelab.core.settings import as_dict, resolve
 
     assert resolve(SampleSettings) == SampleSettings()
@@ -788,7 +790,7 @@ def test_resolve_layers_defaults_preset_options_and_sets(tmp_path):
     path.write_text("nope = 1\n")
     with pytest.raises(ConfigError) as exc:
         resolve(SampleSettings, str(path))
-    names = ", ".join(f.name for f in __import__("dataclasses").fields(SampleSettings))
+    names = ", ".join(f.name for f in dataclasses.fields(SampleSettings))
     assert str(exc.value) == f"--preset {str(path)!r}: key 'nope' in the file: unknown setting 'nope'; allowed: {names}"
     path.write_text('top-k = "x"\n')
     with pytest.raises(ConfigError) as exc:
@@ -799,7 +801,7 @@ def test_resolve_layers_defaults_preset_options_and_sets(tmp_path):
     assert d["logit_bias"] == {"a": 1.0, "7": -2.0} and d["sequence_bias"] == {"b c": -2.0} and d["seed"] == 3
     assert d["stop"] == () and d["top_k"] is None
 
-    @__import__("dataclasses").dataclass(frozen=True)
+    @dataclasses.dataclass(frozen=True)
     class OnlyLogitBias:  # a method's settings without sequence_bias: no such key is added
         logit_bias: tuple = (("b", 0.5),)
 
