@@ -83,9 +83,8 @@ def coerce(cls, key: str, raw):
             return None
         raise ConfigError(f"{option_name(key)}: cannot be switched off")
     if key in ("logit_bias", "sequence_bias"):
-        pairs = parse_logit_bias(raw if not isinstance(raw, str) else [p for p in raw.split(",") if p],
-                                 option_name(key))
-        return pairs if key == "logit_bias" else tuple((t, b) for t, b in pairs)
+        return parse_logit_bias(raw if not isinstance(raw, str) else [p for p in raw.split(",") if p],
+                                option_name(key))
     if key == "stop_id":
         items = raw.split(",") if isinstance(raw, str) else (raw if isinstance(raw, (list, tuple)) else [raw])
         return tuple(_scalar(int, key, str(i).strip()) for i in items if str(i).strip())
