@@ -228,3 +228,250 @@ def test_an_answer_without_the_prompt_ids(tiny, tmp_path):
     del resp["choices"][0]["prompt_token_ids"]
     with pytest.raises(ConfigError, match="the prompt's token ids are unknown"):
         run(tiny, tmp_path, resp)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# mutation run of core/analysis/check_logprobs.py (2026-12-02)
+# The chat shape entry by entry (read_answers' parse, before any model call), the fit without settings on hand-made
+# logits, and the request / echo paths the tests above never took.
+
+from decodelab.core.analysis.check_logprobs import (  # noqa: E402
+    Listed, Token, _fit, _label_fitted)
+
+
+def read(tiny, tmp_path, obj):
+    path = tmp_path / "answer.json"
+    path.write_text(json.dumps(obj))
+    return read_answers(path, tiny, {})
+
+
+def chat_entry(tiny, i: int, v: torch.Tensor, text: bool = True, raw_bytes: bool = True) -> dict:
+    entry = {"logprob": float(v[i])}
+    if text:
+        entry["token"] = tiny.token_text(i)
+    if raw_bytes:
+        entry["bytes"] = list(tiny.token_text(i).encode())
+    return entry
+
+
+def chat(tiny, steps: int, top=None, prompt=True) -> tuple[dict, list[int], list[list[int]]]:
+    """A chat answer of the greedy continuation of PROMPT at temperature 1 (its ids, and each step's listed ids);
+    ``top(step, token, best)`` gives a step's listed ids (default: the best TOP, which start with the greedy token)."""
+    ids, tops = list(PROMPT), []
+    content = []
+    for step in range(steps):
+        v = torch.log_softmax(raw_logits(tiny, ids), -1)
+        best = v.topk(TOP + 1).indices.tolist()
+        token = best[0]
+        listed = top(step, token, best) if top else best[:TOP]
+        content.append({**chat_entry(tiny, token, v), "top_logprobs": [chat_entry(tiny, i, v) for i in listed]})
+        ids.append(token)
+        tops.append(listed)
+    resp = {"model": "tiny", "choices": [{"index": 0, "message": {"content": ""}, "logprobs": {"content": content}}]}
+    if prompt:
+        resp["prompt_token_ids"] = PROMPT
+    return resp, ids[len(PROMPT):], tops
+
+
+def test_chat_ids_from_the_bytes_or_else_the_text(tiny, tmp_path):
+    """An entry's bytes name its id even when its text names none; without bytes its text does; the text and the
+    value are the entry's own."""
+    resp, ids, tops = chat(tiny, 2)
+    first, second = resp["choices"][0]["logprobs"]["content"]
+    first["token"] = "no such token text"  # the bytes decide
+    first["top_logprobs"][1]["token"] = "nor this"
+    for entry in [second] + second["top_logprobs"]:
+        del entry["bytes"]  # the text decides
+    [a] = read(tiny, tmp_path, resp)
+    assert [t.token_id for t in a.tokens] == ids
+    assert [t.text for t in a.tokens] == ["no such token text", tiny.token_text(ids[1])]
+    assert [t.value for t in a.tokens] == [first["logprob"], second["logprob"]]
+    assert [[x.token_id for x in t.listed] for t in a.tokens] == tops
+    assert [[x.value for x in t.listed] for t in a.tokens] == [[x["logprob"] for x in e["top_logprobs"]]
+                                                                for e in (first, second)]
+
+
+def test_a_chat_text_two_ids_decode_to_names_neither(tiny, tmp_path):
+    """'\\ufffd' is the text of several byte tokens: without bytes it names no id, and checking stops there."""
+    assert sum(tiny.token_text(i) == "\ufffd" for i in range(tiny.vocab_size)) > 1
+    resp, ids, _ = chat(tiny, 2)
+    second = resp["choices"][0]["logprobs"]["content"][1]
+    second["token"] = "\ufffd"
+    del second["bytes"]
+    [a] = read(tiny, tmp_path, resp)
+    assert [t.token_id for t in a.tokens] == [ids[0], None]
+    report = run(tiny, tmp_path, resp)
+    assert len(report.tokens) == 1 and any(n.startswith("token 1 is a text no single id decodes to")
+                                           for n in report.answers[0]["notes"])
+
+
+def test_chat_sampled_token_listed_first_is_no_disorder(tiny, tmp_path):
+    """vLLM's chat lists the sampled token first, then the best: a sampled token below the best is not "unsorted";
+    the note says what that first place costs."""
+    resp, ids, tops = chat(tiny, 2, top=lambda step, token, best: [best[2], best[0], best[1], best[3], best[4]])
+    for entry in resp["choices"][0]["logprobs"]["content"]:  # the sampled token is now the third best
+        entry.update({k: entry["top_logprobs"][0][k] for k in ("token", "logprob", "bytes")})
+    report = run(tiny, tmp_path, resp)
+    assert report.summary["defects"] == []
+    assert report.answers[0]["notes"] == ["chat top_logprobs start with the sampled token (vLLM), which displaces "
+                                          "the N-th best"]
+    assert [t.label for t in report.tokens][:1] == ["raw"]
+
+
+def test_chat_without_the_sampled_token_first(tiny, tmp_path):
+    """One token whose sampled id is not listed first: no note (and no defect for sorted alternatives)."""
+    resp, ids, tops = chat(tiny, 1, top=lambda step, token, best: best[1:TOP + 1])
+    report = run(tiny, tmp_path, resp)
+    assert report.answers[0]["notes"] == [] and report.summary["defects"] == []
+
+
+def test_chat_disorder_and_repeats_flagged_word_for_word(tiny, tmp_path):
+    """Step 0: the second best listed before the best (the sampled token, so not vLLM's sampled-first place);
+    step 1: one alternative twice; step 2: two entries with no text (bytes only) twice each, beside a repeated
+    text (the names sort as text: None among str)."""
+    def top(step, token, best):
+        return ([best[1], best[0], best[2], best[3], best[4]], best[:4] + [best[1]], best[:3] + [best[1], best[2]])[step]
+    resp, ids, tops = chat(tiny, 3, top=top)
+    third = resp["choices"][0]["logprobs"]["content"][2]["top_logprobs"]
+    del third[1]["token"], third[3]["token"]  # best[1] twice without a text; best[2] twice with one
+    report = run(tiny, tmp_path, resp)
+    where = report.answers[0]["where"]
+    second, third_text = tiny.token_text(tops[1][1]), tiny.token_text(tops[2][2])
+    assert where == str(tmp_path / "answers.jsonl")
+    assert report.tokens[0].defects == ["top logprobs not sorted"]
+    assert report.tokens[1].defects == [f"token {second} listed 2 times in top logprobs", "top logprobs not sorted"]
+    assert sorted(report.tokens[2].defects) == sorted([f"token {third_text} listed 2 times in top logprobs",
+                                                       "token None listed 2 times in top logprobs",
+                                                       "top logprobs not sorted"])
+    assert report.summary["defects"][0] == f"{where} token 0: top logprobs not sorted"
+
+
+def test_chat_token_ids_fill_the_ids_no_text_names(tiny, tmp_path):
+    """The choice's token_ids (vLLM's return_token_ids) name a token whose text names no id; an id the entry names
+    itself stays; a token_ids list of another length is not read."""
+    resp, ids, _ = chat(tiny, 2)
+    content = resp["choices"][0]["logprobs"]["content"]
+    content[1]["token"] = "\ufffd"
+    del content[1]["bytes"]
+    resp["choices"][0]["token_ids"] = [ids[0] + 1, ids[1]]  # the first disagrees: the entry's own id stays
+    [a] = read(tiny, tmp_path, resp)
+    assert [t.token_id for t in a.tokens] == ids
+    resp["choices"][0]["token_ids"] = [ids[1]]
+    [a] = read(tiny, tmp_path, resp)
+    assert [t.token_id for t in a.tokens] == [ids[0], None]
+
+
+def test_chat_prompt_ids_on_the_choice_and_prompt_logprobs(tiny, tmp_path):
+    resp, ids, _ = chat(tiny, 2, prompt=False)
+    resp["choices"][0]["prompt_token_ids"] = PROMPT
+    resp["prompt_logprobs"] = prompt_logprobs(tiny)
+    report = run(tiny, tmp_path, resp)
+    assert report.answers[0]["prompt_token_ids"] == PROMPT and [t.token_id for t in report.tokens] == ids
+    assert report.summary["prompt_vs_raw"]["tokens"] == len(PROMPT) - 1
+    assert report.summary["prompt_vs_raw"]["max_abs_delta"] < 1e-6 and report.summary["defects"] == []
+    resp["prompt_logprobs"][2] = {str(PROMPT[2]): {"logprob": -0.125}}
+    assert any("prompt logprobs differ" in d for d in run(tiny, tmp_path, resp).summary["defects"])
+
+
+def test_chat_without_prompt_ids_or_content(tiny, tmp_path):
+    from decodelab.core.errors import ConfigError
+
+    resp, _, _ = chat(tiny, 1, prompt=False)
+    with pytest.raises(ConfigError, match="the prompt's token ids are unknown"):
+        run(tiny, tmp_path, resp)
+    resp["choices"][0]["logprobs"]["content"] = {"not": "a list"}
+    with pytest.raises(ConfigError, match=r"answers.jsonl: logprobs.content is not a list"):
+        run(tiny, tmp_path, resp)
+
+
+def test_prompt_logprobs_read_at_the_prompt_token_not_the_first_key(tiny, tmp_path):
+    """An entry that lists a likelier token before the prompt's own: the prompt token's value is read; without
+    prompt ids (nothing to tell) the first key is taken, an entry past the ids too."""
+    good = prompt_logprobs(tiny)
+    entries = [None] + [{"7": {"logprob": -0.5}, **e} for e in good[1:]]
+    report = run(tiny, tmp_path, echo_answer(tiny, entries))
+    assert report.summary["prompt_vs_raw"]["tokens"] == len(PROMPT) - 1
+    assert report.summary["prompt_vs_raw"]["max_abs_delta"] < 1e-6
+    resp, _, _ = chat(tiny, 1, prompt=False)
+    resp["prompt_logprobs"] = entries
+    [a] = read(tiny, tmp_path, resp)
+    assert [t.token_id for t in a.prompt] == [None] + [7] * (len(PROMPT) - 1)
+    assert [t.value for t in a.prompt] == [None] + [-0.5] * (len(PROMPT) - 1)
+    resp["prompt_token_ids"] = PROMPT[:2]
+    [a] = read(tiny, tmp_path, resp)
+    assert [t.token_id for t in a.prompt] == PROMPT[:2] + [7] * (len(PROMPT) - 2)
+
+
+Z = [2.0, 1.0, 0.0, -1.0, -3.0]  # hand-made logits for the fit without settings
+
+
+def lse(xs) -> float:
+    return math.log(sum(math.exp(x) for x in xs))
+
+
+def token_of(values: dict[int, float]) -> Token:
+    """The first id sampled, the rest listed."""
+    (first, v), *rest = values.items()
+    return Token(first, None, v, [Listed(i, x) for i, x in rest])
+
+
+def fitted(values: dict[int, float], context=frozenset()):
+    return _label_fitted(token_of(values), torch.tensor(Z, dtype=torch.float64), set(context), 1e-3)
+
+
+def test_the_fit_on_two_points_and_its_degenerate_cases():
+    z = torch.tensor(Z, dtype=torch.float64)
+    a, b, residual = _fit(token_of({0: 1.0, 4: -1.5}), z, set(), 1e-3)  # the sampled token is a point
+    assert (a, b, residual) == (pytest.approx(0.5), pytest.approx(0.0), pytest.approx(0.0, abs=1e-12))
+    assert _fit(token_of({0: 1.0}), z, set(), 1e-3) is None  # one point
+    assert _fit(token_of({0: 1.0, 4: -math.inf}), z, set(), 1e-3) is None  # a removed token is no point
+    assert _fit(Token(0, None, 1.0, [Listed(0, 1.0)]), z, set(), 1e-3) is None  # the same point twice
+    same = torch.tensor([1.0, 1.0, 0.0], dtype=torch.float64)
+    assert _fit(token_of({0: -1.0, 1: -2.0}), same, set(), 1e-3) is None  # two points at one logit: no slope
+
+
+def test_fitted_raw_and_temperature_scaled_by_hand():
+    raw = fitted({i: Z[i] - lse(Z) for i in (0, 1, 2)})
+    assert raw[0] == "raw" and raw[2:] == (1.0, None, [])
+    assert raw[1].tolist() == pytest.approx([x - lse(Z) for x in Z])
+    half = [x / 2 for x in Z]
+    label, pred, temperature, mass, how = fitted({i: half[i] - lse(half) for i in (1, 0, 3)})
+    assert (label, temperature, mass, how) == ("temperature-scaled", pytest.approx(2.0), None, ["temperature 2"])
+    assert pred.tolist() == pytest.approx([x - lse(half) for x in half])
+
+
+def test_fitted_renormalized_by_hand():
+    """Top-2 at T = 2: v = z/2 - log(e^1 + e^0.5) on the kept two, the rest removed; kept mass (e^1 + e^0.5) over
+    the sum of e^{z/2}."""
+    half = [x / 2 for x in Z]
+    kept = lse(half[:2])
+    values = {0: half[0] - kept, 1: half[1] - kept, 2: -math.inf}
+    mass = math.exp(kept - lse(half))
+    label, pred, temperature, got_mass, how = fitted(values)
+    assert (label, temperature, got_mass) == ("renormalized", pytest.approx(2.0), pytest.approx(mass))
+    assert how == ["temperature 2", f"kept mass {mass:.4g}", "or penalties on unlisted context tokens"]
+    assert pred[:2].tolist() == pytest.approx([half[0] - kept, half[1] - kept])
+    assert fitted(values, context={0})[4] == ["temperature 2", f"kept mass {mass:.4g}"]  # the sampled token seen
+
+
+def test_fitted_a_normaliser_above_the_vocabularys_is_unexplained():
+    """v = z - (log sum e^z + 0.5): a line of slope 1, but more mass than the vocabulary holds: no transform
+    gives that, and with no listed token in the context no penalty either."""
+    assert fitted({i: Z[i] - lse(Z) - 0.5 for i in (0, 1, 2)}) == ("unexplained", None, None, None, [])
+
+
+def test_fitted_penalized_by_hand():
+    """Token 1 (in the context) lowered by 1.5 before T = 2: off the line the others lie on (slope 1/2)."""
+    pen = [x / 2 for x in Z]
+    pen[1] = (Z[1] - 1.5) / 2
+    values = {0: pen[0] - lse(pen), 1: pen[1] - lse(pen), 2: pen[2] - lse(pen)}
+    label, pred, temperature, mass, how = fitted(values, context={1})
+    assert (label, pred, mass, how) == ("penalized", None, None, ["penalties on tokens already in the context"])
+    assert temperature == pytest.approx(2.0)
+    assert fitted(values, context={0})[0] == "unexplained"  # the seen token is on the line: no penalty explains
+    assert fitted({0: values[0], 1: values[1]}, context={1})[0] == "unexplained"  # one token outside the context: no line
+
+
+def test_fitted_flat_numbers_are_no_temperature():
+    """The same number for different logits: slope 0, an infinite temperature, which no setting gives."""
+    assert fitted({0: -1.0, 1: -1.0, 2: -1.0}, context={2}) == ("unexplained", None, None, None, [])
