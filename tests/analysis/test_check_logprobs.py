@@ -475,3 +475,125 @@ def test_fitted_penalized_by_hand():
 def test_fitted_flat_numbers_are_no_temperature():
     """The same number for different logits: slope 0, an infinite temperature, which no setting gives."""
     assert fitted({0: -1.0, 1: -1.0, 2: -1.0}, context={2}) == ("unexplained", None, None, None, [])
+
+
+def test_unknown_settings_raw_within_the_tolerance_inclusive():
+    """Without settings: raw when every listed number is within the tolerance of log softmax(z), the bound
+    included; else the fit, whose error is its own prediction's, or the raw one's for an unexplained token."""
+    from decodelab.core.analysis.check_logprobs import _error, _label_unknown
+
+    z = torch.tensor(Z, dtype=torch.float64)
+    raw = torch.log_softmax(z, -1)
+    t = token_of({0: float(raw[0]) + 0.25, 1: float(raw[1]) + 0.25})
+    err = _error(t, raw)
+    assert err == pytest.approx(0.25)
+    assert _label_unknown(t, z, raw, set(), err) == ("raw", raw, 1.0, None, [], err) and t.matches == ["raw"]
+    label, pred, temperature, mass, how, error = _label_unknown(t, z, raw, set(), 1e-3)
+    assert (label, mass, how) == ("renormalized", pytest.approx(math.exp(-0.25)), how) and error < 1e-9
+    flat = token_of({0: -1.0, 1: -1.0, 2: -1.0})
+    assert _label_unknown(flat, z, raw, set(), 1e-3) == ("unexplained", raw, None, None, [], _error(flat, raw))
+    pen = [x / 2 for x in Z]
+    pen[1] = (Z[1] - 1.5) / 2
+    seen = token_of({i: pen[i] - lse(pen) for i in (0, 1, 2)})
+    assert _label_unknown(seen, z, raw, {1}, 1e-3) == ("penalized", None, pytest.approx(2.0), None,
+                                                       ["penalties on tokens already in the context"], None)
+
+
+def test_a_query_answer_from_the_engines_positions(tiny):
+    """A live query: the client's sorted top N, the sampled token put back first where it is not among them, the
+    local texts, vLLM semantics, settings from the query, the server's mode as what the values are."""
+    from decodelab.core.analysis.check_logprobs import answer_of_query
+    from decodelab.core.engine.served import Alternative, Generated, Labels, Position
+    from decodelab.core.methods.sample import SampleSettings
+
+    steps = (Position(0, 12, -0.5, 1, (Alternative(12, -0.5), Alternative(14, -2.0)), ("a defect",)),
+             Position(1, 284, -3.0, 3, (Alternative(12, -1.0), Alternative(14, -2.5))))
+    g = Generated("m", (1, 2), (12, 284), steps, "length", Labels("processed", 2, "vllm"), {})
+    a = answer_of_query(g, SampleSettings(temperature=0.7), "--engine http://127.0.0.1:1", tiny)
+    assert (a.where, a.shape, a.prompt_ids, a.prompt) == ("--engine http://127.0.0.1:1", "completions", [1, 2], None)
+    assert (a.settings_from, a.values, a.settings.semantics, a.settings.temperature) == ("query", "processed",
+                                                                                         "vllm", 0.7)
+    assert [(t.token_id, t.text, t.value, t.defects) for t in a.tokens] == [
+        (12, tiny.token_text(12), -0.5, ["a defect"]), (284, tiny.token_text(284), -3.0, [])]
+    assert [[(x.token_id, x.value) for x in t.listed] for t in a.tokens] == [[(12, -0.5), (14, -2.0)],
+                                                                          [(284, -3.0), (12, -1.0), (14, -2.5)]]
+
+
+def stages_of(*names_and_logits):
+    return [(name, torch.tensor(z, dtype=torch.float64)) for name, z in names_and_logits]
+
+
+def test_hypotheses_one_per_label_after_its_last_stage():
+    from decodelab.core.analysis.check_logprobs import _hypotheses
+
+    pen = [2.0, 0.5, 0.0, -1.0, -3.0]
+    half = [x / 2 for x in pen]
+    top2 = half[:2] + [-math.inf] * 3
+    stages = stages_of(("raw", Z), ("bias", [2.0, 1.0, 0.0, -1.0, -2.0]), ("repetition-penalty", pen),
+                       ("something else", [9.0] * 5), ("temperature", half), ("top-k", top2))
+    hyps = _hypotheses(stages, greedy=False)
+    assert [(n, applied) for n, _, applied in hyps] == [
+        ("raw", []), ("penalized", ["bias", "repetition-penalty"]),
+        ("temperature-scaled", ["bias", "repetition-penalty", "temperature"]),
+        ("renormalized", ["bias", "repetition-penalty", "temperature", "top-k"])]
+    for (_, p, _), z in zip(hyps, (Z, pen, half, top2)):
+        assert p.tolist() == pytest.approx(torch.log_softmax(torch.tensor(z, dtype=torch.float64), -1).tolist())
+    greedy = _hypotheses(stages, greedy=True)  # vLLM's greedy values stop after the penalties
+    assert [n for n, _, _ in greedy] == ["raw", "penalized"]
+
+
+def known(values: dict[int, float], stages, temperature=None, greedy=False, tolerance=1e-3):
+    from decodelab.core.analysis.check_logprobs import _label_known
+    from decodelab.core.methods.sample import SampleSettings
+
+    t = token_of(values)
+    return _label_known(t, stages, SampleSettings(temperature=temperature), greedy, tolerance), t.matches
+
+
+def logp(z) -> list[float]:
+    return torch.log_softmax(torch.tensor(z, dtype=torch.float64), -1).tolist()
+
+
+def test_known_settings_label_the_closest_within_tolerance():
+    pen = [2.0, 0.5, 0.0, -1.0, -3.0]
+    half = [x / 2 for x in pen]
+    top2 = half[:2] + [-math.inf] * 3
+    stages = stages_of(("raw", Z), ("repetition-penalty", pen), ("temperature", half), ("top-k", top2))
+    v = logp(top2)
+    (label, pred, temperature, mass, how, err), matches = known({0: v[0], 1: v[1], 2: -math.inf}, stages, 0.5)
+    kept = math.exp(half[0]) + math.exp(half[1])  # the mass under temperature-scaled, not the penalized one
+    assert (label, temperature, err) == ("renormalized", 0.5, 0.0) and matches == ["renormalized"]
+    assert mass == pytest.approx(kept / sum(math.exp(x) for x in half))
+    assert how == ["repetition-penalty", "temperature", "top-k", f"kept mass {mass:.4g}"]
+    # 0.01 off the temperature-scaled numbers, nearer them than any other: unexplained, with the nearest's error
+    v = logp(half)
+    (label, pred, temperature, mass, how, err), matches = known({0: v[0] + 0.01, 1: v[1]}, stages, 0.5)
+    assert (label, err, how, mass, matches) == ("unexplained", pytest.approx(0.01), ["repetition-penalty",
+                                                                                     "temperature"], None, [])
+    assert pred.tolist() == pytest.approx(v)
+    # the same numbers at a tolerance of exactly their error: within it
+    assert known({0: v[0] + 0.01, 1: v[1]}, stages, 0.5, tolerance=err)[0][0] == "temperature-scaled"
+    # greedy: the temperature stage is no hypothesis
+    assert known({0: v[0], 1: v[1]}, stages, 0.5, greedy=True)[0][0] == "unexplained"
+
+
+def test_known_settings_near_ties_name_the_simplest():
+    """A presence penalty on token 1 that moves the listed numbers by about its size times (1 - p_1): raw is
+    9.95e-5 from them, the penalized hypothesis exact, within max(1e-5, tolerance / 100) = 1e-4 of the best at
+    tolerance 0.01, so both match and raw (the simplest) names it; at 1.5e-5 and tolerance 1e-3, more than 1e-5 from
+    the best, only the penalized one matches."""
+    p1 = math.exp(logp(Z)[1])
+    for gap, tolerance, label, matches in ((9.95e-5, 0.01, "raw", ["raw", "penalized"]),
+                                           (1.5e-5, 1e-3, "penalized", ["penalized"])):
+        pen = list(Z)
+        pen[1] -= gap / (1 - p1)
+        stages = stages_of(("raw", Z), ("presence-penalty", pen))
+        v, raw = logp(pen), logp(Z)
+        raw_err = max(abs(v[i] - raw[i]) for i in (0, 1, 2))
+        assert raw_err == pytest.approx(gap, rel=1e-3) and (label == "penalized" or 9.9e-5 < raw_err < 1e-4)
+        (got, pred, temperature, mass, how, err), got_matches = known({0: v[0], 1: v[1], 2: v[2]}, stages,
+                                                                      tolerance=tolerance)
+        assert (got, got_matches, temperature) == (label, matches, 1.0)
+        assert err == (0.0 if label == "penalized" else raw_err)
+    (got, *_), matches = known({0: logp(Z)[0], 1: logp(Z)[1]}, stages_of(("raw", Z)))
+    assert (got, matches) == ("raw", ["raw", "processed"])  # no transform: raw or processed alike
