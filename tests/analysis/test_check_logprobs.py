@@ -597,3 +597,155 @@ def test_known_settings_near_ties_name_the_simplest():
         assert err == (0.0 if label == "penalized" else raw_err)
     (got, *_), matches = known({0: logp(Z)[0], 1: logp(Z)[1]}, stages_of(("raw", Z)))
     assert (got, matches) == ("raw", ["raw", "processed"])  # no transform: raw or processed alike
+
+
+def test_ids_of_token_id_keys_and_odd_tokens(tiny):
+    from decodelab.core.analysis.check_logprobs import Ids
+
+    ids = Ids(tiny)
+    assert (ids.of("token_id:5"), ids.of("token_id:12"), ids.of("token_id:x")) == (5, 12, None)
+    assert ids.of("not_an_id:12") is None  # nine characters and digits, but not the prefix
+    assert ids.of(12) is None and ids.of(None) is None and ids.of(["a"]) is None
+    assert ids.of(tiny.token_text(12)) == 12 and ids.of("no such text", list(tiny.token_text(12).encode())) == 12
+    assert ids.of(tiny.token_text(12), [0xE2]) is None  # a partial UTF-8 byte names no single id
+
+
+def test_the_order_check():
+    from decodelab.core.analysis.check_logprobs import _order_defect
+
+    assert _order_defect([-0.1, -2.0, -1.0], skip_first=True) == "top logprobs not sorted"
+    assert _order_defect([-3.0, -0.5, -1.0], skip_first=True) is None  # the sampled token first, then sorted
+    assert _order_defect([-3.0, -0.5, -1.0], skip_first=False) == "top logprobs not sorted"
+    assert _order_defect([-1.0, -2.0, -1.5], skip_first=False) == "top logprobs not sorted"
+    assert _order_defect([-1.0, -1.0, -math.inf], skip_first=False) is None  # ties and a removed token are in order
+
+
+def test_completions_sampled_token_first_and_disorder(tiny, tmp_path):
+    """The last step's sampled token made the third best (listed first, as vLLM does): no defect; listing the
+    second best before the best (the sampled one) is one."""
+    a = answer(tiny, raw, {"temperature": 1.0})
+    lp = a["response"]["choices"][0]["logprobs"]
+    keys = list(lp["top_logprobs"][-1])
+    third = keys[2]
+    lp["tokens"][-1], lp["token_logprobs"][-1] = third, lp["top_logprobs"][-1][third]
+    lp["top_logprobs"][-1] = {third: lp["top_logprobs"][-1][third],
+                              **{k: v for k, v in lp["top_logprobs"][-1].items() if k != third}}
+    report = run(tiny, tmp_path, a)
+    assert report.summary["defects"] == [] and [t.label for t in report.tokens] == ["raw"] * STEPS
+    first = lp["top_logprobs"][0]
+    best, second = list(first)[:2]
+    lp["top_logprobs"][0] = {second: first[second], best: first[best],
+                             **{k: v for k, v in first.items() if k not in (best, second)}}
+    report = run(tiny, tmp_path, a)
+    assert report.summary["defects"] == [f"{tmp_path / 'answers.jsonl'} token 0: top logprobs not sorted"]
+    [parsed] = read(tiny, tmp_path, a["response"])
+    assert (parsed.where, parsed.shape, parsed.prompt) == (str(tmp_path / "answer.json"), "completions", None)
+    assert parsed.tokens[0].text == lp["tokens"][0] and parsed.tokens[0].token_id == int(lp["tokens"][0][9:])
+
+
+def test_completions_without_top_logprobs_or_of_two_lengths(tiny, tmp_path):
+    from decodelab.core.errors import ConfigError
+
+    a = answer(tiny, raw, {"temperature": 1.0})["response"]
+    lp = a["choices"][0]["logprobs"]
+    del lp["top_logprobs"]
+    [parsed] = read(tiny, tmp_path, a)
+    assert [t.listed for t in parsed.tokens] == [[]] * STEPS
+    lp["tokens"] = [12] + lp["tokens"][1:]  # a token that is no text: no id, no text
+    [parsed] = read(tiny, tmp_path, a)
+    assert (parsed.tokens[0].token_id, parsed.tokens[0].text) == (None, None)
+    message = "answer.json: logprobs has no tokens / token_logprobs of one length"
+    for tokens, values in ((lp["tokens"][:-1], lp["token_logprobs"]), (None, lp["token_logprobs"]),
+                           (lp["tokens"], None)):
+        with pytest.raises(ConfigError, match=message):
+            read(tiny, tmp_path, {"choices": [{"logprobs": {"tokens": tokens, "token_logprobs": values}}]})
+
+
+def test_completions_token_ids_fill_the_ids_no_text_names(tiny, tmp_path):
+    a = answer(tiny, raw, {"temperature": 1.0})["response"]
+    choice = a["choices"][0]
+    ids = [int(t[9:]) for t in choice["logprobs"]["tokens"]]
+    choice["logprobs"]["tokens"][1] = "\ufffd"
+    choice["token_ids"] = [ids[0] + 1] + ids[1:]  # the first disagrees: the key's own id stays
+    [parsed] = read(tiny, tmp_path, a)
+    assert [t.token_id for t in parsed.tokens] == ids
+    choice["token_ids"] = ids[1:]
+    [parsed] = read(tiny, tmp_path, a)
+    assert [t.token_id for t in parsed.tokens][:2] == [ids[0], None]
+
+
+def echoed(tiny, request: dict | None, usage: bool = False) -> dict:
+    """vLLM's echo: the prompt's tokens first (position 0 without a number), then the generated ones."""
+    a = answer(tiny, raw, {"temperature": 1.0})
+    resp = a["response"]
+    lp = resp["choices"][0]["logprobs"]
+    with torch.no_grad():
+        logp = torch.log_softmax(tiny.model(torch.tensor([PROMPT])).logits[0].double(), -1)
+    lp["tokens"] = [f"token_id:{t}" for t in PROMPT] + lp["tokens"]
+    lp["token_logprobs"] = [None] + [float(logp[i - 1, t]) for i, t in enumerate(PROMPT) if i] + lp["token_logprobs"]
+    lp["top_logprobs"] = [None] * len(PROMPT) + lp["top_logprobs"]
+    if usage:
+        resp["usage"] = {"prompt_tokens": len(PROMPT)}
+    return resp if request is None else {"request": request, "response": resp}
+
+
+def test_echo_splits_the_prompt_from_the_generated_tokens(tiny, tmp_path):
+    from decodelab.core.errors import ConfigError
+
+    for a in (echoed(tiny, {"prompt": PROMPT, "echo": True, "temperature": 1.0}), echoed(tiny, None, usage=True)):
+        report = run(tiny, tmp_path, a)
+        assert report.summary["tokens"] == STEPS and report.summary["labels"]["raw"] == STEPS
+        assert report.summary["prompt_vs_raw"]["tokens"] == len(PROMPT) - 1
+        assert report.summary["prompt_vs_raw"]["max_abs_delta"] < 1e-6 and report.summary["defects"] == []
+        assert report.answers[0]["prompt_token_ids"] == PROMPT
+    with pytest.raises(ConfigError, match=r"answers.jsonl: an echoed answer, but how many of its tokens are the "
+                                          r"prompt is unknown \(log the request or usage.prompt_tokens\)"):
+        run(tiny, tmp_path, echoed(tiny, None))
+    no_echo = echoed(tiny, {"prompt": PROMPT, "echo": False})  # then the prompt's tokens are read as generated
+    [parsed] = read(tiny, tmp_path, no_echo)
+    assert len(parsed.tokens) == len(PROMPT) + STEPS and parsed.prompt is None
+    for max_tokens, checked in ((0, 0), (1, STEPS)):  # vLLM's echo with max_tokens 0 drops its one token
+        a = echoed(tiny, {"prompt": PROMPT, "echo": True, "max_tokens": max_tokens})
+        assert run(tiny, tmp_path, a).summary["tokens"] == checked
+
+
+def test_the_request_prompt_as_text_or_ids(tiny, tmp_path):
+    """A text prompt is encoded with the request's add_special_tokens (vLLM's default true); a list of ints is the
+    ids; a list of texts (a batch of prompts) is neither."""
+    from decodelab.core.analysis.check_logprobs import read_answers
+
+    calls = []
+
+    class Tokenizer:
+        def encode(self, text, add_special_tokens):
+            calls.append((text, add_special_tokens))
+            return [1, 2, 3]
+
+    class Local:
+        tokenizer, vocab_size = Tokenizer(), 4
+
+        def token_text(self, i):
+            return f"<{i}>"
+
+    resp = answer(tiny, raw, {})["response"]
+    path = tmp_path / "answers.jsonl"
+    for request, ids in (({"prompt": "Once"}, [1, 2, 3]), ({"prompt": "Once", "add_special_tokens": False}, [1, 2, 3]),
+                         ({"prompt": [7, 8]}, [7, 8]), ({"prompt": ["Once", "upon"]}, None), ({"prompt": []}, None)):
+        path.write_text(json.dumps({"request": request, "response": resp}))
+        assert read_answers(path, Local(), {})[0].prompt_ids == ids
+    assert calls == [("Once", True), ("Once", False)]
+
+
+def test_settings_of_the_request_and_the_generation_config():
+    from decodelab.core.analysis.check_logprobs import settings_of_request
+
+    s, notes = settings_of_request({"temperature": 0.5, "top_k": -1, "top_p": 1.0, "presence_penalty": -1.0,
+                                    "logit_bias": {"12": 5}, "seed": 3}, {"temperature": 0.9, "top_p": 0.8})
+    assert (s.temperature, s.top_k, s.top_p, s.presence_penalty, s.logit_bias, s.seed, s.semantics) == (
+        0.5, None, None, -1.0, (("12", 5.0),), 3, "vllm")
+    assert notes == []
+    s, notes = settings_of_request({"top_k": 4}, {"temperature": 0.9, "top_p": 0.8})
+    assert (s.temperature, s.top_p, s.top_k) == (0.9, 0.8, 4)
+    assert notes == ["temperature not in the request: 0.9 from the model's generation_config, as vLLM fills it",
+                     "top_p not in the request: 0.8 from the model's generation_config, as vLLM fills it"]
+    assert settings_of_request(None, {}) == (None, [])
