@@ -749,3 +749,25 @@ def test_settings_of_the_request_and_the_generation_config():
     assert notes == ["temperature not in the request: 0.9 from the model's generation_config, as vLLM fills it",
                      "top_p not in the request: 0.8 from the model's generation_config, as vLLM fills it"]
     assert settings_of_request(None, {}) == (None, [])
+
+
+def test_parse_answer_choices_and_what_is_known_of_them(tiny, tmp_path):
+    from decodelab.core.analysis.check_logprobs import read_answers
+    from decodelab.core.errors import ConfigError
+
+    resp, ids, _ = chat(tiny, 2)
+    resp["choices"].append(json.loads(json.dumps(resp["choices"][0])))
+    path = tmp_path / "answers.json"
+    path.write_text(json.dumps({"request": {"temperature": 1.0}, "response": resp}))
+    answers = read_answers(path, tiny, {"top_k": 20})
+    assert [a.where for a in answers] == [f"{path} choice 0", f"{path} choice 1"]
+    assert [a.settings_from for a in answers] == ["request", "request"] and answers[0].settings.top_k == 20
+    note = "chat top_logprobs start with the sampled token (vLLM), which displaces the N-th best"
+    assert answers[0].notes == [note, "top_k not in the request: 20 from the model's generation_config, as vLLM "
+                                      "fills it"]
+    answers[0].notes.append("one more")
+    assert answers[1].notes[-1] != "one more"  # each choice its own notes
+    assert [a.settings_from for a in read(tiny, tmp_path, resp)] == [None, None]
+    for bad, message in (([1], "item 0: no choices"), ({"choices": ["x"]}, "answer.json: no logprobs")):
+        with pytest.raises(ConfigError, match=message):
+            read(tiny, tmp_path, bad)
