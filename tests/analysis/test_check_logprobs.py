@@ -301,8 +301,8 @@ def test_a_chat_text_two_ids_decode_to_names_neither(tiny, tmp_path):
     [a] = read(tiny, tmp_path, resp)
     assert [t.token_id for t in a.tokens] == [ids[0], None]
     report = run(tiny, tmp_path, resp)
-    assert len(report.tokens) == 1 and any(n.startswith("token 1 is a text no single id decodes to")
-                                           for n in report.answers[0]["notes"])
+    assert len(report.tokens) == 1 and "token 1 is a text no single id decodes to: tokens from it on are skipped " \
+        "(ask with return_tokens_as_token_ids)" in report.answers[0]["notes"]
 
 
 def test_chat_sampled_token_listed_first_is_no_disorder(tiny, tmp_path):
@@ -771,3 +771,184 @@ def test_parse_answer_choices_and_what_is_known_of_them(tiny, tmp_path):
     for bad, message in (([1], "item 0: no choices"), ({"choices": ["x"]}, "answer.json: no logprobs")):
         with pytest.raises(ConfigError, match=message):
             read(tiny, tmp_path, bad)
+
+
+def test_jsonl_lines_lists_and_empty_files(tiny, tmp_path):
+    from decodelab.core.errors import ConfigError
+
+    one = json.dumps(answer(tiny, raw))
+    path = tmp_path / "answers.jsonl"
+    path.write_text(one + "\n\n" + one + "\n")
+    report = check(tiny, read_answers(path, tiny, {}))
+    assert [a["where"] for a in report.answers] == [f"{path} line 1", f"{path} line 3"]
+    assert [(r.answer, r.index, r.position) for r in report.tokens][STEPS - 1:STEPS + 1] == [
+        (0, STEPS - 1, len(PROMPT) + STEPS - 1), (1, 0, len(PROMPT))]
+    path.write_text(one + "\nnot json\n")
+    with pytest.raises(ConfigError, match=f"FILE {path} line 2: not JSON"):
+        read_answers(path, tiny, {})
+    path.write_text("\n \n")
+    with pytest.raises(ConfigError, match=f"^FILE {path}: no answers in it$"):
+        read_answers(path, tiny, {})
+    with pytest.raises(ConfigError, match=f"^FILE {tmp_path / 'missing.jsonl'}: no such file"):
+        read_answers(tmp_path / "missing.jsonl", tiny, {})
+
+
+def test_the_largest_difference_over_the_listed_numbers():
+    from decodelab.core.analysis.check_logprobs import _error
+
+    pred = torch.tensor([-1.0, -2.0, -math.inf, -3.0], dtype=torch.float64)
+    assert _error(Token(0, None, -1.25, [Listed(1, -2.0)]), pred) == 0.25  # the sampled token counts
+    assert _error(Token(0, None, -1.0, [Listed(None, -9.0), Listed(1, -2.5)]), pred) == 0.5  # an unknown id skipped
+    assert _error(Token(0, None, None, [Listed(2, -math.inf), Listed(3, -3.5)]), pred) == 0.5  # both removed: equal
+    assert _error(Token(0, None, -1.0, [Listed(1, -math.inf)]), pred) == math.inf  # removed on one side only
+    assert _error(Token(0, None, -1.0, [Listed(2, -5.0)]), pred) == math.inf
+
+
+def test_checked_rows_and_the_vocabulary_bound(tiny, tmp_path):
+    from decodelab.core.errors import ConfigError
+
+    report = run(tiny, tmp_path, answer(tiny, raw, {"temperature": 0.7, "top_k": 3}))
+    rows = report.tokens
+    assert [r.token for r in rows] == [tiny.token_text(r.token_id) for r in rows]
+    assert [r.listed for r in rows] == [TOP] * STEPS and all(r.error < 1e-5 for r in rows)
+    assert report.summary["ambiguous"] == 0 and report.summary["verdict"].startswith("raw:")
+    assert report.answers[0]["settings"] == {"temperature": 0.7, "top_k": 3, "seed": 0}
+    assert report.answers[0]["settings_from"] == "request"
+    a = answer(tiny, raw)
+    a["choices"][0]["logprobs"]["top_logprobs"][0]["token_id:0"] = -20.0  # id 0 is in the vocabulary
+    run(tiny, tmp_path, a)
+    message = (f"^{tmp_path / 'answers.jsonl'}: token ids outside --model tiny's vocabulary of 4096: the engine's "
+               "model has another vocabulary$")
+    for sampled, listed in ((4096, None), (None, 4096)):
+        a = answer(tiny, raw)
+        lp = a["choices"][0]["logprobs"]
+        if sampled is not None:
+            lp["tokens"][1] = f"token_id:{sampled}"
+        else:
+            lp["top_logprobs"][1][f"token_id:{listed}"] = -20.0
+        with pytest.raises(ConfigError, match=message):
+            run(tiny, tmp_path, a)
+    a = answer(tiny, raw)
+    del a["choices"][0]["prompt_token_ids"]
+    with pytest.raises(ConfigError, match=r"the prompt's token ids are unknown \(log the request with its prompt, or "
+                                          r"ask with return_token_ids / echo\)$"):
+        run(tiny, tmp_path, a)
+
+
+def test_a_greedy_point_mass_is_no_hypothesis(tiny, tmp_path):
+    """vLLM's processed values for a greedy row stop after the penalties: a point mass on the argmax (what the
+    temperature-0 stage gives) is unexplained; a request that sets no temperature is not greedy."""
+    def point(z, seen):
+        return torch.full_like(z, -math.inf).index_fill(0, z.argmax(), 0.0)
+    report = run(tiny, tmp_path, answer(tiny, point, {"temperature": 0.0}))
+    assert [t.label for t in report.tokens] == ["unexplained"] * STEPS
+    report = run(tiny, tmp_path, answer(tiny, raw, {}))
+    assert [t.label for t in report.tokens] == ["raw"] * STEPS and "temperature" not in report.answers[0]["settings"]
+
+
+def test_figures_by_hand():
+    from decodelab.core.analysis.check_logprobs import Figures, figures
+
+    assert figures([]) == figures([(None, -1.0), (-1.0, None), (-math.inf, -1.0)]) == Figures(0, None, None, None,
+                                                                                               None)
+    f = figures([(-1.0, -1.5), (-2.0, -1.0), (-math.inf, -3.0)])
+    assert (f.tokens, f.max_abs_delta, f.mean_abs_delta) == (2, 1.0, 0.75)
+    assert f.mean_ratio == pytest.approx((math.exp(-0.5) + math.exp(1.0)) / 2) and f.outside_band == 1.0
+    for bound in (0.9, 1.1):  # a ratio exactly at a bound is inside the band
+        l = math.log(bound)
+        while math.exp(l) != bound:
+            l = math.nextafter(l, math.inf if math.exp(l) < bound else -math.inf)
+        assert figures([(0.0, l)]).outside_band == 0.0
+
+
+class _BosTokenizer:
+    bos_token_id = 1
+
+    def encode(self, text, add_special_tokens):
+        return ([1] if add_special_tokens else []) + [97]
+
+
+def test_a_missing_bos(tiny):
+    from decodelab.core.analysis.check_logprobs import Answer, check_prompt
+
+    class Local:
+        tokenizer = _BosTokenizer()
+
+    def defects(ids):
+        return check_prompt(Local(), Answer("w", "completions", ids, []), 1e-3)
+    assert defects([5, 1]) == (["the prompt has no BOS (1) although the tokenizer adds one"], [])
+    assert defects([1, 5]) == ([], []) and defects([]) == ([], [])
+    assert check_prompt(tiny, Answer("w", "completions", [5, 1], []), 1e-3) == ([], [])  # tiny adds no BOS
+
+
+def test_prompt_logprobs_defects_word_for_word(tiny, tmp_path):
+    good = prompt_logprobs(tiny)
+    dropped = run(tiny, tmp_path, echo_answer(tiny, good[1:])).summary["defects"]
+    assert dropped == [f"{tmp_path / 'answers.jsonl'}: prompt logprobs have one position fewer than the prompt: the "
+                       "first (BOS) position dropped"]
+    first = [{str(PROMPT[0]): {"logprob": -1.0}}] + good[1:]
+    assert run(tiny, tmp_path, echo_answer(tiny, first)).summary["defects"] == [
+        f"{tmp_path / 'answers.jsonl'}: prompt position 0 has a logprob (nothing precedes it to condition on)"]
+    holes = [None, None] + good[2:]  # a position without a number is skipped
+    report = run(tiny, tmp_path, echo_answer(tiny, holes))
+    assert report.summary["prompt_vs_raw"]["tokens"] == len(PROMPT) - 2 and report.summary["defects"] == []
+    assert run(tiny, tmp_path, echo_answer(tiny, [None] * len(PROMPT))).summary["defects"] == []
+    two = answer(tiny, raw)
+    two["choices"][0]["prompt_token_ids"] = PROMPT[:2]
+    two["choices"][0]["prompt_logprobs"] = good[:2]
+    assert run(tiny, tmp_path, two).summary["prompt_vs_raw"]["tokens"] == 1  # two prompt tokens: one number
+    stale = [None] + [{k: {"logprob": v["logprob"] + 0.5} for k, v in e.items()} for e in good[1:]]
+    report = run(tiny, tmp_path, echo_answer(tiny, stale))
+    worst = report.summary["prompt_vs_raw"]["max_abs_delta"]
+    assert report.summary["defects"] == [f"{tmp_path / 'answers.jsonl'}: prompt logprobs differ from the model's raw "
+                                         f"values by up to {worst:.4g} (stale under prefix caching, or another model)"]
+    path = tmp_path / "answers.jsonl"
+    at_bound = check(tiny, read_answers(path, tiny, {}), tolerance=worst)  # the bound itself is no defect
+    assert at_bound.summary["defects"] == []
+
+
+def test_stale_prompt_logprobs_across_answers_word_for_word(tiny, tmp_path):
+    good = prompt_logprobs(tiny)
+    stale = [dict(e) if e else e for e in good]
+    stale[3] = {k: {"logprob": v["logprob"] + 0.5} for k, v in good[3].items()}
+    report = run(tiny, tmp_path, answer(tiny, raw), echo_answer(tiny, good), echo_answer(tiny, stale))
+    path = tmp_path / "answers.jsonl"
+    v, was = stale[3][str(PROMPT[3])]["logprob"], good[3][str(PROMPT[3])]["logprob"]
+    assert report.summary["defects"][-1] == (f"{path} line 3: prompt position 3 scored {v:.6g} here but {was:.6g} in "
+                                             f"{path} line 2 for the same prefix (stale prompt logprobs)")
+    assert report.summary["prompt_vs_raw"]["tokens"] == 2 * (len(PROMPT) - 1)  # both answers' prompts
+    assert len(report.tokens) == 3 * STEPS and [r.answer for r in report.tokens][::STEPS] == [0, 1, 2]
+    assert report.summary["defects"][0].startswith(f"{path} line 3: prompt logprobs differ")
+    at_bound = check(tiny, read_answers(path, tiny, {}), tolerance=abs(was - v))  # the bound itself is no defect
+    assert [d for d in at_bound.summary["defects"] if "stale prompt logprobs" in d] == []
+    assert run(tiny, tmp_path, echo_answer(tiny, good), echo_answer(tiny, good)).summary["defects"] == []
+    longer = echo_answer(tiny, good + [{"12": {"logprob": -1.0}}])  # a number past the prompt is no position
+    assert run(tiny, tmp_path, longer).summary["defects"] == []
+    other = echo_answer(tiny, good)  # the same first two tokens, then others: no shared prefix past them
+    with torch.no_grad():
+        logp = torch.log_softmax(tiny.model(torch.tensor([PROMPT[:2] + [12, 14, 284]])).logits[0].double(), -1)
+    other["choices"][0]["prompt_token_ids"] = PROMPT[:2] + [12, 14, 284]
+    other["choices"][0]["prompt_logprobs"] = [None] + [{str(t): {"logprob": float(logp[i - 1, t])}} for i, t in
+                                                       enumerate(PROMPT[:2] + [12, 14, 284]) if i]
+    assert [d for d in run(tiny, tmp_path, echo_answer(tiny, good), other).summary["defects"]
+            if "stale" in d] == []
+
+
+def test_the_verdict_word_for_word(tiny, tmp_path):
+    from types import SimpleNamespace as Row
+
+    from decodelab.core.analysis.check_logprobs import _verdict
+
+    def rows(*labels, ambiguous=False):
+        return [Row(label=label, ambiguous=ambiguous) for label in labels]
+    assert _verdict([], []) == "no token could be checked; no defect found"
+    assert _verdict(rows("raw", ambiguous=True), ["x"]) == ("raw or processed alike: the settings changed no token's "
+                                                           "numbers; 1 defect(s)")
+    assert _verdict(rows("raw", "raw"), []) == ("raw: the model's log softmax at temperature 1 (vLLM --logprobs-mode "
+                                               "raw_logprobs); no defect found")
+    assert _verdict(rows("renormalized", "penalized", "renormalized"), ["x", "y"]) == (
+        "processed: penalized, renormalized (vLLM --logprobs-mode processed_logprobs); 2 defect(s)")
+    assert _verdict(rows("raw", "renormalized", "raw"), []) == "mixed: 2 raw, 1 renormalized; no defect found"
+    assert _verdict(rows("penalized", "unexplained"), []) == "mixed: 1 penalized, 1 unexplained; no defect found"
+    report = run(tiny, tmp_path, answer(tiny, temperature(0.5), {"temperature": 0.7}))  # no label explains them
+    assert report.summary["labels"]["unexplained"] == STEPS and report.summary["vs_label"]["tokens"] == 0
