@@ -952,3 +952,27 @@ def test_the_verdict_word_for_word(tiny, tmp_path):
     assert _verdict(rows("penalized", "unexplained"), []) == "mixed: 1 penalized, 1 unexplained; no defect found"
     report = run(tiny, tmp_path, answer(tiny, temperature(0.5), {"temperature": 0.7}))  # no label explains them
     assert report.summary["labels"]["unexplained"] == STEPS and report.summary["vs_label"]["tokens"] == 0
+
+
+def test_the_fit_at_its_bounds():
+    """Each bound of the fit at an input that meets it exactly: logits 1e-9 apart are a slope (below that none); a
+    residual, a normaliser gap and a slope gap equal to the tolerance are outside it (the comparisons are strict)."""
+    z = torch.tensor([1e-9, 0.0], dtype=torch.float64)
+    assert _fit(token_of({0: -1.0, 1: -2.0}), z, set(), 1e-3) is not None
+    zz = torch.tensor(Z, dtype=torch.float64)
+    off = {0: Z[0] - lse(Z), 1: Z[1] - lse(Z) - 0.01, 2: Z[2] - lse(Z)}  # token 1 off the line
+    residual = _fit(token_of(off), zz, set(), 1e-3)[2]
+    assert _label_fitted(token_of(off), zz, set(), residual)[0] == "unexplained"
+    seen = {**{i: Z[i] - lse(Z) for i in (0, 2, 3)}, 1: Z[1] - lse(Z) - 1.0}  # 1 in the context, 2 off by 0.01
+    seen[2] -= 0.01
+    rest = _fit(token_of({i: seen[i] for i in (0, 2, 3)}), zz, set(), 1e-3)[2]
+    assert _label_fitted(token_of(seen), zz, {1}, rest * 1.001)[0] == "penalized"
+    assert _label_fitted(token_of(seen), zz, {1}, rest)[0] == "unexplained"
+    half = [x / 2 for x in Z]
+    kept = {0: half[0] - lse(half[:2]), 1: half[1] - lse(half[:2])}
+    a, b, _ = _fit(token_of(kept), zz, set(), 1e-3)
+    gap = abs(b + float(torch.logsumexp(a * zz, dim=-1)))
+    assert _label_fitted(token_of(kept), zz, set(), gap)[0] == "renormalized"
+    scaled = {i: Z[i] * 1.5 - lse([x * 1.5 for x in Z]) for i in (0, 1, 2)}
+    a, _, _ = _fit(token_of(scaled), zz, set(), 1e-3)
+    assert _label_fitted(token_of(scaled), zz, set(), abs(a - 1))[0] == "temperature-scaled"
