@@ -330,7 +330,8 @@ def test_chat_disorder_and_repeats_flagged_word_for_word(tiny, tmp_path):
     step 1: one alternative twice; step 2: two entries with no text (bytes only) twice each, beside a repeated
     text (the names sort as text: None among str)."""
     def top(step, token, best):
-        return ([best[1], best[0], best[2], best[3], best[4]], best[:4] + [best[1]], best[:3] + [best[1], best[2]])[step]
+        return ([best[1], best[0], best[2], best[3], best[4]], best[:4] + [best[1]],
+                best[:3] + [best[1], best[2]])[step]
     resp, ids, tops = chat(tiny, 3, top=top)
     third = resp["choices"][0]["logprobs"]["content"][2]["top_logprobs"]
     del third[1]["token"], third[3]["token"]  # best[1] twice without a text; best[2] twice with one
@@ -469,7 +470,8 @@ def test_fitted_penalized_by_hand():
     assert (label, pred, mass, how) == ("penalized", None, None, ["penalties on tokens already in the context"])
     assert temperature == pytest.approx(2.0)
     assert fitted(values, context={0})[0] == "unexplained"  # the seen token is on the line: no penalty explains
-    assert fitted({0: values[0], 1: values[1]}, context={1})[0] == "unexplained"  # one token outside the context: no line
+    # one token outside the context: no line through the rest
+    assert fitted({0: values[0], 1: values[1]}, context={1})[0] == "unexplained"
 
 
 def test_fitted_flat_numbers_are_no_temperature():
@@ -489,7 +491,9 @@ def test_unknown_settings_raw_within_the_tolerance_inclusive():
     assert err == pytest.approx(0.25)
     assert _label_unknown(t, z, raw, set(), err) == ("raw", raw, 1.0, None, [], err) and t.matches == ["raw"]
     label, pred, temperature, mass, how, error = _label_unknown(t, z, raw, set(), 1e-3)
-    assert (label, mass, how) == ("renormalized", pytest.approx(math.exp(-0.25)), how) and error < 1e-9
+    assert (label, temperature, mass) == ("renormalized", pytest.approx(1.0), pytest.approx(math.exp(-0.25)))
+    assert how == ["temperature 1", f"kept mass {math.exp(-0.25):.4g}", "or penalties on unlisted context tokens"]
+    assert error < 1e-9 and pred[2] == pytest.approx(float(raw[2]) + 0.25)
     flat = token_of({0: -1.0, 1: -1.0, 2: -1.0})
     assert _label_unknown(flat, z, raw, set(), 1e-3) == ("unexplained", raw, None, None, [], _error(flat, raw))
     pen = [x / 2 for x in Z]
