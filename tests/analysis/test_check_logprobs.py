@@ -980,3 +980,30 @@ def test_the_fit_at_its_bounds():
     scaled = {i: Z[i] * 1.5 - lse([x * 1.5 for x in Z]) for i in (0, 1, 2)}
     a, _, _ = _fit(token_of(scaled), zz, set(), 1e-3)
     assert _label_fitted(token_of(scaled), zz, set(), abs(a - 1))[0] == "temperature-scaled"
+
+
+def test_prompt_logprobs_as_bare_numbers_and_their_listed_tokens(tiny, tmp_path):
+    """A prompt position's entry as {id: {logprob, ...}} or {id: number}; every id it lists is kept with its value."""
+    resp, _, _ = chat(tiny, 1)
+    resp["prompt_logprobs"] = [None, {"7": -0.5, str(PROMPT[1]): -1.5}, {str(PROMPT[2]): {"logprob": -2.5}, "9": {
+        "logprob": -0.25}}]
+    [a] = read(tiny, tmp_path, resp)
+    assert [t.value for t in a.prompt] == [None, -1.5, -2.5]
+    assert [[(x.token_id, x.value) for x in t.listed] for t in a.prompt] == [
+        [], [(7, -0.5), (PROMPT[1], -1.5)], [(PROMPT[2], -2.5), (9, -0.25)]]
+
+
+def test_request_min_tokens_is_a_count():
+    from decodelab.core.analysis.check_logprobs import settings_of_request
+
+    s, _ = settings_of_request({"min_tokens": 2.0, "top_k": 3.0, "temperature": 1}, {})
+    assert (s.min_new_tokens, s.top_k, s.temperature) == (2, 3, 1.0)
+    assert (type(s.min_new_tokens), type(s.top_k), type(s.temperature)) == (int, int, float)
+
+
+def test_fitted_penalized_when_the_sampled_token_was_seen():
+    """The sampled token (in the context) is the one off the line; the listed ones are not in the context."""
+    pen = list(Z)
+    pen[0] = Z[0] - 0.75
+    values = {i: pen[i] - lse(pen) for i in (0, 1, 2, 3)}
+    assert fitted(values, context={0})[:2] == ("penalized", None)
