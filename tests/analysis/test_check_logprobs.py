@@ -1007,3 +1007,23 @@ def test_fitted_penalized_when_the_sampled_token_was_seen():
     pen[0] = Z[0] - 0.75
     values = {i: pen[i] - lse(pen) for i in (0, 1, 2, 3)}
     assert fitted(values, context={0})[:2] == ("penalized", None)
+
+
+def test_id_0_sampled_a_tokenizer_without_bos_and_defects_of_every_answer(tiny, tmp_path):
+    from decodelab.core.analysis.check_logprobs import Answer, check_prompt
+
+    a = answer(tiny, raw)
+    lp = a["choices"][0]["logprobs"]
+    lp["tokens"][-1] = "token_id:0"  # id 0 (<|endoftext|>) sampled last: inside the vocabulary
+    assert run(tiny, tmp_path, a).tokens[-1].token_id == 0
+
+    class Local:
+        tokenizer = object()  # no bos_token_id at all
+    assert check_prompt(Local(), Answer("w", "completions", [5, 6], []), 1e-3) == ([], [])
+    text = json.dumps(answer(tiny, raw))
+    first = text.index('"top_logprobs": [{') + len('"top_logprobs": [{')
+    key_end = text.index(",", first)
+    doubled = text[:first] + text[first:key_end] + ", " + text[first:key_end] + text[key_end:]
+    report = run(tiny, tmp_path, text=doubled + "\n" + text + "\n")  # the defect in the first of two answers
+    assert len(report.summary["defects"]) == 1 and report.summary["defects"][0].startswith(
+        f"{tmp_path / 'answers.jsonl'} line 1 token 0: token ")
