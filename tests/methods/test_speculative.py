@@ -3,6 +3,7 @@ distribution), cache rollback, the n-gram proposer, and the `speculate` command.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -708,3 +709,119 @@ def test_a_draft_the_target_gives_probability_zero_is_never_accepted():
     q = torch.tensor([[[1.0, 0.0]]])  # the draft proposed token 0 with certainty
     verdict = verify_sampled(p, q, torch.tensor([[0]]), torch.tensor([[0.0]]), torch.ones(1, 2))
     assert verdict.accepted.tolist() == [0] and verdict.token.tolist() == [1]
+
+
+# --- mutation run of core/methods/speculative/run.py, proposers.py, timing.py (2026-12-02) ------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_lm(toy_model_dir):
+    from decodelab.core.engine.models import load_model
+
+    return load_model(str(toy_model_dir), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def draft_lm(draft_dir):
+    from decodelab.core.engine.models import load_model
+
+    return load_model(str(draft_dir), device="cpu", dtype="float32")
+
+
+def test_make_selector_for_greedy_and_sampling():
+    """Bug caught: a greedy run's draft sampled (its acceptance rate falls, the tokens stay), or a sampled draft
+    drawn from torch's global generator instead of the run's (one seed no longer fixes the run)."""
+    from decodelab.core.methods.speculative.proposers import make_selector_for
+
+    assert isinstance(make_selector_for(True, None), Greedy)
+    gen = make_generator(3, "cpu")
+    sel = make_selector_for(False, gen)
+    assert isinstance(sel, Multinomial) and sel.generator is gen
+
+
+def test_round_to_dict_names_every_field():
+    from decodelab.core.methods.speculative.run import FinalToken, Round
+
+    rnd = Round(2, 9, 1, 0, [5], "x", draft_ms=1.5, target_ms=2.5)
+    assert rnd.to_dict() == {"index": 2, "position": 9, "drafted": 1, "proposed": [], "accepted": 0,
+                             "emitted": {"token_ids": [5], "text": "x"}, "draft_ms": 1.5, "target_ms": 2.5}
+    rnd.final = FinalToken("correction", 5, "x", 0.5, 0.25, 0.125, True)
+    assert rnd.to_dict()["correction"] == {"kind": "correction", "token_id": 5, "token": "x", "prob": 0.5,
+                                           "p": 0.25, "raw_p": 0.125, "emitted": True, "top": []}
+
+
+def test_noisy_spread_and_straddle_by_hand():
+    """Noisy: (max - min) > 0.25 x median, or min < 1 < max (faster in one round, slower in another)."""
+    from decodelab.core.methods.speculative.run import noisy
+
+    assert noisy(2.0, 1.5, 2.0) is False  # spread 0.5 = 0.25 x 2 exactly: not more; all above 1
+    assert noisy(2.0, 1.2, 2.0) is True  # spread 0.8 > 0.5, all above 1
+    assert noisy(1.0, 0.95, 1.05) is True  # spread 0.1, but on both sides of 1
+    assert noisy(1.0, 1.0, 1.1) is False  # min exactly 1: not below it
+    assert noisy(1.0, 0.9, 1.0) is False  # max exactly 1: not above it
+    assert noisy(1.9, 1.8, 2.1) is False  # spread 0.3 < 0.475, all above 1 (and 2 inside is no matter)
+
+
+def test_best_gamma_skips_unmeasured_and_breaks_ties_to_the_smaller():
+    from types import SimpleNamespace as Row
+
+    from decodelab.core.methods.speculative.run import best_gamma
+
+    assert best_gamma([]) is None
+    assert best_gamma([Row(measured_speedup=None, gamma=1)]) is None
+    assert best_gamma([Row(measured_speedup=float("nan"), gamma=1), Row(measured_speedup=1.5, gamma=2)]) == 2
+    assert best_gamma([Row(measured_speedup=None, gamma=1), Row(measured_speedup=0.5, gamma=3)]) == 3
+    assert best_gamma([Row(measured_speedup=1.5, gamma=4), Row(measured_speedup=1.5, gamma=2),
+                       Row(measured_speedup=1.2, gamma=1)]) == 2
+
+
+def test_build_speculator_wires_seed_draft_cache_and_chain(toy_lm, draft_lm):
+    """build_speculator against a Speculator built by hand from the same parts: the run's generator seeded by
+    --seed and shared by the draft's selector, the draft's name and context, --cache on both models, the chain
+    given (or one made from the settings, told where the prompt ends: min-new-tokens needs it)."""
+    from decodelab.core.engine.stopping import stop_rules
+    from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
+    from decodelab.core.sampling.chain import make_chain
+
+    prompt = [5, 9, 14, 5, 9]
+    settings = SpeculateSettings(temperature=1.0, seed=11, cache="static", max_new_tokens=6, ignore_eos=True,
+                                 min_new_tokens=2)
+    sp = build_speculator(toy_lm, draft_lm, settings, prompt, 3)
+    assert sp.generator is not None and not sp.greedy
+    assert isinstance(sp.proposer.selector, Multinomial) and sp.proposer.selector.generator is sp.generator
+    assert sp.proposer.name == draft_lm.name and sp.proposer.context_length == draft_lm.context_length == 64
+    assert sp.spec == settings.cache_spec and sp.proposer.spec == settings.cache_spec
+    ids = [r.emitted_ids for r in sp]
+    chain = make_chain(toy_lm, settings)
+    chain.reset(len(prompt))
+    gen = make_generator(11, "cpu")
+    by_hand = Speculator(toy_lm.model, ModelProposer(draft_lm.model, chain, Multinomial(gen)), prompt, chain,
+                         stop_rules(toy_lm, settings), 3, gen, cache=settings.cache_spec)
+    assert ids == [r.emitted_ids for r in by_hand]
+    given = make_chain(toy_lm, settings)
+    assert build_speculator(toy_lm, None, settings, prompt, 2, chain=given).chain is given
+    greedy = build_speculator(toy_lm, draft_lm, dataclasses.replace(settings, temperature=0.0), prompt, 2)
+    assert greedy.greedy and isinstance(greedy.proposer.selector, Greedy)
+
+
+def test_build_speculator_refuses_a_stepwise_stage_naming_the_method(toy_lm):
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
+
+    settings = SpeculateSettings(temperature=1.0, mirostat_tau=5.0)
+    with pytest.raises(ConfigError, match="^--mirostat-tau/--mirostat-eta: speculative decoding scores several"):
+        build_speculator(toy_lm, None, settings, [5, 9], 2)
+
+
+def test_speedup_rounds_time_the_draft_and_chain_given_untraced(toy_lm, draft_lm):
+    """Bug caught: the timing rounds' speculative runs built with the n-gram proposer instead of the draft, with a
+    chain of their own, or traced (the trace's cost would count as decoding)."""
+    from decodelab.core.methods.speculative.run import SpeculateSettings, SpeedupRounds
+    from decodelab.core.sampling.chain import make_chain
+
+    settings = SpeculateSettings(temperature=0.0, max_new_tokens=5, ignore_eos=True)
+    chain = make_chain(toy_lm, settings)
+    run = SpeedupRounds(toy_lm, draft_lm, settings, [5, 9, 14], chain, 2).speculative()
+    assert isinstance(run.proposer, ModelProposer) and run.proposer.name == draft_lm.name
+    assert run.chain is chain and run.gamma == 2 and len(run.new_ids) == 5
+    assert run.rounds and all(r.proposed == [] and r.final is None for r in run.rounds)
