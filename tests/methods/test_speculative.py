@@ -825,3 +825,133 @@ def test_speedup_rounds_time_the_draft_and_chain_given_untraced(toy_lm, draft_lm
     assert isinstance(run.proposer, ModelProposer) and run.proposer.name == draft_lm.name
     assert run.chain is chain and run.gamma == 2 and len(run.new_ids) == 5
     assert run.rounds and all(r.proposed == [] and r.final is None for r in run.rounds)
+
+
+def test_summarize_by_hand():
+    """4 rounds of gamma 3: 10 drafted, 8 judged, 6 accepted (per position judged 4/3/1, accepted 3/2/1), 10
+    tokens, 20 ms drafting, 80 ms verifying; prefill 0.1 s, loop 0.4 s, trace 0.1 s."""
+    from decodelab.core.engine.run import Timing
+    from decodelab.core.methods.speculative.run import RunStats, summarize
+
+    stats = RunStats(3, rounds=4, drafted=10, judged=8, accepted=6, draft_seconds=0.02, target_seconds=0.08,
+                     new_ids=list(range(10)), stop_reason="eos")
+    stats.reached_at, stats.accepted_at = [4, 3, 1], [3, 2, 1]
+    timing = Timing(prefill_s=0.1, loop_s=0.4, trace_s=0.1)
+    s = summarize(stats, "draft", 7, [], timing)
+    expected = (1 - 0.75 ** 4) / (1 - 0.75)  # 2.734375
+    assert (s.proposer, s.gamma, s.new_tokens, s.rounds, s.target_calls, s.draft_calls) == ("draft", 3, 10, 4, 4, 7)
+    assert (s.acceptance_rate, s.drafted_accepted_fraction, s.mean_accepted, s.mean_drafted) == (0.75, 0.6, 1.5, 2.5)
+    assert s.per_position_acceptance == pytest.approx([0.75, 2 / 3, 1.0])
+    assert s.tokens_per_target_call == 2.5 and s.expected_tokens_per_round == pytest.approx(expected)
+    assert s.draft_step_ms == pytest.approx(2.0) and s.verify_ms == pytest.approx(20.0)
+    assert s.tokens_per_s == pytest.approx(10 / 0.6) and s.decode_tokens_per_s == pytest.approx(25.0)
+    assert s.prefill_s == 0.1 and s.stop_reason == "eos"
+    assert (s.target_step_ms, s.cost_ratio, s.verify_cost_ratio, s.predicted_speedup, s.measured_speedup,
+            s.measured_speedup_min, s.measured_speedup_max, s.baseline_tokens_per_s,
+            s.speculative_tokens_per_s) == (None,) * 9
+    assert s.speedup_rounds == 0 and s.speedup_noisy is False
+    # two timing rounds: plain 10 / 12 ms a step, speculative 5 / 8 ms a token (speedups 2.0, 1.5), drafting 1 / 3 ms
+    # a token, verifying 12 / 16 ms a round; medians (even: the mean of the two) 11, 6.5, 2, 14 ms
+    timed = [_timing.SpeedupRound(0.010, 0.005, 0.001, 0.012), _timing.SpeedupRound(0.012, 0.008, 0.003, 0.016)]
+    s = summarize(stats, "draft", 7, timed, timing)
+    c = 0.002 / 0.011
+    assert (s.measured_speedup, s.measured_speedup_min, s.measured_speedup_max) == pytest.approx((1.75, 1.5, 2.0))
+    assert s.speedup_rounds == 2 and s.speedup_noisy is True  # spread 0.5 > 0.25 x 1.75
+    assert s.target_step_ms == pytest.approx(11.0) and s.draft_step_ms == pytest.approx(2.0)
+    assert s.verify_ms == pytest.approx(14.0) and s.cost_ratio == pytest.approx(c)
+    assert s.verify_cost_ratio == pytest.approx(14 / 11)
+    assert s.predicted_speedup == pytest.approx(expected / (3 * c + 1))
+    assert s.baseline_tokens_per_s == pytest.approx(1 / 0.011) and s.speculative_tokens_per_s == pytest.approx(1 / 0.0065)
+    # one round: its counts per round are not halved; nothing judged or drafted: rates 0, not 1
+    one = RunStats(2, rounds=1, drafted=2, judged=2, accepted=2, draft_seconds=0.004, target_seconds=0.01,
+                   new_ids=[1, 2, 3])
+    s = summarize(one, "ngram-2", 0, [], Timing())
+    assert (s.mean_accepted, s.mean_drafted, s.tokens_per_target_call) == (2.0, 2.0, 3.0)
+    assert s.draft_step_ms == pytest.approx(2.0) and s.verify_ms == pytest.approx(10.0)
+    none = summarize(RunStats(2), "ngram-2", 0, [], Timing())
+    assert (none.acceptance_rate, none.drafted_accepted_fraction, none.draft_step_ms, none.mean_accepted) == (0,) * 4
+    assert none.per_position_acceptance == [None, None] and math.isnan(none.tokens_per_s)
+
+
+def test_summary_of_a_run_never_started_and_of_a_finished_run(target):
+    from decodelab.core.methods.speculative.run import Speculator
+
+    chain = build_chain({"temperature": 0})
+    idle = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4), 2)
+    s = idle.summary(None)
+    assert s.new_tokens == 0 and s.rounds == 0 and math.isnan(s.tokens_per_s) and s.prefill_s == 0.0
+    done = run_spec(target, NGramProposer(2), PROMPT, chain, StopRules(4, ignore_eos=True), 2)
+    s = done.summary(None)
+    assert s.tokens_per_s == pytest.approx(4 / done.watch.timing.total_s)
+    assert s.prefill_s == done.watch.timing.prefill_s > 0
+
+
+def test_build_speculator_traces_with_the_models_text_and_caps_new_tokens(toy_lm):
+    from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
+
+    settings = SpeculateSettings(temperature=0.0, cache="static", max_new_tokens=8, ignore_eos=True, top=2)
+    sp = build_speculator(toy_lm, None, settings, [5, 9, 14, 5, 9], 2, max_new_tokens=3)
+    rounds = list(sp)
+    assert len(sp.new_ids) == 3 and sp.spec == settings.cache_spec
+    for rnd in rounds:
+        assert rnd.emitted_text == toy_lm.decode(rnd.emitted_ids)
+        assert rnd.final.token == toy_lm.token_text(rnd.final.token_id) and len(rnd.final.top) == 2
+    quiet = build_speculator(toy_lm, None, settings, [5, 9, 14, 5, 9], 2, record=False)
+    assert all(r.final is None for r in quiet) and len(quiet.new_ids) == 8
+
+
+def test_warm_up_runs_four_untraced_tokens_of_the_draft_and_chain(toy_lm, draft_lm, monkeypatch):
+    import decodelab.core.methods.speculative.run as run_module
+    from decodelab.core.sampling.chain import make_chain
+
+    built = []
+    real = run_module.build_speculator
+    monkeypatch.setattr(run_module, "build_speculator", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    settings = run_module.SpeculateSettings(temperature=0.0, max_new_tokens=10, ignore_eos=True, gamma=2)
+    chain = make_chain(toy_lm, settings)
+    run_module.warm_up_speculate(toy_lm, draft_lm, settings, [5, 9, 14], chain)
+    (sp,) = built
+    assert len(sp.new_ids) == 4 and sp.gamma == 2 and sp.chain is chain
+    assert isinstance(sp.proposer, ModelProposer) and all(r.final is None for r in sp.rounds)
+    run_module.warm_up_speculate(toy_lm, draft_lm, dataclasses.replace(settings, max_new_tokens=3), [5, 9, 14], chain)
+    assert len(built[-1].new_ids) == 3
+
+
+def test_with_gamma():
+    from decodelab.core.methods.speculative.run import SpeculateSettings, with_gamma
+
+    assert with_gamma(SpeculateSettings(gamma=4), 7).gamma == 7
+
+
+def test_plain_baseline_decodes_under_the_context_cache_and_chain(toy_lm, monkeypatch):
+    """The toy model's context is 64: from a 60-token prompt plain decoding stops after 4 tokens, whatever the
+    number asked; and it runs under --cache with the chain and selector of the settings."""
+    import decodelab.core.methods.speculative.run as run_module
+    from decodelab.core.sampling.chain import make_chain
+
+    settings = run_module.SpeculateSettings(temperature=0.0, cache="static")
+    chain = make_chain(toy_lm, settings)
+    assert run_module.plain_baseline(toy_lm, settings, [5] * 60, chain, 10).tokens == 4
+    seen = {}
+    monkeypatch.setattr(run_module, "time_plain_decoding",
+                        lambda *a, **k: seen.update(args=a, kwargs=k) or _timing.BaselineTiming(3, 0.1))
+    run_module.plain_baseline(toy_lm, settings, [5, 9], chain, 3)
+    model, prompt, used_chain, selector, tokens, context = seen["args"]
+    assert (model, prompt, used_chain, tokens, context) == (toy_lm.model, [5, 9], chain, 3, 64)
+    assert isinstance(selector, Greedy) and seen["kwargs"] == {"cache": settings.cache_spec}
+
+
+def test_speedup_rounds_resume_and_stop_when_nothing_is_timed(toy_lm, monkeypatch):
+    import decodelab.core.methods.speculative.run as run_module
+    from decodelab.core.sampling.chain import make_chain
+
+    settings = run_module.SpeculateSettings(temperature=0.0, max_new_tokens=3, ignore_eos=True, draft="ngram",
+                                            speedup_rounds=1)
+    chain = make_chain(toy_lm, settings)
+    sr = run_module.SpeedupRounds(toy_lm, None, settings, [5, 9, 5, 9], chain, 2)
+    assert len(sr.run()) == 1
+    sr.settings = dataclasses.replace(settings, speedup_rounds=2)
+    assert len(sr.run()) == 2  # resumed: round 2 only, round 1 kept
+    monkeypatch.setattr(run_module, "speedup_round", lambda run, baseline: None)
+    fresh = run_module.SpeedupRounds(toy_lm, None, settings, [5, 9, 5, 9], chain, 2)
+    assert fresh.run() == []
