@@ -955,3 +955,25 @@ def test_speedup_rounds_resume_and_stop_when_nothing_is_timed(toy_lm, monkeypatc
     monkeypatch.setattr(run_module, "speedup_round", lambda run, baseline: None)
     fresh = run_module.SpeedupRounds(toy_lm, None, settings, [5, 9, 5, 9], chain, 2)
     assert fresh.run() == []
+
+
+def test_speedup_round_by_hand():
+    """5 tokens in 2 rounds (4 drafted: 8 ms, verifying 20 ms, loop 50 ms) against plain decoding of 5 tokens in
+    40 ms of loop (4 decode steps of 10 ms): plain 10 ms a step, speculative 10 ms a token, drafting 2 ms a
+    token, verifying 10 ms a round."""
+    from types import SimpleNamespace as NS
+
+    def run(rounds=2, drafted=4, new_ids=5, watch=True):
+        stats = NS(rounds=rounds, drafted=drafted, draft_seconds=0.008, target_seconds=0.02)
+        return NS(stats=stats, new_ids=list(range(new_ids)), watch=NS(timing=NS(loop_s=0.05)) if watch else None)
+
+    paired = _timing.speedup_round(run(), _timing.BaselineTiming(5, 0.04))
+    assert dataclasses.astuple(paired) == pytest.approx((0.01, 0.01, 0.002, 0.01))
+    assert paired.speedup == pytest.approx(1.0)
+    assert _timing.speedup_round(run(drafted=0), _timing.BaselineTiming(5, 0.04)).draft_step_s == 0.0
+    assert _timing.speedup_round(run(), _timing.BaselineTiming(5, 0.0)) is None  # the reference never timed
+    assert _timing.speedup_round(run(new_ids=0), _timing.BaselineTiming(5, 0.04)) is None
+    assert _timing.speedup_round(run(rounds=0), _timing.BaselineTiming(5, 0.04)) is None
+    assert _timing.speedup_round(run(watch=False), _timing.BaselineTiming(5, 0.04)) is None
+    assert _timing.BaselineTiming(5, 0.04).step_seconds == pytest.approx(0.01)
+    assert _timing.BaselineTiming(1, 0.04).step_seconds == 0.04  # one token: one step, not a division by 0
