@@ -977,3 +977,35 @@ def test_speedup_round_by_hand():
     assert _timing.speedup_round(run(watch=False), _timing.BaselineTiming(5, 0.04)) is None
     assert _timing.BaselineTiming(5, 0.04).step_seconds == pytest.approx(0.01)
     assert _timing.BaselineTiming(1, 0.04).step_seconds == 0.04  # one token: one step, not a division by 0
+
+
+def test_validate_speculate_bounds_and_messages_word_for_word():
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.methods.speculative.run import SpeculateSettings, parse_gammas, validate_speculate
+
+    for ok in (dict(gamma=1), dict(gamma=128), dict(ngram_size=1), dict(ngram_size=128), dict(speedup_rounds=1),
+               dict(speedup_rounds=100), dict(sweep_gamma=(1, 128)), dict(cache="recompute:size=16")):
+        validate_speculate(SpeculateSettings(**ok))
+    rounds = "must be an integer in [1, 100] (timing rounds, each a speculative and a plain run of the same output)"
+    for bad, message in [
+        (dict(cache="window:size=8"), "--cache window:positions=keep,size=8: speculative decoding (a rejected draft "
+         "is rolled back) needs the cache to roll back (truncate), which window cannot; policies that can: full, "
+         "quant, recompute, static"),
+        (dict(gamma=0), "--gamma 0: must be an integer in [1, 128]"),
+        (dict(gamma=129), "--gamma 129: must be an integer in [1, 128]"),
+        (dict(ngram_size=0), "--ngram-size 0: must be an integer in [1, 128]"),
+        (dict(ngram_size=129), "--ngram-size 129: must be an integer in [1, 128]"),
+        (dict(sweep_gamma=(2, 0)), "--sweep-gamma '2,0': a comma-separated list of integers in [1, 128], e.g. "
+         "1,2,4,8"),
+        (dict(speedup_rounds=0), f"--speedup-rounds 0: {rounds}"),
+        (dict(speedup_rounds=101), f"--speedup-rounds 101: {rounds}"),
+        (dict(speedup_rounds=2.0), f"--speedup-rounds 2.0: {rounds}"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            validate_speculate(SpeculateSettings(**bad))
+        assert str(err.value) == message
+    assert parse_gammas(None) is None
+    assert parse_gammas(" 4, 1,,4 ,2") == (4, 1, 2)  # blanks skipped, repeats dropped, order kept
+    for text in ("", " , ", "1,x", "129"):
+        with pytest.raises(ConfigError, match=r"^--sweep-gamma '.*': a comma-separated list of integers in \[1, 128\]"):
+            parse_gammas(text)
