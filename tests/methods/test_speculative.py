@@ -971,6 +971,9 @@ def test_speedup_round_by_hand():
     assert dataclasses.astuple(paired) == pytest.approx((0.01, 0.01, 0.002, 0.01))
     assert paired.speedup == pytest.approx(1.0)
     assert _timing.speedup_round(run(drafted=0), _timing.BaselineTiming(5, 0.04)).draft_step_s == 0.0
+    # one token in one round: still a round to time (50 ms a token, 20 ms a round)
+    assert dataclasses.astuple(_timing.speedup_round(run(rounds=1, new_ids=1), _timing.BaselineTiming(5, 0.04))) == \
+        pytest.approx((0.01, 0.05, 0.002, 0.02))
     assert _timing.speedup_round(run(), _timing.BaselineTiming(5, 0.0)) is None  # the reference never timed
     assert _timing.speedup_round(run(new_ids=0), _timing.BaselineTiming(5, 0.04)) is None
     assert _timing.speedup_round(run(rounds=0), _timing.BaselineTiming(5, 0.04)) is None
