@@ -880,6 +880,7 @@ def test_summary_of_a_run_never_started_and_of_a_finished_run(target):
     idle = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4), 2)
     s = idle.summary(None)
     assert s.new_tokens == 0 and s.rounds == 0 and math.isnan(s.tokens_per_s) and s.prefill_s == 0.0
+    assert s.draft_calls == 0 and s.proposer == "ngram-2"
     done = run_spec(target, NGramProposer(2), PROMPT, chain, StopRules(4, ignore_eos=True), 2)
     s = done.summary(None)
     assert s.tokens_per_s == pytest.approx(4 / done.watch.timing.total_s)
@@ -1012,3 +1013,23 @@ def test_validate_speculate_bounds_and_messages_word_for_word():
     for text in ("", " , ", "1,x", "129"):
         with pytest.raises(ConfigError, match=r"^--sweep-gamma '.*': a comma-separated list of integers in \[1, 128\]"):
             parse_gammas(text)
+
+
+def test_ngram_proposer_defaults():
+    ng = NGramProposer()
+    assert (ng.size, ng.name, ng.forwards) == (3, "ngram-3", 0)  # no draft forwards, even before its start
+
+
+def test_time_plain_decoding_times_at_least_two_tokens_under_the_cache_given(target, monkeypatch):
+    """One token has no decode step to time (the first comes from the prefill): the baseline decodes 2."""
+    from decodelab.core.kv import parse_cache_spec
+
+    chain = build_chain({"temperature": 0})
+    assert _timing.time_plain_decoding(target, PROMPT, chain, Greedy(), 1, None).tokens == 2
+    assert _timing.time_plain_decoding(target, PROMPT, chain, Greedy(), 3, None).tokens == 3
+    seen = []
+    real = _timing.decode_tokens
+    monkeypatch.setattr(_timing, "decode_tokens", lambda *a, **k: seen.append(k["cache"]) or real(*a, **k))
+    spec = parse_cache_spec("static")
+    _timing.time_plain_decoding(target, PROMPT, chain, Greedy(), 2, None, cache=spec)
+    assert seen == [spec]
