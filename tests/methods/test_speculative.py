@@ -1033,3 +1033,13 @@ def test_time_plain_decoding_times_at_least_two_tokens_under_the_cache_given(tar
     spec = parse_cache_spec("static")
     _timing.time_plain_decoding(target, PROMPT, chain, Greedy(), 2, None, cache=spec)
     assert seen == [spec]
+
+
+def test_ngram_lookup_unigram_of_the_first_token_and_no_skipped_size():
+    ng = NGramProposer(3)
+    ng.start(None)
+    assert ng.lookup([7, 8, 7], 2) == [8, 7]  # the unigram (7,) ending at the first token, then copying on
+    # [4, 2, 8, 3, 2, 9, 4, 2]: no earlier (9, 4, 2); the bigram (4, 2) was followed by 8, the more recent unigram
+    # (2,) by 9: the longest match wins, so 8
+    ng.start(None)
+    assert ng.lookup([4, 2, 8, 3, 2, 9, 4, 2], 1) == [8]
