@@ -1043,3 +1043,8 @@ def test_ngram_lookup_unigram_of_the_first_token_and_no_skipped_size():
     # (2,) by 9: the longest match wins, so 8
     ng.start(None)
     assert ng.lookup([4, 2, 8, 3, 2, 9, 4, 2], 1) == [8]
+
+
+def test_model_proposer_defaults(target):
+    mp = ModelProposer(target, build_chain({"temperature": 0}), Greedy())
+    assert (mp.name, mp.context_length, mp.spec, mp.forwards, mp.runtime) == ("draft", None, None, 0, None)
