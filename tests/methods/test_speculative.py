@@ -21,7 +21,8 @@ from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.chain import build_chain
 from decodelab.core.sampling.distribution import softmax
 from decodelab.core.sampling.select import Greedy, Multinomial, make_generator
-from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer
+from decodelab.core.errors import ConfigError
+from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer, Sequence
 from decodelab.core.methods.speculative.run import Speculator
 from decodelab.core.methods.speculative.rule import acceptance_probability, expected_tokens, point_masses, predicted_speedup, residual_distribution, verify_greedy, verify_sampled
 
@@ -805,7 +806,6 @@ def test_build_speculator_wires_seed_draft_cache_and_chain(toy_lm, draft_lm):
 
 
 def test_build_speculator_refuses_a_stepwise_stage_naming_the_method(toy_lm):
-    from decodelab.core.errors import ConfigError
     from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
 
     settings = SpeculateSettings(temperature=1.0, mirostat_tau=5.0)
@@ -984,7 +984,6 @@ def test_speedup_round_by_hand():
 
 
 def test_validate_speculate_bounds_and_messages_word_for_word():
-    from decodelab.core.errors import ConfigError
     from decodelab.core.methods.speculative.run import SpeculateSettings, parse_gammas, validate_speculate
 
     for ok in (dict(gamma=1), dict(gamma=128), dict(ngram_size=1), dict(ngram_size=128), dict(speedup_rounds=1),
@@ -1048,3 +1047,26 @@ def test_ngram_lookup_unigram_of_the_first_token_and_no_skipped_size():
 def test_model_proposer_defaults(target):
     mp = ModelProposer(target, build_chain({"temperature": 0}), Greedy())
     assert (mp.name, mp.context_length, mp.spec, mp.forwards, mp.runtime) == ("draft", None, None, 0, None)
+
+
+def test_identical_draft_under_a_penalty_accepts_every_proposal(target):
+    """A penalty reads the prefix: the draft must write each drafted token into the sequence before it drafts the
+    next (uses_ids), or its q at position i+1 is computed after a stale scratch token and an identical draft gets
+    rejected."""
+    chain = build_chain({"repetition-penalty": 5.0, "temperature": 0})
+    sp = run_spec(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, StopRules(30, ignore_eos=True), 4)
+    assert sp.stats.drafted == sp.stats.accepted == 24  # 6 rounds of 4 drafts + a bonus token each
+
+
+def test_a_cache_that_cannot_roll_back_is_refused_by_both_models(target):
+    from decodelab.core.kv import parse_cache_spec
+
+    spec = parse_cache_spec("int4-kivi")  # residual 32: no exact truncation
+    chain = build_chain({"temperature": 0})
+    message = "^--cache quant: this run needs the cache to truncate, which axis=kivi,residual=32 cannot do exactly$"
+    with pytest.raises(ConfigError, match=message):
+        ModelProposer(target, chain, Greedy(), cache=spec).start(Sequence(PROMPT, 20, "cpu"))
+    with pytest.raises(ConfigError, match=message):
+        next(iter(Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4), 2, cache=spec)))
+    idle = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, StopRules(4), 2)
+    assert idle.summary(None).draft_calls == 0  # no draft forward before the start
