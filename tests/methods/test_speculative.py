@@ -1070,3 +1070,110 @@ def test_a_cache_that_cannot_roll_back_is_refused_by_both_models(target):
         next(iter(Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4), 2, cache=spec)))
     idle = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, StopRules(4), 2)
     assert idle.summary(None).draft_calls == 0  # no draft forward before the start
+
+
+def target_rows(model, ids: list[int], first: int, count: int) -> torch.Tensor:
+    """The target's own logits at positions first .. first + count - 1 of ids, from one plain forward (no cache)."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, first : first + count].float()
+
+
+def top_k_probs(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """softmax over the k largest logits of each row, 0 elsewhere (top-k by hand)."""
+    keep = logits.topk(k, dim=-1).indices
+    masked = torch.full_like(logits, float("-inf")).scatter(-1, keep, logits.gather(-1, keep))
+    return masked.softmax(-1)
+
+
+def test_traced_greedy_rounds_against_a_plain_forward(target):
+    """Every number of a greedy round's trace recomputed from the target's logits of one plain forward over the
+    committed tokens and that round's drafts: p under top-k 5, raw p, accept 1 iff the draft is p's argmax, u none,
+    q 1 (the n-gram's point mass), the final token's top 3 by raw p with prob 1 for the token emitted, 0 else."""
+    chain = build_chain({"top-k": 5})
+    texts = {}
+    sp = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(9, ignore_eos=True), 3,
+                    token_text=lambda t: texts.setdefault(t, f"<{t}>"), detok=lambda ids: "|".join(map(str, ids)),
+                    top=3)
+    committed = list(PROMPT)
+    rounds = list(sp)
+    assert sum(r.drafted for r in rounds) > 0 and any(r.accepted < r.drafted for r in rounds)
+    for index, rnd in enumerate(rounds):
+        drafts = [t.token_id for t in rnd.proposed]
+        g, k, n = len(drafts), rnd.accepted, len(committed)
+        assert (rnd.index, rnd.position, rnd.drafted) == (index, n, g)
+        raw = target_rows(target, committed + drafts, n - 1, g + 1)
+        p, raw_p = top_k_probs(raw, 5), raw.softmax(-1)
+        for i, t in enumerate(rnd.proposed):
+            assert t.token == f"<{t.token_id}>" and t.q == 1.0 and t.raw_q is None and t.u is None
+            assert t.p == pytest.approx(p[i, t.token_id].item(), abs=1e-5)
+            assert t.raw_p == pytest.approx(raw_p[i, t.token_id].item(), abs=1e-5)
+            assert t.accept_prob == float(p[i].argmax().item() == t.token_id)
+            assert (t.accepted, t.reached) == (i < k, i <= k)
+        y = rnd.final.token_id
+        assert y == p[k].argmax().item() and rnd.emitted_ids == drafts[:k] + [y]
+        assert rnd.final.kind == ("bonus" if k == g > 0 else "correction" if g else "plain")
+        assert (rnd.final.token, rnd.final.prob, rnd.final.emitted) == (f"<{y}>", 1.0, True)
+        assert rnd.final.p == pytest.approx(p[k, y].item(), abs=1e-5)
+        assert rnd.final.raw_p == pytest.approx(raw_p[k, y].item(), abs=1e-5)
+        top3 = raw_p[k].topk(3).indices.tolist()
+        assert [e.token_id for e in rnd.final.top] == top3
+        for e in rnd.final.top:
+            assert (e.token, e.prob) == (f"<{e.token_id}>", float(e.token_id == y))
+            assert e.p == pytest.approx(p[k, e.token_id].item(), abs=1e-5)
+            assert e.raw_p == pytest.approx(raw_p[k, e.token_id].item(), abs=1e-5)
+        assert rnd.emitted_text == "|".join(map(str, rnd.emitted_ids))
+        committed += rnd.emitted_ids
+    assert committed[len(PROMPT):] == sp.new_ids and len(sp.new_ids) == 9
+    assert rounds[-1].final.emitted  # -n cut exactly at a round's end here: every final token emitted
+
+
+def test_traced_sampled_rounds_against_plain_forwards(target):
+    """A sampled round's trace against plain forwards of the target and the draft (same chain: temperature 0.8):
+    q and raw q of each draft, p and raw p, accept min(1, p / q), u below it for each accepted draft and not for
+    the first rejected one, none after; the final token drawn from norm(max(0, p - q)) (correction) or p (bonus),
+    its top entries that distribution's largest, probability > 0 only."""
+    draft = perturbed_copy(target, 0.5, seed=2)
+    chain = build_chain({"temperature": 0.8})
+    gen = make_generator(5, "cpu")
+    sp = Speculator(target, ModelProposer(draft, chain, Multinomial(gen)), PROMPT, chain,
+                    StopRules(14, ignore_eos=True), 3, gen, token_text=str, top=4)
+    committed = list(PROMPT)
+    rounds = list(sp)
+    kinds = {r.final.kind for r in rounds}
+    assert kinds == {"bonus", "correction"}
+    for rnd in rounds:
+        drafts = [t.token_id for t in rnd.proposed]
+        g, k, n = len(drafts), rnd.accepted, len(committed)
+        raw = target_rows(target, committed + drafts, n - 1, g + 1)
+        raw_q = target_rows(draft, committed + drafts, n - 1, g)
+        p, q = (raw / 0.8).softmax(-1), (raw_q / 0.8).softmax(-1)
+        for i, t in enumerate(rnd.proposed):
+            x = t.token_id
+            assert t.q == pytest.approx(q[i, x].item(), abs=1e-5)
+            assert t.raw_q == pytest.approx(raw_q[i].softmax(-1)[x].item(), abs=1e-5)
+            assert t.p == pytest.approx(p[i, x].item(), abs=1e-5)
+            assert t.raw_p == pytest.approx(raw[i].softmax(-1)[x].item(), abs=1e-5)
+            assert t.accept_prob == pytest.approx(min(1.0, p[i, x].item() / q[i, x].item()), abs=1e-5)
+            if i < k:
+                assert t.accepted and t.reached and t.u < t.accept_prob
+            elif i == k:
+                assert not t.accepted and t.reached and t.u >= t.accept_prob
+            else:
+                assert not t.accepted and not t.reached and t.u is None
+        y = rnd.final.token_id
+        if rnd.final.kind == "correction":
+            final = (p[k] - q[k]).clamp_min(0)
+            final = final / final.sum()
+        else:
+            final = p[k]
+        assert rnd.final.prob == pytest.approx(final[y].item(), abs=1e-5) and rnd.final.prob > 0
+        assert rnd.final.p == pytest.approx(p[k, y].item(), abs=1e-5)
+        assert rnd.final.raw_p == pytest.approx(raw[k].softmax(-1)[y].item(), abs=1e-5)
+        expected = [t for t in final.topk(4).indices.tolist() if final[t] > 0]
+        assert [e.token_id for e in rnd.final.top] == expected and all(e.token == str(e.token_id)
+                                                                       for e in rnd.final.top)
+        for e in rnd.final.top:
+            assert e.prob == pytest.approx(final[e.token_id].item(), abs=1e-5)
+            assert e.p == pytest.approx(p[k, e.token_id].item(), abs=1e-5)
+        assert rnd.emitted_text == ""  # no detokenizer given
+        committed += rnd.emitted_ids
