@@ -323,3 +323,126 @@ def test_capture_kv_and_activations_against_a_plain_forward():
     with pytest.raises(ConfigError, match=r"^--activations -1: "):
         qkv.capture_activations(lm, ids, -1)
     assert not lm.model.model.layers[0]._forward_pre_hooks  # the hook is removed
+
+
+# --- fidelity, held bytes, the report -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_lm(toy_model_dir):
+    """The saved toy Llama (2 layers, 2 KV heads, head_dim 16, context 64) with the bundled tokenizer."""
+    from decodelab.core.engine.models import load_model
+
+    return load_model(str(toy_model_dir), device="cpu", dtype="float32")
+
+
+IDS = [5, 9, 14, 3, 7, 11, 2, 8, 13, 4]
+
+
+def test_held_bytes_and_fidelity_bytes_by_hand(toy_lm):
+    """10 tokens, 2 layers x 2 KV heads x head_dim 16: full float32 keys and values 10 x 2 x 2 x 2 x 16 x 4 = 5120
+    bytes (2560 in float16); int8 per token stores 16 codes + a 2-byte scale per head and token: 10 x 144 =
+    1440."""
+    assert qkv.held_bytes(toy_lm, IDS, parse_cache_spec("full")) == 5120
+    assert qkv.held_bytes(toy_lm, IDS, parse_cache_spec("int8"), feed=3, prefill=4) == 1440
+    f = qkv.fidelity(toy_lm, IDS, parse_cache_spec("int8"), 1)
+    assert (f.cache, f.tokens, f.kv_bytes, f.stop_reason) == ("quant:axis=token,bits=8,residual=0,symmetric=true",
+                                                             9, 1440, "end")
+    assert f.bytes_ratio == 1440 / 2560 and f.fp16_model_bytes_ratio == 1440 / 2560 and f.steps == []
+    assert 0 <= f.kl_mean < 0.05 and f.perplexity > 1 and f.baseline_perplexity > 1
+    # an exact window of 4 tokens, stored in float32, counted at 2 bytes in a float16 model: per head, keys and
+    # values, 6 x 18 + 4 x 64 bytes as held, 6 x 18 + 4 x 32 in float16
+    w = qkv.fidelity(toy_lm, IDS, parse_cache_spec("quant:bits=8,axis=token,residual=4"), 2, keep_steps=True)
+    assert w.kv_bytes == 8 * (6 * 18 + 4 * 64) and w.bytes_ratio == w.kv_bytes / 2560
+    assert w.fp16_model_bytes_ratio == 8 * (6 * 18 + 4 * 32) / 2560
+    assert len(w.steps) == 9
+    # a press: its bytes as held, the same figure for a float16 model
+    press = parse_cache_spec("tova:size=3")
+    t = qkv.fidelity(toy_lm, IDS, press, 1)
+    assert t.kv_bytes == qkv.held_bytes(toy_lm, IDS, press, 1) < 5120
+    assert t.fp16_model_bytes_ratio == t.bytes_ratio == t.kv_bytes / 2560
+
+
+def test_fidelity_matches_score_and_an_interrupted_run_counts_what_it_held(toy_lm):
+    from decodelab.core.methods.score import Scorer, ScoreSettings
+    from decodelab.core.sampling.chain import build_chain
+
+    spec = parse_cache_spec("quant:bits=4,axis=group,group=8")
+    f = qkv.fidelity(toy_lm, IDS, spec, 2)
+    scorer = Scorer(toy_lm.model, IDS, build_chain({}), toy_lm.token_text, ScoreSettings(feed=2), cache=spec,
+                    reference=toy_lm.model, reference_cache=parse_cache_spec("full"), reference_name="full")
+    for _ in scorer:
+        pass
+    s = scorer.summary()
+    assert (f.kl_mean, f.top1_agreement, f.perplexity, f.baseline_perplexity) == (
+        s.kl_mean, s.top1_agreement, s.perplexity, s.reference_perplexity)
+
+    def cut_after_two(run):
+        for i, _ in enumerate(run):
+            if i == 1:
+                run.interrupt()
+                return
+
+    cut = qkv.fidelity(toy_lm, IDS, parse_cache_spec("int8"), 1, drive=cut_after_two)
+    assert cut.stop_reason == "interrupted" and cut.tokens == 2
+    assert cut.kv_bytes == 3 * 144 and cut.bytes_ratio == 144 / 256  # the 3 tokens held
+
+
+def test_fidelity_row_and_report_summary():
+    f = qkv.Fidelity("int8", 9, 0.01, 0.9, 12.0, 10.0, 1440, 0.5625, 0.5)
+    assert f.row() == {"cache": "int8", "tokens": 9, "kv_bytes": 1440, "bytes_ratio": 0.5625,
+                       "fp16_model_bytes_ratio": 0.5, "kl_mean": 0.01, "top1_agreement": 0.9, "perplexity": 12.0,
+                       "baseline_perplexity": 10.0, "perplexity_change": pytest.approx(0.2)}
+    report = qkv.QuantizeKVReport("int8", "k", "v", {"baseline_kv_bytes": 5760, "fp16_kv_bytes": 2880}, [], f, [], [])
+    assert report.summary() == {
+        "cache": "int8", "tokens": 9, "kv_bytes": 1440, "baseline_kv_bytes": 5760, "fp16_kv_bytes": 2880,
+        "bytes_ratio": 0.5625, "fp16_model_bytes_ratio": 0.5, "baseline_bytes_ratio": 0.25, "kl_mean": 0.01,
+        "top1_agreement": 0.9, "perplexity": 12.0, "baseline_perplexity": 10.0,
+        "perplexity_change": pytest.approx(0.2), "stop_reason": "end"}
+    assert (report.feed, report.grid, report.ranking, report.probe, report.activations) == (1, [], [], None, None)
+
+
+def test_run_quantize_kv_by_hand(toy_lm):
+    told = []
+    settings = qkv.QuantizeKVSettings(cache="int8", context=100, batch=3, activations=1, top=2)
+    r = qkv.run_quantize_kv(toy_lm, IDS, settings, parse_cache_spec("int8"), progress=told.append)
+    assert told == ["full-precision keys and values", "fidelity of quant:axis=token,bits=8,residual=0,symmetric=true",
+                    "activations of layer 1"]
+    assert (r.cache, r.keys, r.values, r.feed, r.stop_reason) == (
+        "quant:axis=token,bits=8,residual=0,symmetric=true", "8-bit per token", "8-bit per token", 1, "end")
+    m = r.memory
+    assert (m["layers"], m["heads"], m["kv_heads"], m["head_dim"], m["bytes_per_token"]) == (2, 4, 2, 16, 512)
+    assert (m["tokens"], m["kv_bytes"], m["baseline_kv_bytes"], m["fp16_kv_bytes"]) == (10, 1440, 5120, 2560)
+    assert m["available_bytes"] is None or m["available_bytes"] > 0
+    # the model's context (64 tokens, one row) and --context 100 x --batch 3: 144 bytes a token and row
+    assert [(p["at"], p["tokens"], p["batch"], p["kv_bytes"]) for p in r.projections] == [
+        ("context_length", 64, 1, 64 * 144), ("context", 100, 3, 300 * 144)]
+    assert len(r.reconstruction) == 4 and len(r.outliers) == 4  # 2 layers x 2 heads; 2 layers x keys, values
+    assert all(len(o["top_channels"]) == 2 for o in r.outliers)
+    assert r.activations["layer"] == 1 and r.activations["where"] == "input of the decoder layer"
+    assert r.activations["channels"] == 64 and r.activations["tokens"] == 10
+    assert r.activations["scale_setter"]["channel"].startswith("c") and len(r.activations["top_channels"]) == 2
+    assert len(r.fidelity.steps) == 9  # kept for the command's steps
+    plain = qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="int8"), parse_cache_spec("int8"))
+    assert [p["at"] for p in plain.projections] == ["context_length"] and plain.activations is None
+
+
+def test_run_quantize_kv_of_a_press_and_its_refusals(toy_lm):
+    told = []
+    press = parse_cache_spec("tova:size=3")
+    r = qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="tova:size=3"), press, progress=told.append)
+    assert told == ["fidelity of tova:compress=decode,size=3"]
+    assert (r.keys, r.values, r.projections, r.reconstruction, r.outliers) == (
+        "score-based eviction", "score-based eviction", [], [], [])
+    with pytest.raises(ConfigError) as err:
+        qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="tova:size=3", activations=0), press)
+    assert str(err.value) == ("--activations: the outlier view is of a quant cache's scales; --cache "
+                              "tova:compress=decode,size=3 is a press")
+    with pytest.raises(ConfigError) as err:
+        qkv.run_quantize_kv(toy_lm, IDS[:1], qkv.QuantizeKVSettings(cache="int8"), parse_cache_spec("int8"))
+    assert str(err.value) == "--text-file: 1 token(s); quantize-kv needs at least 2"
+    for layer in (2, -1):
+        with pytest.raises(ConfigError) as err:
+            qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="int8", activations=layer),
+                                parse_cache_spec("int8"))
+        assert str(err.value) == f"--activations {layer}: the model has decoder layers 0..1"
