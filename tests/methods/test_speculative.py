@@ -1177,3 +1177,39 @@ def test_traced_sampled_rounds_against_plain_forwards(target):
             assert e.p == pytest.approx(p[k, e.token_id].item(), abs=1e-5)
         assert rnd.emitted_text == ""  # no detokenizer given
         committed += rnd.emitted_ids
+
+
+def test_a_stop_inside_a_round_cuts_its_emitted_tokens_like_plain_decoding(target):
+    """An identical draft accepts all 4 drafts of round 0 (5 tokens with the bonus); a stop id at the 3rd token
+    ends the run there: the round emits 3 tokens, its final (bonus) token is not emitted, the sequence holds only
+    the emitted tokens. A context of prompt + 5 cuts the first round mid-way as plain decoding does."""
+    chain = build_chain({"temperature": 0})
+    ref = reference(target, PROMPT, chain, StopRules(5, ignore_eos=True))
+    stop_at = next(i for i in range(1, 5) if ref[i] not in ref[:i])
+    sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain,
+                    StopRules(20, ignore_eos=True, stop_ids=(ref[stop_at],)), 4)
+    (rnd,) = list(sp)
+    assert rnd.accepted == 4 and rnd.emitted_ids == ref[: stop_at + 1] == sp.new_ids
+    assert rnd.final.kind == "bonus" and rnd.final.emitted is False and sp.stop_reason == "stop"
+    assert sp.seq.tokens == PROMPT + ref[: stop_at + 1]
+    rules = StopRules(20, ignore_eos=True, context_length=len(PROMPT) + 5)
+    plain = reference(target, PROMPT, chain, rules)
+    sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, rules, 8)
+    rounds = list(sp)
+    assert sp.new_ids == plain and len(plain) == 5 and sp.stop_reason == "context"
+    assert [r.emitted_ids for r in rounds] == [plain]  # one round, cut by the context inside it
+
+
+def test_draft_forwards_and_round_times_add_up(target):
+    """The draft model runs one forward per drafted token (draft_calls), counted from its start (a proposer reused
+    for a second run counts that run only); each round's times are the run's, in ms."""
+    chain = build_chain({"temperature": 0})
+    proposer = ModelProposer(perturbed_copy(target, 0.3, seed=1), chain, Greedy())
+    for _ in range(2):
+        sp = Speculator(target, proposer, PROMPT, chain, StopRules(12, ignore_eos=True), 3)
+        rounds = list(sp)
+        assert proposer.forwards == sp.stats.drafted == sum(r.drafted for r in rounds) > 0
+        assert sp.summary(None).draft_calls == sp.stats.drafted
+        assert sum(r.draft_ms for r in rounds) == pytest.approx(sp.stats.draft_seconds * 1e3)
+        assert sum(r.target_ms for r in rounds) == pytest.approx(sp.stats.target_seconds * 1e3)
+        assert all(isinstance(r.draft_ms, float) and r.target_ms > 0 for r in rounds)
