@@ -1125,58 +1125,74 @@ def test_traced_greedy_rounds_against_a_plain_forward(target):
         committed += rnd.emitted_ids
     assert committed[len(PROMPT):] == sp.new_ids and len(sp.new_ids) == 9
     assert rounds[-1].final.emitted  # -n cut exactly at a round's end here: every final token emitted
+    for top in (0, 1):  # none listed; only the raw argmax
+        sp = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4, ignore_eos=True), 3, top=top)
+        for rnd in sp:
+            raw = target_rows(target, sp.seq.tokens[: rnd.position] + [t.token_id for t in rnd.proposed],
+                              rnd.position - 1, rnd.accepted + 1)[-1]
+            assert [e.token_id for e in rnd.final.top] == raw.topk(1).indices.tolist()[:top]
 
 
 def test_traced_sampled_rounds_against_plain_forwards(target):
-    """A sampled round's trace against plain forwards of the target and the draft (same chain: temperature 0.8):
-    q and raw q of each draft, p and raw p, accept min(1, p / q), u below it for each accepted draft and not for
-    the first rejected one, none after; the final token drawn from norm(max(0, p - q)) (correction) or p (bonus),
-    its top entries that distribution's largest, probability > 0 only."""
+    """A sampled round's trace against plain forwards of the target and the draft (same chain: temperature 0.8,
+    then also top-k 2): q and raw q of each draft, p and raw p, accept min(1, p / q), u below it for each accepted
+    draft and not for the first rejected one, none after; the final token drawn from norm(max(0, p - q))
+    (correction) or p (bonus), its top entries that distribution's largest of probability > 0 only (under top-k 2,
+    at most 2 of the 4 asked)."""
     draft = perturbed_copy(target, 0.5, seed=2)
-    chain = build_chain({"temperature": 0.8})
-    gen = make_generator(5, "cpu")
-    sp = Speculator(target, ModelProposer(draft, chain, Multinomial(gen)), PROMPT, chain,
-                    StopRules(14, ignore_eos=True), 3, gen, token_text=str, top=4)
-    committed = list(PROMPT)
-    rounds = list(sp)
-    kinds = {r.final.kind for r in rounds}
-    assert kinds == {"bonus", "correction"}
-    for rnd in rounds:
-        drafts = [t.token_id for t in rnd.proposed]
-        g, k, n = len(drafts), rnd.accepted, len(committed)
-        raw = target_rows(target, committed + drafts, n - 1, g + 1)
-        raw_q = target_rows(draft, committed + drafts, n - 1, g)
+    for top_k in (None, 2):
+        settings = {"temperature": 0.8, "top-k": top_k} if top_k else {"temperature": 0.8}
+        chain = build_chain(settings)
+        gen = make_generator(5, "cpu")
+        sp = Speculator(target, ModelProposer(draft, chain, Multinomial(gen)), PROMPT, chain,
+                        StopRules(14, ignore_eos=True), 3, gen, token_text=str, top=4)
+        rounds = list(sp)
+        kinds = {r.final.kind for r in rounds}
+        assert "correction" in kinds and (top_k or "bonus" in kinds)
+        committed = list(PROMPT)
+        for rnd in rounds:
+            check_sampled_round(target, draft, rnd, committed, top_k)
+            committed += rnd.emitted_ids
+
+
+def check_sampled_round(target, draft, rnd, committed: list[int], top_k: int | None) -> None:
+    drafts = [t.token_id for t in rnd.proposed]
+    g, k, n = len(drafts), rnd.accepted, len(committed)
+    raw = target_rows(target, committed + drafts, n - 1, g + 1)
+    raw_q = target_rows(draft, committed + drafts, n - 1, g)
+    if top_k:
+        p, q = top_k_probs(raw / 0.8, top_k), top_k_probs(raw_q / 0.8, top_k)
+    else:
         p, q = (raw / 0.8).softmax(-1), (raw_q / 0.8).softmax(-1)
-        for i, t in enumerate(rnd.proposed):
-            x = t.token_id
-            assert t.q == pytest.approx(q[i, x].item(), abs=1e-5)
-            assert t.raw_q == pytest.approx(raw_q[i].softmax(-1)[x].item(), abs=1e-5)
-            assert t.p == pytest.approx(p[i, x].item(), abs=1e-5)
-            assert t.raw_p == pytest.approx(raw[i].softmax(-1)[x].item(), abs=1e-5)
-            assert t.accept_prob == pytest.approx(min(1.0, p[i, x].item() / q[i, x].item()), abs=1e-5)
-            if i < k:
-                assert t.accepted and t.reached and t.u < t.accept_prob
-            elif i == k:
-                assert not t.accepted and t.reached and t.u >= t.accept_prob
-            else:
-                assert not t.accepted and not t.reached and t.u is None
-        y = rnd.final.token_id
-        if rnd.final.kind == "correction":
-            final = (p[k] - q[k]).clamp_min(0)
-            final = final / final.sum()
+    for i, t in enumerate(rnd.proposed):
+        x = t.token_id
+        assert t.q == pytest.approx(q[i, x].item(), abs=1e-5)
+        assert t.raw_q == pytest.approx(raw_q[i].softmax(-1)[x].item(), abs=1e-5)
+        assert t.p == pytest.approx(p[i, x].item(), abs=1e-5)
+        assert t.raw_p == pytest.approx(raw[i].softmax(-1)[x].item(), abs=1e-5)
+        assert t.accept_prob == pytest.approx(min(1.0, p[i, x].item() / q[i, x].item()), abs=1e-5)
+        if i < k:
+            assert t.accepted and t.reached and t.u < t.accept_prob
+        elif i == k:
+            assert not t.accepted and t.reached and t.u >= t.accept_prob
         else:
-            final = p[k]
-        assert rnd.final.prob == pytest.approx(final[y].item(), abs=1e-5) and rnd.final.prob > 0
-        assert rnd.final.p == pytest.approx(p[k, y].item(), abs=1e-5)
-        assert rnd.final.raw_p == pytest.approx(raw[k].softmax(-1)[y].item(), abs=1e-5)
-        expected = [t for t in final.topk(4).indices.tolist() if final[t] > 0]
-        assert [e.token_id for e in rnd.final.top] == expected and all(e.token == str(e.token_id)
-                                                                       for e in rnd.final.top)
-        for e in rnd.final.top:
-            assert e.prob == pytest.approx(final[e.token_id].item(), abs=1e-5)
-            assert e.p == pytest.approx(p[k, e.token_id].item(), abs=1e-5)
-        assert rnd.emitted_text == ""  # no detokenizer given
-        committed += rnd.emitted_ids
+            assert not t.accepted and not t.reached and t.u is None
+    y = rnd.final.token_id
+    if rnd.final.kind == "correction":
+        final = (p[k] - q[k]).clamp_min(0)
+        final = final / final.sum()
+    else:
+        final = p[k]
+    assert rnd.final.prob == pytest.approx(final[y].item(), abs=1e-5) and rnd.final.prob > 0
+    assert rnd.final.p == pytest.approx(p[k, y].item(), abs=1e-5)
+    assert rnd.final.raw_p == pytest.approx(raw[k].softmax(-1)[y].item(), abs=1e-5)
+    expected = [t for t in final.topk(4).indices.tolist() if final[t] > 0]
+    assert [e.token_id for e in rnd.final.top] == expected
+    assert all(e.token == str(e.token_id) for e in rnd.final.top)
+    for e in rnd.final.top:
+        assert e.prob == pytest.approx(final[e.token_id].item(), abs=1e-5)
+        assert e.p == pytest.approx(p[k, e.token_id].item(), abs=1e-5)
+    assert rnd.emitted_text == ""  # no detokenizer given
 
 
 def test_a_stop_inside_a_round_cuts_its_emitted_tokens_like_plain_decoding(target):
