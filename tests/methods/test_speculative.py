@@ -1214,6 +1214,11 @@ def test_a_stop_inside_a_round_cuts_its_emitted_tokens_like_plain_decoding(targe
     rounds = list(sp)
     assert sp.new_ids == plain and len(plain) == 5 and sp.stop_reason == "context"
     assert [r.emitted_ids for r in rounds] == [plain]  # one round, cut by the context inside it
+    assert rounds[0].drafted == 5  # gamma 8 capped at the room left: 12 - 7 positions
+    # the draft model's own context (10) caps the drafts too: 3 in round 0, none after (plain target steps)
+    draft = ModelProposer(target, chain, Greedy(), context_length=len(PROMPT) + 3)
+    rounds = list(Speculator(target, draft, PROMPT, chain, StopRules(6, ignore_eos=True), 8))
+    assert [r.drafted for r in rounds] == [3, 0, 0]
 
 
 def test_draft_forwards_and_round_times_add_up(target):
