@@ -1234,3 +1234,11 @@ def test_draft_forwards_and_round_times_add_up(target):
         assert sum(r.draft_ms for r in rounds) == pytest.approx(sp.stats.draft_seconds * 1e3)
         assert sum(r.target_ms for r in rounds) == pytest.approx(sp.stats.target_seconds * 1e3)
         assert all(isinstance(r.draft_ms, float) and r.target_ms > 0 for r in rounds)
+
+
+def test_drafts_capped_so_a_round_never_overshoots_n(target):
+    """-n 8, gamma 4, an identical draft (every draft accepted): round 0 drafts 4 and emits 5; round 1 has room for
+    3 more tokens, so it drafts 2 (plus the bonus), not 4."""
+    chain = build_chain({"temperature": 0})
+    sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, StopRules(8, ignore_eos=True), 4)
+    assert [(r.drafted, len(r.emitted_ids)) for r in sp] == [(4, 5), (2, 3)]
