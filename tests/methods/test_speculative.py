@@ -1242,3 +1242,21 @@ def test_drafts_capped_so_a_round_never_overshoots_n(target):
     chain = build_chain({"temperature": 0})
     sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, StopRules(8, ignore_eos=True), 4)
     assert [(r.drafted, len(r.emitted_ids)) for r in sp] == [(4, 5), (2, 3)]
+
+
+def test_speculator_defaults_gamma_refusal_and_stop_strings(target):
+    """Five alternatives listed by default; gamma 0 refused word for word; a stop string read through the
+    detokenizer given ends the run at the token that completes it, as plain decoding does."""
+    chain = build_chain({"temperature": 0})
+    rounds = list(Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(3, ignore_eos=True), 2))
+    assert all(len(r.final.top) == 5 for r in rounds)
+    with pytest.raises(ConfigError) as err:
+        Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(3), 0)
+    assert str(err.value) == "--gamma 0: must be an integer >= 1"
+    ref = reference(target, PROMPT, chain, StopRules(6, ignore_eos=True))
+    mark = ref[3]
+    detok = lambda ids: "".join("X" if t == mark else "." for t in ids)  # noqa: E731
+    sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain,
+                    StopRules(20, stop_strings=("X",), ignore_eos=True), 4, detok=detok)
+    list(sp)
+    assert sp.new_ids == ref[: ref.index(mark) + 1] and sp.stop_reason == "stop"
