@@ -446,3 +446,11 @@ def test_run_quantize_kv_of_a_press_and_its_refusals(toy_lm):
             qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="int8", activations=layer),
                                 parse_cache_spec("int8"))
         assert str(err.value) == f"--activations {layer}: the model has decoder layers 0..1"
+
+
+def test_projection_baseline_in_the_models_dtype():
+    """A bfloat16 model's full cache holds 2 bytes a value: 3 rows x 10 tokens x 128 values x 2 = 7680 bytes."""
+    lm = small_lm()
+    lm.model.to(torch.bfloat16)
+    p = qkv.projection(policy_of(lm, "int8"), 10, 3, None)
+    assert p["baseline_kv_bytes"] == 7680 == p["fp16_kv_bytes"]
