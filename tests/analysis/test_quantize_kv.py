@@ -141,6 +141,8 @@ def test_outlier_view_bits_groups_and_no_top():
     assert fp8["layouts"] == eight["layouts"]  # fp8 is viewed at 8 bits
     odd = qkv.outlier_view(x, list("abcd"), 8, 3, 1)  # 3 does not divide 4 channels: one group per token
     assert odd["layouts"]["group"] == odd["layouts"]["token"]
+    small = qkv.outlier_view(x / 16, list("abcd"), 8, 2, 1)  # channel maxes below 1: still 4x the typical one
+    assert small["scale_setter"]["times_typical_channel_max"] == 4.0
     none = qkv.outlier_view(x, list("abcd"), 8, 2, 0)
     assert none["top_channels"] == [] and none["scale_setter"]["channel"] == "a"
 
