@@ -141,8 +141,14 @@ def test_outlier_view_bits_groups_and_no_top():
     assert fp8["layouts"] == eight["layouts"]  # fp8 is viewed at 8 bits
     odd = qkv.outlier_view(x, list("abcd"), 8, 3, 1)  # 3 does not divide 4 channels: one group per token
     assert odd["layouts"]["group"] == odd["layouts"]["token"]
-    small = qkv.outlier_view(x / 16, list("abcd"), 8, 2, 1)  # channel maxes below 1: still 4x the typical one
+    # the same tensor / 16 (norm, medians and maxes below 1): every ratio and relative error the same, every step
+    # / 16 (a power of 2: the float16 rounding scales exactly)
+    small = qkv.outlier_view(x / 16, list("abcd"), 8, 2, 1)
     assert small["scale_setter"]["times_typical_channel_max"] == 4.0
+    assert small["max_over_median"] == {"median": 1.0, "max": 4.0}
+    for axis, layout in eight["layouts"].items():
+        assert small["layouts"][axis]["rel_error"] == pytest.approx(layout["rel_error"], rel=1e-6)
+        assert small["layouts"][axis]["mean_step"] == pytest.approx(layout["mean_step"] / 16, rel=1e-6)
     none = qkv.outlier_view(x, list("abcd"), 8, 2, 0)
     assert none["top_channels"] == [] and none["scale_setter"]["channel"] == "a"
 
