@@ -49,6 +49,7 @@ def test_per_token_formula_by_hand():
     # 16 values: 32 bytes; 6 / 4 heads: 16 x 6 // 4 = 24 values, 48 bytes (the division after the product)
     assert (half["bytes_per_token"], half["bytes_per_token_without_gqa"], half["gqa_saving"]) == (32, 48, 1.5)
     assert half["cache_dtype"] == "float16"
+    assert isinstance(half["bytes_per_token_without_gqa"], int)  # a byte count, not 48.0 in the JSON
 
 
 def test_available_memory_reads_the_system_and_survives_its_refusal(monkeypatch):
@@ -306,6 +307,7 @@ def test_ranking_cells_put_full_first_once():
 def test_sliding_and_decoder_layers():
     assert not qkv.sliding(small_lm())
     assert qkv.sliding(small_lm("gemma2"))  # sliding_window 16
+    assert qkv.sliding(small_lm(sliding_window=16, layer_types=None))  # a window and no layer types
     assert qkv.sliding(small_lm(layer_types=["sliding_attention", "full_attention"], sliding_window=None))
     lm = small_lm()
     assert qkv.decoder_layers(lm.model) is lm.model.model.layers
@@ -462,3 +464,18 @@ def test_projection_baseline_in_the_models_dtype():
     lm.model.to(torch.bfloat16)
     p = qkv.projection(policy_of(lm, "int8"), 10, 3, None)
     assert p["baseline_kv_bytes"] == 7680 == p["fp16_kv_bytes"]
+
+
+def test_fidelity_feeds_the_prompt_a_press_compresses(toy_lm):
+    """snapkv compresses once, after the prompt: --prefill 4 makes the first 4 tokens that prompt, as score does."""
+    from decodelab.core.methods.score import Scorer, ScoreSettings
+    from decodelab.core.sampling.chain import build_chain
+
+    spec = parse_cache_spec("snapkv:ratio=0.5,window=2")
+    f = qkv.fidelity(toy_lm, IDS, spec, 1, prefill=4)
+    scorer = Scorer(toy_lm.model, IDS, build_chain({}), toy_lm.token_text, ScoreSettings(feed=1, prefill=4),
+                    cache=spec, reference=toy_lm.model, reference_cache=parse_cache_spec("full"))
+    for _ in scorer:
+        pass
+    assert f.kl_mean == scorer.summary().kl_mean > 0
+    assert f.kv_bytes == qkv.held_bytes(toy_lm, IDS, spec, 1, 4)
