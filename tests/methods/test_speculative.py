@@ -3,6 +3,7 @@ distribution), cache rollback, the n-gram proposer, and the `speculate` command.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -20,7 +21,8 @@ from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.chain import build_chain
 from decodelab.core.sampling.distribution import softmax
 from decodelab.core.sampling.select import Greedy, Multinomial, make_generator
-from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer
+from decodelab.core.errors import ConfigError
+from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer, Sequence
 from decodelab.core.methods.speculative.run import Speculator
 from decodelab.core.methods.speculative.rule import acceptance_probability, expected_tokens, point_masses, predicted_speedup, residual_distribution, verify_greedy, verify_sampled
 
@@ -708,3 +710,553 @@ def test_a_draft_the_target_gives_probability_zero_is_never_accepted():
     q = torch.tensor([[[1.0, 0.0]]])  # the draft proposed token 0 with certainty
     verdict = verify_sampled(p, q, torch.tensor([[0]]), torch.tensor([[0.0]]), torch.ones(1, 2))
     assert verdict.accepted.tolist() == [0] and verdict.token.tolist() == [1]
+
+
+# --- mutation run of core/methods/speculative/run.py, proposers.py, timing.py (2026-12-02) ------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_lm(toy_model_dir):
+    from decodelab.core.engine.models import load_model
+
+    return load_model(str(toy_model_dir), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def draft_lm(draft_dir):
+    from decodelab.core.engine.models import load_model
+
+    return load_model(str(draft_dir), device="cpu", dtype="float32")
+
+
+def test_make_selector_for_greedy_and_sampling():
+    """Bug caught: a greedy run's draft sampled (its acceptance rate falls, the tokens stay), or a sampled draft
+    drawn from torch's global generator instead of the run's (one seed no longer fixes the run)."""
+    from decodelab.core.methods.speculative.proposers import make_selector_for
+
+    assert isinstance(make_selector_for(True, None), Greedy)
+    gen = make_generator(3, "cpu")
+    sel = make_selector_for(False, gen)
+    assert isinstance(sel, Multinomial) and sel.generator is gen
+
+
+def test_round_to_dict_names_every_field():
+    from decodelab.core.methods.speculative.run import FinalToken, Round
+
+    rnd = Round(2, 9, 1, 0, [5], "x", draft_ms=1.5, target_ms=2.5)
+    assert rnd.to_dict() == {"index": 2, "position": 9, "drafted": 1, "proposed": [], "accepted": 0,
+                             "emitted": {"token_ids": [5], "text": "x"}, "draft_ms": 1.5, "target_ms": 2.5}
+    rnd.final = FinalToken("correction", 5, "x", 0.5, 0.25, 0.125, True)
+    assert rnd.to_dict()["correction"] == {"kind": "correction", "token_id": 5, "token": "x", "prob": 0.5,
+                                           "p": 0.25, "raw_p": 0.125, "emitted": True, "top": []}
+
+
+def test_noisy_spread_and_straddle_by_hand():
+    """Noisy: (max - min) > 0.25 x median, or min < 1 < max (faster in one round, slower in another)."""
+    from decodelab.core.methods.speculative.run import noisy
+
+    assert noisy(2.0, 1.5, 2.0) is False  # spread 0.5 = 0.25 x 2 exactly: not more; all above 1
+    assert noisy(2.0, 1.2, 2.0) is True  # spread 0.8 > 0.5, all above 1
+    assert noisy(1.0, 0.95, 1.05) is True  # spread 0.1, but on both sides of 1
+    assert noisy(1.0, 1.0, 1.1) is False  # min exactly 1: not below it
+    assert noisy(1.0, 0.9, 1.0) is False  # max exactly 1: not above it
+    assert noisy(1.9, 1.8, 2.1) is False  # spread 0.3 < 0.475, all above 1 (and 2 inside is no matter)
+
+
+def test_best_gamma_skips_unmeasured_and_breaks_ties_to_the_smaller():
+    from types import SimpleNamespace as Row
+
+    from decodelab.core.methods.speculative.run import best_gamma
+
+    assert best_gamma([]) is None
+    assert best_gamma([Row(measured_speedup=None, gamma=1)]) is None
+    assert best_gamma([Row(measured_speedup=float("nan"), gamma=1), Row(measured_speedup=1.5, gamma=2)]) == 2
+    assert best_gamma([Row(measured_speedup=None, gamma=1), Row(measured_speedup=0.5, gamma=3)]) == 3
+    assert best_gamma([Row(measured_speedup=1.5, gamma=4), Row(measured_speedup=1.5, gamma=2),
+                       Row(measured_speedup=1.2, gamma=1)]) == 2
+
+
+def test_build_speculator_wires_seed_draft_cache_and_chain(toy_lm, draft_lm):
+    """build_speculator against a Speculator built by hand from the same parts: the run's generator seeded by
+    --seed and shared by the draft's selector, the draft's name and context, --cache on both models, the chain
+    given (or one made from the settings, told where the prompt ends: min-new-tokens needs it)."""
+    from decodelab.core.engine.stopping import stop_rules
+    from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
+    from decodelab.core.sampling.chain import make_chain
+
+    prompt = [5, 9, 14, 5, 9]
+    settings = SpeculateSettings(temperature=1.0, seed=11, cache="static", max_new_tokens=6, ignore_eos=True,
+                                 min_new_tokens=2)
+    sp = build_speculator(toy_lm, draft_lm, settings, prompt, 3)
+    assert sp.generator is not None and not sp.greedy
+    assert isinstance(sp.proposer.selector, Multinomial) and sp.proposer.selector.generator is sp.generator
+    assert sp.proposer.name == draft_lm.name and sp.proposer.context_length == draft_lm.context_length == 64
+    assert sp.spec == settings.cache_spec and sp.proposer.spec == settings.cache_spec
+    ids = [r.emitted_ids for r in sp]
+    chain = make_chain(toy_lm, settings)
+    chain.reset(len(prompt))
+    gen = make_generator(11, "cpu")
+    by_hand = Speculator(toy_lm.model, ModelProposer(draft_lm.model, chain, Multinomial(gen)), prompt, chain,
+                         stop_rules(toy_lm, settings), 3, gen, cache=settings.cache_spec)
+    assert ids == [r.emitted_ids for r in by_hand]
+    given = make_chain(toy_lm, settings)
+    assert build_speculator(toy_lm, None, settings, prompt, 2, chain=given).chain is given
+    greedy = build_speculator(toy_lm, draft_lm, dataclasses.replace(settings, temperature=0.0), prompt, 2)
+    assert greedy.greedy and isinstance(greedy.proposer.selector, Greedy)
+
+
+def test_build_speculator_refuses_a_stepwise_stage_naming_the_method(toy_lm):
+    from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
+
+    settings = SpeculateSettings(temperature=1.0, mirostat_tau=5.0)
+    with pytest.raises(ConfigError, match="^--mirostat-tau/--mirostat-eta: speculative decoding scores several"):
+        build_speculator(toy_lm, None, settings, [5, 9], 2)
+
+
+def test_speedup_rounds_time_the_draft_and_chain_given_untraced(toy_lm, draft_lm):
+    """Bug caught: the timing rounds' speculative runs built with the n-gram proposer instead of the draft, with a
+    chain of their own, or traced (the trace's cost would count as decoding)."""
+    from decodelab.core.methods.speculative.run import SpeculateSettings, SpeedupRounds
+    from decodelab.core.sampling.chain import make_chain
+
+    settings = SpeculateSettings(temperature=0.0, max_new_tokens=5, ignore_eos=True)
+    chain = make_chain(toy_lm, settings)
+    run = SpeedupRounds(toy_lm, draft_lm, settings, [5, 9, 14], chain, 2).speculative()
+    assert isinstance(run.proposer, ModelProposer) and run.proposer.name == draft_lm.name
+    assert run.chain is chain and run.gamma == 2 and len(run.new_ids) == 5
+    assert run.rounds and all(r.proposed == [] and r.final is None for r in run.rounds)
+
+
+def test_summarize_by_hand():
+    """4 rounds of gamma 3: 10 drafted, 8 judged, 6 accepted (per position judged 4/3/1, accepted 3/2/1), 10
+    tokens, 20 ms drafting, 80 ms verifying; prefill 0.1 s, loop 0.4 s, trace 0.1 s."""
+    from decodelab.core.engine.run import Timing
+    from decodelab.core.methods.speculative.run import RunStats, summarize
+
+    stats = RunStats(3, rounds=4, drafted=10, judged=8, accepted=6, draft_seconds=0.02, target_seconds=0.08,
+                     new_ids=list(range(10)), stop_reason="eos")
+    stats.reached_at, stats.accepted_at = [4, 3, 1], [3, 2, 1]
+    timing = Timing(prefill_s=0.1, loop_s=0.4, trace_s=0.1)
+    s = summarize(stats, "draft", 7, [], timing)
+    expected = (1 - 0.75 ** 4) / (1 - 0.75)  # 2.734375
+    assert (s.proposer, s.gamma, s.new_tokens, s.rounds, s.target_calls, s.draft_calls) == ("draft", 3, 10, 4, 4, 7)
+    assert (s.acceptance_rate, s.drafted_accepted_fraction, s.mean_accepted, s.mean_drafted) == (0.75, 0.6, 1.5, 2.5)
+    assert s.per_position_acceptance == pytest.approx([0.75, 2 / 3, 1.0])
+    assert s.tokens_per_target_call == 2.5 and s.expected_tokens_per_round == pytest.approx(expected)
+    assert s.draft_step_ms == pytest.approx(2.0) and s.verify_ms == pytest.approx(20.0)
+    assert s.tokens_per_s == pytest.approx(10 / 0.6) and s.decode_tokens_per_s == pytest.approx(25.0)
+    assert s.prefill_s == 0.1 and s.stop_reason == "eos"
+    assert (s.target_step_ms, s.cost_ratio, s.verify_cost_ratio, s.predicted_speedup, s.measured_speedup,
+            s.measured_speedup_min, s.measured_speedup_max, s.baseline_tokens_per_s,
+            s.speculative_tokens_per_s) == (None,) * 9
+    assert s.speedup_rounds == 0 and s.speedup_noisy is False
+    # two timing rounds: plain 10 / 12 ms a step, speculative 5 / 8 ms a token (speedups 2.0, 1.5), drafting 1 / 3 ms
+    # a token, verifying 12 / 16 ms a round; medians (even: the mean of the two) 11, 6.5, 2, 14 ms
+    timed = [_timing.SpeedupRound(0.010, 0.005, 0.001, 0.012), _timing.SpeedupRound(0.012, 0.008, 0.003, 0.016)]
+    s = summarize(stats, "draft", 7, timed, timing)
+    c = 0.002 / 0.011
+    assert (s.measured_speedup, s.measured_speedup_min, s.measured_speedup_max) == pytest.approx((1.75, 1.5, 2.0))
+    assert s.speedup_rounds == 2 and s.speedup_noisy is True  # spread 0.5 > 0.25 x 1.75
+    assert s.target_step_ms == pytest.approx(11.0) and s.draft_step_ms == pytest.approx(2.0)
+    assert s.verify_ms == pytest.approx(14.0) and s.cost_ratio == pytest.approx(c)
+    assert s.verify_cost_ratio == pytest.approx(14 / 11)
+    assert s.predicted_speedup == pytest.approx(expected / (3 * c + 1))
+    assert s.baseline_tokens_per_s == pytest.approx(1 / 0.011) and s.speculative_tokens_per_s == pytest.approx(1 / 0.0065)
+    # one round: its counts per round are not halved; nothing judged or drafted: rates 0, not 1
+    one = RunStats(2, rounds=1, drafted=2, judged=2, accepted=2, draft_seconds=0.004, target_seconds=0.01,
+                   new_ids=[1, 2, 3])
+    s = summarize(one, "ngram-2", 0, [], Timing())
+    assert (s.mean_accepted, s.mean_drafted, s.tokens_per_target_call) == (2.0, 2.0, 3.0)
+    assert s.draft_step_ms == pytest.approx(2.0) and s.verify_ms == pytest.approx(10.0)
+    none = summarize(RunStats(2), "ngram-2", 0, [], Timing())
+    assert (none.acceptance_rate, none.drafted_accepted_fraction, none.draft_step_ms, none.mean_accepted) == (0,) * 4
+    assert none.per_position_acceptance == [None, None] and math.isnan(none.tokens_per_s)
+
+
+def test_summary_of_a_run_never_started_and_of_a_finished_run(target):
+    from decodelab.core.methods.speculative.run import Speculator
+
+    chain = build_chain({"temperature": 0})
+    idle = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4), 2)
+    s = idle.summary(None)
+    assert s.new_tokens == 0 and s.rounds == 0 and math.isnan(s.tokens_per_s) and s.prefill_s == 0.0
+    assert s.draft_calls == 0 and s.proposer == "ngram-2"
+    done = run_spec(target, NGramProposer(2), PROMPT, chain, StopRules(4, ignore_eos=True), 2)
+    s = done.summary(None)
+    assert s.tokens_per_s == pytest.approx(4 / done.watch.timing.total_s)
+    assert s.prefill_s == done.watch.timing.prefill_s > 0
+
+
+def test_build_speculator_traces_with_the_models_text_and_caps_new_tokens(toy_lm):
+    from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
+
+    settings = SpeculateSettings(temperature=0.0, cache="static", max_new_tokens=8, ignore_eos=True, top=2)
+    sp = build_speculator(toy_lm, None, settings, [5, 9, 14, 5, 9], 2, max_new_tokens=3)
+    rounds = list(sp)
+    assert len(sp.new_ids) == 3 and sp.spec == settings.cache_spec
+    for rnd in rounds:
+        assert rnd.emitted_text == toy_lm.decode(rnd.emitted_ids)
+        assert rnd.final.token == toy_lm.token_text(rnd.final.token_id) and len(rnd.final.top) == 2
+    quiet = build_speculator(toy_lm, None, settings, [5, 9, 14, 5, 9], 2, record=False)
+    assert all(r.final is None for r in quiet) and len(quiet.new_ids) == 8
+
+
+def test_warm_up_runs_four_untraced_tokens_of_the_draft_and_chain(toy_lm, draft_lm, monkeypatch):
+    import decodelab.core.methods.speculative.run as run_module
+    from decodelab.core.sampling.chain import make_chain
+
+    built = []
+    real = run_module.build_speculator
+    monkeypatch.setattr(run_module, "build_speculator", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    settings = run_module.SpeculateSettings(temperature=0.0, max_new_tokens=10, ignore_eos=True, gamma=2)
+    chain = make_chain(toy_lm, settings)
+    run_module.warm_up_speculate(toy_lm, draft_lm, settings, [5, 9, 14], chain)
+    (sp,) = built
+    assert len(sp.new_ids) == 4 and sp.gamma == 2 and sp.chain is chain
+    assert isinstance(sp.proposer, ModelProposer) and all(r.final is None for r in sp.rounds)
+    run_module.warm_up_speculate(toy_lm, draft_lm, dataclasses.replace(settings, max_new_tokens=3), [5, 9, 14], chain)
+    assert len(built[-1].new_ids) == 3
+
+
+def test_with_gamma():
+    from decodelab.core.methods.speculative.run import SpeculateSettings, with_gamma
+
+    assert with_gamma(SpeculateSettings(gamma=4), 7).gamma == 7
+
+
+def test_plain_baseline_decodes_under_the_context_cache_and_chain(toy_lm, monkeypatch):
+    """The toy model's context is 64: from a 60-token prompt plain decoding stops after 4 tokens, whatever the
+    number asked; and it runs under --cache with the chain and selector of the settings."""
+    import decodelab.core.methods.speculative.run as run_module
+    from decodelab.core.sampling.chain import make_chain
+
+    settings = run_module.SpeculateSettings(temperature=0.0, cache="static")
+    chain = make_chain(toy_lm, settings)
+    assert run_module.plain_baseline(toy_lm, settings, [5] * 60, chain, 10).tokens == 4
+    seen = {}
+    monkeypatch.setattr(run_module, "time_plain_decoding",
+                        lambda *a, **k: seen.update(args=a, kwargs=k) or _timing.BaselineTiming(3, 0.1))
+    run_module.plain_baseline(toy_lm, settings, [5, 9], chain, 3)
+    model, prompt, used_chain, selector, tokens, context = seen["args"]
+    assert (model, prompt, used_chain, tokens, context) == (toy_lm.model, [5, 9], chain, 3, 64)
+    assert isinstance(selector, Greedy) and seen["kwargs"] == {"cache": settings.cache_spec}
+
+
+def test_speedup_rounds_resume_and_stop_when_nothing_is_timed(toy_lm, monkeypatch):
+    import decodelab.core.methods.speculative.run as run_module
+    from decodelab.core.sampling.chain import make_chain
+
+    settings = run_module.SpeculateSettings(temperature=0.0, max_new_tokens=3, ignore_eos=True, draft="ngram",
+                                            speedup_rounds=1)
+    chain = make_chain(toy_lm, settings)
+    sr = run_module.SpeedupRounds(toy_lm, None, settings, [5, 9, 5, 9], chain, 2)
+    assert len(sr.run()) == 1
+    sr.settings = dataclasses.replace(settings, speedup_rounds=2)
+    assert len(sr.run()) == 2  # resumed: round 2 only, round 1 kept
+    monkeypatch.setattr(run_module, "speedup_round", lambda run, baseline: None)
+    fresh = run_module.SpeedupRounds(toy_lm, None, settings, [5, 9, 5, 9], chain, 2)
+    assert fresh.run() == []
+
+
+def test_speedup_round_by_hand():
+    """5 tokens in 2 rounds (4 drafted: 8 ms, verifying 20 ms, loop 50 ms) against plain decoding of 5 tokens in
+    40 ms of loop (4 decode steps of 10 ms): plain 10 ms a step, speculative 10 ms a token, drafting 2 ms a
+    token, verifying 10 ms a round."""
+    from types import SimpleNamespace as NS
+
+    def run(rounds=2, drafted=4, new_ids=5, watch=True):
+        stats = NS(rounds=rounds, drafted=drafted, draft_seconds=0.008, target_seconds=0.02)
+        return NS(stats=stats, new_ids=list(range(new_ids)), watch=NS(timing=NS(loop_s=0.05)) if watch else None)
+
+    paired = _timing.speedup_round(run(), _timing.BaselineTiming(5, 0.04))
+    assert dataclasses.astuple(paired) == pytest.approx((0.01, 0.01, 0.002, 0.01))
+    assert paired.speedup == pytest.approx(1.0)
+    assert _timing.speedup_round(run(drafted=0), _timing.BaselineTiming(5, 0.04)).draft_step_s == 0.0
+    # one token in one round: still a round to time (50 ms a token, 20 ms a round)
+    assert dataclasses.astuple(_timing.speedup_round(run(rounds=1, new_ids=1), _timing.BaselineTiming(5, 0.04))) == \
+        pytest.approx((0.01, 0.05, 0.002, 0.02))
+    assert _timing.speedup_round(run(), _timing.BaselineTiming(5, 0.0)) is None  # the reference never timed
+    assert _timing.speedup_round(run(new_ids=0), _timing.BaselineTiming(5, 0.04)) is None
+    assert _timing.speedup_round(run(rounds=0), _timing.BaselineTiming(5, 0.04)) is None
+    assert _timing.speedup_round(run(watch=False), _timing.BaselineTiming(5, 0.04)) is None
+    assert _timing.BaselineTiming(5, 0.04).step_seconds == pytest.approx(0.01)
+    assert _timing.BaselineTiming(1, 0.04).step_seconds == 0.04  # one token: one step, not a division by 0
+
+
+def test_validate_speculate_bounds_and_messages_word_for_word():
+    from decodelab.core.methods.speculative.run import SpeculateSettings, parse_gammas, validate_speculate
+
+    for ok in (dict(gamma=1), dict(gamma=128), dict(ngram_size=1), dict(ngram_size=128), dict(speedup_rounds=1),
+               dict(speedup_rounds=100), dict(sweep_gamma=(1, 128)), dict(cache="recompute:size=16")):
+        validate_speculate(SpeculateSettings(**ok))
+    rounds = "must be an integer in [1, 100] (timing rounds, each a speculative and a plain run of the same output)"
+    for bad, message in [
+        (dict(cache="window:size=8"), "--cache window:positions=keep,size=8: speculative decoding (a rejected draft "
+         "is rolled back) needs the cache to roll back (truncate), which window cannot; policies that can: full, "
+         "quant, recompute, static"),
+        (dict(gamma=0), "--gamma 0: must be an integer in [1, 128]"),
+        (dict(gamma=129), "--gamma 129: must be an integer in [1, 128]"),
+        (dict(ngram_size=0), "--ngram-size 0: must be an integer in [1, 128]"),
+        (dict(ngram_size=129), "--ngram-size 129: must be an integer in [1, 128]"),
+        (dict(sweep_gamma=(2, 0)), "--sweep-gamma '2,0': a comma-separated list of integers in [1, 128], e.g. "
+         "1,2,4,8"),
+        (dict(speedup_rounds=0), f"--speedup-rounds 0: {rounds}"),
+        (dict(speedup_rounds=101), f"--speedup-rounds 101: {rounds}"),
+        (dict(speedup_rounds=2.0), f"--speedup-rounds 2.0: {rounds}"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            validate_speculate(SpeculateSettings(**bad))
+        assert str(err.value) == message
+    assert parse_gammas(None) is None
+    assert parse_gammas(" 4, 1,,4 ,2") == (4, 1, 2)  # blanks skipped, repeats dropped, order kept
+    for text in ("", " , ", "1,x", "129"):
+        with pytest.raises(ConfigError, match=r"^--sweep-gamma '.*': a comma-separated list of integers in \[1, 128\]"):
+            parse_gammas(text)
+
+
+def test_ngram_proposer_defaults():
+    ng = NGramProposer()
+    assert (ng.size, ng.name, ng.forwards) == (3, "ngram-3", 0)  # no draft forwards, even before its start
+
+
+def test_time_plain_decoding_times_at_least_two_tokens_under_the_cache_given(target, monkeypatch):
+    """One token has no decode step to time (the first comes from the prefill): the baseline decodes 2."""
+    from decodelab.core.kv import parse_cache_spec
+
+    chain = build_chain({"temperature": 0})
+    assert _timing.time_plain_decoding(target, PROMPT, chain, Greedy(), 1, None).tokens == 2
+    assert _timing.time_plain_decoding(target, PROMPT, chain, Greedy(), 3, None).tokens == 3
+    seen = []
+    real = _timing.decode_tokens
+    monkeypatch.setattr(_timing, "decode_tokens", lambda *a, **k: seen.append(k["cache"]) or real(*a, **k))
+    spec = parse_cache_spec("static")
+    _timing.time_plain_decoding(target, PROMPT, chain, Greedy(), 2, None, cache=spec)
+    assert seen == [spec]
+
+
+def test_ngram_lookup_unigram_of_the_first_token_and_no_skipped_size():
+    ng = NGramProposer(3)
+    ng.start(None)
+    assert ng.lookup([7, 8, 7], 2) == [8, 7]  # the unigram (7,) ending at the first token, then copying on
+    # [4, 2, 8, 3, 2, 9, 4, 2]: no earlier (9, 4, 2); the bigram (4, 2) was followed by 8, the more recent unigram
+    # (2,) by 9: the longest match wins, so 8
+    ng.start(None)
+    assert ng.lookup([4, 2, 8, 3, 2, 9, 4, 2], 1) == [8]
+
+
+def test_model_proposer_defaults(target):
+    mp = ModelProposer(target, build_chain({"temperature": 0}), Greedy())
+    assert (mp.name, mp.context_length, mp.spec, mp.forwards, mp.runtime) == ("draft", None, None, 0, None)
+
+
+def test_identical_draft_under_a_penalty_accepts_every_proposal(target):
+    """A penalty reads the prefix: the draft must write each drafted token into the sequence before it drafts the
+    next (uses_ids), or its q at position i+1 is computed after a stale scratch token and an identical draft gets
+    rejected."""
+    chain = build_chain({"repetition-penalty": 5.0, "temperature": 0})
+    sp = run_spec(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, StopRules(30, ignore_eos=True), 4)
+    assert sp.stats.drafted == sp.stats.accepted == 24  # 6 rounds of 4 drafts + a bonus token each
+
+
+def test_a_cache_that_cannot_roll_back_is_refused_by_both_models(target):
+    from decodelab.core.kv import parse_cache_spec
+
+    spec = parse_cache_spec("int4-kivi")  # residual 32: no exact truncation
+    chain = build_chain({"temperature": 0})
+    message = "^--cache quant: this run needs the cache to truncate, which axis=kivi,residual=32 cannot do exactly$"
+    with pytest.raises(ConfigError, match=message):
+        ModelProposer(target, chain, Greedy(), cache=spec).start(Sequence(PROMPT, 20, "cpu"))
+    with pytest.raises(ConfigError, match=message):
+        next(iter(Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4), 2, cache=spec)))
+    idle = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, StopRules(4), 2)
+    assert idle.summary(None).draft_calls == 0  # no draft forward before the start
+
+
+def target_rows(model, ids: list[int], first: int, count: int) -> torch.Tensor:
+    """The target's own logits at positions first .. first + count - 1 of ids, from one plain forward (no cache)."""
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, first : first + count].float()
+
+
+def top_k_probs(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """softmax over the k largest logits of each row, 0 elsewhere (top-k by hand)."""
+    keep = logits.topk(k, dim=-1).indices
+    masked = torch.full_like(logits, float("-inf")).scatter(-1, keep, logits.gather(-1, keep))
+    return masked.softmax(-1)
+
+
+def test_traced_greedy_rounds_against_a_plain_forward(target):
+    """Every number of a greedy round's trace recomputed from the target's logits of one plain forward over the
+    committed tokens and that round's drafts: p under top-k 5, raw p, accept 1 iff the draft is p's argmax, u none,
+    q 1 (the n-gram's point mass), the final token's top 3 by raw p with prob 1 for the token emitted, 0 else."""
+    chain = build_chain({"top-k": 5})
+    texts = {}
+    sp = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(9, ignore_eos=True), 3,
+                    token_text=lambda t: texts.setdefault(t, f"<{t}>"), detok=lambda ids: "|".join(map(str, ids)),
+                    top=3)
+    committed = list(PROMPT)
+    rounds = list(sp)
+    assert sum(r.drafted for r in rounds) > 0 and any(r.accepted < r.drafted for r in rounds)
+    for index, rnd in enumerate(rounds):
+        drafts = [t.token_id for t in rnd.proposed]
+        g, k, n = len(drafts), rnd.accepted, len(committed)
+        assert (rnd.index, rnd.position, rnd.drafted) == (index, n, g)
+        raw = target_rows(target, committed + drafts, n - 1, g + 1)
+        p, raw_p = top_k_probs(raw, 5), raw.softmax(-1)
+        for i, t in enumerate(rnd.proposed):
+            assert t.token == f"<{t.token_id}>" and t.q == 1.0 and t.raw_q is None and t.u is None
+            assert t.p == pytest.approx(p[i, t.token_id].item(), abs=1e-5)
+            assert t.raw_p == pytest.approx(raw_p[i, t.token_id].item(), abs=1e-5)
+            assert t.accept_prob == float(p[i].argmax().item() == t.token_id)
+            assert (t.accepted, t.reached) == (i < k, i <= k)
+        y = rnd.final.token_id
+        assert y == p[k].argmax().item() and rnd.emitted_ids == drafts[:k] + [y]
+        assert rnd.final.kind == ("bonus" if k == g > 0 else "correction" if g else "plain")
+        assert (rnd.final.token, rnd.final.prob, rnd.final.emitted) == (f"<{y}>", 1.0, True)
+        assert rnd.final.p == pytest.approx(p[k, y].item(), abs=1e-5)
+        assert rnd.final.raw_p == pytest.approx(raw_p[k, y].item(), abs=1e-5)
+        top3 = raw_p[k].topk(3).indices.tolist()
+        assert [e.token_id for e in rnd.final.top] == top3
+        for e in rnd.final.top:
+            assert (e.token, e.prob) == (f"<{e.token_id}>", float(e.token_id == y))
+            assert e.p == pytest.approx(p[k, e.token_id].item(), abs=1e-5)
+            assert e.raw_p == pytest.approx(raw_p[k, e.token_id].item(), abs=1e-5)
+        assert rnd.emitted_text == "|".join(map(str, rnd.emitted_ids))
+        committed += rnd.emitted_ids
+    assert committed[len(PROMPT):] == sp.new_ids and len(sp.new_ids) == 9
+    assert rounds[-1].final.emitted  # -n cut exactly at a round's end here: every final token emitted
+    for top in (0, 1):  # none listed; only the raw argmax
+        sp = Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(4, ignore_eos=True), 3, top=top)
+        for rnd in sp:
+            raw = target_rows(target, sp.seq.tokens[: rnd.position] + [t.token_id for t in rnd.proposed],
+                              rnd.position - 1, rnd.accepted + 1)[-1]
+            assert [e.token_id for e in rnd.final.top] == raw.topk(1).indices.tolist()[:top]
+
+
+def test_traced_sampled_rounds_against_plain_forwards(target):
+    """A sampled round's trace against plain forwards of the target and the draft (same chain: temperature 0.8,
+    then also top-k 2): q and raw q of each draft, p and raw p, accept min(1, p / q), u below it for each accepted
+    draft and not for the first rejected one, none after; the final token drawn from norm(max(0, p - q))
+    (correction) or p (bonus), its top entries that distribution's largest of probability > 0 only (under top-k 2,
+    at most 2 of the 4 asked)."""
+    draft = perturbed_copy(target, 0.5, seed=2)
+    for top_k in (None, 2):
+        settings = {"temperature": 0.8, "top-k": top_k} if top_k else {"temperature": 0.8}
+        chain = build_chain(settings)
+        gen = make_generator(5, "cpu")
+        sp = Speculator(target, ModelProposer(draft, chain, Multinomial(gen)), PROMPT, chain,
+                        StopRules(14, ignore_eos=True), 3, gen, token_text=str, top=4)
+        rounds = list(sp)
+        kinds = {r.final.kind for r in rounds}
+        assert "correction" in kinds and (top_k or "bonus" in kinds)
+        committed = list(PROMPT)
+        for rnd in rounds:
+            check_sampled_round(target, draft, rnd, committed, top_k)
+            committed += rnd.emitted_ids
+
+
+def check_sampled_round(target, draft, rnd, committed: list[int], top_k: int | None) -> None:
+    drafts = [t.token_id for t in rnd.proposed]
+    g, k, n = len(drafts), rnd.accepted, len(committed)
+    raw = target_rows(target, committed + drafts, n - 1, g + 1)
+    raw_q = target_rows(draft, committed + drafts, n - 1, g)
+    if top_k:
+        p, q = top_k_probs(raw / 0.8, top_k), top_k_probs(raw_q / 0.8, top_k)
+    else:
+        p, q = (raw / 0.8).softmax(-1), (raw_q / 0.8).softmax(-1)
+    for i, t in enumerate(rnd.proposed):
+        x = t.token_id
+        assert t.q == pytest.approx(q[i, x].item(), abs=1e-5)
+        assert t.raw_q == pytest.approx(raw_q[i].softmax(-1)[x].item(), abs=1e-5)
+        assert t.p == pytest.approx(p[i, x].item(), abs=1e-5)
+        assert t.raw_p == pytest.approx(raw[i].softmax(-1)[x].item(), abs=1e-5)
+        assert t.accept_prob == pytest.approx(min(1.0, p[i, x].item() / q[i, x].item()), abs=1e-5)
+        if i < k:
+            assert t.accepted and t.reached and t.u < t.accept_prob
+        elif i == k:
+            assert not t.accepted and t.reached and t.u >= t.accept_prob
+        else:
+            assert not t.accepted and not t.reached and t.u is None
+    y = rnd.final.token_id
+    if rnd.final.kind == "correction":
+        final = (p[k] - q[k]).clamp_min(0)
+        final = final / final.sum()
+    else:
+        final = p[k]
+    assert rnd.final.prob == pytest.approx(final[y].item(), abs=1e-5) and rnd.final.prob > 0
+    assert rnd.final.p == pytest.approx(p[k, y].item(), abs=1e-5)
+    assert rnd.final.raw_p == pytest.approx(raw[k].softmax(-1)[y].item(), abs=1e-5)
+    expected = [t for t in final.topk(4).indices.tolist() if final[t] > 0]
+    assert [e.token_id for e in rnd.final.top] == expected
+    assert all(e.token == str(e.token_id) for e in rnd.final.top)
+    for e in rnd.final.top:
+        assert e.prob == pytest.approx(final[e.token_id].item(), abs=1e-5)
+        assert e.p == pytest.approx(p[k, e.token_id].item(), abs=1e-5)
+    assert rnd.emitted_text == ""  # no detokenizer given
+
+
+def test_a_stop_inside_a_round_cuts_its_emitted_tokens_like_plain_decoding(target):
+    """An identical draft accepts all 4 drafts of round 0 (5 tokens with the bonus); a stop id at the 3rd token
+    ends the run there: the round emits 3 tokens, its final (bonus) token is not emitted, the sequence holds only
+    the emitted tokens. A context of prompt + 5 cuts the first round mid-way as plain decoding does."""
+    chain = build_chain({"temperature": 0})
+    ref = reference(target, PROMPT, chain, StopRules(5, ignore_eos=True))
+    stop_at = next(i for i in range(1, 5) if ref[i] not in ref[:i])
+    sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain,
+                    StopRules(20, ignore_eos=True, stop_ids=(ref[stop_at],)), 4)
+    (rnd,) = list(sp)
+    assert rnd.accepted == 4 and rnd.emitted_ids == ref[: stop_at + 1] == sp.new_ids
+    assert rnd.final.kind == "bonus" and rnd.final.emitted is False and sp.stop_reason == "stop"
+    assert sp.seq.tokens == PROMPT + ref[: stop_at + 1]
+    rules = StopRules(20, ignore_eos=True, context_length=len(PROMPT) + 5)
+    plain = reference(target, PROMPT, chain, rules)
+    sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, rules, 8)
+    rounds = list(sp)
+    assert sp.new_ids == plain and len(plain) == 5 and sp.stop_reason == "context"
+    assert [r.emitted_ids for r in rounds] == [plain]  # one round, cut by the context inside it
+    assert rounds[0].drafted == 5  # gamma 8 capped at the room left: 12 - 7 positions
+    # the draft model's own context (10) caps the drafts too: 3 in round 0, none after (plain target steps)
+    draft = ModelProposer(target, chain, Greedy(), context_length=len(PROMPT) + 3)
+    rounds = list(Speculator(target, draft, PROMPT, chain, StopRules(6, ignore_eos=True), 8))
+    assert [r.drafted for r in rounds] == [3, 0, 0]
+
+
+def test_draft_forwards_and_round_times_add_up(target):
+    """The draft model runs one forward per drafted token (draft_calls), counted from its start (a proposer reused
+    for a second run counts that run only); each round's times are the run's, in ms."""
+    chain = build_chain({"temperature": 0})
+    proposer = ModelProposer(perturbed_copy(target, 0.3, seed=1), chain, Greedy())
+    for _ in range(2):
+        sp = Speculator(target, proposer, PROMPT, chain, StopRules(12, ignore_eos=True), 3)
+        rounds = list(sp)
+        assert proposer.forwards == sp.stats.drafted == sum(r.drafted for r in rounds) > 0
+        assert sp.summary(None).draft_calls == sp.stats.drafted
+        assert sum(r.draft_ms for r in rounds) == pytest.approx(sp.stats.draft_seconds * 1e3)
+        assert sum(r.target_ms for r in rounds) == pytest.approx(sp.stats.target_seconds * 1e3)
+        assert all(isinstance(r.draft_ms, float) and r.target_ms > 0 for r in rounds)
+
+
+def test_drafts_capped_so_a_round_never_overshoots_n(target):
+    """-n 8, gamma 4, an identical draft (every draft accepted): round 0 drafts 4 and emits 5; round 1 has room for
+    3 more tokens, so it drafts 2 (plus the bonus), not 4."""
+    chain = build_chain({"temperature": 0})
+    sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain, StopRules(8, ignore_eos=True), 4)
+    assert [(r.drafted, len(r.emitted_ids)) for r in sp] == [(4, 5), (2, 3)]
+
+
+def test_speculator_defaults_gamma_refusal_and_stop_strings(target):
+    """Five alternatives listed by default; gamma 0 refused word for word; a stop string read through the
+    detokenizer given ends the run at the token that completes it, as plain decoding does."""
+    chain = build_chain({"temperature": 0})
+    rounds = list(Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(3, ignore_eos=True), 2))
+    assert all(len(r.final.top) == 5 for r in rounds)
+    with pytest.raises(ConfigError) as err:
+        Speculator(target, NGramProposer(2), PROMPT, chain, StopRules(3), 0)
+    assert str(err.value) == "--gamma 0: must be an integer >= 1"
+    ref = reference(target, PROMPT, chain, StopRules(6, ignore_eos=True))
+    mark = ref[3]
+    detok = lambda ids: "".join("X" if t == mark else "." for t in ids)  # noqa: E731
+    sp = Speculator(target, ModelProposer(target, chain, Greedy()), PROMPT, chain,
+                    StopRules(20, stop_strings=("X",), ignore_eos=True), 4, detok=detok)
+    list(sp)
+    assert sp.new_ids == ref[: ref.index(mark) + 1] and sp.stop_reason == "stop"
