@@ -193,3 +193,69 @@ def test_build_shares_the_selectors_generator_and_resolves_texts_with_the_tokeni
     assert stage["ban"].sequences == ((0, 1),)
     assert stage["bias"].bias == {3: 2.0}
     assert stage["dry"].breakers == ((2,), (1,), (4,))
+
+
+def test_make_chain_seeds_xtcs_coin_from_the_settings_and_hands_the_end_and_stop_ids_on():
+    """``make_chain``: without a generator, one seeded by --seed (XTC's first coin equals a fresh generator's of that
+    seed, not of seed 0); a generator handed in is the one XTC uses; min-new-tokens bans the model's end ids and the
+    --stop-id ids."""
+    from types import SimpleNamespace
+
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.sampling.chain import make_chain
+    from decodelab.core.sampling.select import make_generator
+
+    tok = SimpleNamespace(encode=lambda text, add_special_tokens=True: [1])
+    lm = SimpleNamespace(vocab_size=8, tokenizer=tok, token_id=lambda t: 1, token_text=lambda i: "t", device="cpu",
+                         eos_ids=(6,))
+    s = SampleSettings(temperature=1.0, xtc_probability=0.5, min_new_tokens=2, stop_id=(5,), seed=7)
+    stage = {p.name: p for p in make_chain(lm, s).processors}
+    coin = torch.rand(4, generator=stage["xtc"].generator)
+    assert torch.equal(coin, torch.rand(4, generator=make_generator(7, "cpu")))
+    assert not torch.equal(coin, torch.rand(4, generator=make_generator(0, "cpu")))
+    assert set(stage["min-new-tokens"].end_ids) == {5, 6}
+    mine = make_generator(3, "cpu")
+    assert {p.name: p for p in make_chain(lm, s, mine).processors}["xtc"].generator is mine
+
+
+def test_chain_for_hands_the_constraint_its_tokens():
+    """The constraint stage reads the tokenizer and the logits width from the tokens chain_for is given."""
+    from transformers import AutoTokenizer
+
+    from decodelab.core.sampling.chain import chain_for
+    from decodelab.core.sampling.settings import ChainSettings
+    from decodelab.core.sampling.tokens import Tokens
+
+    from conftest import BUNDLED_TOKENIZER
+
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_TOKENIZER)
+    tokens = Tokens(len(tokenizer), lambda t: tokenizer.encode(t, add_special_tokens=False), None, None, tokenizer)
+    _, chain = chain_for(ChainSettings(regex="ab"), tokens, eos_ids=(0,))
+    (stage,) = chain.processors
+    assert stage.name == "constraint" and stage.vocabulary.size == len(tokenizer)
+
+
+def test_range_checks_of_the_logit_bias_and_dynatemp_word_for_word():
+    import math
+
+    from decodelab.core.errors import ConfigError
+    from decodelab.core.sampling.chain import validate_chain_ranges
+    from decodelab.core.sampling.settings import ChainSettings
+
+    def refusal(engine=None, **kw):
+        with pytest.raises(ConfigError) as err:
+            validate_chain_ranges(ChainSettings(**kw), engine)
+        return str(err.value)
+
+    assert refusal(logit_bias=(("5", math.nan),)) == "--logit-bias 5=nan: the bias must be a number or -inf"
+    assert refusal(logit_bias=(("5", math.inf),)) == (
+        "--logit-bias 5=inf: +inf cannot force a token (every other candidate would be NaN); use a large finite bias "
+        "such as 100, or ban the others with -inf")
+    validate_chain_ranges(ChainSettings(logit_bias=(("5", -math.inf),)))
+    assert refusal(dynatemp_range=0.5, temperature=0.0) == (
+        "--dynatemp-range 0.5: needs a temperature > 0 (-t 0 is greedy); the range is around -t")
+    validate_chain_ranges(ChainSettings(dynatemp_range=0.5, temperature=0.0), "llamacpp")  # T over [0, 0.5]
+    # the texts are checked in stage order, and the logit bias (a stage before --ban) only after them all
+    bad = "\udcff"
+    assert refusal(logit_bias=((bad, 1.0),), ban=(bad,)).startswith("--ban ")
+    assert refusal(logit_bias=((bad, 1.0),)).startswith("--logit-bias ")

@@ -85,3 +85,15 @@ def test_range_checks_refuse_infinity_and_nan_where_they_ask_for_a_finite_number
     check_range(param("min_p"), 3.0, "llamacpp")
     with pytest.raises(ConfigError, match=r"^--min-p nan: must be a number"):
         check_range(param("min_p"), math.nan, "llamacpp")
+
+
+def test_value_readers_of_dry_and_the_constraint_and_each_field_once():
+    """DRY's breakers default to none when nothing was resolved; the constraint is what resolution read; params()
+    lists each field once."""
+    from decodelab.core.sampling.registry import _constraint, _dry, params
+
+    assert _dry(ChainSettings(dry_multiplier=0.8), {})["breakers"] == ()
+    marker = object()
+    assert _constraint(ChainSettings(), {"constraint": marker}) is marker
+    fields = [p.field for p in params()]
+    assert len(fields) == len(set(fields)) and "temperature" in fields and "dry_breaker" in fields

@@ -77,3 +77,64 @@ def test_dry_breakers_default_to_llamacpps_with_a_tokenizer_and_to_none_without(
 def test_a_dry_breaker_is_refused_under_its_own_option():
     assert refusal(lambda: dry_breakers(("x y",), 5)) == (
         "--dry-breaker 'x y': without a model give token ids, e.g. '3' or '3 4'")
+
+
+# --- the 99 mutants of the first run stopped at the time limit: their only callers were CLI tests -------------------
+
+
+def recording_tokenizer():
+    """encode(text) -> [1 if special tokens are added else 0] + code points: which flag it got shows in the ids."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(encode=lambda text, add_special_tokens=True: [int(add_special_tokens)] + [ord(c) for c in text])
+
+
+def test_tokens_of_a_model_encode_without_special_tokens_and_keep_the_models_functions():
+    from types import SimpleNamespace
+
+    from decodelab.core.sampling.tokens import Tokens
+
+    tok = recording_tokenizer()
+    lm = SimpleNamespace(vocab_size=300, tokenizer=tok, token_id=lambda text: 7, token_text=lambda i: "t")
+    t = Tokens.of(lm)
+    assert t.encode("ab") == [0, 97, 98]  # add_special_tokens=False
+    assert t.vocab == 300 and t.token_id is lm.token_id and t.token_text is lm.token_text and t.tokenizer is tok
+    assert not t.checking
+
+
+def test_placeholder_tokens_make_every_text_token_zero_in_an_unbounded_vocabulary():
+    from decodelab.core.sampling.tokens import Tokens
+
+    t = Tokens.placeholder()
+    assert t.vocab == 2**31 and t.encode("any text") == [0] and t.token_id("x") == 0
+    assert t.token_text is None and t.tokenizer is None and t.checking is True
+
+
+def test_resolve_reads_logit_bias_by_id_or_text_and_adds_repeats():
+    from decodelab.core.sampling.settings import ChainSettings
+    from decodelab.core.sampling.tokens import Tokens, resolve
+
+    ids = {"x": 3, "y": 4}
+
+    def token_id(text):
+        if text not in ids:
+            raise ConfigError(f"{text!r} is not one token")
+        return ids[text]
+
+    tokens = Tokens(5, encode, token_id, TEXTS.__getitem__)
+    s = ChainSettings(logit_bias=(("x", 1.5), ("3", 0.5), ("1", -2.0)), ban=("ab",), allow=("a", ":"),
+                      sequence_bias=(("ab", 0.25),), dry_multiplier=0.8, dry_breaker=(":",), regex="a+")
+    got = resolve(s, tokens)
+    assert got["bias"] == {3: 2.0, 1: -2.0}
+    assert got["ban"] == ((0, 1),) and got["allow"] == (0, 2) and got["sequence-bias"] == (((0, 1), 0.25),)
+    assert got["dry-breakers"] == ((2,), (1,), (4,))
+    assert (got["constraint"].option, got["constraint"].value) == ("--regex", "a+")
+    assert "dry-breakers" not in resolve(ChainSettings(), tokens)
+    assert resolve(ChainSettings(), tokens)["constraint"] is None
+    assert refusal(lambda: resolve(ChainSettings(logit_bias=(("z", 1.0),)), tokens)) == (
+        "--logit-bias z=1.0: 'z' is not one token")
+    assert refusal(lambda: resolve(ChainSettings(logit_bias=(("5", 1.0),)), tokens)) == (
+        "--logit-bias 5=1.0: token id out of range [0, 5)")
+    assert refusal(lambda: resolve(ChainSettings(logit_bias=(("x", 1.0),)), Tokens(5))) == (
+        "--logit-bias x=1.0: without a model TOKEN must be a token id")
+    assert resolve(ChainSettings(logit_bias=(("4", 1.0), ("0", 1.0))), Tokens(5))["bias"] == {4: 1.0, 0: 1.0}
