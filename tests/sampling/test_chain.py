@@ -216,6 +216,10 @@ def test_make_chain_seeds_xtcs_coin_from_the_settings_and_hands_the_end_and_stop
     assert set(stage["min-new-tokens"].end_ids) == {5, 6}
     mine = make_generator(3, "cpu")
     assert {p.name: p for p in make_chain(lm, s, mine).processors}["xtc"].generator is mine
+    from decodelab.core.sampling.settings import ChainSettings  # no seed field: seed 0
+
+    plain = {p.name: p for p in make_chain(lm, ChainSettings(temperature=1.0, xtc_probability=0.5)).processors}
+    assert torch.equal(torch.rand(4, generator=plain["xtc"].generator), torch.rand(4, generator=make_generator(0, "cpu")))
 
 
 def test_chain_for_hands_the_constraint_its_tokens():

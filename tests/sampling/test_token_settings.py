@@ -138,3 +138,26 @@ def test_resolve_reads_logit_bias_by_id_or_text_and_adds_repeats():
     assert refusal(lambda: resolve(ChainSettings(logit_bias=(("x", 1.0),)), Tokens(5))) == (
         "--logit-bias x=1.0: without a model TOKEN must be a token id")
     assert resolve(ChainSettings(logit_bias=(("4", 1.0), ("0", 1.0))), Tokens(5))["bias"] == {4: 1.0, 0: 1.0}
+
+
+def test_each_token_setting_is_refused_under_its_own_option_and_each_constraint_option_reaches_the_spec(tmp_path):
+    from decodelab.core.sampling.settings import ChainSettings
+    from decodelab.core.sampling.tokens import Tokens, resolve
+
+    ids_only = Tokens(5)
+    hint = "without a model give token ids, e.g. '3' or '3 4'"
+    assert refusal(lambda: resolve(ChainSettings(allow=("x",)), ids_only)) == f"--allow 'x': {hint}"
+    assert refusal(lambda: resolve(ChainSettings(sequence_bias=(("x", 1.0),)), ids_only)) == (
+        f"--sequence-bias 'x': {hint}")
+    assert refusal(lambda: resolve(ChainSettings(ban=("x",)), ids_only)) == f"--ban 'x': {hint}"
+    long = "9" * 41
+    assert refusal(lambda: resolve(ChainSettings(logit_bias=((long, 1.0),)), ids_only)).startswith(
+        f"--logit-bias {long}=1.0: TOKEN 999999999999...: 41 digits")
+    grammar = tmp_path / "g.lark"
+    grammar.write_text('start: "a"\n')
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "integer"}')
+    for settings, option in [(ChainSettings(choice="yes,no"), "--choice"),
+                             (ChainSettings(grammar=str(grammar)), "--grammar"),
+                             (ChainSettings(json_schema=str(schema)), "--json-schema")]:
+        assert resolve(settings, ids_only)["constraint"].option == option
