@@ -259,6 +259,7 @@ def test_range_checks_of_the_logit_bias_and_dynatemp_word_for_word():
     assert refusal(dynatemp_range=0.5, temperature=0.0) == (
         "--dynatemp-range 0.5: needs a temperature > 0 (-t 0 is greedy); the range is around -t")
     validate_chain_ranges(ChainSettings(dynatemp_range=0.5, temperature=0.0), "llamacpp")  # T over [0, 0.5]
+    validate_chain_ranges(ChainSettings(dynatemp_range=0.5, temperature=1.0))
     # the texts are checked in stage order, and the logit bias (a stage before --ban) only after them all
     bad = "\udcff"
     assert refusal(logit_bias=((bad, 1.0),), ban=(bad,)).startswith("--ban ")
