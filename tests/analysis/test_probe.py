@@ -20,7 +20,9 @@ from conftest import BUNDLED_TOKENIZER, ROOT
 from retrieval_model import retrieval_model
 from transformers import AutoTokenizer
 
-from decodelab.core.analysis.probe import Prober, ProbeSettings, answer_logprobs, build_trials
+from decodelab.core.analysis.probe import (MARGIN, NEEDLE, QUESTION, Prober, ProbeReport, ProbeSettings, Trial,
+                                          TrialResult, answer_logprobs, build_trials, check_probe, filler_count,
+                                          needle_share, probe_keys, run_trial, summarize)
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import parse_cache_spec
@@ -203,3 +205,143 @@ def test_a_question_in_the_prompt_leaves_the_first_answer_token_to_the_exact_pre
     assert tokenizer.decode(trial.baseline_ids).endswith("The pass key is")
     window = prober.policy(parse_cache_spec("window:size=32"))
     assert window.results[0].token_logprobs[0] == prober.full()[0].token_logprobs[0]
+
+
+# mutation run of core/analysis/probe.py (2026-12-02, second round): the survivors of the first run
+
+
+def one_line(message: str) -> str:
+    """pytest.raises(match=) for the whole message, nothing before or after it."""
+    return "^" + re.escape(message) + "$"
+
+
+def test_the_depth_bounds_are_inclusive_and_an_empty_list_or_key_is_refused_word_for_word():
+    check_probe(ProbeSettings(depths=(0.0, 1.0)))  # both ends of [0, 1] are depths
+    check_probe(ProbeSettings(filler_tokens=1))  # one filler token is enough
+    with pytest.raises(ConfigError, match=one_line("--probe-depths: give at least one depth in [0, 1]")):
+        check_probe(ProbeSettings(depths=()))
+    with pytest.raises(ConfigError, match=one_line("--probe-keys: a key is empty; give keys such as 71432,58210")):
+        check_probe(ProbeSettings(keys=("1", "")))
+    with pytest.raises(ConfigError, match=one_line("probe filler_tokens 0: the probe needs at least 1 filler token")):
+        check_probe(ProbeSettings(filler_tokens=0))
+
+
+def test_the_default_keys_are_two_five_digit_draws_of_the_seed():
+    """Two keys of five digits, each digit random.Random(seed).randrange(10): seed 0 draws 6,6,0,4,8 then 7,6,4,7,5;
+    seed 1 is one whose draws would hold an 11th value (10) if the range were off by one."""
+    assert probe_keys(ProbeSettings(seed=0)) == ["66048", "76475"]
+    for seed in range(8):
+        keys = probe_keys(ProbeSettings(seed=seed))
+        assert len(keys) == 2 and all(re.fullmatch(r"[0-9]{5}", k) for k in keys), (seed, keys)
+    assert probe_keys(ProbeSettings(keys=("12", "34", "56"))) == ["12", "34", "56"]
+
+
+def test_a_trial_describes_itself_by_its_positions_and_lengths():
+    trial = Trial("42", 0.5, 3, 9, context_ids=[1] * 12, question_ids=[2] * 4, answer_ids=[5, 6], baseline_ids=[1])
+    assert trial.describe() == {"key": "42", "depth": 0.5, "needle_start": 3, "needle_end": 9, "context_tokens": 12,
+                                "question_tokens": 4, "answer_ids": [5, 6]}
+
+
+def test_the_filler_count_takes_the_least_of_the_text_the_setting_and_the_room(tokenizer):
+    filler = list(range(300, 340))  # 40 tokens
+    s = ProbeSettings(keys=("7 7 7 7",))
+    extra = len(tokenizer.encode(NEEDLE.format(key="7 7 7 7") + QUESTION + " 7 7 7 7"))
+    assert filler_count(tokenizer, filler, s) == 40
+    assert filler_count(tokenizer, filler, ProbeSettings(keys=("7 7 7 7",), filler_tokens=3)) == 3
+    assert filler_count(tokenizer, filler, ProbeSettings(keys=("7 7 7 7",), filler_tokens=50), 1000) == 40
+    assert filler_count(tokenizer, filler, s, extra + MARGIN + 10) == 10
+    assert filler_count(tokenizer, filler, s, 5) == 1  # no room at all: one filler token still
+    assert filler_count(tokenizer, [300], s) == 1
+    with pytest.raises(ConfigError, match=one_line(
+            "--text-file: the probe's filler is empty; give a text to plant the key in")):
+        filler_count(tokenizer, [], s)
+
+
+def test_a_question_that_merges_into_the_needle_is_refused(tokenizer, filler):
+    """' pass' + 'ing' is one token (' passing'): the prompt's tokens do not start with the context's, although the
+    key still follows the question cleanly."""
+    s = ProbeSettings(keys=("7 7 7 7",), depths=(1.0,), needle=" The pass key is {key}. Remember the pass",
+                      question="ing key? The pass key is")
+    with pytest.raises(ConfigError, match=one_line(
+            "probe question: the tokenizer merges the text, the question and the key across their boundaries; "
+            "start the question with a space and end it in a word")):
+        build_trials(tokenizer, filler, s)
+
+
+def test_a_tokenizer_that_adds_a_bos_gets_it_once_at_the_start(filler):
+    """The filler as a user's tokenizer encodes it starts with BOS; the probe cuts it as text (special tokens
+    skipped) and re-encodes with the tokenizer's own specials, so every sequence holds exactly one BOS, at 0, and
+    the needle positions count it."""
+    bos_tokenizer = _bos_tokenizer()
+    text = bos_tokenizer.decode(filler)
+    ids = bos_tokenizer.encode(text)
+    assert ids[0] == 0 and ids.count(0) == 1
+    for trial in build_trials(bos_tokenizer, ids, ProbeSettings(keys=("7 7 7 7",), depths=(0.0, 0.5))):
+        for seq in (trial.context_ids, trial.baseline_ids):
+            assert seq[0] == 0 and seq.count(0) == 1
+        assert bos_tokenizer.decode(trial.context_ids[trial.needle_start : trial.needle_end]) == \
+            NEEDLE.format(key="7 7 7 7")
+        assert 0 not in trial.question_ids + trial.answer_ids
+
+
+def _bos_tokenizer():
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+    inner = Tokenizer.from_file(str(BUNDLED_TOKENIZER / "tokenizer.json"))
+    inner.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=inner, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+
+
+def test_a_static_cache_is_sized_to_context_question_and_answer(model, tokenizer, filler):
+    """static preallocates exactly the capacity it is given and refuses a token past it: the probe's capacity must be
+    context + question + answer (a shorter one stops at the question or the answer)."""
+    prober = Prober(model, tokenizer, filler, ProbeSettings(keys=("7 7 7 7",), depths=(0.5,)))
+    static = prober.policy(parse_cache_spec("static"))
+    assert static.results[0].right
+    assert static.results[0].token_logprobs == pytest.approx(prober.full()[0].token_logprobs, abs=1e-5)
+
+
+def test_the_needle_share_of_an_empty_span_is_none(model, tokenizer, filler):
+    trial = build_trials(tokenizer, filler, ProbeSettings(keys=("3 3 3 3",), depths=(0.5,)))[0]
+    kept = answer_logprobs(model, trial.context_ids, trial.question_ids, trial.answer_ids,
+                           parse_cache_spec("h2o:size=32"))[2]
+    assert needle_share(kept, 5, 5) is None and needle_share(None, 0, 4) is None
+
+
+def test_results_carry_their_label_key_and_depth_and_the_means_are_means(model, tokenizer, filler):
+    prober = Prober(model, tokenizer, filler, ProbeSettings(keys=("7 7 7 7", "3 3 3 3"), depths=(0.1, 0.9)))
+    trial = prober.trials[3]
+    spec = parse_cache_spec("window:size=32")
+    assert run_trial(model, trial, spec, "mine").policy == "mine"
+    result = run_trial(model, trial, spec)
+    assert (result.policy, result.key, result.depth) == (str(spec), "3 3 3 3", 0.9)
+    assert all(r.policy == "full" for r in prober.full())
+    labelled = prober.policy(spec, "mine")
+    assert labelled.policy == "mine" and all(r.policy == "mine" for r in labelled.results)
+    assert prober.policy(spec).policy == str(spec)
+    # the full spec is the reference itself, not a rerun of it
+    assert prober.policy(parse_cache_spec("full")).results is prober.full()
+    report = prober.report([spec])
+    assert report.policies[0].policy == str(spec) and report.policies[0].results[0].policy == str(spec)
+    report = prober.report([spec], ["named"])
+    assert report.policies[0].results[0].policy == "named"
+
+
+def test_summarize_and_the_baseline_take_means_over_the_trials():
+    """Two trials with log-probabilities -1 and -3: mean -2, mean probability (e^-1 + e^-3) / 2; judged only where
+    the full cache is right."""
+    a = TrialResult("p", "1", 0.5, -1.0, [-1.0], True, 0.5)
+    b = TrialResult("p", "2", 0.5, -3.0, [-3.0], False, None)
+    probe = summarize("p", [a, b], [a, a])
+    assert probe.mean_logprob == -2.0 and probe.mean_answer_prob == pytest.approx((math.exp(-1) + math.exp(-3)) / 2)
+    assert (probe.trials, probe.judged, probe.right, probe.accuracy, probe.needle_kept) == (2, 2, 1, 0.5, 0.5)
+    report = ProbeReport([], probe, [-1.0, -3.0, -5.0])
+    assert report.baseline_mean() == -3.0
+
+
+def test_a_prober_fits_its_filler_and_trials_to_the_context(model, tokenizer, filler):
+    prober = Prober(model, tokenizer, filler, ProbeSettings(keys=("7 7 7 7",), depths=(0.5,)), context=100)
+    assert prober.filler_tokens == filler_count(tokenizer, filler, ProbeSettings(keys=("7 7 7 7",)), 100) < len(filler)
+    trial = prober.trials[0]
+    assert len(trial.context_ids) + len(trial.question_ids) + len(trial.answer_ids) <= 100
