@@ -4,6 +4,7 @@ the single run a user would type for that policy, and rows are ordered as docume
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -120,3 +121,49 @@ def test_policy_lists_split_where_a_policy_begins():
 def test_bad_input_is_one_line(cli, args, words):
     code, out, err = cli(*args)
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+# mutation run of core/analysis/policies.py (2026-12-02, second round): the rows built from hand-made summaries, the
+# ranking's three keys each deciding once
+
+
+def test_a_policy_row_carries_the_summary_the_bytes_ratio_and_the_probe():
+    from types import SimpleNamespace
+
+    from decodelab.core.analysis.policies import fidelity_row, policy_row
+    summary = SimpleNamespace(policy="window:size=8", tokens=50, kv_bytes_peak=300, perplexity=12.5, kl_mean=0.25,
+                              top1_agreement=0.9, top1_flips=5)
+    probe = SimpleNamespace(accuracy=0.5, mean_logprob=-2.0, needle_kept=0.25)
+    row = policy_row("w", summary, 1200, probe)
+    assert (row.label, row.spec, row.tokens, row.kv_bytes_peak, row.bytes_ratio, row.perplexity) == \
+        ("w", "window:size=8", 50, 300, 0.25, 12.5)
+    assert (row.kl_mean, row.top1_agreement, row.top1_flips) == (0.25, 0.9, 5)
+    assert (row.probe_accuracy, row.probe_logprob, row.needle_kept, row.rank) == (0.5, -2.0, 0.25, 0)
+    bare = policy_row("w", summary, 0)
+    assert math.isnan(bare.bytes_ratio) and (bare.probe_accuracy, bare.probe_logprob, bare.needle_kept) == \
+        (None, None, None)
+    steps = [SimpleNamespace(agree=a) for a in (True, False, False, True)]
+    fidelity = SimpleNamespace(cache="quant:bits=4", tokens=4, kv_bytes=100, perplexity=9.0, kl_mean=0.5,
+                               top1_agreement=0.5, steps=steps)
+    row = fidelity_row("q", fidelity, 400, probe)
+    assert (row.label, row.spec, row.tokens, row.kv_bytes_peak, row.bytes_ratio, row.perplexity) == \
+        ("q", "quant:bits=4", 4, 100, 0.25, 9.0)
+    assert (row.kl_mean, row.top1_agreement, row.top1_flips) == (0.5, 0.5, 2)
+    assert (row.probe_accuracy, row.probe_logprob, row.needle_kept) == (0.5, -2.0, 0.25)
+    fidelity.steps = []
+    bare = fidelity_row("q", fidelity, 0)
+    assert bare.top1_flips is None and math.isnan(bare.bytes_ratio) and bare.needle_kept is None
+
+
+def test_ranking_keys_accuracy_then_kl_then_bytes_with_missing_values_last():
+    from decodelab.core.analysis.policies import PolicyRow, ranked
+
+    def row(label, accuracy, kl, nbytes):
+        return PolicyRow(label, label, 10, nbytes, 1.0, 1.0, kl, None, None, probe_accuracy=accuracy)
+    rows = [row("no-kl", 1.0, None, 10), row("nan-kl", 1.0, float("nan"), 5), row("kl", 1.0, 0.3, 99),
+            row("worse", 0.5, 0.0, 1), row("no-probe", None, 0.0, 1), row("tie-b", 1.0, 0.1, 7),
+            row("tie-a", 1.0, 0.1, 7)]
+    out = ranked(rows)
+    # accuracy 1 first, by KL (a missing or NaN KL as infinite, then bytes), then 0.5; no probe counts as 0
+    assert [r.label for r in out] == ["tie-b", "tie-a", "kl", "nan-kl", "no-kl", "worse", "no-probe"]
+    assert [r.rank for r in out] == [1, 2, 3, 4, 5, 6, 7]

@@ -97,3 +97,17 @@ def test_value_readers_of_dry_and_the_constraint_and_each_field_once():
     assert _constraint(ChainSettings(), {"constraint": marker}) is marker
     fields = [p.field for p in params()]
     assert len(fields) == len(set(fields)) and "temperature" in fields and "dry_breaker" in fields
+
+
+# mutation run of core/sampling/settings.py (2026-12-02, second round): annotation runs at import time (building
+# ChainSettings), where no mutant is switched on; called here in the body
+
+
+def test_each_settings_field_type_is_an_optional_scalar_a_tuple_of_texts_or_of_pairs():
+    from decodelab.core.sampling.registry import Param
+    from decodelab.core.sampling.settings import annotation
+    assert annotation(Param("temperature", float, "t")) == (float | None)
+    assert annotation(Param("top_k", int, "k")) == (int | None)
+    assert annotation(Param("ban", str, "b", many=True)) == tuple[str, ...]
+    assert annotation(Param("bias", str, "b", pairs=True)) == tuple[tuple[str, float], ...]
+    assert annotation(Param("bias", str, "b", many=True, pairs=True)) == tuple[tuple[str, float], ...]
