@@ -120,7 +120,7 @@ def constraint_summary(steps: list[Step]) -> ConstraintSummary | None:
                                      s.state["constraint.log_mass_kept"]))
     run = longest = 0
     for s in steps:
-        run = run + 1 if s.token != "" and s.token.isspace() else 0
+        run = run + 1 if s.token.isspace() else 0  # "".isspace() is False
         longest = max(longest, run)
     count = lambda key: sum(1 for s in rows if s.state[key] > 0)  # noqa: E731
     worst = sorted((b for b in bitten if b.log_mass_kept < 0), key=lambda b: b.log_mass_kept)[:HARDEST]
