@@ -142,12 +142,12 @@ def test_a_policy_row_carries_the_summary_the_bytes_ratio_and_the_probe():
     bare = policy_row("w", summary, 0)
     assert math.isnan(bare.bytes_ratio) and (bare.probe_accuracy, bare.probe_logprob, bare.needle_kept) == \
         (None, None, None)
-    steps = [SimpleNamespace(agree=a) for a in (True, False, False, True)]
-    fidelity = SimpleNamespace(cache="quant:bits=4", tokens=4, kv_bytes=100, perplexity=9.0, kl_mean=0.5,
+    steps = [SimpleNamespace(agree=a) for a in (True, False, False)]  # 2 flips, 1 agreement
+    fidelity = SimpleNamespace(cache="quant:bits=4", tokens=3, kv_bytes=100, perplexity=9.0, kl_mean=0.5,
                                top1_agreement=0.5, steps=steps)
     row = fidelity_row("q", fidelity, 400, probe)
     assert (row.label, row.spec, row.tokens, row.kv_bytes_peak, row.bytes_ratio, row.perplexity) == \
-        ("q", "quant:bits=4", 4, 100, 0.25, 9.0)
+        ("q", "quant:bits=4", 3, 100, 0.25, 9.0)
     assert (row.kl_mean, row.top1_agreement, row.top1_flips) == (0.5, 0.5, 2)
     assert (row.probe_accuracy, row.probe_logprob, row.needle_kept) == (0.5, -2.0, 0.25)
     fidelity.steps = []

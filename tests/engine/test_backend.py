@@ -50,3 +50,9 @@ def test_a_tokenizer_folder_needs_no_weights(tmp_path):
         if f.is_file() and f.suffix != ".safetensors":
             shutil.copy(f, tmp_path / f.name)
     assert load_tokenizer(str(tmp_path)).encode("Once") == load_tokenizer("tiny").encode("Once")
+
+
+def test_an_unknown_capability_is_a_programming_error_naming_it():
+    """mutation run of core/engine/backend.py (2026-12-02, second round)"""
+    with pytest.raises(ValueError, match="^unknown capability 'telepathy'$"):
+        refuse_lacking(EMBEDDED, {"telepathy": "--x"}, "the embedded runtime")

@@ -92,8 +92,13 @@ def test_a_run_ends_by_length_interrupt_or_an_empty_chain_and_keeps_its_steps():
     assert Run.stop_reason == "length" and Run.interrupted is False  # the class defaults stay
 
 
-def test_the_public_api_loads_each_name_from_its_module_on_first_use():
+def test_the_public_api_loads_each_name_from_its_module_on_first_use(monkeypatch):
+    from decodelab.core.analysis.policies import ranked
     from decodelab.core.kv import parse_cache_spec
+    from decodelab.core.sampling.chain import make_chain
+    for name in ("ranked", "make_chain"):  # not yet loaded, whatever ran before
+        monkeypatch.delitem(vars(core), name, raising=False)
+    assert core.ranked is ranked and core.make_chain is make_chain and vars(core)["ranked"] is ranked
     from decodelab.core.methods.registry import METHODS
     assert core.parse_cache_spec is parse_cache_spec and core.METHODS is METHODS
     assert "parse_cache_spec" in vars(core)  # cached after the first use

@@ -110,3 +110,8 @@ def test_records_are_plain_dicts():
     record = step(2, "z").to_dict()
     assert (record["index"], record["position"], record["token_id"], record["token"]) == (2, 9, 102, "z")
     assert record["stages"][0] == {"name": "temperature", "kept": 10, "entropy": 1.0, "mass_removed": 0.0}
+
+
+def test_no_whitespace_token_means_a_longest_run_of_zero():
+    steps = [step(0, "a", state=constrained(-0.5)), step(1, "b", state=constrained(0.0))]
+    assert constraint_summary(steps).longest_whitespace_run == 0
