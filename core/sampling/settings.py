@@ -21,13 +21,12 @@ def annotation(p: Param):
     return p.kind | None
 
 
-def stage_values(self, bias_ids: dict[int, float] | None = None, resolved: dict | None = None) -> dict:
+def stage_values(self, resolved: dict | None = None) -> dict:
     """Stage name -> constructor value (None: off), the shape :func:`~.chain.build_chain` takes. ``resolved`` holds
-    the token ids of the text-valued settings ("sequence-bias", "ban", "allow", "dry-breakers", "bias"); without it
-    (checking settings before a tokenizer exists) placeholders stand in."""
+    the token ids of the text-valued settings ("sequence-bias", "ban", "allow", "dry-breakers", "bias"), as
+    :func:`~.tokens.resolve` gives them (over ``Tokens.placeholder()`` when no tokenizer exists yet); a set text-valued
+    setting without its ids is a KeyError."""
     resolved = dict(resolved or {})
-    if bias_ids is not None:
-        resolved["bias"] = bias_ids
     return {stage.name: stage.value(self, resolved) for stage in STAGES}
 
 
