@@ -83,3 +83,13 @@ def test_attention_profile_refuses_no_sinks_and_too_short_a_text_in_one_line():
 def test_rotary_models_are_told_from_absolute_position_ones():
     from decodelab.core.analysis.attention import _has_rotary
     assert _has_rotary(random_model("llama")) and not _has_rotary(random_model("gpt2"))
+
+
+def test_a_head_with_nothing_beyond_its_sinks_has_an_infinite_ratio():
+    """All weight on key 0 from every query: the other keys get 0, so the ratio is inf, not a division error; a
+    head with a little weight elsewhere has a finite one."""
+    sink = causal([[1, 0, 0], [1, 0, 0], [1, 0, 0]])
+    near = causal([[1, 0, 0], [1, 0, 0], [.8, .1, .1]])
+    rows = sink_profile([torch.stack([sink, near]).unsqueeze(0)], sinks=1, late_from=2)
+    assert rows[0].average_mass == 0.0 and rows[0].ratio == float("inf")
+    assert rows[1].ratio == pytest.approx(.8 / .1)

@@ -167,3 +167,10 @@ def test_ranking_keys_accuracy_then_kl_then_bytes_with_missing_values_last():
     # accuracy 1 first, by KL (a missing or NaN KL as infinite, then bytes), then 0.5; no probe counts as 0
     assert [r.label for r in out] == ["tie-b", "tie-a", "kl", "nan-kl", "no-kl", "worse", "no-probe"]
     assert [r.rank for r in out] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_row_without_the_probe_ranks_as_accuracy_zero():
+    from decodelab.core.analysis.policies import PolicyRow, ranked
+    zero = PolicyRow("zero", "a", 10, 5, 1.0, 1.0, 0.5, None, None, probe_accuracy=0.0)
+    unprobed = PolicyRow("unprobed", "b", 10, 5, 1.0, 1.0, 0.1, None, None)
+    assert [r.label for r in ranked([zero, unprobed])] == ["unprobed", "zero"]  # a tie on accuracy: KL decides

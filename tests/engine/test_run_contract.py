@@ -116,3 +116,15 @@ def test_each_method_is_registered_with_its_settings_and_whether_it_continues():
     assert type(s) is registry.METHODS["sample"].settings and s.temperature == 0.5 and s.top_k == 7
     with pytest.raises(ConfigError):
         registry.settings_for("beam", options={"beams": 0})
+    # the preset, then explicit options over it
+    assert registry.settings_for("sample", preset="greedy").temperature == 0.0
+    assert registry.settings_for("sample", preset="greedy", options={"temperature": 0.3}).temperature == 0.3
+
+
+def test_read_selected_reads_row_zero_and_a_removed_token_as_not_finite():
+    """mutation run of core/sampling/step.py (2026-12-02, second round): a batch of two, where only row 0 counts."""
+    from decodelab.core.sampling.step import Selected, read_selected
+    logits = torch.zeros(2, 8)
+    assert read_selected(Selected(torch.tensor([3, 5]), logits, None, torch.tensor([True, False]))) == (3, True)
+    assert read_selected(Selected(torch.tensor([3, 5]), logits, None, torch.tensor([False, True]))) == (0, False)
+    assert read_selected(Selected(torch.tensor([0]), logits[:1], None, torch.tensor([True]))) == (0, True)

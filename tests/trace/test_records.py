@@ -115,3 +115,11 @@ def test_records_are_plain_dicts():
 def test_no_whitespace_token_means_a_longest_run_of_zero():
     steps = [step(0, "a", state=constrained(-0.5)), step(1, "b", state=constrained(0.0))]
     assert constraint_summary(steps).longest_whitespace_run == 0
+
+
+def test_a_tally_without_steps_still_rates_the_tokens_it_is_told_of():
+    """No step kept, 3 tokens emitted, prefill 1 s + loop 2 s + trace 1 s: 0.75 tokens/s end to end, 1.5 in the
+    loop (the two rates are not interchangeable)."""
+    s = summarize(Tally(), Timing(prefill_s=1.0, loop_s=2.0, trace_s=1.0), "length", new_tokens=3)
+    assert (s.new_tokens, s.tokens_per_s, s.decode_tokens_per_s, s.prefill_s) == (3, 0.75, 1.5, 1.0)
+    assert math.isnan(s.mean_logprob)
