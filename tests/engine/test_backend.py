@@ -56,3 +56,8 @@ def test_an_unknown_capability_is_a_programming_error_naming_it():
     """mutation run of core/engine/backend.py (2026-12-02, second round)"""
     with pytest.raises(ValueError, match="^unknown capability 'telepathy'$"):
         refuse_lacking(EMBEDDED, {"telepathy": "--x"}, "the embedded runtime")
+
+
+def test_capabilities_are_a_plain_dict_of_their_fields():
+    assert EMBEDDED.to_dict() == {"score": True, "generate": True, "seeded": True, "prompt_ranks": True,
+                                  "full_logits": True, "max_top_n": None, "replay": True, "kv_policies": True}

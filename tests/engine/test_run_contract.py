@@ -128,3 +128,11 @@ def test_read_selected_reads_row_zero_and_a_removed_token_as_not_finite():
     assert read_selected(Selected(torch.tensor([3, 5]), logits, None, torch.tensor([True, False]))) == (3, True)
     assert read_selected(Selected(torch.tensor([3, 5]), logits, None, torch.tensor([False, True]))) == (0, False)
     assert read_selected(Selected(torch.tensor([0]), logits[:1], None, torch.tensor([True]))) == (0, True)
+
+
+def test_a_lap_before_any_start_counts_nothing(monkeypatch):
+    monkeypatch.setattr(run_module.time, "perf_counter", Clock(5.0, 7.0))
+    watch = Stopwatch("cpu")
+    watch.lap("prefill")  # at 5.0: nothing to measure from yet
+    watch.lap("prefill")  # at 7.0: 2 s
+    assert watch.timing.prefill_s == 2.0
