@@ -539,3 +539,190 @@ def test_variant_summary_by_hand():
     assert a["measures"]["raw_perplexity"] == {"mean": 2.0, "min": 2.0, "max": 2.0}
     assert a["measures"]["distinct_1"] is None and a["measures"]["tokens_per_s"]["mean"] == 10.0
     assert b["measures"]["length"] == {"mean": 7.0, "min": 7, "max": 7}
+
+
+# mutation run of core/analysis/compare.py (2026-12-02, the whole file): the parsers word for word, the job and
+# prompt files at their edges, the replayed race, a scored row field by field, the pair's verdicts without a model
+
+
+def test_variant_describe_and_a_preset_variant():
+    assert cmp.Variant("a").describe() == ""
+    assert cmp.Variant("b", "beam", "nucleus", (("beams", 3), ("stop", " x"))).describe() == \
+        "method=beam,preset=nucleus,beams=3,stop= x"
+    assert cmp.Variant("c", values=(("top_k", "5"),)).describe() == "top_k=5"  # sample, the default, not named
+    assert cmp.preset_variant("nucleus") == cmp.Variant("nucleus", "sample", "nucleus", ())
+
+
+def test_parse_variant_names_colons_dashes_and_spaces():
+    assert cmp.parse_variant("top_k=5").name == "v1"  # index 0 by default
+    assert cmp.parse_variant("w: cache=window:size=8,positions=keep") == \
+        cmp.Variant("w", values=(("cache", "window:size=8,positions=keep"),))  # the first ':' ends the name
+    assert cmp.parse_variant("top_k=5,cache=window:size=8", 1) == \
+        cmp.Variant("v2", values=(("top_k", "5"), ("cache", "window:size=8")))  # a '=' before it: no name
+    assert cmp.parse_variant("x: top-k= 5 ,logit-bias= the=-5").values == (("top_k", "5"), ("logit_bias", " the=-5"))
+    assert cmp.parse_variant("x: ban= a, b").values == (("ban", " a, b"),)  # a list of texts keeps its spaces
+    with pytest.raises(ConfigError) as e:
+        cmp.parse_variant("cold")  # neither a name before ':' nor a setting
+    assert str(e.value).startswith("--variant 'cold': 'cold' is not KEY=VALUE with a known key; allowed: allow, ban, "
+                                   "beams, cache, chain,")
+    assert str(e.value).endswith(", typical_p, xtc_probability, xtc_threshold")
+    with pytest.raises(ConfigError) as e:
+        cmp.parse_variant(": top_k=5")
+    assert str(e.value) == "--variant ': top_k=5': the name before ':' is empty"
+    with pytest.raises(ConfigError) as e:
+        cmp.parse_variant("x: beams=2")
+    assert str(e.value).startswith("--variant x: beams is not a setting of method=sample; allowed: allow, ban, cache,")
+
+
+def test_parse_seeds_bounds_and_messages_word_for_word():
+    top = 2**64 - 1
+    assert cmp.parse_seeds("0") == [0] and cmp.parse_seeds("0-0") == [0] and cmp.parse_seeds([0, top]) == [0, top]
+    assert cmp.parse_seeds(str(top)) == [top]
+    for bad, says in [([1, "x"], f"--seeds 'x': expected int, an integer in ASCII digits 0-9 in [0, {top}]"),
+                      ([-1], f"--seeds -1: must be an integer in [0, {top}]"),
+                      ([top + 1], f"--seeds {top + 1}: must be an integer in [0, {top}]"),
+                      (str(top + 1), f"--seeds '{top + 1}': expected seeds >= 0 as a range or list, e.g. 0-9 or "
+                                     "1,3,5 (at most 4096 seeds)"),
+                      ("0-4096", "--seeds '0-4096': 4097 seeds; at most 4096 (each runs every variant on every "
+                                 "prompt)")]:
+        with pytest.raises(ConfigError) as e:
+            cmp.parse_seeds(bad)
+        assert str(e.value) == says
+
+
+def test_seed_count_of_merged_ranges():
+    assert cmp.seed_count([]) == 0 and cmp.seed_count([(3, 3)]) == 1
+    assert cmp.seed_count([(5, 9), (0, 2), (1, 6)]) == 10  # 0-9 once
+
+
+def test_job_files_word_for_word(tmp_path):
+    def refused(name, text):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            cmp.load_job(path)
+        return str(e.value).replace(str(path), "JOB")
+
+    missing = tmp_path / "none.toml"
+    with pytest.raises(ConfigError) as e:
+        cmp.load_job(missing)
+    assert str(e.value) == f"--job {missing}: no such file; give a text file"
+    no_variants = "--job JOB: no variants; TOML needs [[variant]] tables, JSONL one object a line"
+    assert refused("a.toml", "variant = 5\n") == no_variants
+    assert refused("b.toml", "variant = []\n") == no_variants
+    assert refused("c.jsonl", "[1]\n") == no_variants
+    assert refused("d.toml", "defaults = 3\n[[variant]]\nname = 'a'\n") == \
+        "--job JOB: [defaults] must be a table of settings"
+    assert refused("e.toml", "x = [\n").startswith("--job JOB: invalid TOML: ")
+    assert refused("f.jsonl", '{"name": "a"}\n\n{"name": \n').startswith("--job JOB: line 3: not JSON (")
+    assert refused("g.toml", 'seeds = "3-1"\n[[variant]]\nname = "a"\n') == \
+        "--job JOB: seeds '3-1': expected seeds >= 0 as a range or list, e.g. 0-9 or 1,3,5 (at most 4096 seeds)"
+    assert refused("h.toml", "prompts = ['']\n[[variant]]\nname = 'a'\n") == \
+        "--job JOB: prompts must be a text or a list of non-empty texts"
+    assert refused("i.toml", "[[variant]]\nname = 'a'\nbeams = 2\n").startswith(
+        "--job JOB: variant a: beams is not a setting of method=sample; allowed: allow, ban,")
+    job = tmp_path / "j.toml"
+    job.write_text("prompts = 'hello'\n[defaults]\ntop_k = 5\n[[variants]]\ntemperature = 0.5\n"
+                   "[[variants]]\ntop_k = 7\n")
+    variants, extras = cmp.load_job(job)
+    assert extras == {"prompts": ["hello"]}  # a text is a list of one prompt; no seeds given, none returned
+    assert variants == [cmp.Variant("v1", values=(("top_k", 5), ("temperature", 0.5))),
+                        cmp.Variant("v2", values=(("top_k", 7),))]  # [[variants]] too; the defaults first
+    lines = tmp_path / "k.jsonl"
+    lines.write_text('{"top_k": 3}\n\n{"name": "z", "method": "beam"}\n{"temperature": 0}\n')
+    assert [(v.name, v.method) for v in cmp.load_job(lines)[0]] == [("v1", "sample"), ("z", "beam"),
+                                                                   ("v3", "sample")]
+
+
+def test_job_prompts_edges():
+    assert cmp.job_prompts("w", "hi") == ["hi"] and cmp.job_prompts("w", ["a", "b"]) == ["a", "b"]
+    assert len(cmp.job_prompts("w", ["p"] * 100_000)) == 100_000
+    for bad in (("a", "b"), [""], [3], 5):
+        with pytest.raises(ConfigError) as e:
+            cmp.job_prompts("w", bad)
+        assert str(e.value) == "w: prompts must be a text or a list of non-empty texts"
+    with pytest.raises(ConfigError) as e:
+        cmp.job_prompts("w", ["p"] * 100_001)
+    assert str(e.value) == "w: 100001 prompts; at most 100000"
+
+
+def test_prompt_files_edges(tmp_path):
+    def prompts(text):
+        path = tmp_path / "p.txt"
+        path.write_text(text)
+        return [(p.id, p.text) for p in cmp.read_prompts(path)]
+
+    def refused(text):
+        path = tmp_path / "bad.txt"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            cmp.read_prompts(path)
+        return str(e.value).replace(str(path), "P")
+
+    assert prompts("first\n\n  \nsecond {x}\n") == [("1", "first"), ("2", "second {x}")]  # blank lines skipped
+    assert prompts('  {"prompt": "a", "id": 7}\n{"text": "b"}\n') == [("7", "a"), ("2", "b")]
+    assert prompts('{"prompt": "a"} \nplain\n') == [("1", '{"prompt": "a"} '), ("2", "plain")]  # not all JSON
+    missing = tmp_path / "none.txt"
+    with pytest.raises(ConfigError) as e:
+        cmp.read_prompts(missing)
+    assert str(e.value) == f"--prompts-file {missing}: no such file; give a text file"
+    assert refused("\n  \n") == '--prompts-file P: no prompts (one a line, or JSONL with "prompt")'
+    assert refused('{"prompt": "a"}\n{"prompt": \n').startswith("--prompts-file P: line 2: not JSON (")
+    for line in ('{"prompt": 5}', '{"prompt": ""}', '{"id": "x"}'):
+        assert refused('{"prompt": "a"}\n' + line) == '--prompts-file P: line 2 has no "prompt" text'
+
+
+def test_show_and_differing_keys():
+    assert cmp._show(None) == "off" and cmp._show(0.5) == "0.5" and cmp._show(0) == "0"
+    sa = cmp.settings_for(cmp.parse_variant("a: temperature=0.5,top_k=5"), {}, 0)
+    sb = cmp.settings_for(cmp.parse_variant("b: temperature=0.7,top_k=5"), {}, 1)
+    assert cmp.differing_keys(sa, sb) == ["temperature"]  # the seed is the comparison's axis, not a setting
+    sc = cmp.settings_for(cmp.parse_variant("c: temperature=0.7,top_k=6"), {}, 1)
+    assert cmp.differing_keys(sa, sc) == ["temperature", "top_k"] and cmp.differing_keys(sb, sb) == []
+
+
+def test_replay_race_is_the_vector_the_sampler_drew(llama):
+    """The selector of a sampling run with seed 4 draws one Exp(1) vector per step; the replay of step 2 is the
+    third, exactly, and the sampled token at step 2 is argmax(z - log E) for it."""
+    from decodelab.core.sampling.select import Multinomial, make_generator
+
+    sel = Multinomial(make_generator(4, "cpu"))
+    for _ in range(3):
+        sel.from_logits(torch.zeros(1, V))
+    race = cmp.replay_race(4, 2, V, "cpu")
+    assert race.shape == (1, V) and race.dtype == torch.float32 and torch.equal(race, sel.last_race)
+    assert not torch.equal(race, cmp.replay_race(4, 1, V, "cpu")) and not torch.equal(race, cmp.replay_race(5, 2, V,
+                                                                                                            "cpu"))
+    prompt = [int(t) for t in PROMPT.split()]
+    ids = compare(llama, ["s: temperature=1"], seeds=(4,), n=3).rows[0].token_ids
+    z = Runtime.create(llama).prefill(torch.tensor([prompt + ids[:2]]))
+    assert int((z.float() - race.log()).argmax(dim=-1)[0]) == ids[2]
+
+
+def test_a_scored_row_field_by_field(llama):
+    """A beam variant's row from given ids, recomputed from one plain forward of the model: raw perplexity from its
+    log-softmax, the processed figures under temperature 2 (every token kept), the n-gram measures by hand:
+    3 4 3 4 3 4 3 has 2 distinct of 7 tokens, 2 distinct of 6 bigrams, 2 distinct of 4 4-grams (seq-rep-4 1/2)."""
+    from decodelab.core.sampling.chain import build_chain as chain_of
+
+    prompt_ids = [int(t) for t in PROMPT.split()]
+    v = cmp.parse_variant("b: method=beam,beams=2")
+    run = cmp.Comparison(lm_for(llama), [v], [cmp.Prompt("p7", PROMPT)], [5])
+    ids = [3, 4, 3, 4, 3, 4, 3]
+    row = run.scored_row(v, run.prompts[0], 5, prompt_ids, chain_of({"temperature": 2.0}), ids, "eos", 12.5)
+    with torch.no_grad():
+        logits = llama(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].double()
+    target = torch.tensor(ids)[:, None]
+    raw = torch.log_softmax(logits, -1).gather(1, target)[:, 0]
+    hot = torch.log_softmax(logits / 2, -1)
+    entropy = -(hot.exp() * hot).sum(-1)
+    assert (row.variant, row.method, row.prompt, row.seed, row.text, row.token_ids, row.length, row.stop_reason) == \
+        ("b", "beam", "p7", 5, "3 4 3 4 3 4 3", ids, 7, "eos")
+    assert row.raw_perplexity == pytest.approx(math.exp(-float(raw.mean())), rel=1e-4)
+    assert row.mean_logprob == pytest.approx(float(hot.gather(1, target).mean()), abs=1e-4)
+    assert row.mean_entropy == pytest.approx(float(entropy.mean()), abs=1e-4) and row.mean_kept == V
+    assert (row.distinct_1, row.distinct_2, row.repetition_rate) == (2 / 7, 2 / 6, 0.5)
+    assert row.tokens_per_s == 12.5 and row.decided_by == []
+    empty = run.scored_row(v, run.prompts[0], 5, prompt_ids, chain_of({"temperature": 2.0}), [], "empty_chain", 0.0)
+    assert (empty.length, empty.text, empty.raw_perplexity, empty.mean_logprob, empty.distinct_1) == \
+        (0, "", None, None, None)
