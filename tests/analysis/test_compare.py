@@ -726,3 +726,47 @@ def test_a_scored_row_field_by_field(llama):
     empty = run.scored_row(v, run.prompts[0], 5, prompt_ids, chain_of({"temperature": 2.0}), [], "empty_chain", 0.0)
     assert (empty.length, empty.text, empty.raw_perplexity, empty.mean_logprob, empty.distinct_1) == \
         (0, "", None, None, None)
+
+
+def test_check_names_word_for_word():
+    cmp.check_names([cmp.Variant("a"), cmp.Variant("b")])
+    for variants, says in [([cmp.Variant("a"), cmp.Variant("b"), cmp.Variant("a")],
+                             "--variant a: the name is used twice; give each variant its own name"),
+                            ([], "--variant: nothing to compare; give --variant, --preset or --job")]:
+        with pytest.raises(ConfigError) as e:
+            cmp.check_names(variants)
+        assert str(e.value) == says
+
+
+def pair_row(variant: str, ids: list[int], reason: str = "length", method: str = "sample") -> cmp.Row:
+    return cmp.Row(variant, method, "q", 3, "", ids, len(ids), reason, None, None, None, None, None, None, None, 1.0)
+
+
+def test_pair_verdicts_that_need_no_replay(llama):
+    """The pair's verdict before any attribution: identical rows, a row that ended where the other went on (the
+    shorter one named), another method, two beam variants (their differing settings named), a stateful stage."""
+    specs = ["s: temperature=0.5", "b: method=beam,beams=2", "c: method=beam,beams=3,length_penalty=0.5",
+             "d: method=beam,beams=2", "x: xtc_probability=0.5,xtc_threshold=0.1", "m: mirostat_tau=5"]
+    vs = {v.name: v for v in (cmp.parse_variant(s) for s in specs)}
+    run = cmp.Comparison(lm_for(llama), list(vs.values()), [cmp.Prompt("q", PROMPT)], [3])
+    prompt_ids = [int(t) for t in PROMPT.split()]
+
+    def verdict(a, ra, b, rb):
+        p = run.compare_pair(vs[a], vs[b], pair_row(a, ra, "eos", vs[a].method), pair_row(b, rb, "length",
+                                                                                          vs[b].method), prompt_ids, 3)
+        return p.to_dict()
+
+    def expect(a, b, d, stage, why=None, a_token=None, b_token=None):
+        return {"a": a, "b": b, "prompt": "q", "seed": 3, "first_divergence": d, "deciding_stage": stage, "why": why,
+                "a_token": a_token, "b_token": b_token}
+
+    assert verdict("s", [1, 2], "x", [1, 2]) == expect("s", "x", None, None)
+    assert verdict("s", [1, 2], "x", [1, 2, 3]) == expect("s", "x", 2, "stop", "s stopped (eos)")
+    assert verdict("s", [1, 2, 3], "x", [1, 2]) == expect("s", "x", 2, "stop", "x stopped (length)")
+    assert verdict("s", [1, 2, 3], "b", [1, 4, 3]) == expect("s", "b", 1, "method", "sample vs beam", 2, 4)
+    assert verdict("b", [1, 2], "c", [1, 5]) == expect("b", "c", 1, "method",
+                                                       "beam settings differ (beams, length_penalty)", 2, 5)
+    assert verdict("b", [7, 2], "d", [6, 2]) == expect("b", "d", 0, "method", "beam with the same settings", 7, 6)
+    stateful = "xtc draws its own coin from the run's generator and mirostat carries state: not attributed"
+    assert verdict("s", [1, 2], "x", [1, 3]) == expect("s", "x", 1, "stateful", stateful, 2, 3)
+    assert verdict("m", [1, 2], "s", [1, 3]) == expect("m", "s", 1, "stateful", stateful, 2, 3)
