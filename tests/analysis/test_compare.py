@@ -770,3 +770,83 @@ def test_pair_verdicts_that_need_no_replay(llama):
     stateful = "xtc draws its own coin from the run's generator and mirostat carries state: not attributed"
     assert verdict("s", [1, 2], "x", [1, 3]) == expect("s", "x", 1, "stateful", stateful, 2, 3)
     assert verdict("m", [1, 2], "s", [1, 3]) == expect("m", "s", 1, "stateful", stateful, 2, 3)
+
+
+def teacher_forced_by_hand(model, prompt_ids, ids, temperature):
+    """Raw and processed (logits / temperature) log-probabilities of ids, entropies, from one plain forward."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].double()
+    target = torch.tensor(ids)[:, None]
+    hot = torch.log_softmax(logits / temperature, -1)
+    return (torch.log_softmax(logits, -1).gather(1, target)[:, 0], hot.gather(1, target)[:, 0],
+            -(hot.exp() * hot).sum(-1))
+
+
+def test_rows_of_each_method_field_by_field(llama):
+    """One prompt, seed 3, 6 tokens: the sample row's figures recomputed from a plain forward (temperature 0.9, every
+    token kept), its n-gram measures recounted; the beam row is transformers' beam search; every row carries its
+    seed, prompt id, method and a rate. The command's top is overridden: rows need no alternatives."""
+    prompt_ids = [int(t) for t in PROMPT.split()]
+    vs = [cmp.parse_variant(s) for s in ("s: temperature=0.9", "b: method=beam,beams=2",
+                                         "n: method=speculate,draft=ngram,gamma=2,temperature=0")]
+    run = cmp.Comparison(lm_for(llama), vs, [cmp.Prompt("p9", PROMPT)], [3],
+                         base={"max_new_tokens": 6, "ignore_eos": True, "top": 5})
+    assert run.settings["s", 3].top == 0 and run.settings["n", 3].top == 0 and run.total == 3
+    s, b, n = run.run().rows
+    for row, name, method in ((s, "s", "sample"), (b, "b", "beam"), (n, "n", "speculate")):
+        assert (row.variant, row.method, row.prompt, row.seed, row.length, row.stop_reason) == \
+            (name, method, "p9", 3, 6, "length")
+        assert row.text == " ".join(map(str, row.token_ids)) and isinstance(row.tokens_per_s, float)
+    ids = s.token_ids
+    raw, hot, entropy = teacher_forced_by_hand(llama, prompt_ids, ids, 0.9)
+    assert s.raw_perplexity == pytest.approx(math.exp(-float(raw.mean())), rel=1e-4)
+    assert s.mean_logprob == pytest.approx(float(hot.mean()), abs=1e-4)
+    assert s.mean_entropy == pytest.approx(float(entropy.mean()), abs=1e-4) and s.mean_kept == V
+    grams = lambda k: [tuple(ids[i : i + k]) for i in range(len(ids) - k + 1)]  # noqa: E731
+    assert (s.distinct_1, s.distinct_2, s.repetition_rate) == (len(set(ids)) / 6, len(set(grams(2))) / 5,
+                                                                1 - len(set(grams(4))) / 3)
+    assert len(s.decided_by) == 6 and set(s.decided_by) <= {"model", "temperature"}
+    ids_t = torch.tensor([prompt_ids])
+    beam = llama.generate(ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False, num_beams=2,
+                          length_penalty=1.0, early_stopping=False, max_new_tokens=6, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt_ids):].tolist()
+    greedy = llama.generate(ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False, max_new_tokens=6,
+                            eos_token_id=None, pad_token_id=0)[0, len(prompt_ids):].tolist()
+    assert b.token_ids == beam != greedy == n.token_ids
+
+
+def test_a_row_whose_chain_empties_at_once(llama):
+    """Every token biased to -inf: the sample and beam rows end at once (empty_chain), with no figures."""
+    bias = ",".join(f"{i}=-inf" for i in range(V))
+    vs = [cmp.parse_variant(f"{m}logit_bias={bias}") for m in ("s: ", "b: method=beam,beams=2,")]
+    run = cmp.Comparison(lm_for(llama), vs, [cmp.Prompt("p", PROMPT)], [0],
+                         base={"max_new_tokens": 4, "ignore_eos": True})
+    for row in run.run().rows:
+        assert (row.token_ids, row.stop_reason, row.raw_perplexity, row.mean_logprob, row.mean_entropy) == \
+            ([], "empty_chain", None, None, None)
+
+
+def test_a_draft_model_is_loaded_once_per_spec(llama):
+    """A speculative variant with a draft model: refused without a loader, word for word; with one, the draft is
+    loaded once for every seed and prompt, and greedy speculation with it decodes the greedy output."""
+    v = cmp.parse_variant("d: method=speculate,draft=tiny,gamma=2,temperature=0")
+    prompts = [cmp.Prompt("p", PROMPT)]
+    base = {"max_new_tokens": 5, "ignore_eos": True}
+    with pytest.raises(ConfigError) as e:
+        cmp.Comparison(lm_for(llama), [v], prompts, [0], base=base).run()
+    assert str(e.value) == "variant d: draft=tiny: no draft loader here; use draft=ngram"
+    calls = []
+    draft = lm_for(random_model("llama", seed=9, scale=4.0, num_hidden_layers=1))
+    run = cmp.Comparison(lm_for(llama), [v], prompts, [0, 1], base=base,
+                         load_draft=lambda spec: calls.append(spec) or draft).run()
+    assert calls == ["tiny"] and run.drafts == {"tiny": draft}
+    ids = torch.tensor([[int(t) for t in PROMPT.split()]])
+    greedy = llama.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=5,
+                            eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert [r.token_ids for r in run.rows] == [greedy, greedy]
+
+
+def test_a_comparison_needs_prompts():
+    with pytest.raises(ConfigError) as e:
+        cmp.Comparison(None, [cmp.Variant("a")], [], [0])
+    assert str(e.value) == "PROMPT: nothing to compare on; give prompts or --prompts-file"
