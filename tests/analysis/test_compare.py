@@ -850,3 +850,23 @@ def test_a_comparison_needs_prompts():
     with pytest.raises(ConfigError) as e:
         cmp.Comparison(None, [cmp.Variant("a")], [], [0])
     assert str(e.value) == "PROMPT: nothing to compare on; give prompts or --prompts-file"
+
+
+def test_make_variant_keys_and_messages_word_for_word():
+    assert cmp.make_variant("j", {"method": " beam ", "top-k": 5, "preset": " nucleus "}, "w") == \
+        cmp.Variant("j", "beam", "nucleus", (("top_k", 5),))
+
+    def refused(items):
+        with pytest.raises(ConfigError) as e:
+            cmp.make_variant("j", items, "w")
+        return str(e.value)
+
+    assert refused({"method": "foo"}) == "w: method='foo'; allowed: sample, beam, speculate"
+    unknown = refused([("temprature", 1)])
+    head = "w: unknown key 'temprature'; allowed: method, cache, preset and the settings "
+    assert unknown.startswith(head + "allow, ban, beams, cache, chain, choice,")
+    assert unknown.endswith(", typical_p, xtc_probability, xtc_threshold")
+    assert "method" not in unknown[len(head):] and "preset" not in unknown[len(head):]  # listed once, first
+    beams = refused({"method": "speculate", "beams": 2})
+    assert beams.startswith("w: beams is not a setting of method=speculate; allowed: allow, ban, cache, chain,")
+    assert beams.endswith(", typical_p, xtc_probability, xtc_threshold") and "seed" not in beams
