@@ -870,3 +870,10 @@ def test_make_variant_keys_and_messages_word_for_word():
     beams = refused({"method": "speculate", "beams": 2})
     assert beams.startswith("w: beams is not a setting of method=speculate; allowed: allow, ban, cache, chain,")
     assert beams.endswith(", typical_p, xtc_probability, xtc_threshold") and "seed" not in beams
+
+
+def test_parse_seeds_counts_a_list_before_reading_it():
+    assert cmp.parse_seeds(list(range(4096))) == list(range(4096))
+    with pytest.raises(ConfigError) as e:
+        cmp.parse_seeds(list(range(4097)))
+    assert str(e.value) == "--seeds: 4097 seeds; at most 4096"
