@@ -252,3 +252,50 @@ def test_rows_worked_by_hand(model):
         ("prompt lookup: best vs best", 8.0, 2.0, 4.0, 4.0, 4.0, 4, 3, "ours ngram g=2 vs lookup g=1"),
     ]
     assert set(rows[0]) == set(keys)
+
+
+# mutation run of core/analysis/bench.py (2026-12-02): the chains and selectors of our runs, beam's width, the
+# fastest of ours when it is not the last named
+
+
+def test_our_runs_build_the_chain_and_selector_of_their_command(model, draft, monkeypatch):
+    """Greedy runs decode under a temperature-0 chain with the greedy selector (as `sample -t 0`), sampling runs
+    under temperature 0.8 and top-p 0.95 with the race, beam search with bench's beams and no stages, speculation
+    under a temperature-0 chain; each for bench's token count."""
+    seen = []
+
+    def spy(name, real, chain_at, selector_at=None):
+        def fn(*args, **kwargs):
+            selector = type(args[selector_at]).__name__ if selector_at is not None else None
+            seen.append((name, args[chain_at].names, selector))
+            return real(*args, **kwargs)
+        return fn
+
+    monkeypatch.setattr(bm, "Sampler", spy("Sampler", bm.Sampler, 2, 3))
+    monkeypatch.setattr(bm, "decode_tokens", spy("decode_tokens", bm.decode_tokens, 2, 3))
+    monkeypatch.setattr(bm, "Speculator", spy("Speculator", bm.Speculator, 3))
+    widths = []
+    real_beam = bm.BeamSearch
+
+    def beam(stepper, prompt_ids, chain, settings, *args, **kwargs):
+        widths.append((chain.names, settings.beams, settings.max_new_tokens))
+        return real_beam(stepper, prompt_ids, chain, settings, *args, **kwargs)
+
+    monkeypatch.setattr(bm, "BeamSearch", beam)
+    b = bm.Bench(model, PROMPT, 3, ALL, draft=draft, gammas=(2,), beams=3)
+    for name in ("ours greedy trace", "ours greedy", "ours sampling trace", "ours sampling", "ours beam",
+                 "ours draft g=2", "ours ngram g=2"):
+        assert len(b.runs[name]()) == 3, name
+    assert seen == [("Sampler", ["temperature"], "Greedy"), ("decode_tokens", ["temperature"], "Greedy"),
+                    ("Sampler", ["temperature", "top-p"], "Multinomial"),
+                    ("decode_tokens", ["temperature", "top-p"], "Multinomial"),
+                    ("Speculator", ["temperature"], None), ("Speculator", ["temperature"], None)]
+    assert widths == [([], 3, 3)]
+
+
+def test_the_best_of_ours_is_the_fastest_not_the_last_named(model):
+    b = bm.Bench(model, PROMPT, 4, ("prompt-lookup",), gammas=(1, 2))
+    b.times = {"ours ngram g=1": [0.5], "lookup g=1": [4.0], "ours ngram g=2": [1.0], "lookup g=2": [2.0]}
+    group = b.rows()[-1]
+    assert (group.setting, group.decodelab_tokens_per_s, group.transformers_tokens_per_s, group.ratio, group.note) == \
+        ("prompt lookup: best vs best", 8.0, 2.0, 4.0, "ours ngram g=1 vs lookup g=2")
