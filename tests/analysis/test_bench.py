@@ -20,13 +20,19 @@ ALL = ("greedy", "sampling", "beam", "speculative", "prompt-lookup")
 
 
 @pytest.fixture(scope="module")
-def model():
-    return random_model("llama", seed=3, scale=4.0, num_hidden_layers=1)
+def models():
+    """The target (seed 3) and the draft (seed 9): random one-layer Llamas with spread-out logits."""
+    return [random_model("llama", seed=seed, scale=4.0, num_hidden_layers=1) for seed in (3, 9)]
 
 
 @pytest.fixture(scope="module")
-def draft():
-    return random_model("llama", seed=9, scale=4.0, num_hidden_layers=1)
+def model(models):
+    return models[0]
+
+
+@pytest.fixture(scope="module")
+def draft(models):
+    return models[1]
 
 
 def test_settings_read_from_the_option():
