@@ -877,3 +877,38 @@ def test_parse_seeds_counts_a_list_before_reading_it():
     with pytest.raises(ConfigError) as e:
         cmp.parse_seeds(list(range(4097)))
     assert str(e.value) == "--seeds: 4097 seeds; at most 4096"
+
+
+def test_a_looping_sample_row_counts_its_ngrams(llama):
+    """Greedy decoding of the random model loops (a token repeated to the end): distinct-1, distinct-2 and seq-rep-4
+    then differ from one another, each recounted from the row's tokens (transformers' greedy output)."""
+    row = compare(llama, ["g: temperature=0"], n=12).rows[0]
+    ids = row.token_ids
+    ids_t = torch.tensor([[int(t) for t in PROMPT.split()]])
+    assert ids == llama.generate(ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False, max_new_tokens=12,
+                                 eos_token_id=None, pad_token_id=0)[0, 6:].tolist()
+    grams = lambda k: [tuple(ids[i : i + k]) for i in range(len(ids) - k + 1)]  # noqa: E731
+    d1, d2, d3, d4 = (len(set(grams(k))) / len(grams(k)) for k in (1, 2, 3, 4))
+    assert len({d1, d2, d3}) == 3, "a prompt whose greedy output repeats"
+    assert (row.distinct_1, row.distinct_2, row.repetition_rate) == (d1, d2, 1 - d4)
+
+
+def test_a_sampled_speculative_row_uses_its_draft(llama):
+    """At temperature 1 the proposer's own draws shift the shared generator, so the draft shows in the tokens: the
+    row is a speculative run with the loaded draft, not one with the n-gram proposer."""
+    from decodelab.core.engine.run import drain
+    from decodelab.core.methods.speculative.run import build_speculator
+
+    draft = lm_for(random_model("llama", seed=9, scale=4.0, num_hidden_layers=1))
+    v = cmp.parse_variant("d: method=speculate,draft=tiny,gamma=2,temperature=1")
+    base = {"max_new_tokens": 8, "ignore_eos": True}
+    run = cmp.Comparison(lm_for(llama), [v], [cmp.Prompt("p", PROMPT)], [0], base=base, load_draft=lambda s: draft)
+    row = run.run().rows[0]
+
+    def by_hand(proposer):
+        spec = build_speculator(lm_for(llama), proposer, run.settings["d", 0], [int(t) for t in PROMPT.split()], 2,
+                                record=False)
+        drain(spec)
+        return list(spec.new_ids)
+
+    assert row.token_ids == by_hand(draft) != by_hand(None)
