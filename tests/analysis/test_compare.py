@@ -912,3 +912,17 @@ def test_a_sampled_speculative_row_uses_its_draft(llama):
         return list(spec.new_ids)
 
     assert row.token_ids == by_hand(draft) != by_hand(None)
+
+
+def test_a_beam_row_is_the_best_hypothesis_with_its_own_reason(llama):
+    """With token 103 as the end of text, beam search over 2 beams finishes its best hypothesis at the end id while
+    the other runs to the length: the row is the best one, as transformers' beam search finds it, ended by eos."""
+    lm = lm_for(llama)
+    lm.eos_ids = [103]
+    v = cmp.parse_variant("b: method=beam,beams=2")
+    row = cmp.Comparison(lm, [v], [cmp.Prompt("p", PROMPT)], [0], base={"max_new_tokens": 6}).run().rows[0]
+    ids = torch.tensor([[int(t) for t in PROMPT.split()]])
+    out = llama.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=2, length_penalty=1.0,
+                         early_stopping=False, max_new_tokens=6, eos_token_id=103, pad_token_id=0)[0, 6:].tolist()
+    assert out[: out.index(103) + 1] == row.token_ids and len(row.token_ids) < 6
+    assert (row.stop_reason, row.length) == ("eos", len(row.token_ids))
