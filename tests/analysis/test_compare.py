@@ -539,3 +539,390 @@ def test_variant_summary_by_hand():
     assert a["measures"]["raw_perplexity"] == {"mean": 2.0, "min": 2.0, "max": 2.0}
     assert a["measures"]["distinct_1"] is None and a["measures"]["tokens_per_s"]["mean"] == 10.0
     assert b["measures"]["length"] == {"mean": 7.0, "min": 7, "max": 7}
+
+
+# mutation run of core/analysis/compare.py (2026-12-02, the whole file): the parsers word for word, the job and
+# prompt files at their edges, the replayed race, a scored row field by field, the pair's verdicts without a model
+
+
+def test_variant_describe_and_a_preset_variant():
+    assert cmp.Variant("a").describe() == ""
+    assert cmp.Variant("b", "beam", "nucleus", (("beams", 3), ("stop", " x"))).describe() == \
+        "method=beam,preset=nucleus,beams=3,stop= x"
+    assert cmp.Variant("c", values=(("top_k", "5"),)).describe() == "top_k=5"  # sample, the default, not named
+    assert cmp.preset_variant("nucleus") == cmp.Variant("nucleus", "sample", "nucleus", ())
+
+
+def test_parse_variant_names_colons_dashes_and_spaces():
+    assert cmp.parse_variant("top_k=5").name == "v1"  # index 0 by default
+    assert cmp.parse_variant("w: cache=window:size=8,positions=keep") == \
+        cmp.Variant("w", values=(("cache", "window:size=8,positions=keep"),))  # the first ':' ends the name
+    assert cmp.parse_variant("top_k=5,cache=window:size=8", 1) == \
+        cmp.Variant("v2", values=(("top_k", "5"), ("cache", "window:size=8")))  # a '=' before it: no name
+    assert cmp.parse_variant("x: top-k= 5 ,logit-bias= the=-5").values == (("top_k", "5"), ("logit_bias", " the=-5"))
+    assert cmp.parse_variant("x: ban= a, b").values == (("ban", " a, b"),)  # a list of texts keeps its spaces
+    with pytest.raises(ConfigError) as e:
+        cmp.parse_variant("cold")  # neither a name before ':' nor a setting
+    assert str(e.value).startswith("--variant 'cold': 'cold' is not KEY=VALUE with a known key; allowed: allow, ban, "
+                                   "beams, cache, chain,")
+    assert str(e.value).endswith(", typical_p, xtc_probability, xtc_threshold")
+    with pytest.raises(ConfigError) as e:
+        cmp.parse_variant(": top_k=5")
+    assert str(e.value) == "--variant ': top_k=5': the name before ':' is empty"
+    with pytest.raises(ConfigError) as e:
+        cmp.parse_variant("x: beams=2")
+    assert str(e.value).startswith("--variant x: beams is not a setting of method=sample; allowed: allow, ban, cache,")
+
+
+def test_parse_seeds_bounds_and_messages_word_for_word():
+    top = 2**64 - 1
+    assert cmp.parse_seeds("0") == [0] and cmp.parse_seeds("0-0") == [0] and cmp.parse_seeds([0, top]) == [0, top]
+    assert cmp.parse_seeds(str(top)) == [top]
+    for bad, says in [([1, "x"], f"--seeds 'x': expected int, an integer in ASCII digits 0-9 in [0, {top}]"),
+                      ([-1], f"--seeds -1: must be an integer in [0, {top}]"),
+                      ([top + 1], f"--seeds {top + 1}: must be an integer in [0, {top}]"),
+                      (str(top + 1), f"--seeds '{top + 1}': expected seeds >= 0 as a range or list, e.g. 0-9 or "
+                                     "1,3,5 (at most 4096 seeds)"),
+                      ("0-4096", "--seeds '0-4096': 4097 seeds; at most 4096 (each runs every variant on every "
+                                 "prompt)")]:
+        with pytest.raises(ConfigError) as e:
+            cmp.parse_seeds(bad)
+        assert str(e.value) == says
+
+
+def test_seed_count_of_merged_ranges():
+    assert cmp.seed_count([]) == 0 and cmp.seed_count([(3, 3)]) == 1
+    assert cmp.seed_count([(5, 9), (0, 2), (1, 6)]) == 10  # 0-9 once
+
+
+def test_job_files_word_for_word(tmp_path):
+    def refused(name, text):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            cmp.load_job(path)
+        return str(e.value).replace(str(path), "JOB")
+
+    missing = tmp_path / "none.toml"
+    with pytest.raises(ConfigError) as e:
+        cmp.load_job(missing)
+    assert str(e.value) == f"--job {missing}: no such file; give a text file"
+    no_variants = "--job JOB: no variants; TOML needs [[variant]] tables, JSONL one object a line"
+    assert refused("a.toml", "variant = 5\n") == no_variants
+    assert refused("b.toml", "variant = []\n") == no_variants
+    assert refused("c.jsonl", "[1]\n") == no_variants
+    assert refused("d.toml", "defaults = 3\n[[variant]]\nname = 'a'\n") == \
+        "--job JOB: [defaults] must be a table of settings"
+    assert refused("e.toml", "x = [\n").startswith("--job JOB: invalid TOML: ")
+    assert refused("f.jsonl", '{"name": "a"}\n\n{"name": \n').startswith("--job JOB: line 3: not JSON (")
+    assert refused("g.toml", 'seeds = "3-1"\n[[variant]]\nname = "a"\n') == \
+        "--job JOB: seeds '3-1': expected seeds >= 0 as a range or list, e.g. 0-9 or 1,3,5 (at most 4096 seeds)"
+    assert refused("h.toml", "prompts = ['']\n[[variant]]\nname = 'a'\n") == \
+        "--job JOB: prompts must be a text or a list of non-empty texts"
+    assert refused("i.toml", "[[variant]]\nname = 'a'\nbeams = 2\n").startswith(
+        "--job JOB: variant a: beams is not a setting of method=sample; allowed: allow, ban,")
+    job = tmp_path / "j.toml"
+    job.write_text("prompts = 'hello'\n[defaults]\ntop_k = 5\n[[variants]]\ntemperature = 0.5\n"
+                   "[[variants]]\ntop_k = 7\n")
+    variants, extras = cmp.load_job(job)
+    assert extras == {"prompts": ["hello"]}  # a text is a list of one prompt; no seeds given, none returned
+    assert variants == [cmp.Variant("v1", values=(("top_k", 5), ("temperature", 0.5))),
+                        cmp.Variant("v2", values=(("top_k", 7),))]  # [[variants]] too; the defaults first
+    lines = tmp_path / "k.jsonl"
+    lines.write_text('{"top_k": 3}\n\n{"name": "z", "method": "beam"}\n{"temperature": 0}\n')
+    assert [(v.name, v.method) for v in cmp.load_job(lines)[0]] == [("v1", "sample"), ("z", "beam"),
+                                                                   ("v3", "sample")]
+
+
+def test_job_prompts_edges():
+    assert cmp.job_prompts("w", "hi") == ["hi"] and cmp.job_prompts("w", ["a", "b"]) == ["a", "b"]
+    assert len(cmp.job_prompts("w", ["p"] * 100_000)) == 100_000
+    for bad in (("a", "b"), [""], [3], 5):
+        with pytest.raises(ConfigError) as e:
+            cmp.job_prompts("w", bad)
+        assert str(e.value) == "w: prompts must be a text or a list of non-empty texts"
+    with pytest.raises(ConfigError) as e:
+        cmp.job_prompts("w", ["p"] * 100_001)
+    assert str(e.value) == "w: 100001 prompts; at most 100000"
+
+
+def test_prompt_files_edges(tmp_path):
+    def prompts(text):
+        path = tmp_path / "p.txt"
+        path.write_text(text)
+        return [(p.id, p.text) for p in cmp.read_prompts(path)]
+
+    def refused(text):
+        path = tmp_path / "bad.txt"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            cmp.read_prompts(path)
+        return str(e.value).replace(str(path), "P")
+
+    assert prompts("first\n\n  \nsecond {x}\n") == [("1", "first"), ("2", "second {x}")]  # blank lines skipped
+    assert prompts('  {"prompt": "a", "id": 7}\n{"text": "b"}\n') == [("7", "a"), ("2", "b")]
+    assert prompts('{"prompt": "a"} \nplain\n') == [("1", '{"prompt": "a"} '), ("2", "plain")]  # not all JSON
+    missing = tmp_path / "none.txt"
+    with pytest.raises(ConfigError) as e:
+        cmp.read_prompts(missing)
+    assert str(e.value) == f"--prompts-file {missing}: no such file; give a text file"
+    assert refused("\n  \n") == '--prompts-file P: no prompts (one a line, or JSONL with "prompt")'
+    assert refused('{"prompt": "a"}\n{"prompt": \n').startswith("--prompts-file P: line 2: not JSON (")
+    for line in ('{"prompt": 5}', '{"prompt": ""}', '{"id": "x"}'):
+        assert refused('{"prompt": "a"}\n' + line) == '--prompts-file P: line 2 has no "prompt" text'
+
+
+def test_show_and_differing_keys():
+    assert cmp._show(None) == "off" and cmp._show(0.5) == "0.5" and cmp._show(0) == "0"
+    sa = cmp.settings_for(cmp.parse_variant("a: temperature=0.5,top_k=5"), {}, 0)
+    sb = cmp.settings_for(cmp.parse_variant("b: temperature=0.7,top_k=5"), {}, 1)
+    assert cmp.differing_keys(sa, sb) == ["temperature"]  # the seed is the comparison's axis, not a setting
+    sc = cmp.settings_for(cmp.parse_variant("c: temperature=0.7,top_k=6"), {}, 1)
+    assert cmp.differing_keys(sa, sc) == ["temperature", "top_k"] and cmp.differing_keys(sb, sb) == []
+
+
+def test_replay_race_is_the_vector_the_sampler_drew(llama):
+    """The selector of a sampling run with seed 4 draws one Exp(1) vector per step; the replay of step 2 is the
+    third, exactly, and the sampled token at step 2 is argmax(z - log E) for it."""
+    from decodelab.core.sampling.select import Multinomial, make_generator
+
+    sel = Multinomial(make_generator(4, "cpu"))
+    for _ in range(3):
+        sel.from_logits(torch.zeros(1, V))
+    race = cmp.replay_race(4, 2, V, "cpu")
+    assert race.shape == (1, V) and race.dtype == torch.float32 and torch.equal(race, sel.last_race)
+    assert not torch.equal(race, cmp.replay_race(4, 1, V, "cpu")) and not torch.equal(race, cmp.replay_race(5, 2, V,
+                                                                                                            "cpu"))
+    prompt = [int(t) for t in PROMPT.split()]
+    ids = compare(llama, ["s: temperature=1"], seeds=(4,), n=3).rows[0].token_ids
+    z = Runtime.create(llama).prefill(torch.tensor([prompt + ids[:2]]))
+    assert int((z.float() - race.log()).argmax(dim=-1)[0]) == ids[2]
+
+
+def test_a_scored_row_field_by_field(llama):
+    """A beam variant's row from given ids, recomputed from one plain forward of the model: raw perplexity from its
+    log-softmax, the processed figures under temperature 2 (every token kept), the n-gram measures by hand:
+    3 4 3 4 3 4 3 has 2 distinct of 7 tokens, 2 distinct of 6 bigrams, 2 distinct of 4 4-grams (seq-rep-4 1/2)."""
+    from decodelab.core.sampling.chain import build_chain as chain_of
+
+    prompt_ids = [int(t) for t in PROMPT.split()]
+    v = cmp.parse_variant("b: method=beam,beams=2")
+    run = cmp.Comparison(lm_for(llama), [v], [cmp.Prompt("p7", PROMPT)], [5])
+    ids = [3, 4, 3, 4, 3, 4, 3]
+    row = run.scored_row(v, run.prompts[0], 5, prompt_ids, chain_of({"temperature": 2.0}), ids, "eos", 12.5)
+    with torch.no_grad():
+        logits = llama(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].double()
+    target = torch.tensor(ids)[:, None]
+    raw = torch.log_softmax(logits, -1).gather(1, target)[:, 0]
+    hot = torch.log_softmax(logits / 2, -1)
+    entropy = -(hot.exp() * hot).sum(-1)
+    assert (row.variant, row.method, row.prompt, row.seed, row.text, row.token_ids, row.length, row.stop_reason) == \
+        ("b", "beam", "p7", 5, "3 4 3 4 3 4 3", ids, 7, "eos")
+    assert row.raw_perplexity == pytest.approx(math.exp(-float(raw.mean())), rel=1e-4)
+    assert row.mean_logprob == pytest.approx(float(hot.gather(1, target).mean()), abs=1e-4)
+    assert row.mean_entropy == pytest.approx(float(entropy.mean()), abs=1e-4) and row.mean_kept == V
+    assert (row.distinct_1, row.distinct_2, row.repetition_rate) == (2 / 7, 2 / 6, 0.5)
+    assert row.tokens_per_s == 12.5 and row.decided_by == []
+    empty = run.scored_row(v, run.prompts[0], 5, prompt_ids, chain_of({"temperature": 2.0}), [], "empty_chain", 0.0)
+    assert (empty.length, empty.text, empty.raw_perplexity, empty.mean_logprob, empty.distinct_1) == \
+        (0, "", None, None, None)
+
+
+def test_check_names_word_for_word():
+    cmp.check_names([cmp.Variant("a"), cmp.Variant("b")])
+    for variants, says in [([cmp.Variant("a"), cmp.Variant("b"), cmp.Variant("a")],
+                             "--variant a: the name is used twice; give each variant its own name"),
+                            ([], "--variant: nothing to compare; give --variant, --preset or --job")]:
+        with pytest.raises(ConfigError) as e:
+            cmp.check_names(variants)
+        assert str(e.value) == says
+
+
+def pair_row(variant: str, ids: list[int], reason: str = "length", method: str = "sample") -> cmp.Row:
+    return cmp.Row(variant, method, "q", 3, "", ids, len(ids), reason, None, None, None, None, None, None, None, 1.0)
+
+
+def test_pair_verdicts_that_need_no_replay(llama):
+    """The pair's verdict before any attribution: identical rows, a row that ended where the other went on (the
+    shorter one named), another method, two beam variants (their differing settings named), a stateful stage."""
+    specs = ["s: temperature=0.5", "b: method=beam,beams=2", "c: method=beam,beams=3,length_penalty=0.5",
+             "d: method=beam,beams=2", "x: xtc_probability=0.5,xtc_threshold=0.1", "m: mirostat_tau=5"]
+    vs = {v.name: v for v in (cmp.parse_variant(s) for s in specs)}
+    run = cmp.Comparison(lm_for(llama), list(vs.values()), [cmp.Prompt("q", PROMPT)], [3])
+    prompt_ids = [int(t) for t in PROMPT.split()]
+
+    def verdict(a, ra, b, rb):
+        p = run.compare_pair(vs[a], vs[b], pair_row(a, ra, "eos", vs[a].method), pair_row(b, rb, "length",
+                                                                                          vs[b].method), prompt_ids, 3)
+        return p.to_dict()
+
+    def expect(a, b, d, stage, why=None, a_token=None, b_token=None):
+        return {"a": a, "b": b, "prompt": "q", "seed": 3, "first_divergence": d, "deciding_stage": stage, "why": why,
+                "a_token": a_token, "b_token": b_token}
+
+    assert verdict("s", [1, 2], "x", [1, 2]) == expect("s", "x", None, None)
+    assert verdict("s", [1, 2], "x", [1, 2, 3]) == expect("s", "x", 2, "stop", "s stopped (eos)")
+    assert verdict("s", [1, 2, 3], "x", [1, 2]) == expect("s", "x", 2, "stop", "x stopped (length)")
+    assert verdict("s", [1, 2, 3], "b", [1, 4, 3]) == expect("s", "b", 1, "method", "sample vs beam", 2, 4)
+    assert verdict("b", [1, 2], "c", [1, 5]) == expect("b", "c", 1, "method",
+                                                       "beam settings differ (beams, length_penalty)", 2, 5)
+    assert verdict("b", [7, 2], "d", [6, 2]) == expect("b", "d", 0, "method", "beam with the same settings", 7, 6)
+    stateful = "xtc draws its own coin from the run's generator and mirostat carries state: not attributed"
+    assert verdict("s", [1, 2], "x", [1, 3]) == expect("s", "x", 1, "stateful", stateful, 2, 3)
+    assert verdict("m", [1, 2], "s", [1, 3]) == expect("m", "s", 1, "stateful", stateful, 2, 3)
+
+
+def teacher_forced_by_hand(model, prompt_ids, ids, temperature):
+    """Raw and processed (logits / temperature) log-probabilities of ids, entropies, from one plain forward."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].double()
+    target = torch.tensor(ids)[:, None]
+    hot = torch.log_softmax(logits / temperature, -1)
+    return (torch.log_softmax(logits, -1).gather(1, target)[:, 0], hot.gather(1, target)[:, 0],
+            -(hot.exp() * hot).sum(-1))
+
+
+def test_rows_of_each_method_field_by_field(llama):
+    """One prompt, seed 3, 6 tokens: the sample row's figures recomputed from a plain forward (temperature 0.9, every
+    token kept), its n-gram measures recounted; the beam row is transformers' beam search; every row carries its
+    seed, prompt id, method and a rate. The command's top is overridden: rows need no alternatives."""
+    prompt_ids = [int(t) for t in PROMPT.split()]
+    vs = [cmp.parse_variant(s) for s in ("s: temperature=0.9", "b: method=beam,beams=2",
+                                         "n: method=speculate,draft=ngram,gamma=2,temperature=0")]
+    run = cmp.Comparison(lm_for(llama), vs, [cmp.Prompt("p9", PROMPT)], [3],
+                         base={"max_new_tokens": 6, "ignore_eos": True, "top": 5})
+    assert run.settings["s", 3].top == 0 and run.settings["n", 3].top == 0 and run.total == 3
+    s, b, n = run.run().rows
+    for row, name, method in ((s, "s", "sample"), (b, "b", "beam"), (n, "n", "speculate")):
+        assert (row.variant, row.method, row.prompt, row.seed, row.length, row.stop_reason) == \
+            (name, method, "p9", 3, 6, "length")
+        assert row.text == " ".join(map(str, row.token_ids)) and isinstance(row.tokens_per_s, float)
+    ids = s.token_ids
+    raw, hot, entropy = teacher_forced_by_hand(llama, prompt_ids, ids, 0.9)
+    assert s.raw_perplexity == pytest.approx(math.exp(-float(raw.mean())), rel=1e-4)
+    assert s.mean_logprob == pytest.approx(float(hot.mean()), abs=1e-4)
+    assert s.mean_entropy == pytest.approx(float(entropy.mean()), abs=1e-4) and s.mean_kept == V
+    grams = lambda k: [tuple(ids[i : i + k]) for i in range(len(ids) - k + 1)]  # noqa: E731
+    assert (s.distinct_1, s.distinct_2, s.repetition_rate) == (len(set(ids)) / 6, len(set(grams(2))) / 5,
+                                                                1 - len(set(grams(4))) / 3)
+    assert len(s.decided_by) == 6 and set(s.decided_by) <= {"model", "temperature"}
+    ids_t = torch.tensor([prompt_ids])
+    beam = llama.generate(ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False, num_beams=2,
+                          length_penalty=1.0, early_stopping=False, max_new_tokens=6, eos_token_id=None,
+                          pad_token_id=0)[0, len(prompt_ids):].tolist()
+    greedy = llama.generate(ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False, max_new_tokens=6,
+                            eos_token_id=None, pad_token_id=0)[0, len(prompt_ids):].tolist()
+    assert b.token_ids == beam != greedy == n.token_ids
+
+
+def test_a_row_whose_chain_empties_at_once(llama):
+    """Every token biased to -inf: the sample and beam rows end at once (empty_chain), with no figures."""
+    bias = ",".join(f"{i}=-inf" for i in range(V))
+    vs = [cmp.parse_variant(f"{m}logit_bias={bias}") for m in ("s: ", "b: method=beam,beams=2,")]
+    run = cmp.Comparison(lm_for(llama), vs, [cmp.Prompt("p", PROMPT)], [0],
+                         base={"max_new_tokens": 4, "ignore_eos": True})
+    for row in run.run().rows:
+        assert (row.token_ids, row.stop_reason, row.raw_perplexity, row.mean_logprob, row.mean_entropy) == \
+            ([], "empty_chain", None, None, None)
+
+
+def test_a_draft_model_is_loaded_once_per_spec(llama):
+    """A speculative variant with a draft model: refused without a loader, word for word; with one, the draft is
+    loaded once for every seed and prompt, and greedy speculation with it decodes the greedy output."""
+    v = cmp.parse_variant("d: method=speculate,draft=tiny,gamma=2,temperature=0")
+    prompts = [cmp.Prompt("p", PROMPT)]
+    base = {"max_new_tokens": 5, "ignore_eos": True}
+    with pytest.raises(ConfigError) as e:
+        cmp.Comparison(lm_for(llama), [v], prompts, [0], base=base).run()
+    assert str(e.value) == "variant d: draft=tiny: no draft loader here; use draft=ngram"
+    calls = []
+    draft = lm_for(random_model("llama", seed=9, scale=4.0, num_hidden_layers=1))
+    run = cmp.Comparison(lm_for(llama), [v], prompts, [0, 1], base=base,
+                         load_draft=lambda spec: calls.append(spec) or draft).run()
+    assert calls == ["tiny"] and run.drafts == {"tiny": draft}
+    ids = torch.tensor([[int(t) for t in PROMPT.split()]])
+    greedy = llama.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=5,
+                            eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert [r.token_ids for r in run.rows] == [greedy, greedy]
+
+
+def test_a_comparison_needs_prompts():
+    with pytest.raises(ConfigError) as e:
+        cmp.Comparison(None, [cmp.Variant("a")], [], [0])
+    assert str(e.value) == "PROMPT: nothing to compare on; give prompts or --prompts-file"
+
+
+def test_make_variant_keys_and_messages_word_for_word():
+    assert cmp.make_variant("j", {"method": " beam ", "top-k": 5, "preset": " nucleus "}, "w") == \
+        cmp.Variant("j", "beam", "nucleus", (("top_k", 5),))
+
+    def refused(items):
+        with pytest.raises(ConfigError) as e:
+            cmp.make_variant("j", items, "w")
+        return str(e.value)
+
+    assert refused({"method": "foo"}) == "w: method='foo'; allowed: sample, beam, speculate"
+    unknown = refused([("temprature", 1)])
+    head = "w: unknown key 'temprature'; allowed: method, cache, preset and the settings "
+    assert unknown.startswith(head + "allow, ban, beams, cache, chain, choice,")
+    assert unknown.endswith(", typical_p, xtc_probability, xtc_threshold")
+    assert "method" not in unknown[len(head):] and "preset" not in unknown[len(head):]  # listed once, first
+    beams = refused({"method": "speculate", "beams": 2})
+    assert beams.startswith("w: beams is not a setting of method=speculate; allowed: allow, ban, cache, chain,")
+    assert beams.endswith(", typical_p, xtc_probability, xtc_threshold") and "seed" not in beams
+
+
+def test_parse_seeds_counts_a_list_before_reading_it():
+    assert cmp.parse_seeds(list(range(4096))) == list(range(4096))
+    with pytest.raises(ConfigError) as e:
+        cmp.parse_seeds(list(range(4097)))
+    assert str(e.value) == "--seeds: 4097 seeds; at most 4096"
+
+
+def test_a_looping_sample_row_counts_its_ngrams(llama):
+    """Greedy decoding of the random model loops (a token repeated to the end): distinct-1, distinct-2 and seq-rep-4
+    then differ from one another, each recounted from the row's tokens (transformers' greedy output)."""
+    row = compare(llama, ["g: temperature=0"], n=12).rows[0]
+    ids = row.token_ids
+    ids_t = torch.tensor([[int(t) for t in PROMPT.split()]])
+    assert ids == llama.generate(ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False, max_new_tokens=12,
+                                 eos_token_id=None, pad_token_id=0)[0, 6:].tolist()
+    grams = lambda k: [tuple(ids[i : i + k]) for i in range(len(ids) - k + 1)]  # noqa: E731
+    d1, d2, d3, d4 = (len(set(grams(k))) / len(grams(k)) for k in (1, 2, 3, 4))
+    assert len({d1, d2, d3}) == 3, "a prompt whose greedy output repeats"
+    assert (row.distinct_1, row.distinct_2, row.repetition_rate) == (d1, d2, 1 - d4)
+
+
+def test_a_sampled_speculative_row_uses_its_draft(llama):
+    """At temperature 1 the proposer's own draws shift the shared generator, so the draft shows in the tokens: the
+    row is a speculative run with the loaded draft, not one with the n-gram proposer."""
+    from decodelab.core.engine.run import drain
+    from decodelab.core.methods.speculative.run import build_speculator
+
+    draft = lm_for(random_model("llama", seed=9, scale=4.0, num_hidden_layers=1))
+    v = cmp.parse_variant("d: method=speculate,draft=tiny,gamma=2,temperature=1")
+    base = {"max_new_tokens": 8, "ignore_eos": True}
+    run = cmp.Comparison(lm_for(llama), [v], [cmp.Prompt("p", PROMPT)], [0], base=base, load_draft=lambda s: draft)
+    row = run.run().rows[0]
+
+    def by_hand(proposer):
+        spec = build_speculator(lm_for(llama), proposer, run.settings["d", 0], [int(t) for t in PROMPT.split()], 2,
+                                record=False)
+        drain(spec)
+        return list(spec.new_ids)
+
+    assert row.token_ids == by_hand(draft) != by_hand(None)
+
+
+def test_a_beam_row_is_the_best_hypothesis_with_its_own_reason(llama):
+    """With token 103 as the end of text, beam search over 2 beams finishes its best hypothesis at the end id while
+    the other runs to the length: the row is the best one, as transformers' beam search finds it, ended by eos."""
+    lm = lm_for(llama)
+    lm.eos_ids = [103]
+    v = cmp.parse_variant("b: method=beam,beams=2")
+    row = cmp.Comparison(lm, [v], [cmp.Prompt("p", PROMPT)], [0], base={"max_new_tokens": 6}).run().rows[0]
+    ids = torch.tensor([[int(t) for t in PROMPT.split()]])
+    out = llama.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=2, length_penalty=1.0,
+                         early_stopping=False, max_new_tokens=6, eos_token_id=103, pad_token_id=0)[0, 6:].tolist()
+    assert out[: out.index(103) + 1] == row.token_ids and len(row.token_ids) < 6
+    assert (row.stop_reason, row.length) == ("eos", len(row.token_ids))
