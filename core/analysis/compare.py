@@ -481,12 +481,12 @@ class Comparison:
             pair.deciding_stage = "stateful"
             pair.why = "xtc draws its own coin from the run's generator and mirostat carries state: not attributed"
         else:
-            pair.deciding_stage, pair.why = self.attribute(a, b, sa, sb, prompt_ids + ra.token_ids[:d], d, seed,
-                                                           pair.a_token, pair.b_token)
+            pair.deciding_stage, pair.why = self.attribute(sa, sb, prompt_ids + ra.token_ids[:d], d, seed,
+                                                           pair.a_token)
         return pair
 
     @torch.inference_mode()
-    def attribute(self, a, b, sa, sb, prefix: list[int], step: int, seed: int, token_a: int, token_b: int):
+    def attribute(self, sa, sb, prefix: list[int], step: int, seed: int, token_a: int):
         """Which setting flipped the token at ``step``: starting from a's settings, switch the differing stages to
         b's one at a time in the default chain order, with the same raw logits and the same race draws E_step;
         the first switch that changes the token decides."""
