@@ -120,3 +120,57 @@ def test_check_text_refuses_lone_surrogates_naming_the_character():
     check_text("--prompt", "héllo ✓")
     with refused("--prompt 'ab\\\\udcff': not valid UTF-8 (an undecodable byte at character 2); give UTF-8 text"):
         check_text("--prompt", "ab\udcff")
+
+
+def test_a_file_is_read_at_most_one_byte_past_the_limit(tmp_path, monkeypatch):
+    """A pipe or a device given as the file (/dev/zero) is never read whole: one read of limit + 1 bytes, enough to
+    tell it is too long."""
+    path = tmp_path / "t.txt"
+    path.write_text("x")
+    sizes = []
+
+    class Endless:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self, size=-1):
+            sizes.append(size)
+            return b"z" * (size if size is not None and size >= 0 else 10**6)
+
+    monkeypatch.setattr("builtins.open", lambda *args, **kwargs: Endless())
+    with refused(f"--text-file {path}: more than 5 bytes (0 MiB), the most decodelab reads; give a shorter text"):
+        read_input_text("--text-file", path, limit=5)
+    assert sizes == [6]
+
+
+def test_is_int_text_and_parse_numbers():
+    from decodelab.core.inputs import is_int_text, parse_numbers, usable_cpus
+    assert is_int_text(" -12 ") and is_int_text("+0") and not is_int_text("1_0") and not is_int_text("3.0")
+    assert not is_int_text("١") and not is_int_text("")
+    assert parse_numbers("0.1,0.2  0.7,", "--probs") == [0.1, 0.2, 0.7]
+    with refused("--probs: no values; give numbers separated by commas, e.g. 0.1,0.2,0.7"):
+        parse_numbers(" ,, ", "--probs")
+    with refused("--probs 'nan': not a number"):
+        parse_numbers("0.5,nan", "--probs")
+    with refused("--probs 'x': expected float, a number in ASCII digits (e.g. 0.5 or 1e-3)"):
+        parse_numbers("0.5 x", "--probs")
+    assert 1 <= usable_cpus() <= (__import__("os").cpu_count() or 1)
+
+
+def test_usable_cpus_falls_back_to_the_cpu_count(monkeypatch):
+    import os
+
+    from decodelab.core.inputs import usable_cpus
+
+    def missing(pid):
+        raise OSError("no affinity here")
+    monkeypatch.setattr(os, "sched_getaffinity", missing)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert usable_cpus() == 6
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert usable_cpus() == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3, 5} if pid == 0 else set())
+    assert usable_cpus() == 3
