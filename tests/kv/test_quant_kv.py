@@ -765,3 +765,66 @@ def test_streams_appended_together_equal_each_appended_alone():
             assert (a.quantized, a.exact) == (b.quantized, b.exact)
             assert torch.equal(a.states(torch.float32), b.states(torch.float32))
         assert together[0].quantized == 4
+
+
+# --- the mutation run of core/kv/quant.py (2026-12-02, the rest: layouts, the cache classes, the policy) ----------
+
+
+def test_layout_descriptions_by_hand():
+    """Each layout says its bits and what one scale spans: a token, a token's groups of G channels, a channel over
+    blocks of G tokens, or a row over blocks of G tokens; fp8 says e4m3 instead of a bit count."""
+    want = {("token", 32, 8): "8-bit per token",
+            ("group", 16, 4): "4-bit per token, groups of 16 channels",
+            ("channel", 8, 2): "2-bit per channel, blocks of 8 tokens",
+            ("tensor", 4, 4): "4-bit per row, blocks of 4 tokens",
+            ("channel", 8, "fp8"): "fp8 e4m3 per channel, blocks of 8 tokens"}
+    for (axis, group, bits), text in want.items():
+        assert Layout(axis, group, bits, True, torch.float16).describe() == text
+
+
+def test_policy_description_names_both_layouts_and_the_larger_exact_window():
+    """int4-kivi on the random Llama (head_dim 16: 32 does not divide it, so the group is the whole head): keys per
+    channel in blocks of 16 tokens, values per token in groups of 16 channels. After 40 tokens in one forward with
+    a residual of 32: no block of 16 keys has left (40 - 32 = 8 < 16), so 40 keys are exact; 8 values left, 32
+    exact. The description gives the larger, 40, with the base policy's seen and stored counts."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("int4-kivi"))
+    rt.feed(torch.arange(3, 43).unsqueeze(0))
+    layer = rt.policy.model_cache.layers[0]
+    assert (layer.k.exact, layer.v.exact) == (40, 32)
+    assert rt.policy.describe() == {"policy": "quant", "seen": 40, "stored": 40,
+                                    "keys": "4-bit per channel, blocks of 16 tokens",
+                                    "values": "4-bit per token, groups of 16 channels", "exact_tokens": 40}
+
+
+def test_transformers_crop_removes_the_last_tokens_of_each_layer():
+    """transformers' ``cache.crop(-k)`` (assisted generation's rollback) drops each layer's last k tokens: after 27
+    tokens and 5 more, crop(-3) leaves every layer's keys and values equal to a run fed the 27 and the first 2 of
+    the 5, and its count of tokens seen at 29."""
+    model = random_model("llama")
+    X, Y = torch.arange(3, 30).unsqueeze(0), torch.tensor([[9, 8, 7, 6, 5]])
+    a = Runtime.create(model, parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    a.prefill(X)
+    a.feed(Y)
+    a.policy.model_cache.crop(-3)
+    b = Runtime.create(model, parse_cache_spec("int8"))
+    b.prefill(X)
+    b.feed(Y[:, :2])
+    for la, lb in zip(a.policy.model_cache.layers, b.policy.model_cache.layers):
+        assert la.get_seq_length() == 29
+        assert (la.k.tokens, la.v.tokens) == (29, 29)
+        assert torch.equal(la.k.states(torch.float32), lb.k.states(torch.float32))
+        assert torch.equal(la.v.states(torch.float32), lb.v.states(torch.float32))
+
+
+def test_transformers_batch_select_keeps_the_chosen_rows():
+    """transformers' ``cache.batch_select_indices`` (a plain list of rows works too) gathers every layer's rows:
+    the keys and values after it are those before it at the chosen rows, in that order."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("quant:bits=4,axis=channel,group=4,residual=2"),
+                        needs=frozenset({"rows"}))
+    rt.feed(torch.arange(3, 42).view(3, 13))
+    layers = rt.policy.model_cache.layers
+    before = [(la.k.states(torch.float32), la.v.states(torch.float32)) for la in layers]
+    rt.policy.model_cache.batch_select_indices([2, 0])
+    for la, (k, v) in zip(layers, before):
+        assert torch.equal(la.k.states(torch.float32), k[[2, 0]])
+        assert torch.equal(la.v.states(torch.float32), v[[2, 0]])
