@@ -828,3 +828,38 @@ def test_transformers_batch_select_keeps_the_chosen_rows():
     for la, (k, v) in zip(layers, before):
         assert torch.equal(la.k.states(torch.float32), k[[2, 0]])
         assert torch.equal(la.v.states(torch.float32), v[[2, 0]])
+
+
+def test_truncate_to_the_tokens_seen_is_nothing_and_past_them_is_refused():
+    """The policy's truncate: to exactly the tokens seen it changes nothing (the bytes and states stay); to more
+    than it has seen it is refused in one line naming both counts."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    rt.feed(torch.arange(3, 8).unsqueeze(0))
+    layer = rt.policy.model_cache.layers[0]
+    before, nbytes = layer.k.states(torch.float32), rt.policy.nbytes()
+    rt.policy.truncate(5)
+    assert rt.policy.seen == 5 and rt.policy.nbytes() == nbytes
+    assert torch.equal(layer.k.states(torch.float32), before)
+    with pytest.raises(ValueError, match=r"^cannot truncate a cache that has seen 5 tokens to 6$"):
+        rt.policy.truncate(6)
+    assert rt.policy.seen == 5 and layer.k.tokens == 5
+
+
+def test_crop_of_a_sliding_layer_that_evicted_counts_what_it_forgot():
+    """Gemma 2 (window 16), int8 without rollback: after 35 tokens a sliding layer holds the last 15 (positions
+    20..34). transformers' crop(-3) rolls back to 32 seen tokens: the sliding layer keeps positions 20..31, the
+    first 12 it held (32 minus the 20 it forgot), and the full layer the first 32."""
+    rt = Runtime.create(random_model("gemma2"), parse_cache_spec("int8"))
+    rt.feed(torch.arange(3, 33).unsqueeze(0))
+    rt.feed(torch.arange(40, 45).unsqueeze(0))
+    layers = rt.policy.model_cache.layers
+    sliding = [la for la in layers if la.is_sliding]
+    full = [la for la in layers if not la.is_sliding]
+    assert sliding and full and all(la.k.tokens == 15 for la in sliding)
+    before = [(la.k.states(torch.float32), la.v.states(torch.float32)) for la in layers]
+    rt.policy.model_cache.crop(-3)
+    for la, (k, v) in zip(layers, before):
+        keep = 12 if la.is_sliding else 32
+        assert la.get_seq_length() == 32 and (la.k.tokens, la.v.tokens) == (keep, keep)
+        assert torch.equal(la.k.states(torch.float32), k[:, :, :keep])
+        assert torch.equal(la.v.states(torch.float32), v[:, :, :keep])
