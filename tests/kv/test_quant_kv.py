@@ -863,3 +863,35 @@ def test_crop_of_a_sliding_layer_that_evicted_counts_what_it_forgot():
         assert la.get_seq_length() == 32 and (la.k.tokens, la.v.tokens) == (keep, keep)
         assert torch.equal(la.k.states(torch.float32), k[:, :, :keep])
         assert torch.equal(la.v.states(torch.float32), v[:, :, :keep])
+
+
+@pytest.mark.parametrize("spec,groups", [("int8", [2, 2]), ("int4-kivi", [1, 1, 1, 1])])
+def test_layers_together_take_the_one_pass_path_after_the_first_forward(spec, groups, monkeypatch):
+    """Its results equal each layer alone bit for bit (above), so only this shows that the one-pass path runs at
+    all: the first forward finds nothing stored (no workspace; each kind appended on its own), every later forward
+    builds the workspace of keys and of values and commits from it: int8's keys and values are laid out alike, so
+    both kinds go in one pass (one call, two groups); kivi's keys (per channel) and values (per token) do not (two
+    calls, one group each)."""
+    from decodelab.core.kv import quant
+
+    built, committed = [], []
+    real_room, real_commit = quant.stored_with_room, quant.commit_from_room
+
+    def room(streams, new):
+        out = real_room(streams, new)
+        built.append(out is not None)
+        return out
+
+    def commit(groups, rows):
+        committed.append(len(groups))
+        real_commit(groups, rows)
+
+    monkeypatch.setattr(quant, "stored_with_room", room)
+    monkeypatch.setattr(quant, "commit_from_room", commit)
+    rt = Runtime.create(random_model("llama"), parse_cache_spec(spec))
+    rt.feed(torch.arange(3, 13).unsqueeze(0))
+    assert built == [False, False] and committed == []
+    rt.feed(torch.tensor([[20]]))
+    rt.feed(torch.tensor([[21]]))
+    assert built == [False, False, True, True, True, True]
+    assert committed == groups
