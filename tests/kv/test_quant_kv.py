@@ -895,3 +895,38 @@ def test_layers_together_take_the_one_pass_path_after_the_first_forward(spec, gr
     rt.feed(torch.tensor([[21]]))
     assert built == [False, False, True, True, True, True]
     assert committed == groups
+
+
+def test_streams_of_one_layout_leave_in_one_pass_and_of_two_layouts_each_in_its_own():
+    """append_together quantizes the leaving tokens of streams that share one layout in one call (their rows one
+    after another), and streams of two layouts each with its own, even when the same number leaves each (per token
+    and per group of 4 channels, no residual: every token leaves at once). Either way each stream ends as if
+    appended alone."""
+    from decodelab.core.kv.quant import append_together
+
+    x = kv_like(shape=(2, 3, 8, 8))
+    calls = []
+
+    def counted(layout):
+        real = layout.quantize
+        layout.quantize = lambda t: calls.append((layout.axis, t.shape[0])) or real(t)
+        return layout
+
+    channel = counted(Layout("channel", 4, 4, False, torch.float16))
+    per_token, grouped = counted(Layout("token", 1, 4, False, torch.float16)), counted(Layout("group", 4, 4, False,
+                                                                                                 torch.float16))
+    for layouts, residual, fed, want in (([channel, channel], 3, 6, [("channel", 2)]),
+                                         ([per_token, grouped], 0, 0, [("token", 1), ("group", 1)])):
+        together, alone = [Stream(la, residual) for la in layouts], [Stream(la, residual) for la in layouts]
+        for i, (a, b) in enumerate(zip(together, alone)):
+            if fed:
+                a.append(x[i : i + 1, :, :fed])
+                b.append(x[i : i + 1, :, :fed])
+        calls.clear()
+        append_together(together, [x[i : i + 1, :, fed : fed + 1] for i in range(2)])
+        assert calls == want
+        for i, b in enumerate(alone):
+            b.append(x[i : i + 1, :, fed : fed + 1])
+        for a, b in zip(together, alone):
+            assert (a.quantized, a.exact) == (b.quantized, b.exact)
+            assert torch.equal(a.states(torch.float32), b.states(torch.float32))
