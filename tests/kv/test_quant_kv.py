@@ -930,3 +930,20 @@ def test_streams_of_one_layout_leave_in_one_pass_and_of_two_layouts_each_in_its_
         for a, b in zip(together, alone):
             assert (a.quantized, a.exact) == (b.quantized, b.exact)
             assert torch.equal(a.states(torch.float32), b.states(torch.float32))
+
+
+def test_layer_and_cache_classes_are_built_on_first_use_and_kept(monkeypatch):
+    """The cache layer and cache classes are made on first use (the module keeps them once made, so a test must
+    forget them to see them made): QuantLayer on transformers' DynamicLayer and QuantCache on its DynamicCache, the
+    mixin first so that its methods win; a second call gives the same class."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    from decodelab.core.kv import quant
+
+    monkeypatch.setattr(quant, "_layer_class", None)
+    monkeypatch.setattr(quant, "_cache_class", None)
+    layer_class, cache_class = quant.quant_layer_class(), quant.quant_cache_class()
+    assert layer_class.__name__ == "QuantLayer" and layer_class.__bases__ == (quant.QuantLayerMixin, DynamicLayer)
+    assert cache_class.__name__ == "QuantCache" and cache_class.__bases__ == (quant.QuantCacheMixin, DynamicCache)
+    assert quant.quant_layer_class() is layer_class and quant.quant_cache_class() is cache_class
