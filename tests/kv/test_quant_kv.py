@@ -947,3 +947,17 @@ def test_layer_and_cache_classes_are_built_on_first_use_and_kept(monkeypatch):
     assert layer_class.__name__ == "QuantLayer" and layer_class.__bases__ == (quant.QuantLayerMixin, DynamicLayer)
     assert cache_class.__name__ == "QuantCache" and cache_class.__bases__ == (quant.QuantCacheMixin, DynamicCache)
     assert quant.quant_layer_class() is layer_class and quant.quant_cache_class() is cache_class
+
+
+def test_capabilities_of_options_left_out_are_those_of_the_constructor_defaults():
+    """A spec built without options (``CacheSpec("quant")``) is the policy's defaults, per token with no residual
+    window, which rolls back; so does each option left out: an axis alone (group) or a residual alone (0)."""
+    from decodelab.core.kv import CacheSpec
+    from decodelab.core.kv.quant import QuantPolicy
+
+    every = frozenset({"truncate", "reorder", "rows"})
+    assert policy_capabilities(CacheSpec("quant")) == every
+    assert QuantPolicy.capabilities_for({"axis": "group"}) == every
+    assert QuantPolicy.capabilities_for({"residual": 0}) == every
+    assert QuantPolicy.capabilities_for({"residual": 2}) == every - {"truncate"}
+    assert QuantPolicy.capabilities_for({"axis": "channel"}) == every - {"truncate"}
