@@ -961,3 +961,22 @@ def test_capabilities_of_options_left_out_are_those_of_the_constructor_defaults(
     assert QuantPolicy.capabilities_for({"residual": 0}) == every
     assert QuantPolicy.capabilities_for({"residual": 2}) == every - {"truncate"}
     assert QuantPolicy.capabilities_for({"axis": "channel"}) == every - {"truncate"}
+
+
+def test_a_quant_spec_without_options_builds_the_int8_cache():
+    """The constructor's defaults (a spec built by hand, no options, skips the spec parser's defaults) are int8's:
+    8 bits, per token, the default group of 32, no residual window, symmetric; the stored keys and values of the
+    same text are int8's."""
+    from decodelab.core.kv import CacheSpec
+
+    model = random_model("llama")
+    ids = torch.arange(3, 12).unsqueeze(0)
+    a, b = Runtime.create(model, CacheSpec("quant")), Runtime.create(model, parse_cache_spec("int8"))
+    a.feed(ids)
+    b.feed(ids)
+    p = a.policy
+    assert (p.bits, p.axis, p.group, p.residual, p.symmetric) == (8, "token", 32, 0, True)
+    for la, lb in zip(a.policy.model_cache.layers, b.policy.model_cache.layers):
+        assert (la.k.exact, la.v.exact) == (0, 0)
+        assert torch.equal(la.k.states(torch.float32), lb.k.states(torch.float32))
+        assert torch.equal(la.v.states(torch.float32), lb.v.states(torch.float32))
