@@ -980,3 +980,17 @@ def test_a_quant_spec_without_options_builds_the_int8_cache():
         assert (la.k.exact, la.v.exact) == (0, 0)
         assert torch.equal(la.k.states(torch.float32), lb.k.states(torch.float32))
         assert torch.equal(la.v.states(torch.float32), lb.v.states(torch.float32))
+
+
+def test_a_rollback_is_refused_for_token_spanning_scales_without_a_residual():
+    """The policy itself refuses a run that rolls back with blocks of tokens sharing a scale even with no residual
+    window (per channel, residual 0), in one line naming the axis and the residual; per token it is built, and its
+    layers are croppable for transformers; per channel (built without the rollback) they are not."""
+    model = random_model("llama")
+    with pytest.raises(ConfigError, match=r"^--cache quant: this run needs the cache to truncate, which "
+                                          r"axis=channel,residual=0 cannot do exactly$"):
+        Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel,group=4"), needs=frozenset({"truncate"}))
+    token = Runtime.create(model, parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    channel = Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel,group=4"))
+    assert all(layer.is_croppable for layer in token.policy.model_cache.layers)
+    assert not any(layer.is_croppable for layer in channel.policy.model_cache.layers)
