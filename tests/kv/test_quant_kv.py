@@ -994,3 +994,18 @@ def test_a_rollback_is_refused_for_token_spanning_scales_without_a_residual():
     channel = Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel,group=4"))
     assert all(layer.is_croppable for layer in token.policy.model_cache.layers)
     assert not any(layer.is_croppable for layer in channel.policy.model_cache.layers)
+
+
+def test_a_model_with_a_layer_neither_full_nor_sliding_is_refused_in_one_line():
+    """A config whose second layer transformers' cache makes a DummyLayer (a layer that stores no keys, as KV
+    sharing or a layer without attention gives): refused by name and index, in one line."""
+    from conftest import small_config
+
+    from decodelab.core.kv import ModelInfo
+    from decodelab.core.kv.quant import QuantPolicy
+
+    config = small_config("llama")
+    config.layer_types = ["full_attention", "dummy"]
+    with pytest.raises(ConfigError, match=r"^--cache quant: layer 1 of this model is a DummyLayer; quant handles "
+                                          r"full and sliding attention layers only$"):
+        QuantPolicy(ModelInfo(config, torch.device("cpu"), torch.float32, None, 2, 2, 16))
