@@ -985,7 +985,8 @@ def test_a_quant_spec_without_options_builds_the_int8_cache():
 def test_a_rollback_is_refused_for_token_spanning_scales_without_a_residual():
     """The policy itself refuses a run that rolls back with blocks of tokens sharing a scale even with no residual
     window (per channel, residual 0), in one line naming the axis and the residual; per token it is built, and its
-    layers are croppable for transformers; per channel (built without the rollback) they are not."""
+    layers are croppable for transformers; per channel, or per group with a residual window (built without the
+    rollback), they are not."""
     model = random_model("llama")
     with pytest.raises(ConfigError, match=r"^--cache quant: this run needs the cache to truncate, which "
                                           r"axis=channel,residual=0 cannot do exactly$"):
@@ -994,6 +995,8 @@ def test_a_rollback_is_refused_for_token_spanning_scales_without_a_residual():
     channel = Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel,group=4"))
     assert all(layer.is_croppable for layer in token.policy.model_cache.layers)
     assert not any(layer.is_croppable for layer in channel.policy.model_cache.layers)
+    window = Runtime.create(model, parse_cache_spec("quant:bits=4,axis=group,group=8,residual=4"))
+    assert not any(layer.is_croppable for layer in window.policy.model_cache.layers)
 
 
 def test_a_model_with_a_layer_neither_full_nor_sliding_is_refused_in_one_line():
@@ -1009,3 +1012,15 @@ def test_a_model_with_a_layer_neither_full_nor_sliding_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^--cache quant: layer 1 of this model is a DummyLayer; quant handles "
                                           r"full and sliding attention layers only$"):
         QuantPolicy(ModelInfo(config, torch.device("cpu"), torch.float32, None, 2, 2, 16))
+
+
+def test_the_default_group_is_32_unless_it_splits_channels_that_32_does_not_divide():
+    """On the random Llama (head_dim 16): blocks of tokens (per channel, per tensor) take the default 32; groups of
+    channels (per group, kivi) take the whole head, 16, as 32 does not divide it; a group given is kept."""
+    model = random_model("llama")
+    want = {"quant:bits=8,axis=channel": 32, "quant:bits=8,axis=tensor": 32, "int4": 16, "int4-kivi": 16,
+            "quant:bits=4,axis=group,group=8": 8, "quant:bits=8,axis=channel,group=5": 5}
+    for spec, group in want.items():
+        assert Runtime.create(model, parse_cache_spec(spec)).policy.group == group, spec
+    described = Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel")).policy.layouts["key"].describe()
+    assert described == "8-bit per channel, blocks of 32 tokens"
