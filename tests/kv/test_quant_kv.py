@@ -1016,7 +1016,8 @@ def test_a_model_with_a_layer_neither_full_nor_sliding_is_refused_in_one_line():
 
 def test_the_default_group_is_32_unless_it_splits_channels_that_32_does_not_divide():
     """On the random Llama (head_dim 16): blocks of tokens (per channel, per tensor) take the default 32; groups of
-    channels (per group, kivi) take the whole head, 16, as 32 does not divide it; a group given is kept."""
+    channels (per group, kivi) take the whole head, 16, as 32 does not divide it; a group given is kept. With a
+    head_dim of 64, groups of channels take 32."""
     model = random_model("llama")
     want = {"quant:bits=8,axis=channel": 32, "quant:bits=8,axis=tensor": 32, "int4": 16, "int4-kivi": 16,
             "quant:bits=4,axis=group,group=8": 8, "quant:bits=8,axis=channel,group=5": 5}
@@ -1024,3 +1025,15 @@ def test_the_default_group_is_32_unless_it_splits_channels_that_32_does_not_divi
         assert Runtime.create(model, parse_cache_spec(spec)).policy.group == group, spec
     described = Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel")).policy.layouts["key"].describe()
     assert described == "8-bit per channel, blocks of 32 tokens"
+    wide = random_model("llama", head_dim=64)  # 32 divides 64: groups of 32 channels
+    assert Runtime.create(wide, parse_cache_spec("int4")).policy.group == 32
+
+
+def test_fp8_without_a_torch_that_has_it_is_refused_in_one_line(monkeypatch):
+    """bits=fp8 where torch lacks float8_e4m3fn: refused when the spec is read, naming the fix."""
+    from decodelab.core.kv import quant
+
+    monkeypatch.setattr(quant, "fp8_supported", lambda: False)
+    with pytest.raises(ConfigError, match=r"^--cache 'quant:bits=fp8': bits=fp8 needs a torch with float8_e4m3fn; "
+                                          r"use bits=8$"):
+        parse_cache_spec("quant:bits=fp8")
