@@ -1037,3 +1037,9 @@ def test_fp8_without_a_torch_that_has_it_is_refused_in_one_line(monkeypatch):
     with pytest.raises(ConfigError, match=r"^--cache 'quant:bits=fp8': bits=fp8 needs a torch with float8_e4m3fn; "
                                           r"use bits=8$"):
         parse_cache_spec("quant:bits=fp8")
+
+
+def test_a_spec_without_bits_is_8_bit_and_symmetric():
+    """bits left out is 8 (and so symmetric by default) for any axis; only the axis and its residual change."""
+    assert str(parse_cache_spec("quant")) == "quant:axis=token,bits=8,residual=0,symmetric=true"
+    assert str(parse_cache_spec("quant:axis=kivi")) == "quant:axis=kivi,bits=8,residual=32,symmetric=true"
