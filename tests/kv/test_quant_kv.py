@@ -765,3 +765,281 @@ def test_streams_appended_together_equal_each_appended_alone():
             assert (a.quantized, a.exact) == (b.quantized, b.exact)
             assert torch.equal(a.states(torch.float32), b.states(torch.float32))
         assert together[0].quantized == 4
+
+
+# --- the mutation run of core/kv/quant.py (2026-12-02, the rest: layouts, the cache classes, the policy) ----------
+
+
+def test_layout_descriptions_by_hand():
+    """Each layout says its bits and what one scale spans: a token, a token's groups of G channels, a channel over
+    blocks of G tokens, or a row over blocks of G tokens; fp8 says e4m3 instead of a bit count."""
+    want = {("token", 32, 8): "8-bit per token",
+            ("group", 16, 4): "4-bit per token, groups of 16 channels",
+            ("channel", 8, 2): "2-bit per channel, blocks of 8 tokens",
+            ("tensor", 4, 4): "4-bit per row, blocks of 4 tokens",
+            ("channel", 8, "fp8"): "fp8 e4m3 per channel, blocks of 8 tokens"}
+    for (axis, group, bits), text in want.items():
+        assert Layout(axis, group, bits, True, torch.float16).describe() == text
+
+
+def test_policy_description_names_both_layouts_and_the_larger_exact_window():
+    """int4-kivi on the random Llama (head_dim 16: 32 does not divide it, so the group is the whole head): keys per
+    channel in blocks of 16 tokens, values per token in groups of 16 channels. After 40 tokens in one forward with
+    a residual of 32: no block of 16 keys has left (40 - 32 = 8 < 16), so 40 keys are exact; 8 values left, 32
+    exact. The description gives the larger, 40, with the base policy's seen and stored counts."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("int4-kivi"))
+    rt.feed(torch.arange(3, 43).unsqueeze(0))
+    layer = rt.policy.model_cache.layers[0]
+    assert (layer.k.exact, layer.v.exact) == (40, 32)
+    assert rt.policy.describe() == {"policy": "quant", "seen": 40, "stored": 40,
+                                    "keys": "4-bit per channel, blocks of 16 tokens",
+                                    "values": "4-bit per token, groups of 16 channels", "exact_tokens": 40}
+
+
+def test_transformers_crop_removes_the_last_tokens_of_each_layer():
+    """transformers' ``cache.crop(-k)`` (assisted generation's rollback) drops each layer's last k tokens: after 27
+    tokens and 5 more, crop(-3) leaves every layer's keys and values equal to a run fed the 27 and the first 2 of
+    the 5, and its count of tokens seen at 29."""
+    model = random_model("llama")
+    X, Y = torch.arange(3, 30).unsqueeze(0), torch.tensor([[9, 8, 7, 6, 5]])
+    a = Runtime.create(model, parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    a.prefill(X)
+    a.feed(Y)
+    a.policy.model_cache.crop(-3)
+    b = Runtime.create(model, parse_cache_spec("int8"))
+    b.prefill(X)
+    b.feed(Y[:, :2])
+    for la, lb in zip(a.policy.model_cache.layers, b.policy.model_cache.layers):
+        assert la.get_seq_length() == 29
+        assert (la.k.tokens, la.v.tokens) == (29, 29)
+        assert torch.equal(la.k.states(torch.float32), lb.k.states(torch.float32))
+        assert torch.equal(la.v.states(torch.float32), lb.v.states(torch.float32))
+
+
+def test_transformers_batch_select_keeps_the_chosen_rows():
+    """transformers' ``cache.batch_select_indices`` (a plain list of rows works too) gathers every layer's rows:
+    the keys and values after it are those before it at the chosen rows, in that order."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("quant:bits=4,axis=channel,group=4,residual=2"),
+                        needs=frozenset({"rows"}))
+    rt.feed(torch.arange(3, 42).view(3, 13))
+    layers = rt.policy.model_cache.layers
+    before = [(la.k.states(torch.float32), la.v.states(torch.float32)) for la in layers]
+    rt.policy.model_cache.batch_select_indices([2, 0])
+    for la, (k, v) in zip(layers, before):
+        assert torch.equal(la.k.states(torch.float32), k[[2, 0]])
+        assert torch.equal(la.v.states(torch.float32), v[[2, 0]])
+
+
+def test_truncate_to_the_tokens_seen_is_nothing_and_past_them_is_refused():
+    """The policy's truncate: to exactly the tokens seen it changes nothing (the bytes and states stay); to more
+    than it has seen it is refused in one line naming both counts."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    rt.feed(torch.arange(3, 8).unsqueeze(0))
+    layer = rt.policy.model_cache.layers[0]
+    before, nbytes = layer.k.states(torch.float32), rt.policy.nbytes()
+    rt.policy.truncate(5)
+    assert rt.policy.seen == 5 and rt.policy.nbytes() == nbytes
+    assert torch.equal(layer.k.states(torch.float32), before)
+    with pytest.raises(ValueError, match=r"^cannot truncate a cache that has seen 5 tokens to 6$"):
+        rt.policy.truncate(6)
+    assert rt.policy.seen == 5 and layer.k.tokens == 5
+
+
+def test_crop_of_a_sliding_layer_that_evicted_counts_what_it_forgot():
+    """Gemma 2 (window 16), int8 without rollback: after 35 tokens a sliding layer holds the last 15 (positions
+    20..34). transformers' crop(-3) rolls back to 32 seen tokens: the sliding layer keeps positions 20..31, the
+    first 12 it held (32 minus the 20 it forgot), and the full layer the first 32."""
+    rt = Runtime.create(random_model("gemma2"), parse_cache_spec("int8"))
+    rt.feed(torch.arange(3, 33).unsqueeze(0))
+    rt.feed(torch.arange(40, 45).unsqueeze(0))
+    layers = rt.policy.model_cache.layers
+    sliding = [la for la in layers if la.is_sliding]
+    full = [la for la in layers if not la.is_sliding]
+    assert sliding and full and all(la.k.tokens == 15 for la in sliding)
+    before = [(la.k.states(torch.float32), la.v.states(torch.float32)) for la in layers]
+    rt.policy.model_cache.crop(-3)
+    for la, (k, v) in zip(layers, before):
+        keep = 12 if la.is_sliding else 32
+        assert la.get_seq_length() == 32 and (la.k.tokens, la.v.tokens) == (keep, keep)
+        assert torch.equal(la.k.states(torch.float32), k[:, :, :keep])
+        assert torch.equal(la.v.states(torch.float32), v[:, :, :keep])
+
+
+@pytest.mark.parametrize("spec,groups", [("int8", [2, 2]), ("int4-kivi", [1, 1, 1, 1])])
+def test_layers_together_take_the_one_pass_path_after_the_first_forward(spec, groups, monkeypatch):
+    """Its results equal each layer alone bit for bit (above), so only this shows that the one-pass path runs at
+    all: the first forward finds nothing stored (no workspace; each kind appended on its own), every later forward
+    builds the workspace of keys and of values and commits from it: int8's keys and values are laid out alike, so
+    both kinds go in one pass (one call, two groups); kivi's keys (per channel) and values (per token) do not (two
+    calls, one group each)."""
+    from decodelab.core.kv import quant
+
+    built, committed = [], []
+    real_room, real_commit = quant.stored_with_room, quant.commit_from_room
+
+    def room(streams, new):
+        out = real_room(streams, new)
+        built.append(out is not None)
+        return out
+
+    def commit(groups, rows):
+        committed.append(len(groups))
+        real_commit(groups, rows)
+
+    monkeypatch.setattr(quant, "stored_with_room", room)
+    monkeypatch.setattr(quant, "commit_from_room", commit)
+    rt = Runtime.create(random_model("llama"), parse_cache_spec(spec))
+    rt.feed(torch.arange(3, 13).unsqueeze(0))
+    assert built == [False, False] and committed == []
+    rt.feed(torch.tensor([[20]]))
+    rt.feed(torch.tensor([[21]]))
+    assert built == [False, False, True, True, True, True]
+    assert committed == groups
+
+
+def test_streams_of_one_layout_leave_in_one_pass_and_of_two_layouts_each_in_its_own():
+    """append_together quantizes the leaving tokens of streams that share one layout in one call (their rows one
+    after another), and streams of two layouts each with its own, even when the same number leaves each (per token
+    and per group of 4 channels, no residual: every token leaves at once). Either way each stream ends as if
+    appended alone."""
+    from decodelab.core.kv.quant import append_together
+
+    x = kv_like(shape=(2, 3, 8, 8))
+    calls = []
+
+    def counted(layout):
+        real = layout.quantize
+        layout.quantize = lambda t: calls.append((layout.axis, t.shape[0])) or real(t)
+        return layout
+
+    channel = counted(Layout("channel", 4, 4, False, torch.float16))
+    per_token, grouped = counted(Layout("token", 1, 4, False, torch.float16)), counted(Layout("group", 4, 4, False,
+                                                                                                 torch.float16))
+    for layouts, residual, fed, want in (([channel, channel], 3, 6, [("channel", 2)]),
+                                         ([per_token, grouped], 0, 0, [("token", 1), ("group", 1)])):
+        together, alone = [Stream(la, residual) for la in layouts], [Stream(la, residual) for la in layouts]
+        for i, (a, b) in enumerate(zip(together, alone)):
+            if fed:
+                a.append(x[i : i + 1, :, :fed])
+                b.append(x[i : i + 1, :, :fed])
+        calls.clear()
+        append_together(together, [x[i : i + 1, :, fed : fed + 1] for i in range(2)])
+        assert calls == want
+        for i, b in enumerate(alone):
+            b.append(x[i : i + 1, :, fed : fed + 1])
+        for a, b in zip(together, alone):
+            assert (a.quantized, a.exact) == (b.quantized, b.exact)
+            assert torch.equal(a.states(torch.float32), b.states(torch.float32))
+
+
+def test_layer_and_cache_classes_are_built_on_first_use_and_kept(monkeypatch):
+    """The cache layer and cache classes are made on first use (the module keeps them once made, so a test must
+    forget them to see them made): QuantLayer on transformers' DynamicLayer and QuantCache on its DynamicCache, the
+    mixin first so that its methods win; a second call gives the same class."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    from decodelab.core.kv import quant
+
+    monkeypatch.setattr(quant, "_layer_class", None)
+    monkeypatch.setattr(quant, "_cache_class", None)
+    layer_class, cache_class = quant.quant_layer_class(), quant.quant_cache_class()
+    assert layer_class.__name__ == "QuantLayer" and layer_class.__bases__ == (quant.QuantLayerMixin, DynamicLayer)
+    assert cache_class.__name__ == "QuantCache" and cache_class.__bases__ == (quant.QuantCacheMixin, DynamicCache)
+    assert quant.quant_layer_class() is layer_class and quant.quant_cache_class() is cache_class
+
+
+def test_capabilities_of_options_left_out_are_those_of_the_constructor_defaults():
+    """A spec built without options (``CacheSpec("quant")``) is the policy's defaults, per token with no residual
+    window, which rolls back; so does each option left out: an axis alone (group) or a residual alone (0)."""
+    from decodelab.core.kv import CacheSpec
+    from decodelab.core.kv.quant import QuantPolicy
+
+    every = frozenset({"truncate", "reorder", "rows"})
+    assert policy_capabilities(CacheSpec("quant")) == every
+    assert QuantPolicy.capabilities_for({"axis": "group"}) == every
+    assert QuantPolicy.capabilities_for({"residual": 0}) == every
+    assert QuantPolicy.capabilities_for({"residual": 2}) == every - {"truncate"}
+    assert QuantPolicy.capabilities_for({"axis": "channel"}) == every - {"truncate"}
+
+
+def test_a_quant_spec_without_options_builds_the_int8_cache():
+    """The constructor's defaults (a spec built by hand, no options, skips the spec parser's defaults) are int8's:
+    8 bits, per token, the default group of 32, no residual window, symmetric; the stored keys and values of the
+    same text are int8's."""
+    from decodelab.core.kv import CacheSpec
+
+    model = random_model("llama")
+    ids = torch.arange(3, 12).unsqueeze(0)
+    a, b = Runtime.create(model, CacheSpec("quant")), Runtime.create(model, parse_cache_spec("int8"))
+    a.feed(ids)
+    b.feed(ids)
+    p = a.policy
+    assert (p.bits, p.axis, p.group, p.residual, p.symmetric) == (8, "token", 32, 0, True)
+    for la, lb in zip(a.policy.model_cache.layers, b.policy.model_cache.layers):
+        assert (la.k.exact, la.v.exact) == (0, 0)
+        assert torch.equal(la.k.states(torch.float32), lb.k.states(torch.float32))
+        assert torch.equal(la.v.states(torch.float32), lb.v.states(torch.float32))
+
+
+def test_a_rollback_is_refused_for_token_spanning_scales_without_a_residual():
+    """The policy itself refuses a run that rolls back with blocks of tokens sharing a scale even with no residual
+    window (per channel, residual 0), in one line naming the axis and the residual; per token it is built, and its
+    layers are croppable for transformers; per channel, or per group with a residual window (built without the
+    rollback), they are not."""
+    model = random_model("llama")
+    with pytest.raises(ConfigError, match=r"^--cache quant: this run needs the cache to truncate, which "
+                                          r"axis=channel,residual=0 cannot do exactly$"):
+        Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel,group=4"), needs=frozenset({"truncate"}))
+    token = Runtime.create(model, parse_cache_spec("int8"), needs=frozenset({"truncate"}))
+    channel = Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel,group=4"))
+    assert all(layer.is_croppable for layer in token.policy.model_cache.layers)
+    assert not any(layer.is_croppable for layer in channel.policy.model_cache.layers)
+    window = Runtime.create(model, parse_cache_spec("quant:bits=4,axis=group,group=8,residual=4"))
+    assert not any(layer.is_croppable for layer in window.policy.model_cache.layers)
+
+
+def test_a_model_with_a_layer_neither_full_nor_sliding_is_refused_in_one_line():
+    """A config whose second layer transformers' cache makes a DummyLayer (a layer that stores no keys, as KV
+    sharing or a layer without attention gives): refused by name and index, in one line."""
+    from conftest import small_config
+
+    from decodelab.core.kv import ModelInfo
+    from decodelab.core.kv.quant import QuantPolicy
+
+    config = small_config("llama")
+    config.layer_types = ["full_attention", "dummy"]
+    with pytest.raises(ConfigError, match=r"^--cache quant: layer 1 of this model is a DummyLayer; quant handles "
+                                          r"full and sliding attention layers only$"):
+        QuantPolicy(ModelInfo(config, torch.device("cpu"), torch.float32, None, 2, 2, 16))
+
+
+def test_the_default_group_is_32_unless_it_splits_channels_that_32_does_not_divide():
+    """On the random Llama (head_dim 16): blocks of tokens (per channel, per tensor) take the default 32; groups of
+    channels (per group, kivi) take the whole head, 16, as 32 does not divide it; a group given is kept. With a
+    head_dim of 64, groups of channels take 32."""
+    model = random_model("llama")
+    want = {"quant:bits=8,axis=channel": 32, "quant:bits=8,axis=tensor": 32, "int4": 16, "int4-kivi": 16,
+            "quant:bits=4,axis=group,group=8": 8, "quant:bits=8,axis=channel,group=5": 5}
+    for spec, group in want.items():
+        assert Runtime.create(model, parse_cache_spec(spec)).policy.group == group, spec
+    described = Runtime.create(model, parse_cache_spec("quant:bits=8,axis=channel")).policy.layouts["key"].describe()
+    assert described == "8-bit per channel, blocks of 32 tokens"
+    wide = random_model("llama", head_dim=64)  # 32 divides 64: groups of 32 channels
+    assert Runtime.create(wide, parse_cache_spec("int4")).policy.group == 32
+
+
+def test_fp8_without_a_torch_that_has_it_is_refused_in_one_line(monkeypatch):
+    """bits=fp8 where torch lacks float8_e4m3fn: refused when the spec is read, naming the fix."""
+    from decodelab.core.kv import quant
+
+    monkeypatch.setattr(quant, "fp8_supported", lambda: False)
+    with pytest.raises(ConfigError, match=r"^--cache 'quant:bits=fp8': bits=fp8 needs a torch with float8_e4m3fn; "
+                                          r"use bits=8$"):
+        parse_cache_spec("quant:bits=fp8")
+
+
+def test_a_spec_without_bits_is_8_bit_and_symmetric():
+    """bits left out is 8 (and so symmetric by default) for any axis; only the axis and its residual change."""
+    assert str(parse_cache_spec("quant")) == "quant:axis=token,bits=8,residual=0,symmetric=true"
+    assert str(parse_cache_spec("quant:axis=kivi")) == "quant:axis=kivi,bits=8,residual=32,symmetric=true"
