@@ -660,10 +660,10 @@ class QuantPolicy(KVPolicy):
 
     def describe(self) -> dict:
         out = super().describe()
-        first = self.model_cache.layers[0] if self.model_cache.layers else None
-        if first is not None:
+        layers = self.model_cache.layers
+        if layers:  # exact_tokens: the most positions any layer holds in the model's dtype (a sliding layer, fewer)
             out.update(keys=self.layouts["key"].describe(), values=self.layouts["value"].describe(),
-                       exact_tokens=max(first.k.exact, first.v.exact))
+                       exact_tokens=max(max(layer.k.exact, layer.v.exact) for layer in layers))
         return out
 
 

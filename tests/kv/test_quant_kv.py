@@ -796,6 +796,17 @@ def test_policy_description_names_both_layouts_and_the_larger_exact_window():
                                     "values": "4-bit per token, groups of 16 channels", "exact_tokens": 40}
 
 
+def test_the_description_gives_the_largest_exact_window_of_any_layer():
+    """Gemma 2 alternates sliding (window 16) and full layers, layer 0 sliding: under int4-kivi after 40 tokens the
+    sliding layer holds at most its window, the full one 40 keys exact (no block of 16 has left the residual of 32):
+    the description reports 40, the full layer's, not the first layer's."""
+    rt = Runtime.create(random_model("gemma2"), parse_cache_spec("int4-kivi"))
+    rt.feed(torch.arange(3, 43).unsqueeze(0))
+    sliding, full = rt.policy.model_cache.layers[:2]
+    assert max(sliding.k.exact, sliding.v.exact) < 40 == full.k.exact
+    assert rt.policy.describe()["exact_tokens"] == 40
+
+
 def test_transformers_crop_removes_the_last_tokens_of_each_layer():
     """transformers' ``cache.crop(-k)`` (assisted generation's rollback) drops each layer's last k tokens: after 27
     tokens and 5 more, crop(-3) leaves every layer's keys and values equal to a run fed the 27 and the first 2 of
