@@ -11,7 +11,17 @@ import pytest
 import torch
 from conftest import BUNDLED_TOKENIZER, ROOT, random_model
 
-from decodelab.core.methods.beam import BeamSearch, BeamSettings, ModelStepper, beam_search, length_norm, sweep_length_penalty
+from decodelab.core.errors import ConfigError
+from decodelab.core.methods.beam import (
+    BeamSearch,
+    BeamSettings,
+    ModelStepper,
+    beam_search,
+    beam_stepper,
+    build_beam,
+    length_norm,
+    sweep_length_penalty,
+)
 from decodelab.core.sampling.chain import build_chain
 
 EOS = 3
@@ -661,3 +671,145 @@ def test_a_chain_that_removes_every_candidate_names_its_stages():
     assert str(err.value) == (f"the chain [{', '.join(chain.names)}] removed every candidate token; loosen the "
                               "filters or bans")
     assert len(chain.names) == 2
+
+
+# --- mutation run of core/methods/beam.py, the rest (2026-12-02, helper mbeam): what its survivors asked for ---------
+
+
+def test_every_trace_record_of_the_hand_table_by_hand():
+    """Beams 2, hf, a = 1, 3 tokens on TABLE, recorded, the detokenizer writing E, a, b (no token_text given: one
+    token's text is the detokenizer's). K = 4 candidates a step (2 x beams, one EOS id).
+    Step 0 (L = 1): a (log .69), E (log .3: finishes, enters the pool), b (log .01), then a row of the -1e9 placeholder
+    beam: pruned. Step 1 (L = 2): [a]+a, [a]+E (enters: score / 2), [a]+b, then [b]+a (log .01 + log .5): pruned.
+    Step 2 (L = 3, the last: every candidate finishes): only the first B may enter: [a, a, E] and [a, a, a] push [a, E]
+    and [E] out; the two after them stay pruned; the live rows are the first two candidates."""
+    lg = math.log
+    search = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 3),
+                        eos_ids=(E,), detok=lambda ids: "".join("Eab"[t] for t in ids), record=True)
+    steps = list(search)
+    assert steps == search.steps and [(s.index, s.length) for s in steps] == [(0, 0 + 1), (1, 2), (2, 3)]
+
+    def cands(step):
+        return [(c.rank, c.parent, c.token_id, c.token, c.finishes, c.fate) for c in step.candidates]
+
+    def near(got, want):
+        flat = [x for row in got for x in (row if isinstance(row, tuple) else (row,))]
+        assert flat == pytest.approx([x for row in want for x in (row if isinstance(row, tuple) else (row,))], abs=1e-6)
+        assert len(got) == len(want)
+
+    s0, s1, s2 = steps
+    assert cands(s0)[:3] == [(1, 0, A, "a", False, "live"), (2, 0, E, "E", True, "finished"),
+                             (3, 0, B, "b", False, "live")]
+    assert cands(s0)[3][0:2] == (4, 1) and cands(s0)[3][4:] == (False, "pruned")
+    near([c.logprob for c in s0.candidates[:3]], [lg(.69), lg(.3), lg(.01)])
+    near([c.raw_logprob for c in s0.candidates[:3]], [lg(.69), lg(.3), lg(.01)])
+    near([c.sum_logprob for c in s0.candidates], [lg(.69), lg(.3), lg(.01), -1e9])
+    near([c.score for c in s0.candidates], [lg(.69), lg(.3), lg(.01), -1e9])
+    assert [(b.beam, b.parent, b.token_ids, b.text) for b in s0.beams] == [(0, 0, [A], "a"), (1, 0, [B], "b")]
+    near([(b.sum_logprob, b.raw_sum_logprob, b.score) for b in s0.beams], [(lg(.69),) * 3, (lg(.01),) * 3])
+    assert [(h.rank, h.text, h.token_ids, h.length, h.step, h.reason) for h in s0.finished] == [(1, "E", [E], 1, 0,
+                                                                                                  "eos")]
+    near([(h.sum_logprob, h.raw_sum_logprob, h.score) for h in s0.finished], [(lg(.3),) * 3])
+
+    assert cands(s1) == [(1, 0, A, "a", False, "live"), (2, 0, E, "E", True, "finished"),
+                         (3, 0, B, "b", False, "live"), (4, 1, A, "a", False, "pruned")]
+    sums1 = [lg(.69 * .59), lg(.69 * .4), lg(.69 * .01), lg(.01 * .5)]
+    near([c.logprob for c in s1.candidates], [lg(.59), lg(.4), lg(.01), lg(.5)])
+    near([c.raw_logprob for c in s1.candidates], [lg(.59), lg(.4), lg(.01), lg(.5)])
+    near([c.sum_logprob for c in s1.candidates], sums1)
+    near([c.score for c in s1.candidates], [x / 2 for x in sums1])
+    assert [(b.beam, b.parent, b.token_ids, b.text) for b in s1.beams] == [(0, 0, [A, A], "aa"), (1, 0, [A, B], "ab")]
+    near([(b.sum_logprob, b.raw_sum_logprob, b.score) for b in s1.beams],
+         [(sums1[0], sums1[0], sums1[0] / 2), (sums1[2], sums1[2], sums1[2] / 2)])
+    assert [(h.rank, h.text, h.token_ids, h.step) for h in s1.finished] == [(1, "aE", [A, E], 1), (2, "E", [E], 0)]
+    near([h.score for h in s1.finished], [sums1[1] / 2, lg(.3)])
+
+    sums2 = [lg(.69 * .59 * .5), lg(.69 * .59 * .49), lg(.69 * .59 * .01), lg(.69 * .01 * .5)]
+    assert cands(s2) == [(1, 0, E, "E", True, "finished"), (2, 0, A, "a", True, "finished"),
+                         (3, 0, B, "b", True, "pruned"), (4, 1, A, "a", True, "pruned")]
+    near([c.sum_logprob for c in s2.candidates], sums2)
+    near([c.score for c in s2.candidates], [x / 3 for x in sums2])
+    assert [(b.beam, b.parent, b.token_ids, b.text) for b in s2.beams] == [(0, 0, [A, A, E], "aaE"),
+                                                                           (1, 0, [A, A, A], "aaa")]
+    assert [(h.rank, h.text, h.token_ids, h.length, h.step, h.reason) for h in s2.finished] == \
+        [(1, "aaE", [A, A, E], 3, 2, "eos"), (2, "aaa", [A, A, A], 3, 2, "length")]
+    near([(h.sum_logprob, h.raw_sum_logprob, h.score) for h in s2.finished],
+         [(sums2[0], sums2[0], sums2[0] / 3), (sums2[1], sums2[1], sums2[1] / 3)])
+    assert search.new_ids == [A, A, E] and search.entered == 4 and search.stop_reason == "length"
+
+
+def test_token_text_and_detokenizer_defaults_and_a_given_token_text():
+    """Without a detokenizer, ids are written space-separated, and a token's text is that of the one-id list; a
+    token_text of its own names the candidates while the detokenizer still writes the beams and hypotheses."""
+    plain = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 2),
+                       eos_ids=(E,), record=True)
+    plain.run()
+    assert [c.token for c in plain.steps[1].candidates] == ["1", "0", "2", "1"]
+    assert [b.text for b in plain.steps[1].beams] == ["1 1", "1 0"]
+    assert [h.text for h in plain.hypotheses] == ["1 1", "1 0"]
+    named = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 2),
+                       eos_ids=(E,), detok=lambda ids: "".join("Eab"[t] for t in ids),
+                       token_text=lambda t: f"<{t}>", record=True)
+    named.run()
+    assert [c.token for c in named.steps[1].candidates] == ["<1>", "<0>", "<2>", "<1>"]
+    assert [h.text for h in named.hypotheses] == ["aa", "aE"]
+
+
+def test_an_unrecorded_search_yields_bare_steps_and_keeps_none():
+    search = run_table(settings(2, 1.0, "never", 3))
+    assert search.steps == [] and search.n_steps == 3
+    bare = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 3),
+                      eos_ids=(E,))
+    assert [(s.index, s.length, s.beams, s.candidates, s.finished) for s in bare] == \
+        [(0, 1, [], [], []), (1, 2, [], [], []), (2, 3, [], [], [])]
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    if not (TINY / "model.safetensors").is_file():
+        pytest.skip("the bundled tiny model's weights are not installed")
+    from decodelab.core.engine.models import load_model
+
+    return load_model("tiny", device="cpu")
+
+
+def test_build_beam_on_the_bundled_model_writes_text_and_stops_at_the_context(tiny_lm):
+    """A prompt 2 tokens short of the model's context (512): 5 new tokens asked, 2 searched, the reason "context";
+    the hypotheses' and live beams' texts and each candidate's token are the model's own detokenizer's."""
+    lm = tiny_lm
+    prompt = (lm.encode("Once upon a time, a little fox") * 64)[: lm.context_length - 2]
+    search = build_beam(lm, BeamSettings(beams=2, max_new_tokens=5, early_stopping="never", ignore_eos=True), prompt)
+    search.run()
+    assert (search.max_new, search.capped, search.n_steps, search.stop_reason) == (2, True, 2, "context")
+    assert [h.reason for h in search.hypotheses] == ["context", "context"]
+    assert all(h.text == lm.decode(h.token_ids) and h.length == 2 for h in search.hypotheses)
+    assert all(b.text == lm.decode(b.token_ids) for step in search.steps for b in step.beams)
+    assert all(c.token == lm.decode([c.token_id]) for step in search.steps for c in step.candidates)
+    unrecorded = build_beam(lm, BeamSettings(beams=2, max_new_tokens=2, ignore_eos=True), prompt[:5], record=False)
+    assert list(unrecorded)[0].candidates == [] and unrecorded.capped is False
+
+
+def test_build_beam_refuses_a_stepwise_stage_naming_beam_search(tiny_lm):
+    with pytest.raises(ConfigError) as err:
+        build_beam(tiny_lm, BeamSettings(mirostat_tau=5.0), [5, 9])
+    assert str(err.value) == ("--mirostat-tau/--mirostat-eta: beam search scores several continuations per step, and "
+                              "mirostat draws its own coin or carries state from step to step; drop it for this "
+                              "command")
+
+
+def test_build_beam_searches_over_the_cache_policy_asked(tiny_lm):
+    """A 4-token window changes what the model sees, so the hypotheses differ from the full cache's; the search built
+    from the settings equals the one given that policy by hand."""
+    from decodelab.core.kv import parse_cache_spec
+
+    lm = tiny_lm
+    prompt = lm.encode("Once upon a time, a little fox")
+    s = BeamSettings(beams=2, max_new_tokens=6, early_stopping="never", ignore_eos=True, cache="window:size=4")
+    built = build_beam(lm, s, prompt)
+    built.run()
+    by_hand = beam_search(lm.model, prompt, build_chain({}), s, cache=parse_cache_spec("window:size=4"))
+    full = beam_search(lm.model, prompt, build_chain({}), s)
+    assert [h.token_ids for h in built.hypotheses] == [h.token_ids for h in by_hand.hypotheses]
+    assert [h.token_ids for h in built.hypotheses] != [h.token_ids for h in full.hypotheses]
+    assert by_hand.steps == [] and len(built.steps) == 6  # beam_search records no trace unless asked; build_beam does
+    assert beam_stepper(lm, s).spec == parse_cache_spec("window:size=4")
