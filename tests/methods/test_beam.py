@@ -813,3 +813,75 @@ def test_build_beam_searches_over_the_cache_policy_asked(tiny_lm):
     assert [h.token_ids for h in built.hypotheses] != [h.token_ids for h in full.hypotheses]
     assert by_hand.steps == [] and len(built.steps) == 6  # beam_search records no trace unless asked; build_beam does
     assert beam_stepper(lm, s).spec == parse_cache_spec("window:size=4")
+
+
+def test_beam_search_hands_the_search_its_detokenizer_token_text_context_and_record():
+    """What beam_search is given reaches the search: a context 3 tokens past the prompt caps 6 new tokens at 3, the
+    texts are the detokenizer's and the candidates' tokens the token_text's; record=False (the default) keeps no
+    trace even with a token_text."""
+    model = eos_model("llama", 0, 2.0)
+    detok = lambda ids: "|".join(map(str, ids))  # noqa: E731
+    search = beam_search(model, PROMPT, build_chain({}), settings(2, 1.0, "never", 6), eos_ids=(EOS,), detok=detok,
+                         context_length=len(PROMPT) + 3, record=True, token_text=lambda t: f"<{t}>")
+    assert (search.max_new, search.capped) == (3, True)
+    assert all(h.text == detok(h.token_ids) for h in search.hypotheses)
+    assert len(search.steps) == search.n_steps >= 1
+    assert all(c.token == f"<{c.token_id}>" for step in search.steps for c in step.candidates)
+    quiet = beam_search(model, PROMPT, build_chain({}), settings(2, 1.0, "never", 6), eos_ids=(EOS,),
+                        token_text=lambda t: f"<{t}>")
+    assert quiet.steps == [] and quiet.max_new == 6
+
+
+def test_model_stepper_prefills_once_then_follows_the_parents_rows():
+    """The stepper's logits against plain forwards of each beam's whole sequence: the prompt; three beams from it
+    (row 0 gathered three times); then parents [2, 0, 0] (a reorder) and [0, 1, 2] (the rows as they are). Without
+    a plan a static cache holds the prompt and one token; the policy is asked for reordering and rows."""
+    from decodelab.core.kv import parse_cache_spec
+
+    model = eos_model("llama", 0, 2.0)
+
+    def ref(rows):
+        with torch.no_grad():
+            return torch.stack([model(torch.tensor([r])).logits[0, -1] for r in rows])
+
+    def close(a, b):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+    stepper = ModelStepper(model)
+    stepper.plan(len(PROMPT) + 3)
+    close(stepper.start(PROMPT), ref([PROMPT]))
+    assert stepper.rows == 1 and stepper.runtime.policy.needs == frozenset({"reorder", "rows"})
+    rows = [PROMPT + [t] for t in (1, 2, 3)]
+    close(stepper.advance([0, 0, 0], torch.tensor([0, 0, 0]), torch.tensor([1, 2, 3])), ref(rows))
+    assert stepper.rows == 3
+    rows = [rows[2] + [4], rows[0] + [5], rows[0] + [6]]
+    close(stepper.advance([2, 0, 0], torch.tensor([2, 0, 0]), torch.tensor([4, 5, 6])), ref(rows))
+    rows = [r + [7] for r in rows]
+    close(stepper.advance([0, 1, 2], torch.tensor([0, 1, 2]), torch.tensor([7, 7, 7])), ref(rows))
+
+    static = ModelStepper(model, parse_cache_spec("static"))
+    close(static.start(PROMPT), ref([PROMPT]))
+    assert static.runtime.policy.capacity == len(PROMPT) + 1
+    close(static.advance([0, 0], torch.tensor([0, 0]), torch.tensor([1, 2])), ref([PROMPT + [1], PROMPT + [2]]))
+    with pytest.raises(ConfigError, match=f"{len(PROMPT) + 2} positions exceed the preallocated {len(PROMPT) + 1}"):
+        static.advance([0, 1], torch.tensor([0, 1]), torch.tensor([1, 2]))
+
+
+def test_model_stepper_keeps_a_given_capacity_and_runtime():
+    """A capacity given up front wins over the search's plan; a runtime given is the one fed (no other is made)."""
+    from decodelab.core.engine.runtime import Runtime
+    from decodelab.core.kv import parse_cache_spec
+
+    model = eos_model("llama", 0, 2.0)
+    sized = ModelStepper(model, parse_cache_spec("static"), capacity=len(PROMPT) + 5)
+    sized.plan(len(PROMPT) + 9)
+    sized.start(PROMPT)
+    assert sized.capacity == sized.runtime.policy.capacity == len(PROMPT) + 5
+    planned = ModelStepper(model, parse_cache_spec("static"))
+    planned.plan(len(PROMPT) + 9)
+    planned.start(PROMPT)
+    assert planned.runtime.policy.capacity == len(PROMPT) + 9
+    runtime = Runtime.create(model)
+    given = ModelStepper(model, runtime=runtime)
+    given.start(PROMPT)
+    assert given.runtime is runtime and runtime.calls == 1 and runtime.seen == len(PROMPT)
