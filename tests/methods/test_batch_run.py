@@ -324,3 +324,20 @@ def test_a_prompts_file_of_json_lines_reads_like_the_docs_say(tmp_path):
     s = entry.settings
     assert (entry.id, entry.prompt, s.temperature, s.top_p, s.seed, s.max_new_tokens, s.stop) == \
         ("q1", "hello", 0.7, 0.9, 3, 5, (".",))
+
+
+def test_chat_prompts_go_through_the_template_in_the_run_and_its_static_baseline(lm, monkeypatch):
+    """With chat on, every request's prompt is the template's rendering (here a plain "User: ... Assistant:"), in the
+    run and in its static baseline: the baseline's tokens match the run's, which differ from the plain prompts'."""
+    monkeypatch.setattr(lm.tokenizer, "chat_template",
+                        "{% for m in messages %}User: {{ m['content'] }}\nAssistant:{% endfor %}")
+    settings = BatchSettings(max_new_tokens=4, max_batch=2, block_size=4, **GREEDY)
+    entries = [Entry("a", "Once upon a time", settings), Entry("b", "The machine", settings)]
+    templated = [lm.encode(e.prompt, chat=True) for e in entries]
+    assert templated[0] == lm.tokenizer("User: Once upon a time\nAssistant:", add_special_tokens=False)["input_ids"]
+    assert [r.prompt_ids for r in build_requests(lm, entries, chat=True)] == templated
+    chat = run_batch(lm, settings, entries, chat=True)
+    assert [r.prompt_ids for r in chat.results] == templated
+    plain = run_batch(lm, replace(settings, baselines=()), entries)
+    assert all(a.new_ids != b.new_ids for a, b in zip(chat.results, plain.results))
+    assert chat.baselines[0].same_tokens == 2
