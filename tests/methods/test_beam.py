@@ -885,3 +885,20 @@ def test_model_stepper_keeps_a_given_capacity_and_runtime():
     given = ModelStepper(model, runtime=runtime)
     given.start(PROMPT)
     assert given.runtime is runtime and runtime.calls == 1 and runtime.seen == len(PROMPT)
+
+
+def test_a_live_bound_equal_to_the_worst_finished_score_stops_the_search():
+    """transformers stops when the best live beam cannot do strictly better. Beams 1, hf, a = 1, at most 2 tokens, p =
+    (E .5, a .25, b .25): step 0 finishes [E] (log .5 / 1) and keeps a beam of log .25 = 2 log .5, whose bound at the
+    longest length is log .25 / 2 = log .5 exactly: a tie, so "never" stops after one step."""
+    search = run_table(settings(1, 1.0, "never", 2), table={(): [0.5, 0.25, 0.25]}, other=[0.5, 0.25, 0.25])
+    assert (search.stop_reason, search.n_steps) == ("no-improvement", 1)
+    assert search.hypotheses[0].token_ids == [E]
+
+
+def test_length_norm_refuses_an_unknown_kind_naming_the_allowed_ones():
+    with pytest.raises(ConfigError) as err:
+        length_norm("log", 3, 2, 1.0)
+    assert str(err.value) == "--length-norm 'log': allowed: hf, gnmt, prompt-inclusive, none"
+    assert length_norm("hf", 3, 2, 0.5) == 3 ** 0.5 and length_norm("gnmt", 1, 9, 2.0) == 1.0
+    assert length_norm("prompt-inclusive", 3, 2, -1.0) == 1 / 5 and length_norm("none", 7, 2, -3.0) == 1.0
