@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -902,3 +903,63 @@ def test_length_norm_refuses_an_unknown_kind_naming_the_allowed_ones():
     assert str(err.value) == "--length-norm 'log': allowed: hf, gnmt, prompt-inclusive, none"
     assert length_norm("hf", 3, 2, 0.5) == 3 ** 0.5 and length_norm("gnmt", 1, 9, 2.0) == 1.0
     assert length_norm("prompt-inclusive", 3, 2, -1.0) == 1 / 5 and length_norm("none", 7, 2, -3.0) == 1.0
+
+
+class ClockStepper(TableStepper):
+    """TABLE's stepper on a fake clock: the prefill takes 1 s, each later forward 2 s."""
+
+    def __init__(self, clock):
+        super().__init__(TABLE, OTHER)
+        self.clock = clock
+
+    def start(self, prompt_ids):
+        self.clock[0] += 1.0
+        return super().start(prompt_ids)
+
+    def advance(self, parents, parents_t, tokens):
+        self.clock[0] += 2.0
+        return super().advance(parents, parents_t, tokens)
+
+
+def test_the_search_times_prefill_loop_and_trace_apart_and_never_the_consumer(monkeypatch):
+    """On a fake clock, beams 2, 3 steps: 1 s of prefill, 2 x 2 s of forwards after it, and, recorded, the trace's
+    token texts at 0.5 s each (4 candidates a step: 6 s); the 100 s the consumer spends on each step count nowhere."""
+    from types import SimpleNamespace
+
+    from decodelab.core.engine import run as run_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(run_mod, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def text(token):
+        clock[0] += 0.5
+        return str(token)
+
+    for record, trace in ((True, 6.0), (False, 0.0)):
+        search = BeamSearch(ClockStepper(clock), [7, 8], build_chain({}), settings(2, 1.0, "never", 3), eos_ids=(E,),
+                            record=record, token_text=text)
+        for _ in search:
+            clock[0] += 100.0
+        timing = search.watch.timing
+        assert (timing.prefill_s, timing.loop_s, timing.trace_s) == (1.0, 4.0, trace), record
+        assert search.summary().seconds == 5.0 + trace and search.summary().decode_tokens_per_s == 6 / 4.0
+
+
+def test_the_context_caps_only_past_it_and_a_prompt_filling_it_is_refused():
+    """A 2-token prompt and 3 new tokens fit a context of 5 exactly (not capped); a context of 4 leaves 2; a context of
+    2 leaves none and is refused before anything runs. EOS ignored: E never finishes a hypothesis."""
+    s = settings(2, 1.0, "never", 3)
+    fits = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), s, eos_ids=(E,), context_length=5)
+    assert (fits.max_new, fits.capped) == (3, False)
+    fits.run()
+    assert fits.stop_reason == "length" and [h.reason for h in fits.hypotheses] == ["eos", "length"]
+    capped = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), s, eos_ids=(E,), context_length=4)
+    assert (capped.max_new, capped.capped) == (2, True)
+    with pytest.raises(ConfigError) as err:
+        BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), s, eos_ids=(E,), context_length=2)
+    assert str(err.value) == "PROMPT: the prompt is 2 tokens but the model's context is 2; shorten it"
+    deaf = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), replace(s, ignore_eos=True), eos_ids=(E,))
+    assert deaf.eos == frozenset() and fits.eos == frozenset({E})
+    deaf.run()
+    assert all(h.reason == "length" and h.length == 3 for h in deaf.hypotheses)
+    assert (deaf.pool[0].token_ids, deaf.stop_reason) == ([A, A, E], "length")
