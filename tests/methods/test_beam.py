@@ -963,3 +963,39 @@ def test_the_context_caps_only_past_it_and_a_prompt_filling_it_is_refused():
     deaf.run()
     assert all(h.reason == "length" and h.length == 3 for h in deaf.hypotheses)
     assert (deaf.pool[0].token_ids, deaf.stop_reason) == ([A, A, E], "length")
+
+
+def test_a_finishing_candidate_no_better_than_a_full_pool_is_rejected():
+    """Beams 1, hf, a = 1. Table 1 (2 tokens): step 0 finishes [E] (log .6) and keeps [a]; step 1 (the last) ranks
+    [a, E] (log(.4 x .6) / 2 = -0.714) first: worse than [E] (-0.511), so rejected, and [a, a] after it is pruned;
+    1 entered. Table 2 (3 tokens): [E] (log .5), then [a, E] of log .25 / 2 = log .5 exactly: a tie, which the pool
+    (strictly better only) rejects too, and the -inf candidate left live bounds nothing: "no-improvement"."""
+    one = run_table(settings(1, 1.0, "never", 2), table={(): [0.6, 0.4, 0.0], (A,): [0.6, 0.4, 0.0]}, record=True)
+    assert [[c.fate for c in step.candidates] for step in one.steps] == [["finished", "live"], ["rejected", "pruned"]]
+    assert [c.token_id for c in one.steps[1].candidates] == [E, A]
+    assert one.entered == 1 and one.summary().entered == 1 and [h.token_ids for h in one.hypotheses] == [[E]]
+    assert one.steps[1].candidates[0].score == pytest.approx(math.log(0.4 * 0.6) / 2, abs=1e-6)
+    tie = run_table(settings(1, 1.0, "never", 3), table={(): [0.5, 0.25, 0.25], (A,): [1, 0, 0], (B,): [1, 0, 0]},
+                    record=True)
+    first, second = tie.steps[1].candidates
+    assert (first.token_id, first.fate, first.score) == (E, "rejected", tie.hypotheses[0].score)
+    assert (second.fate, second.sum_logprob) == ("live", float("-inf"))
+    assert (tie.entered, tie.stop_reason, tie.n_steps) == (1, "no-improvement", 2)
+    assert [h.token_ids for h in tie.hypotheses] == [[E]]
+
+
+def test_a_search_left_early_or_emptied_at_once_keeps_its_first_figures():
+    """Left by its consumer after one step, a search's stop reason is still "length"; a chain that removes every
+    token at the first step raises before any step counts: 0 steps, 0 forward tokens."""
+    from decodelab.core.sampling.chain import ChainError
+
+    left = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 3), eos_ids=(E,))
+    assert left.stop_reason == "length" and left.n_steps == 0 and left.entered == 0 and left.pool == []
+    next(iter(left))
+    assert (left.stop_reason, left.n_steps) == ("length", 1)
+    # only "a" allowed, and no-repeat-ngram 1 bans it already: the prompt is "a"
+    empty = BeamSearch(TableStepper(TABLE, OTHER), [A], build_chain({"allow": (A,), "no-repeat-ngram": 1}),
+                       settings(1, 1.0, "never", 3), eos_ids=(E,))
+    with pytest.raises(ChainError):
+        empty.run()
+    assert (empty.n_steps, empty.summary().steps, empty.summary().forward_tokens) == (0, 0, 0)
