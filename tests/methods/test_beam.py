@@ -999,3 +999,11 @@ def test_a_search_left_early_or_emptied_at_once_keeps_its_first_figures():
     with pytest.raises(ChainError):
         empty.run()
     assert (empty.n_steps, empty.summary().steps, empty.summary().forward_tokens) == (0, 0, 0)
+
+
+def test_an_unrecorded_search_spends_no_time_on_a_trace():
+    """On the real clock: the time after a step's last lap (building its bare record) counts as the loop's, never
+    as a trace it did not build."""
+    timing = run_table(settings(2, 1.0, "never", 3)).watch.timing
+    assert timing.trace_s == 0.0 and timing.loop_s > 0
+    assert run_table(settings(2, 1.0, "never", 3), record=True).watch.timing.trace_s > 0
