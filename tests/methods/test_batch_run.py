@@ -248,18 +248,18 @@ def test_transformers_baseline_reports_its_figures_or_why_it_did_not_run(lm, mon
     """The same work (each prompt and its output length) with the run's batch, token budget and block size; the
     tokens matched per request; an exception of any kind is the baseline's reason (its type and first line)."""
     settings = BatchSettings(max_batch=3, max_tokens_per_iteration=40, block_size=8)
-    reference = [_result("a", 4, 3, 0), _result("b", 2, 2, 0)]
+    reference = [_result("a", 4, 3, 0), _result("b", 2, 2, 0), _result("c", 3, 1, 0)]
     calls = []
 
     def fake(model, work, max_batch, tokens, page):
         calls.append((model, work, max_batch, tokens, page))
-        return [[2, 2, 2], [2, 5]], 2.0
+        return [[2, 2, 2], [2, 5], [2]], 2.0
 
     monkeypatch.setattr(run_module, "continuous_batching_generate", fake)
     base = transformers_baseline(lm, settings, reference)
-    assert calls == [(lm.model, [([1] * 4, 3), ([1] * 2, 2)], 3, 40, 8)]
+    assert calls == [(lm.model, [([1] * 4, 3), ([1] * 2, 2), ([1] * 3, 1)], 3, 40, 8)]
     assert (base.name, base.tokens_per_s, base.seconds, base.same_tokens, base.reason) == \
-        ("transformers", 2.5, 2.0, 1, None)
+        ("transformers", 3.0, 2.0, 2, None)
     for exc, reason in [(ValueError("no paged attention\nsecond line"), "ValueError: no paged attention"),
                         (RuntimeError("  \n"), "RuntimeError: ")]:
         def broken(*args, exc=exc):
@@ -341,3 +341,38 @@ def test_chat_prompts_go_through_the_template_in_the_run_and_its_static_baseline
     plain = run_batch(lm, replace(settings, baselines=()), entries)
     assert all(a.new_ids != b.new_ids for a, b in zip(chat.results, plain.results))
     assert chat.baselines[0].same_tokens == 2
+
+
+def test_scheduler_for_passes_the_pool_and_batch_settings(lm):
+    """Rows, token budget, block size and pool size as set; iteration-level with prefix caching, or static (no token
+    budget, no prefix caching)."""
+    settings = BatchSettings(max_batch=3, max_tokens_per_iteration=7, block_size=5, blocks=20)
+    reqs = build_requests(lm, [Entry("a", "Once upon a time", settings)])
+    level = run_module.scheduler_for(lm, settings, reqs, static=False)
+    assert (level.max_batch, level.budget, level.policy.block, level.policy.num_blocks) == (3, 7, 5, 20)
+    assert (level.static, level.prefix_caching) == (False, True)
+    static = run_module.scheduler_for(lm, settings, reqs, static=True)
+    assert (static.max_batch, static.budget, static.policy.block, static.policy.num_blocks) == (3, float("inf"), 5, 20)
+    assert (static.static, static.prefix_caching) == (True, False)
+
+
+def test_the_run_is_iteration_level_and_its_static_baseline_static_with_its_own_pool(lm, monkeypatch):
+    """The run shares a cached prefix (the same prompt twice: the second request finds the first's full blocks), as
+    static batching never does; the static baseline's scheduler is static and sizes its own pool (blocks None), though
+    --blocks is set."""
+    built = []
+
+    class Recording(run_module.Scheduler):
+        def __init__(self, model, requests, **kwargs):
+            built.append(kwargs)
+            super().__init__(model, requests, **kwargs)
+
+    monkeypatch.setattr(run_module, "Scheduler", Recording)
+    settings = BatchSettings(max_new_tokens=2, max_batch=2, block_size=2, blocks=40, **GREEDY)
+    entries = [Entry("a", "Once upon a time", settings), Entry("b", "Once upon a time", settings)]
+    report = run_batch(lm, settings, entries)
+    assert report.summary()["prefix_hit_tokens"] > 0 and report.results[1].prefix_hit_tokens > 0
+    warm, run, static = built
+    assert (run["static"], run["num_blocks"]) == (False, 40)
+    assert (static["static"], static["num_blocks"]) == (True, None)
+    assert report.baselines[0].same_tokens == 2
