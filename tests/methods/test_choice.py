@@ -150,3 +150,21 @@ def test_score_choices_scores_under_the_cache_policy_given(lm):
     static = score_choices(lm, s, prompt, ids, make_chain(lm, s), cache=parse_cache_spec("static"))
     assert [lab.exact for lab in static.scores.labels] == pytest.approx([lab.exact for lab in full.scores.labels],
                                                                         rel=1e-4)
+
+
+def test_score_choices_lists_the_labels_tokenization_after_the_prompt_too(lm):
+    """After "Answer:" the tokenizer splits the label "'s" as ' + s, on its own as the one token 's: both listed (the
+    tokenizer's own first), and the label's probability is their sum, each against a plain forward."""
+    prompt = "Answer:"
+    ids = lm.encode(prompt)
+    s = ScoreSettings(choice="'s,no")
+    report = score_choices(lm, s, prompt, ids, make_chain(lm, s))
+    quote_s = report.scores.labels[0]
+    alone = tuple(lm.tokenizer.encode("'s", add_special_tokens=False))
+    joint = lm.tokenizer.encode(prompt + "'s", add_special_tokens=False)
+    base = lm.tokenizer.encode(prompt, add_special_tokens=False)
+    assert joint[: len(base)] == base
+    after = tuple(joint[len(base):])
+    assert len(alone) == 1 and len(after) == 2
+    assert quote_s.label == "'s" and [t for t, _ in quote_s.tokenizations] == [alone, after]
+    assert quote_s.exact == pytest.approx(sum(math.exp(plain(lm.model, ids, t)) for t in (alone, after)), rel=1e-4)
