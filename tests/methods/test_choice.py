@@ -7,6 +7,7 @@ Written for the mutation run of core/methods/choice.py (2026-12-02, helper mbeam
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -168,3 +169,40 @@ def test_score_choices_lists_the_labels_tokenization_after_the_prompt_too(lm):
     assert len(alone) == 1 and len(after) == 2
     assert quote_s.label == "'s" and [t for t, _ in quote_s.tokenizations] == [alone, after]
     assert quote_s.exact == pytest.approx(sum(math.exp(plain(lm.model, ids, t)) for t in (alone, after)), rel=1e-4)
+
+
+def test_score_choices_walks_every_path_the_constraint_allows_and_ends_a_label_on_eos(lm):
+    """min-mass 0: the sampler walks every token path the --choice constraint allows (" b" + "lue" as well as " blue"),
+    so it scores more prefixes than the listed tokenizations have (what a walk of those alone would score). "no" is
+    a prefix of "no way": after it the sampler draws EOS (the label "no") or goes on, so "no" gets sampler mass; the
+    sampler's mass is all accounted for. The time is the call's own."""
+    prompt = "The colour of the sea is"
+    ids = lm.encode(prompt)
+    s = ScoreSettings(choice=" blue, green", min_mass=0.0)
+    before = time.perf_counter()
+    report = score_choices(lm, s, prompt, ids, make_chain(lm, s))
+    took = time.perf_counter() - before
+    assert 0 < report.seconds <= took
+    listed = {t[:i] for lab in report.scores.labels for t, _ in lab.tokenizations for i in range(1, len(t) + 1)}
+    assert report.forwards > len(listed)
+    s = ScoreSettings(choice="no,no way", min_mass=0.0)
+    ids = lm.encode("Q: Is the sea green? A:")
+    nested = score_choices(lm, s, "Q: Is the sea green? A:", ids, make_chain(lm, s))
+    no, no_way = nested.scores.labels
+    assert no.label == "no" and no.sampler > 0 and no_way.sampler > 0
+    total = no.sampler + no_way.sampler + nested.scores.sampler_lost + nested.scores.sampler_unexplored
+    assert total == pytest.approx(1.0, abs=1e-6)
+
+
+def test_score_choices_sizes_a_static_cache_for_every_byte_of_the_longest_label(lm):
+    """Every path walked (min-mass 0) includes a label spelled one byte a token, whose end needs the conditionals
+    after all its tokens: a static cache sized for the prompt and the longest label's bytes holds it, and the numbers
+    are the full cache's."""
+    prompt = "Once upon a"
+    ids = lm.encode(prompt)
+    s = ScoreSettings(choice=" time, day", min_mass=0.0)
+    static = score_choices(lm, s, prompt, ids, make_chain(lm, s), cache=parse_cache_spec("static"))
+    full = score_choices(lm, s, prompt, ids, make_chain(lm, s))
+    assert [lab.sampler for lab in static.scores.labels] == pytest.approx([lab.sampler for lab in full.scores.labels],
+                                                                          rel=1e-4)
+    assert static.forwards == full.forwards > 5
