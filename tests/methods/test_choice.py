@@ -195,9 +195,8 @@ def test_score_choices_walks_every_path_the_constraint_allows_and_ends_a_label_o
 
 
 def test_score_choices_sizes_a_static_cache_for_every_byte_of_the_longest_label(lm):
-    """Every path walked (min-mass 0) includes a label spelled one byte a token, whose end needs the conditionals
-    after all its tokens: a static cache sized for the prompt and the longest label's bytes holds it, and the numbers
-    are the full cache's."""
+    """Every path walked (min-mass 0), a label spelled one byte a token included: a static cache sized from the
+    longest label's bytes holds every prefix scored, and the numbers are the full cache's."""
     prompt = "Once upon a"
     ids = lm.encode(prompt)
     s = ScoreSettings(choice=" time, day", min_mass=0.0)
