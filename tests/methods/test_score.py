@@ -442,3 +442,18 @@ def test_build_scorer_scores_the_reference_under_its_own_cache_or_model():
     assert against.reference_name == f"other (cache {parse_cache_spec('full')})"
     plain = build_scorer(lm, ScoreSettings(), IDS[:12], build_chain({}))
     assert (plain.reference, plain.reference_cache, plain.reference_name) == (None, None, None)
+
+
+def test_policies_by_option_and_a_bad_reference_cache_named_as_its_own_option():
+    """--cache always; --against-cache when given, or the full cache when only --against is; a bad reference policy
+    is refused naming --against-cache, not --cache."""
+    from decodelab.core.methods.score import policies
+
+    assert policies(ScoreSettings()) == {"--cache": parse_cache_spec("full")}
+    assert policies(ScoreSettings(against="other")) == {"--cache": parse_cache_spec("full"),
+                                                        "--against-cache": parse_cache_spec("full")}
+    assert policies(ScoreSettings(cache="window:size=3", against_cache="static")) == \
+        {"--cache": parse_cache_spec("window:size=3"), "--against-cache": parse_cache_spec("static")}
+    with pytest.raises(ConfigError) as err:
+        policies(ScoreSettings(against_cache="window:size=0"))
+    assert str(err.value) == "--against-cache 'window:size=0': size must be an integer >= 1"
