@@ -457,3 +457,32 @@ def test_policies_by_option_and_a_bad_reference_cache_named_as_its_own_option():
     with pytest.raises(ConfigError) as err:
         policies(ScoreSettings(against_cache="window:size=0"))
     assert str(err.value) == "--against-cache 'window:size=0': size must be an integer >= 1"
+
+
+def test_stages_that_count_generated_tokens_count_from_the_second_token():
+    """The first token is context: under min-new-tokens 2 with end id 3, the text [5, 3, 7, 3, 9] has its first 3
+    (position 1, 0 tokens generated before it) removed, and its second (position 3, 2 generated before it) kept, at
+    the model's own log-probability."""
+    from decodelab.core.sampling.biases import MinNewTokens
+    from decodelab.core.sampling.chain import Chain
+
+    model = random_model("llama", scale=2.0)
+    ids = [5, 3, 7, 3, 9]
+    rows = list(Scorer(model, ids, Chain([MinNewTokens(2, (3,))]), str, ScoreSettings()))
+    assert [r.position for r in rows] == [1, 2, 3, 4]
+    assert rows[0].logprob == float("-inf")
+    assert rows[2].logprob == pytest.approx(rows[2].raw_logprob, abs=1e-6)
+    assert rows[2].raw_logprob == pytest.approx(scored(full_logprobs(model, ids), ids)[2], abs=1e-4)
+
+
+def test_a_static_reference_cache_is_sized_for_the_text():
+    """--against-cache static: the reference's cache is preallocated for the whole text (it knows its length), and
+    the same model under it agrees with itself everywhere."""
+    from types import SimpleNamespace
+
+    from decodelab.core.methods.score import build_scorer
+
+    lm = SimpleNamespace(model=random_model("llama", scale=4.0), token_text=str, name="toy")
+    rows = list(build_scorer(lm, ScoreSettings(against_cache="static"), IDS[:12], build_chain({})))
+    assert [r.reference_logprob for r in rows] == pytest.approx([r.raw_logprob for r in rows], abs=1e-4)
+    assert max(r.kl for r in rows) == pytest.approx(0.0, abs=1e-5) and all(r.agree for r in rows)
