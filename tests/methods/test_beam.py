@@ -6,12 +6,23 @@ import itertools
 import json
 import math
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
 from conftest import BUNDLED_TOKENIZER, ROOT, random_model
 
-from decodelab.core.methods.beam import BeamSearch, BeamSettings, ModelStepper, beam_search, length_norm, sweep_length_penalty
+from decodelab.core.errors import ConfigError
+from decodelab.core.methods.beam import (
+    BeamSearch,
+    BeamSettings,
+    ModelStepper,
+    beam_search,
+    beam_stepper,
+    build_beam,
+    length_norm,
+    sweep_length_penalty,
+)
 from decodelab.core.sampling.chain import build_chain
 
 EOS = 3
@@ -661,3 +672,338 @@ def test_a_chain_that_removes_every_candidate_names_its_stages():
     assert str(err.value) == (f"the chain [{', '.join(chain.names)}] removed every candidate token; loosen the "
                               "filters or bans")
     assert len(chain.names) == 2
+
+
+# --- mutation run of core/methods/beam.py, the rest (2026-12-02, helper mbeam): what its survivors asked for ---------
+
+
+def test_every_trace_record_of_the_hand_table_by_hand():
+    """Beams 2, hf, a = 1, 3 tokens on TABLE, recorded, the detokenizer writing E, a, b (no token_text given: one
+    token's text is the detokenizer's). K = 4 candidates a step (2 x beams, one EOS id).
+    Step 0 (L = 1): a (log .69), E (log .3: finishes, enters the pool), b (log .01), then a row of the -1e9 placeholder
+    beam: pruned. Step 1 (L = 2): [a]+a, [a]+E (enters: score / 2), [a]+b, then [b]+a (log .01 + log .5): pruned.
+    Step 2 (L = 3, the last: every candidate finishes): only the first B may enter: [a, a, E] and [a, a, a] push [a, E]
+    and [E] out; the two after them stay pruned; the live rows are the first two candidates."""
+    lg = math.log
+    search = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 3),
+                        eos_ids=(E,), detok=lambda ids: "".join("Eab"[t] for t in ids), record=True)
+    steps = list(search)
+    assert steps == search.steps and [(s.index, s.length) for s in steps] == [(0, 0 + 1), (1, 2), (2, 3)]
+
+    def cands(step):
+        return [(c.rank, c.parent, c.token_id, c.token, c.finishes, c.fate) for c in step.candidates]
+
+    def near(got, want):
+        flat = [x for row in got for x in (row if isinstance(row, tuple) else (row,))]
+        assert flat == pytest.approx([x for row in want for x in (row if isinstance(row, tuple) else (row,))], abs=1e-6)
+        assert len(got) == len(want)
+
+    s0, s1, s2 = steps
+    assert cands(s0)[:3] == [(1, 0, A, "a", False, "live"), (2, 0, E, "E", True, "finished"),
+                             (3, 0, B, "b", False, "live")]
+    assert cands(s0)[3][0:2] == (4, 1) and cands(s0)[3][4:] == (False, "pruned")
+    near([c.logprob for c in s0.candidates[:3]], [lg(.69), lg(.3), lg(.01)])
+    near([c.raw_logprob for c in s0.candidates[:3]], [lg(.69), lg(.3), lg(.01)])
+    near([c.sum_logprob for c in s0.candidates], [lg(.69), lg(.3), lg(.01), -1e9])
+    near([c.score for c in s0.candidates], [lg(.69), lg(.3), lg(.01), -1e9])
+    assert [(b.beam, b.parent, b.token_ids, b.text) for b in s0.beams] == [(0, 0, [A], "a"), (1, 0, [B], "b")]
+    near([(b.sum_logprob, b.raw_sum_logprob, b.score) for b in s0.beams], [(lg(.69),) * 3, (lg(.01),) * 3])
+    assert [(h.rank, h.text, h.token_ids, h.length, h.step, h.reason) for h in s0.finished] == [(1, "E", [E], 1, 0,
+                                                                                                  "eos")]
+    near([(h.sum_logprob, h.raw_sum_logprob, h.score) for h in s0.finished], [(lg(.3),) * 3])
+
+    assert cands(s1) == [(1, 0, A, "a", False, "live"), (2, 0, E, "E", True, "finished"),
+                         (3, 0, B, "b", False, "live"), (4, 1, A, "a", False, "pruned")]
+    sums1 = [lg(.69 * .59), lg(.69 * .4), lg(.69 * .01), lg(.01 * .5)]
+    near([c.logprob for c in s1.candidates], [lg(.59), lg(.4), lg(.01), lg(.5)])
+    near([c.raw_logprob for c in s1.candidates], [lg(.59), lg(.4), lg(.01), lg(.5)])
+    near([c.sum_logprob for c in s1.candidates], sums1)
+    near([c.score for c in s1.candidates], [x / 2 for x in sums1])
+    assert [(b.beam, b.parent, b.token_ids, b.text) for b in s1.beams] == [(0, 0, [A, A], "aa"), (1, 0, [A, B], "ab")]
+    near([(b.sum_logprob, b.raw_sum_logprob, b.score) for b in s1.beams],
+         [(sums1[0], sums1[0], sums1[0] / 2), (sums1[2], sums1[2], sums1[2] / 2)])
+    assert [(h.rank, h.text, h.token_ids, h.step) for h in s1.finished] == [(1, "aE", [A, E], 1), (2, "E", [E], 0)]
+    near([h.score for h in s1.finished], [sums1[1] / 2, lg(.3)])
+
+    sums2 = [lg(.69 * .59 * .5), lg(.69 * .59 * .49), lg(.69 * .59 * .01), lg(.69 * .01 * .5)]
+    assert cands(s2) == [(1, 0, E, "E", True, "finished"), (2, 0, A, "a", True, "finished"),
+                         (3, 0, B, "b", True, "pruned"), (4, 1, A, "a", True, "pruned")]
+    near([c.sum_logprob for c in s2.candidates], sums2)
+    near([c.score for c in s2.candidates], [x / 3 for x in sums2])
+    assert [(b.beam, b.parent, b.token_ids, b.text) for b in s2.beams] == [(0, 0, [A, A, E], "aaE"),
+                                                                           (1, 0, [A, A, A], "aaa")]
+    assert [(h.rank, h.text, h.token_ids, h.length, h.step, h.reason) for h in s2.finished] == \
+        [(1, "aaE", [A, A, E], 3, 2, "eos"), (2, "aaa", [A, A, A], 3, 2, "length")]
+    near([(h.sum_logprob, h.raw_sum_logprob, h.score) for h in s2.finished],
+         [(sums2[0], sums2[0], sums2[0] / 3), (sums2[1], sums2[1], sums2[1] / 3)])
+    assert search.new_ids == [A, A, E] and search.entered == 4 and search.stop_reason == "length"
+
+
+def test_token_text_and_detokenizer_defaults_and_a_given_token_text():
+    """Without a detokenizer, ids are written space-separated, and a token's text is that of the one-id list; a
+    token_text of its own names the candidates while the detokenizer still writes the beams and hypotheses."""
+    plain = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 2),
+                       eos_ids=(E,), record=True)
+    plain.run()
+    assert [c.token for c in plain.steps[1].candidates] == ["1", "0", "2", "1"]
+    assert [b.text for b in plain.steps[1].beams] == ["1 1", "1 0"]
+    assert [h.text for h in plain.hypotheses] == ["1 1", "1 0"]
+    named = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 2),
+                       eos_ids=(E,), detok=lambda ids: "".join("Eab"[t] for t in ids),
+                       token_text=lambda t: f"<{t}>", record=True)
+    named.run()
+    assert [c.token for c in named.steps[1].candidates] == ["<1>", "<0>", "<2>", "<1>"]
+    assert [h.text for h in named.hypotheses] == ["aa", "aE"]
+
+
+def test_an_unrecorded_search_yields_bare_steps_and_keeps_none():
+    search = run_table(settings(2, 1.0, "never", 3))
+    assert search.steps == [] and search.n_steps == 3
+    bare = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 3),
+                      eos_ids=(E,))
+    assert [(s.index, s.length, s.beams, s.candidates, s.finished) for s in bare] == \
+        [(0, 1, [], [], []), (1, 2, [], [], []), (2, 3, [], [], [])]
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    if not (TINY / "model.safetensors").is_file():
+        pytest.skip("the bundled tiny model's weights are not installed")
+    from decodelab.core.engine.models import load_model
+
+    return load_model("tiny", device="cpu")
+
+
+def test_build_beam_on_the_bundled_model_writes_text_and_stops_at_the_context(tiny_lm):
+    """A prompt 2 tokens short of the model's context (512): 5 new tokens asked, 2 searched, the reason "context";
+    the hypotheses' and live beams' texts and each candidate's token are the model's own detokenizer's."""
+    lm = tiny_lm
+    prompt = (lm.encode("Once upon a time, a little fox") * 64)[: lm.context_length - 2]
+    search = build_beam(lm, BeamSettings(beams=2, max_new_tokens=5, early_stopping="never", ignore_eos=True), prompt)
+    search.run()
+    assert (search.max_new, search.capped, search.n_steps, search.stop_reason) == (2, True, 2, "context")
+    assert [h.reason for h in search.hypotheses] == ["context", "context"]
+    assert all(h.text == lm.decode(h.token_ids) and h.length == 2 for h in search.hypotheses)
+    assert all(b.text == lm.decode(b.token_ids) for step in search.steps for b in step.beams)
+    assert all(c.token == lm.decode([c.token_id]) for step in search.steps for c in step.candidates)
+    unrecorded = build_beam(lm, BeamSettings(beams=2, max_new_tokens=2, ignore_eos=True), prompt[:5], record=False)
+    assert list(unrecorded)[0].candidates == [] and unrecorded.capped is False
+
+
+def test_build_beam_refuses_a_stepwise_stage_naming_beam_search(tiny_lm):
+    with pytest.raises(ConfigError) as err:
+        build_beam(tiny_lm, BeamSettings(mirostat_tau=5.0), [5, 9])
+    assert str(err.value) == ("--mirostat-tau/--mirostat-eta: beam search scores several continuations per step, and "
+                              "mirostat draws its own coin or carries state from step to step; drop it for this "
+                              "command")
+
+
+def test_build_beam_searches_over_the_cache_policy_asked(tiny_lm):
+    """A 4-token window changes what the model sees, so the hypotheses differ from the full cache's; the search built
+    from the settings equals the one given that policy by hand."""
+    from decodelab.core.kv import parse_cache_spec
+
+    lm = tiny_lm
+    prompt = lm.encode("Once upon a time, a little fox")
+    s = BeamSettings(beams=2, max_new_tokens=6, early_stopping="never", ignore_eos=True, cache="window:size=4")
+    built = build_beam(lm, s, prompt)
+    built.run()
+    by_hand = beam_search(lm.model, prompt, build_chain({}), s, cache=parse_cache_spec("window:size=4"))
+    full = beam_search(lm.model, prompt, build_chain({}), s)
+    assert [h.token_ids for h in built.hypotheses] == [h.token_ids for h in by_hand.hypotheses]
+    assert [h.token_ids for h in built.hypotheses] != [h.token_ids for h in full.hypotheses]
+    assert by_hand.steps == [] and len(built.steps) == 6  # beam_search records no trace unless asked; build_beam does
+    assert beam_stepper(lm, s).spec == parse_cache_spec("window:size=4")
+
+
+def test_beam_search_hands_the_search_its_detokenizer_token_text_context_and_record():
+    """What beam_search is given reaches the search: a context 3 tokens past the prompt caps 6 new tokens at 3, the
+    texts are the detokenizer's and the candidates' tokens the token_text's; record=False (the default) keeps no
+    trace even with a token_text."""
+    model = eos_model("llama", 0, 2.0)
+    detok = lambda ids: "|".join(map(str, ids))  # noqa: E731
+    search = beam_search(model, PROMPT, build_chain({}), settings(2, 1.0, "never", 6), eos_ids=(EOS,), detok=detok,
+                         context_length=len(PROMPT) + 3, record=True, token_text=lambda t: f"<{t}>")
+    assert (search.max_new, search.capped) == (3, True)
+    assert all(h.text == detok(h.token_ids) for h in search.hypotheses)
+    assert len(search.steps) == search.n_steps >= 1
+    assert all(c.token == f"<{c.token_id}>" for step in search.steps for c in step.candidates)
+    quiet = beam_search(model, PROMPT, build_chain({}), settings(2, 1.0, "never", 6), eos_ids=(EOS,),
+                        token_text=lambda t: f"<{t}>")
+    assert quiet.steps == [] and quiet.max_new == 6
+
+
+def test_model_stepper_prefills_once_then_follows_the_parents_rows():
+    """The stepper's logits against plain forwards of each beam's whole sequence: the prompt; three beams from it
+    (row 0 gathered three times); then parents [2, 0, 0] (a reorder) and [0, 1, 2] (the rows as they are). Without
+    a plan a static cache holds the prompt and one token; the policy is asked for reordering and rows."""
+    from decodelab.core.kv import parse_cache_spec
+
+    model = eos_model("llama", 0, 2.0)
+
+    def ref(rows):
+        with torch.no_grad():
+            return torch.stack([model(torch.tensor([r])).logits[0, -1] for r in rows])
+
+    def close(a, b):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+    stepper = ModelStepper(model)
+    stepper.plan(len(PROMPT) + 3)
+    close(stepper.start(PROMPT), ref([PROMPT]))
+    assert stepper.rows == 1 and stepper.runtime.policy.needs == frozenset({"reorder", "rows"})
+    rows = [PROMPT + [t] for t in (1, 2, 3)]
+    close(stepper.advance([0, 0, 0], torch.tensor([0, 0, 0]), torch.tensor([1, 2, 3])), ref(rows))
+    assert stepper.rows == 3
+    rows = [rows[2] + [4], rows[0] + [5], rows[0] + [6]]
+    close(stepper.advance([2, 0, 0], torch.tensor([2, 0, 0]), torch.tensor([4, 5, 6])), ref(rows))
+    rows = [r + [7] for r in rows]
+    close(stepper.advance([0, 1, 2], torch.tensor([0, 1, 2]), torch.tensor([7, 7, 7])), ref(rows))
+
+    static = ModelStepper(model, parse_cache_spec("static"))
+    close(static.start(PROMPT), ref([PROMPT]))
+    assert static.runtime.policy.capacity == len(PROMPT) + 1
+    close(static.advance([0, 0], torch.tensor([0, 0]), torch.tensor([1, 2])), ref([PROMPT + [1], PROMPT + [2]]))
+    with pytest.raises(ConfigError, match=f"{len(PROMPT) + 2} positions exceed the preallocated {len(PROMPT) + 1}"):
+        static.advance([0, 1], torch.tensor([0, 1]), torch.tensor([1, 2]))
+
+
+def test_model_stepper_keeps_a_given_capacity_and_runtime():
+    """A capacity given up front wins over the search's plan; a runtime given is the one fed (no other is made)."""
+    from decodelab.core.engine.runtime import Runtime
+    from decodelab.core.kv import parse_cache_spec
+
+    model = eos_model("llama", 0, 2.0)
+    sized = ModelStepper(model, parse_cache_spec("static"), capacity=len(PROMPT) + 5)
+    sized.plan(len(PROMPT) + 9)
+    sized.start(PROMPT)
+    assert sized.capacity == sized.runtime.policy.capacity == len(PROMPT) + 5
+    planned = ModelStepper(model, parse_cache_spec("static"))
+    planned.plan(len(PROMPT) + 9)
+    planned.start(PROMPT)
+    assert planned.runtime.policy.capacity == len(PROMPT) + 9
+    runtime = Runtime.create(model)
+    given = ModelStepper(model, runtime=runtime)
+    given.start(PROMPT)
+    assert given.runtime is runtime and runtime.calls == 1 and runtime.seen == len(PROMPT)
+
+
+def test_a_live_bound_equal_to_the_worst_finished_score_stops_the_search():
+    """transformers stops when the best live beam cannot do strictly better. Beams 1, hf, a = 1, at most 2 tokens, p =
+    (E .5, a .25, b .25): step 0 finishes [E] (log .5 / 1) and keeps a beam of log .25 = 2 log .5, whose bound at the
+    longest length is log .25 / 2 = log .5 exactly: a tie, so "never" stops after one step."""
+    search = run_table(settings(1, 1.0, "never", 2), table={(): [0.5, 0.25, 0.25]}, other=[0.5, 0.25, 0.25])
+    assert (search.stop_reason, search.n_steps) == ("no-improvement", 1)
+    assert search.hypotheses[0].token_ids == [E]
+
+
+def test_length_norm_refuses_an_unknown_kind_naming_the_allowed_ones():
+    with pytest.raises(ConfigError) as err:
+        length_norm("log", 3, 2, 1.0)
+    assert str(err.value) == "--length-norm 'log': allowed: hf, gnmt, prompt-inclusive, none"
+    assert length_norm("hf", 3, 2, 0.5) == 3 ** 0.5 and length_norm("gnmt", 1, 9, 2.0) == 1.0
+    assert length_norm("prompt-inclusive", 3, 2, -1.0) == 1 / 5 and length_norm("none", 7, 2, -3.0) == 1.0
+
+
+class ClockStepper(TableStepper):
+    """TABLE's stepper on a fake clock: the prefill takes 1 s, each later forward 2 s."""
+
+    def __init__(self, clock):
+        super().__init__(TABLE, OTHER)
+        self.clock = clock
+
+    def start(self, prompt_ids):
+        self.clock[0] += 1.0
+        return super().start(prompt_ids)
+
+    def advance(self, parents, parents_t, tokens):
+        self.clock[0] += 2.0
+        return super().advance(parents, parents_t, tokens)
+
+
+def test_the_search_times_prefill_loop_and_trace_apart_and_never_the_consumer(monkeypatch):
+    """On a fake clock, beams 2, 3 steps: 1 s of prefill, 2 x 2 s of forwards after it, and, recorded, the trace's
+    token texts at 0.5 s each (4 candidates a step: 6 s); the 100 s the consumer spends on each step count nowhere."""
+    from types import SimpleNamespace
+
+    from decodelab.core.engine import run as run_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(run_mod, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def text(token):
+        clock[0] += 0.5
+        return str(token)
+
+    for record, trace in ((True, 6.0), (False, 0.0)):
+        search = BeamSearch(ClockStepper(clock), [7, 8], build_chain({}), settings(2, 1.0, "never", 3), eos_ids=(E,),
+                            record=record, token_text=text)
+        for _ in search:
+            clock[0] += 100.0
+        timing = search.watch.timing
+        assert (timing.prefill_s, timing.loop_s, timing.trace_s) == (1.0, 4.0, trace), record
+        assert search.summary().seconds == 5.0 + trace and search.summary().decode_tokens_per_s == 6 / 4.0
+
+
+def test_the_context_caps_only_past_it_and_a_prompt_filling_it_is_refused():
+    """A 2-token prompt and 3 new tokens fit a context of 5 exactly (not capped); a context of 4 leaves 2; a context of
+    2 leaves none and is refused before anything runs. EOS ignored: E never finishes a hypothesis."""
+    s = settings(2, 1.0, "never", 3)
+    fits = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), s, eos_ids=(E,), context_length=5)
+    assert (fits.max_new, fits.capped) == (3, False)
+    fits.run()
+    assert fits.stop_reason == "length" and [h.reason for h in fits.hypotheses] == ["eos", "length"]
+    capped = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), s, eos_ids=(E,), context_length=4)
+    assert (capped.max_new, capped.capped) == (2, True)
+    with pytest.raises(ConfigError) as err:
+        BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), s, eos_ids=(E,), context_length=2)
+    assert str(err.value) == "PROMPT: the prompt is 2 tokens but the model's context is 2; shorten it"
+    deaf = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), replace(s, ignore_eos=True), eos_ids=(E,))
+    assert deaf.eos == frozenset() and fits.eos == frozenset({E})
+    deaf.run()
+    assert all(h.reason == "length" and h.length == 3 for h in deaf.hypotheses)
+    assert (deaf.pool[0].token_ids, deaf.stop_reason) == ([A, A, E], "length")
+
+
+def test_a_finishing_candidate_no_better_than_a_full_pool_is_rejected():
+    """Beams 1, hf, a = 1. Table 1 (2 tokens): step 0 finishes [E] (log .6) and keeps [a]; step 1 (the last) ranks
+    [a, E] (log(.4 x .6) / 2 = -0.714) first: worse than [E] (-0.511), so rejected, and [a, a] after it is pruned;
+    1 entered. Table 2 (3 tokens): [E] (log .5), then [a, E] of log .25 / 2 = log .5 exactly: a tie, which the pool
+    (strictly better only) rejects too, and the -inf candidate left live bounds nothing: "no-improvement"."""
+    one = run_table(settings(1, 1.0, "never", 2), table={(): [0.6, 0.4, 0.0], (A,): [0.6, 0.4, 0.0]}, record=True)
+    assert [[c.fate for c in step.candidates] for step in one.steps] == [["finished", "live"], ["rejected", "pruned"]]
+    assert [c.token_id for c in one.steps[1].candidates] == [E, A]
+    assert one.entered == 1 and one.summary().entered == 1 and [h.token_ids for h in one.hypotheses] == [[E]]
+    assert one.steps[1].candidates[0].score == pytest.approx(math.log(0.4 * 0.6) / 2, abs=1e-6)
+    tie = run_table(settings(1, 1.0, "never", 3), table={(): [0.5, 0.25, 0.25], (A,): [1, 0, 0], (B,): [1, 0, 0]},
+                    record=True)
+    first, second = tie.steps[1].candidates
+    assert (first.token_id, first.fate, first.score) == (E, "rejected", tie.hypotheses[0].score)
+    assert (second.fate, second.sum_logprob) == ("live", float("-inf"))
+    assert (tie.entered, tie.stop_reason, tie.n_steps) == (1, "no-improvement", 2)
+    assert [h.token_ids for h in tie.hypotheses] == [[E]]
+
+
+def test_a_search_left_early_or_emptied_at_once_keeps_its_first_figures():
+    """Left by its consumer after one step, a search's stop reason is still "length"; a chain that removes every
+    token at the first step raises before any step counts: 0 steps, 0 forward tokens."""
+    from decodelab.core.sampling.chain import ChainError
+
+    left = BeamSearch(TableStepper(TABLE, OTHER), [7, 8], build_chain({}), settings(2, 1.0, "never", 3), eos_ids=(E,))
+    assert left.stop_reason == "length" and left.n_steps == 0 and left.entered == 0 and left.pool == []
+    next(iter(left))
+    assert (left.stop_reason, left.n_steps) == ("length", 1)
+    # only "a" allowed, and no-repeat-ngram 1 bans it already: the prompt is "a"
+    empty = BeamSearch(TableStepper(TABLE, OTHER), [A], build_chain({"allow": (A,), "no-repeat-ngram": 1}),
+                       settings(1, 1.0, "never", 3), eos_ids=(E,))
+    with pytest.raises(ChainError):
+        empty.run()
+    assert (empty.n_steps, empty.summary().steps, empty.summary().forward_tokens) == (0, 0, 0)
+
+
+def test_an_unrecorded_search_spends_no_time_on_a_trace():
+    """On the real clock: the time after a step's last lap (building its bare record) counts as the loop's, never
+    as a trace it did not build."""
+    timing = run_table(settings(2, 1.0, "never", 3)).watch.timing
+    assert timing.trace_s == 0.0 and timing.loop_s > 0
+    assert run_table(settings(2, 1.0, "never", 3), record=True).watch.timing.trace_s > 0

@@ -398,3 +398,91 @@ def test_a_reference_model_in_one_block_of_many_rows_agrees_row_by_row():
     assert [r.kl for r in rows] == pytest.approx(((ref.exp() * (ref - logp)).sum(dim=-1))[:-1].tolist(), abs=1e-4)
     assert [r.reference_logprob for r in rows] == pytest.approx(scored(ref, IDS), abs=1e-4)
     assert True in [r.agree for r in rows] and False in [r.agree for r in rows]
+
+
+# --- mutation run of core/methods/score.py, the rest (2026-12-02, helper mbeam) ------------------------------------
+
+
+def test_a_scored_token_writes_only_the_fields_its_run_has():
+    """The seven fields of every row; the reference's three only with a reference (kl set), the kept mass and its
+    log-probability only under --renormalize, the kept sets only with --kept-ids."""
+    from decodelab.core.methods.score import ScoredToken
+
+    base = {"position": 3, "token_id": 7, "token": "x", "raw_logprob": -1.0, "raw_rank": 2, "raw_entropy": 0.5,
+            "logprob": -1.25}
+    assert ScoredToken(3, 7, "x", -1.0, 2, 0.5, -1.25).to_dict() == base
+    with_ref = ScoredToken(3, 7, "x", -1.0, 2, 0.5, -1.25, reference_logprob=-0.75, kl=0.125, agree=False)
+    assert with_ref.to_dict() == {**base, "reference_logprob": -0.75, "kl": 0.125, "agree": False}
+    kept = ScoredToken(3, 7, "x", -1.0, 2, 0.5, -1.25, kept_mass=0.5, kept_logprob=-0.25)
+    assert kept.to_dict() == {**base, "kept_mass": 0.5, "kept_logprob": -0.25}
+    sets = [{"name": "top-k", "kept": 3, "ids": [1, 2, 7]}]
+    assert ScoredToken(3, 7, "x", -1.0, 2, 0.5, -1.25, kept_sets=sets).to_dict() == {**base, "kept_sets": sets}
+
+
+def test_build_scorer_scores_the_reference_under_its_own_cache_or_model():
+    """--against-cache window:size=4 on the same model: the reference is that model under the window, so its
+    log-probabilities are the banded forward's and the KL is not 0 past the window; --against another model: that
+    model under the full cache, named with it."""
+    from types import SimpleNamespace
+
+    from decodelab.core.methods.score import build_scorer
+
+    model = random_model("llama", scale=4.0)
+    lm = SimpleNamespace(model=model, token_text=str, name="toy")
+    scorer = build_scorer(lm, ScoreSettings(against_cache="window:size=4"), IDS[:12], build_chain({}))
+    assert (scorer.reference, scorer.reference_cache) == (model, parse_cache_spec("window:size=4"))
+    assert scorer.reference_name == f"toy (cache {parse_cache_spec('window:size=4')})"
+    rows = list(scorer)
+    banded = banded_logprobs(model, IDS[:12], 4 + 1)  # the 4 cached tokens and itself
+    assert [r.reference_logprob for r in rows] == pytest.approx(scored(banded, IDS[:12]), abs=1e-4)
+    assert max(r.kl for r in rows) > 1e-3
+    other = SimpleNamespace(model=random_model("llama", seed=5), token_text=str, name="other")
+    against = build_scorer(lm, ScoreSettings(against="other"), IDS[:12], build_chain({}), reference=other)
+    assert (against.reference, against.reference_cache) == (other.model, parse_cache_spec("full"))
+    assert against.reference_name == f"other (cache {parse_cache_spec('full')})"
+    plain = build_scorer(lm, ScoreSettings(), IDS[:12], build_chain({}))
+    assert (plain.reference, plain.reference_cache, plain.reference_name) == (None, None, None)
+
+
+def test_policies_by_option_and_a_bad_reference_cache_named_as_its_own_option():
+    """--cache always; --against-cache when given, or the full cache when only --against is; a bad reference policy
+    is refused naming --against-cache, not --cache."""
+    from decodelab.core.methods.score import policies
+
+    assert policies(ScoreSettings()) == {"--cache": parse_cache_spec("full")}
+    assert policies(ScoreSettings(against="other")) == {"--cache": parse_cache_spec("full"),
+                                                        "--against-cache": parse_cache_spec("full")}
+    assert policies(ScoreSettings(cache="window:size=3", against_cache="static")) == \
+        {"--cache": parse_cache_spec("window:size=3"), "--against-cache": parse_cache_spec("static")}
+    with pytest.raises(ConfigError) as err:
+        policies(ScoreSettings(against_cache="window:size=0"))
+    assert str(err.value) == "--against-cache 'window:size=0': size must be an integer >= 1"
+
+
+def test_stages_that_count_generated_tokens_count_from_the_second_token():
+    """The first token is context: under min-new-tokens 2 with end id 3, the text [5, 3, 7, 3, 9] has its first 3
+    (position 1, 0 tokens generated before it) removed, and its second (position 3, 2 generated before it) kept, at
+    the model's own log-probability."""
+    from decodelab.core.sampling.biases import MinNewTokens
+    from decodelab.core.sampling.chain import Chain
+
+    model = random_model("llama", scale=2.0)
+    ids = [5, 3, 7, 3, 9]
+    rows = list(Scorer(model, ids, Chain([MinNewTokens(2, (3,))]), str, ScoreSettings()))
+    assert [r.position for r in rows] == [1, 2, 3, 4]
+    assert rows[0].logprob == float("-inf")
+    assert rows[2].logprob == pytest.approx(rows[2].raw_logprob, abs=1e-6)
+    assert rows[2].raw_logprob == pytest.approx(scored(full_logprobs(model, ids), ids)[2], abs=1e-4)
+
+
+def test_a_static_reference_cache_is_sized_for_the_text():
+    """--against-cache static: the reference's cache is preallocated for the whole text (it knows its length), and
+    the same model under it agrees with itself everywhere."""
+    from types import SimpleNamespace
+
+    from decodelab.core.methods.score import build_scorer
+
+    lm = SimpleNamespace(model=random_model("llama", scale=4.0), token_text=str, name="toy")
+    rows = list(build_scorer(lm, ScoreSettings(against_cache="static"), IDS[:12], build_chain({})))
+    assert [r.reference_logprob for r in rows] == pytest.approx([r.raw_logprob for r in rows], abs=1e-4)
+    assert max(r.kl for r in rows) == pytest.approx(0.0, abs=1e-5) and all(r.agree for r in rows)
