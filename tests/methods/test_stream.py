@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -287,7 +288,8 @@ def test_policy_set_by_hand():
         "window rerotate": "window:size=10,positions=rerotate",
         "sinks keep": "sinks:sinks=3,recent=7,positions=keep",
         "sinks rerotate": "sinks:sinks=3,recent=7,positions=rerotate", "recompute": "recompute:size=11"}
-    given = stream_core.policy_set(StreamSettings(policies="h2o:size=4,full,window:size=5", compare_policies=True))
+    # the full cache is the reference however it is typed ("full:" names it too), never listed twice
+    given = stream_core.policy_set(StreamSettings(policies="h2o:size=4,full:,window:size=5", compare_policies=True))
     assert given == {"full": "full", "h2o:size=4": str(parse_cache_spec("h2o:size=4")),
                      "window:size=5": str(parse_cache_spec("window:size=5"))}
     assert list(given) == ["full", "h2o:size=4", "window:size=5"]
@@ -309,6 +311,10 @@ def test_compare_policies_feed_the_exact_policies_a_chunk_at_a_time():
         "full": 6, "window keep": 2, "window rerotate": 2, "sinks keep": 2, "sinks rerotate": 2, "recompute": 6}
     assert all(run.against_full for run in runs.values())
     assert runs["full"].scorer.reference is None and runs["window keep"].scorer.reference is not None
+    gpt2 = random_model("gpt2")
+    out = dict(compare_policies(gpt2, ids, build_chain({}), str, StreamSettings(window=8, sinks=2), model_info(gpt2)))
+    assert list(out) == ["full", "window keep", "window rerotate", "sinks keep", "sinks rerotate", "recompute"]
+    assert [isinstance(run, str) for run in out.values()] == [False, False, True, False, True, False]  # on after one
     big_feed = dict(compare_policies(random_model("llama"), ids, build_chain({}), str,
                                      StreamSettings(window=8, sinks=2, chunk=3, feed=5)))
     assert big_feed["full"].scorer.s.feed == 5 and big_feed["recompute"].scorer.s.feed == 5
@@ -328,9 +334,14 @@ def test_stream_score_against_full_recomputed_by_hand():
     settings = StreamSettings(chunk=8, feed=1)
     run = StreamScore(model, ids, build_chain({}), str, settings, "window:size=4", against_full=True)
     assert run.total == 20 and run.new_ids == []
+    began = time.perf_counter()
     chunks = list(run)
+    wall = time.perf_counter() - began
     assert [(c.start, c.end, c.tokens) for c in chunks] == [(1, 9, 8), (9, 17, 8), (17, 21, 4)]
     assert all(c.tokens_per_s > 0 and math.isfinite(c.tokens_per_s) for c in chunks)
+    # each span's time is tokens / (tokens/s); they add up to the run's seconds, within the wall time of the loop
+    assert sum(c.tokens / c.tokens_per_s for c in chunks) == pytest.approx(run.seconds, rel=1e-6)
+    assert 0 < run.seconds <= wall
     summary = run.summary()
     assert summary.policy == "window:positions=keep,size=4" and summary.stop_reason == "end"
     assert math.isclose(summary.kl_mean, float(kl.mean()), rel_tol=1e-4)
@@ -465,6 +476,9 @@ def test_stream_generate_keeps_no_step_when_told_and_stops_as_told():
     ended = stream_core.StreamGenerate(eos, prompt, build_chain({}), StreamSettings(
         cache="window:size=6", max_new_tokens=12, temperature=0))
     assert [s.token_id for s in ended] == ids[:3] and ended.stop_reason == "eos"
+    ignored = stream_core.StreamGenerate(eos, prompt, build_chain({}), StreamSettings(
+        cache="window:size=6", max_new_tokens=12, temperature=0, ignore_eos=True))
+    assert [s.token_id for s in ignored] == ids and ignored.stop_reason == "length"
     stopped = stream_core.StreamGenerate(lm, prompt, build_chain({}), StreamSettings(
         cache="window:size=6", max_new_tokens=12, temperature=0, stop=(f"<{ids[1]}>",), ignore_eos=True))
     assert len(list(stopped)) == ids.index(ids[1]) + 1 and stopped.stop_reason == "stop"
@@ -484,3 +498,12 @@ def test_stream_generate_stops_at_an_absolute_context_and_draws_from_the_seed():
         return [step.token_id for step in run]
 
     assert drawn(4) == drawn(4) != drawn(5)
+
+
+def test_stream_generate_preallocates_the_prompt_and_its_new_tokens():
+    """--cache static holds exactly the prompt and -n new tokens: the run is the full cache's greedy run."""
+    lm = hand_lm(max_position_embeddings=16)
+    ids, _, _ = greedy_by_hand(lm.model, [5, 6, 7, 8], "full", 6)
+    settings = StreamSettings(cache="static", max_new_tokens=6, temperature=0, ignore_eos=True)
+    run = stream_core.StreamGenerate(lm, [5, 6, 7, 8], build_chain({}), settings)
+    assert [s.token_id for s in run] == ids and run.runtime.policy.capacity == 10
