@@ -214,3 +214,41 @@ def test_build_probs_takes_top_cache_and_context_from_the_settings():
     assert [v.name for v in views] == ["raw"] and len(views[0].top) == 10
     with pytest.raises(ConfigError, match="context is 9"):
         build_probs(lm, ProbsSettings(), PROMPT + [7])
+
+
+# the survivors of the first run (2026-12-02)
+
+
+def test_next_token_stages_preallocate_the_prompt():
+    """--cache static preallocates what the prompt needs (a static cache refuses an unknown length)."""
+    model = random_model("llama", seed=9, scale=4.0)
+    views, _ = next_token_stages(model, PROMPT, build_chain({}), str, top=3, cache=parse_cache_spec("static"))
+    want = last_probs(model, PROMPT).topk(3)
+    assert [t.token_id for t in views[0].top] == want.indices.tolist()
+    assert [t.prob for t in views[0].top] == pytest.approx(want.values.tolist(), rel=1e-4)
+
+
+def test_stage_views_list_ten_by_default():
+    raw = torch.arange(12, dtype=torch.float32).view(1, -1)
+    views, tracked = stage_views(torch.zeros(1, 0, dtype=torch.long), raw, build_chain({}), str)
+    assert [t.token_id for t in views[0].top] == list(range(11, 1, -1)) and len(tracked) == 10
+
+
+def test_given_logits_name_their_option_in_a_bad_value(tmp_path):
+    def refusal(**kwargs) -> str:
+        with pytest.raises(ConfigError) as info:
+            given_logits(**kwargs)
+        return str(info.value)
+
+    assert refusal(logits="1,x").startswith("--logits 'x'")
+    path = tmp_path / "z.txt"
+    path.write_text("1 x")
+    assert refusal(logits_file=path).startswith(f"--logits-file {path} 'x'")
+    assert refusal(logits_file=tmp_path / "absent.txt") == (
+        f"--logits-file {tmp_path / 'absent.txt'}: no such file; give a text file")
+
+
+def test_dist_stages_draw_from_seed_0_by_default():
+    xtc = ChainSettings(xtc_probability=0.5, xtc_threshold=0.1)
+    coin = float(torch.rand(1, generator=torch.Generator().manual_seed(0)))
+    assert dist_stages(xtc, given_logits(dist=P4)).state == {"xtc.coin": pytest.approx(coin)}
