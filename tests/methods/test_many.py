@@ -16,7 +16,8 @@ from decodelab.core.errors import ChainError, ConfigError
 from decodelab.core.kv import parse_cache_spec
 from decodelab.core.methods.many import SampleRow, can_batch, row_races, sample_batched, sample_many, spread
 from decodelab.core.methods.sample import Sampler
-from decodelab.core.sampling.chain import build_chain
+from decodelab.core.sampling.biases import MinNewTokens
+from decodelab.core.sampling.chain import Chain, build_chain
 from decodelab.core.sampling.select import Multinomial, make_generator, make_selector
 
 from conftest import random_model
@@ -160,3 +161,64 @@ def test_spread_by_hand():
     none = spread([], str)
     assert math.isnan(none.mean_sum_logprob) and math.isnan(none.mean_logprob) and none.first_tokens == []
     assert none.to_dict()["num_samples"] == 0
+
+
+# the survivors of the first run (2026-12-02)
+
+
+def test_batched_rows_start_their_output_after_the_prompt():
+    """--min-new-tokens 3 bans the EOS id for each row's first three new tokens (counted after the prompt), as in
+    the single runs; the EOS is the token row 0 draws first without the ban."""
+    model = random_model("llama", seed=2, scale=4.0)
+    free = singles(model, build_chain({}), 30, 4, StopRules(6, ignore_eos=True))
+    eos = free[0][0][0]
+    chain = Chain([MinNewTokens(3, (eos,))])
+    rules = StopRules(6, eos_ids=(eos,))
+    want = singles(model, chain, 30, 4, rules)
+    assert want[0][0][0] != eos
+    out, logps, reasons = sample_batched(model, PROMPT, chain, False, 30, 4, rules)
+    assert out == [ids for ids, _, _ in want] and reasons == [r for _, _, r in want]
+    assert logps == [pytest.approx(lp, abs=1e-4) for _, lp, _ in want]
+
+
+def test_batched_rows_preallocate_the_prompt_and_new_tokens():
+    """--cache static holds exactly the prompt and -n new tokens per row: the rows of the full cache."""
+    model = random_model("llama", seed=2, scale=4.0)
+    chain = build_chain({"temperature": 1.3})
+    rules = StopRules(5, ignore_eos=True)
+    full, _, _ = sample_batched(model, PROMPT, chain, False, 0, 3, rules)
+    static, _, _ = sample_batched(model, PROMPT, chain, False, 0, 3, rules, cache=parse_cache_spec("static"))
+    assert static == full == [ids for ids, _, _ in singles(model, chain, 0, 3, rules)]
+
+
+def test_rows_one_after_another_stop_on_a_stop_string():
+    model = random_model("llama", seed=2, scale=4.0)
+    chain = build_chain({"temperature": 1.3})
+    detok = lambda ids: "".join(f"<{t}>" for t in ids)  # noqa: E731
+    free = singles(model, chain, 0, 3, StopRules(6, ignore_eos=True))
+    rules = StopRules(6, stop_strings=(f"<{free[2][0][2]}>",), ignore_eos=True)
+    want = singles(model, chain, 0, 3, rules, detok=detok)
+    rows, summary = sample_many(model, PROMPT, chain, False, 0, 3, rules, detok, batched=False)
+    assert [r.token_ids for r in rows] == [ids for ids, _, _ in want] and rows[2].stop_reason == "stop"
+    assert not summary.batched
+
+
+def test_tokens_per_second_on_a_fake_clock(monkeypatch):
+    """All generated tokens over the wall time between the two clock reads; no time passed: nan. Without a
+    token_text the first tokens read as their ids."""
+    import decodelab.core.methods.many as many
+
+    model = random_model("llama", seed=2, scale=4.0)
+    reads = iter([10.0, 12.5, 7.0, 7.0])
+    monkeypatch.setattr(many, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(reads))}))
+    rules = StopRules(3, ignore_eos=True)
+    rows, summary = sample_many(model, PROMPT, build_chain({}), True, 0, 2, rules)
+    assert summary.tokens_per_s == 6 / 2.5
+    assert summary.first_tokens[0].token == str(rows[0].token_ids[0])
+    _, frozen = sample_many(model, PROMPT, build_chain({}), True, 0, 2, rules)
+    assert math.isnan(frozen.tokens_per_s)
+
+
+def test_spread_of_two_samples():
+    s = spread([row(0, [1], [-1.0]), row(1, [2, 3], [-1.0, -2.0])], str)
+    assert s.std_sum_logprob == pytest.approx(1.0) and s.std_mean_logprob == pytest.approx(0.25)
