@@ -266,7 +266,9 @@ def test_validate_stream_names_each_option_at_its_edge():
     assert refused(StreamSettings(policies="h2o:size=4,snapkv:ratio=0.5", compare_policies=True)) == (
         "--policies snapkv:kernel=5,pool=max,ratio=0.5,window=32: it compresses once, after the prompt, and a scored text has no prompt; give "
         "--prefill N (the first N tokens are its prompt)")
-    assert "stream runs past the context" in refused(StreamSettings(max_new_tokens=10**9))
+    assert refused(StreamSettings(max_new_tokens=2**24 + 1)) == (
+        "--max-new-tokens 16777217: stream runs past the context, so the run holds every token; at most 16777216")
+    stream_core.validate_stream(StreamSettings(max_new_tokens=2**24))
     assert refused(StreamSettings(top=-1)).startswith("--top -1")  # the sample checks come first
     assert "--probe-keys" in refused(StreamSettings(probe_keys=(" ",)))
     assert "--probe-depths" in refused(StreamSettings(probe_depths="0.5,2"))
@@ -507,3 +509,12 @@ def test_stream_generate_preallocates_the_prompt_and_its_new_tokens():
     settings = StreamSettings(cache="static", max_new_tokens=6, temperature=0, ignore_eos=True)
     run = stream_core.StreamGenerate(lm, [5, 6, 7, 8], build_chain({}), settings)
     assert [s.token_id for s in run] == ids and run.runtime.policy.capacity == 10
+
+
+def test_stream_records_as_dicts():
+    chunk = stream_core.StreamChunk(1, 9, 8, 2.5, 4, 1024, 100.0)
+    assert chunk.to_dict() == {"start": 1, "end": 9, "tokens": 8, "perplexity": 2.5, "cache_tokens": 4,
+                               "kv_bytes": 1024, "tokens_per_s": 100.0}
+    summary = stream_core.StreamSummary("full", 8, 2.5, 4, 1024, 100.0, "end", [chunk])
+    assert summary.to_dict()["chunks"] == [chunk.to_dict()] and summary.to_dict()["stop_reason"] == "end"
+    assert summary.to_dict()["kl_mean"] is None
