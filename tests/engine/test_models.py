@@ -208,3 +208,279 @@ def test_hub_offline_sets_the_switches_for_this_process_and_its_children(monkeyp
     import os
 
     assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["HF_HUB_DISABLE_TELEMETRY"] == "1"
+
+
+# --- the vocabulary, a loaded model and a tokenizer alone ------------------------------------------------------------
+
+
+def test_a_one_token_text_and_the_texts_that_are_not_one_token():
+    tok = models.load_tokenizer("tiny")
+    space_ids = tok.tokenizer.encode(" the", add_special_tokens=False)
+    assert len(space_ids) == 1
+    assert tok.token_id(" the") == space_ids[0] and type(tok.token_id(" the")) is int
+    ids = tok.tokenizer.encode("Once upon", add_special_tokens=False)
+    with pytest.raises(ConfigError) as err:
+        tok.token_id("Once upon")
+    assert str(err.value) == (f"'Once upon' is {len(ids)} tokens for 'tiny' ({ids}); give a single-token text or a "
+                              "token id")
+    with pytest.raises(ConfigError, match="token"):
+        tok.token_id("")
+
+
+def test_token_texts_are_memoised_per_vocabulary():
+    tok = models.load_tokenizer("tiny")
+    assert tok.token_text(261) == tok.tokenizer.decode([261])
+    tok._token_texts[261] = "remembered"
+    assert tok.token_text(261) == "remembered"
+    assert models.load_tokenizer("tiny").token_text(261) != "remembered"
+
+
+def test_decode_keeps_special_tokens_and_spaces():
+    tok = models.load_tokenizer("tiny")
+    eot = tok.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    ids = tok.tokenizer.encode("a ,b", add_special_tokens=False) + [eot]
+    assert tok.decode(ids) == "a ,b<|endoftext|>"
+
+
+def test_a_tokenizers_vocabulary_size_falls_back_to_its_length():
+    tok = models.load_tokenizer("tiny")
+    alone = models.LocalTokenizer("x", tok.tokenizer, types.SimpleNamespace())
+    assert alone.vocab_size == len(tok.tokenizer) and alone.context_length is None and alone.eos_ids == []
+    sized = models.LocalTokenizer("x", tok.tokenizer, types.SimpleNamespace(vocab_size=4096, n_positions=77))
+    assert sized.vocab_size == 4096 and sized.context_length == 77
+
+
+def test_a_loaded_model_is_on_its_device_in_eval_mode_with_its_end_ids(toy_model_dir):
+    lm = models.load_model(str(toy_model_dir), device="cpu", dtype="bfloat16")
+    assert lm.name == str(toy_model_dir) and lm.folder == toy_model_dir
+    assert lm.device == torch.device("cpu") and lm.dtype is torch.bfloat16
+    assert next(lm.model.parameters()).dtype is torch.bfloat16 and not lm.model.training
+    assert lm.config is lm.model.config and lm.context_length == 64
+    assert lm.vocab_size == lm.model.get_output_embeddings().weight.shape[0] and type(lm.vocab_size) is int
+    assert lm.eos_ids == [lm.tokenizer.eos_token_id]
+
+
+def test_a_tokenizer_that_will_not_load_is_one_line(tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    import shutil
+
+    for f in models.bundled_dir("tiny").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+
+    def fails(*args, **kwargs):
+        raise OSError("Can't load tokenizer:\nsecond line")
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", fails)
+    with pytest.raises(ModelLoadError) as err:
+        models.load_model(str(tmp_path), device="cpu")
+    assert str(err.value) == (f"--model {tmp_path}: cannot load the tokenizer from {tmp_path} (safetensors only): "
+                              "Can't load tokenizer")
+    with pytest.raises(ModelLoadError) as err:
+        models.load_tokenizer(str(tmp_path))
+    assert str(err.value).startswith(f"--model {tmp_path}: cannot load the tokenizer from")
+
+
+def test_a_device_map_without_accelerate_is_refused_before_loading(monkeypatch):
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(ModelLoadError) as err:
+        models.load_model("tiny-draft", device="cpu", device_map="auto")
+    assert str(err.value) == ("--device-map auto: needs the 'accelerate' package: pip install "
+                              "'decodelab[multi-device]'")
+
+
+def test_load_model_passes_its_options_to_transformers(monkeypatch):
+    """What transformers is asked for: local files, safetensors, the dtype, the loading info, and the device map
+    when given (the model's device is then its first parameter's)."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM
+
+    real = AutoModelForCausalLM.from_pretrained
+    asked = []
+
+    def recording(folder, **kwargs):
+        asked.append(dict(kwargs))
+        kwargs.pop("device_map", None)  # accelerate is not installed here: load as without a map
+        return real(folder, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", recording)
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "accelerate" else
+                        real_find(name, *a))
+    lm = models.load_model("tiny-draft", device="cpu", dtype="float16", device_map="cpu")
+    assert asked == [{"local_files_only": True, "trust_remote_code": False, "dtype": torch.float16,
+                      "use_safetensors": True, "output_loading_info": True, "device_map": "cpu"}]
+    assert lm.device == torch.device("cpu") and lm.dtype is torch.float16 and not lm.model.training
+    models.load_model("tiny-draft", device="cpu", trust_remote_code=True)
+    assert asked[1] == {"local_files_only": True, "trust_remote_code": True, "dtype": torch.float32,
+                        "use_safetensors": True, "output_loading_info": True}
+
+
+def test_a_model_that_will_not_build_is_one_line(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    def fails(*args, **kwargs):
+        raise ValueError("Unrecognized configuration class:\nmore")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", fails)
+    folder = models.bundled_dir("tiny-draft")
+    with pytest.raises(ModelLoadError) as err:
+        models.load_model("tiny-draft", device="cpu")
+    assert str(err.value) == (f"--model tiny-draft: cannot load the model from {folder} (safetensors only): "
+                              "Unrecognized configuration class")
+
+    def missing(*args, **kwargs):
+        raise ImportError("No module named 'accelerate'", name="accelerate")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", missing)
+    with pytest.raises(ModelLoadError) as err:
+        models.load_model("tiny-draft", device="cpu")
+    assert str(err.value) == ("--model tiny-draft: loading it needs a module that failed to import: No module named "
+                              "'accelerate'")
+
+
+def test_a_tokenizer_alone_takes_its_end_ids_from_the_generation_config_then_the_config(tmp_path):
+    import shutil
+
+    for f in models.bundled_dir("tiny").iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [3, 4]}))
+    assert models.load_tokenizer(str(tmp_path)).eos_ids == [3, 4]
+    (tmp_path / "generation_config.json").unlink()
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["eos_token_id"] = 7
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tok = models.load_tokenizer(str(tmp_path))
+    assert tok.eos_ids == [7] and tok.name == str(tmp_path) and tok.folder == tmp_path
+    assert tok.config.eos_token_id == 7
+
+
+# --- a draft ---------------------------------------------------------------------------------------------------------
+
+
+def stand_in(vocab_size=10, vocab=None, device="cpu"):
+    tokenizer = types.SimpleNamespace(get_vocab=lambda: dict(vocab if vocab is not None else {"a": 0, "b": 1}))
+    return types.SimpleNamespace(vocab_size=vocab_size, tokenizer=tokenizer, device=torch.device(device))
+
+
+def test_a_draft_shares_the_targets_output_size_and_token_ids():
+    models.check_same_vocabulary(stand_in(), stand_in(), "d")
+    with pytest.raises(ConfigError) as err:
+        models.check_same_vocabulary(stand_in(10), stand_in(12), "d")
+    assert str(err.value) == ("--draft d: vocabulary 12 differs from the target's 10; the draft must share the "
+                              "target's tokenizer and output size")
+    with pytest.raises(ConfigError) as err:
+        models.check_same_vocabulary(stand_in(), stand_in(vocab={"a": 1, "b": 0}), "d")
+    assert str(err.value) == ("--draft d: its tokenizer maps tokens to ids differently from the target's (both have "
+                              "10 outputs); use a draft trained with the same tokenizer")
+
+
+def test_a_draft_is_loaded_on_the_targets_device_and_named_by_its_option(monkeypatch):
+    asked = []
+
+    def loading(spec, **kwargs):
+        asked.append((spec, kwargs))
+        return stand_in(vocab_size=12 if spec == "wide" else 10)
+
+    monkeypatch.setattr(models, "load_model", loading)
+    target = stand_in()
+    assert models.load_draft("d", target, "float16", True).vocab_size == 10
+    assert asked == [("d", {"device": "cpu", "dtype": "float16", "trust_remote_code": True})]
+    with pytest.raises(ConfigError) as err:
+        models.load_draft("wide", target, "auto", False, option="--against")
+    assert str(err.value) == ("--against wide: vocabulary 12 differs from the target's 10; --against must share the "
+                              "target's tokenizer and output size")
+    with pytest.raises(ConfigError) as err:
+        models.load_draft("wide", target, "auto", False)
+    assert str(err.value) == ("--draft wide: vocabulary 12 differs from the target's 10; --draft must share the "
+                              "target's tokenizer and output size")
+
+
+def test_a_draft_that_fails_to_load_is_named_by_its_option(monkeypatch):
+    def failing(spec, **kwargs):
+        raise ModelLoadError(f"--model {spec}: not a bundled name; --model {spec} again")
+
+    monkeypatch.setattr(models, "load_model", failing)
+    with pytest.raises(ModelLoadError) as err:
+        models.load_draft("x/y", stand_in(), "auto", False, option="--against")
+    assert str(err.value) == "--against x/y: not a bundled name; --model x/y again"
+    assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+# --- cores -----------------------------------------------------------------------------------------------------------
+
+
+def cpuinfo(monkeypatch, text, usable=8):
+    monkeypatch.setattr(models, "usable_cpus", lambda: usable)
+
+    class FakePath:
+        def __init__(self, name):
+            assert name == "/proc/cpuinfo"
+
+        def read_text(self):
+            if text is None:
+                raise OSError("no such file")
+            return text
+
+    monkeypatch.setattr(models, "Path", FakePath)
+
+
+def block(n, physical="0", core=None):
+    core = n if core is None else core
+    return f"processor\t: {n}\nphysical id\t: {physical}\ncore id\t\t: {core}\nflags\t\t: a:b"
+
+
+def test_physical_cores_count_hyperthreads_once(monkeypatch):
+    # 4 logical CPUs, 2 cores with 2 threads each, all usable: 2
+    cpuinfo(monkeypatch, "\n\n".join([block(0, core=0), block(1, core=1), block(2, core=0), block(3, core=1)]) + "\n",
+            usable=4)
+    assert models.physical_cores() == 2
+    # two sockets with the same core ids are distinct cores
+    cpuinfo(monkeypatch, "\n\n".join([block(0, "0", 0), block(1, "1", 0)]), usable=2)
+    assert models.physical_cores() == 2
+    # an affinity mask of 3 of 8 logical CPUs on 4 cores: 3 * 4 // 8 = 1
+    cpuinfo(monkeypatch, "\n\n".join(block(i, core=i % 4) for i in range(8)), usable=3)
+    assert models.physical_cores() == 1
+    # 1 usable of 8 logical on 4 cores rounds down to 0: at least one
+    cpuinfo(monkeypatch, "\n\n".join(block(i, core=i % 4) for i in range(8)), usable=1)
+    assert models.physical_cores() == 1
+
+
+def test_physical_cores_without_core_ids_or_cpuinfo_are_the_usable_cpus(monkeypatch):
+    cpuinfo(monkeypatch, None, usable=5)
+    assert models.physical_cores() == 5
+    cpuinfo(monkeypatch, "processor\t: 0\nmodel name\t: x\n\nprocessor\t: 1\n", usable=5)
+    assert models.physical_cores() == 5
+    cpuinfo(monkeypatch, "Hardware\t: x\n", usable=6)
+    assert models.physical_cores() == 6
+
+
+def test_threads_are_set_for_torch():
+    before = torch.get_num_threads()
+    try:
+        models.set_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_load_average_is_read_when_not_given(monkeypatch):
+    monkeypatch.setattr(models.os, "getloadavg", lambda: (7.0, 0.0, 0.0))
+    choice = models.choose_threads(None, environ={}, cores=2)
+    assert choice.threads == 1 and choice.note.startswith("note: load average 7.0 on 2 cores")
+    monkeypatch.setattr(models, "physical_cores", lambda: 3)
+    assert models.choose_threads(None, environ={}, load=0.0).threads == 3
+    assert models.choose_threads(None, environ={"OMP_NUM_THREADS": " 2 "}, load=9.0, cores=2).note == (
+        "note: load average 9.0 on 2 cores: the machine looks oversubscribed; with 2 torch threads each waits on the "
+        "others (--threads 1 avoids it)")
+    assert models.choose_threads(None, environ={"OMP_NUM_THREADS": "x"}, load=9.0, cores=2) == models.ThreadChoice(
+        1, "note: load average 9.0 on 2 cores: the machine looks oversubscribed; torch runs on 1 thread (--threads N "
+        "to choose)")
