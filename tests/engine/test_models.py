@@ -192,9 +192,13 @@ def test_a_hub_id_not_in_the_cache_or_not_an_id(hf_cache):
                               "model in the local Hugging Face cache (decodelab never downloads)")
     with pytest.raises(ModelLoadError) as err:
         models.cached_snapshot("a/b/c/d")
-    message = str(err.value)
-    assert message.startswith("--model a/b/c/d: not a bundled name") and "(decodelab never downloads): " in message
-    assert "\n" not in message
+    from huggingface_hub.utils import validate_repo_id
+
+    with pytest.raises(ValueError) as invalid:  # the hub's own reason, its first line
+        validate_repo_id("a/b/c/d")
+    assert str(err.value) == ("--model a/b/c/d: not a bundled name (tiny, tiny-draft), a local folder, or a model in "
+                              "the local Hugging Face cache (decodelab never downloads): "
+                              + str(invalid.value).strip().splitlines()[0])
 
 
 def test_hub_offline_sets_the_switches_for_this_process_and_its_children(monkeypatch):
@@ -484,3 +488,152 @@ def test_the_load_average_is_read_when_not_given(monkeypatch):
     assert models.choose_threads(None, environ={"OMP_NUM_THREADS": "x"}, load=9.0, cores=2) == models.ThreadChoice(
         1, "note: load average 9.0 on 2 cores: the machine looks oversubscribed; torch runs on 1 thread (--threads N "
         "to choose)")
+
+
+# --- the second round: what the first run's survivors asked for ----------------------------------------------------
+
+
+class RecordingTokenizer:
+    """A tokenizer stand-in that records how it is asked: encode adds a 1 in front when asked for special tokens."""
+
+    def __init__(self):
+        self.asked = []
+
+    def encode(self, text, **kwargs):
+        self.asked.append(("encode", kwargs))
+        return ([1] if kwargs.get("add_special_tokens") else []) + [ord(c) for c in text]
+
+    def decode(self, ids, **kwargs):
+        self.asked.append(("decode", kwargs))
+        return "".join(chr(i) for i in ids)
+
+
+def test_encode_adds_special_tokens_and_decode_keeps_them_and_the_spaces():
+    tok = RecordingTokenizer()
+    vocab = models.LocalTokenizer("x", tok, types.SimpleNamespace())
+    assert vocab.encode("ab") == [1, 97, 98]
+    assert vocab.decode([97, 98]) == "ab"
+    assert vocab.token_id("a") == 97
+    assert tok.asked == [("encode", {"add_special_tokens": True}),
+                         ("decode", {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}),
+                         ("encode", {"add_special_tokens": False})]
+
+
+def test_encode_with_chat_hands_the_template_the_tokenizer_text_name_and_folder(monkeypatch, tmp_path):
+    handed = []
+    monkeypatch.setattr(models, "chat_ids", lambda *args: handed.append(args) or [7])
+    tok = RecordingTokenizer()
+    vocab = models.LocalTokenizer("m", tok, types.SimpleNamespace(), folder=tmp_path)
+    assert vocab.encode("hi", chat=True) == [7]
+    assert handed == [(tok, "hi", "m", tmp_path)] and tok.asked == []
+
+
+def test_undecodable_text_is_refused_under_its_own_name():
+    vocab = models.LocalTokenizer("x", RecordingTokenizer(), types.SimpleNamespace())
+    for call, name in ((vocab.encode, "PROMPT"), (vocab.token_id, "token")):
+        with pytest.raises(ConfigError) as err:
+            call("caf\udce9")
+        assert str(err.value) == (f"{name} 'caf\\\\udce9': not valid UTF-8 (an undecodable byte at character 3); "
+                                  "give UTF-8 text")
+
+
+def test_the_end_ids_of_a_model_fall_back_to_its_tokenizer():
+    ns = types.SimpleNamespace
+    assert models.eos_token_ids(ns(config=ns()), ns(eos_token_id=4)) == [4]
+
+
+def test_a_failed_loads_line_loses_only_its_trailing_colons_and_spaces(tmp_path):
+    assert models._load_failure("m", tmp_path, "model", OSError("bad value X: ")).endswith(": bad value X")
+
+
+def test_without_a_load_average_the_machine_counts_as_idle(monkeypatch):
+    monkeypatch.delattr(models.os, "getloadavg")
+    assert models.choose_threads(None, environ={}, cores=2) == models.ThreadChoice(2)
+
+
+def test_the_defaults_load_the_bundled_tiny_on_the_automatic_device():
+    lm = models.load_model()
+    assert lm.name == "tiny" and lm.device == models.resolve_device("auto") and lm.dtype is torch.float32
+    assert models.load_tokenizer().name == "tiny"
+
+
+def test_a_model_is_moved_to_the_device_asked_for(monkeypatch):
+    monkeypatch.setattr(models, "resolve_device", lambda name: torch.device("meta"))
+    lm = models.load_model("tiny-draft", dtype="float32")
+    assert lm.device == torch.device("meta") and next(lm.model.parameters()).device == torch.device("meta")
+
+
+def copied(tmp_path, name="tiny-draft", weights=True):
+    import shutil
+
+    for f in models.bundled_dir(name).iterdir():
+        if weights or f.suffix != ".safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    return tmp_path
+
+
+def test_a_loaded_model_that_fails_its_checks_is_named_by_its_spec(tmp_path):
+    folder = copied(tmp_path)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 5000}))
+    with pytest.raises(ModelLoadError) as err:
+        models.load_model(str(folder), device="cpu")
+    assert str(err.value) == (f"--model {folder}: generation_config.json eos_token_id 5000: beyond the model's 4096 "
+                              "embedding rows")
+
+
+def test_without_end_ids_in_either_config_the_tokenizers_is_taken(tmp_path):
+    folder = copied(tmp_path)
+    (folder / "generation_config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    config["eos_token_id"] = None
+    (folder / "config.json").write_text(json.dumps(config))
+    lm = models.load_model(str(folder), device="cpu")
+    eot = lm.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert lm.eos_ids == [eot]
+    assert models.load_tokenizer(str(folder)).eos_ids == [eot]
+
+
+def test_the_tokenizer_config_and_generation_config_are_read_locally(monkeypatch):
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    asked = []
+    for cls in (AutoTokenizer, AutoConfig, GenerationConfig):
+        real = cls.from_pretrained
+
+        def recording(folder, real=real, name=cls.__name__, **kwargs):
+            asked.append((name, folder, kwargs))
+            return real(folder, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", recording)
+    folder = str(models.bundled_dir("tiny"))
+    models.load_tokenizer("tiny", trust_remote_code=True)
+    ours = [a for a in asked if "_from_auto" not in a[2]]  # AutoTokenizer asks AutoConfig itself, marked so
+    assert ours == [("AutoTokenizer", folder, {"local_files_only": True, "trust_remote_code": True}),
+                    ("AutoConfig", folder, {"local_files_only": True, "trust_remote_code": True}),
+                    ("GenerationConfig", folder, {"local_files_only": True})]
+    asked.clear()
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: (_ for _ in ()).throw(ValueError("x")))
+    with pytest.raises(ModelLoadError):
+        models.load_model("tiny", device="cpu")
+    assert asked[0] == ("AutoTokenizer", folder, {"local_files_only": True, "trust_remote_code": False})
+
+
+def test_a_missing_accelerate_under_a_device_map_is_told_to_install_it(monkeypatch):
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM
+
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "accelerate" else
+                        real_find(name, *a))
+
+    def missing(*args, **kwargs):
+        raise ImportError("No module named 'accelerate.big_modeling'", name="accelerate.big_modeling")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", missing)
+    with pytest.raises(ModelLoadError) as err:
+        models.load_model("tiny-draft", device="cpu", device_map="auto")
+    assert str(err.value) == ("--device-map auto: needs the 'accelerate' package: pip install "
+                              "'decodelab[multi-device]' (No module named 'accelerate.big_modeling')")
