@@ -637,3 +637,36 @@ def test_a_missing_accelerate_under_a_device_map_is_told_to_install_it(monkeypat
         models.load_model("tiny-draft", device="cpu", device_map="auto")
     assert str(err.value) == ("--device-map auto: needs the 'accelerate' package: pip install "
                               "'decodelab[multi-device]' (No module named 'accelerate.big_modeling')")
+
+
+# the rerun's survivors (2026-12-02, third round)
+
+
+def test_a_tokenizer_alone_that_will_not_load_names_its_folder_and_reason(tmp_path, monkeypatch):
+    from transformers import AutoConfig
+
+    folder = copied(tmp_path, weights=False)
+
+    def fails(*args, **kwargs):
+        raise OSError("config unreadable:\nsecond line")
+
+    monkeypatch.setattr(AutoConfig, "from_pretrained", fails)
+    with pytest.raises(ModelLoadError) as err:
+        models.load_tokenizer(str(folder))
+    assert str(err.value) == (f"--model {folder}: cannot load the tokenizer from {folder} (safetensors only): config "
+                              "unreadable")
+
+
+def test_a_tokenizer_alone_needs_a_tokenizer_file_and_trusts_no_remote_code_by_default(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError) as err:
+        models.load_tokenizer(str(tmp_path))
+    assert str(err.value) == (f"--model {tmp_path}: {tmp_path} has no tokenizer (none of tokenizer.json, "
+                              "tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt)")
+    from transformers import AutoTokenizer
+
+    asked = []
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda folder, **kw: asked.append(kw) or real(folder, **kw))
+    models.load_tokenizer("tiny")
+    assert asked == [{"local_files_only": True, "trust_remote_code": False}]
