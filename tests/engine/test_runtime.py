@@ -756,3 +756,39 @@ def test_compile_decode_compiles_the_eager_one_token_forward(monkeypatch):
     assert not torch.is_inference(rt.policy.model_cache.layers[0].keys)
     runtime_for_model(model, compile=True)
     assert len(compiled) == 1
+
+
+# the first run's survivors (runtime.py, 2026-12-02)
+
+
+class Shifted(FullPolicy):
+    """Positions 3 ahead of what the cache holds: a forward that let the model infer positions from its cache would
+    run 3 positions early."""
+
+    name = "shifted"
+
+    def positions(self, n):
+        return super().positions(n) + 3
+
+
+def test_the_compiled_step_runs_at_the_policys_positions(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic=None, fullgraph=None: fn)
+    model = random_model("llama")
+    rt = full_runtime(model, Shifted)
+    rt.compile_decode()
+    ids = torch.tensor([[5, 17, 42]])
+    rt.feed(ids[:, :2])
+    out = rt.feed(ids[:, 2:])
+    assert out.shape == (1, 256) and torch.allclose(out, direct_logits(model, ids, start=3)[:, -1], atol=1e-5)
+
+
+def test_a_rewrite_runs_at_the_positions_it_gives():
+    model = random_model("llama")
+
+    class Late(FullPolicy):
+        def rewrite(self, ids, keep):
+            yield ids[:, None], torch.arange(7, 7 + ids.shape[1])[None]
+
+    out = full_runtime(model, Late).feed(torch.tensor([[5, 17, 42]]))
+    assert out.shape == (1, 256)
+    assert torch.allclose(out, direct_logits(model, torch.tensor([[5, 17, 42]]), start=7)[:, -1], atol=1e-5)
