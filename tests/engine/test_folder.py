@@ -462,3 +462,38 @@ def test_the_embedding_rows_are_the_smaller_of_input_and_output():
     model.get_input_embeddings = lambda: types.SimpleNamespace()
     model.get_output_embeddings = lambda: Emb(3)
     assert fd.embedding_rows(model) == 3
+
+
+# the first run's survivors (2026-12-02): every check that check_folder runs names the model, and the edges of the
+# missing-parameters line
+
+
+def test_each_refusal_of_check_folder_names_the_model(tmp_path):
+    def names_the_model(setup, needle):
+        folder = tmp_path / f"case{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        model_dir(folder)
+        setup(folder)
+        message = refusal(fd.check_folder, "m", folder)
+        assert message.startswith(f"{W}: ") and needle in message, message
+
+    names_the_model(lambda f: (f / "tokenizer.json").unlink(), "has no tokenizer")
+    names_the_model(lambda f: (f / "config.json").write_text("{x"), "config.json: not JSON")
+    names_the_model(lambda f: (f / "config.json").write_text('{"eos_token_id": -1}'), "eos_token_id -1")
+    names_the_model(lambda f: (f / "generation_config.json").write_text('{"top_k": -1}'), "top_k -1")
+    names_the_model(lambda f: (f / "model.safetensors").write_bytes(b"short"), "too short")
+    names_the_model(lambda f: (f / "config.json").write_text('{"vocab_size": 11}'), "vocab_size 11")
+
+
+def test_the_parameters_of_a_damaged_file_name_its_folder(tmp_path):
+    file = tmp_path / "w.safetensors"
+    file.write_bytes(b"short")
+    assert refusal(fd.parameters_in, file) == (
+        f"--model {tmp_path}: {file} is 5 bytes, too short to be a safetensors file (truncated?)")
+
+
+def test_four_missing_parameters_are_three_named_and_one_more(tmp_path):
+    model, tok = loaded()
+    assert refusal(fd.check_loaded, "m", tmp_path, model, tok, {"missing_keys": ["d", "c", "b", "a"]}).endswith(
+        "does not cover 4 parameter(s) of config.json: a, b, c and 1 more; decodelab never runs freshly initialised "
+        "weights")

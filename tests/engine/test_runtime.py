@@ -792,3 +792,24 @@ def test_a_rewrite_runs_at_the_positions_it_gives():
     out = full_runtime(model, Late).feed(torch.tensor([[5, 17, 42]]))
     assert out.shape == (1, 256)
     assert torch.allclose(out, direct_logits(model, torch.tensor([[5, 17, 42]]), start=7)[:, -1], atol=1e-5)
+
+
+def test_the_first_compiled_call_is_timed_on_the_clock(monkeypatch):
+    from decodelab.core.engine import runtime as rt_module
+
+    model = random_model("llama")
+    model._decodelab_compiled_step = lambda ids, positions, cache: torch.zeros(ids.shape[0], 1, 256)
+    rt = runtime_for_model(model, compile=True)
+    ticks = iter([100.0, 102.5])
+    monkeypatch.setattr(rt_module.time, "perf_counter", lambda: next(ticks))
+    rt.feed(torch.tensor([[5]]))
+    assert rt.compile_s == 2.5
+
+
+def test_runtime_for_compiles_only_when_asked_and_keeps_the_spec():
+    from decodelab.core.engine.models import LoadedModel
+    from decodelab.core.engine.runtime import runtime_for
+
+    lm = LoadedModel("x", random_model("llama"), None, torch.device("cpu"), torch.float32)
+    rt = runtime_for(lm, parse_cache_spec("static"), 16)
+    assert rt._compiled is None and rt.policy.name == "static" and rt.policy.needs == frozenset()
