@@ -497,3 +497,25 @@ def test_four_missing_parameters_are_three_named_and_one_more(tmp_path):
     assert refusal(fd.check_loaded, "m", tmp_path, model, tok, {"missing_keys": ["d", "c", "b", "a"]}).endswith(
         "does not cover 4 parameter(s) of config.json: a, b, c and 1 more; decodelab never runs freshly initialised "
         "weights")
+
+
+def test_each_file_read_names_the_model(tmp_path):
+    gen = tmp_path / "generation_config.json"
+    gen.write_text("{x")
+    assert refusal(fd.check_generation_config, W, gen).startswith(f"{W}: {gen}: not JSON")
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text("{x")
+    assert refusal(fd.weight_files, W, tmp_path).startswith(f"{W}: {index}: not JSON")
+    index.write_text("[]")
+    assert refusal(fd.read_weights, W, tmp_path) == (
+        f"{W}: {index} weight_map: expected an object of tensor name -> shard file")
+    file = raw_safetensors(tmp_path / "w.safetensors", {"t": [1]}, 0)
+    assert refusal(fd.read_header, W, file) == f"{W}: {file}: tensor 't': its header entry is not an object"
+
+
+def test_a_header_length_past_a_signed_integer_is_refused(tmp_path):
+    file = tmp_path / "w.safetensors"
+    file.write_bytes(struct.pack("<Q", 2**64 - 1) + b"{}")
+    assert refusal(fd.read_header, W, file) == (
+        f"{W}: {file}: its header claims {2**64 - 1} bytes but the file holds 2 after the length (truncated, or not a "
+        "safetensors file)")
