@@ -813,3 +813,68 @@ def test_runtime_for_compiles_only_when_asked_and_keeps_the_spec():
     lm = LoadedModel("x", random_model("llama"), None, torch.device("cpu"), torch.float32)
     rt = runtime_for(lm, parse_cache_spec("static"), 16)
     assert rt._compiled is None and rt.policy.name == "static" and rt.policy.needs == frozenset()
+
+
+class Masking(FullPolicy):
+    """Hides the first token from every later one (a 2-D mask over seen + n keys), and wants attentions when asked:
+    a policy that lays its rows out itself (paged) hands the model a mask the same way."""
+
+    name = "masking"
+    attending = False
+
+    def attention_mask(self, n):
+        mask = torch.ones(1, self.seen + n, dtype=torch.long)
+        mask[0, 0] = 0
+        return mask
+
+    def wants_attentions(self, n):
+        return self.attending
+
+    def observe_attentions(self, attentions):
+        self.observed = len(attentions)
+
+
+def masked_direct(model, ids):
+    mask = torch.ones(1, ids.shape[1], dtype=torch.long)
+    mask[0, 0] = 0
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits.float()
+
+
+def test_the_policys_mask_reaches_the_model_with_or_without_attentions():
+    model = random_model("llama")
+    ids = torch.tensor([[5, 17, 42, 9]])
+    want = masked_direct(model, ids)
+    assert not torch.allclose(want[:, -1], direct_logits(model, ids)[:, -1], atol=1e-3)
+    for attending in (False, True):
+        rt = full_runtime(model, Masking)
+        rt.policy.attending = attending
+        rt.feed(ids[:, :2])
+        assert torch.allclose(rt.feed(ids[:, 2:]), want[:, -1], atol=1e-5)
+        assert getattr(rt.policy, "observed", None) == (2 if attending else None)
+
+
+def test_attending_forwards_run_at_the_policys_positions():
+    model = random_model("gpt2")  # absolute positions
+
+    class ShiftedAttending(Attending):
+        def positions(self, n):
+            return super().positions(n) + 3
+
+    Attending.events = []
+    ids = torch.tensor([[5, 17, 42, 9]])
+    out = full_runtime(model, ShiftedAttending).feed(ids)
+    assert torch.allclose(out, direct_logits(model, ids, start=3)[:, -1], atol=1e-5)
+
+
+def test_two_tokens_for_a_one_token_a_forward_policy_are_two_forwards():
+    rt = full_runtime(random_model("llama"), OneAtATime)
+    rt.feed(torch.tensor([[5, 17]]))
+    assert rt.calls == 2
+
+
+def test_an_eager_cache_holds_inference_tensors_and_an_empty_prefill_returns_none():
+    rt = full_runtime(random_model("llama"))
+    rt.feed(torch.tensor([[5, 17]]))
+    assert torch.is_inference(rt.policy.model_cache.layers[0].keys)
+    assert full_runtime(random_model("llama")).prefill(torch.zeros(1, 0, dtype=torch.long)) is None
