@@ -878,3 +878,17 @@ def test_an_eager_cache_holds_inference_tensors_and_an_empty_prefill_returns_non
     rt.feed(torch.tensor([[5, 17]]))
     assert torch.is_inference(rt.policy.model_cache.layers[0].keys)
     assert full_runtime(random_model("llama")).prefill(torch.zeros(1, 0, dtype=torch.long)) is None
+
+
+def test_under_compile_the_eager_prefill_leaves_no_inference_tensors_in_the_cache():
+    """The compiled step updates the static cache in place, which torch refuses on inference tensors: the eager
+    forwards of a compiled run (the prefill) run under no_grad, not inference_mode."""
+    from decodelab.core.engine.models import LoadedModel
+    from decodelab.core.engine.runtime import runtime_for
+
+    model = random_model("llama")
+    model._decodelab_compiled_step = lambda ids, positions, cache: torch.zeros(ids.shape[0], 1, 256)
+    lm = LoadedModel("x", model, None, torch.device("cpu"), torch.float32)
+    rt = runtime_for(lm, parse_cache_spec("full"), 16, compile=True)
+    rt.feed(torch.tensor([[5, 17]]))
+    assert not torch.is_inference(rt.policy.model_cache.layers[0].keys)
