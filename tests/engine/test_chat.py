@@ -198,3 +198,146 @@ def test_the_parent_reads_the_childs_pipe_to_the_byte_bound_and_the_deadline():
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+# --- mutation run of core/engine/chat.py (2026-12-02, the rest): the template's name, chat_ids and render on
+# stand-ins, and in_child's parent side called here (the child's own code stays out of sight) ---------------------
+
+
+def test_the_template_is_named_by_the_first_file_that_holds_it(tmp_path):
+    assert chat.template_name("m", None) == "the chat template of 'm'"
+    assert chat.template_name("m", tmp_path) == "the chat template of 'm'"
+    for name in ("tokenizer_config.json", "chat_template.json", "chat_template.jinja"):
+        (tmp_path / name).write_text("{}")
+        assert chat.template_name("m", tmp_path) == f"the chat template of 'm' ({tmp_path / name})"
+    (tmp_path / "chat_template.jinja").unlink()
+    assert chat.template_name("m", tmp_path) == f"the chat template of 'm' ({tmp_path / 'chat_template.json'})"
+    (tmp_path / "tokenizer_config.json").unlink()
+    (tmp_path / "tokenizer_config.json").mkdir()  # a folder of that name is not the file
+    (tmp_path / "chat_template.json").unlink()
+    assert chat.template_name("m", tmp_path) == "the chat template of 'm'"
+
+
+class TemplateTokenizer:
+    """A tokenizer stand-in: renders a user turn as [U]text[A], tokenizes a text as its characters' code points."""
+
+    chat_template = "stand-in"
+
+    def __init__(self):
+        self.asked = []
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.asked.append((messages, kwargs))
+        return f"[U]{messages[0]['content']}[A]"
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": ([0] if add_special_tokens else []) + [ord(c) for c in text]}
+
+
+def test_chat_ids_render_one_user_turn_and_tokenize_it_without_special_tokens(monkeypatch):
+    tok = TemplateTokenizer()
+    assert chat.chat_ids(tok, "hi", "m", None) == [ord(c) for c in "[U]hi[A]"]  # rendered in a child
+    monkeypatch.setattr(chat, "resource", None)  # rendered here, where the call can be seen
+    assert chat.chat_ids(tok, "hi", "m", None) == [ord(c) for c in "[U]hi[A]"]
+    assert tok.asked == [([{"role": "user", "content": "hi"}], {"add_generation_prompt": True, "tokenize": False})]
+    handed = []
+    monkeypatch.setattr(chat, "render", lambda tokenizer, messages, name, limit: handed.append((name, limit)) or "x")
+    assert chat.chat_ids(tok, "hey", "m", None) == [ord("x")]
+    assert handed == [("the chat template of 'm'", 4 * 3 + 2**20)]
+
+
+def test_a_tokenizer_without_a_template_is_one_line():
+    tok = TemplateTokenizer()
+    for template in (None, ""):
+        tok.chat_template = template
+        with pytest.raises(ConfigError) as err:
+            chat.chat_ids(tok, "hi", "m", None)
+        assert str(err.value) == "--chat: the tokenizer of 'm' has no chat template"
+    del TemplateTokenizer.chat_template  # no attribute at all
+    try:
+        with pytest.raises(ConfigError, match="has no chat template"):
+            chat.chat_ids(TemplateTokenizer(), "hi", "m", None)
+    finally:
+        TemplateTokenizer.chat_template = "stand-in"
+
+
+def test_render_forks_on_linux_only_and_names_the_template_in_a_failure(monkeypatch):
+    where = []
+    monkeypatch.setattr(chat, "in_child", lambda job, limit, seconds: where.append(("child", limit, seconds))
+                        or ("ok", job()))
+    monkeypatch.setattr(chat, "in_process", lambda job, limit: where.append(("process", limit)) or ("ok", job()))
+    tok = TemplateTokenizer()
+    messages = [{"role": "user", "content": "yo"}]
+    assert chat.render(tok, messages, "T", 50) == "[U]yo[A]"
+    assert where == [("child", 50, 5.0)]
+    monkeypatch.setattr(chat.sys, "platform", "darwin")  # fork is unsafe there
+    assert chat.render(tok, messages, "T", 50) == "[U]yo[A]" and where[-1] == ("process", 50)
+    monkeypatch.setattr(chat.sys, "platform", "linux")
+    monkeypatch.delattr(chat.os, "fork")
+    assert chat.render(tok, messages, "T", 50) == "[U]yo[A]" and where[-1] == ("process", 50)
+    monkeypatch.setattr(chat, "in_process", lambda job, limit: ("error", "raised an error: no"))
+    with pytest.raises(ConfigError) as err:
+        chat.render(tok, messages, "T", 50)
+    assert str(err.value) == "--chat: T: raised an error: no"
+
+
+def forks(monkeypatch) -> list:
+    """The pids in_child forks, recorded."""
+    import os
+
+    pids, fork = [], os.fork
+
+    def recording():
+        pid = fork()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", recording)
+    return pids
+
+
+def reaped(pid) -> bool:
+    import os
+
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_in_child_answers_from_the_child_and_reaps_it(monkeypatch):
+    pids = forks(monkeypatch)
+    assert chat.in_child(lambda: "rendered é", 100, 5.0) == ("ok", "rendered é")
+    assert chat.in_child(lambda: "x" * 11, 10, 5.0) == (
+        "error", "renders more than 10 characters (the most allowed for this prompt)")
+
+    def raises():
+        raise KeyError("role")
+
+    assert chat.in_child(raises, 10, 5.0) == ("error", "failed to render (KeyError: 'role')")
+    assert len(pids) == 3 and all(reaped(pid) for pid in pids)
+
+
+def test_in_child_kills_a_child_past_its_deadline(monkeypatch):
+    import time
+
+    pids = forks(monkeypatch)
+    assert chat.in_child(lambda: time.sleep(10**6) or "late", 10, 0.3) == (
+        "error", "took more than 0.3 s to render; a chat template renders in milliseconds")
+    assert reaped(pids[0])
+
+
+def test_an_error_in_the_parent_while_the_child_renders_leaves_no_child(monkeypatch):
+    import time
+
+    pids = forks(monkeypatch)
+
+    def broken(fd, limit, seconds):
+        raise RuntimeError("the parent failed")
+
+    monkeypatch.setattr(chat, "collect", broken)
+    with pytest.raises(RuntimeError, match="the parent failed"):
+        chat.in_child(lambda: time.sleep(10**6) or "late", 10, 5.0)
+    assert reaped(pids[0])

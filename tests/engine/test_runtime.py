@@ -478,3 +478,417 @@ def test_full_rollback_to_the_same_length_changes_nothing_and_past_it_is_refused
     with pytest.raises(ValueError) as err:
         rt.policy.truncate(4)
     assert str(err.value) == "cannot truncate a cache that has seen 3 tokens to 4"
+
+
+# mutation run of core/engine/runtime.py (2026-12-02): the runtime's own bookkeeping, each path of feed against the
+# model called directly, on policies made here
+
+
+def full_runtime(model, cls=FullPolicy, **needs):
+    from decodelab.core.engine.forward import model_info
+
+    return Runtime(model, cls(model_info(model), None, frozenset(needs)))
+
+
+def direct_logits(model, ids, start=0):
+    """The model's float32 logits [B, T, V] over ``ids`` at positions start.., without a cache."""
+    with torch.no_grad():
+        pos = torch.arange(start, start + ids.shape[1])[None].expand(ids.shape[0], -1)
+        return model(input_ids=ids, position_ids=pos).logits.float()
+
+
+def test_a_new_runtime_has_fed_nothing_on_its_policys_device():
+    model = random_model("llama")
+    rt = Runtime.create(model)
+    assert (rt.calls, rt.fed, rt.seen, rt._compiled) == (0, 0, 0, None)
+    assert rt.device == torch.device("cpu") and rt.policy.name == "full" and rt.model is model
+    assert rt.policy.capacity is None and rt.policy.needs == frozenset()
+    rt = Runtime.create(model, parse_cache_spec("static"), capacity=9, needs=frozenset({"truncate"}))
+    assert rt.policy.name == "static" and rt.policy.capacity == 9 and rt.policy.needs == {"truncate"}
+
+
+def test_feed_keeps_the_last_or_all_logits_and_counts_what_it_fed():
+    model = random_model("llama")
+    ids = torch.tensor([[5, 17, 42, 9], [3, 3, 7, 1]])
+    rt = full_runtime(model)
+    last = rt.feed(ids[:, :3])
+    want = direct_logits(model, ids)
+    assert last.shape == (2, 256) and torch.allclose(last, want[:, 2], atol=1e-5)
+    assert (rt.calls, rt.fed, rt.seen) == (1, 3, 3)
+    every = rt.feed(ids[:, 3:], keep="all")
+    assert every.shape == (2, 1, 256) and torch.allclose(every[:, 0], want[:, 3], atol=1e-5)
+    assert (rt.calls, rt.fed, rt.seen) == (2, 4, 4)
+    rt2 = full_runtime(model)
+    assert torch.allclose(rt2.feed(ids, keep="all"), want, atol=1e-5)
+
+
+class OneAtATime(FullPolicy):
+    name = "one-at-a-time"
+
+    def one_token_a_forward(self):
+        return True
+
+
+def test_a_policy_that_takes_one_token_a_forward_is_fed_token_by_token():
+    model = random_model("llama")
+    ids = torch.tensor([[5, 17, 42, 9]])
+    want = direct_logits(model, ids)
+    rt = full_runtime(model, OneAtATime)
+    every = rt.feed(ids, keep="all")
+    assert every.shape == (1, 4, 256) and torch.allclose(every, want, atol=1e-5)
+    assert (rt.calls, rt.fed, rt.seen) == (4, 4, 4)
+    rt = full_runtime(model, OneAtATime)
+    assert torch.allclose(rt.feed(ids), want[:, -1], atol=1e-5) and rt.calls == 4
+    assert rt.feed(ids[:, :1]).shape == (1, 256) and rt.calls == 5
+
+    class Even(FullPolicy):
+        def one_token_a_forward(self):
+            return False
+
+    rt = full_runtime(model, Even)
+    rt.feed(ids)
+    assert rt.calls == 1
+
+
+class Attending(FullPolicy):
+    name = "attending"
+    events: list = []
+
+    def wants_attentions(self, n):
+        return n > 1
+
+    def observe_attentions(self, attentions):
+        Attending.events.append(("observe", len(attentions), tuple(attentions[0].shape), self.seen))
+
+    def after_forward(self, n):
+        Attending.events.append(("after", n))
+        super().after_forward(n)
+
+
+def test_a_policy_that_wants_attentions_sees_them_before_the_count():
+    model = random_model("llama")
+    ids = torch.tensor([[5, 17, 42, 9, 1]])
+    want = direct_logits(model, ids)
+    Attending.events = []
+    rt = full_runtime(model, Attending)
+    assert torch.allclose(rt.feed(ids[:, :4]), want[:, 3], atol=1e-5)
+    assert Attending.events == [("observe", 2, (1, 4, 4, 4), 0), ("after", 4)]
+    every = rt.feed(ids[:, 4:], keep="all")  # one token: no attentions wanted
+    assert torch.allclose(every[:, 0], want[:, 4], atol=1e-5) and Attending.events[2:] == [("after", 1)]
+    assert (rt.calls, rt.fed) == (2, 5)
+    rt = full_runtime(model, Attending)
+    assert torch.allclose(rt.feed(ids, keep="all"), want, atol=1e-5)
+
+
+class Rewriting(FullPolicy):
+    """Feeds every wanted token's last W ids from position 0, without a cache (recompute's shape of rewrite)."""
+
+    name = "rewriting"
+    W = 2
+
+    def __init__(self, info, capacity=None, needs=frozenset()):
+        super().__init__(info, capacity, needs)
+        self.history = torch.zeros(1, 0, dtype=torch.long)
+        self.rewrites = []
+
+    def rewrite(self, ids, keep):
+        self.rewrites.append(keep)
+        self.history = torch.cat([self.history.expand(ids.shape[0], -1), ids], dim=1)
+        ends = range(self.history.shape[1] - ids.shape[1] + 1, self.history.shape[1] + 1)
+        if keep == "last":
+            ends = [self.history.shape[1]]
+        for end in ends:  # one window a forward (k = 1): m = W ids
+            yield self.history[:, end - self.W : end][:, None], torch.arange(self.W)[None]
+
+
+def test_a_rewriting_policy_runs_each_window_without_a_cache():
+    model = random_model("llama")
+    ids = torch.tensor([[5, 17, 42], [8, 9, 10]])
+    rt = full_runtime(model, Rewriting)
+    last = rt.feed(ids)
+    assert last.shape == (2, 256) and torch.allclose(last, direct_logits(model, ids[:, 1:])[:, -1], atol=1e-5)
+    assert (rt.calls, rt.fed, rt.seen, rt.policy.rewrites) == (1, 3, 3, ["last"])
+    more = torch.tensor([[1, 2], [3, 4]])
+    every = rt.feed(more, keep="all")
+    assert every.shape == (2, 2, 256) and (rt.calls, rt.fed, rt.seen) == (3, 5, 5)
+    assert torch.allclose(every[:, 0], direct_logits(model, torch.tensor([[42, 1], [10, 3]]))[:, -1], atol=1e-5)
+    assert torch.allclose(every[:, 1], direct_logits(model, more)[:, -1], atol=1e-5)
+
+
+def test_a_rewrite_of_several_windows_a_forward_keeps_their_order():
+    model = random_model("llama")
+
+    class Two(FullPolicy):
+        def rewrite(self, ids, keep):
+            yield torch.stack([ids[:, :2], ids[:, 1:3]], dim=1), torch.arange(2)[None]
+
+    rt = full_runtime(model, Two)
+    ids = torch.tensor([[5, 17, 42]])
+    every = rt.feed(ids, keep="all")
+    assert every.shape == (1, 2, 256) and rt.calls == 1 and rt.fed == 3
+    assert torch.allclose(every[:, 0], direct_logits(model, ids[:, :2])[:, -1], atol=1e-5)
+    assert torch.allclose(every[:, 1], direct_logits(model, ids[:, 1:])[:, -1], atol=1e-5)
+    assert torch.allclose(full_runtime(model, Two).feed(ids), every[:, 1])
+
+
+def test_prefill_in_chunks_or_holding_the_last_token():
+    model = random_model("llama")
+    ids = torch.tensor([[5, 17, 42, 9, 77, 3, 17]])
+    want = direct_logits(model, ids)
+    rt = full_runtime(model)
+    assert torch.allclose(rt.prefill(ids, chunk=3), want[:, -1], atol=1e-5)
+    assert (rt.calls, rt.fed, rt.seen) == (3, 7, 7)
+    rt = full_runtime(model)
+    assert rt.prefill(ids, hold_last=True, chunk=4) is None and (rt.calls, rt.seen) == (2, 6)
+    assert torch.allclose(rt.feed(ids[:, 6:]), want[:, -1], atol=1e-5)
+    rt = full_runtime(model)
+    assert torch.allclose(rt.prefill(ids), want[:, -1], atol=1e-5) and rt.calls == 1
+    rt = full_runtime(model)
+    assert rt.prefill(ids, hold_last=True) is None and (rt.calls, rt.seen) == (1, 6)
+    rt = full_runtime(model)
+    assert rt.prefill(ids[:, :1], hold_last=True) is None and (rt.calls, rt.seen) == (0, 0)
+
+
+def test_truncate_and_rollback_keep_fed_in_step():
+    model = random_model("llama")
+    ids = torch.tensor([[5, 17, 42, 9, 77, 3]])
+    rt = full_runtime(model, truncate=True)
+    rt.prefill(ids)
+    rt.truncate(4)
+    assert (rt.fed, rt.seen) == (4, 4)
+    rt.rollback(0)
+    assert (rt.fed, rt.seen) == (4, 4)
+    rt.rollback(1)
+    assert (rt.fed, rt.seen) == (3, 3)
+    assert torch.allclose(rt.feed(ids[:, 3:]), direct_logits(model, ids)[:, -1], atol=1e-5)
+    assert rt.fed == 6
+
+
+def test_reorder_is_the_policys():
+    rows = []
+
+    class Recording(FullPolicy):
+        def reorder(self, r):
+            rows.append(r)
+
+    rt = full_runtime(random_model("llama"), Recording)
+    order = torch.tensor([1, 0])
+    rt.reorder(order)
+    assert rows == [order]
+
+
+def test_the_compiled_step_is_made_once_per_model_and_used_for_one_token_decodes():
+    model = random_model("llama")
+    made = []
+
+    def step(ids, positions, cache):
+        made.append((ids.tolist(), positions.tolist(), cache))
+        return torch.full((ids.shape[0], 1, 256), 2.0)
+
+    model._decodelab_compiled_step = step  # what an earlier compile_decode left on the model
+    rt = runtime_for_model(model, compile=True)
+    assert rt.compile_s is None
+    out = rt.feed(torch.tensor([[5, 17]]))  # two tokens: the eager forward
+    assert made == [] and out.shape == (1, 256)
+    out = rt.feed(torch.tensor([[9]]))
+    assert made == [([[9]], [[2]], rt.policy.model_cache)] and torch.equal(out, torch.full((1, 256), 2.0))
+    assert rt.compile_s is not None and rt.compile_s >= 0 and (rt.calls, rt.fed) == (2, 3)
+    timed = rt.compile_s
+    rt.feed(torch.tensor([[4]]))
+    assert rt.compile_s == timed and len(made) == 2
+    rt.feed(torch.tensor([[4]]), keep="all")  # all logits: the eager forward
+    assert len(made) == 2 and rt.seen == 5
+    assert runtime_for_model(model)._compiled is None
+
+
+def runtime_for_model(model, compile=False):
+    from decodelab.core.engine.runtime import runtime_for
+    from decodelab.core.engine.models import LoadedModel
+
+    lm = LoadedModel("x", model, None, torch.device("cpu"), torch.float32)
+    return runtime_for(lm, parse_cache_spec("full"), 16, {"truncate"}, compile=compile)
+
+
+def test_runtime_for_builds_the_policy_with_its_capacity_and_needs():
+    rt = runtime_for_model(random_model("llama"))
+    assert rt.policy.name == "full" and rt.policy.capacity == 16 and rt.policy.needs == frozenset({"truncate"})
+    assert isinstance(rt.policy.needs, frozenset)
+
+
+def test_a_platform_that_cannot_compile_is_one_line_at_the_first_decode_step():
+    model = random_model("llama")
+
+    def broken(ids, positions, cache):
+        raise RuntimeError("  InductorError: no C++ compiler\nmore")
+
+    model._decodelab_compiled_step = broken
+    rt = runtime_for_model(model, compile=True)
+    with pytest.raises(ConfigError) as err:
+        rt.feed(torch.tensor([[5]]))
+    assert str(err.value) == ("--compile: torch.compile cannot compile here (InductorError: no C++ compiler); run "
+                              "without --compile")
+    assert isinstance(err.value.__cause__, RuntimeError)
+
+    def silent(ids, positions, cache):
+        raise RuntimeError()
+
+    model._decodelab_compiled_step = silent
+    with pytest.raises(ConfigError, match=r"cannot compile here \(RuntimeError\)"):
+        runtime_for_model(model, compile=True).feed(torch.tensor([[5]]))
+
+
+def test_compile_decode_compiles_the_eager_one_token_forward(monkeypatch):
+    """torch.compile is replaced by the identity: the step it was handed equals the eager forward, and it is kept on
+    the model for the next run."""
+    compiled = []
+
+    def identity(fn, dynamic=None, fullgraph=None):
+        compiled.append((dynamic, fullgraph))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", identity)
+    model = random_model("llama")
+    rt = runtime_for_model(model, compile=True)
+    assert compiled == [(False, False)] and callable(model._decodelab_compiled_step)
+    ids = torch.tensor([[5, 17, 42]])
+    rt.feed(ids[:, :2])
+    assert torch.allclose(rt.feed(ids[:, 2:]), direct_logits(model, ids)[:, -1], atol=1e-5)
+    assert not torch.is_inference(rt.policy.model_cache.layers[0].keys)
+    runtime_for_model(model, compile=True)
+    assert len(compiled) == 1
+
+
+# the first run's survivors (runtime.py, 2026-12-02)
+
+
+class Shifted(FullPolicy):
+    """Positions 3 ahead of what the cache holds: a forward that let the model infer positions from its cache would
+    run 3 positions early."""
+
+    name = "shifted"
+
+    def positions(self, n):
+        return super().positions(n) + 3
+
+
+def test_the_compiled_step_runs_at_the_policys_positions(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic=None, fullgraph=None: fn)
+    model = random_model("llama")
+    rt = full_runtime(model, Shifted)
+    rt.compile_decode()
+    ids = torch.tensor([[5, 17, 42]])
+    rt.feed(ids[:, :2])
+    out = rt.feed(ids[:, 2:])
+    assert out.shape == (1, 256) and torch.allclose(out, direct_logits(model, ids, start=3)[:, -1], atol=1e-5)
+
+
+def test_a_rewrite_runs_at_the_positions_it_gives():
+    model = random_model("gpt2")  # absolute positions: under RoPE a window shifted as a whole attends the same
+
+    class Late(FullPolicy):
+        def rewrite(self, ids, keep):
+            yield ids[:, None], torch.arange(7, 7 + ids.shape[1])[None]
+
+    out = full_runtime(model, Late).feed(torch.tensor([[5, 17, 42]]))
+    assert out.shape == (1, 256)
+    assert torch.allclose(out, direct_logits(model, torch.tensor([[5, 17, 42]]), start=7)[:, -1], atol=1e-5)
+
+
+def test_the_first_compiled_call_is_timed_on_the_clock(monkeypatch):
+    from decodelab.core.engine import runtime as rt_module
+
+    model = random_model("llama")
+    model._decodelab_compiled_step = lambda ids, positions, cache: torch.zeros(ids.shape[0], 1, 256)
+    rt = runtime_for_model(model, compile=True)
+    ticks = iter([100.0, 102.5])
+    monkeypatch.setattr(rt_module.time, "perf_counter", lambda: next(ticks))
+    rt.feed(torch.tensor([[5]]))
+    assert rt.compile_s == 2.5
+
+
+def test_runtime_for_compiles_only_when_asked_and_keeps_the_spec():
+    from decodelab.core.engine.models import LoadedModel
+    from decodelab.core.engine.runtime import runtime_for
+
+    lm = LoadedModel("x", random_model("llama"), None, torch.device("cpu"), torch.float32)
+    rt = runtime_for(lm, parse_cache_spec("static"), 16)
+    assert rt._compiled is None and rt.policy.name == "static" and rt.policy.needs == frozenset()
+
+
+class Masking(FullPolicy):
+    """Hides the first token from every later one (a 2-D mask over seen + n keys), and wants attentions when asked:
+    a policy that lays its rows out itself (paged) hands the model a mask the same way."""
+
+    name = "masking"
+    attending = False
+
+    def attention_mask(self, n):
+        mask = torch.ones(1, self.seen + n, dtype=torch.long)
+        mask[0, 0] = 0
+        return mask
+
+    def wants_attentions(self, n):
+        return self.attending
+
+    def observe_attentions(self, attentions):
+        self.observed = len(attentions)
+
+
+def masked_direct(model, ids):
+    mask = torch.ones(1, ids.shape[1], dtype=torch.long)
+    mask[0, 0] = 0
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits.float()
+
+
+def test_the_policys_mask_reaches_the_model_with_or_without_attentions():
+    model = random_model("llama")
+    ids = torch.tensor([[5, 17, 42, 9]])
+    want = masked_direct(model, ids)
+    assert not torch.allclose(want[:, -1], direct_logits(model, ids)[:, -1], atol=1e-3)
+    for attending in (False, True):
+        rt = full_runtime(model, Masking)
+        rt.policy.attending = attending
+        rt.feed(ids[:, :2])
+        assert torch.allclose(rt.feed(ids[:, 2:]), want[:, -1], atol=1e-5)
+        assert getattr(rt.policy, "observed", None) == (2 if attending else None)
+
+
+def test_attending_forwards_run_at_the_policys_positions():
+    model = random_model("gpt2")  # absolute positions
+
+    class ShiftedAttending(Attending):
+        def positions(self, n):
+            return super().positions(n) + 3
+
+    Attending.events = []
+    ids = torch.tensor([[5, 17, 42, 9]])
+    out = full_runtime(model, ShiftedAttending).feed(ids)
+    assert torch.allclose(out, direct_logits(model, ids, start=3)[:, -1], atol=1e-5)
+
+
+def test_two_tokens_for_a_one_token_a_forward_policy_are_two_forwards():
+    rt = full_runtime(random_model("llama"), OneAtATime)
+    rt.feed(torch.tensor([[5, 17]]))
+    assert rt.calls == 2
+
+
+def test_an_eager_cache_holds_inference_tensors_and_an_empty_prefill_returns_none():
+    rt = full_runtime(random_model("llama"))
+    rt.feed(torch.tensor([[5, 17]]))
+    assert torch.is_inference(rt.policy.model_cache.layers[0].keys)
+    assert full_runtime(random_model("llama")).prefill(torch.zeros(1, 0, dtype=torch.long)) is None
+
+
+def test_under_compile_the_eager_prefill_leaves_no_inference_tensors_in_the_cache():
+    """The compiled step updates the static cache in place, which torch refuses on inference tensors: the eager
+    forwards of a compiled run (the prefill) run under no_grad, not inference_mode."""
+    from decodelab.core.engine.models import LoadedModel
+    from decodelab.core.engine.runtime import runtime_for
+
+    model = random_model("llama")
+    model._decodelab_compiled_step = lambda ids, positions, cache: torch.zeros(ids.shape[0], 1, 256)
+    lm = LoadedModel("x", model, None, torch.device("cpu"), torch.float32)
+    rt = runtime_for(lm, parse_cache_spec("full"), 16, compile=True)
+    rt.feed(torch.tensor([[5, 17]]))
+    assert not torch.is_inference(rt.policy.model_cache.layers[0].keys)
