@@ -10,22 +10,9 @@ import pytest
 import torch
 
 from decodelab.core.errors import ConfigError
-from decodelab.core.kv import (
-    POLICIES,
-    CacheSpec,
-    KVPolicy,
-    ModelInfo,
-    compresses_once,
-    feed_invariant,
-    listing,
-    make_policy,
-    parse_cache_spec,
-    parse_policy_list,
-    policy_capabilities,
-    require,
-    split_policy_list,
-    tensor_nbytes,
-)
+from decodelab.core.kv import (POLICIES, CacheSpec, KVPolicy, ModelInfo, compresses_once, feed_invariant, listing,
+                               make_policy, parse_cache_spec, parse_policy_list, policy_capabilities, require,
+                               split_policy_list, tensor_nbytes)
 from decodelab.core.kv.protocol import boolean, choice, non_negative_int, positive_int
 
 # mutation run of core/kv/protocol.py (2026-12-02)
