@@ -11,7 +11,7 @@ import torch
 
 from decodelab.core.errors import ConfigError
 from decodelab.core.kv import (POLICIES, CacheSpec, KVPolicy, ModelInfo, compresses_once, feed_invariant, listing,
-                               make_policy, parse_cache_spec, parse_policy_list, policy_capabilities, require,
+                               make_policy, parse_cache_spec, parse_policy_list, policy_capabilities, register, require,
                                split_policy_list, tensor_nbytes)
 from decodelab.core.kv.protocol import boolean, choice, non_negative_int, positive_int
 
@@ -204,6 +204,14 @@ def test_make_policy_hands_the_options_capacity_and_needs_to_the_class(monkeypat
     assert calls[-1] == (None, frozenset(), {})
 
 
+def test_register_files_the_class_under_its_name(monkeypatch):
+    class Spy(KVPolicy):
+        name = "spy"
+
+    monkeypatch.setitem(POLICIES, "spy", None)  # undone after the test: the registry keeps its twelve policies
+    assert register(Spy) is Spy and POLICIES["spy"] is Spy
+
+
 def test_listing_rows_are_the_policies_then_the_aliases():
     rows = listing()
     assert [row["name"] for row in rows] == NAMES.split(", ")
@@ -224,6 +232,8 @@ def test_policy_lists_split_where_a_new_name_begins():
     assert split_policy_list("window:size=4,positions=keep;full") == ["window:size=4,positions=keep", "full"]
     assert split_policy_list("size=4,full") == ["size=4", "full"]
     assert split_policy_list("window:size=4,positions=x:y") == ["window:size=4,positions=x:y"]
+    # only the text before the first '=' decides: 'positions=a:b=c' is a key of the policy before it
+    assert split_policy_list("window:size=4,positions=a:b=c") == ["window:size=4,positions=a:b=c"]
     assert split_policy_list(" ; ") == []
 
 
