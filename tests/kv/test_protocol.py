@@ -147,8 +147,8 @@ def test_require_names_the_first_missing_capability_and_the_policies_that_can():
     require(parse_cache_spec("full"), {"truncate", "rows"}, "speculative decoding")  # nothing missing: no refusal
     require(parse_cache_spec("int8"), frozenset({"truncate"}), "speculative decoding")
     cases = (
-        ("window:size=8", {"truncate"}, "--cache window:positions=keep,size=8: speculative decoding needs the cache to roll back "
-         "(truncate), which window cannot; policies that can: full, quant, recompute, static"),
+        ("window:size=8", {"truncate"}, "--cache window:positions=keep,size=8: speculative decoding needs the cache "
+         "to roll back (truncate), which window cannot; policies that can: full, quant, recompute, static"),
         ("paged", {"rows", "truncate"}, "--cache paged: speculative decoding needs the cache to roll back "
          "(truncate), which paged cannot; policies that can: full, quant, recompute, static"),
         ("paged", {"reorder"}, "--cache paged: speculative decoding needs the cache to reorder rows, which paged "
@@ -239,7 +239,8 @@ def test_policy_lists_split_where_a_new_name_begins():
 
 def test_policy_lists_keep_the_typed_text_and_refuse_empties_and_repeats():
     out = parse_policy_list("int8, window:size=4")
-    assert out == {"int8": parse_cache_spec("int8"), "window:size=4": CacheSpec("window", (("positions", "keep"), ("size", 4)))}
+    window = CacheSpec("window", (("positions", "keep"), ("size", 4)))
+    assert out == {"int8": parse_cache_spec("int8"), "window:size=4": window}
     with pytest.raises(ConfigError) as exc:
         parse_policy_list(" , ")
     assert str(exc.value) == ("--policies ' , ': names no policy; give specs such as "
