@@ -252,3 +252,23 @@ def test_policy_lists_keep_the_typed_text_and_refuse_empties_and_repeats():
     with pytest.raises(ConfigError) as exc:
         parse_policy_list("full,nope")
     assert str(exc.value) == f"--policies 'nope': unknown policy 'nope'; allowed: {NAMES}"
+
+
+# mutation run of core/kv/protocol.py (2026-12-02, the first run's survivors)
+
+
+def test_positions_are_made_on_the_models_device():
+    info = ModelInfo(config=None, device=torch.device("meta"), dtype=torch.float32, rotary=None, num_layers=1,
+                     kv_heads=1, head_dim=4)  # meta: a device that is not the default, on any machine
+    assert KVPolicy(info).positions(3).device.type == "meta"
+
+
+def test_a_spec_refused_without_an_option_names_the_cache_option():
+    with pytest.raises(ConfigError) as exc:
+        parse_cache_spec("nope")
+    assert str(exc.value) == f"--cache 'nope': unknown policy 'nope'; allowed: {NAMES}"
+
+
+def test_a_key_is_split_from_its_value_at_the_first_equals_sign():
+    # key 'positions', value 'a=b' (not key 'positions=a'): the value is what is refused
+    assert refusal("window:positions=a=b") == "--cache 'window:positions=a=b': positions must be one of keep, rerotate"
