@@ -1054,3 +1054,36 @@ def test_a_spec_without_bits_is_8_bit_and_symmetric():
     """bits left out is 8 (and so symmetric by default) for any axis; only the axis and its residual change."""
     assert str(parse_cache_spec("quant")) == "quant:axis=token,bits=8,residual=0,symmetric=true"
     assert str(parse_cache_spec("quant:axis=kivi")) == "quant:axis=kivi,bits=8,residual=32,symmetric=true"
+
+
+# --- the mutation run of core/kv/quant.py (2026-12-02, third round: layouts' quantize/dequantize, cat_q, streams'
+# --- add, the spec's checks) -----------------------------------------------------------------------------------------
+
+
+def test_streams_appended_together_own_exactly_their_first_block():
+    """The first block a stream stores is copied out of the one-pass quantization of several streams: each stream's
+    codes and scales own storage of their own size (48 bytes of 8-bit codes and 12 of float16 scales for one row of
+    2 heads, 3 tokens and 8 channels), not a view into the 96 and 24 bytes of both streams' rows."""
+    from decodelab.core.kv.quant import append_together
+
+    layout = Layout("token", 1, 8, True, torch.float16)
+    streams = [Stream(layout, 0), Stream(layout, 0)]
+    x = kv_like(shape=(2, 2, 3, 8))
+    append_together(streams, [x[:1], x[1:]])
+    for stream in streams:
+        assert stream.q.codes.untyped_storage().nbytes() == 48
+        assert stream.q.scale.untyped_storage().nbytes() == 12
+        assert stream.nbytes() == 60
+
+
+def test_the_spec_checks_refuse_in_their_own_words():
+    """fp8 with zero points, and a group on the per-token axis (named or left as the default): word for word."""
+    for text, words in (("quant:bits=fp8,symmetric=false",
+                         "bits=fp8 is symmetric (no zero point); drop symmetric=false"),
+                        ("quant:axis=token,group=8",
+                         "group applies to axis=group, channel, tensor or kivi, not to axis=token"),
+                        ("quant:bits=4,group=8",
+                         "group applies to axis=group, channel, tensor or kivi, not to axis=token")):
+        with pytest.raises(ConfigError) as info:
+            parse_cache_spec(text)
+        assert str(info.value) == f"--cache {text!r}: {words}"
