@@ -279,9 +279,10 @@ class StreamGenerate(Run):
         # RoPE models run on past their trained positions (the point); absolute positions end at the context
         context = None if _has_rotary(lm.model) else lm.context_length
         rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), tuple(settings.stop), settings.ignore_eos,
-                          context)
+                          context, tuple(settings.stop_id))
         selector = make_selector(settings.temperature, settings.seed, lm.device)
-        self.runtime = runtime_for(lm, self.spec, len(prompt_ids) + settings.max_new_tokens)
+        self.runtime = runtime_for(lm, self.spec, len(prompt_ids) + settings.max_new_tokens,
+                                   compile=settings.compile)
         self.sampler = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
                                runtime=self.runtime, keep_steps=False)
         self.keep_steps = keep_steps

@@ -518,3 +518,20 @@ def test_stream_records_as_dicts():
     summary = stream_core.StreamSummary("full", 8, 2.5, 4, 1024, 100.0, "end", [chunk])
     assert summary.to_dict()["chunks"] == [chunk.to_dict()] and summary.to_dict()["stop_reason"] == "end"
     assert summary.to_dict()["kl_mean"] is None
+
+
+def test_stream_generate_takes_the_stop_ids_and_the_compile_setting_it_inherits(monkeypatch):
+    """stream's settings inherit stop_id and compile from sample's (reachable by --set or a preset): a stop id ends
+    the run as a stop string does, and compile compiles the decode step (seen here by the call, not run)."""
+    from decodelab.core.engine.runtime import Runtime
+    lm = hand_lm(max_position_embeddings=16)
+    prompt = [5, 6, 7, 8]
+    ids, _, _ = greedy_by_hand(lm.model, prompt, "window:size=6", 12)
+    stopped = stream_core.StreamGenerate(lm, prompt, build_chain({}), StreamSettings(
+        cache="window:size=6", max_new_tokens=12, temperature=0, ignore_eos=True, stop_id=(ids[2],)))
+    assert [s.token_id for s in stopped] == ids[: ids.index(ids[2]) + 1] and stopped.stop_reason == "stop"
+    compiled = []
+    monkeypatch.setattr(Runtime, "compile_decode", lambda self: compiled.append(self))
+    run = stream_core.StreamGenerate(lm, prompt, build_chain({}), StreamSettings(
+        cache="static", max_new_tokens=3, temperature=0, ignore_eos=True, compile=True))
+    assert compiled == [run.runtime]
