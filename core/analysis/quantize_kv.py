@@ -179,11 +179,17 @@ def capture_kv(lm: LoadedModel, ids: list[int]) -> list[tuple[Tensor, Tensor]]:
     return [(layer.keys[0].float(), layer.values[0].float()) for layer in runtime.policy.model_cache.layers]
 
 
-def capture_activations(lm: LoadedModel, ids: list[int], layer: int) -> Tensor:
-    """The input hidden states [T, hidden] of decoder layer ``layer`` (a forward pre-hook on it)."""
-    layers = decoder_layers(lm.model)
+def activation_layers(model, layer: int) -> list:
+    """The model's decoder layers, once ``layer`` (--activations) is checked to be one of them."""
+    layers = decoder_layers(model)
     if not 0 <= layer < len(layers):
         raise ConfigError(f"--activations {layer}: the model has decoder layers 0..{len(layers) - 1}")
+    return layers
+
+
+def capture_activations(lm: LoadedModel, ids: list[int], layer: int) -> Tensor:
+    """The input hidden states [T, hidden] of decoder layer ``layer`` (a forward pre-hook on it)."""
+    layers = activation_layers(lm.model, layer)
     seen: list[Tensor] = []
 
     def hook(module, args, kwargs):
@@ -408,9 +414,7 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
     if settings.activations is not None and not quant:
         raise ConfigError(f"--activations: the outlier view is of a quant cache's scales; --cache {spec} is a press")
     if settings.activations is not None:
-        layers = len(decoder_layers(lm.model))
-        if not 0 <= settings.activations < layers:
-            raise ConfigError(f"--activations {settings.activations}: the model has decoder layers 0..{layers - 1}")
+        activation_layers(lm.model, settings.activations)  # refused before the fidelity run, not after it
     free = available_memory(lm.device)
     if quant:
         tell("full-precision keys and values")

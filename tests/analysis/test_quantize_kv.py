@@ -479,3 +479,63 @@ def test_fidelity_feeds_the_prompt_a_press_compresses(toy_lm):
         pass
     assert f.kl_mean == scorer.summary().kl_mean > 0
     assert f.kv_bytes == qkv.held_bytes(toy_lm, IDS, spec, 1, 4)
+
+
+# mutation run of core/analysis/quantize_kv.py (2026-12-02, second round: validate_quantize_kv, kv_spec, is_press,
+# dtype_bytes, fp16_model_bytes, reconstruction, held_bytes, run_quantize_kv, run by the lead)
+
+
+def test_an_activation_layer_is_checked_once_and_before_anything_runs(toy_lm):
+    """--activations is refused before the fidelity run (nothing told), and layer 0 is a layer."""
+    assert len(qkv.activation_layers(toy_lm.model, 0)) == 2 and len(qkv.activation_layers(toy_lm.model, 1)) == 2
+    for layer in (2, -1):
+        told = []
+        with pytest.raises(ConfigError, match=f"^--activations {layer}: the model has decoder layers 0..1$"):
+            qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="int8", activations=layer),
+                                parse_cache_spec("int8"), progress=told.append)
+        assert told == []
+    r = qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="int8", activations=0), parse_cache_spec("int8"))
+    assert r.activations["layer"] == 0
+
+
+def test_run_quantize_kv_hands_its_feed_prefill_and_drive_to_the_fidelity_run(toy_lm):
+    """The main fidelity run is the one fidelity() gives with the same feed and prefill, iterated by ``drive``; the
+    report keeps the feed."""
+    spec = parse_cache_spec("quant:bits=2,axis=token,residual=0")  # no exact window: every token read is quantized
+    driven = []
+
+    def drive(run):
+        driven.append(run)
+        return qkv.drain(run)
+    settings = qkv.QuantizeKVSettings(cache="quant:bits=2,axis=token,residual=0", feed=3, prefill=4)
+    r = qkv.run_quantize_kv(toy_lm, IDS, settings, spec, drive=drive)
+    alone = qkv.fidelity(toy_lm, IDS, spec, 3, keep_steps=True, prefill=4)
+    assert len(driven) == 1 and r.feed == 3
+    assert r.fidelity.kl_mean == alone.kl_mean and r.fidelity.kv_bytes == alone.kv_bytes
+    assert [s.kl for s in r.fidelity.steps] == [s.kl for s in alone.steps]
+    one = qkv.fidelity(toy_lm, IDS, spec, 1, keep_steps=True)
+    assert [s.kl for s in one.steps] != [s.kl for s in alone.steps]  # the feed and prefill change what is read
+
+
+def test_run_quantize_kv_reads_the_free_memory_of_its_device(toy_lm, monkeypatch):
+    seen = []
+    monkeypatch.setattr(qkv, "available_memory", lambda device: seen.append(device) or 10_000)
+    r = qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="int8"), parse_cache_spec("int8"))
+    assert seen == [toy_lm.device] and r.memory["available_bytes"] == 10_000
+    # the model's context, 64 tokens x 144 bytes = 9216 bytes, fits in 10,000; the full cache (64 x 512) does not
+    assert (r.projections[0]["fits"], r.projections[0]["baseline_fits"]) == (True, False)
+
+
+def test_the_attention_heads_come_from_the_text_config_then_n_head_then_the_kv_heads(toy_lm, monkeypatch):
+    """A multimodal config's text part names the heads; a config without num_attention_heads names them n_head; one
+    with neither counts the KV heads (no grouped-query saving)."""
+    from types import SimpleNamespace
+
+    def heads_with(config) -> int:
+        monkeypatch.setattr(LoadedModel, "config", property(lambda self: config))
+        return qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="int8"),
+                                   parse_cache_spec("int8")).memory["heads"]
+    text = SimpleNamespace(num_attention_heads=8)
+    assert heads_with(SimpleNamespace(get_text_config=lambda: text, num_attention_heads=99)) == 8
+    assert heads_with(SimpleNamespace(n_head=6)) == 6
+    assert heads_with(SimpleNamespace()) == 2
