@@ -1260,3 +1260,16 @@ def test_speculator_defaults_gamma_refusal_and_stop_strings(target):
                     StopRules(20, stop_strings=("X",), ignore_eos=True), 4, detok=detok)
     list(sp)
     assert sp.new_ids == ref[: ref.index(mark) + 1] and sp.stop_reason == "stop"
+
+
+def test_a_speculative_run_refuses_a_prompt_that_fills_the_context(toy_lm):
+    """mutation run of the speculative loop's start (2026-12-02, second round): the toy's context is 64 tokens, so a
+    prompt of 64 leaves no position to generate at: one line when the run starts, not a shape error mid-run."""
+    from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
+
+    settings = SpeculateSettings(temperature=0.0, max_new_tokens=4, ignore_eos=True)
+    run = build_speculator(toy_lm, None, settings, [5, 9, 14, 3] * 16, 2)
+    with pytest.raises(ConfigError, match="^PROMPT: the prompt is 64 tokens but the model's context is 64; "
+                                          "shorten it$"):
+        next(iter(run))
+    assert len(next(iter(build_speculator(toy_lm, None, settings, [5, 9, 14, 3] * 15, 2))).emitted_ids) >= 1
