@@ -539,3 +539,12 @@ def test_the_attention_heads_come_from_the_text_config_then_n_head_then_the_kv_h
     assert heads_with(SimpleNamespace(get_text_config=lambda: text, num_attention_heads=99)) == 8
     assert heads_with(SimpleNamespace(n_head=6)) == 6
     assert heads_with(SimpleNamespace()) == 2
+
+
+def test_an_axis_given_again_keeps_the_specs_other_keys():
+    """--axis equal to the spec's own axis changes nothing: the spec's group and residual stay (only a different
+    axis resets them to that axis' defaults)."""
+    same = qkv.kv_spec(qkv.QuantizeKVSettings(cache="quant:bits=4,axis=kivi,group=8,residual=3", axis="kivi"))
+    assert (same.options["group"], same.options["residual"]) == (8, 3)
+    other = qkv.kv_spec(qkv.QuantizeKVSettings(cache="quant:bits=4,axis=kivi,group=8,residual=3", axis="channel"))
+    assert other.options["bits"] == 4 and "residual=3" not in str(other) and "group=8" not in str(other)
