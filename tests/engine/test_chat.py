@@ -341,3 +341,14 @@ def test_an_error_in_the_parent_while_the_child_renders_leaves_no_child(monkeypa
     with pytest.raises(RuntimeError, match="the parent failed"):
         chat.in_child(lambda: time.sleep(10**6) or "late", 10, 5.0)
     assert reaped(pids[0])
+
+
+def test_a_child_killed_before_it_answers_is_named_by_its_signal():
+    """mutation run of in_child (2026-12-02, second round): a render killed mid-way (here by itself; in life by its
+    memory limit) writes nothing, and the parent reads the child's exit status for the reason."""
+    import os
+    import signal
+
+    status, reason = chat.in_child(lambda: os.kill(os.getpid(), signal.SIGKILL) or "never", 10, 5.0)
+    assert status == "error" and reason == (f"the process rendering it was killed by signal 9 without an answer "
+                                            f"(more than {chat.RENDER_MEMORY // 2**20} MiB?)")
