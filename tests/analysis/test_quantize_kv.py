@@ -548,3 +548,31 @@ def test_an_axis_given_again_keeps_the_specs_other_keys():
     assert (same.options["group"], same.options["residual"]) == (8, 3)
     other = qkv.kv_spec(qkv.QuantizeKVSettings(cache="quant:bits=4,axis=kivi,group=8,residual=3", axis="channel"))
     assert other.options["bits"] == 4 and "residual=3" not in str(other) and "group=8" not in str(other)
+
+
+def test_two_tokens_are_enough_and_an_interrupted_run_says_so(toy_lm):
+    r = qkv.run_quantize_kv(toy_lm, IDS[:2], qkv.QuantizeKVSettings(cache="int8"), parse_cache_spec("int8"))
+    assert r.memory["tokens"] == 2 and len(r.fidelity.steps) == 1
+
+    def interrupted(run):
+        for i, _ in enumerate(run):
+            if i == 2:
+                run.interrupt()
+                break
+    r = qkv.run_quantize_kv(toy_lm, IDS, qkv.QuantizeKVSettings(cache="int8"), parse_cache_spec("int8"),
+                            drive=interrupted)
+    assert r.stop_reason == "interrupted" == r.fidelity.stop_reason
+
+
+def test_the_bits_each_accepted_by_name():
+    for bits in ("2", "4", "8", "fp8"):
+        qkv.validate_quantize_kv(qkv.QuantizeKVSettings(cache="int8", bits=bits))
+
+
+def test_held_bytes_of_a_press_follow_its_prefill(toy_lm):
+    """snapkv compresses once, after the prompt: with --prefill 4 the prompt is 4 tokens, halved at ratio 0.5;
+    without it the prompt is the first block, one token, which halving cannot shrink: the cache holds more."""
+    press = parse_cache_spec("snapkv:ratio=0.5,window=1")
+    with_prefill = qkv.held_bytes(toy_lm, IDS, press, 1, 4)
+    without = qkv.held_bytes(toy_lm, IDS, press, 1, None)
+    assert with_prefill < without
