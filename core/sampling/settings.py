@@ -26,7 +26,7 @@ def stage_values(self, resolved: dict | None = None) -> dict:
     the token ids of the text-valued settings ("sequence-bias", "ban", "allow", "dry-breakers", "bias"), as
     :func:`~.tokens.resolve` gives them (over ``Tokens.placeholder()`` when no tokenizer exists yet); a set text-valued
     setting without its ids is a KeyError."""
-    resolved = dict(resolved or {})
+    resolved = resolved or {}
     return {stage.name: stage.value(self, resolved) for stage in STAGES}
 
 
