@@ -258,7 +258,7 @@ def check_ranges_early(opts: Opts) -> None:
 
 def check_engine(opts: Opts) -> None:
     """--engine URL is an http(s) URL; --engine-model and --engine-timeout only with it (no server contacted yet)."""
-    from ..core.engine.served import base_url
+    from ..core.engine.http.transport import base_url
     from ..core.errors import ConfigError
 
     if getattr(opts, "engine", None) is None:

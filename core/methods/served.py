@@ -35,16 +35,9 @@ from torch import Tensor
 from ..engine.backend import refuse_lacking
 from ..engine.run import Run
 from ..engine.runtime import Runtime
-from ..engine.served import (
-    LOGPROB_KINDS,
-    PROCESSED,
-    RAW,
-    EngineError,
-    Generated,
-    Position,
-    Scored,
-    ServedEngine,
-)
+from ..engine.http.client import ServedEngine
+from ..engine.http.transport import EngineError
+from ..engine.http.wire import LOGPROB_KINDS, PROCESSED, RAW, Generated, Position, Scored
 from ..errors import ConfigError
 from ..sampling.chain import Chain
 from ..sampling.export import served_settings
