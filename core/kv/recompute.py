@@ -70,6 +70,11 @@ class RecomputePolicy(KVPolicy):
         if group:
             yield self._stacked(group)
 
+    def slot_ranges(self) -> list[list[int]]:
+        """The next token's forward re-encodes the last W - 1 tokens seen from position 0 (with itself at W - 1)."""
+        start = max(self.seen - (self.size - 1), 0)
+        return [[start, self.seen, 0]] if self.seen > start else []
+
     def _stacked(self, group: list[Tensor]) -> tuple[Tensor, Tensor]:
         m = group[0].shape[1]
         return torch.stack(group, dim=1), torch.arange(m, device=group[0].device).unsqueeze(0)

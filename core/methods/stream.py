@@ -8,8 +8,9 @@
   log-probabilities, teacher-forced), reported per span of ``chunk`` tokens with the cache tokens, KV bytes and
   tokens/s at the end of the span. Tokens per forward: ``feed`` (default 1: every query sees exactly what the
   policy keeps, as StreamingLLM; a larger feed lets a forward's queries also see the rest of it, see
-  :mod:`decodelab.core.kv.window`). ``full`` and ``recompute`` give the same numbers at any feed, so
-  :func:`compare_policies` feeds them ``chunk`` tokens at a time.
+  :mod:`decodelab.core.kv.window`). A feed-invariant policy (``full``, ``recompute``, ``static``, ``paged``:
+  ``KVPolicy.feed_invariant``) gives the same numbers at any feed, so :func:`compare_policies` feeds it ``chunk``
+  tokens at a time.
 * The attention-sink diagnosis (:func:`attention_profile`): per layer and head, the weight late queries put on the
   first S positions against S times the weight of an average other position.
 """
@@ -27,7 +28,7 @@ from ..engine.run import Run
 from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
-from ..kv import compresses_once, make_policy, parse_cache_spec, parse_policy_list
+from ..kv import KVPolicy, compresses_once, feed_invariant, make_policy, parse_cache_spec, parse_policy_list
 from ..sampling.chain import Chain
 from ..sampling.select import make_selector
 from ..sampling.settings import ChainSettings
@@ -213,7 +214,7 @@ def compare_policies(model, token_ids: list[int], chain: Chain, token_text, sett
     """One :class:`StreamScore` per policy of :func:`policy_set` (label, run), or (label, why) for a policy the
     model cannot run (re-rotation without RoPE): the caller iterates each run."""
     for label, spec in policy_set(settings).items():
-        exact_at_any_feed = label in ("full", "recompute")
+        exact_at_any_feed = feed_invariant(parse_cache_spec(spec))  # the policy declares it (full, recompute, ...)
         try:
             run = StreamScore(model, token_ids, chain, token_text, settings, spec,
                               feed=max(settings.chunk, settings.feed) if exact_at_any_feed else None,
@@ -321,21 +322,9 @@ class StreamGenerate(Run):
 # --- generation past the context -----------------------------------------------------------------------------------
 
 
-def slot_ranges(policy) -> list[list[int]]:
-    """What the next forward attends to: [original start, original end, assigned start] per contiguous run of
-    tokens (full: everything at its own position; recompute: the last W - 1 tokens, re-encoded from position 0)."""
-    own = getattr(policy, "slot_ranges", None)
-    if own is not None:
-        return own()
-    size = getattr(policy, "size", None)
-    if policy.name == "recompute" and size is not None:
-        start = max(policy.seen - (size - 1), 0)
-        return [[start, policy.seen, 0]] if policy.seen > start else []
-    return [[0, policy.seen, 0]] if policy.seen else []
-
-
-def cache_state(policy) -> dict:
-    """The per-step cache fields of `stream` (after the forward that produced the step's logits)."""
-    evicted = list(getattr(policy, "last_evicted", (0, 0)))
+def cache_state(policy: KVPolicy) -> dict:
+    """The per-step cache fields of `stream` (after the forward that produced the step's logits); ``slots``: what
+    the next forward attends to, as the policy declares it (``KVPolicy.slot_ranges``)."""
+    evicted = list(policy.last_evicted)
     return {"cache_tokens": policy.stored, "kv_bytes": policy.nbytes(), "evicted": evicted if evicted[1] > evicted[0]
-            else [], "slots": slot_ranges(policy)}
+            else [], "slots": policy.slot_ranges()}

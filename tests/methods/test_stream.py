@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from decodelab.core.kv import parse_cache_spec
+from decodelab.core.kv import KVPolicy, parse_cache_spec
+from decodelab.core.kv.recompute import RecomputePolicy
 from decodelab.core.engine.forward import attention_weights, forward, model_info
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.chain import build_chain
@@ -396,17 +397,28 @@ def test_spans_by_hand():
 
 
 def test_slot_ranges_and_cache_state_of_hand_policies():
-    class Policy:
-        def __init__(self, name, seen, size=None, **extra):
-            self.name, self.seen, self.stored = name, seen, 3
-            if size is not None:
-                self.size = size
-            self.__dict__.update(extra)
+    """The slot map each policy declares (``KVPolicy.slot_ranges``: recompute's own, the protocol's default for
+    the rest) and the cache state stream reports from it; the policies are built by hand, without a model."""
 
-        def nbytes(self):
-            return 96
+    def Policy(name, seen, size=None, **extra):
+        base = RecomputePolicy if name == "recompute" and size is not None else KVPolicy
 
-    slots = stream_core.slot_ranges
+        class Hand(base):
+            stored = 3
+
+            def nbytes(self):
+                return 96
+
+        p = object.__new__(Hand)  # no model: only the fields slot_ranges and cache_state read
+        p.name, p.seen = name, seen
+        if size is not None:
+            p.size = size
+        p.__dict__.update(extra)
+        return p
+
+    def slots(policy):
+        return policy.slot_ranges()
+
     assert slots(Policy("recompute", 10, size=4)) == [[7, 10, 0]]
     assert slots(Policy("recompute", 3, size=4)) == [[0, 3, 0]]
     assert slots(Policy("recompute", 4, size=4)) == [[1, 4, 0]]
