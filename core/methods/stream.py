@@ -22,8 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 
-from ..analysis.attention import _has_rotary
-from ..analysis.probe import ProbeSettings, check_probe
+from ..engine.forward import rotary_parameters
 from ..engine.run import Run
 from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules, check_unbounded
@@ -62,7 +61,9 @@ def validate_stream(s: StreamSettings) -> None:
     for key in ("chunk", "feed", "window"):
         _check(getattr(s, key) >= 1, key, getattr(s, key), "must be an integer >= 1")
     _check(s.prefill is None or s.prefill >= 1, "prefill", s.prefill, "must be an integer >= 1")
-    check_probe(ProbeSettings(keys=s.probe_keys, depths=probe_depths(s)))
+    probe_depths(s)
+    _check(all(k.strip() for k in s.probe_keys), "probe_keys", ",".join(s.probe_keys),
+           "a key is empty; give keys such as 71432,58210")
     if s.policies is not None:
         if not s.compare_policies:
             raise ConfigError("--policies: ranks policies with --compare-policies; add it (or give one --cache)")
@@ -278,7 +279,7 @@ class StreamGenerate(Run):
 
         self.lm, self.settings, self.spec = lm, settings, settings.cache_spec
         # RoPE models run on past their trained positions (the point); absolute positions end at the context
-        context = None if _has_rotary(lm.model) else lm.context_length
+        context = None if rotary_parameters(lm.model) is not None else lm.context_length
         rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), tuple(settings.stop), settings.ignore_eos,
                           context, tuple(settings.stop_id))
         selector = make_selector(settings.temperature, settings.seed, lm.device)
