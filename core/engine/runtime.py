@@ -2,8 +2,8 @@
 
 Every method (sample, probs, score, beam, the draft model and the target of speculative decoding) feeds tokens
 through a :class:`Runtime`, which takes positions from its KV policy's ``seen`` count, calls
-:func:`decodelab.core.model.forward` and tells the policy how many tokens it fed. So a policy that evicts, re-rotates
-or quantizes works under every method, and positions are never inferred from what the cache happens to store.
+:func:`decodelab.core.engine.forward.forward` and tells the policy how many tokens it fed. So a policy that evicts,
+re-rotates or quantizes works under every method, and positions are never inferred from what the cache happens to store.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The protocol (``KVPolicy``)
 ---------------------------
-A policy owns the model's cache object (``model_cache``, what :func:`decodelab.core.model.forward` hands the model)
-and is the only code that changes it. The runtime (:mod:`decodelab.core.runtime`) asks it, for every forward:
+A policy owns the model's cache object (``model_cache``, what :func:`decodelab.core.engine.forward.forward` hands
+the model) and is the only code that changes it. The runtime (:mod:`decodelab.core.engine.runtime`) asks it, for every forward:
 
 * ``seen``: tokens consumed so far = the absolute position of the next token. Positions always come from here.
 * ``stored``: positions the cache holds now (``seen`` minus what was evicted; per row, all rows equal).

@@ -4,15 +4,15 @@
   RoPE (positions past the trained context are the point); every step adds the cache state after the forward that
   produced its logits: ``cache_tokens``, ``kv_bytes``, ``evicted`` (original positions [start, end) that forward
   evicted) and ``slots`` (the slot map as runs [original start, original end, assigned start]).
-* Scoring (:class:`StreamScore`): a long text through ``score``'s :class:`~decodelab.core.score.Scorer` (raw model
-  log-probabilities, teacher-forced), reported per span of ``chunk`` tokens with the cache tokens, KV bytes and
+* Scoring (:class:`StreamScore`): a long text through ``score``'s :class:`~decodelab.core.methods.score.Scorer`
+  (raw model log-probabilities, teacher-forced), reported per span of ``chunk`` tokens with the cache tokens, KV bytes and
   tokens/s at the end of the span. Tokens per forward: ``feed`` (default 1: every query sees exactly what the
   policy keeps, as StreamingLLM; a larger feed lets a forward's queries also see the rest of it, see
   :mod:`decodelab.core.kv.window`). A feed-invariant policy (``full``, ``recompute``, ``static``, ``paged``:
   ``KVPolicy.feed_invariant``) gives the same numbers at any feed, so :func:`compare_policies` feeds it ``chunk``
   tokens at a time.
-* The attention-sink diagnosis (:func:`attention_profile`): per layer and head, the weight late queries put on the
-  first S positions against S times the weight of an average other position.
+* The attention-sink diagnosis (:func:`decodelab.core.analysis.attention.attention_profile`): per layer and head,
+  the weight late queries put on the first S positions against S times the weight of an average other position.
 """
 
 from __future__ import annotations
