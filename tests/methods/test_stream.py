@@ -323,6 +323,23 @@ def test_compare_policies_feed_the_exact_policies_a_chunk_at_a_time():
     assert big_feed["full"].scorer.s.feed == 5 and big_feed["recompute"].scorer.s.feed == 5
 
 
+def test_compare_policies_feed_a_policy_a_chunk_at_a_time_where_it_declares_feed_invariance():
+    """With --policies the labels are as typed: a feed-invariant policy (KVPolicy.feed_invariant) is fed ``chunk``
+    tokens a forward whatever its label, any other ``feed``; its numbers are still the full cache's exactly."""
+    ids = list(range(1, 30))
+    runs = dict(compare_policies(random_model("llama", seed=2), ids, build_chain({}), str,
+                                 StreamSettings(chunk=6, feed=2, compare_policies=True,
+                                                policies="recompute:size=40,paged,window:size=8")))
+    assert {label: run.scorer.s.feed for label, run in runs.items()} == {
+        "full": 6, "recompute:size=40": 6, "paged": 6, "window:size=8": 2}
+    for label in ("full", "recompute:size=40", "paged"):
+        list(runs[label])
+    full = [r.logprob for r in runs["full"].scorer.steps]
+    for label in ("recompute:size=40", "paged"):  # the whole text fits: each equals the full cache
+        assert [r.logprob for r in runs[label].scorer.steps] == pytest.approx(full, abs=1e-4), label
+        assert runs[label].summary().top1_agreement == 1.0
+
+
 def test_stream_score_against_full_recomputed_by_hand():
     """KL(full || window) and top-1 flips per token from one full forward and a window runtime fed one token at a
     time; the full cache against itself is KL 0 and no flip."""
