@@ -34,6 +34,7 @@ from ..engine.run import Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import CacheSpec, compresses_once, feed_invariant, parse_cache_spec
+from ..sampling import replay
 from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
@@ -166,12 +167,7 @@ def processed_logprobs(chain: Chain, ids: Tensor, logits: Tensor, start: int) ->
     """log softmax of the chain's output for rows whose prefix is ids[:, :start + 1 + r] ([n, V] -> [n, V])."""
     if not chain.processors:
         return torch.log_softmax(logits, dim=-1)
-    if chain.uses_ids:
-        rows = [chain.apply(ids[:, : start + 1 + r], logits[r : r + 1]) for r in range(logits.shape[0])]
-        out = torch.cat(rows)
-    else:
-        out = chain.apply(ids[:, : start + 1].expand(logits.shape[0], -1), logits)
-    return torch.log_softmax(out.float(), dim=-1)
+    return torch.log_softmax(replay.processed(chain, ids, logits, start + 1).float(), dim=-1)
 
 
 def check_scorable(token_ids: list[int], where: str = "TEXT") -> None:
@@ -218,7 +214,7 @@ class Scorer(TextScore):
         ids = torch.tensor([self.ids], dtype=torch.long, device=device)
         T = len(self.ids)
         feed = self.feed
-        self.chain.reset(1)  # the first token is context; stages that count generated tokens count from the second
+        replay.start(self.chain, 1)  # the first token is context; stages that count generated tokens count from the second
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
@@ -264,8 +260,7 @@ class Scorer(TextScore):
                 row.reference_logprob, row.kl, row.agree = host[k][i], host[k + 1][i], bool(host[k + 2][i])
             out.append(row)
         if self.s.kept_ids:
-            for r, row in enumerate(out):
-                _, stages = self.chain.run_recorded(ids[:, : start + 1 + r], logits[r : r + 1])
+            for row, stages in zip(out, replay.recorded(self.chain, ids, logits, start + 1)):
                 row.kept_sets = kept_ids(stages)
         return out
 

@@ -926,3 +926,29 @@ def test_a_beam_row_is_the_best_hypothesis_with_its_own_reason(llama):
                          early_stopping=False, max_new_tokens=6, eos_token_id=103, pad_token_id=0)[0, 6:].tolist()
     assert out[: out.index(103) + 1] == row.token_ids and len(row.token_ids) < 6
     assert (row.stop_reason, row.length) == ("eos", len(row.token_ids))
+
+
+def test_teacher_forced_replays_the_chain_from_the_prompts_end_whatever_it_did_before(llama):
+    """vLLM's frequency penalty counts generated tokens only: the processed log-prob of out[i] is
+    log softmax(z_i - 1.5 * count(out[:i]))[out[i]], by hand from one plain forward. The chain is told where the
+    prompt ends by the replay itself: a chain left at another prompt length (here 0, as after scoring a history, so
+    the prompt's tokens would be counted too) and a chain never reset give the same numbers."""
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    lm = lm_for(llama)
+    prompt_ids, out = [5, 17, 42, 9, 17], [17, 42, 17, 3]
+    settings = SampleSettings(frequency_penalty=1.5, semantics="vllm")
+    with torch.no_grad():
+        z = llama(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1 : -1].double()
+    counts = torch.zeros(len(out), V, dtype=torch.float64)
+    for i in range(len(out)):
+        for t in out[:i]:
+            counts[i, t] += 1
+    want = torch.log_softmax(z - 1.5 * counts, -1).gather(1, torch.tensor(out)[:, None])[:, 0].tolist()
+    elsewhere = make_chain(lm, settings)
+    elsewhere.reset(0)
+    for chain in (elsewhere, make_chain(lm, settings)):
+        got = cmp.teacher_forced(llama, prompt_ids, out, chain)
+        assert got.logprob == pytest.approx(want, abs=1e-4)
+        assert got.kept == [V] * len(out)
