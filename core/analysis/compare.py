@@ -42,13 +42,13 @@ from ..methods.speculative.run import (
 )
 from ..sampling import replay
 from ..sampling.chain import Chain, build_chain, make_chain
-from ..sampling.distribution import entropy, log_softmax
 from ..sampling.registry import DEFAULT_ORDER, params
 from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
 from ..settings import META_KEYS, coerce, load_preset, normalize_key
+from ..trace.stats import COLUMN, scored_rows
 
 SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
@@ -361,12 +361,8 @@ def teacher_forced(model, prompt_ids: list[int], out_ids: list[int], chain: Chai
     logits = replay.forced_logits(model, prompt_ids, out_ids)  # [T, V]: row i predicts out_ids[i]
     target = torch.tensor(out_ids, dtype=torch.long, device=logits.device)
     processed = replay.along(chain, prompt_ids, out_ids, logits)
-    logp = log_softmax(processed)
-    raw = log_softmax(logits).gather(1, target[:, None])[:, 0]
-    chosen = logp.gather(1, target[:, None])[:, 0]
-    kept = (~torch.isneginf(logp)).sum(dim=-1).float()
-    h = entropy(logp.exp())
-    host = torch.stack([raw, chosen, kept, h]).tolist()
+    head = scored_rows(logits, processed, target).T  # [HEAD, T]: the per-step statistics of every method
+    host = head[[COLUMN[k] for k in ("raw_logprob", "logprob", "kept", "entropy")]].tolist()  # one transfer
     return Scored(host[0], host[1], [int(k) for k in host[2]], host[3])
 
 

@@ -38,7 +38,7 @@ from ..sampling import replay
 from ..sampling.chain import Chain, validate_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
-from ..trace.stats import kept_ids
+from ..trace.stats import COLUMN, kept_ids, scored_rows
 from .choice import check_choice_settings
 
 
@@ -163,13 +163,6 @@ def blocks(tokens: int, feed: int, prefill: int | None = None) -> list[tuple[int
     return out
 
 
-def processed_logprobs(chain: Chain, ids: Tensor, logits: Tensor, start: int) -> Tensor:
-    """log softmax of the chain's output for rows whose prefix is ids[:, :start + 1 + r] ([n, V] -> [n, V])."""
-    if not chain.processors:
-        return torch.log_softmax(logits, dim=-1)
-    return torch.log_softmax(replay.processed(chain, ids, logits, start + 1).float(), dim=-1)
-
-
 def check_scorable(token_ids: list[int], where: str = "TEXT") -> None:
     """Scoring needs the first token as context and at least one token after it to score."""
     if len(token_ids) < 2:
@@ -231,15 +224,14 @@ class Scorer(TextScore):
 
     def _block(self, ids: Tensor, logits: Tensor, ref_logits: Tensor | None, start: int, end: int):
         targets = ids[0, start + 1 : end + 1]
-        raw = torch.log_softmax(logits.float(), dim=-1)
-        chosen = raw.gather(-1, targets[:, None])[:, 0]
-        rank = (raw > chosen[:, None]).sum(dim=-1) + 1
-        ent = torch.special.entr(raw.exp()).sum(dim=-1)
-        proc_all = processed_logprobs(self.chain, ids, logits, start)
-        proc = proc_all.gather(-1, targets[:, None])[:, 0]
-        cols = [targets.float(), chosen, rank.float(), ent, proc]
+        processed = replay.processed(self.chain, ids, logits, start + 1) if self.chain.processors else logits
+        head = scored_rows(logits, processed, targets).T  # [HEAD, n]: the per-step statistics of every method
+        chosen, proc = head[COLUMN["raw_logprob"]], head[COLUMN["logprob"]]
+        cols = [head[COLUMN["token_id"]], chosen, head[COLUMN["raw_rank"]], head[COLUMN["raw_entropy"]], proc]
+        if self.s.renormalize or ref_logits is not None:
+            raw = torch.log_softmax(logits.float(), dim=-1)
         if self.s.renormalize:  # log sum_{k kept} p_raw(k); kept_logprob = raw_logprob - that (the token removed: -inf)
-            log_mass = torch.logsumexp(raw.masked_fill(~torch.isfinite(proc_all), float("-inf")), dim=-1)
+            log_mass = torch.logsumexp(raw.masked_fill(~torch.isfinite(processed), float("-inf")), dim=-1)
             cols += [log_mass.exp(), torch.where(torch.isfinite(proc), chosen - log_mass, float("-inf"))]
         if ref_logits is not None:
             ref_raw = torch.log_softmax(ref_logits.float(), dim=-1)

@@ -27,6 +27,9 @@ from .records import StageStat
 from .why import chosen_ranks, race_noise, race_winners, split
 
 HEAD = 10  # scalar fields before the alternatives
+HEAD_FIELDS = ("token_id", "finite", "prob", "logprob", "raw_prob", "raw_logprob", "raw_rank", "entropy",
+               "raw_entropy", "kept")  # their order (Numbers' first fields)
+COLUMN = {name: i for i, name in enumerate(HEAD_FIELDS)}  # where each HEAD number sits in a packed row
 
 
 KEPT_FIRST = 1 << 30  # added to a kept candidate's key: above every removed one (a float32 in [0, 1] is < 2**30)
@@ -134,6 +137,13 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
         parts += [torch.stack([kept_n.float(), H, removed_mass(P, removed)], dim=-1).reshape(K, -1), winners, ranks,
                   lost]
     return torch.cat(parts, dim=1)
+
+
+def scored_rows(raw_logits: Tensor, processed: Tensor, tokens: Tensor) -> Tensor:
+    """The HEAD numbers [n, HEAD] of n given tokens ``tokens`` [n], each under its row's raw logits and processed
+    logits [n, V] (a replayed sequence: ``score``, ``compare``'s scored rows): :func:`pack_rows` of the raw and
+    processed rows alone, no alternatives; read a column with ``HEAD_FIELDS.index(name)``."""
+    return pack_rows(torch.stack([raw_logits.float(), processed.float()], dim=1), tokens, 0, None, False)
 
 
 # A block's distributions at most (bytes), before its steps are traced together. Measured on a CPU

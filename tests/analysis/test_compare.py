@@ -952,3 +952,56 @@ def test_teacher_forced_replays_the_chain_from_the_prompts_end_whatever_it_did_b
         got = cmp.teacher_forced(llama, prompt_ids, out, chain)
         assert got.logprob == pytest.approx(want, abs=1e-4)
         assert got.kept == [V] * len(out)
+
+
+def test_teacher_forced_statistics_under_a_filter_by_hand(llama):
+    """top-k 3 at temperature 0.8: per generated token the raw log-prob (the model's own), the processed log-prob
+    (log softmax of z / 0.8 over the 3 kept, -inf for a token outside them), kept = 3 and the entropy of the
+    renormalized top 3, from one plain forward in float64."""
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    prompt_ids, out = [5, 17, 42, 9], [17, 42, 100, 3]
+    with torch.no_grad():
+        z = llama(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1 : -1].double()
+    hot = z / 0.8
+    top = hot.topk(3, dim=-1).indices
+    kept = torch.full_like(hot, float("-inf")).scatter(1, top, hot.gather(1, top))
+    logp = torch.log_softmax(kept, -1)
+    t = torch.tensor(out)[:, None]
+    got = cmp.teacher_forced(llama, prompt_ids, out, make_chain(lm_for(llama), SampleSettings(temperature=0.8,
+                                                                                              top_k=3)))
+    assert got.raw_logprob == pytest.approx(torch.log_softmax(z, -1).gather(1, t)[:, 0].tolist(), abs=1e-4)
+    assert got.logprob == pytest.approx(logp.gather(1, t)[:, 0].tolist(), abs=1e-4)
+    assert got.kept == [3] * 4
+    h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    assert got.entropy == pytest.approx(h.tolist(), abs=1e-4)
+
+
+def test_one_statistics_path_sample_score_and_compare_agree_on_the_same_tokens(llama):
+    """The tokens a sampling run drew (temperature 0.9, top-k 20), scored teacher-forced by `score` and by compare's
+    rows: every per-step number each reports is the sampling trace's own (ranks exactly; the rest up to the float32
+    difference between a cached decode and one forward)."""
+    from decodelab.core.engine.run import drain
+    from decodelab.core.methods.sample import SampleSettings, build_sampler
+    from decodelab.core.methods.score import Scorer, ScoreSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    lm = lm_for(llama)
+    prompt_ids = [5, 17, 42, 9, 100, 3]
+    settings = SampleSettings(temperature=0.9, top_k=20, seed=3, max_new_tokens=6, ignore_eos=True, top=0)
+    sampler = build_sampler(lm, settings, prompt_ids)
+    drain(sampler)
+    steps, out = sampler.steps, sampler.new_ids
+    assert len(steps) == 6
+    rows = [r for r in Scorer(llama, prompt_ids + out, make_chain(lm, settings), str, ScoreSettings())
+            if r.position >= len(prompt_ids)]
+    assert [r.token_id for r in rows] == out
+    assert [r.raw_rank for r in rows] == [s.raw_rank for s in steps]
+    for key in ("raw_logprob", "raw_entropy", "logprob"):
+        assert [getattr(r, key) for r in rows] == pytest.approx([getattr(s, key) for s in steps], abs=1e-4), key
+    tf = cmp.teacher_forced(llama, prompt_ids, out, make_chain(lm, settings))
+    assert tf.kept == [s.kept for s in steps] == [20] * 6
+    assert tf.raw_logprob == pytest.approx([s.raw_logprob for s in steps], abs=1e-4)
+    assert tf.logprob == pytest.approx([s.logprob for s in steps], abs=1e-4)
+    assert tf.entropy == pytest.approx([s.entropy for s in steps], abs=1e-4)
