@@ -23,7 +23,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .records import StageStat
 from .why import chosen_ranks, race_noise, race_winners, split
 
 HEAD = 10  # scalar fields before the alternatives
@@ -46,18 +45,6 @@ def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int
     kept_key = probs.float().view(torch.int32) + KEPT_FIRST
     key = torch.where(kept, kept_key, raw_probs.float().view(torch.int32))
     return key.topk(k).indices
-
-
-def stage_stats(stages: list[tuple[str, Tensor]]) -> Tensor:
-    """[S, 3] per stage of row 0: candidates kept, entropy after it (nats), and the probability mass, under the
-    distribution before it, of the candidates it removed (the first stage removes nothing by definition)."""
-    return stage_probs_and_stats(stages)[1]
-
-
-def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`)."""
-    probs, _, stats = stage_numbers(torch.stack([z[0] for _, z in stages]))
-    return probs, stats
 
 
 def stage_numbers(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -241,16 +228,6 @@ def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
         stages=[(int(host[st + 3 * i]), host[st + 3 * i + 1], host[st + 3 * i + 2]) for i in range(n_stages)],
         winners=winners, ranks=ranks, removed=removed,
     )
-
-
-def stage_table(stages: list[tuple[str, Tensor]]) -> list[tuple[StageStat, Tensor]]:
-    """Per stage (row 0 of each [1, V] logits): candidates kept, entropy after it, and the probability mass
-    (under the distribution before it) of the candidates it removed; with that stage's probabilities.
-    Computed together on the device (:func:`decodelab.core.trace.stats.stage_stats`), read in one transfer."""
-
-    probs, stats = stage_probs_and_stats(stages)
-    host = stats.tolist()
-    return [(StageStat(name, int(k), h, m), probs[i]) for i, ((name, _), (k, h, m)) in enumerate(zip(stages, host))]
 
 
 def kept_ids(stages: list[tuple[str, Tensor]]) -> list[dict]:

@@ -20,7 +20,8 @@ from decodelab.core.sampling.chain import build_chain
 from decodelab.core.sampling.distribution import softmax
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.select import make_selector
-from decodelab.core.trace.why import decide, decide_from_logits
+from decodelab.core.trace.stats import pack, unpack
+from decodelab.core.trace.why import decide
 
 V = 256
 PROMPT = "5 17 42 9 100 3"
@@ -72,6 +73,15 @@ def pair(run, a, b, seed=0):
 
 
 # --- why this token: hand-built chains where the deciding stage is known -----------------------------------------
+
+
+def decide_from_logits(names, stage_logits, chosen: int, race):
+    """The deciding stage of a hand-built chain through a traced step's own path: the stage logits [V] each (raw
+    first) packed as one step (trace.stats.pack), unpacked, decided (trace.why.decide); ``race`` None: greedy."""
+    stages = [(name, z.reshape(1, -1)) for name, z in zip(names, stage_logits)]
+    host = pack(torch.tensor([chosen]), stages[0][1], stages[-1][1], stages, 0, race).tolist()
+    n = unpack(host, 0, stages[0][1].shape[-1], len(stages))
+    return decide(names, chosen, n.winners, n.ranks, n.removed, race is None)
 
 
 def test_why_top_p_removed_the_raw_pick():

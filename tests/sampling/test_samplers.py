@@ -24,7 +24,7 @@ from decodelab.core.sampling.filters import XTC, EpsilonCutoff, EtaCutoff, Miros
 from decodelab.core.sampling.biases import AllowList, Ban, MinNewTokens, SequenceBias
 from decodelab.core.sampling.scaling import DynamicTemperature
 from decodelab.core.sampling.select import make_generator
-from decodelab.core.sampling.chain import build
+from conftest import build
 from decodelab.core.engine.stopping import StopChecker, trim_stop
 
 

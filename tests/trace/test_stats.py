@@ -13,7 +13,8 @@ from decodelab.core.sampling.biases import LogitBias
 from decodelab.core.sampling.chain import Chain, build_chain
 from decodelab.core.sampling.distribution import softmax
 from decodelab.core.sampling.step import select
-from decodelab.core.trace.stats import pack, ranked_alternatives, stage_stats, unpack
+from conftest import stage_stats
+from decodelab.core.trace.stats import pack, ranked_alternatives, unpack
 
 from conftest import NEG
 
@@ -102,7 +103,7 @@ def test_mass_removed_is_measured_before_the_stage_not_on_the_raw_distribution()
 
 def test_stage_table_names_each_stage():
     from decodelab.core.sampling.filters import TopK
-    from decodelab.core.trace.stats import stage_table
+    from conftest import stage_table
 
     z = torch.tensor([[0.0, 1.0, 2.0]])
     assert [stat.name for stat, _ in stage_table([("raw", z), ("top-k", TopK(1)(None, z))])] == ["raw", "top-k"]
@@ -341,7 +342,7 @@ def test_stage_table_reports_each_stages_kept_count_entropy_and_removed_mass():
     """stage_table's numbers against float64 from the definitions on raw -> temperature 1/2 -> top-k 2 over Z5:
     kept 5, 5, 2; each row's entropy (the entropies of the three rows differ, so a softmax or a log-softmax over the
     wrong dim, or a field dropped, shows); top-k's removed mass under the tempered distribution."""
-    from decodelab.core.trace.stats import stage_table
+    from conftest import stage_table
 
     chain = build_chain({"temperature": 0.5, "top-k": 2}, order=["temperature", "top-k"])
     _, stages = chain.run_recorded(None, Z5)
