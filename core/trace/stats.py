@@ -133,6 +133,12 @@ def scored_rows(raw_logits: Tensor, processed: Tensor, tokens: Tensor) -> Tensor
     return pack_rows(torch.stack([raw_logits.float(), processed.float()], dim=1), tokens, 0, None, False)
 
 
+def chosen_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """[B] log softmax(z_b)[t_b] of each row's token under logits [B, V] (exactly -inf where a stage removed it):
+    the ``logprob`` number of :func:`pack_rows` alone, for a method that reports no other (many, batch)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(1, tokens.reshape(-1, 1))[:, 0]
+
+
 # A block's distributions at most (bytes), before its steps are traced together. Measured on a CPU
 # (benchmarks/README.md, Trace): the trace's cost per step falls with the block (one set of operations for the
 # block) down to blocks of about 256 KiB, then rises again (larger temporaries pay fresh pages).
