@@ -36,6 +36,7 @@ from ..errors import ConfigError
 from ..kv import CacheSpec, compresses_once, feed_invariant, parse_cache_spec
 from ..sampling import replay
 from ..sampling.chain import Chain, validate_chain
+from ..sampling.semantics import plan
 from ..sampling.settings import ChainSettings
 from ..settings import _check
 from ..trace.stats import COLUMN, kept_ids, scored_rows
@@ -58,6 +59,7 @@ class ScoreSettings(ChainSettings):
 
 def validate_score(s: ScoreSettings) -> None:
     validate_chain(s)
+    replay.refuse_stateful_settings(plan(s).order, "score")
     for key in ("limit", "chunk", "feed", "prefill"):
         value = getattr(s, key)
         if value is not None:

@@ -30,10 +30,23 @@ from .chain import Chain
 from .registry import BY_NAME
 
 
+def stateful(names) -> list[str]:
+    """The stages among ``names`` that carry state (or draw their own coin) from step to step: the registry row's
+    ``state`` need says which."""
+    return [name for name in names if "state" in BY_NAME[name].needs]
+
+
+def refuse_stateful_settings(order, command: str) -> None:
+    """Before any model loads: the first stateful stage of a chain ``order`` (the plan's), by its options."""
+    for name in stateful(order):
+        options = "/".join(p.option for p in BY_NAME[name].params if p.field != "xtc_threshold")
+        raise ConfigError(f"{options}: {command} replays the chain over given tokens, and {name} draws its own coin "
+                          "or carries state from step to step (no replay of it is exact); drop it for this command")
+
+
 def refuse_stateful(chain: Chain) -> None:
-    """A chain with a stage that carries state (or draws its own coin) from step to step has no replay: the
-    registry row's ``state`` need says which."""
-    if any("state" in BY_NAME[name].needs for name in chain.names):
+    """A chain with a stage that carries state (or draws its own coin) from step to step has no replay."""
+    if stateful(chain.names):
         raise ConfigError(f"the chain [{', '.join(chain.names)}] carries state from step to step (xtc, mirostat): "
                           "it cannot be replayed over given tokens")
 
