@@ -126,11 +126,18 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
     return torch.cat(parts, dim=1)
 
 
+SCORED_BYTES = 64 << 20  # a replayed sequence's distributions packed at once at most (bytes): bounds the temporaries
+
+
 def scored_rows(raw_logits: Tensor, processed: Tensor, tokens: Tensor) -> Tensor:
     """The HEAD numbers [n, HEAD] of n given tokens ``tokens`` [n], each under its row's raw logits and processed
     logits [n, V] (a replayed sequence: ``score``, ``compare``'s scored rows): :func:`pack_rows` of the raw and
-    processed rows alone, no alternatives; read a column with ``HEAD_FIELDS.index(name)``."""
-    return pack_rows(torch.stack([raw_logits.float(), processed.float()], dim=1), tokens, 0, None, False)
+    processed rows alone, no alternatives; ``COLUMN[name]`` says where each number sits. Packed SCORED_BYTES of
+    distributions at a time (every number is a row's own: the split changes none), left on the device."""
+    n, V = raw_logits.shape
+    step = max(1, SCORED_BYTES // (2 * V * 4))
+    return torch.cat([pack_rows(torch.stack([raw_logits[a : a + step].float(), processed[a : a + step].float()],
+                                            dim=1), tokens[a : a + step], 0, None, False) for a in range(0, n, step)])
 
 
 def chosen_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
