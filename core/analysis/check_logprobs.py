@@ -51,7 +51,7 @@ from ..engine.http.wire import Generated, read_value
 from ..errors import ConfigError
 from ..inputs import read_input_text
 from ..methods.sample import SampleSettings
-from ..methods.served import chain_along, forced_logits
+from ..sampling import replay
 from ..sampling.chain import make_chain
 
 LABELS = ("raw", "penalized", "temperature-scaled", "renormalized", "unexplained")
@@ -454,12 +454,12 @@ def check_answer(lm, answer: Answer, number: int, tolerance: float) -> list[Chec
             raise ConfigError(f"{answer.where}: token ids outside --model {lm.name}'s vocabulary of {vocab}: the "
                               "engine's model has another vocabulary")
     out_ids = [t.token_id for t in tokens]
-    logits = forced_logits(lm.model, answer.prompt_ids, out_ids)
+    logits = replay.forced_logits(lm.model, answer.prompt_ids, out_ids)
     stages = None
     settings = answer.settings
     if settings is not None:
         chain = make_chain(lm, settings)
-        stages = chain_along(chain, answer.prompt_ids, out_ids, logits, record=True)
+        stages = replay.along(chain, answer.prompt_ids, out_ids, logits, record=True)
     greedy = settings is not None and settings.temperature is not None and settings.temperature < 1e-5
     for i, t in enumerate(tokens):
         z = logits[i]
@@ -553,7 +553,7 @@ def check_prompt(lm, answer: Answer, tolerance: float) -> tuple[list[str], list[
         defects.append("prompt position 0 has a logprob (nothing precedes it to condition on)")
     if len(ids) < 2:
         return defects, pairs
-    logits = forced_logits(lm.model, ids[:1], ids[1:])
+    logits = replay.forced_logits(lm.model, ids[:1], ids[1:])
     raw = torch.log_softmax(logits.double(), dim=-1)
     for i, t in enumerate(answer.prompt[1 : len(ids)], 1):
         if t.value is not None and t.token_id is not None:

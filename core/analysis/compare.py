@@ -40,14 +40,15 @@ from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..methods.speculative.run import (
     build_speculator,
 )
+from ..sampling import replay
 from ..sampling.chain import Chain, build_chain, make_chain
-from ..sampling.distribution import entropy, log_softmax
 from ..sampling.registry import DEFAULT_ORDER, params
 from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
 from ..settings import META_KEYS, coerce, load_preset, normalize_key
+from ..trace.stats import COLUMN, scored_rows
 
 SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
@@ -353,22 +354,15 @@ class Scored:
 
 @torch.inference_mode()
 def teacher_forced(model, prompt_ids: list[int], out_ids: list[int], chain: Chain) -> Scored:
-    """One forward over prompt + output (no cache reuse), then the chain at each generated position."""
+    """One forward over prompt + output (no cache reuse), then the chain replayed at each generated position from
+    the prompt's end (:mod:`~decodelab.core.sampling.replay`)."""
     if not out_ids:
         return Scored([], [], [], [])
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt_ids + out_ids], dtype=torch.long, device=device)
-    runtime = Runtime.create(model, None, capacity=ids.shape[1])
-    logits = runtime.feed(ids, keep="all")[0, len(prompt_ids) - 1 : -1]  # [T, V]: row i predicts out_ids[i]
-    target = ids[0, len(prompt_ids) :]
-    processed = torch.cat([chain.apply(ids[:, : len(prompt_ids) + i], logits[i : i + 1])
-                           for i in range(len(out_ids))])
-    logp = log_softmax(processed)
-    raw = log_softmax(logits).gather(1, target[:, None])[:, 0]
-    chosen = logp.gather(1, target[:, None])[:, 0]
-    kept = (~torch.isneginf(logp)).sum(dim=-1).float()
-    h = entropy(logp.exp())
-    host = torch.stack([raw, chosen, kept, h]).tolist()
+    logits = replay.forced_logits(model, prompt_ids, out_ids)  # [T, V]: row i predicts out_ids[i]
+    target = torch.tensor(out_ids, dtype=torch.long, device=logits.device)
+    processed = replay.along(chain, prompt_ids, out_ids, logits)
+    head = scored_rows(logits, processed, target).T  # [HEAD, T]: the per-step statistics of every method
+    host = head[[COLUMN[k] for k in ("raw_logprob", "logprob", "kept", "entropy")]].tolist()  # one transfer
     return Scored(host[0], host[1], [int(k) for k in host[2]], host[3])
 
 
@@ -515,8 +509,8 @@ class Comparison:
             active = [n for n in DEFAULT_ORDER if values.get(n) is not None]
             chain = build_chain(values, merge_order(tuple(pa.order), active) if order is None else order,
                                 context_for(values))
-            chain.reset(len(prefix) - step)  # the prompt: stages that count or read generated tokens start there
-            processed = chain.apply(ids, z).float()
+            replay.start(chain, len(prefix) - step)  # the prompt: stages that count or read generated tokens start there
+            processed = replay.processed(chain, ids, z, len(prefix)).float()
             greedy = values.get("temperature") == 0
             return int((processed if greedy else processed - race.log()).argmax(dim=-1)[0])
 

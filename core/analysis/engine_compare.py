@@ -35,7 +35,8 @@ from ..engine.http.wire import PROCESSED
 from ..errors import ConfigError
 from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..engine.backend import Capabilities, refuse_lacking
-from ..methods.served import Connection, chain_along, finish_to_stop, forced_logits, request_for, request_of
+from ..methods.served import Connection, finish_to_stop, request_for, request_of
+from ..sampling import replay
 from ..sampling.chain import make_chain
 from .compare import (
     Prompt,
@@ -218,7 +219,7 @@ class EngineComparison:
                           self.top_n, None, None, None, None, None, None, None, None)
         if not positions:
             return pair
-        logits = forced_logits(self.lm.model, prompt_ids, ids)
+        logits = replay.forced_logits(self.lm.model, prompt_ids, ids)
         local = torch.log_softmax(logits.double(), dim=-1)
         bounds = [truncated_kl([(a.token_id, a.logprob) for a in p.top], local[i]) for i, p in enumerate(positions)]
         pair.kl_lower_mean = sum(b[0] for b in bounds) / len(bounds)
@@ -231,7 +232,7 @@ class EngineComparison:
         pair.max_abs_delta_raw_logprob, pair.mean_abs_delta_raw_logprob = max(deltas), sum(deltas) / len(deltas)
         if processed:
             chain = make_chain(self.lm, settings)
-            rows = chain_along(chain, prompt_ids, ids, logits, record=True)
+            rows = replay.along(chain, prompt_ids, ids, logits, record=True)
             greedy = settings.temperature == 0
             local_processed = []
             for i, stages in enumerate(rows):  # vLLM's processed values of a greedy row stop before temperature 0

@@ -24,9 +24,9 @@ from ..engine.tokens import check_prompt
 from ..errors import ConfigError
 from ..kv import CacheSpec, require
 from ..sampling.chain import Chain
-from ..sampling.distribution import log_softmax
 from ..sampling.select import make_generator, make_selector
 from ..sampling.step import check_selected
+from ..trace.stats import chosen_logprobs
 from .sample import DecodeState, decode_tokens
 
 
@@ -105,7 +105,7 @@ def sample_batched(model, prompt_ids: list[int], chain: Chain, greedy: bool, see
         score = processed.float() if greedy else processed.float() - row_races(generators, logits.shape[-1],
                                                                                 device).log()
         tokens = score.argmax(dim=-1)
-        logp = log_softmax(processed).gather(1, tokens[:, None])[:, 0]
+        logp = chosen_logprobs(processed, tokens)
         host = torch.cat([tokens.float(), logp, torch.isfinite(logp).float()]).tolist()
         ids[:, length] = tokens
         length += 1
@@ -141,7 +141,9 @@ def sample_many(model, prompt_ids: list[int], chain: Chain, greedy: bool, seed: 
             for d in decode_tokens(model, prompt_ids, chain, make_selector(0 if greedy else 1, seed + i, device),
                                    rules, detok, state=state, cache=cache):
                 lp.append(d.processed_logits)
-            logp = torch.stack([log_softmax(z)[t] for z, t in zip(lp, state.new_ids)]).tolist() if lp else []
+            steps = min(len(lp), len(state.new_ids))  # each drawn token with the distribution it came from
+            logp = chosen_logprobs(torch.stack([z.reshape(-1) for z in lp[:steps]]),
+                                   torch.tensor(state.new_ids[:steps], device=device)).tolist() if steps else []
             out.append(list(state.new_ids))
             logps.append(logp)
             reasons.append(state.stop_reason)

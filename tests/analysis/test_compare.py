@@ -20,7 +20,8 @@ from decodelab.core.sampling.chain import build_chain
 from decodelab.core.sampling.distribution import softmax
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.select import make_selector
-from decodelab.core.trace.why import decide, decide_from_logits
+from decodelab.core.trace.stats import pack, unpack
+from decodelab.core.trace.why import decide
 
 V = 256
 PROMPT = "5 17 42 9 100 3"
@@ -72,6 +73,15 @@ def pair(run, a, b, seed=0):
 
 
 # --- why this token: hand-built chains where the deciding stage is known -----------------------------------------
+
+
+def decide_from_logits(names, stage_logits, chosen: int, race):
+    """The deciding stage of a hand-built chain through a traced step's own path: the stage logits [V] each (raw
+    first) packed as one step (trace.stats.pack), unpacked, decided (trace.why.decide); ``race`` None: greedy."""
+    stages = [(name, z.reshape(1, -1)) for name, z in zip(names, stage_logits)]
+    host = pack(torch.tensor([chosen]), stages[0][1], stages[-1][1], stages, 0, race).tolist()
+    n = unpack(host, 0, stages[0][1].shape[-1], len(stages))
+    return decide(names, chosen, n.winners, n.ranks, n.removed, race is None)
 
 
 def test_why_top_p_removed_the_raw_pick():
@@ -926,3 +936,82 @@ def test_a_beam_row_is_the_best_hypothesis_with_its_own_reason(llama):
                          early_stopping=False, max_new_tokens=6, eos_token_id=103, pad_token_id=0)[0, 6:].tolist()
     assert out[: out.index(103) + 1] == row.token_ids and len(row.token_ids) < 6
     assert (row.stop_reason, row.length) == ("eos", len(row.token_ids))
+
+
+def test_teacher_forced_replays_the_chain_from_the_prompts_end_whatever_it_did_before(llama):
+    """vLLM's frequency penalty counts generated tokens only: the processed log-prob of out[i] is
+    log softmax(z_i - 1.5 * count(out[:i]))[out[i]], by hand from one plain forward. The chain is told where the
+    prompt ends by the replay itself: a chain left at another prompt length (here 0, as after scoring a history, so
+    the prompt's tokens would be counted too) and a chain never reset give the same numbers."""
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    lm = lm_for(llama)
+    prompt_ids, out = [5, 17, 42, 9, 17], [17, 42, 17, 3]
+    settings = SampleSettings(frequency_penalty=1.5, semantics="vllm")
+    with torch.no_grad():
+        z = llama(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1 : -1].double()
+    counts = torch.zeros(len(out), V, dtype=torch.float64)
+    for i in range(len(out)):
+        for t in out[:i]:
+            counts[i, t] += 1
+    want = torch.log_softmax(z - 1.5 * counts, -1).gather(1, torch.tensor(out)[:, None])[:, 0].tolist()
+    elsewhere = make_chain(lm, settings)
+    elsewhere.reset(0)
+    for chain in (elsewhere, make_chain(lm, settings)):
+        got = cmp.teacher_forced(llama, prompt_ids, out, chain)
+        assert got.logprob == pytest.approx(want, abs=1e-4)
+        assert got.kept == [V] * len(out)
+
+
+def test_teacher_forced_statistics_under_a_filter_by_hand(llama):
+    """top-k 3 at temperature 0.8: per generated token the raw log-prob (the model's own), the processed log-prob
+    (log softmax of z / 0.8 over the 3 kept, -inf for a token outside them), kept = 3 and the entropy of the
+    renormalized top 3, from one plain forward in float64."""
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    prompt_ids, out = [5, 17, 42, 9], [17, 42, 100, 3]
+    with torch.no_grad():
+        z = llama(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1 : -1].double()
+    hot = z / 0.8
+    top = hot.topk(3, dim=-1).indices
+    kept = torch.full_like(hot, float("-inf")).scatter(1, top, hot.gather(1, top))
+    logp = torch.log_softmax(kept, -1)
+    t = torch.tensor(out)[:, None]
+    got = cmp.teacher_forced(llama, prompt_ids, out, make_chain(lm_for(llama), SampleSettings(temperature=0.8,
+                                                                                              top_k=3)))
+    assert got.raw_logprob == pytest.approx(torch.log_softmax(z, -1).gather(1, t)[:, 0].tolist(), abs=1e-4)
+    assert got.logprob == pytest.approx(logp.gather(1, t)[:, 0].tolist(), abs=1e-4)
+    assert got.kept == [3] * 4
+    h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    assert got.entropy == pytest.approx(h.tolist(), abs=1e-4)
+
+
+def test_one_statistics_path_sample_score_and_compare_agree_on_the_same_tokens(llama):
+    """The tokens a sampling run drew (temperature 0.9, top-k 20), scored teacher-forced by `score` and by compare's
+    rows: every per-step number each reports is the sampling trace's own (ranks exactly; the rest up to the float32
+    difference between a cached decode and one forward)."""
+    from decodelab.core.engine.run import drain
+    from decodelab.core.methods.sample import SampleSettings, build_sampler
+    from decodelab.core.methods.score import Scorer, ScoreSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    lm = lm_for(llama)
+    prompt_ids = [5, 17, 42, 9, 100, 3]
+    settings = SampleSettings(temperature=0.9, top_k=20, seed=3, max_new_tokens=6, ignore_eos=True, top=0)
+    sampler = build_sampler(lm, settings, prompt_ids)
+    drain(sampler)
+    steps, out = sampler.steps, sampler.new_ids
+    assert len(steps) == 6
+    rows = [r for r in Scorer(llama, prompt_ids + out, make_chain(lm, settings), str, ScoreSettings())
+            if r.position >= len(prompt_ids)]
+    assert [r.token_id for r in rows] == out
+    assert [r.raw_rank for r in rows] == [s.raw_rank for s in steps]
+    for key in ("raw_logprob", "raw_entropy", "logprob"):
+        assert [getattr(r, key) for r in rows] == pytest.approx([getattr(s, key) for s in steps], abs=1e-4), key
+    tf = cmp.teacher_forced(llama, prompt_ids, out, make_chain(lm, settings))
+    assert tf.kept == [s.kept for s in steps] == [20] * 6
+    assert tf.raw_logprob == pytest.approx([s.raw_logprob for s in steps], abs=1e-4)
+    assert tf.logprob == pytest.approx([s.logprob for s in steps], abs=1e-4)
+    assert tf.entropy == pytest.approx([s.entropy for s in steps], abs=1e-4)

@@ -213,7 +213,7 @@ def test_cli_sample_logprobs_equal_semantics_vllm_locally(served, cli, name, opt
 
     from decodelab.core.engine.models import load_model
     from decodelab.core.methods.sample import SampleSettings
-    from decodelab.core.methods.served import chain_along, forced_logits
+    from decodelab.core.sampling.replay import along as chain_along, forced_logits
     from decodelab.core.sampling.chain import make_chain
     from decodelab.core.settings import coerce
 

@@ -24,7 +24,8 @@ from decodelab.core.sampling.filters import XTC, EpsilonCutoff, EtaCutoff, Miros
 from decodelab.core.sampling.biases import AllowList, Ban, MinNewTokens, SequenceBias
 from decodelab.core.sampling.scaling import DynamicTemperature
 from decodelab.core.sampling.select import make_generator
-from decodelab.core.sampling.chain import build
+from conftest import build
+from decodelab.core.sampling import replay
 from decodelab.core.engine.stopping import StopChecker, trim_stop
 
 
@@ -455,13 +456,13 @@ def test_stop_ids_and_trim_stop():
 def test_chain_reset_and_accept_reach_only_the_stages_that_have_them():
     m = MirostatV2()
     chain = Chain([FrequencyPenalty(value=1.0, scope="output"), m])
-    assert chain.stateful
+    assert replay.stateful(chain.names) == ["mirostat"]  # the registry row's state need
     chain.reset(3)
     assert chain.processors[0].prompt_len == 3
     chain(torch.tensor([[1, 2, 3, 4]]), torch.zeros(1, 6))
     chain.accept(torch.tensor([0]))
     assert [k for k, _ in chain.states()] == ["mirostat.mu"]
-    assert not build_chain({"temperature": 0.5}).stateful
+    assert not replay.stateful(build_chain({"temperature": 0.5}).names)
 
 
 @pytest.mark.parametrize("record", [True, False])

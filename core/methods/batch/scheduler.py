@@ -37,9 +37,9 @@ from ...errors import EMPTY_CHAIN, ConfigError
 from ...kv import CacheSpec
 from ...kv.paged import PagedPolicy, PoolFull, blocks_for, chain_hashes
 from ...sampling.chain import Chain
-from ...sampling.distribution import log_softmax
 from ...sampling.select import Greedy
 from ...sampling.step import select
+from ...trace.stats import chosen_logprobs
 
 
 @dataclass
@@ -361,26 +361,26 @@ class Scheduler:
             return [], []
         index = torch.tensor([b for b, _ in rows], device=logits.device)
         picked = logits.index_select(0, index)  # [R, V]
-        raw_logp = log_softmax(picked)  # the model's own log-probabilities, every picked row at once
         plain = [isinstance(s.req.selector, Greedy) and not s.req.chain.processors for _, s in rows]
         tokens = picked.argmax(dim=-1) if any(plain) else None  # the greedy rows' picks (the others: below)
-        processed_logp = raw_logp if all(plain) else raw_logp.clone()
+        processed = picked if all(plain) else picked.to(torch.float32, copy=True)  # a plain row's: its raw logits
         columns, own = [], []
         for i, ((_, s), simple) in enumerate(zip(rows, plain)):
             if simple:
                 columns.append(tokens[i : i + 1])
                 continue
             sel = select(s.req.chain, s.req.selector, s.buf.prefix(), picked[i : i + 1])
-            processed_logp[i] = log_softmax(sel.processed[0])
+            processed[i] = sel.processed[0]
             columns.append(sel.token[:1])
             own.append((i, sel.finite[:1]))
         token = torch.cat(columns)  # [R]
-        at = token[:, None]
-        finite = torch.isfinite(picked.gather(1, at)[:, 0])  # a plain row's processed logits are its raw ones
+        finite = torch.isfinite(picked.gather(1, token[:, None])[:, 0])  # a plain row's processed logits are raw
         for i, fin in own:
             finite[i : i + 1] = fin
-        host = torch.stack([token.float(), finite.float(), processed_logp.gather(1, at)[:, 0],
-                            raw_logp.gather(1, at)[:, 0]], dim=-1).tolist()  # the iteration's one transfer
+        raw_logp = chosen_logprobs(picked, token)  # the model's own log-probabilities, every picked row at once
+        processed_logp = raw_logp if all(plain) else chosen_logprobs(processed, token)
+        host = torch.stack([token.float(), finite.float(), processed_logp, raw_logp],
+                           dim=-1).tolist()  # the iteration's one transfer
         return [(s, token[i : i + 1]) for i, (_, s) in enumerate(rows)], host
 
     def _result(self, s: Seq) -> Result:

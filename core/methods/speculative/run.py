@@ -22,6 +22,7 @@ from ...engine.tokens import check_prompt
 from ...errors import ConfigError
 from ...inputs import parse_int
 from ...kv import CacheSpec, require
+from ...sampling import replay
 from ...sampling.chain import Chain, make_chain, refuse_stepwise_stages
 from ...sampling.distribution import softmax
 from ...sampling.select import make_generator
@@ -35,7 +36,6 @@ from .proposers import (
     Proposer,
     Sequence,
     make_selector_for,
-    process_block,
 )
 from .rule import (
     acceptance_probability,
@@ -210,7 +210,6 @@ class Speculator(Run):
         self.prompt_ids, self.gamma, self.generator = list(prompt_ids), gamma, generator
         self.token_text, self.detok, self.top, self.record = token_text, detok, top, record
         self.spec = cache
-        self.uses_ids = chain.uses_ids  # a stage reads the prefix: each position needs its own
         self.stats = RunStats(gamma)
         self.rounds: list[Round] = []
         self.runtime: Runtime | None = None
@@ -280,7 +279,9 @@ class Speculator(Run):
         t1 = time.perf_counter()
         # one target forward over [s_last, x_1..x_g] at positions seen .. seen + g: logits for the g+1 positions
         logits = runtime.feed(seq.ids[:, n - 1 : n + g], keep="all")[0]
-        processed = process_block(self.chain, seq, logits, self.uses_ids)
+        # the chain on the g+1 rows, row i after s + x_1..x_i; unchecked: a row after a rejected draft is never
+        # used, so only the row the emitted token comes from is checked (check_selected below)
+        processed = replay.processed(self.chain, seq.ids, logits, n)
         if self.greedy:
             drafts, k, token, finite = self.verify_greedy(processed, draft)
             p = q = u = final = None
