@@ -30,6 +30,17 @@ RoundsOpt = Annotated[Optional[int], typer.Option(
     "--speedup-rounds", help="Timing rounds behind the measured speedup: speculative and plain decoding alternate, "
     "each round gives plain / speculative time per token; reported: median, min, max (1..100, default 3; 1 = one "
     "pair).", rich_help_panel=SPEC, show_default=False)]
+PredictOpt = Annotated[bool, typer.Option(
+    "--predict", help="Also predict acceptance offline: one teacher-forced forward of target and draft over the "
+    "run's output gives alpha_i = sum_x min(p_i, q_i) per position, the acceptance by draft depth and the expected "
+    "tokens and speedup per gamma, shown beside the measured ones.", rich_help_panel=SPEC)]
+PredictOnlyOpt = Annotated[bool, typer.Option(
+    "--predict-only", help="Predict without running speculative decoding: over --predict-text, else over a plain "
+    "target continuation (same settings and seed); the cost ratio from plain decoding of each model.",
+    rich_help_panel=SPEC)]
+PredictTextOpt = Annotated[Optional[str], typer.Option(
+    "--predict-text", help="With --predict-only: the continuation (after the prompt) to teacher-force instead of a "
+    "generated one.", rich_help_panel=SPEC)]
 
 
 @o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, ("stop_id",), o.OUTPUT, o.CHAIN, o.SAMPLERS,
@@ -41,6 +52,9 @@ def speculate(
     ngram_size: NgramSizeOpt = None,
     sweep_gamma: SweepOpt = None,
     speedup_rounds: RoundsOpt = None,
+    predict: PredictOpt = False,
+    predict_only: PredictOnlyOpt = False,
+    predict_text: PredictTextOpt = None,
 ) -> None:
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
     from ...core.engine.models import load_draft
@@ -68,6 +82,13 @@ def speculate(
                                                                  opts.trust_remote_code)
     processors = make_chain(lm, settings)
     prompt_ids = lm.encode(text, opts.chat)
+    if predict or predict_only or predict_text is not None:
+        from ...core.methods.speculative.predict import require_model_draft
+        require_model_draft(draft_lm)
+    if predict_only or predict_text is not None:
+        from .speculate_predict import predict_only_run
+        predict_only_run(opts, lm, draft_lm, settings, processors, text, prompt_ids, predict_text)
+        return
     phase(lambda: warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors))
     # with --sweep-gamma the sweep runs first, so the run shown (traced) is the gamma the sweep names best
     sweep, measured = [], {}
@@ -99,8 +120,13 @@ def speculate(
         phase(timing.run)
         rounds = timing.rounds
     summary = spec.summary(rounds)
+    prediction = None
+    if predict:
+        from ...core.methods.speculative.predict import prediction_for
+        prediction = prediction_for(lm, draft_lm, settings, prompt_ids, processors, spec.new_ids, "run",
+                                    summary.cost_ratio, spec.rounds)
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
-         opts.save_svg)
+         opts.save_svg, prediction)
 
 
 def progress(message: str) -> None:
@@ -110,10 +136,13 @@ def progress(message: str) -> None:
         err.print(message, style="dim")
 
 
-def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg) -> None:
+def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg,
+         prediction=None) -> None:
     token_ids = spec.new_ids
     out_text = lm.decode(token_ids)
     extra = {"sweep": [r.to_dict() for r in sweep], "best_gamma": best} if sweep else {}
+    if prediction is not None:
+        extra["prediction"] = prediction.to_dict()
     head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
                            draft=settings.draft, gamma=settings.gamma,
                            verification="greedy" if spec.greedy else "speculative-sampling")
@@ -126,6 +155,9 @@ def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, 
                speedup_line(summary), render.summary_line(summary)]
         if sweep:
             out += [sweep_table(sweep), Text(f"best gamma: {best} (highest measured speedup)", style="bold")]
+        if prediction is not None:
+            from .speculate_predict import prediction_views
+            out += prediction_views(prediction, [summary, *sweep])
         return out
 
     output.emit(output.Output(
