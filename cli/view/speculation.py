@@ -58,4 +58,20 @@ def prediction_views(prediction, summaries) -> list:
            Text("cost ratio c (draft step / target step): " + ("not measured" if c is None else f"{c:.3f}"))]
     if prediction.conditional is not None:
         out.append(conditional_line(prediction.conditional))
+    if prediction.policies:
+        out.append(policies_table(prediction))
     return out
+
+
+def policies_table(prediction) -> Table:
+    """Each verification policy replayed on the recorded p and q: its distortion beside the speedup it buys."""
+    table = Table(title=f"verification policies replayed on the recorded p, q (gamma {prediction.policies_gamma}): "
+                  "emitted law of a round's first token vs the target's p", header_style="bold", show_edge=False,
+                  caption="TV, KL(emitted || p): exact, by enumerating the one-step law; means over positions "
+                  "(max in the JSON; KL '-': infinite, mass where p = 0) · acc: first-draft acceptance · speedup: predicted")
+    for header in ("policy", "exact", "TV", "KL", "acc", "tok/rnd", "speedup"):
+        table.add_column(header, justify="left" if header == "policy" else "right", no_wrap=True)
+    for r in prediction.policies:
+        table.add_row(r.policy, "yes" if r.lossless else "no", f"{r.mean_tv:.4f}", fmt(r.mean_kl, ".4f"), f"{r.first_acceptance:.3f}", f"{r.plan.tokens_per_round:.2f}",
+                      times(r.plan.predicted_speedup))
+    return table

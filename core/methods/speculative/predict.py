@@ -118,6 +118,12 @@ def iid_tokens(a: float, g: int) -> float:
 
 def plan_gamma(alpha: list[float], gamma: int, cost_ratio: float | None = None) -> GammaPlan:
     """The renewal walk above over the alphas of an N-token text."""
+    return walk(alpha, gamma, cost_ratio, None)
+
+
+def walk(alpha: list[float], gamma: int, cost_ratio: float | None, drafts_at) -> GammaPlan:
+    """The walk; ``drafts_at(t)`` (None: gamma) caps the drafts of a round that starts at t (a policy that verifies
+    only a prefix of the block)."""
     n = len(alpha)
     rho = [0.0] * (n + 1)
     rho[0] = 1.0
@@ -127,7 +133,7 @@ def plan_gamma(alpha: list[float], gamma: int, cost_ratio: float | None = None) 
         r = rho[t]
         if r == 0.0:
             continue
-        g = max(min(gamma, n - t - 1), 0)
+        g = max(min(gamma if drafts_at is None else drafts_at(t), n - t - 1), 0)
         rounds += r
         drafted += r * g
         survive = 1.0  # P(the first j drafts of this round accepted)
@@ -205,11 +211,14 @@ class Prediction:
     cost_ratio: float | None  # draft step / target step, measured by plain decoding of each (None: not measured)
     plans: list[GammaPlan] = field(default_factory=list)
     conditional: Conditional | None = None
+    policies: list = field(default_factory=list)  # :class:`.policies.PolicyReport` per policy, at --gamma (sampled)
+    policies_gamma: int | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["plans"] = [p.to_dict() for p in self.plans]
         d["conditional"] = self.conditional.to_dict() if self.conditional else None
+        d["policies"] = [p.to_dict() for p in self.policies]
         return d
 
 
@@ -297,4 +306,9 @@ def prediction_for(lm, draft, settings, prompt_ids: list[int], chain: Chain, new
     text), measured against alpha on its judged drafts."""
     greedy = is_greedy(settings)
     rows = teacher_forced(lm.model, draft.model, chain, prompt_ids, new_ids, greedy)
-    return predict(rows, gammas_for(settings), cost_ratio, source, greedy, rounds, len(prompt_ids))
+    out = predict(rows, gammas_for(settings), cost_ratio, source, greedy, rounds, len(prompt_ids))
+    if not greedy and new_ids:  # at temperature 0 every policy is greedy verification
+        from .policies import replay
+
+        out.policies, out.policies_gamma = replay(rows.p, rows.q, settings.gamma, cost_ratio), settings.gamma
+    return out
