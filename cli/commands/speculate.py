@@ -17,8 +17,9 @@ from ..view.live import LiveSteps
 SPEC = "Speculative decoding"
 
 DraftOpt = Annotated[Optional[str], typer.Option(
-    "--draft", help="Proposer: a draft model sharing the target's vocabulary (bundled name or folder), or 'ngram' "
-    "(prompt lookup) (default tiny-draft).", rich_help_panel=SPEC, show_default=False)]
+    "--draft", help="Proposer: a draft model sharing the target's vocabulary (bundled name or folder), 'ngram' "
+    "(prompt lookup), 'suffix' (suffix-trie counts over prompt and output), or a comma-separated chain, e.g. "
+    "ngram,tiny-draft: the first that proposes drafts the round (default tiny-draft).", rich_help_panel=SPEC, show_default=False)]
 GammaOpt = Annotated[Optional[int], typer.Option("--gamma", "-g", help="Tokens drafted per round, >= 1 "
                                                  "(default 4).", rich_help_panel=SPEC, show_default=False)]
 NgramSizeOpt = Annotated[Optional[int], typer.Option("--ngram-size", help="Longest n-gram the 'ngram' proposer "
@@ -78,13 +79,14 @@ def speculate(
         return
     text = read_prompt(opts.prompt, opts.prompt_file)
     lm = load(opts)
-    draft_lm = None if settings.draft == "ngram" else load_draft(settings.draft, lm, opts.dtype,
-                                                                 opts.trust_remote_code)
+    from ...core.methods.speculative.chained import model_member
+    model_name = model_member(settings.draft)
+    draft_lm = None if model_name is None else load_draft(model_name, lm, opts.dtype, opts.trust_remote_code)
     processors = make_chain(lm, settings)
     prompt_ids = lm.encode(text, opts.chat)
     if predict or predict_only or predict_text is not None:
         from ...core.methods.speculative.predict import require_model_draft
-        require_model_draft(draft_lm)
+        require_model_draft(draft_lm, settings.draft)
     if predict_only or predict_text is not None:
         from .speculate_predict import predict_only_run
         predict_only_run(opts, lm, draft_lm, settings, processors, text, prompt_ids, predict_text)

@@ -241,9 +241,12 @@ DEFAULT_GAMMAS = (1, 2, 3, 4, 6, 8)
 COST_TOKENS = 16  # plain decoding steps timed per model for the cost ratio (after one warm-up run each)
 
 
-def require_model_draft(draft) -> None:
+def require_model_draft(draft, spec: str = "") -> None:
     from ...errors import ConfigError
 
+    if "," in spec:
+        raise ConfigError(f"--predict: --draft {spec!r} is a chain; predict with one draft model (--draft tiny-draft "
+                          "or a folder)")
     if draft is None:
         raise ConfigError("--predict: needs a draft model (--draft tiny-draft or a folder); the n-gram proposer's "
                           "draft depends on where its round starts, not on the position alone")
