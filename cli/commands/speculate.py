@@ -42,6 +42,10 @@ PredictOnlyOpt = Annotated[bool, typer.Option(
 PredictTextOpt = Annotated[Optional[str], typer.Option(
     "--predict-text", help="With --predict-only: the continuation (after the prompt) to teacher-force instead of a "
     "generated one.", rich_help_panel=SPEC)]
+AuditWidthOpt = Annotated[bool, typer.Option(
+    "--audit-width", help="Also audit the verify width: the target's logits over the run's output computed with "
+    "gamma + 1 rows per forward (as verification does) and one row per forward (plain decoding), per token: drift, "
+    "argmax flips, margins.", rich_help_panel=SPEC)]
 
 
 @o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, ("stop_id",), o.OUTPUT, o.CHAIN, o.SAMPLERS,
@@ -56,6 +60,7 @@ def speculate(
     predict: PredictOpt = False,
     predict_only: PredictOnlyOpt = False,
     predict_text: PredictTextOpt = None,
+    audit_width: AuditWidthOpt = False,
 ) -> None:
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
     from ...core.engine.models import load_draft
@@ -127,8 +132,12 @@ def speculate(
         from ...core.methods.speculative.predict import prediction_for
         prediction = prediction_for(lm, draft_lm, settings, prompt_ids, processors, spec.new_ids, "run",
                                     summary.cost_ratio, spec.rounds)
+    audit = None
+    if audit_width:
+        from ...core.methods.speculative.width import audit_width as run_audit
+        audit = phase(lambda: run_audit(lm.model, prompt_ids, spec.new_ids, settings.gamma + 1, settings.cache_spec))
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
-         opts.save_svg, prediction)
+         opts.save_svg, prediction, audit)
 
 
 def progress(message: str) -> None:
@@ -139,12 +148,14 @@ def progress(message: str) -> None:
 
 
 def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg,
-         prediction=None) -> None:
+         prediction=None, audit=None) -> None:
     token_ids = spec.new_ids
     out_text = lm.decode(token_ids)
     extra = {"sweep": [r.to_dict() for r in sweep], "best_gamma": best} if sweep else {}
     if prediction is not None:
         extra["prediction"] = prediction.to_dict()
+    if audit is not None:
+        extra["width_audit"] = audit.to_dict()
     head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
                            draft=settings.draft, gamma=settings.gamma,
                            verification="greedy" if spec.greedy else "speculative-sampling")
@@ -160,6 +171,9 @@ def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, 
         if prediction is not None:
             from .speculate_predict import prediction_views
             out += prediction_views(prediction, [summary, *sweep])
+        if audit is not None:
+            from ..view.speculation import width_line
+            out.append(width_line(audit))
         return out
 
     output.emit(output.Output(

@@ -75,3 +75,19 @@ def policies_table(prediction) -> Table:
         table.add_row(r.policy, "yes" if r.lossless else "no", f"{r.mean_tv:.4f}", fmt(r.mean_kl, ".4f"), f"{r.first_acceptance:.3f}", f"{r.plan.tokens_per_round:.2f}",
                       times(r.plan.predicted_speedup))
     return table
+
+
+def width_line(a) -> Text:
+    """The verify-width audit in words: drift, flips with their margins, and what a zero means."""
+    if a.tokens == 0:
+        return Text("verify-width audit: no tokens to audit")
+    head = (f"verify-width audit ({a.width} rows per verify forward vs 1, {a.tokens} tokens, {a.device}): max "
+            f"|logit drift| {a.max_drift:.3g}, mean {a.mean_drift:.3g}; {a.identical}/{a.tokens} positions "
+            f"bit-identical; {a.flips} argmax flips")
+    if a.flips:
+        head += " at " + ", ".join(f"{i} (margin {a.margin[i]:.3g})" for i in a.flip_at[:8])
+    else:
+        head += f" (smallest top-1/top-2 margin {min(a.margin):.3g})"
+    if a.max_drift == 0:
+        head += ": the two widths gave bit-identical logits on this device (on a GPU they may not)"
+    return Text(head, style="bold")

@@ -156,7 +156,8 @@ class Round:
     source: str = ""  # the proposer that drafted this round (a chain's member that proposed first); "" if none did
 
     def to_dict(self) -> dict:
-        out = {"index": self.index, "position": self.position, "source": self.source, "drafted": self.drafted,
+        out = {"index": self.index, "position": self.position, **({"source": self.source} if self.source else {}),
+               "drafted": self.drafted,
                "proposed": [asdict(t) for t in self.proposed], "accepted": self.accepted,
                "emitted": {"token_ids": self.emitted_ids, "text": self.emitted_text},
                "draft_ms": self.draft_ms, "target_ms": self.target_ms}
