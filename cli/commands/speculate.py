@@ -90,7 +90,7 @@ def speculate(
     processors = make_chain(lm, settings)
     prompt_ids = lm.encode(text, opts.chat)
     if predict or predict_only or predict_text is not None:
-        from ...core.methods.speculative.predict import require_model_draft
+        from ...core.methods.speculative.planning import require_model_draft
         require_model_draft(draft_lm, settings.draft)
     if predict_only or predict_text is not None:
         from .speculate_predict import predict_only_run
@@ -129,7 +129,7 @@ def speculate(
     summary = spec.summary(rounds)
     prediction = None
     if predict:
-        from ...core.methods.speculative.predict import prediction_for
+        from ...core.methods.speculative.planning import prediction_for
         prediction = prediction_for(lm, draft_lm, settings, prompt_ids, processors, spec.new_ids, "run",
                                     summary.cost_ratio, spec.rounds)
     audit = None

@@ -9,7 +9,7 @@ from ..view.speculation import prediction_views
 
 
 def predict_only_run(opts, lm, draft_lm, settings, chain, text, prompt_ids, predict_text) -> None:
-    from ...core.methods.speculative.predict import (
+    from ...core.methods.speculative.planning import (
         measured_cost_ratio,
         plain_continuation,
         prediction_for,

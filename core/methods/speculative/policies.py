@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from .predict import GammaPlan, plan_gamma
+from .predict import GammaPlan, plan_gamma, walk
 from .rule import residual_distribution
 
 # defaults (vLLM's and Medusa's where they have one; see docs/speculative.md for where we had to choose)
@@ -155,8 +155,6 @@ def confidence_lengths(q: Tensor, gamma: int, threshold: float = CONFIDENCE_THRE
 def plan_truncated(alpha: list[float], lengths: list[int], gamma: int, cost_ratio: float | None) -> GammaPlan:
     """:func:`plan_gamma` with the round that starts at t drafting min(lengths[t], gamma) tokens (the rest of the
     block is never verified, so it is not drafted either)."""
-    from .predict import walk
-
     return walk(alpha, gamma, cost_ratio, lambda t: min(lengths[t], gamma))
 
 
