@@ -130,8 +130,8 @@ def speculate(
     prediction = None
     if predict:
         from ...core.methods.speculative.planning import prediction_for
-        prediction = prediction_for(lm, draft_lm, settings, prompt_ids, processors, spec.new_ids, "run",
-                                    summary.cost_ratio, spec.rounds)
+        prediction = phase(lambda: prediction_for(lm, draft_lm, settings, prompt_ids, processors, spec.new_ids,
+                                                  "run", summary.cost_ratio, spec.rounds))
     audit = None
     if audit_width:
         from ...core.methods.speculative.width import audit_width as run_audit

@@ -19,8 +19,8 @@ def predict_only_run(opts, lm, draft_lm, settings, chain, text, prompt_ids, pred
     if predict_text is not None:
         new_ids, source = text_continuation(lm, predict_text), "text"
     else:
-        new_ids, source = plain_continuation(lm, settings, prompt_ids, chain), "plain"
-    cost = phase(lambda: measured_cost_ratio(lm, draft_lm, settings, prompt_ids, chain))
+        new_ids, source = phase(lambda: plain_continuation(lm, settings, prompt_ids, chain), []), "plain"
+    cost = phase(lambda: measured_cost_ratio(lm, draft_lm, settings, prompt_ids, chain))  # None: cut by Ctrl-C
     prediction = prediction_for(lm, draft_lm, settings, prompt_ids, chain, new_ids, source, cost)
     head = render.document("speculate", lm, as_dict(settings), chain.names, text, prompt_ids,
                            draft=settings.draft, gamma=settings.gamma, verification=prediction.verification)
