@@ -37,6 +37,7 @@ from ..inputs import parse_int, parse_json, parse_toml, read_input_text
 from ..methods.registry import CONTINUING
 from ..methods.beam import build_beam
 from ..methods.sample import REPORT_BLOCK, build_sampler
+from ..methods.speculative.chained import model_member
 from ..methods.speculative.run import (
     build_speculator,
 )
@@ -431,12 +432,13 @@ class Comparison:
             return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, reason,
                                    search.watch.timing.tokens_per_s(len(ids)))
         draft = None
-        if settings.draft != "ngram":
+        if model_member(settings.draft) is not None:
             if self.load_draft is None:
                 raise ConfigError(f"variant {v.name}: draft={settings.draft}: no draft loader here; use draft=ngram")
-            if settings.draft not in self.drafts:
-                self.drafts[settings.draft] = self.load_draft(settings.draft)
-            draft = self.drafts[settings.draft]
+            name = model_member(settings.draft)
+            if name not in self.drafts:
+                self.drafts[name] = self.load_draft(name)
+            draft = self.drafts[name]
         spec = build_speculator(self.lm, draft, settings, prompt_ids, settings.gamma, chain, record=False)
         drain(spec)
         ids = list(spec.new_ids)

@@ -55,7 +55,9 @@ RUNS = {
     "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
                   ["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "{model}"],  # all accepted: bonus
-                  ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
+                  ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"],  # rejections
+                  ["speculate", "Once upon", "-n", "6", "-t", "0.9", "--draft", "{model}", "--predict",
+                   "--speedup-rounds", "1", "--audit-width"]],  # prediction, width audit
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
               ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"],
               ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"]],  # kv_kept

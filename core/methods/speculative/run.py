@@ -29,10 +29,9 @@ from ...sampling.select import make_generator
 from ...sampling.semantics import plan as semantics_plan
 from ...sampling.step import check_selected
 from ..sample import SampleSettings, validate_sample
+from .chained import make_proposer, proposer_spec
 from .proposers import (
     Draft,
-    ModelProposer,
-    NGramProposer,
     Proposer,
     Sequence,
     make_selector_for,
@@ -155,9 +154,11 @@ class Round:
     final: FinalToken | None = None
     draft_ms: float = 0.0
     target_ms: float = 0.0
+    source: str = ""  # the proposer that drafted this round (a chain's member that proposed first); "" if none did
 
     def to_dict(self) -> dict:
-        out = {"index": self.index, "position": self.position, "drafted": self.drafted,
+        out = {"index": self.index, "position": self.position, **({"source": self.source} if self.source else {}),
+               "drafted": self.drafted,
                "proposed": [asdict(t) for t in self.proposed], "accepted": self.accepted,
                "emitted": {"token_ids": self.emitted_ids, "text": self.emitted_text},
                "draft_ms": self.draft_ms, "target_ms": self.target_ms}
@@ -348,7 +349,8 @@ class Speculator(Run):
     def build_round(self, o: _Outcome) -> Round:
         """The traced record of a round: every number gathered on the device, read in one transfer."""
         rnd = Round(len(self.rounds), o.position, len(o.drafts), o.k, o.emitted, draft_ms=o.draft_ms,
-                    target_ms=o.target_ms)
+                    target_ms=o.target_ms, source=(getattr(self.proposer, "source", None) or self.proposer.name)
+                    if o.drafts else "")
         if not self.record:
             return rnd
         text = self.token_text or str
@@ -549,11 +551,8 @@ def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: Specu
     greedy = semantics_plan(settings).selector == "greedy"
     gen = None if greedy else make_generator(settings.seed, lm.device)
     spec = settings.cache_spec
-    if draft is None:
-        proposer = NGramProposer(settings.ngram_size)
-    else:
-        proposer = ModelProposer(draft.model, chain, make_selector_for(greedy, gen), draft.name,
-                                 draft.context_length, cache=spec)
+    proposer = make_proposer(proposer_spec(settings.draft, draft), draft, chain, greedy, gen, settings.ngram_size,
+                             cache=spec)
     return Speculator(lm.model, proposer, prompt_ids, chain, stop_rules(lm, settings, max_new_tokens), gamma, gen,
                       lm.token_text, lm.decode, settings.top, record, cache=spec)
 
