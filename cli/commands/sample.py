@@ -118,12 +118,13 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     from ...core.engine.stopping import stop_rules
     from ...core.methods.many import sample_many
     from ...core.sampling.chain import make_chain, refuse_stepwise_stages
+    from ...core.sampling.semantics import plan
     chain = make_chain(lm, settings)
     refuse_stepwise_stages(chain, "sample -N")
-    rows, spread = sample_many(lm.model, prompt_ids, chain, settings.temperature == 0, settings.seed, n,
+    selector = plan(settings).selector
+    rows, spread = sample_many(lm.model, prompt_ids, chain, selector, settings.seed, n,
                                stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec)
-    head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids,
-                           selector="greedy" if settings.temperature == 0 else "multinomial")
+    head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids, selector=selector)
     title = f"{lm.name} · {n} samples · chain: {' -> '.join(chain.names) or '(none)'}"
     output.emit_for(opts, output.Output(
         document={**head, "samples": rows, "summary": spread},
@@ -208,7 +209,7 @@ def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, prompt_
     out_text = conn.local.decode(ids)
     effective = plan(replace(settings, semantics="vllm"))
     head = document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
-                    selector="greedy" if settings.temperature == 0 else "engine")
+                    selector="greedy" if effective.greedy else "engine")
 
     def views() -> list:
         title = f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · {summary.values} logprobs"

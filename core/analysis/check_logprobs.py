@@ -51,6 +51,7 @@ from ..inputs import read_input_text
 from ..methods.sample import SampleSettings
 from ..methods.served import chain_along, forced_logits
 from ..sampling.chain import make_chain
+from ..sampling.semantics import plan as semantics_plan
 
 LABELS = ("raw", "penalized", "temperature-scaled", "renormalized", "unexplained")
 PENALTY_STAGES = ("allow", "ban", "min-new-tokens", "bias", "repetition-penalty", "frequency-penalty",
@@ -458,7 +459,7 @@ def check_answer(lm, answer: Answer, number: int, tolerance: float) -> list[Chec
     if settings is not None:
         chain = make_chain(lm, settings)
         stages = chain_along(chain, answer.prompt_ids, out_ids, logits, record=True)
-    greedy = settings is not None and settings.temperature is not None and settings.temperature < 1e-5
+    greedy = settings is not None and semantics_plan(settings).greedy  # vLLM's: a temperature below 1e-5
     for i, t in enumerate(tokens):
         z = logits[i]
         raw = torch.log_softmax(z.double(), dim=-1)

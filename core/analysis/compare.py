@@ -501,6 +501,9 @@ class Comparison:
         vb = pb.settings.stage_values(resolved=resolve(pb.settings, tokens))
         same_order = sa.chain == sb.chain and sa.semantics == sb.semantics
         end_ids = pa.context(None, tuple(self.lm.eos_ids), getattr(sa, "stop_id", ())).end_ids
+        # the plans say which side is greedy; where one samples, the race (a temperature-0 stage leaves a point
+        # mass, whose arg-max the race picks too)
+        greedy = pa.greedy and pb.greedy
 
         def context_for(values: dict) -> StageContext:
             """a's context, except that a penalty switched to b's value counts tokens as b does."""
@@ -517,7 +520,6 @@ class Comparison:
                                 context_for(values))
             chain.reset(len(prefix) - step)  # the prompt: stages that count or read generated tokens start there
             processed = chain.apply(ids, z).float()
-            greedy = values.get("temperature") == 0
             return int((processed if greedy else processed - race.log()).argmax(dim=-1)[0])
 
         current = pick(va, pa.order)

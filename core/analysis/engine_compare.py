@@ -36,6 +36,7 @@ from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..engine.backend import Capabilities, refuse_lacking
 from ..methods.served import Connection, chain_along, finish_to_stop, forced_logits, request_for, request_of
 from ..sampling.chain import make_chain
+from ..sampling.semantics import plan as semantics_plan
 from .compare import (
     Prompt,
     Row,
@@ -170,7 +171,7 @@ class EngineComparison:
 
     def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> EnginePair:
         local = self.local_row(v, settings, prompt, prompt_ids, seed)
-        greedy = settings.temperature == 0
+        greedy = semantics_plan(settings).greedy
         request, _ = request_for(self.conn, settings, 1)
         try:
             g = self.conn.engine.generate(prompt_ids, request)
@@ -213,7 +214,7 @@ class EngineComparison:
     def distributions(self, v: Variant, settings, prompt: Prompt, seed: int, prompt_ids: list[int],
                       ids: list[int], positions, processed: list[float]) -> EnginePair:
         """Teacher-forced on the engine's tokens: truncated KL, top-1 agreement, raw and processed deltas."""
-        pair = EnginePair(v.name, prompt.id, seed, settings.temperature == 0, False, None, len(positions),
+        pair = EnginePair(v.name, prompt.id, seed, semantics_plan(settings).greedy, False, None, len(positions),
                           self.top_n, None, None, None, None, None, None, None, None)
         if not positions:
             return pair
@@ -231,7 +232,7 @@ class EngineComparison:
         if processed:
             chain = make_chain(self.lm, settings)
             rows = chain_along(chain, prompt_ids, ids, logits, record=True)
-            greedy = settings.temperature == 0
+            greedy = semantics_plan(settings).greedy
             local_processed = []
             for i, stages in enumerate(rows):  # vLLM's processed values of a greedy row stop before temperature 0
                 z = [s for name, s in stages if not (greedy and name == "temperature")][-1]

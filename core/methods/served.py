@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -48,6 +48,7 @@ from ..engine.served import (
 from ..errors import ConfigError
 from ..sampling.chain import Chain
 from ..sampling.export import served_settings
+from ..sampling.semantics import plan as semantics_plan
 from .batch.run import Baseline, Entry
 from .score import ChunkPerplexity, TextScore, check_scorable
 
@@ -281,7 +282,7 @@ class ServedSample(Run):
 def sample_needs(settings, kept_ids: bool = False) -> dict[str, str]:
     """What ``sample --engine`` asks of the backend, by option."""
     needs = {"generate": "sample --engine"}
-    if settings.temperature != 0:
+    if not semantics_plan(replace(settings, semantics="vllm")).greedy:  # the server reads them as vLLM does
         needs["seeded"] = "--seed"
     if settings.cache not in (None, "full"):
         needs["kv_policies"] = f"--cache {settings.cache}"

@@ -29,7 +29,7 @@ from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
 from ..kv import compresses_once, make_policy, parse_cache_spec, parse_policy_list
 from ..sampling.chain import Chain
-from ..sampling.select import make_selector
+from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
 from ..settings import _check
 from ..trace.records import Step
@@ -280,7 +280,7 @@ class StreamGenerate(Run):
         context = None if _has_rotary(lm.model) else lm.context_length
         rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), tuple(settings.stop), settings.ignore_eos,
                           context, tuple(settings.stop_id))
-        selector = make_selector(settings.temperature, settings.seed, lm.device)
+        selector = semantics_plan(settings).make_selector(settings.seed, lm.device)
         self.runtime = runtime_for(lm, self.spec, len(prompt_ids) + settings.max_new_tokens,
                                    compile=settings.compile)
         self.sampler = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,

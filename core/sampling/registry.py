@@ -101,7 +101,9 @@ class Stage:
     ``tokens`` (token ids resolved from texts), ``tokenizer`` (the model's own, and the logits width), ``generator``
     (the run's RNG), ``end_ids``, ``prompt_len``, ``state`` (it carries state from step to step). ``engines``: per
     engine, its rank in that engine's own order (absent: the engine has no such stage). ``warper``: it only acts when
-    sampling (greedy engines drop it). ``any_field``: any of its fields switches it on (else the first)."""
+    sampling (greedy engines drop it). ``any_field``: any of its fields switches it on (else the first).
+    ``logits_only``: its value is defined on the raw logits, not on log-probabilities (beam runs the chain on
+    log-probabilities, and refuses it)."""
 
     name: str
     params: tuple[Param, ...]
@@ -110,6 +112,7 @@ class Stage:
     value: Callable | None = None
     make: Callable = staticmethod(lambda cls, value, context: cls(value))
     warper: bool = False
+    logits_only: bool = False
     cls: type | None = None  # bound by @implements
     variants: dict[str, type] = field(default_factory=dict)  # other classes of the same stage, by role or engine
     any_field: bool = False
@@ -216,7 +219,7 @@ STAGES: list[Stage] = [
           engines={"vllm": -1, "llamacpp": -1}, needs=frozenset({"ids", "tokenizer", "end_ids", "prompt_len"}),
           value=_constraint, make=lambda cls, v, c: cls.bind(v, c), any_field=True),
     Stage("softcap", (Param("softcap", float, "c * tanh(z / c) on the logits, c > 0.", panel="chain",
-                            check=_gt0),)),
+                            check=_gt0),), logits_only=True),
     Stage("repetition-penalty",
           (Param("repetition_penalty", float, "Divide positive / multiply negative logits of seen tokens (> 0; 1 = "
                  "off).", panel="chain", check=Check(lambda v: _finite(v) and v > 0, "must be > 0 (1 = off)"),

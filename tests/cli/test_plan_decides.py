@@ -1,0 +1,37 @@
+"""Every command asks the semantics plan whether a run is greedy and which selector draws (never `temperature == 0`
+again): under `--semantics llamacpp`, `-t 0 --dynatemp-range 0.5` samples (llama.cpp's dynamic temperature runs T over
+[0, 0.5]), so `sample -N` and `stream` sample too, draw what `sample --seed` draws, and say so."""
+
+from __future__ import annotations
+
+import json
+
+DYNATEMP = ["-t", "0", "--semantics", "llamacpp", "--dynatemp-range", "0.5"]
+
+
+def run_json(cli, *args):
+    code, out, err = cli(*args, "--format", "json", "--threads", "1")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def one(cli, model, seed: int, *extra) -> dict:
+    return run_json(cli, "sample", "Once upon", "-m", model, "-n", "8", *DYNATEMP, "--seed", str(seed), *extra)
+
+
+def test_sample_n_samples_what_sample_seed_draws(cli, toy_model_dir):
+    singles = [one(cli, toy_model_dir, s)["token_ids"] for s in (1, 2, 3)]
+    assert len({tuple(t) for t in singles}) > 1  # the negative control: this setting samples in `sample`
+    doc = one(cli, toy_model_dir, 1, "-N", "3", "--cache", "static")  # static: one row after another
+    assert doc["selector"] == "multinomial"
+    assert [r["token_ids"] for r in doc["samples"]] == singles
+    assert doc["summary"]["distinct_outputs"] == len({tuple(t) for t in singles})
+
+
+def test_stream_samples_what_sample_draws(cli, toy_model_dir):
+    for seed in (1, 2):
+        sampled = one(cli, toy_model_dir, seed)
+        streamed = run_json(cli, "stream", "Once upon", "-m", toy_model_dir, "-n", "8", "-t", "0", "--seed", str(seed),
+                            "--set", "semantics=llamacpp", "--set", "dynatemp_range=0.5")
+        assert streamed["selector"] == "multinomial"
+        assert streamed["token_ids"] == sampled["token_ids"]
