@@ -26,6 +26,9 @@ def test_sample_n_samples_what_sample_seed_draws(cli, toy_model_dir):
     assert doc["selector"] == "multinomial"
     assert [r["token_ids"] for r in doc["samples"]] == singles
     assert doc["summary"]["distinct_outputs"] == len({tuple(t) for t in singles})
+    batched = one(cli, toy_model_dir, 1, "-N", "3")  # full cache: the rows in one batch, each its own draws
+    assert batched["summary"]["batched"] and batched["selector"] == "multinomial"
+    assert [r["token_ids"] for r in batched["samples"]] == singles
 
 
 def test_stream_samples_what_sample_draws(cli, toy_model_dir):

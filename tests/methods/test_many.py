@@ -223,3 +223,17 @@ def test_tokens_per_second_on_a_fake_clock(monkeypatch):
 def test_spread_of_two_samples():
     s = spread([row(0, [1], [-1.0]), row(1, [2, 3], [-1.0, -2.0])], str)
     assert s.std_sum_logprob == pytest.approx(1.0) and s.std_mean_logprob == pytest.approx(0.25)
+
+
+def test_rows_draw_with_the_plans_selector_transformers_multinomial_too():
+    """Under --semantics hf a sampled row draws as transformers does (torch.multinomial), batched or not: row i is the
+    single run with that selector and seed + i. (On the CPU torch.multinomial of one sample is itself an exponential
+    race, argmax p / q, so its tokens equal Multinomial's here: the test holds the row-by-row path to the single run.)"""
+    model = random_model("llama", seed=2, scale=4.0)
+    chain = build_chain({"temperature": 1.3})
+    rules = StopRules(6, ignore_eos=True)
+    want = [[s.token_id for s in Sampler(model, PROMPT, chain, make_selector("hf-multinomial", 5 + i, "cpu"), rules,
+                                         str, None, top=0)] for i in range(3)]
+    for batched in (True, False):
+        rows, _ = sample_many(model, PROMPT, chain, "hf-multinomial", 5, 3, rules, batched=batched)
+        assert [r.token_ids for r in rows] == want
