@@ -137,16 +137,13 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
 def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler, table: StepsTable,
          printed: bool = False) -> None:
     """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
-    from ...core.engine.stopping import trim_stop
     from ...core.sampling.semantics import plan
     from ..view import kept as kept_view
     names = sampler.chain.names
     kept = kept_view.kept_after(sampler.runtime, len(prompt_ids))
-    token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
-    out_text = lm.decode(token_ids)
+    # a resumed run: the saved tokens too
+    token_ids, out_text = sampler.delivered(lm.decode, getattr(sampler, "all_ids", None))
     effective = plan(settings)
-    if settings.trim_stop if settings.trim_stop is not None else effective.trim_stop:
-        token_ids, out_text = trim_stop(token_ids, sampler.stop_reason, sampler.rules, lm.decode)
     summary = sampler.summary()
     head = render.document("sample", lm, as_dict(settings), names, text, prompt_ids, selector=sampler.selector.name)
     if settings.semantics is not None:

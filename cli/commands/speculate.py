@@ -111,8 +111,7 @@ def progress(message: str) -> None:
 
 
 def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg) -> None:
-    token_ids = spec.new_ids
-    out_text = lm.decode(token_ids)
+    token_ids, out_text = spec.delivered(lm.decode)
     extra = {"sweep": [r.to_dict() for r in sweep], "best_gamma": best} if sweep else {}
     head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
                            draft=settings.draft, gamma=settings.gamma,

@@ -160,8 +160,8 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
             drive(run, opts.fmt, on_step=live.add)
     else:
         drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids), stops=tuple(settings.stop))
-    token_ids = run.new_ids
-    out_text, summary = lm.decode(token_ids), run.summary()
+    token_ids, out_text = run.delivered(lm.decode)
+    summary = run.summary()
     kept = kept_view.kept_after(run.runtime, len(prompt_ids))
     head = render.document("stream", lm, as_dict(settings), chain.names, text, prompt_ids, mode="generate",
                            selector=run.selector.name)

@@ -201,8 +201,8 @@ class EngineComparison:
         drain(sampler)
         steps = sampler.steps  # every traced step, the block pending at an early end included
         ids = sampler.new_ids
-        row = Row(engine_rows_name(v.name, "local"), v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids),
-                  sampler.stop_reason, mean_or_none([s.logprob for s in steps]),
+        row = Row(engine_rows_name(v.name, "local"), v.method, prompt.id, seed, sampler.delivered(self.lm.decode)[1],
+                  ids, len(ids), sampler.stop_reason, mean_or_none([s.logprob for s in steps]),
                   math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
                   distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
                   mean_or_none([s.kept for s in steps]), mean_or_none([s.entropy for s in steps]),

@@ -29,7 +29,7 @@ from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
 from ..kv import compresses_once, make_policy, parse_cache_spec, parse_policy_list
 from ..sampling.chain import Chain
-from ..sampling.semantics import plan as semantics_plan
+from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
 from ..settings import _check
 from ..trace.records import Step
@@ -289,6 +289,7 @@ class StreamGenerate(Run):
         self.steps: list[StreamStep] = []
         self.spans = Spans(settings.chunk)
         self.chain, self.selector = chain, selector
+        self.rules, self.trim_stop = rules, trims_stop(settings)
 
     @property
     def stop_reason(self) -> str:

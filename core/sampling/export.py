@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from ..engine.served import SamplingSettings
 from ..errors import ConfigError
-from .registry import BY_NAME, STAGES, effective, param, params
+from .registry import BY_NAME, STAGES, effective, param, params, stage_of
 from .semantics import (
     ENGINE_NAMES,
     ENGINE_STAGES,
@@ -39,11 +39,10 @@ TARGETS = ("hf", "vllm", "llamacpp")
 # (vllm/config/model.py get_diff_sampling_param; max_new_tokens is -n's)
 VLLM_SERVER_FILLED = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p",
                       "min_p")
-LLAMACPP_SAMPLER_NAMES = {  # common/sampling.cpp common_sampler_type_to_str
-    "repetition-penalty": "penalties", "frequency-penalty": "penalties", "presence-penalty": "penalties",
-    "dry": "dry", "top-n-sigma": "top_n_sigma", "top-k": "top_k", "typical-p": "typ_p", "top-p": "top_p",
-    "min-p": "min_p", "xtc": "xtc", "temperature": "temperature", "dynatemp": "temperature",
-}
+def sampler_names(engine: str) -> dict[str, str]:
+    """Stage -> the engine's name for it in a sampler list, from each row's ``Stage.samplers`` (llama.cpp's
+    --samplers: common/sampling.cpp common_sampler_type_to_str)."""
+    return {s.name: s.samplers[engine] for s in STAGES if engine in s.samplers}
 
 
 @dataclass
@@ -286,9 +285,10 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
     for t, b in bias.items():
         flags += [param("logit_bias").export["llamacpp"],
                   f"{t}{'+' if b >= 0 else '-'}{'inf' if math.isinf(b) else _flag_number(abs(b))}"]
-    order = [LLAMACPP_SAMPLER_NAMES[n] for n in (s.chain or ()) if n in LLAMACPP_SAMPLER_NAMES]
+    names = sampler_names("llamacpp")
+    order = [names[n] for n in (s.chain or ()) if n in names]
     if not sampling:  # llama.cpp runs only the listed samplers, then draws: --temp 0 is greedy only as one of them
-        order.append("temperature")
+        order.append(names[stage_of("temperature").name])
     flags += ["--samplers", ";".join(dict.fromkeys(order))]
     if sample["seed"] is not None:
         flags += ["--seed", str(sample["seed"])]

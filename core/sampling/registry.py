@@ -113,6 +113,7 @@ class Stage:
     make: Callable = staticmethod(lambda cls, value, context: cls(value))
     warper: bool = False
     logits_only: bool = False
+    samplers: dict[str, str] = field(default_factory=dict)  # engine -> its name in the sampler list (llama.cpp's)
     cls: type | None = None  # bound by @implements
     variants: dict[str, type] = field(default_factory=dict)  # other classes of the same stage, by role or engine
     any_field: bool = False
@@ -225,19 +226,21 @@ STAGES: list[Stage] = [
                  "off).", panel="chain", check=Check(lambda v: _finite(v) and v > 0, "must be > 0 (1 = off)"),
                  off={"hf": _ONE, "vllm": _ONE, "llamacpp": _ONE},
                  export={"hf": "repetition_penalty", "vllm": "repetition_penalty", "llamacpp": "--repeat-penalty"}),),
-          engines={"hf": 2, "vllm": 4, "llamacpp": 1}, needs=frozenset({"ids"}),
+          engines={"hf": 2, "vllm": 4, "llamacpp": 1}, samplers={"llamacpp": "penalties"}, needs=frozenset({"ids"}),
           make=lambda cls, v, c: c.repetition(cls, v)),
     Stage("frequency-penalty",
           (Param("frequency_penalty", float, "z -= A * (times the token was seen).",
                  off={"vllm": _ZERO, "llamacpp": _ZERO},
                  export={"vllm": "frequency_penalty", "llamacpp": "--frequency-penalty"}),),
-          engines={"vllm": 5, "llamacpp": 2}, needs=frozenset({"ids", "prompt_len"}),
+          engines={"vllm": 5, "llamacpp": 2}, samplers={"llamacpp": "penalties"},
+          needs=frozenset({"ids", "prompt_len"}),
           make=lambda cls, v, c: cls(value=v, **c.scope_of("frequency-penalty"))),
     Stage("presence-penalty",
           (Param("presence_penalty", float, "z -= A for every token already seen (once).",
                  off={"vllm": _ZERO, "llamacpp": _ZERO},
                  export={"vllm": "presence_penalty", "llamacpp": "--presence-penalty"}),),
-          engines={"vllm": 6, "llamacpp": 3}, needs=frozenset({"ids", "prompt_len"}),
+          engines={"vllm": 6, "llamacpp": 3}, samplers={"llamacpp": "penalties"},
+          needs=frozenset({"ids", "prompt_len"}),
           make=lambda cls, v, c: cls(value=v, **c.scope_of("presence-penalty"))),
     Stage("dry", (Param("dry_multiplier", float, "DRY: a token extending a repeat of n >= L tokens loses "
                         "M * base^(n - L) (0 < M).", off={"llamacpp": _ZERO},
@@ -251,7 +254,7 @@ STAGES: list[Stage] = [
                         defaults={"llamacpp": 64}),
                   Param("dry_breaker", str, "A DRY sequence breaker (repeatable; default llama.cpp's \\n : \" *; "
                         "without a model: token ids).", many=True, export={"llamacpp": "--dry-sequence-breaker"})),
-          engines={"llamacpp": 4}, needs=frozenset({"ids", "tokens"}), value=_dry,
+          engines={"llamacpp": 4}, samplers={"llamacpp": "dry"}, needs=frozenset({"ids", "tokens"}), value=_dry,
           make=lambda cls, v, c: cls(**v)),
     Stage("no-repeat-ngram", (Param("no_repeat_ngram", int, "Ban tokens completing an n-gram already in the text.",
                                     panel="chain", check=Check(lambda v: v >= 1, "must be an integer >= 1"),
@@ -279,29 +282,31 @@ STAGES: list[Stage] = [
                                 fallback=1.0, off={"hf": _ONE, "vllm": _ONE, "llamacpp": _ONE},
                                 export={"hf": "temperature", "vllm": "temperature", "llamacpp": "--temp"},
                                 defaults={"llamacpp": 0.8}),),
-          engines={"hf": 7, "vllm": 7, "llamacpp": 11}, value=_temperature, warper=True),
+          engines={"hf": 7, "vllm": 7, "llamacpp": 11}, samplers={"llamacpp": "temperature"}, value=_temperature,
+          warper=True),
     Stage("dynatemp", (Param("dynatemp_range", float, "Dynamic temperature: t +- R by the normalized entropy.",
                              off={"llamacpp": _NOT_POSITIVE}, export={"llamacpp": "--dynatemp-range"}),
                        Param("dynatemp_exponent", float, "Dynamic temperature exponent (default 1).", fallback=1.0,
                              export={"llamacpp": "--dynatemp-exp"}, defaults={"llamacpp": 1.0})),
-          engines={"llamacpp": 12}, value=_dynatemp, make=lambda cls, v, c: cls(**v), warper=True),
+          engines={"llamacpp": 12}, samplers={"llamacpp": "temperature"}, value=_dynatemp,
+          make=lambda cls, v, c: cls(**v), warper=True),
     Stage("top-n-sigma", (Param("top_n_sigma", float, "Keep z >= max z - N * std(z).",
                                 off={"llamacpp": Off(-1.0, lambda v: v <= 0)},  # since llama.cpp PR 13345
                                 export={"llamacpp": "--top-nsigma"}),),
-          engines={"llamacpp": 5}, warper=True),
+          engines={"llamacpp": 5}, samplers={"llamacpp": "top_n_sigma"}, warper=True),
     Stage("top-k", (Param("top_k", int, "Keep the k most likely tokens.", panel="chain",
                           check=Check(lambda v: v >= 1, "must be an integer >= 1"),
                           off={"hf": Off(0, lambda v: v == 0), "vllm": Off(0, lambda v: v in (0, -1)),
                                "llamacpp": _NOT_POSITIVE},
                           export={"hf": "top_k", "vllm": "top_k", "llamacpp": "--top-k"},
                           defaults={"hf": 50, "llamacpp": 40}),),
-          engines={"hf": 8, "vllm": 9, "llamacpp": 6}, warper=True),
+          engines={"hf": 8, "vllm": 9, "llamacpp": 6}, samplers={"llamacpp": "top_k"}, warper=True),
     Stage("top-p", (Param("top_p", float, "Keep the smallest set reaching this mass, (0, 1].", panel="chain",
                           check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
                           off={"hf": _AT_LEAST_ONE, "vllm": _AT_LEAST_ONE, "llamacpp": _AT_LEAST_ONE},
                           export={"hf": "top_p", "vllm": "top_p", "llamacpp": "--top-p"},
                           defaults={"llamacpp": 0.95}),),
-          engines={"hf": 9, "vllm": 10, "llamacpp": 8}, warper=True),
+          engines={"hf": 9, "vllm": 10, "llamacpp": 8}, samplers={"llamacpp": "top_p"}, warper=True),
     Stage("min-p", (Param("min_p", float, "Keep tokens with p >= min_p * p_max, [0, 1].", panel="chain",
                           check=Check(lambda v: 0 <= v <= 1, "must be in [0, 1]"),
                           off={"hf": _ZERO, "vllm": _ZERO, "llamacpp": Off(0.0, lambda v: v <= 0)},
@@ -309,12 +314,12 @@ STAGES: list[Stage] = [
                           defaults={"llamacpp": 0.05},
                           checks={"llamacpp": Check(lambda v: _finite(v), "must be a number (above 1 keeps one "
                                                     "token, <= 0 is off)")}),),
-          engines={"hf": 10, "vllm": 8, "llamacpp": 9}, warper=True),
+          engines={"hf": 10, "vllm": 8, "llamacpp": 9}, samplers={"llamacpp": "min_p"}, warper=True),
     Stage("typical-p", (Param("typical_p", float, "Locally typical sampling mass, (0, 1].", panel="chain",
                               check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
                               off={"hf": _AT_LEAST_ONE, "llamacpp": _AT_LEAST_ONE},
                               export={"hf": "typical_p", "llamacpp": "--typical"}),),
-          engines={"hf": 11, "llamacpp": 7}, warper=True),
+          engines={"hf": 11, "llamacpp": 7}, samplers={"llamacpp": "typ_p"}, warper=True),
     Stage("epsilon-cutoff", (Param("epsilon_cutoff", float, "Remove tokens with p < E, (0, 1).",
                                    off={"hf": _ZERO}, export={"hf": "epsilon_cutoff"}),),
           engines={"hf": 12}, warper=True),
@@ -328,7 +333,7 @@ STAGES: list[Stage] = [
                         fallback=0.1, off={"llamacpp": Off(0.1, lambda v: v > 0.5)},
                         export={"llamacpp": "--xtc-threshold"},
                         defaults={"llamacpp": 0.1})),
-          engines={"llamacpp": 10}, needs=frozenset({"generator", "state"}), value=_xtc,
+          engines={"llamacpp": 10}, samplers={"llamacpp": "xtc"}, needs=frozenset({"generator", "state"}), value=_xtc,
           make=lambda cls, v, c: cls(v["threshold"], v["probability"], c.generator), warper=True),
     Stage("mirostat", (Param("mirostat_tau", float, "Mirostat 2.0 target surprise in bits (default 5).",
                              fallback=5.0, export={"llamacpp": "--mirostat-ent"}),
@@ -374,6 +379,12 @@ def check_range(p: Param, value, engine: str | None = None) -> None:
     check = p.checks.get(engine, p.check)
     if check is not None and value is not None:
         _check(check.ok(value), p.field, value, check.allowed)
+
+
+def stateful(names) -> list[str]:
+    """The stages among ``names`` whose output is not a function of the prefix alone (``needs`` "state": their own
+    coin, or state carried from step to step)."""
+    return [n for n in names if "state" in BY_NAME[n].needs]
 
 
 def engine_order(engine: str) -> tuple[str, ...]:

@@ -130,6 +130,14 @@ class Plan:
                 "trim_stop": self.trim_stop, "notes": list(self.notes)}
 
 
+def trims_stop(s) -> bool:
+    """Whether a run of ``s`` delivers its text without what stopped it: ``trim_stop`` when set, else what the
+    engine whose semantics apply does (vLLM and llama.cpp leave a stop string out; transformers and decodelab keep
+    it)."""
+    given = getattr(s, "trim_stop", None)
+    return plan(s).trim_stop if given is None else bool(given)
+
+
 def active_stages(s: ChainSettings) -> list[str]:
     """The stages these settings switch on, in decodelab's default order."""
     on = []
