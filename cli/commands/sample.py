@@ -118,12 +118,13 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     from ...core.engine.stopping import stop_rules
     from ...core.methods.many import sample_many
     from ...core.sampling.chain import make_chain, refuse_stepwise_stages
-    from ...core.sampling.semantics import plan
+    from ...core.sampling.semantics import plan, trims_stop
     chain = make_chain(lm, settings)
     refuse_stepwise_stages(chain, "sample -N")
     selector = plan(settings).selector
     rows, spread = sample_many(lm.model, prompt_ids, chain, selector, settings.seed, n,
-                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec)
+                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec,
+                               trim=trims_stop(settings))
     head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids, selector=selector)
     title = f"{lm.name} · {n} samples · chain: {' -> '.join(chain.names) or '(none)'}"
     output.emit_for(opts, output.Output(

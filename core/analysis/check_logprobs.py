@@ -63,8 +63,11 @@ SCALING = stage_of(TEMPERATURE.field).name  # the stage that divides by T
 PENALTY_STAGES = VLLM_STAGES[: VLLM_STAGES.index(SCALING)]
 FILTER_STAGES = VLLM_STAGES[VLLM_STAGES.index(SCALING) + 1 :]
 RATIO_BAND = (0.9, 1.1)
-# request fields (vLLM's names, the registry's export) -> the settings' parameter: every number vLLM takes
-REQUEST_FIELDS = {p.export["vllm"]: p for p in params() if "vllm" in p.export and p.kind in (int, float)}
+
+
+def request_fields() -> dict:
+    """Request field (vLLM's name, the registry's export) -> the settings' parameter: every number vLLM takes."""
+    return {p.export["vllm"]: p for p in params() if "vllm" in p.export and p.kind in (int, float)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -189,7 +192,7 @@ def settings_of_request(request: dict | None, defaults: dict) -> tuple[SampleSet
         return None, []
     values, notes = {}, []
     neutral = SamplingSettings()
-    for key, p in REQUEST_FIELDS.items():
+    for key, p in request_fields().items():
         value = request.get(key)
         if value is None and key in defaults:
             value = defaults[key]
@@ -634,7 +637,7 @@ def check(lm, answers: list[Answer], tolerance: float = 1e-3) -> Report:
 def _settings_dict(s: SampleSettings | None) -> dict | None:
     if s is None:
         return None
-    keys = [p.field for p in REQUEST_FIELDS.values()] + [param("logit_bias").field, "seed"]
+    keys = [p.field for p in request_fields().values()] + [param("logit_bias").field, "seed"]
     return {k: getattr(s, k) for k in keys if getattr(s, k) not in (None, ())}
 
 

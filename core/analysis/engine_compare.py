@@ -37,6 +37,7 @@ from ..engine.backend import Capabilities, refuse_lacking
 from ..methods.served import Connection, chain_along, finish_to_stop, forced_logits, request_for, request_of
 from ..sampling.chain import make_chain
 from ..sampling.semantics import plan as semantics_plan
+from .check_logprobs import SCALING
 from .compare import (
     Prompt,
     Row,
@@ -235,7 +236,7 @@ class EngineComparison:
             greedy = semantics_plan(settings).greedy
             local_processed = []
             for i, stages in enumerate(rows):  # vLLM's processed values of a greedy row stop before temperature 0
-                z = [s for name, s in stages if not (greedy and name == "temperature")][-1]
+                z = [s for name, s in stages if not (greedy and name == SCALING)][-1]
                 local_processed.append(float(torch.log_softmax(z.double(), dim=-1)[ids[i]]))
             pair.max_abs_delta_logprob = max(abs(a - b) for a, b in zip(processed, local_processed)
                                              if math.isfinite(a) and math.isfinite(b))

@@ -19,7 +19,7 @@ import torch
 
 from ..engine.run import synchronize
 from ..engine.runtime import Runtime
-from ..engine.stopping import StopChecker, StopRules
+from ..engine.stopping import StopChecker, StopRules, trim_stop
 from ..engine.tokens import check_prompt
 from ..errors import ConfigError
 from ..kv import CacheSpec, require
@@ -134,9 +134,11 @@ def sample_batched(model, prompt_ids: list[int], chain: Chain, selector: str, se
 
 def sample_many(model, prompt_ids: list[int], chain: Chain, selector: str, seed: int, n: int, rules: StopRules,
                 detok: Callable[[list[int]], str] | None = None, token_text: Callable[[int], str] | None = None,
-                cache: CacheSpec | None = None, batched: bool | None = None) -> tuple[list[SampleRow], SpreadSummary]:
+                cache: CacheSpec | None = None, batched: bool | None = None,
+                trim: bool = False) -> tuple[list[SampleRow], SpreadSummary]:
     """N samples and their spread; ``selector``: the plan's (greedy, multinomial, hf-multinomial); ``batched``
-    None: batched when the cache policy holds rows."""
+    None: batched when the cache policy holds rows; ``trim``: each row's text without what stopped it (the run's
+    ``trim_stop``)."""
 
     batched = can_batch(cache) if batched is None else batched
     device = next(model.parameters()).device
@@ -160,9 +162,11 @@ def sample_many(model, prompt_ids: list[int], chain: Chain, selector: str, seed:
     synchronize(device)
     elapsed = time.perf_counter() - start
     detok = detok or (lambda ids: " ".join(map(str, ids)))
-    rows = [SampleRow(i, seed + i, ids, detok(ids), len(ids), reasons[i], sum(logps[i]),
+    # each row delivers as a run does: with ``trim``, without what stopped it (length: the tokens generated)
+    delivered = [trim_stop(ids, reasons[i], rules, detok) if trim else (ids, detok(ids)) for i, ids in enumerate(out)]
+    rows = [SampleRow(i, seed + i, kept, text, len(out[i]), reasons[i], sum(logps[i]),
                       sum(logps[i]) / len(logps[i]) if logps[i] else float("nan"))
-            for i, ids in enumerate(out)]
+            for i, (kept, text) in enumerate(delivered)]
     return rows, spread(rows, token_text or (lambda t: str(t)), batched,
                         sum(r.length for r in rows) / elapsed if elapsed > 0 else float("nan"))
 

@@ -66,7 +66,8 @@ class Param:
     ``many``: repeatable, a tuple of texts; ``pairs``: repeatable ``TEXT=BIAS``; ``fallback``: decodelab's value
     when the field is unset and its stage is on (DRY's base 1.75); ``metavar``: how ``--help`` names the value
     (default its type). Per engine (a dict keyed by engine name): ``off``, the values that switch the field's stage
-    off there (:class:`Off`); ``export``, the field's name there (a keyword argument or a flag); ``defaults``, the
+    off there (:class:`Off`); ``export``, the field's name there (a keyword argument or a flag; "llamacpp-server": in
+    the llama.cpp server's /completion body); ``defaults``, the
     value the engine uses when the field is not given; ``checks``, the engine's own range where it accepts more than
     decodelab's ``check``."""
 
@@ -244,7 +245,7 @@ STAGES: list[Stage] = [
           make=lambda cls, v, c: cls(value=v, **c.scope_of("presence-penalty"))),
     Stage("dry", (Param("dry_multiplier", float, "DRY: a token extending a repeat of n >= L tokens loses "
                         "M * base^(n - L) (0 < M).", off={"llamacpp": _ZERO},
-                        export={"llamacpp": "--dry-multiplier"}),
+                        export={"llamacpp": "--dry-multiplier", "llamacpp-server": "dry_multiplier"}),
                   Param("dry_base", float, "DRY base, >= 1 (default 1.75).", fallback=1.75,
                         export={"llamacpp": "--dry-base"}, defaults={"llamacpp": 1.75}),
                   Param("dry_allowed_length", int, "DRY: repeats up to this length are free (default 2).",
@@ -285,14 +286,15 @@ STAGES: list[Stage] = [
           engines={"hf": 7, "vllm": 7, "llamacpp": 11}, samplers={"llamacpp": "temperature"}, value=_temperature,
           warper=True),
     Stage("dynatemp", (Param("dynatemp_range", float, "Dynamic temperature: t +- R by the normalized entropy.",
-                             off={"llamacpp": _NOT_POSITIVE}, export={"llamacpp": "--dynatemp-range"}),
+                             off={"llamacpp": _NOT_POSITIVE},
+                             export={"llamacpp": "--dynatemp-range", "llamacpp-server": "dynatemp_range"}),
                        Param("dynatemp_exponent", float, "Dynamic temperature exponent (default 1).", fallback=1.0,
                              export={"llamacpp": "--dynatemp-exp"}, defaults={"llamacpp": 1.0})),
           engines={"llamacpp": 12}, samplers={"llamacpp": "temperature"}, value=_dynatemp,
           make=lambda cls, v, c: cls(**v), warper=True),
     Stage("top-n-sigma", (Param("top_n_sigma", float, "Keep z >= max z - N * std(z).",
                                 off={"llamacpp": Off(-1.0, lambda v: v <= 0)},  # since llama.cpp PR 13345
-                                export={"llamacpp": "--top-nsigma"}),),
+                                export={"llamacpp": "--top-nsigma", "llamacpp-server": "top_n_sigma"}),),
           engines={"llamacpp": 5}, samplers={"llamacpp": "top_n_sigma"}, warper=True),
     Stage("top-k", (Param("top_k", int, "Keep the k most likely tokens.", panel="chain",
                           check=Check(lambda v: v >= 1, "must be an integer >= 1"),
@@ -318,7 +320,7 @@ STAGES: list[Stage] = [
     Stage("typical-p", (Param("typical_p", float, "Locally typical sampling mass, (0, 1].", panel="chain",
                               check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
                               off={"hf": _AT_LEAST_ONE, "llamacpp": _AT_LEAST_ONE},
-                              export={"hf": "typical_p", "llamacpp": "--typical"}),),
+                              export={"hf": "typical_p", "llamacpp": "--typical", "llamacpp-server": "typical_p"}),),
           engines={"hf": 11, "llamacpp": 7}, samplers={"llamacpp": "typ_p"}, warper=True),
     Stage("epsilon-cutoff", (Param("epsilon_cutoff", float, "Remove tokens with p < E, (0, 1).",
                                    off={"hf": _ZERO}, export={"hf": "epsilon_cutoff"}),),
@@ -328,7 +330,7 @@ STAGES: list[Stage] = [
           engines={"hf": 13}, warper=True),
     Stage("xtc", (Param("xtc_probability", float, "XTC: with this probability (a coin from --seed) remove every top "
                         "choice but the least likely.", off={"llamacpp": Off(0.0, lambda v: v <= 0)},
-                        export={"llamacpp": "--xtc-probability"}),
+                        export={"llamacpp": "--xtc-probability", "llamacpp-server": "xtc_probability"}),
                   Param("xtc_threshold", float, "XTC: tokens with p >= T are the top choices (default 0.1).",
                         fallback=0.1, off={"llamacpp": Off(0.1, lambda v: v > 0.5)},
                         export={"llamacpp": "--xtc-threshold"},
@@ -385,6 +387,12 @@ def stateful(names) -> list[str]:
     """The stages among ``names`` whose output is not a function of the prefix alone (``needs`` "state": their own
     coin, or state carried from step to step)."""
     return [n for n in names if "state" in BY_NAME[n].needs]
+
+
+def sampler_names(engine: str) -> dict[str, str]:
+    """Stage -> the engine's name for it in a sampler list, from each row's ``samplers`` (llama.cpp's --samplers:
+    common/sampling.cpp common_sampler_type_to_str)."""
+    return {s.name: s.samplers[engine] for s in STAGES if engine in s.samplers}
 
 
 def engine_order(engine: str) -> tuple[str, ...]:

@@ -51,3 +51,13 @@ def test_a_stop_id_is_dropped_from_ids_and_text(cli, toy_model_dir, command):
     doc = generate(cli, toy_model_dir, command, "--stop-id", str(stop), "--set", "trim_stop=true")
     assert doc["token_ids"] == free["token_ids"][:upto]
     assert doc["config"]["trim_stop"] is True
+
+
+def test_sample_n_rows_deliver_as_the_single_runs(cli, toy_model_dir):
+    """Each row of `sample -N` is the text `sample --seed seed+i` delivers, trimmed alike."""
+    stop = generate(cli, toy_model_dir, "sample", "-t", "0.9", "--seed", "7")["token_ids"][3]
+    args = ["-t", "0.9", "--stop-id", str(stop), "--trim-stop", "--seed", "7"]
+    rows = generate(cli, toy_model_dir, "sample", *args, "-N", "2", "--cache", "static")["samples"]
+    singles = [generate(cli, toy_model_dir, "sample", *args[:-1], str(7 + i)) for i in range(2)]
+    assert [(r["token_ids"], r["text"]) for r in rows] == [(s["token_ids"], s["text"]) for s in singles]
+    assert stop not in rows[0]["token_ids"] and rows[0]["length"] == len(rows[0]["token_ids"]) + 1
