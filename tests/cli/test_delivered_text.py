@@ -61,3 +61,19 @@ def test_sample_n_rows_deliver_as_the_single_runs(cli, toy_model_dir):
     singles = [generate(cli, toy_model_dir, "sample", *args[:-1], str(7 + i)) for i in range(2)]
     assert [(r["token_ids"], r["text"]) for r in rows] == [(s["token_ids"], s["text"]) for s in singles]
     assert stop not in rows[0]["token_ids"] and rows[0]["length"] == len(rows[0]["token_ids"]) + 1
+
+
+def test_batch_requests_deliver_as_sample_does(cli, toy_model_dir, tmp_path):
+    """A request of `batch` whose settings trim (its own trim_stop, or --semantics vllm) delivers the text
+    `sample` delivers with the same settings; one that does not keeps the stop text."""
+    free = generate(cli, toy_model_dir, "sample")["text"]
+    stop = free[len(free) // 2 : len(free) // 2 + 3]
+    lines = [{"id": "trim", "prompt": "Once upon", "trim_stop": True}, {"id": "keep", "prompt": "Once upon"},
+             {"id": "vllm", "prompt": "Once upon", "semantics": "vllm"}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    doc = run_json(cli, "batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "12", "-t", "0", "--ignore-eos",
+                   "--stop", stop, "--baselines", "none")
+    texts = {r["id"]: r["text"] for r in doc["requests"]}
+    assert texts["trim"] == texts["vllm"] == free[: free.find(stop)]
+    assert texts["keep"].startswith(free[: free.find(stop)] + stop)

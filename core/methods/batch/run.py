@@ -21,7 +21,7 @@ from ...errors import ConfigError
 from ...inputs import parse_json, read_input_text
 from ...sampling.chain import build_chain, make_chain
 from ...sampling.select import Greedy
-from ...sampling.semantics import plan as semantics_plan
+from ...sampling.semantics import plan as semantics_plan, trims_stop
 from ...settings import coerce, normalize_key
 from ..sample import SampleSettings, validate_sample
 from .scheduler import Iteration, Request, Result, Scheduler
@@ -115,7 +115,7 @@ def build_requests(lm: LoadedModel, entries: list[Entry], chat: bool = False) ->
         chain = make_chain(lm, s)
         chain.reset(len(prompt_ids))  # stages that count generated tokens (or read them: a constraint) start here
         selector = semantics_plan(s).make_selector(s.seed, lm.device)
-        out.append(Request(e.id, prompt_ids, chain, selector, stop_rules(lm, s), lm.decode, e.prompt))
+        out.append(Request(e.id, prompt_ids, chain, selector, stop_rules(lm, s), lm.decode, e.prompt, trims_stop(s)))
     return out
 
 
