@@ -38,3 +38,17 @@ def test_stream_samples_what_sample_draws(cli, toy_model_dir):
                             "--set", "semantics=llamacpp", "--set", "dynatemp_range=0.5")
         assert streamed["selector"] == "multinomial"
         assert streamed["token_ids"] == sampled["token_ids"]
+
+
+def test_a_batch_request_draws_what_sample_draws_with_xtc(cli, toy_model_dir, tmp_path):
+    """XTC's coin and the selector's race come from one generator seeded by --seed, in `sample` and in each request
+    of `batch` alike (two generators seeded alike would repeat the same draws for both)."""
+    line = {"id": "x", "prompt": "Once upon", "temperature": 1.5, "xtc_probability": 0.7, "xtc_threshold": 0.01,
+            "seed": 4}
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    doc = run_json(cli, "batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "10", "--ignore-eos",
+                   "--baselines", "none")
+    single = run_json(cli, "sample", "Once upon", "-m", toy_model_dir, "-n", "10", "--ignore-eos", "-t", "1.5",
+                      "--xtc-probability", "0.7", "--xtc-threshold", "0.01", "--seed", "4")
+    assert doc["requests"][0]["token_ids"] == single["token_ids"]

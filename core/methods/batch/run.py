@@ -112,9 +112,9 @@ def build_requests(lm: LoadedModel, entries: list[Entry], chat: bool = False) ->
     for e in entries:
         s = e.settings
         prompt_ids = lm.encode(e.prompt, chat=chat)
-        chain = make_chain(lm, s)
-        chain.reset(len(prompt_ids))  # stages that count generated tokens (or read them: a constraint) start here
         selector = semantics_plan(s).make_selector(s.seed, lm.device)
+        chain = make_chain(lm, s, getattr(selector, "generator", None))  # XTC's coin from the selector's generator
+        chain.reset(len(prompt_ids))  # stages that count generated tokens (or read them: a constraint) start here
         out.append(Request(e.id, prompt_ids, chain, selector, stop_rules(lm, s), lm.decode, e.prompt, trims_stop(s)))
     return out
 
