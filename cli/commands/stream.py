@@ -154,7 +154,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     prompt_ids = lm.encode(text, opts.chat)
     # -f jsonl and -f text write each step (or its text) as it comes: no step is kept, unless a page is saved
     keep = opts.fmt not in (o.Format.jsonl, o.Format.text) or bool(opts.save_html or opts.save_svg)
-    run = StreamGenerate(lm, prompt_ids, chain, settings, keep_steps=keep)
+    run = StreamGenerate(lm, prompt_ids, None, settings, keep_steps=keep)  # its chain shares the selector's generator
     if opts.fmt == o.Format.table:
         with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
             drive(run, opts.fmt, on_step=live.add)

@@ -52,3 +52,12 @@ def test_a_batch_request_draws_what_sample_draws_with_xtc(cli, toy_model_dir, tm
     single = run_json(cli, "sample", "Once upon", "-m", toy_model_dir, "-n", "10", "--ignore-eos", "-t", "1.5",
                       "--xtc-probability", "0.7", "--xtc-threshold", "0.01", "--seed", "4")
     assert doc["requests"][0]["token_ids"] == single["token_ids"]
+
+
+def test_stream_draws_what_sample_draws_with_xtc(cli, toy_model_dir):
+    xtc = ["-n", "10", "--ignore-eos", "-t", "1.5", "--seed", "4"]
+    single = run_json(cli, "sample", "Once upon", "-m", toy_model_dir, *xtc, "--xtc-probability", "0.7",
+                      "--xtc-threshold", "0.01")
+    streamed = run_json(cli, "stream", "Once upon", "-m", toy_model_dir, *xtc, "--set", "xtc_probability=0.7",
+                        "--set", "xtc_threshold=0.01")
+    assert streamed["token_ids"] == single["token_ids"]
