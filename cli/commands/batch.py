@@ -93,7 +93,7 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
 
 def request_rows(lm, report: BatchReport) -> list[dict]:
     return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain, "token_ids": r.new_ids,
-             "text": lm.decode(r.new_ids), "stop_reason": r.stop_reason, "prefix_hit_tokens": r.prefix_hit_tokens,
+             "text": r.text, "stop_reason": r.stop_reason, "prefix_hit_tokens": r.prefix_hit_tokens,
              "computed_tokens": r.computed_tokens, "preemptions": r.preemptions, "joined": r.joined,
              "finished": r.finished,
              "steps": [{"index": i, "token_id": s.token_id, "token": lm.token_text(s.token_id),

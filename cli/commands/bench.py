@@ -14,8 +14,6 @@ from .. import options as o
 from ..loop import note_interrupt
 from ..view import output, render
 
-CHAINS = {"greedy": ["temperature"], "sampling": ["temperature", "top-p"], "beam": [],
-          "speculative": ["temperature"], "prompt-lookup": ["temperature"]}  # each setting's stages (analysis/bench.py)
 PROMPT = "God blessed Noah and his sons, and said to them"  # the opening of the bundled held-out text
 
 Rounds = Annotated[int, typer.Option("--rounds", help="Timed rounds (after one warm-up round that also checks the "
@@ -50,7 +48,7 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     and prompt lookup), trace on and off: interleaved rounds, medians and paired ratios."""
     import torch
 
-    from ...core.analysis.bench import Bench, parse_settings
+    from ...core.analysis.bench import Bench, chain_names, parse_settings
     from ...core.engine.models import load_draft
     from ..pipeline import load, read_prompt
 
@@ -77,8 +75,8 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     doc = {"command": "bench", "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
            "config": {"max_new_tokens": n, "rounds": rounds, "draft": draft if draft_lm else None, "gammas": list(g),
                       "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()},
-           "chain": list(dict.fromkeys(stage for name in chosen for stage in CHAINS[name])),
-           "chains": {name: CHAINS[name] for name in chosen},
+           "chain": list(dict.fromkeys(stage for name in chosen for stage in chain_names(name))),
+           "chains": {name: chain_names(name) for name in chosen},
            "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason,
            "summary": bench_summary(rows, stop_reason)}
     output.emit_for(opts, output.Output(

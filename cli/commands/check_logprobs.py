@@ -10,6 +10,7 @@ import typer
 from rich.text import Text
 
 from ...core.errors import ConfigError
+from ...core.sampling.registry import params
 from ...core.settings import resolve
 from .. import options as o
 from ..view import render
@@ -68,8 +69,8 @@ def check_logprobs(opts: o.Opts, file: FileArg = None, prompt: PromptOpt = None,
     emit(opts, lm, source, report)
 
 
-SETTINGS_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "logit_bias", "min_new_tokens", "allow", "ban")
+# the settings a vLLM request carries: every field with a vLLM name, the structured outputs (sent whole) aside
+SETTINGS_KEYS = tuple(p.field for p in params() if "vllm" in p.export and "." not in p.export["vllm"])
 
 
 def generation_defaults(lm) -> dict:

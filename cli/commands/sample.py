@@ -118,12 +118,14 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     from ...core.engine.stopping import stop_rules
     from ...core.methods.many import sample_many
     from ...core.sampling.chain import make_chain, refuse_stepwise_stages
+    from ...core.sampling.semantics import plan, trims_stop
     chain = make_chain(lm, settings)
     refuse_stepwise_stages(chain, "sample -N")
-    rows, spread = sample_many(lm.model, prompt_ids, chain, settings.temperature == 0, settings.seed, n,
-                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec)
-    head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids,
-                           selector="greedy" if settings.temperature == 0 else "multinomial")
+    selector = plan(settings).selector
+    rows, spread = sample_many(lm.model, prompt_ids, chain, selector, settings.seed, n,
+                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec,
+                               trim=trims_stop(settings))
+    head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids, selector=selector)
     title = f"{lm.name} · {n} samples · chain: {' -> '.join(chain.names) or '(none)'}"
     output.emit_for(opts, output.Output(
         document={**head, "samples": rows, "summary": spread},
@@ -136,16 +138,13 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
 def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler, table: StepsTable,
          printed: bool = False) -> None:
     """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
-    from ...core.engine.stopping import trim_stop
     from ...core.sampling.semantics import plan
     from ..view import kept as kept_view
     names = sampler.chain.names
     kept = kept_view.kept_after(sampler.runtime, len(prompt_ids))
-    token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
-    out_text = lm.decode(token_ids)
+    # a resumed run: the saved tokens too
+    token_ids, out_text = sampler.delivered(lm.decode, getattr(sampler, "all_ids", None))
     effective = plan(settings)
-    if settings.trim_stop if settings.trim_stop is not None else effective.trim_stop:
-        token_ids, out_text = trim_stop(token_ids, sampler.stop_reason, sampler.rules, lm.decode)
     summary = sampler.summary()
     head = render.document("sample", lm, as_dict(settings), names, text, prompt_ids, selector=sampler.selector.name)
     if settings.semantics is not None:
@@ -208,7 +207,7 @@ def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, prompt_
     out_text = conn.local.decode(ids)
     effective = plan(replace(settings, semantics="vllm"))
     head = document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
-                    selector="greedy" if settings.temperature == 0 else "engine")
+                    selector="greedy" if effective.greedy else "engine")
 
     def views() -> list:
         title = f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · {summary.values} logprobs"

@@ -149,8 +149,7 @@ def progress(message: str) -> None:
 
 def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg,
          prediction=None, audit=None) -> None:
-    token_ids = spec.new_ids
-    out_text = lm.decode(token_ids)
+    token_ids, out_text = spec.delivered(lm.decode)
     extra = {"sweep": [r.to_dict() for r in sweep], "best_gamma": best} if sweep else {}
     if prediction is not None:
         extra["prediction"] = prediction.to_dict()

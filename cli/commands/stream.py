@@ -154,14 +154,14 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     prompt_ids = lm.encode(text, opts.chat)
     # -f jsonl and -f text write each step (or its text) as it comes: no step is kept, unless a page is saved
     keep = opts.fmt not in (o.Format.jsonl, o.Format.text) or bool(opts.save_html or opts.save_svg)
-    run = StreamGenerate(lm, prompt_ids, chain, settings, keep_steps=keep)
+    run = StreamGenerate(lm, prompt_ids, None, settings, keep_steps=keep)  # its chain shares the selector's generator
     if opts.fmt == o.Format.table:
         with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
             drive(run, opts.fmt, on_step=live.add)
     else:
         drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids), stops=tuple(settings.stop))
-    token_ids = run.new_ids
-    out_text, summary = lm.decode(token_ids), run.summary()
+    token_ids, out_text = run.delivered(lm.decode)
+    summary = run.summary()
     kept = kept_view.kept_after(run.runtime, len(prompt_ids))
     head = render.document("stream", lm, as_dict(settings), chain.names, text, prompt_ids, mode="generate",
                            selector=run.selector.name)

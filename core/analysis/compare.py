@@ -43,7 +43,7 @@ from ..methods.speculative.run import (
 )
 from ..sampling import replay
 from ..sampling.chain import Chain, build_chain, make_chain
-from ..sampling.registry import DEFAULT_ORDER, params
+from ..sampling.registry import DEFAULT_ORDER, STAGES, params, stateful
 from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
@@ -55,6 +55,10 @@ SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
 MAX_SEEDS = 4096  # seeds in one comparison (each is a run of every variant on every prompt)
 MAX_PROMPTS = 100_000
+# why a divergence under a stateful stage is not attributed, each such stage of the registry named
+STATEFUL_WHY = " and ".join(f"{s.name} " + ("draws its own coin from the run's generator" if "generator" in s.needs
+                                             else "carries state") for s in STAGES if "state" in s.needs) + \
+    ": not attributed"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -415,7 +419,8 @@ class Comparison:
             drain(sampler)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
             steps = sampler.steps  # every traced step, the block pending at an early end included
             ids = sampler.new_ids
-            return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), sampler.stop_reason,
+            text = sampler.delivered(self.lm.decode)[1]  # the run's text: trimmed where its settings say
+            return Row(v.name, v.method, prompt.id, seed, text, ids, len(ids), sampler.stop_reason,
                        mean_or_none([s.logprob for s in steps]),
                        math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
                        distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
@@ -443,12 +448,12 @@ class Comparison:
         drain(spec)
         ids = list(spec.new_ids)
         return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, spec.stop_reason,
-                               spec.watch.timing.tokens_per_s(len(ids)))
+                               spec.watch.timing.tokens_per_s(len(ids)), spec.delivered(self.lm.decode)[1])
 
-    def scored_row(self, v, prompt, seed, prompt_ids, chain, ids, reason, tps) -> Row:
+    def scored_row(self, v, prompt, seed, prompt_ids, chain, ids, reason, tps, text: str | None = None) -> Row:
         s = teacher_forced(self.lm.model, prompt_ids, ids, chain)
-        return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), reason,
-                   mean_or_none(s.logprob),
+        return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids) if text is None else text, ids, len(ids),
+                   reason, mean_or_none(s.logprob),
                    math.exp(-mean_or_none(s.raw_logprob)) if ids else None,
                    distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
                    mean_or_none(s.kept), mean_or_none(s.entropy), tps)
@@ -473,9 +478,8 @@ class Comparison:
             pair.deciding_stage = "method"
             pair.why = (f"{a.method} settings differ ({', '.join(keys)})" if keys
                         else f"{a.method} with the same settings")
-        elif {"xtc", "mirostat"} & set(make_chain(self.lm, sa).names + make_chain(self.lm, sb).names):
-            pair.deciding_stage = "stateful"
-            pair.why = "xtc draws its own coin from the run's generator and mirostat carries state: not attributed"
+        elif stateful(make_chain(self.lm, sa).names + make_chain(self.lm, sb).names):
+            pair.deciding_stage, pair.why = "stateful", STATEFUL_WHY
         else:
             pair.deciding_stage, pair.why = self.attribute(sa, sb, prompt_ids + ra.token_ids[:d], d, seed,
                                                            pair.a_token)
@@ -497,6 +501,9 @@ class Comparison:
         vb = pb.settings.stage_values(resolved=resolve(pb.settings, tokens))
         same_order = sa.chain == sb.chain and sa.semantics == sb.semantics
         end_ids = pa.context(None, tuple(self.lm.eos_ids), getattr(sa, "stop_id", ())).end_ids
+        # the plans say which side is greedy; where one samples, the race (a temperature-0 stage leaves a point
+        # mass, whose arg-max the race picks too)
+        greedy = pa.greedy and pb.greedy
 
         def context_for(values: dict) -> StageContext:
             """a's context, except that a penalty switched to b's value counts tokens as b does."""
@@ -513,7 +520,6 @@ class Comparison:
                                 context_for(values))
             replay.start(chain, len(prefix) - step)  # the prompt: stages that count or read generated tokens start there
             processed = replay.processed(chain, ids, z, len(prefix)).float()
-            greedy = values.get("temperature") == 0
             return int((processed if greedy else processed - race.log()).argmax(dim=-1)[0])
 
         current = pick(va, pa.order)

@@ -16,11 +16,13 @@ loop_s: the decoding loop alone, what a benchmark against another loop compares.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import EMPTY_CHAIN, ChainError
+from .stopping import trim_stop
 
 
 def synchronize(device) -> None:
@@ -76,11 +78,21 @@ class Timing:
 
 
 class Run:
-    """Base of every method's run: the stop reason and the interrupt. Each method's run also has ``new_ids`` (the
-    generated ids, an attribute or a property) and ``summary()`` (its summary record)."""
+    """Base of every method's run: the stop reason, the interrupt and the delivered text. Each method's run also has
+    ``new_ids`` (the generated ids, an attribute or a property), ``rules`` (its :class:`~.stopping.StopRules`) and
+    ``summary()`` (its summary record); its builder sets ``trim_stop`` from the settings."""
 
     stop_reason: str = "length"
     interrupted: bool = False
+    trim_stop: bool = False  # deliver the text without what stopped the run (--trim-stop, or the engine's reading)
+
+    def delivered(self, decode: Callable[[list[int]], str], ids: list[int] | None = None) -> tuple[list[int], str]:
+        """The ids and text this run delivers: ``ids`` (default ``new_ids``) decoded; with ``trim_stop``, a stop id
+        dropped from both and a stop string cut from the text (:func:`~.stopping.trim_stop`)."""
+        ids = list(self.new_ids if ids is None else ids)
+        if self.trim_stop:
+            return trim_stop(ids, self.stop_reason, self.rules, decode)
+        return ids, decode(ids)
 
     def interrupt(self) -> None:
         """Called when the consumer was interrupted (Ctrl-C): what was produced stays, the reason says why."""

@@ -24,7 +24,7 @@ from ..engine.tokens import TokenBuffer, check_prompt
 from ..inputs import check_text
 from ..kv import CacheSpec, require
 from ..sampling.chain import Chain, make_chain, validate_chain
-from ..sampling.semantics import plan as semantics_plan
+from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, read_selected, select
 from ..settings import _check
@@ -278,5 +278,7 @@ def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[in
     rules = stop_rules(lm, settings)
     runtime = runtime_for(lm, settings.cache_spec, len(prompt_ids) + rules.max_new_tokens,
                           compile=settings.compile)
-    return Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
-                   runtime=runtime, record=record, kept=kept, block=block)
+    sampler = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
+                      runtime=runtime, record=record, kept=kept, block=block)
+    sampler.trim_stop = trims_stop(settings)
+    return sampler

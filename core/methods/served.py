@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..engine.backend import refuse_lacking
 from ..engine.run import Run
@@ -35,6 +35,7 @@ from ..engine.http.transport import EngineError
 from ..engine.http.wire import LOGPROB_KINDS, PROCESSED, RAW, Generated, Position, Scored
 from ..errors import ConfigError
 from ..sampling.export import served_settings
+from ..sampling.semantics import plan as semantics_plan
 from .batch.run import Baseline, Entry
 from .score import ChunkPerplexity, TextScore, check_scorable
 
@@ -268,7 +269,7 @@ class ServedSample(Run):
 def sample_needs(settings, kept_ids: bool = False) -> dict[str, str]:
     """What ``sample --engine`` asks of the backend, by option."""
     needs = {"generate": "sample --engine"}
-    if settings.temperature != 0:
+    if not semantics_plan(replace(settings, semantics="vllm")).greedy:  # the server reads them as vLLM does
         needs["seeded"] = "--seed"
     if settings.cache not in (None, "full"):
         needs["kv_policies"] = f"--cache {settings.cache}"

@@ -28,8 +28,8 @@ from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
 from ..kv import KVPolicy, compresses_once, feed_invariant, make_policy, parse_cache_spec, parse_policy_list
-from ..sampling.chain import Chain
-from ..sampling.select import make_selector
+from ..sampling.chain import Chain, make_chain
+from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
 from ..settings import _check
 from ..trace.records import Step
@@ -275,14 +275,17 @@ class StreamGenerate(Run):
     """The ``sample`` loop under a bounded policy, past the context; steps carry the cache state. ``keep_steps=False``
     (a stream written as it comes): no step is kept, and the memory of the run does not grow with its steps."""
 
-    def __init__(self, lm, prompt_ids: list[int], chain: Chain, settings: StreamSettings, keep_steps: bool = True):
+    def __init__(self, lm, prompt_ids: list[int], chain: Chain | None, settings: StreamSettings,
+                 keep_steps: bool = True):
+        """``chain`` None: the settings' chain, drawing XTC's coin from the selector's generator (as `sample`)."""
 
         self.lm, self.settings, self.spec = lm, settings, settings.cache_spec
         # RoPE models run on past their trained positions (the point); absolute positions end at the context
         context = None if rotary_parameters(lm.model) is not None else lm.context_length
         rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), tuple(settings.stop), settings.ignore_eos,
                           context, tuple(settings.stop_id))
-        selector = make_selector(settings.temperature, settings.seed, lm.device)
+        selector = semantics_plan(settings).make_selector(settings.seed, lm.device)
+        chain = chain if chain is not None else make_chain(lm, settings, getattr(selector, "generator", None))
         self.runtime = runtime_for(lm, self.spec, len(prompt_ids) + settings.max_new_tokens,
                                    compile=settings.compile)
         self.sampler = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
@@ -291,6 +294,7 @@ class StreamGenerate(Run):
         self.steps: list[StreamStep] = []
         self.spans = Spans(settings.chunk)
         self.chain, self.selector = chain, selector
+        self.rules, self.trim_stop = rules, trims_stop(settings)
 
     @property
     def stop_reason(self) -> str:

@@ -8,6 +8,7 @@ from dataclasses import field, make_dataclass
 from functools import lru_cache
 
 from ..kv import CacheSpec, parse_cache_spec
+from ..settings import PAIRS
 
 from .registry import STAGES, Param, params
 
@@ -15,7 +16,7 @@ from .registry import STAGES, Param, params
 def annotation(p: Param):
     """The field's type: a tuple of texts, of (text, bias) pairs, or an optional scalar."""
     if p.pairs:
-        return tuple[tuple[str, float], ...]
+        return PAIRS
     if p.many:
         return tuple[str, ...]
     return p.kind | None

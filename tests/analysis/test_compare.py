@@ -139,16 +139,16 @@ def test_why_a_token_the_selector_did_not_pick_is_forced_and_no_stages_say_so():
 def test_why_in_a_traced_run_names_the_bias_exactly_where_it_changed_the_argmax(llama):
     prompt = [5, 17, 42]
     rules = StopRules(8, ignore_eos=True)
-    plain = [s.token_id for s in Sampler(llama, prompt, build_chain({"temperature": 0}), make_selector(0, 0, "cpu"),
+    plain = [s.token_id for s in Sampler(llama, prompt, build_chain({"temperature": 0}), make_selector("greedy", 0, "cpu"),
                                          rules, str, None, top=0)]
     chain = build_chain({"bias": {7: 1e4}, "temperature": 0})
-    steps = list(Sampler(llama, prompt, chain, make_selector(0, 0, "cpu"), rules, str, None, top=0))
+    steps = list(Sampler(llama, prompt, chain, make_selector("greedy", 0, "cpu"), rules, str, None, top=0))
     assert all(s.token_id == 7 for s in steps)
     # step 0 shares the prompt: the bias decided unless the model's own argmax was already 7
     assert steps[0].decided_by == ("model" if plain[0] == 7 else "bias")
     assert all(s.decided_by in ("bias", "model") for s in steps)
     sampled = list(Sampler(llama, prompt, build_chain({"temperature": 0.7, "top-k": 3}),
-                           make_selector(0.7, 1, "cpu"), rules, str, None, top=0))
+                           make_selector("multinomial", 1, "cpu"), rules, str, None, top=0))
     assert all(s.decided_by in ("model", "temperature", "top-k") and s.why for s in sampled)
 
 
@@ -293,7 +293,7 @@ def test_many_samples_follow_the_processed_distribution(llama):
     z = Runtime.create(llama).prefill(torch.tensor([prompt]))
     probs = softmax(chain.apply(torch.tensor([prompt]), z))[0].double()
     n = 1200
-    rows, summary = sample_many(llama, prompt, chain, False, 0, n, StopRules(1, ignore_eos=True))
+    rows, summary = sample_many(llama, prompt, chain, "multinomial", 0, n, StopRules(1, ignore_eos=True))
     assert summary.batched and summary.num_samples == n
     counts = torch.zeros(V, dtype=torch.float64)
     for r in rows:
@@ -311,11 +311,11 @@ def test_batched_row_i_is_the_single_run_with_seed_plus_i(llama):
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 1.0, "top-p": 0.9})
     rules = StopRules(6, ignore_eos=True)
-    rows, summary = sample_many(llama, prompt, chain, False, 10, 4, rules)
-    seq, _ = sample_many(llama, prompt, chain, False, 10, 4, rules, batched=False)
+    rows, summary = sample_many(llama, prompt, chain, "multinomial", 10, 4, rules)
+    seq, _ = sample_many(llama, prompt, chain, "multinomial", 10, 4, rules, batched=False)
     assert not _.batched
     for i, r in enumerate(rows):
-        single = [s.token_id for s in Sampler(llama, prompt, chain, make_selector(1.0, 10 + i, "cpu"), rules, str,
+        single = [s.token_id for s in Sampler(llama, prompt, chain, make_selector("multinomial", 10 + i, "cpu"), rules, str,
                                               None, top=0)]
         assert r.token_ids == single == seq[i].token_ids
         assert r.sum_logprob == pytest.approx(seq[i].sum_logprob, abs=1e-4)
@@ -336,23 +336,23 @@ def run_ids(model, prompt, chain, selector, n, force=None):
 def test_force_changes_that_step_and_nothing_before_and_keeps_later_draws(llama):
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 1.0, "top-k": 20})
-    base = [s.token_id for s in run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10)]
+    base = [s.token_id for s in run_ids(llama, prompt, chain, make_selector("multinomial", 4, "cpu"), 10)]
     z_ids = prompt + base[:4]
     z = Runtime.create(llama).prefill(torch.tensor([z_ids]))
     alt = next(t for t in z[0].topk(5).indices.tolist() if t != base[4])
-    steps = run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10, force={4: alt})
+    steps = run_ids(llama, prompt, chain, make_selector("multinomial", 4, "cpu"), 10, force={4: alt})
     forced = [s.token_id for s in steps]
     assert forced[:4] == base[:4] and forced[4] == alt
     assert steps[4].decided_by == "forced" and steps[3].decided_by != "forced"
     # the later steps used the same draws: continuing from the forced prefix with the draws of steps 5.. agrees
-    sel = make_selector(1.0, 4, "cpu")
+    sel = make_selector("multinomial", 4, "cpu")
     skip_draws(sel, 5, V, "cpu")
     tail = [s.token_id for s in Sampler(llama, prompt + forced[:5], chain, sel, StopRules(5, ignore_eos=True), str,
                                         None, top=0)]
     assert tail == forced[5:]
     with pytest.raises(ConfigError, match="removed that token"):
         far = z[0].argsort()[0].item()  # the least likely token: outside top-20
-        run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10, force={4: far} if False else {0: far})
+        run_ids(llama, prompt, chain, make_selector("multinomial", 4, "cpu"), 10, force={4: far} if False else {0: far})
     assert parse_force(["3=42", "0=7"]) == {3: 42, 0: 7}
     with pytest.raises(ConfigError, match="--force"):
         parse_force(["x=1"])
@@ -361,14 +361,14 @@ def test_force_changes_that_step_and_nothing_before_and_keeps_later_draws(llama)
 def test_resume_continues_with_the_same_draws(llama, tmp_path):
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 0.8})
-    whole = [s.token_id for s in run_ids(llama, prompt, chain, make_selector(0.8, 2, "cpu"), 14)]
+    whole = [s.token_id for s in run_ids(llama, prompt, chain, make_selector("multinomial", 2, "cpu"), 14)]
     doc = {"command": "sample", "config": {"temperature": 0.8, "seed": 2}, "prompt": {"token_ids": prompt},
            "token_ids": whole[:8], "summary": {"stop_reason": "length"}}
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(doc))
     point = load_trace(path)
     assert point.context_ids == prompt + whole[:8] and point.config["seed"] == 2
-    sel = make_selector(point.config["temperature"], point.config["seed"], "cpu")
+    sel = make_selector("multinomial", point.config["seed"], "cpu")
     skip_draws(sel, len(point.generated_ids), V, "cpu")
     rest = [s.token_id for s in run_ids(llama, point.context_ids, chain, sel, 6)]
     assert whole[8:] == rest
@@ -398,16 +398,16 @@ def test_branched_run_resumes_and_forces_with_step_numbers_of_the_original(llama
 
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 0.9, "top-k": 30})
-    whole = run_ids(llama, prompt, chain, make_selector(0.9, 6, "cpu"), 12)
+    whole = run_ids(llama, prompt, chain, make_selector("multinomial", 6, "cpu"), 12)
     ids = [s.token_id for s in whole]
-    sampler = Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(7, ignore_eos=True),
+    sampler = Sampler(llama, prompt + ids[:5], chain, make_selector("multinomial", 6, "cpu"), StopRules(7, ignore_eos=True),
                       str, None, top=0)
     run = Branched(sampler, resumed=ids[:5])
     steps = list(run)
     assert [s.index for s in steps] == list(range(5, 12)) and run.all_ids == ids
     assert [s.decided_by for s in steps] == [s.decided_by for s in whole[5:]]
     with pytest.raises(ConfigError, match="part of the resumed trace"):
-        Branched(Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(3), str, None),
+        Branched(Sampler(llama, prompt + ids[:5], chain, make_selector("multinomial", 6, "cpu"), StopRules(3), str, None),
                  force={2: 7}, resumed=ids[:5])
 
 

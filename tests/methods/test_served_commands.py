@@ -61,13 +61,13 @@ def test_finish_to_stop_and_probability():
 
 
 def test_needs_by_option_in_order():
-    s = SimpleNamespace(temperature=0.0, cache=None)
+    s = SampleSettings(temperature=0.0, cache=None)
     assert list(m.sample_needs(s).items()) == [("generate", "sample --engine")]
-    s = SimpleNamespace(temperature=0.7, cache="window:size=8")
+    s = SampleSettings(temperature=0.7, cache="window:size=8")
     assert list(m.sample_needs(s, kept_ids=True).items()) == [
         ("generate", "sample --engine"), ("seeded", "--seed"), ("kv_policies", "--cache window:size=8"),
         ("full_logits", "--kept-ids")]
-    assert m.sample_needs(SimpleNamespace(temperature=1.0, cache="full")) == {"generate": "sample --engine",
+    assert m.sample_needs(SampleSettings(temperature=1.0, cache="full")) == {"generate": "sample --engine",
                                                                              "seeded": "--seed"}
     s = SimpleNamespace(against=None, against_cache=None, cache=None, feed=None)
     assert m.score_needs(s, []) == {"score": "score --engine"}

@@ -12,7 +12,7 @@ from transformers.generation import logits_process as hf
 
 from decodelab.core.sampling.settings import ChainSettings
 from decodelab.core.methods.sample import SampleSettings, validate_sample
-from decodelab.core.settings import coerce
+from decodelab.core.settings import PAIRS, coerce
 from decodelab.core.sampling.chain import validate_chain
 from decodelab.core.methods.sample import Sampler
 from decodelab.core.engine.stopping import StopRules
@@ -804,6 +804,6 @@ def test_resolve_layers_defaults_preset_options_and_sets(tmp_path):
 
     @dataclasses.dataclass(frozen=True)
     class OnlyLogitBias:  # a method's settings without sequence_bias: no such key is added
-        logit_bias: tuple = (("b", 0.5),)
+        logit_bias: PAIRS = (("b", 0.5),)  # a pair-valued setting is known by its type
 
     assert as_dict(OnlyLogitBias()) == {"logit_bias": {"b": 0.5}}

@@ -20,7 +20,8 @@ from ...engine.stopping import StopRules, stop_rules
 from ...errors import ConfigError
 from ...inputs import parse_json, read_input_text
 from ...sampling.chain import build_chain, make_chain
-from ...sampling.select import make_selector
+from ...sampling.select import Greedy
+from ...sampling.semantics import plan as semantics_plan, trims_stop
 from ...settings import coerce, normalize_key
 from ..sample import SampleSettings, validate_sample
 from .scheduler import Iteration, Request, Result, Scheduler
@@ -111,10 +112,10 @@ def build_requests(lm: LoadedModel, entries: list[Entry], chat: bool = False) ->
     for e in entries:
         s = e.settings
         prompt_ids = lm.encode(e.prompt, chat=chat)
-        chain = make_chain(lm, s)
+        selector = semantics_plan(s).make_selector(s.seed, lm.device)
+        chain = make_chain(lm, s, getattr(selector, "generator", None))  # XTC's coin from the selector's generator
         chain.reset(len(prompt_ids))  # stages that count generated tokens (or read them: a constraint) start here
-        out.append(Request(e.id, prompt_ids, chain, make_selector(s.temperature, s.seed, lm.device), stop_rules(lm, s),
-                           lm.decode, e.prompt))
+        out.append(Request(e.id, prompt_ids, chain, selector, stop_rules(lm, s), lm.decode, e.prompt, trims_stop(s)))
     return out
 
 
@@ -263,6 +264,5 @@ def warm_up(lm: LoadedModel, settings: BatchSettings) -> None:
     """A few untimed iterations of two short rows: the first forwards of a model are slow, and the baselines
     would otherwise be timed warm against a cold iteration-level run."""
     rules = StopRules(2, ignore_eos=True)
-    requests = [Request(f"warm{i}", [0] * (3 + i), build_chain({}), make_selector(0, 0, lm.device), rules)
-                for i in range(2)]
+    requests = [Request(f"warm{i}", [0] * (3 + i), build_chain({}), Greedy(), rules) for i in range(2)]
     Scheduler(lm.model, requests, max_batch=2, block_size=settings.block_size).run()

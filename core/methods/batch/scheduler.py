@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ...engine.run import synchronize
 from ...engine.runtime import Runtime
-from ...engine.stopping import StopChecker, StopRules
+from ...engine.stopping import StopChecker, StopRules, trim_stop
 from ...engine.tokens import TokenBuffer, check_prompt
 from ...errors import EMPTY_CHAIN, ConfigError
 from ...kv import CacheSpec
@@ -53,6 +53,7 @@ class Request:
     rules: StopRules
     detok: Callable[[list[int]], str] | None = None
     prompt: str | None = None
+    trim_stop: bool = False  # deliver the text without what stopped it (as a run does: engine.run.Run.delivered)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Result:
     preemptions: int
     joined: int  # iteration it first joined
     finished: int  # iteration its last token was selected
+    text: str | None = None  # the delivered text (trimmed when the request says so); None without a detokenizer
 
 
 @dataclass
@@ -384,6 +386,9 @@ class Scheduler:
         return [(s, token[i : i + 1]) for i, (_, s) in enumerate(rows)], host
 
     def _result(self, s: Seq) -> Result:
-        return Result(s.req.id, s.req.prompt, list(s.req.prompt_ids), list(s.req.chain.names), list(s.new_ids),
-                      s.stop_reason or "length",
-                      s.steps, s.hits or 0, s.fed, s.preemptions, s.joined_at, s.finished_at)
+        reason, ids = s.stop_reason or "length", list(s.new_ids)
+        text = None
+        if s.req.detok is not None:
+            text = trim_stop(ids, reason, s.req.rules, s.req.detok)[1] if s.req.trim_stop else s.req.detok(ids)
+        return Result(s.req.id, s.req.prompt, list(s.req.prompt_ids), list(s.req.chain.names), ids, reason,
+                      s.steps, s.hits or 0, s.fed, s.preemptions, s.joined_at, s.finished_at, text)

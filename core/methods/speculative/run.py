@@ -26,7 +26,7 @@ from ...sampling import replay
 from ...sampling.chain import Chain, make_chain, refuse_stepwise_stages
 from ...sampling.distribution import softmax
 from ...sampling.select import make_generator
-from ...sampling.semantics import plan as semantics_plan
+from ...sampling.semantics import plan as semantics_plan, trims_stop
 from ...sampling.step import check_selected
 from ..sample import SampleSettings, validate_sample
 from .chained import make_proposer, proposer_spec
@@ -34,7 +34,6 @@ from .proposers import (
     Draft,
     Proposer,
     Sequence,
-    make_selector_for,
 )
 from .rule import (
     acceptance_probability,
@@ -548,13 +547,15 @@ def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: Specu
     chain = chain or make_chain(lm, settings)
     refuse_stepwise_stages(chain, "speculative decoding")
     chain.reset(len(prompt_ids))
-    greedy = semantics_plan(settings).selector == "greedy"
+    greedy = semantics_plan(settings).greedy
     gen = None if greedy else make_generator(settings.seed, lm.device)
     spec = settings.cache_spec
     proposer = make_proposer(proposer_spec(settings.draft, draft), draft, chain, greedy, gen, settings.ngram_size,
                              cache=spec)
-    return Speculator(lm.model, proposer, prompt_ids, chain, stop_rules(lm, settings, max_new_tokens), gamma, gen,
-                      lm.token_text, lm.decode, settings.top, record, cache=spec)
+    run = Speculator(lm.model, proposer, prompt_ids, chain, stop_rules(lm, settings, max_new_tokens), gamma, gen,
+                     lm.token_text, lm.decode, settings.top, record, cache=spec)
+    run.trim_stop = trims_stop(settings)
+    return run
 
 
 def warm_up_speculate(lm: LoadedModel, draft: LoadedModel | None, settings: SpeculateSettings,
