@@ -151,3 +151,22 @@ def test_cli_audit_numerics_table_and_bad_input(cli):
     assert "within" in out and "noise floor:" in out
     code, out, err = cli("audit-numerics", "Once upon a time", "--conditions", "dtype:int4")
     assert code == 2 and "--conditions 'dtype:int4'" in err and "Traceback" not in err
+
+
+def test_an_engine_is_one_more_condition(tiny, ids):
+    """The fake vLLM serving the same fp32 model: its prompt logprobs agree with the reference to fp32 rounding,
+    its KL is a top-N bound, no hidden states."""
+    from fake_server import SamplingServer
+
+    from decodelab.core.methods.served import connect
+
+    server = SamplingServer(tiny).start()
+    try:
+        conn = connect(server.url, tiny, {"score": "audit-numerics"})
+        audit = nm.audit(tiny, ids, [], conn.engine, "fp32", 5)
+    finally:
+        server.stop()
+    c = audit.conditions[0]
+    assert c.kind == "engine" and c.truncated and c.layers == [] and c.positions == len(ids) - 1
+    assert c.max_abs_delta_logprob < 1e-4 and c.within_noise and c.flips == []
+    assert 0 <= c.kl_mean <= c.kl_upper_mean
