@@ -38,6 +38,7 @@ from ..engine import numerics as engine_numerics
 from ..engine.numerics import DTYPES, Forced
 from ..errors import ConfigError
 from .check_logprobs import RATIO_BAND
+from .engine_compare import truncated_kl
 
 FLOOR_FACTOR = 4.0  # the margin over the measured rounding envelope (bf16 against fp32 reaches about 2x of it)
 WITHIN = "within numeric noise"
@@ -341,8 +342,6 @@ def compare_engine(engine, ids: list[int], ref: Forced, floor: Floor, top_n: int
     """The served engine scores the text (prompt logprobs: raw, its top N): |delta logprob| exact on the text's
     tokens, KL(engine || local) bounded from its top N (``truncated_kl``), flips of its top-1 against the local
     argmax. No hidden states: the layer columns stay empty."""
-    from .engine_compare import truncated_kl
-
     scored = engine.score(ids, top_n)
     positions = scored.positions[1:]
     local = torch.log_softmax(ref.logits[: len(ids) - 1].double(), -1)
