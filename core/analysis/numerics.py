@@ -21,9 +21,8 @@ is the logit floor ``delta``. A layer is beyond noise when e_l exceeds its floor
 is **within numeric noise** when no layer is beyond its floor and every |delta logprob| is at most 2 delta (a log
 probability z - logsumexp z moves by at most twice the largest logit change).
 
-**The noise verdict** for two runs that part at a step: the reference's top-2 margin there against 2 delta (a flip
-needs the margin to close; each logit can move by delta): "within numeric noise" when the margin is at most that,
-"not explained by numerics" when it is larger.
+The floor and the noise verdict where two runs part live in :mod:`.noise` (``compare``, ``batch`` and ``sample -N``
+use them too).
 """
 
 from __future__ import annotations
@@ -39,10 +38,9 @@ from ..engine.numerics import DTYPES, Forced
 from ..errors import ConfigError
 from .check_logprobs import RATIO_BAND
 from .engine_compare import truncated_kl
+from .noise import (FLOOR_FACTOR, NOT_EXPLAINED, WITHIN, Floor, Floors, coarser, relative_errors,  # noqa: F401
+                    top2_margins)
 
-FLOOR_FACTOR = 4.0  # the margin over the measured rounding envelope (bf16 against fp32 reaches about 2x of it)
-WITHIN = "within numeric noise"
-NOT_EXPLAINED = "not explained by numerics"
 SIDES = ("left", "right")
 ATTENTIONS = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
 DEFAULT_MATRIX = ("dtype:bf16", "dtype:fp16", "batch:3:left", "batch:3:right", "decode", "chunks:4", "attn:eager")
@@ -126,57 +124,6 @@ def run_condition(model, c: Condition, ids: list[int], vocab: int) -> tuple[Forc
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the noise floor
-
-
-@dataclass
-class Floor:
-    """The measured rounding envelope of one dtype on this model and text, times FLOOR_FACTOR."""
-
-    dtype: str
-    eps: float
-    layers: list[float]  # per hidden-state row (0 = embeddings)
-    logit: float  # delta: the largest logit change
-
-    @property
-    def logprob(self) -> float:
-        return 2 * self.logit
-
-
-def coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    return a if torch.finfo(a).eps >= torch.finfo(b).eps else b
-
-
-def relative_errors(a: Tensor, b: Tensor) -> list[float]:
-    """Per layer row: max over positions of ||a - b||_2 / ||b||_2 (hidden [L + 1, T, H])."""
-    num = (a.double() - b.double()).norm(dim=-1)
-    den = b.double().norm(dim=-1).clamp_min(1e-30)
-    return (num / den).amax(dim=-1).tolist()
-
-
-def measure_floor(model, ids: list[int], reference: Forced, dtype: torch.dtype) -> Floor:
-    """The reference model with eps-sized noise after every layer (eps of ``dtype``), against the reference."""
-    eps = torch.finfo(dtype).eps
-    noisy = engine_numerics.perturbed(model, ids, eps)
-    layers = [FLOOR_FACTOR * e for e in relative_errors(noisy.hidden, reference.hidden)]
-    logit = FLOOR_FACTOR * float((noisy.logits.double() - reference.logits.double()).abs().max())
-    return Floor(str(dtype).replace("torch.", ""), eps, layers, logit)
-
-
-class Floors:
-    """Floors measured once per dtype, for one model and text."""
-
-    def __init__(self, model, ids: list[int], reference: Forced):
-        self.model, self.ids, self.reference = model, ids, reference
-        self._by: dict[torch.dtype, Floor] = {}
-
-    def of(self, dtype: torch.dtype) -> Floor:
-        if dtype not in self._by:
-            self._by[dtype] = measure_floor(self.model, self.ids, self.reference, dtype)
-        return self._by[dtype]
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # comparing a condition with the reference
 
 
@@ -228,12 +175,6 @@ class ConditionResult:
 
 def layer_name(row: int) -> str:
     return "embeddings" if row == 0 else f"layer {row - 1}"
-
-
-def top2_margins(logp: Tensor) -> tuple[Tensor, Tensor]:
-    """(argmax [T], log p1 - log p2 [T])."""
-    top = logp.topk(2, dim=-1)
-    return top.indices[:, 0], top.values[:, 0] - top.values[:, 1]
 
 
 def compare_forced(name: str, kind: str, ids: list[int], ref: Forced, cond: Forced, floor: Floor,
@@ -334,7 +275,7 @@ def audit(lm, ids: list[int], conditions: list[Condition], engine=None, engine_d
                                   engine_dtype))
     reference = {"dtype": str(ref_dtype).replace("torch.", ""), "device": str(lm.device),
                  "attention": engine_numerics.attention_of(model), "batch": 1, "forward": "whole text"}
-    used = [asdict(f) | {"logprob": f.logprob} for f in floors._by.values()]
+    used = [asdict(f) | {"logprob": f.logprob} for f in floors.measured()]
     return Audit(reference, list(ids), out, used, FLOOR_RULE)
 
 
@@ -366,37 +307,3 @@ def compare_engine(engine, ids: list[int], ref: Forced, floor: Floor, top_n: int
                            _verdict(within, None, worst, floor) + f" (top-{top_n} truncated: KL is a lower bound; "
                            f"the engine's dtype taken as {dtype})", truncated=True,
                            kl_upper_mean=sum(upper) / len(upper), abs_delta_logprob=deltas)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the noise verdict of two runs that should agree
-
-
-@dataclass
-class NoiseVerdict:
-    step: int  # the first step where the two runs part
-    margin: float  # the reference run's top-2 margin there (log p1 - log p2)
-    floor: float  # 2 delta: what rounding of this dtype can move a margin by
-    dtype: str
-    words: str  # "within numeric noise" | "not explained by numerics"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def noise_verdict(lm, prefix_ids: list[int], step: int) -> NoiseVerdict:
-    """Two runs that should agree part after ``prefix_ids`` (the shared prompt and tokens up to the divergence, at
-    generated step ``step``): the loaded model's raw top-2 margin there against the logprob floor measured for its
-    dtype on that prefix (see the module doc)."""
-    model = lm.model
-    ref = engine_numerics.whole(model, list(prefix_ids))
-    dtype = next(model.parameters()).dtype
-    floor = measure_floor(model, list(prefix_ids), ref, dtype)
-    logp = torch.log_softmax(ref.logits[-1:].double(), -1)
-    _, margin = top2_margins(logp)
-    return verdict_of(step, float(margin[0]), floor.logprob, floor.dtype)
-
-
-def verdict_of(step: int, margin: float, floor: float, dtype: str) -> NoiseVerdict:
-    """A margin at most the floor could have been closed by rounding alone; a larger one could not."""
-    return NoiseVerdict(step, margin, floor, dtype, WITHIN if margin <= floor else NOT_EXPLAINED)

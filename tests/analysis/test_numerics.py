@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from decodelab.core.analysis import noise
 from decodelab.core.analysis import numerics as nm
 from decodelab.core.engine import numerics as en
 from decodelab.core.engine.models import load_model
@@ -65,7 +66,7 @@ def test_bf16_is_beyond_the_fp32_floor(tiny, ids, reference):
     """Negative control of the floor: the same bf16 numbers held against the fp32 floor are beyond noise at once
     (so "within noise" above is the bf16 floor's doing, not a floor that passes everything)."""
     bf16 = en.whole(en.copy_as(tiny.model, dtype=torch.bfloat16), ids)
-    floor = nm.measure_floor(tiny.model, ids, reference, torch.float32)
+    floor = noise.measure_floor(tiny.model, ids, reference, torch.float32)
     c = nm.compare_forced("bf16 vs fp32 floor", "dtype", ids, reference, bf16, floor, torch.bfloat16)
     assert not c.within_noise and c.first_layer_beyond_noise in ("embeddings", "layer 0")
 
@@ -78,7 +79,7 @@ def test_a_difference_planted_in_one_layer_is_named(tiny, ids, reference, layer)
     with torch.no_grad():
         en.layers_of(planted)[layer].mlp.down_proj.weight.mul_(1.001)
     forced = en.whole(planted, ids)
-    floor = nm.measure_floor(tiny.model, ids, reference, torch.float32)
+    floor = noise.measure_floor(tiny.model, ids, reference, torch.float32)
     c = nm.compare_forced("planted", "model", ids, reference, forced, floor, torch.float32)
     assert c.first_layer_beyond_noise == f"layer {layer}"
     assert all(not la.beyond_noise for la in c.layers[: layer + 1])
@@ -93,7 +94,7 @@ def test_figures_by_hand_on_a_flip():
                     torch.ones(2, 3, 2))
     cond = en.Forced(torch.tensor([[2.0, 1.0, 0.0, 0.0], [0.0, 2.9, 3.0, 0.0], [0.0, 0.0, 1.0, 0.0]]),
                      torch.ones(2, 3, 2))
-    floor = nm.Floor("float32", 1e-7, [1e-6, 1e-6], 1e-5)
+    floor = noise.Floor("float32", 1e-7, [1e-6, 1e-6], 1e-5)
     c = nm.compare_forced("hand", "test", text, ref, cond, floor, torch.float32)
     p = torch.log_softmax(ref.logits[1].double(), -1)
     q = torch.log_softmax(cond.logits[1].double(), -1)
@@ -110,13 +111,35 @@ def test_figures_by_hand_on_a_flip():
 
 
 def test_the_noise_verdict_words(tiny, ids):
-    assert nm.verdict_of(3, 0.01, 0.02, "bfloat16").words == "within numeric noise"
-    assert nm.verdict_of(3, 0.5, 0.02, "bfloat16").words == "not explained by numerics"
-    fp32 = nm.noise_verdict(tiny, ids[:10], 3)
-    assert fp32.dtype == "float32" and fp32.floor < 1e-3 and fp32.words == nm.NOT_EXPLAINED  # margin >> fp32 noise
-    bf16 = load_model("tiny", device="cpu", dtype="bfloat16")
-    loose = nm.noise_verdict(bf16, ids[:10], 3)
-    assert loose.dtype == "bfloat16" and loose.floor > 100 * fp32.floor
+    assert noise.verdict_words(0.01, 0.02) == "within numeric noise"
+    assert noise.verdict_words(-0.01, 0.02) == "within numeric noise"
+    assert noise.verdict_words(0.5, 0.02) == "not explained by numerics"
+
+
+def test_the_noise_verdict_on_fp32_and_bf16(tiny, ids):
+    """The same prefix, token a and its nearest competitor b (a margin of about 0.008 nats on the bundled model):
+    not explained by fp32's measured floor, within bf16's; the margin is z_a - z_b there, by hand."""
+    prompt, generated = ids[:6], ids[6:10]
+    a = generated[2]
+    z = en.whole(tiny.model, prompt + generated[:2]).logits[-1].double()
+    gaps = (z - z[a]).abs()
+    gaps[a] = float("inf")
+    b = int(gaps.argmin())
+    fp32 = noise.noise_verdict(tiny, prompt, generated, 2, b)
+    assert fp32.margin == pytest.approx(float(z[a] - z[b]), abs=1e-5) and fp32.step == 2
+    assert fp32.dtype == "float32" and abs(fp32.margin) > fp32.floor and fp32.words == noise.NOT_EXPLAINED
+    bf16 = noise.noise_verdict(load_model("tiny", device="cpu", dtype="bfloat16"), prompt, generated, 2, b)
+    assert bf16.dtype == "bfloat16" and bf16.floor > 100 * fp32.floor and bf16.words == noise.WITHIN
+
+
+def test_divergence_verdicts_only_where_the_runs_part(tiny, ids):
+    prompt, ref = ids[:5], ids[5:12]
+    other = ref[:3] + [ref[3] + 1] + ref[4:]
+    out = noise.divergence_verdicts(tiny, prompt, ref, [("same", list(ref)), ("other", other),
+                                                        ("shorter", ref[:4])])
+    assert [v["against"] for v in out] == ["other"] and out[0]["step"] == 3
+    assert out[0]["token_a"] == ref[3] and out[0]["token_b"] == ref[3] + 1
+    assert out[0]["words"] in (noise.WITHIN, noise.NOT_EXPLAINED)
 
 
 @pytest.mark.parametrize("text, words", [("dtype:int8", "dtype:int8"), ("batch:0:left", "[1, 64]"),
