@@ -9,8 +9,8 @@ at each layer is the layer's floor, and :data:`FLOOR_FACTOR` times its largest l
 **The verdict.** Two runs part at a step: one chose token a, the other b. Rounding moves each logit by at most
 delta, so it can swap a and b only if their margin m = z_a - z_b (after the run's chain, when it has one: the
 processed logits decide a greedy step) is at most 2 delta: m <= 2 delta is "within numeric noise", m > 2 delta "not
-explained by numerics". The top-2 margin there is reported beside it (where a is the argmax, the two are the same
-for the runner-up).
+explained by numerics". The margin is in logit units before temperature (a temperature divides margin and rounding
+alike; temperature 0 is greedy's argmax). The top-2 margin there is reported beside it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ..engine.numerics import Forced
 FLOOR_FACTOR = 4.0  # the margin over the measured rounding envelope (bf16 against fp32 reaches about 2x of it)
 WITHIN = "within numeric noise"
 NOT_EXPLAINED = "not explained by numerics"
+SCALING = ("temperature", "dynatemp")  # stages that divide every logit alike (temperature 0: greedy, an argmax)
 VERDICT_LIMIT = 8  # divergences given a verdict per command (each costs two forwards of its prefix)
 
 
@@ -117,10 +118,12 @@ def noise_verdict(lm, prompt_ids: list[int], generated: list[int], step: int, to
     reference = engine_numerics.whole(model, prefix)
     floor = measure_floor(model, prefix, reference, next(model.parameters()).dtype)
     z = reference.logits[-1:].float()
-    if chain is not None:
+    if chain is not None:  # the stages that shift logits; a temperature scales margin and noise alike: left out
         chain.reset(len(prompt_ids))
+        ids = torch.tensor([prefix], device=z.device)
         with torch.inference_mode():
-            z = chain.apply(torch.tensor([prefix], device=z.device), z)
+            for proc in chain.processors:
+                z = z if proc.name in SCALING else proc(ids, z)
     z = z[0].double()
     a = int(generated[step])
     _, top2 = top2_margins(z[None])
