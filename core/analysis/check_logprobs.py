@@ -51,6 +51,7 @@ from ..inputs import read_input_text
 from ..methods.sample import SampleSettings
 from ..methods.served import chain_along, forced_logits
 from ..sampling.chain import make_chain
+from .full_logprobs import reasoning_split
 
 LABELS = ("raw", "penalized", "temperature-scaled", "renormalized", "unexplained")
 PENALTY_STAGES = ("allow", "ban", "min-new-tokens", "bias", "repetition-penalty", "frequency-penalty",
@@ -271,6 +272,9 @@ def _parse_chat(obj, choice, lp, request, ids: Ids, where: str, encode) -> Answe
             t.token_id = int(token_id) if t.token_id is None else t.token_id
     prompt_ids = obj.get("prompt_token_ids") or choice.get("prompt_token_ids")
     answer = Answer(where, "chat", list(prompt_ids) if prompt_ids else None, entries)
+    split = reasoning_split(choice, lp)
+    if split:
+        answer.defects.append(split)
     if isinstance(obj.get("prompt_logprobs"), list):
         answer.prompt = _prompt_logprobs(ids, obj["prompt_logprobs"], answer.prompt_ids)
     if entries and entries[0].listed and entries[0].listed[0].token_id == entries[0].token_id:

@@ -287,7 +287,7 @@ def sampler_law(raw, body: dict, defect: str | None = None):
     import torch
 
     z = raw.double()
-    if defect == "greedy":
+    if defect == "greedy" or float(body.get("temperature", 1.0)) < 1e-5:  # vLLM: below 1e-5 is greedy
         out = torch.zeros_like(z)
         out[z.argmax()] = 1.0
         return out
@@ -311,12 +311,14 @@ class SamplingServer:
     seeded by the request's seed (unseeded requests: one server generator seeded 0), so every test is repeatable.
     Sampling fields it does not implement (penalties, logit bias, allowed ids) are refused with HTTP 400."""
 
-    def __init__(self, lm, defect: str | None = None, name: str = "tiny"):
+    def __init__(self, lm, defect: str | None = None, name: str = "tiny", logprob_shift: float = 0.0):
+        """``logprob_shift``: added to every logprob the server returns (an engine whose numbers are not the
+        model's normalised ones)."""
         import torch
 
         if defect not in SAMPLER_DEFECTS:
             raise ValueError(f"defect {defect!r}; allowed: {SAMPLER_DEFECTS}")
-        self.lm, self.defect, self.name = lm, defect, name
+        self.lm, self.defect, self.name, self.shift = lm, defect, name, logprob_shift
         self.requests = 0
         self._cache: dict = {}
         self._lock = threading.Lock()
@@ -372,6 +374,10 @@ class SamplingServer:
                 self._cache[ids] = torch.log_softmax(logits, -1)
             return self._cache[ids]
 
+    def values(self, ids: tuple[int, ...]):
+        """The logprobs the server returns after ``ids``: the raw ones, shifted by ``logprob_shift``."""
+        return self.raw(ids) + self.shift
+
     def answer(self, method: str, path: str, body) -> tuple[int, dict]:
         if method == "GET" and path == "/v1/models":
             return 200, models_answer(self.name)
@@ -413,9 +419,10 @@ class SamplingServer:
                 raw = self.raw(tuple(ids))
                 law = sampler_law(raw, body, self.defect)
                 token = int(torch.multinomial(law, 1, generator=g))
+                shown = self.values(tuple(ids))
                 tokens.append(token)
-                values.append(float(raw[token]))
-                tops.append(self.listed(raw, token, int(body.get("logprobs") or 0)))
+                values.append(float(shown[token]))
+                tops.append(self.listed(shown, token, int(body.get("logprobs") or 0)))
                 ids.append(token)
             choices.append({"index": c, "text": self.lm.decode(tokens), "token_ids": tokens, "finish_reason": "length",
                             "logprobs": {"tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": values,
@@ -428,7 +435,7 @@ class SamplingServer:
         ids, n = list(body["prompt"]), int(body["prompt_logprobs"])
         entries = [None]
         for i in range(1, len(ids)):
-            raw = self.raw(tuple(ids[:i]))
+            raw = self.values(tuple(ids[:i]))
             listed = self.listed(raw, ids[i], n)
             entries.append({k[len("token_id:"):]: {"logprob": v, "rank": int((raw > v).sum()) + 1,
                                                     "decoded_token": None} for k, v in listed.items()})
