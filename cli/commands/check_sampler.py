@@ -52,6 +52,9 @@ def check_sampler(opts: o.Opts, draws: Draws = 1000, prefixes: Prefixes = 3, alp
     if opts.engine is not None and settings.semantics not in (None, "vllm"):
         raise ConfigError(f"--semantics {settings.semantics}: with --engine the settings are read as the engine "
                           "reads them (vllm)")
+    if opts.engine is not None and settings.min_new_tokens:
+        raise ConfigError("--min-new-tokens: not with --engine (each draw is a one-token request with EOS allowed to "
+                          "be drawn; vLLM holds EOS back only without ignore_eos)")
     if settings.temperature == 0:
         raise ConfigError("--temperature 0: greedy has no law to sample; check-sampler tests a sampled law "
                           "(compare checks greedy parity)")
