@@ -62,6 +62,7 @@ POOLING_RULE = (f"a token with expected count >= {MIN_EXPECTED:g} is its own cel
                 f"below {MIN_EXPECTED:g}; dof = cells - 1; a draw of a probability-0 token gives p = 0")
 EXACT = "exact"
 MAX_THREADS = 32  # seeded requests sent at once
+SERVER_SEMANTICS = {"vllm": "vllm", "llamacpp": "llamacpp"}  # a server kind -> the semantics its sampler follows
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -422,8 +423,8 @@ def check_sampler(lm, settings: SampleSettings, prompt_ids: list[int], prefixes:
         raise ConfigError(f"--alpha {alpha}: the false-alarm rate must be in (0, 1)")
     if draws < 1 or prefixes < 1:
         raise ConfigError("-N and --prefixes must be >= 1")
-    if conn is not None:
-        settings = replace(settings, semantics="vllm" if conn.kind == "vllm" else settings.semantics)
+    if conn is not None:  # the exact law as the server reads the settings (vLLM's reading; llama.cpp's own)
+        settings = replace(settings, semantics=SERVER_SEMANTICS.get(conn.kind, settings.semantics))
     fixed = prefixes_of(lm, prompt_ids, prefixes)
     exact, defects = laws(lm, settings, fixed)
     out = []
