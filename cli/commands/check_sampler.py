@@ -72,7 +72,10 @@ def check_sampler(opts: o.Opts, draws: Draws = 1000, prefixes: Prefixes = 3, alp
 
     from ...core.sampling.semantics import plan
 
-    read = replace(settings, semantics="vllm") if conn is not None else settings  # as the check read them
+    from ...core.analysis.sampler_check import SERVER_SEMANTICS
+
+    read = replace(settings, semantics=SERVER_SEMANTICS.get(conn.kind, settings.semantics)) if conn is not None \
+        else settings  # as the check read them
     doc = render.document("check-sampler", lm, as_dict(read), plan(read).order, text, prompt_ids,
                           source={"engine": conn.describe()} if conn is not None else {"embedded": True},
                           prefixes=[p.to_dict() for p in result.prefixes], summary=result.summary())
