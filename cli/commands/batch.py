@@ -83,7 +83,8 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     if conn is not None:
         phase(lambda: engine_baseline(conn, lm, entries, report, opts.chat))
-    emit(opts, lm, settings, report, rows, conn)
+    noise = phase(lambda: baseline_noise(lm, entries, report)) or []
+    emit(opts, lm, settings, report, rows, conn, noise)
     for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
         if r.stop_reason == EMPTY_CHAIN:
             note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
@@ -101,7 +102,23 @@ def request_rows(lm, report: BatchReport) -> list[dict]:
             for r in report.results]
 
 
-def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows, conn=None) -> None:
+def baseline_noise(lm, entries, report: BatchReport) -> list[dict]:
+    """Greedy requests whose baseline tokens part from the iteration-level run's (they should agree): the noise
+    verdict at the first step they part, for the first few (core/analysis/noise.py)."""
+    from ...core.analysis.noise import VERDICT_LIMIT, divergence_verdicts
+    from ...core.sampling.chain import make_chain
+
+    out: list[dict] = []
+    for b in report.baselines:
+        for e, r, ids in zip(entries, report.results, b.outputs):
+            if e.settings.temperature == 0 and list(ids) != r.new_ids and len(out) < VERDICT_LIMIT:
+                out += [{"request": r.id, **v} for v in divergence_verdicts(
+                    lm, r.prompt_ids, r.new_ids, [(b.name, list(ids))], make_chain(lm, e.settings))]
+    return out
+
+
+def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows, conn=None,
+         noise: list[dict] | None = None) -> None:
     requests = request_rows(lm, report)
     summary = report.summary()
     if rows == Rows.iterations:
@@ -117,11 +134,20 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
         document={"command": "batch", "model": lm.name, "device": str(lm.device),
                   "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(settings),
                   "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
-                  "summary": summary, **engine_fields(report, conn)},
+                  "summary": summary, **engine_fields(report, conn), **({"noise": noise} if noise else {})},
         jsonl=[{"type": "request", **r} for r in requests] + [output.summary_record("batch", lm.name, summary)],
         text="\n".join(render.one_line(r["text"]) for r in requests),  # one request a line
         tables=[(None, table)],
-        views=lambda: [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]))
+        views=lambda: [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]
+        + [noise_line(v) for v in noise or []]))
+
+
+def noise_line(v: dict):
+    from rich.text import Text
+
+    return Text(f"request {v['request']}: {v['against']} parts at step {v['step']} ({v['token_a']} vs {v['token_b']}): "
+                f"{v['words']} (margin {abs(v['margin']):.3g} vs {v['dtype']} floor {v['floor']:.3g})",
+                style="yellow" if v["words"].startswith("within") else "red")
 
 
 def chain_names(settings: BatchSettings) -> list[str]:

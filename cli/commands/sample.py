@@ -127,12 +127,32 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
                                trim=trims_stop(settings))
     head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids, selector=selector)
     title = f"{lm.name} · {n} samples · chain: {' -> '.join(chain.names) or '(none)'}"
+    noise = greedy_noise(lm, settings, prompt_ids, rows, chain)
     output.emit_for(opts, output.Output(
-        document={**head, "samples": rows, "summary": spread},
+        document={**head, "samples": rows, "summary": spread, **({"noise": noise} if noise else {})},
         jsonl=[{"type": "sample", **render.clean(r)} for r in rows]
         + [output.summary_record("sample", lm.name, spread)],
         tables=[(None, [render.clean(r) for r in rows])],
-        views=lambda: render.samples_views(rows, spread, title)))
+        views=lambda: render.samples_views(rows, spread, title) + [noise_line(v) for v in noise]))
+
+
+def greedy_noise(lm, settings: SampleSettings, prompt_ids: list[int], rows, chain) -> list[dict]:
+    """Greedy samples should all be sample 0: where one parts from it, the noise verdict there
+    (core/analysis/noise.py)."""
+    if settings.temperature != 0 or len({tuple(r.token_ids) for r in rows}) < 2:
+        return []
+    from ...core.analysis.noise import divergence_verdicts
+
+    return divergence_verdicts(lm, prompt_ids, rows[0].token_ids, [(f"sample {r.index}", r.token_ids)
+                                                                   for r in rows[1:]], chain)
+
+
+def noise_line(v: dict):
+    from rich.text import Text
+
+    return Text(f"{v['against']} parts from sample 0 at step {v['step']} ({v['token_a']} vs {v['token_b']}): "
+                f"{v['words']} (margin {abs(v['margin']):.3g} vs {v['dtype']} floor {v['floor']:.3g})",
+                style="yellow" if v["words"].startswith("within") else "red")
 
 
 def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler, table: StepsTable,

@@ -55,6 +55,7 @@ from ..sampling import replay
 from ..sampling.chain import make_chain
 from ..sampling.registry import engine_order, param, params, stage_of
 from ..sampling.semantics import plan as semantics_plan
+from .full_logprobs import reasoning_split
 
 LABELS = ("raw", "penalized", "temperature-scaled", "renormalized", "unexplained")
 # vLLM's order from the registry: every stage before temperature changes the logits before it (a penalty, a mask, a
@@ -289,6 +290,9 @@ def _parse_chat(obj, choice, lp, request, ids: Ids, where: str, encode) -> Answe
             t.token_id = int(token_id) if t.token_id is None else t.token_id
     prompt_ids = obj.get("prompt_token_ids") or choice.get("prompt_token_ids")
     answer = Answer(where, "chat", list(prompt_ids) if prompt_ids else None, entries)
+    split = reasoning_split(choice, lp)
+    if split:
+        answer.defects.append(split)
     if isinstance(obj.get("prompt_logprobs"), list):
         answer.prompt = _prompt_logprobs(ids, obj["prompt_logprobs"], answer.prompt_ids)
     if entries and entries[0].listed and entries[0].listed[0].token_id == entries[0].token_id:

@@ -50,6 +50,7 @@ from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
 from ..settings import META_KEYS, coerce, load_preset, normalize_key
 from ..trace.stats import COLUMN, scored_rows
+from .noise import noise_verdict
 
 SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
@@ -483,6 +484,9 @@ class Comparison:
         else:
             pair.deciding_stage, pair.why = self.attribute(sa, sb, prompt_ids + ra.token_ids[:d], d, seed,
                                                            pair.a_token)
+        if should_agree(pair.deciding_stage, sa, sb):
+            pair.noise = noise_verdict(self.lm, prompt_ids, ra.token_ids, d, pair.b_token,
+                                       make_chain(self.lm, sa)).to_dict()
         return pair
 
     @torch.inference_mode()
@@ -576,6 +580,13 @@ def variant_summary(rows: list[Row]) -> list[dict]:
     return out
 
 
+def should_agree(deciding: str | None, sa, sb) -> bool:
+    """Two runs that part where no setting explains it (numerics, the cache), or two greedy runs of different
+    methods: they should have agreed, and the noise verdict says whether rounding can explain the split."""
+    greedy = getattr(sa, "temperature", None) == 0 and getattr(sb, "temperature", None) == 0
+    return deciding in ("numerics", "cache") or (deciding == "method" and greedy)
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """The first index where the outputs differ (or where the shorter one ended); None if identical."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -595,6 +606,10 @@ class Pair:
     why: str | None = None
     a_token: int | None = None
     b_token: int | None = None
+    noise: dict | None = None  # where the two should agree (numerics, cache, greedy methods): the noise verdict
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["noise"] is None:  # only pairs that should agree carry one
+            del out["noise"]
+        return out

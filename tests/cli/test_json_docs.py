@@ -75,6 +75,8 @@ RUNS = {
                ["stream", "--text-file", "{text}", "--limit", "16", "--compare-policies", "--policies",
                 "h2o:size=8,snapkv:ratio=0.5,window=4", "--prefill", "8", "--probe", "--probe-depths", "0.5",
                 "--chunk", "8"]],
+    "check-sampler": [["check-sampler", "Once upon", "-t", "0.8", "--top-k", "5", "-N", "12", "--prefixes", "2"]],
+    "audit-numerics": [["audit-numerics", "Once upon", "--greedy", "2", "--conditions", "dtype:bf16,decode,attn:flash"]],
     "models": [["models"]],
     "quantize-kv": [["quantize-kv", "Once upon a time there was", "--limit", "6", "--activations", "0", "--grid"],
                     ["quantize-kv", "Once upon a time there was", "--limit", "6", "--cache", "tova:size=3",

@@ -10,7 +10,8 @@ import pytest
 
 from decodelab.core.analysis.check_logprobs import request_fields, settings_of_request
 from decodelab.core.analysis.compare import STATEFUL_WHY
-from decodelab.core.engine.served import LlamacppAdapter, SamplingSettings
+from decodelab.core.engine.http.llamacpp import LlamacppAdapter
+from decodelab.core.engine.http.wire import SamplingSettings
 from decodelab.core.sampling import registry
 from decodelab.core.sampling.export import export, llamacpp_server_neutral
 from decodelab.core.sampling.registry import Off, Param, Stage, sampler_names, stateful

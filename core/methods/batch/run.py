@@ -128,6 +128,7 @@ class Baseline:
     reason: str | None = None  # why it did not run (or, for the engine, the first request that failed)
     details: dict = field(default_factory=dict)  # more figures (the engine's prefix-cache counters), in the summary
     requests: list[dict] = field(default_factory=list)  # per request, where the baseline reports them (the engine)
+    outputs: list[list[int]] = field(default_factory=list, repr=False)  # its tokens per request, the reference's order
 
 
 @dataclass
@@ -192,7 +193,7 @@ def static_baseline(lm: LoadedModel, settings: BatchSettings, entries: list[Entr
     results = sched.run()
     tokens = sum(len(r.new_ids) for r in results)
     same = sum(a.new_ids == b.new_ids for a, b in zip(results, reference))
-    return Baseline("static", tokens / sched.seconds, sched.seconds, same)
+    return Baseline("static", tokens / sched.seconds, sched.seconds, same, outputs=[list(r.new_ids) for r in results])
 
 
 def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: list[Result]) -> Baseline:
@@ -208,7 +209,7 @@ def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: l
         return Baseline("transformers", None, None, reason=f"{type(exc).__name__}: {first}")
     tokens = sum(len(r.new_ids) for r in reference)
     same = sum(list(o) == r.new_ids for o, r in zip(outputs, reference))
-    return Baseline("transformers", tokens / seconds, seconds, same)
+    return Baseline("transformers", tokens / seconds, seconds, same, outputs=[list(o) for o in outputs])
 
 
 class BatchRun(Run):
