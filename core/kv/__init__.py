@@ -15,6 +15,7 @@ from .protocol import (
                        ModelInfo,
                        Rotary,
                        compresses_once,
+                       engine_reading,
                        feed_invariant,
                        listing,
                        make_policy,
@@ -28,5 +29,6 @@ from .protocol import (
 )
 
 __all__ = ["ALIASES", "CAPABILITIES", "POLICIES", "CacheSpec", "KVPolicy", "ModelInfo", "Rotary", "compresses_once",
-           "feed_invariant", "listing", "make_policy", "parse_cache_spec", "parse_policy_list", "policy_capabilities",
+           "engine_reading", "feed_invariant", "listing", "make_policy", "parse_cache_spec", "parse_policy_list",
+           "policy_capabilities",
            "register", "require", "split_policy_list", "tensor_nbytes"]

@@ -99,6 +99,7 @@ class KVPolicy:
     summary = ""
     params: dict = {}
     feed_invariant = False  # the same logits at any split of a text into forwards (module docstring)
+    engine_defaults: dict[str, dict] = {}  # engine -> options its reading sets where the spec is silent
 
     @classmethod
     def compresses_once(cls, options: dict) -> bool:
@@ -252,6 +253,14 @@ def policy_capabilities(spec: CacheSpec) -> frozenset[str]:
 def feed_invariant(spec: CacheSpec) -> bool:
     """Whether the logits of a text under ``spec`` do not depend on how it is split into forwards."""
     return POLICIES[spec.name].feed_invariant
+
+
+def engine_reading(spec: CacheSpec, engine: str | None) -> CacheSpec:
+    """``spec`` as ``engine`` reads it (``--semantics``): the policy's defaults for that engine fill the options the
+    spec does not name (what the user named wins)."""
+    defaults = POLICIES[spec.name].engine_defaults.get(engine or "", {})
+    missing = {k: v for k, v in defaults.items() if k not in spec.options}
+    return CacheSpec(spec.name, tuple(sorted({**spec.options, **missing}.items()))) if missing else spec
 
 
 def compresses_once(spec: CacheSpec) -> bool:

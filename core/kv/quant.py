@@ -43,6 +43,7 @@ from .protocol import (
     register,
 )
 from .quantize import QTensor, dequantize_view, fp8_supported, quantize_over
+from .rotation import KINDS as ROTATIONS, Rotation, make_rotation
 
 AXES = ("tensor", "token", "channel", "group", "kivi")
 DEFAULT_GROUP = 32
@@ -66,12 +67,20 @@ class Layout:
     """How a stream quantizes: ``axis`` one of token|group|channel|tensor; ``group`` channels per group (group) or
     tokens per block (channel, tensor). Every view has the chunk axis (tokens or blocks) at dim 2."""
 
-    def __init__(self, axis: str, group: int, bits, symmetric: bool, scale_dtype: torch.dtype):
+    def __init__(self, axis: str, group: int, bits, symmetric: bool, scale_dtype: torch.dtype,
+                 rotation: Rotation | None = None):
         self.axis, self.group, self.bits, self.symmetric, self.scale_dtype = axis, group, bits, symmetric, scale_dtype
+        self.rotation = rotation  # None, or x R quantized and deq R^T given back (see .rotation)
         self.block = group if axis in ("channel", "tensor") else 1  # tokens that share a scale
 
+    @property
+    def rotation_kind(self) -> str:
+        return "none" if self.rotation is None else self.rotation.kind
+
     def quantize(self, x: Tensor) -> QTensor:
-        """x [B, H, n, D], n a multiple of ``block``."""
+        """x [B, H, n, D], n a multiple of ``block`` (rotated first: x R, when the layout rotates)."""
+        if self.rotation is not None:
+            x = self.rotation.forward(x)
         if self.axis == "token":
             view, dims = x, (-1,)  # scale [B, H, n, 1]
         elif self.axis == "group":
@@ -86,7 +95,16 @@ class Layout:
         return q.codes.shape[2] * self.block
 
     def dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
-        """[B, H, n, D] in ``dtype``; ``out``: a [B, H, n, D] tensor (a slice of a larger one, say) to write into."""
+        """[B, H, n, D] in ``dtype``; ``out``: a [B, H, n, D] tensor (a slice of a larger one, say) to write into.
+        A rotating layout dequantizes in float32, rotates back (deq R^T) and rounds once into ``dtype``."""
+        if self.rotation is not None:
+            back = self.rotation.back(self._dequantize(q, torch.float32))
+            if out is None:
+                return back.to(dtype)
+            return out.copy_(back)
+        return self._dequantize(q, dtype, out)
+
+    def _dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         v = dequantize_view(q, dtype, None if out is None else self.view_of(out))
         if out is not None:
             return out
@@ -123,7 +141,8 @@ class Layout:
         per = {"token": "per token", "group": f"per token, groups of {self.group} channels",
                "channel": f"per channel, blocks of {self.group} tokens",
                "tensor": f"per row, blocks of {self.group} tokens"}[self.axis]
-        return f"{self.bits}-bit {per}" if self.bits != "fp8" else f"fp8 e4m3 {per}"
+        code = f"{self.bits}-bit {per}" if self.bits != "fp8" else f"fp8 e4m3 {per}"
+        return code if self.rotation is None else f"{code}, rotated ({self.rotation.describe()})"
 
 
 def cat_q(a: QTensor | None, b: QTensor) -> QTensor:
@@ -374,8 +393,9 @@ class LayersTogether:
 def alike(a: Stream, b: Stream) -> bool:
     """Two streams quantized the same way that hold the same numbers of quantized and exact tokens."""
     la, lb = a.layout, b.layout
-    return (la.axis, la.group, la.bits, la.symmetric, la.scale_dtype, a.residual, a.quantized, a.exact) == \
-        (lb.axis, lb.group, lb.bits, lb.symmetric, lb.scale_dtype, b.residual, b.quantized, b.exact)
+    return (la.axis, la.group, la.bits, la.symmetric, la.scale_dtype, la.rotation_kind, a.residual, a.quantized,
+            a.exact) == \
+        (lb.axis, lb.group, lb.bits, lb.symmetric, lb.scale_dtype, lb.rotation_kind, b.residual, b.quantized, b.exact)
 
 
 def split_rooms(stored: Tensor, rows: int, n: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
@@ -543,13 +563,23 @@ class QuantPolicy(KVPolicy):
     summary = ("quantized keys and values (8/4/2 bits packed, fp8), per tensor, token, channel, group or kivi; "
                "rolls back only per token/group with residual=0")
     params = {"bits": parse_bits, "axis": choice(*AXES), "group": positive_int, "residual": non_negative_int,
-              "symmetric": boolean}
+              "symmetric": boolean, "rotate": choice(*ROTATIONS), "rotate_keys": choice(*ROTATIONS),
+              "rotate_values": choice(*ROTATIONS)}
+    # what an engine's reading turns on when the spec does not say (--semantics): llama.cpp rotates the keys and the
+    # values of a quantized cache with a Hadamard matrix (llama.cpp's attention rotation for quantized K/V types)
+    engine_defaults = {"llamacpp": {"rotate_keys": "hadamard", "rotate_values": "hadamard"}}
 
     @staticmethod
     def check_options(values: dict) -> dict:
         """Fill the defaults so the spec names every setting: bits=8, axis=token, residual 0 (32 for kivi),
-        symmetric for bits=8 and fp8, asymmetric (zero points) for 4 and 2 bits."""
+        symmetric for bits=8 and fp8, asymmetric (zero points) for 4 and 2 bits. ``rotate=K`` is shorthand for
+        ``rotate_keys=K,rotate_values=K`` (either given alone wins for its stream); no rotation is named only when
+        asked for (the spec stays as before for a cache that does not rotate)."""
         out = dict(values)
+        both = out.pop("rotate", None)
+        if both is not None:
+            out.setdefault("rotate_keys", both)
+            out.setdefault("rotate_values", both)
         out.setdefault("bits", 8)
         out.setdefault("axis", "token")
         out.setdefault("residual", DEFAULT_KIVI_RESIDUAL if out["axis"] == "kivi" else 0)
@@ -568,11 +598,14 @@ class QuantPolicy(KVPolicy):
         return frozenset(caps)
 
     def __init__(self, info: ModelInfo, capacity: int | None = None, needs: frozenset[str] = frozenset(),
-                 bits=8, axis: str = "token", group: int | None = None, residual: int = 0, symmetric: bool = True):
+                 bits=8, axis: str = "token", group: int | None = None, residual: int = 0, symmetric: bool = True,
+                 rotate_keys: str = "none", rotate_values: str = "none"):
         super().__init__(info, capacity, needs)
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
         self.bits, self.axis, self.residual, self.symmetric = bits, axis, residual, symmetric
+        self.rotations = {"key": make_rotation(rotate_keys, info.head_dim),
+                          "value": make_rotation(rotate_values, info.head_dim)}
         self.group = self._group(group, info.head_dim)
         missing = set(needs) - self.capabilities_for({"axis": axis, "residual": residual})
         if missing:
@@ -620,7 +653,7 @@ class QuantPolicy(KVPolicy):
         axis = self.axis
         if axis == "kivi":
             axis = "channel" if which == "key" else "group"
-        return Layout(axis, self.group, self.bits, self.symmetric, scale_dtype)
+        return Layout(axis, self.group, self.bits, self.symmetric, scale_dtype, self.rotations[which])
 
     @property
     def stored(self) -> int:
