@@ -44,7 +44,7 @@ def test_kivi_bytes_as_stored_and_as_a_float16_model_would_store_them(cli):
     remain, so all 40 key tokens and 32 value tokens stay exact, stored in the bundled model's float32; the
     float16-model figure counts those at 2 bytes. Per layer and KV head (head_dim 32): keys 40 x 32 exact; values
     8 x (16 code bytes + a float16 scale and zero) quantized and 32 x 32 exact."""
-    doc = run_json(cli, TEXT, "--cache", "int4-kivi", "--limit", "40")
+    doc = run_json(cli, TEXT, "--cache", "quant:bits=4,axis=kivi,residual=32,residual_dtype=model", "--limit", "40")
     s = doc["summary"]
     rows = TINY["layers"] * TINY["kv_heads"]
     quantized = 8 * (32 // 2 + 2 * 2)
@@ -69,7 +69,7 @@ def test_baseline_perplexity_is_scores(cli):
 def test_overrides_projection_and_activations(cli):
     doc = run_json(cli, TEXT, "--cache", "int4-kivi", "--bits", "2", "--residual", "4", "--limit", "12",
                    "--context", "4096", "--batch", "8", "--activations", "3")
-    assert doc["summary"]["cache"] == "quant:axis=kivi,bits=2,residual=4,symmetric=false"
+    assert doc["summary"]["cache"] == "quant:axis=kivi,bits=2,residual=4,residual_dtype=16,symmetric=false"
     at = {p["at"]: p for p in doc["projections"]}
     assert at["context_length"]["tokens"] == 512
     assert at["context"]["tokens"] == 4096 and at["context"]["batch"] == 8

@@ -160,7 +160,8 @@ def test_require_names_the_first_missing_capability_and_the_policies_that_can():
         ("full", {"compile", "reorder", "rows", "truncate"}, "--cache full: speculative decoding needs the cache to "
          "be compiled, which full cannot; policies that can: static"),
         # quant's capabilities narrow with its options: kivi keeps a residual and cannot roll back
-        ("int4-kivi", {"truncate"}, "--cache quant:axis=kivi,bits=4,residual=32,symmetric=false: speculative "
+        ("int4-kivi", {"truncate"}, "--cache quant:axis=kivi,bits=4,residual=32,residual_dtype=16,symmetric=false: "
+         "speculative "
          "decoding needs the cache to roll back (truncate), which quant cannot; policies that can: full, quant, "
          "recompute, static"),
     )
