@@ -86,8 +86,13 @@ def validate_quantize_kv(s: QuantizeKVSettings) -> CacheSpec:
 
 
 def is_press(spec: CacheSpec) -> bool:
-    """A score-based policy (snapkv, h2o, tova, knorm, pyramidkv): measured for fidelity and bytes only."""
+    """A score-based policy (snapkv, h2o, tova, knorm, pyramidkv, keydiff): measured for fidelity and bytes only."""
     return issubclass(POLICIES[spec.name], PressPolicy)
+
+
+def press_names() -> str:
+    """The score-based policies, as the policy registry lists them."""
+    return ", ".join(name for name, cls in POLICIES.items() if issubclass(cls, PressPolicy))
 
 
 def kv_spec(s: QuantizeKVSettings) -> CacheSpec:
@@ -103,8 +108,7 @@ def kv_spec(s: QuantizeKVSettings) -> CacheSpec:
         return base
     if base.name != "quant":
         raise ConfigError(f"--cache {s.cache}: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
-                          "int2-kivi, int4, fp8) or a score-based press (snapkv, h2o, tova, knorm, pyramidkv: memory "
-                          "and fidelity)")
+                          f"int2-kivi, int4, fp8) or a score-based press ({press_names()}: memory and fidelity)")
     options = dict(base.options)
     given = {k: v for k, v in overrides.items() if v is not None}
     if "axis" in given and given["axis"] != options.get("axis"):
