@@ -182,6 +182,9 @@ def layer_rows(report) -> list[dict]:
     out = {(o_["layer"], o_["kind"]): o_ for o_ in report.outliers}
     rows = []
     for r in report.reconstruction:
+        if not out:  # a code without scales (turbo): no outlier view of them
+            rows.append(dict(r))
+            continue
         k, v = out[(r["layer"], "keys")], out[(r["layer"], "values")]
         rows.append({**r, "key_scale_setter": k["scale_setter"]["channel"],
                      "key_max_over_median": k["max_over_median"]["max"],

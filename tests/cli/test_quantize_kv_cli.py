@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,18 @@ def test_other_commands_take_a_quantized_cache(cli):
     code, out, err = cli("speculate", "a b c a b c", "--cache", "int8", "--draft", "ngram", "-n", "4", "-t", "0",
                          "-f", "json")
     assert code == 0, err
+
+
+def test_turbo_bytes_and_the_attention_score_bias_of_its_key_codes(cli):
+    """turbo on the bundled model: real bytes by hand (per token and KV head, head_dim 32 = 4 bytes a bit-plane;
+    keys prod at 2 bits: 1 MSE plane + the sign plane + two float16 norms = 12 bytes; values: 2 MSE planes + one
+    norm = 10; against 2 x 64 float16 bytes), no outlier view of scales, and the per-head score bias: the QJL
+    residual takes most of the MSE code's shrinkage of inner products away (the MSE keys are the control)."""
+    text = (Path(__file__).resolve().parents[2] / "presets" / "models" / "validation.txt").read_text()
+    docs = {keys: run_json(cli, text, "--cache", f"turbo:bits=2,keys={keys}", "--limit", "96")
+            for keys in ("prod", "mse")}
+    assert docs["prod"]["summary"]["bytes_ratio"] == pytest.approx((12 + 10) / 128)
+    assert docs["mse"]["summary"]["bytes_ratio"] == pytest.approx((10 + 10) / 128)
+    assert docs["prod"]["outliers"] == []
+    bias = {k: sum(r["score_bias"] for r in d["reconstruction"]) / len(d["reconstruction"]) for k, d in docs.items()}
+    assert bias["mse"] < 0 and abs(bias["prod"]) < abs(bias["mse"]) / 2, bias
