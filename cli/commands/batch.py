@@ -193,7 +193,7 @@ def engine_baseline(conn, lm, entries, report, chat: bool) -> None:
     base = run_on_engine(conn, entries, [lm.encode(e.prompt, chat=chat) for e in entries], report.results)
     report.baselines.append(base)
     if base.reason:
-        from ...core.engine.served import EngineError
+        from ...core.engine.http.transport import EngineError
 
         note_error(EngineError(base.reason))
 

@@ -45,7 +45,9 @@ from pathlib import Path
 
 import torch
 
-from ..engine.served import VLLM_MASKED, Generated, loads, read_value, repeated_keys
+from ..engine.http.transport import loads, repeated_keys
+from ..engine.http.vllm import VLLM_MASKED
+from ..engine.http.wire import Generated, read_value
 from ..errors import ConfigError
 from ..inputs import read_input_text
 from ..methods.sample import SampleSettings

@@ -375,8 +375,8 @@ def teacher_forced(model, prompt_ids: list[int], out_ids: list[int], chain: Chai
 class Comparison:
     """Run every (prompt, seed, variant), then compare the variants pairwise on each (prompt, seed).
 
-    ``lm``: a :class:`~decodelab.core.model.LoadedModel` (or anything with its attributes); runs are built by
-    :mod:`decodelab.core.build` as every command builds them. ``load_draft(spec) -> LoadedModel`` loads a
+    ``lm``: a :class:`~decodelab.core.engine.models.LoadedModel` (or anything with its attributes); runs are built by
+    :mod:`decodelab.core.methods` as every command builds them. ``load_draft(spec) -> LoadedModel`` loads a
     speculative variant's draft model (once per spec); ``base``: the command's typed options (None = not given)."""
 
     def __init__(self, lm, variants: list[Variant], prompts: list[Prompt], seeds: list[int], base: dict | None = None,

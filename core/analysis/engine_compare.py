@@ -30,7 +30,8 @@ import torch
 from torch import Tensor
 
 from ..engine.run import drain
-from ..engine.served import PROCESSED, EngineError
+from ..engine.http.transport import EngineError
+from ..engine.http.wire import PROCESSED
 from ..errors import ConfigError
 from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..engine.backend import Capabilities, refuse_lacking

@@ -3,8 +3,8 @@
 * memory: real bytes of the quantized cache holding the text, against the full cache in the model's dtype and in
   float16; the per-token formula 2 x layers x kv_heads x head_dim x bytes (2: keys and values) and what grouped-query
   attention saves (heads / kv_heads); bytes projected at the model's context and at ``context`` x ``batch``.
-* fidelity (through :mod:`decodelab.core.score`): the text teacher-forced under the quantized cache against the same
-  model under the full cache, fed ``feed`` tokens a forward (1: every token reads every earlier one from the cache,
+* fidelity (through :mod:`decodelab.core.methods.score`): the text teacher-forced under the quantized cache
+  against the same model under the full cache, fed ``feed`` tokens a forward (1: every token reads every earlier one from the cache,
   the decode path): per-token KL(full || quantized), top-1 agreement, perplexity of both.
 * reconstruction: the full-precision keys and values of the text, put through the policy's layouts (exact window
   included), per layer and head: relative error ||x - x'|| / ||x|| and the largest |x - x'|.

@@ -56,7 +56,7 @@ def next_token_stages(
 def stage_views(ids: Tensor, raw: Tensor, chain: Chain, token_text: Callable[[int], str],
                 top: int = 10) -> tuple[list[StageView], list[TrackedToken]]:
     """The views of :func:`next_token_stages` for given raw logits [1, V] after the ids [1, T] (any source: a model,
-    or a distribution typed in by hand, see :func:`decodelab.core.dist.dist_stages`)."""
+    or a distribution typed in by hand, see :func:`decodelab.core.methods.probs.dist_stages`)."""
     _, stages = chain.run_recorded(ids, raw)
     table = stage_table(stages)
     probs = torch.stack([p for _, p in table])  # [S, V]

@@ -168,8 +168,8 @@ class Sampler(Run):
     """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``.
     ``keep_steps=False``: the steps are yielded and not kept (``steps`` stays empty; the summary comes from their
     :class:`Tally`), for a consumer that writes each as it comes. ``block`` > 1: up to that many steps are traced
-    together in one :func:`pack_rows` (one set of tensor operations and one transfer for the block), so the steps
-    come in bursts, for a consumer that reports them at the end; an interrupt or an early end traces what is pending
+    together in one :func:`~decodelab.core.trace.stats.pack_rows` (one set of tensor operations and one transfer for
+    the block), so the steps come in bursts, for a consumer that reports them at the end; an interrupt or an early end traces what is pending
     into ``steps``."""
 
     def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5,
@@ -227,7 +227,8 @@ class Sampler(Run):
         return step
 
     def _trace_pending(self) -> list[Step]:
-        """Trace the deferred steps as one block (:meth:`TraceBlock.trace`: one set of operations, one transfer)."""
+        """Trace the deferred steps as one block (:meth:`~decodelab.core.trace.stats.TraceBlock.trace`: one set of
+        operations, one transfer)."""
         pending, greedy, self._pending = self._pending, list(self._block.greedy), []
         if not pending:
             return []

@@ -4,7 +4,7 @@ whose every number says where it came from.
 The connection (:func:`connect`) asks the server three things before any command runs: which model it serves
 (``GET /v1/models``), whether its tokenizer is the local one (the same probe text tokenised on both sides, special
 tokens included, so a missing or extra BOS shows), and what its generation logprobs are (vLLM: a probe,
-:meth:`~decodelab.core.engine.served.ServedEngine.detect_logprobs_mode`; the server's ``--logprobs-mode`` is not
+:meth:`~decodelab.core.engine.http.client.ServedEngine.detect_logprobs_mode`; the server's ``--logprobs-mode`` is not
 in any answer). What the backend cannot do is refused with one line (:func:`refuse_on_engine`).
 
 Where each number comes from:
@@ -35,16 +35,9 @@ from torch import Tensor
 from ..engine.backend import refuse_lacking
 from ..engine.run import Run
 from ..engine.runtime import Runtime
-from ..engine.served import (
-    LOGPROB_KINDS,
-    PROCESSED,
-    RAW,
-    EngineError,
-    Generated,
-    Position,
-    Scored,
-    ServedEngine,
-)
+from ..engine.http.client import ServedEngine
+from ..engine.http.transport import EngineError
+from ..engine.http.wire import LOGPROB_KINDS, PROCESSED, RAW, Generated, Position, Scored
 from ..errors import ConfigError
 from ..sampling.chain import Chain
 from ..sampling.export import served_settings

@@ -4,14 +4,15 @@
   RoPE (positions past the trained context are the point); every step adds the cache state after the forward that
   produced its logits: ``cache_tokens``, ``kv_bytes``, ``evicted`` (original positions [start, end) that forward
   evicted) and ``slots`` (the slot map as runs [original start, original end, assigned start]).
-* Scoring (:class:`StreamScore`): a long text through ``score``'s :class:`~decodelab.core.score.Scorer` (raw model
-  log-probabilities, teacher-forced), reported per span of ``chunk`` tokens with the cache tokens, KV bytes and
+* Scoring (:class:`StreamScore`): a long text through ``score``'s :class:`~decodelab.core.methods.score.Scorer`
+  (raw model log-probabilities, teacher-forced), reported per span of ``chunk`` tokens with the cache tokens, KV bytes and
   tokens/s at the end of the span. Tokens per forward: ``feed`` (default 1: every query sees exactly what the
   policy keeps, as StreamingLLM; a larger feed lets a forward's queries also see the rest of it, see
-  :mod:`decodelab.core.kv.window`). ``full`` and ``recompute`` give the same numbers at any feed, so
-  :func:`compare_policies` feeds them ``chunk`` tokens at a time.
-* The attention-sink diagnosis (:func:`attention_profile`): per layer and head, the weight late queries put on the
-  first S positions against S times the weight of an average other position.
+  :mod:`decodelab.core.kv.window`). A feed-invariant policy (``full``, ``recompute``, ``static``, ``paged``:
+  ``KVPolicy.feed_invariant``) gives the same numbers at any feed, so :func:`compare_policies` feeds it ``chunk``
+  tokens at a time.
+* The attention-sink diagnosis (:func:`decodelab.core.analysis.attention.attention_profile`): per layer and head,
+  the weight late queries put on the first S positions against S times the weight of an average other position.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 
-from ..analysis.attention import _has_rotary
-from ..analysis.probe import ProbeSettings, check_probe
+from ..engine.forward import rotary_parameters
 from ..engine.run import Run
 from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
-from ..kv import compresses_once, make_policy, parse_cache_spec, parse_policy_list
+from ..kv import KVPolicy, compresses_once, feed_invariant, make_policy, parse_cache_spec, parse_policy_list
 from ..sampling.chain import Chain
 from ..sampling.select import make_selector
 from ..sampling.settings import ChainSettings
@@ -61,7 +61,9 @@ def validate_stream(s: StreamSettings) -> None:
     for key in ("chunk", "feed", "window"):
         _check(getattr(s, key) >= 1, key, getattr(s, key), "must be an integer >= 1")
     _check(s.prefill is None or s.prefill >= 1, "prefill", s.prefill, "must be an integer >= 1")
-    check_probe(ProbeSettings(keys=s.probe_keys, depths=probe_depths(s)))
+    probe_depths(s)
+    _check(all(k.strip() for k in s.probe_keys), "probe_keys", ",".join(s.probe_keys),
+           "a key is empty; give keys such as 71432,58210")
     if s.policies is not None:
         if not s.compare_policies:
             raise ConfigError("--policies: ranks policies with --compare-policies; add it (or give one --cache)")
@@ -213,7 +215,7 @@ def compare_policies(model, token_ids: list[int], chain: Chain, token_text, sett
     """One :class:`StreamScore` per policy of :func:`policy_set` (label, run), or (label, why) for a policy the
     model cannot run (re-rotation without RoPE): the caller iterates each run."""
     for label, spec in policy_set(settings).items():
-        exact_at_any_feed = label in ("full", "recompute")
+        exact_at_any_feed = feed_invariant(parse_cache_spec(spec))  # the policy declares it (full, recompute, ...)
         try:
             run = StreamScore(model, token_ids, chain, token_text, settings, spec,
                               feed=max(settings.chunk, settings.feed) if exact_at_any_feed else None,
@@ -277,7 +279,7 @@ class StreamGenerate(Run):
 
         self.lm, self.settings, self.spec = lm, settings, settings.cache_spec
         # RoPE models run on past their trained positions (the point); absolute positions end at the context
-        context = None if _has_rotary(lm.model) else lm.context_length
+        context = None if rotary_parameters(lm.model) is not None else lm.context_length
         rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), tuple(settings.stop), settings.ignore_eos,
                           context, tuple(settings.stop_id))
         selector = make_selector(settings.temperature, settings.seed, lm.device)
@@ -321,21 +323,9 @@ class StreamGenerate(Run):
 # --- generation past the context -----------------------------------------------------------------------------------
 
 
-def slot_ranges(policy) -> list[list[int]]:
-    """What the next forward attends to: [original start, original end, assigned start] per contiguous run of
-    tokens (full: everything at its own position; recompute: the last W - 1 tokens, re-encoded from position 0)."""
-    own = getattr(policy, "slot_ranges", None)
-    if own is not None:
-        return own()
-    size = getattr(policy, "size", None)
-    if policy.name == "recompute" and size is not None:
-        start = max(policy.seen - (size - 1), 0)
-        return [[start, policy.seen, 0]] if policy.seen > start else []
-    return [[0, policy.seen, 0]] if policy.seen else []
-
-
-def cache_state(policy) -> dict:
-    """The per-step cache fields of `stream` (after the forward that produced the step's logits)."""
-    evicted = list(getattr(policy, "last_evicted", (0, 0)))
+def cache_state(policy: KVPolicy) -> dict:
+    """The per-step cache fields of `stream` (after the forward that produced the step's logits); ``slots``: what
+    the next forward attends to, as the policy declares it (``KVPolicy.slot_ranges``)."""
+    evicted = list(policy.last_evicted)
     return {"cache_tokens": policy.stored, "kv_bytes": policy.nbytes(), "evicted": evicted if evicted[1] > evicted[0]
-            else [], "slots": slot_ranges(policy)}
+            else [], "slots": policy.slot_ranges()}

@@ -17,7 +17,7 @@ import math
 import shlex
 from dataclasses import dataclass, field, replace
 
-from ..engine.served import SamplingSettings
+from ..engine.http.wire import SamplingSettings
 from ..errors import ConfigError
 from .registry import BY_NAME, STAGES, effective, param, params
 from .semantics import (

@@ -7,7 +7,7 @@ below 2**24; every probability is a float32 value already, so nothing is rounded
      alt_id * A, alt_prob * A, alt_raw_prob * A, (stage_kept, stage_entropy, stage_mass_removed) * S,
      winner * S, chosen_rank * S, removed_previous_winner * (S - 1)]
 
-The last three groups say which stage decided the step (:mod:`decodelab.core.why`): the token the selector's own
+The last three groups say which stage decided the step (:mod:`decodelab.core.trace.why`): the token the selector's own
 race draws would pick from each stage's distribution, the chosen token's rank there, and whether a stage removed
 the previous stage's winner.
 
@@ -236,7 +236,7 @@ def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
 def stage_table(stages: list[tuple[str, Tensor]]) -> list[tuple[StageStat, Tensor]]:
     """Per stage (row 0 of each [1, V] logits): candidates kept, entropy after it, and the probability mass
     (under the distribution before it) of the candidates it removed; with that stage's probabilities.
-    Computed together on the device (:func:`decodelab.core.stats.stage_stats`), read in one transfer."""
+    Computed together on the device (:func:`decodelab.core.trace.stats.stage_stats`), read in one transfer."""
 
     probs, stats = stage_probs_and_stats(stages)
     host = stats.tolist()

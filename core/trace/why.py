@@ -13,7 +13,7 @@ The last stage's winner is the chosen token c (unless the token was forced). So:
 
 A truncation filter (top-k, top-p, min-p, typical-p, bans) only ever sets logits to -inf, so it changes the
 winner exactly when it removes the current winner; temperature, soft-capping, penalties and biases change it by
-re-scoring. All of it is computed on the device with the step's other trace numbers (:mod:`decodelab.core.stats`).
+re-scoring. All of it is computed on the device with the step's other trace numbers (:mod:`decodelab.core.trace.stats`).
 """
 
 from __future__ import annotations

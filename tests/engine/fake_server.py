@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from decodelab.core.engine.served import EngineError, ServedEngine
+from decodelab.core.engine.http.client import ServedEngine
+from decodelab.core.engine.http.transport import EngineError
 
 RECORDING = Path(__file__).resolve().parent / "recordings" / "vllm-0.32.0.json"
 FAULTS = (None, "timeout", "no_logprobs", "duplicate", "refused", "tokenizer", "vocabulary", "replay_error")

@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
 from fake_server import completion_answer, models_answer, prompt_answer, table_engine  # noqa: E402
 
-from decodelab.core.engine.served import PROCESSED, RAW, EngineError, SamplingSettings  # noqa: E402
+from decodelab.core.engine.http.transport import EngineError  # noqa: E402
+from decodelab.core.engine.http.wire import PROCESSED, RAW, SamplingSettings  # noqa: E402
 from decodelab.core.errors import ConfigError  # noqa: E402
 from decodelab.core.methods import served as m  # noqa: E402
 from decodelab.core.methods.sample import SampleSettings  # noqa: E402
@@ -102,7 +103,7 @@ def test_the_connection_describes_itself_and_refuses_logits(local):
 
 
 def test_check_vocabulary_reads_every_listed_id(local):
-    from decodelab.core.engine.served import Alternative, Position
+    from decodelab.core.engine.http.wire import Alternative, Position
 
     conn = connection(local, {})
     m.check_vocabulary(conn, [Position(0, 0, -1.0, 1, (Alternative(4095, -2.0),))])
@@ -442,7 +443,7 @@ def fake_clock(monkeypatch, start: float = 100.0, step: float = 1.0):
 
 
 def test_rows_carry_the_engines_defects_and_the_time(local, monkeypatch):
-    from decodelab.core.engine.served import loads
+    from decodelab.core.engine.http.transport import loads
 
     # the generated token 7 listed twice in its step's top logprobs; the scored position 1 listed out of order
     text = json.dumps(completion_answer([7], [-0.5], [{7: -0.5, 3: -1.0}]))
