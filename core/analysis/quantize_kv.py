@@ -30,6 +30,7 @@ from ..kv import POLICIES, CacheSpec, compresses_once, parse_cache_spec, parse_p
 from ..kv.press import PressPolicy
 from ..kv.quant import AXES, QuantPolicy, Stream
 from ..kv.quantize import dequantize, quantize
+from .reuse import NAMES as REUSE_NAMES
 from ..methods.score import Scorer, ScoreSettings, blocks
 from ..sampling.chain import build_chain
 from ..sampling.settings import ChainSettings
@@ -54,6 +55,7 @@ class QuantizeKVSettings(ChainSettings):
     prefill: int | None = None  # the fidelity run's first forward (the prompt a press that compresses once compresses)
     policies: str | None = None  # --policies: a ranking of these cache specs against the full cache
     probe: bool = False  # the ranking's retrieval probe (core/analysis/probe.py) over the text
+    reuse: int | None = None  # --reuse K: the --policies caches compressed once, then asked K questions (reuse.py)
     context: int | None = None  # projected bytes at this many tokens ...
     batch: int = 1  # ... in this many rows
     top: int = 4  # outlier channels listed per tensor
@@ -82,6 +84,9 @@ def validate_quantize_kv(s: QuantizeKVSettings) -> CacheSpec:
                               "prompt; give --prefill N (the first N tokens are its prompt)")
     if s.probe and s.policies is None:
         raise ConfigError("--probe: ranks the retrieval of --policies; give --policies (or use stream --probe)")
+    if s.reuse is not None:
+        _check(s.policies is not None, "reuse", s.reuse, "ranks the caches of --policies; give --policies")
+        _check(2 <= s.reuse <= len(REUSE_NAMES), "reuse", s.reuse, f"must be 2..{len(REUSE_NAMES)} (questions)")
     return specs[0]
 
 
@@ -410,6 +415,7 @@ class QuantizeKVReport:
     grid: list[Fidelity] = field(default_factory=list)
     ranking: list = field(default_factory=list)  # --policies: PolicyRow (core/analysis/policies.py), best first
     probe: dict | None = None  # --probe: the probe's trials and verdict
+    reuse: list = field(default_factory=list)  # --reuse: ReuseRow.row() per cache (core/analysis/reuse.py), full first
     feed: int = 1  # tokens per forward in the fidelity runs
     stop_reason: str = "end"  # "interrupted": Ctrl-C cut the main run (its numbers are over the tokens it scored) or
     # the grid (it holds the cells measured before)
