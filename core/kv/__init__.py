@@ -6,7 +6,7 @@ itself there, imported here once in the order ``decodelab models`` lists them.
 
 from . import full, paged, quant, recompute, static, window  # noqa: E402,F401  (each registers itself)
 from . import h2o, knorm, pyramidkv, snapkv, tova  # noqa: E402,F401  (the score-based presses)
-from . import keydiff  # noqa: E402,F401  (query-free presses)
+from . import keydiff, expected  # noqa: E402,F401  (query-free presses)
 from . import turbo  # noqa: E402,F401  (TurboQuant-style codes)
 from .protocol import (
                        ALIASES,

@@ -185,6 +185,14 @@ class KVPolicy:
     def observe_attentions(self, attentions: tuple) -> None:
         """The attention probabilities of one forward, every layer, where :meth:`wants_attentions` asked."""
 
+    def wants_queries(self, n: int) -> bool:
+        """Whether the forward of the next ``n`` tokens must hand every layer's queries (before RoPE) to
+        :meth:`observe_queries` (a press that models future queries from the prompt's, before it evicts)."""
+        return False
+
+    def observe_queries(self, queries: tuple) -> None:
+        """Every layer's queries [B, H, n, D] (before RoPE) of one forward, where :meth:`wants_queries` asked."""
+
     def one_token_a_forward(self) -> bool:
         """Whether the next forward must take one token (layers holding different numbers of tokens: the model
         builds one causal mask, which fits only layers of one length)."""

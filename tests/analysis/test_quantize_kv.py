@@ -238,7 +238,7 @@ def test_kv_spec_lays_the_overrides_over_the_cache():
         spec(cache="full")
     assert str(err.value) == ("--cache full: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
                               "int2-kivi, int4, fp8) or a score-based press (h2o, knorm, snapkv, pyramidkv, tova, "
-                              "keydiff: memory and fidelity)")
+                              "keydiff, expected-attention: memory and fidelity)")
 
 
 def test_is_press():

@@ -18,7 +18,7 @@ from decodelab.core.kv.protocol import boolean, choice, non_negative_int, positi
 # mutation run of core/kv/protocol.py (2026-12-02)
 
 NAMES = ("full, paged, quant, recompute, static, window, sinks, h2o, knorm, snapkv, pyramidkv, tova, keydiff, "
-         "turbo, int8, fp8, int4, int4-kivi, int2-kivi")
+         "expected-attention, turbo, int8, fp8, int4, int4-kivi, int2-kivi")
 
 
 def cpu_info() -> ModelInfo:
@@ -153,10 +153,10 @@ def test_require_names_the_first_missing_capability_and_the_policies_that_can():
          "(truncate), which paged cannot; policies that can: full, quant, recompute, static, turbo"),
         ("paged", {"reorder"}, "--cache paged: speculative decoding needs the cache to reorder rows, which paged "
          "cannot; policies that can: full, quant, recompute, static, window, sinks, h2o, knorm, snapkv, pyramidkv, "
-         "tova, keydiff, turbo"),
+         "tova, keydiff, expected-attention, turbo"),
         ("paged", {"rows"}, "--cache paged: speculative decoding needs the cache to hold several rows, which paged "
          "cannot; policies that can: full, quant, recompute, static, window, sinks, h2o, knorm, snapkv, pyramidkv, "
-         "tova, keydiff, turbo"),
+         "tova, keydiff, expected-attention, turbo"),
         ("full", {"compile", "reorder", "rows", "truncate"}, "--cache full: speculative decoding needs the cache to "
          "be compiled, which full cannot; policies that can: static"),
         # quant's capabilities narrow with its options: kivi keeps a residual and cannot roll back
@@ -209,7 +209,7 @@ def test_register_files_the_class_under_its_name(monkeypatch):
     class Spy(KVPolicy):
         name = "spy"
 
-    monkeypatch.setitem(POLICIES, "spy", None)  # undone after the test: the registry keeps its fourteen policies
+    monkeypatch.setitem(POLICIES, "spy", None)  # undone after the test: the registry keeps its fifteen policies
     assert register(Spy) is Spy and POLICIES["spy"] is Spy
 
 
@@ -222,7 +222,7 @@ def test_listing_rows_are_the_policies_then_the_aliases():
     assert static["capabilities"] == ["truncate", "reorder", "rows", "compile"]
     window = next(row for row in rows if row["name"] == "window")
     assert window["keys"] == ["size", "positions"] and window["capabilities"] == ["reorder", "rows"]
-    assert rows[14] == {"name": "int8", "summary": "alias of quant:bits=8,axis=token,symmetric=true", "keys": [],
+    assert rows[15] == {"name": "int8", "summary": "alias of quant:bits=8,axis=token,symmetric=true", "keys": [],
                         "capabilities": []}
 
 
