@@ -51,6 +51,10 @@ Policies = Annotated[Optional[str], typer.Option("--policies", help="Also rank t
                                                  show_default=False)]
 Probe = Annotated[bool, typer.Option("--probe", help="--policies: add the retrieval probe (a pass key planted in the "
                                      "text) to the ranking.", rich_help_panel=Q)]
+Reuse = Annotated[Optional[int], typer.Option("--reuse", help="--policies: compress a context of K planted facts "
+                                             "once (with the first question), then ask all K questions of that "
+                                             "compressed cache: query-aware and query-free presses side by side.",
+                                             rich_help_panel=Q, show_default=False)]
 Context = Annotated[Optional[int], typer.Option("--context", help="Project the cache's bytes at this many tokens.",
                                                 rich_help_panel=Q)]
 Batch = Annotated[Optional[int], typer.Option("--batch", help="... in this many rows (default 1).", rich_help_panel=Q,
@@ -62,7 +66,7 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
                 feed: Feed = None, bits: Bits = None, axis: Axis = None, group_size: GroupSize = None,
                 residual: Residual = None, symmetric: Symmetric = None, grid: Grid = False,
                 activations: Activations = None, context: Context = None, batch: Batch = None,
-                prefill: Prefill = None, policies: Policies = None, probe: Probe = False) -> None:
+                prefill: Prefill = None, policies: Policies = None, probe: Probe = False, reuse: Reuse = None) -> None:
     """A quantized KV cache (--cache quant:..., int8, int4-kivi, int2-kivi; default int4-kivi) against the full one:
     memory (real bytes, the per-token formula, projections), fidelity on a text (KL, top-1 agreement, perplexity),
     reconstruction error per layer and head, and the outlier channels that set the scales."""
@@ -77,7 +81,7 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     explicit = {"cache": opts.cache, "top": opts.top, "limit": limit, "feed": feed, "bits": bits, "axis": axis,
                 "group_size": group_size, "residual": residual, "symmetric": symmetric, "grid": grid or None,
                 "activations": activations, "context": context, "batch": batch, "prefill": prefill,
-                "policies": policies, "probe": probe or None}
+                "policies": policies, "probe": probe or None, "reuse": reuse}
     settings = resolve(QuantizeKVSettings, opts.preset, explicit, opts.set_)
     spec = validate_quantize_kv(settings)
     body = _read(text, text_file)
@@ -124,6 +128,24 @@ def measure_ranking(lm, ids: list[int], settings, report, tell) -> None:
     report.ranking = ranked(rows)
     if prober is not None and rows:
         report.probe = probe_document(prober.report([]))
+    if settings.reuse is not None and report.stop_reason != "interrupted":
+        measure_reuse(lm, ids, settings, report, tell)
+
+
+def measure_reuse(lm, ids: list[int], settings, report, tell) -> None:
+    """--reuse: each --policies cache compressed once and asked every question (one cache at a time)."""
+    from ...core.analysis.quantize_kv import ranking_cells
+    from ...core.analysis.reuse import build_case, ranked, reuse_row
+    case = build_case(lm.tokenizer, ids, settings.reuse, lm.context_length)
+    rows = []
+    for k, (label, cell) in enumerate(ranking_cells(settings).items()):
+        tell(f"reuse {k + 1}: {label}")
+        measured = phase(lambda: reuse_row(lm.model, case, cell, label))  # noqa: B023 (called at once)
+        if measured is None:
+            report.stop_reason = "interrupted"
+            break
+        rows.append(measured)
+    report.reuse = [r.row() for r in ranked(rows)] if rows else []
 
 
 def _read(text: str | None, text_file: Path | None) -> str:
@@ -145,7 +167,8 @@ def document(lm, settings, body: str, ids: list[int], report) -> dict:
             "projections": report.projections, "reconstruction": report.reconstruction, "outliers": report.outliers,
             "activations": report.activations, "grid": [g.row() for g in report.grid], "summary": report.summary(),
             **({"ranking": report.ranking} if report.ranking else {}),
-            **({"probe": report.probe} if report.probe else {})}
+            **({"probe": report.probe} if report.probe else {}),
+            **({"reuse": report.reuse} if report.reuse else {})}
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], report) -> None:
@@ -182,6 +205,9 @@ def layer_rows(report) -> list[dict]:
     out = {(o_["layer"], o_["kind"]): o_ for o_ in report.outliers}
     rows = []
     for r in report.reconstruction:
+        if not out:  # a code without scales (turbo): no outlier view of them
+            rows.append(dict(r))
+            continue
         k, v = out[(r["layer"], "keys")], out[(r["layer"], "values")]
         rows.append({**r, "key_scale_setter": k["scale_setter"]["channel"],
                      "key_max_over_median": k["max_over_median"]["max"],
@@ -214,6 +240,9 @@ def sections(report) -> list[tuple[str, list[dict]]]:
         out.append(("grid: bits x layout", [g.row() for g in report.grid]))
     if report.ranking:
         out.append(("every policy against the full cache", [render.clean(r) for r in report.ranking]))
+    if report.reuse:
+        out.append(("one compressed context, several questions",
+                    [{k: v for k, v in r.items() if k != "answers"} for r in report.reuse]))
     return out
 
 
@@ -275,6 +304,9 @@ def ranking_views(report) -> list:
                          f"fed {report.feed} a forward", report.probe is not None)]
     if report.probe is not None:
         out.append(Text("probe: " + report.probe["verdict"], style="cyan"))
+    if report.reuse:
+        from ..view.reuse import reuse_table, reuse_verdict
+        out += [reuse_table(report.reuse), Text("reuse: " + reuse_verdict(report.reuse), style="cyan")]
     return out
 
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..errors import ConfigError
 from ..kv import CacheSpec, KVPolicy, make_policy
-from .forward import forward, forward_attending, model_info
+from .forward import forward, forward_attending, forward_with_queries, model_info
 from .models import LoadedModel
 
 
@@ -59,6 +59,10 @@ class Runtime:
             logits, attentions = forward_attending(self.model, ids, self.policy.model_cache, positions, mask,
                                                    logits_to_keep=1 if keep == "last" else 0)
             self.policy.observe_attentions(attentions)
+        elif self.policy.wants_queries(n):  # a press that models future queries (expected attention)
+            logits, queries = forward_with_queries(self.model, ids, self.policy.model_cache, positions, mask,
+                                                   logits_to_keep=1 if keep == "last" else 0)
+            self.policy.observe_queries(queries)
         else:
             logits = forward(self.model, ids, self.policy.model_cache, positions, attention_mask=mask,
                              logits_to_keep=1 if keep == "last" else 0, inference=self._compiled is None)

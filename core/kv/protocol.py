@@ -107,6 +107,7 @@ class KVPolicy:
     summary = ""
     params: dict = {}
     feed_invariant = False  # the same logits at any split of a text into forwards (module docstring)
+    engine_defaults: dict[str, dict] = {}  # engine -> options its reading sets where the spec is silent
 
     @classmethod
     def compresses_once(cls, options: dict) -> bool:
@@ -183,6 +184,14 @@ class KVPolicy:
 
     def observe_attentions(self, attentions: tuple) -> None:
         """The attention probabilities of one forward, every layer, where :meth:`wants_attentions` asked."""
+
+    def wants_queries(self, n: int) -> bool:
+        """Whether the forward of the next ``n`` tokens must hand every layer's queries (before RoPE) to
+        :meth:`observe_queries` (a press that models future queries from the prompt's, before it evicts)."""
+        return False
+
+    def observe_queries(self, queries: tuple) -> None:
+        """Every layer's queries [B, H, n, D] (before RoPE) of one forward, where :meth:`wants_queries` asked."""
 
     def one_token_a_forward(self) -> bool:
         """Whether the next forward must take one token (layers holding different numbers of tokens: the model
@@ -305,6 +314,14 @@ def policy_capabilities(spec: CacheSpec) -> frozenset[str]:
 def feed_invariant(spec: CacheSpec) -> bool:
     """Whether the logits of a text under ``spec`` do not depend on how it is split into forwards."""
     return POLICIES[spec.name].feed_invariant
+
+
+def engine_reading(spec: CacheSpec, engine: str | None) -> CacheSpec:
+    """``spec`` as ``engine`` reads it (``--semantics``): the policy's defaults for that engine fill the options the
+    spec does not name (what the user named wins)."""
+    defaults = POLICIES[spec.name].engine_defaults.get(engine or "", {})
+    missing = {k: v for k, v in defaults.items() if k not in spec.options}
+    return CacheSpec(spec.name, tuple(sorted({**spec.options, **missing}.items()))) if missing else spec
 
 
 def compresses_once(spec: CacheSpec) -> bool:
