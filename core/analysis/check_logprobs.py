@@ -53,7 +53,7 @@ from ..inputs import read_input_text
 from ..methods.sample import SampleSettings
 from ..sampling import replay
 from ..sampling.chain import make_chain
-from ..sampling.registry import engine_order, param, params, stage_of
+from ..sampling.registry import engine_order, param, params, scaling_stage
 from ..sampling.semantics import plan as semantics_plan
 from .full_logprobs import reasoning_split
 
@@ -62,7 +62,7 @@ LABELS = ("raw", "penalized", "temperature-scaled", "renormalized", "unexplained
 # bias), every stage after it filters the scaled distribution
 VLLM_STAGES = engine_order("vllm")
 TEMPERATURE = param("temperature")
-SCALING = stage_of(TEMPERATURE.field).name  # the stage that divides by T
+SCALING = scaling_stage()  # the stage that divides by T
 PENALTY_STAGES = VLLM_STAGES[: VLLM_STAGES.index(SCALING)]
 FILTER_STAGES = VLLM_STAGES[VLLM_STAGES.index(SCALING) + 1 :]
 RATIO_BAND = (0.9, 1.1)

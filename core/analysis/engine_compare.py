@@ -38,8 +38,8 @@ from ..engine.backend import Capabilities, refuse_lacking
 from ..methods.served import Connection, finish_to_stop, request_for, request_of
 from ..sampling import replay
 from ..sampling.chain import make_chain
+from ..sampling.registry import scaling_stage
 from ..sampling.semantics import plan as semantics_plan
-from .check_logprobs import SCALING
 from .compare import (
     Prompt,
     Row,
@@ -238,7 +238,7 @@ class EngineComparison:
             greedy = semantics_plan(settings).greedy
             local_processed = []
             for i, stages in enumerate(rows):  # vLLM's processed values of a greedy row stop before temperature 0
-                z = [s for name, s in stages if not (greedy and name == SCALING)][-1]
+                z = [s for name, s in stages if not (greedy and name == scaling_stage())][-1]
                 local_processed.append(float(torch.log_softmax(z.double(), dim=-1)[ids[i]]))
             pair.max_abs_delta_logprob = max(abs(a - b) for a, b in zip(processed, local_processed)
                                              if math.isfinite(a) and math.isfinite(b))

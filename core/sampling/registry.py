@@ -369,6 +369,11 @@ def stage_of(field_name: str) -> Stage | None:
     return next((s for s in STAGES if field_name in s.fields), None)
 
 
+def scaling_stage() -> str:
+    """The name of the stage that divides the logits by the temperature (whose temperature 0 is greedy)."""
+    return stage_of("temperature").name
+
+
 def check_range(p: Param, value, engine: str | None = None) -> None:
     """A field's value against its entry's range (None: not set), the engine's own where it has one (``checks``:
     llama.cpp's min-p above 1); a value outside it is one line naming the option. Torch-free, so the CLI can report
