@@ -8,7 +8,7 @@ or quantizes works under every method, and positions are never inferred from wha
 
 from __future__ import annotations
 
-import time
+import time  # noqa: F401  (the clock reads time.perf_counter; tests replace it through this name)
 
 import torch
 from torch import Tensor
@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..kv import CacheSpec, KVPolicy, make_policy
 from .forward import forward, forward_attending, model_info
 from .models import LoadedModel
+from .run import clock
 
 
 class Runtime:
@@ -29,11 +30,15 @@ class Runtime:
         self.calls = 0
         self.fed = 0
         self._compiled = None
+        self.spec: CacheSpec | None = None  # the spec it was created from (Runtime.create)
+        self.compile_s: float | None = None  # the first compiled call's seconds (compile_decode; None: not yet)
 
     @classmethod
     def create(cls, model, spec: CacheSpec | None = None, capacity: int | None = None,
                needs: frozenset[str] = frozenset()) -> Runtime:
-        return cls(model, make_policy(spec or CacheSpec(), model_info(model), capacity, needs))
+        runtime = cls(model, make_policy(spec or CacheSpec(), model_info(model), capacity, needs))
+        runtime.spec = spec or CacheSpec()  # what a warm-up runtime of the same kind is made from (engine/warmup.py)
+        return runtime
 
     @property
     def seen(self) -> int:
@@ -143,14 +148,14 @@ class Runtime:
     def _compiled_call(self, ids: Tensor, positions: Tensor) -> Tensor:
         if self.compile_s is not None:
             return self._compiled(ids, positions)
-        start = time.perf_counter()
+        start = clock(self.device)
         try:
             logits = self._compiled(ids, positions)
         except Exception as exc:  # inductor needs a C++ toolchain on CPU, Triton on CUDA
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"--compile: torch.compile cannot compile here ({first}); run without --compile") \
                 from exc
-        self.compile_s = time.perf_counter() - start
+        self.compile_s = clock(self.device) - start
         return logits
 
 
