@@ -57,6 +57,12 @@ def is_warm(model) -> bool:
     return model in _warm
 
 
+def rotated(names: list, r: int) -> list:
+    """Round ``r``'s order: the list rotated by r, so over len(names) rounds each name runs first once."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 @dataclass
 class Interleaved:
     """Per variant: the untimed warm-up call's seconds, each timed round's seconds and the last call's result."""
@@ -86,7 +92,7 @@ def interleaved(variants: dict[str, Callable[[], object]], rounds: int, device, 
             out.results[name] = variants[name]()
             out.warmup_s[name] = read() - start
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = rotated(names, r)
         out.order.append(order)
         for name in order:
             start = read()

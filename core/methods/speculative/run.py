@@ -6,7 +6,6 @@ with plain decoding (:class:`SpeedupRounds`).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
@@ -15,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ...engine.models import LoadedModel
-from ...engine.run import Run, Stopwatch, Timing, synchronize
+from ...engine.run import Run, Stopwatch, Timing, clock
 from ...engine.runtime import Runtime
 from ...engine.stopping import StopChecker, StopRules, stop_rules
 from ...engine.tokens import check_prompt
@@ -272,12 +271,10 @@ class Speculator(Run):
         n = seq.length
         g = self.draft_budget()
         device = seq.ids.device
-        synchronize(device)
-        t0 = time.perf_counter()
+        t0 = clock(device)
         draft = self.proposer.propose(seq, g) if g > 0 else Draft(seq.ids.new_zeros(0), None, None)
         g = int(draft.tokens.shape[0])
-        synchronize(device)
-        t1 = time.perf_counter()
+        t1 = clock(device)
         # one target forward over [s_last, x_1..x_g] at positions seen .. seen + g: logits for the g+1 positions
         logits = runtime.feed(seq.ids[:, n - 1 : n + g], keep="all")[0]
         processed = process_block(self.chain, seq, logits, self.uses_ids)
@@ -289,8 +286,7 @@ class Speculator(Run):
         check_selected(finite, self.chain, processed)  # the chain left nothing at the position decided
         runtime.rollback(g - k)  # keep s + x_1..x_k (x_{k+1}.. rejected); y is fed with the next round
         self.proposer.rollback(n + k)
-        synchronize(device)
-        t2 = time.perf_counter()
+        t2 = clock(device)
         stats.rounds += 1
         stats.draft_seconds += t1 - t0
         stats.target_seconds += t2 - t1
