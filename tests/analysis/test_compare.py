@@ -926,3 +926,25 @@ def test_a_beam_row_is_the_best_hypothesis_with_its_own_reason(llama):
                          early_stopping=False, max_new_tokens=6, eos_token_id=103, pad_token_id=0)[0, 6:].tolist()
     assert out[: out.index(103) + 1] == row.token_ids and len(row.token_ids) < 6
     assert (row.stop_reason, row.length) == ("eos", len(row.token_ids))
+
+
+def test_variants_run_warm_in_a_rotated_order_and_are_reported_in_their_own(monkeypatch):
+    """Issue 34: the model is warmed before the first row (warmup_s); from one (prompt, seed) to the next the
+    variants' run order rotates, so none always pays for running first; rows keep the variants' order."""
+    model = random_model("llama", seed=21)
+    vs = [cmp.parse_variant(v, i) for i, v in enumerate(["a: temperature=0", "b: temperature=0.7",
+                                                          "c: top_p=0.9"])]
+    ran, seen = [], []
+    run = cmp.Comparison(lm_for(model), vs, [cmp.Prompt("p", PROMPT)], [0, 1, 2],
+                         base={"max_new_tokens": 2, "ignore_eos": True}, on_row=lambda r: seen.append(r.variant))
+    real = run.run_one
+
+    def run_one(v, settings, prompt, prompt_ids, seed):
+        ran.append(v.name)
+        return real(v, settings, prompt, prompt_ids, seed)
+
+    monkeypatch.setattr(run, "run_one", run_one)
+    run.run()
+    assert run.warmup_s > 0
+    assert ran == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert seen == [r.variant for r in run.rows] == ["a", "b", "c"] * 3
