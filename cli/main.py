@@ -40,8 +40,9 @@ from .commands.warm import warm
 
 def flags_take_no_value(option_class: type | None = None) -> bool:
     """typer labels an on/off flag ``<bool>`` in the help, as if it took a value: flags show no type. This reaches
-    into typer's internals (``TyperOption.display_type_rich``, typer >= 0.12 only), so it is feature-detected: where
-    the hook is missing the help keeps typer's own labels and every command still runs. True when patched."""
+    into typer's internals (``TyperOption.display_type_rich``: typer 0.29 has it, 0.16 has not), so it is
+    feature-detected: where the hook is missing the help keeps typer's own labels and every command still runs.
+    True when patched."""
     if option_class is None:
         try:
             from typer.core import TyperOption as option_class

@@ -3,7 +3,8 @@
 that includes them is no steady-state figure, and of two runs compared the first would pay them alone.
 
 * :func:`warm_up`: once per model per process, a short prefill and a few one-token decodes through a runtime of
-  its own over the default cache (no run's cache is touched), before any stopwatch starts; its seconds are the run's ``warmup_s``.
+  its own under the run's kind of cache (no run's cache is touched), before any stopwatch starts; its seconds are
+  the run's ``warmup_s``.
 * :func:`interleaved`: the comparison rule. Each variant is called once untimed (its own warm-up, reported apart),
   then ``rounds`` timed rounds, the order rotated each round, so whichever runs first pays no more than the others.
 """
