@@ -6,7 +6,7 @@
 # (tests/layout/test_floors.py checks it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FLOORS="typer==0.16.0 rich==13.0.0 torch==2.13.0 transformers==5.0.0 numpy==1.24.0 tabulate==0.9.0 llguidance==1.9.0"
+FLOORS="typer==0.16.0 rich==13.0.0 torch==2.13.0 transformers==5.24.0 numpy==1.24.0 tabulate==0.9.0 llguidance==1.9.0"
 rm -rf .venv-floors
 python3 -m venv .venv-floors
 . .venv-floors/bin/activate
