@@ -68,7 +68,8 @@ def speculate(
                                                                  opts.trust_remote_code)
     processors = make_chain(lm, settings)
     prompt_ids = lm.encode(text, opts.chat)
-    phase(lambda: warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors))
+    warm: dict[str, float] = {}
+    phase(lambda: warm.update(s=warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors)))
     # with --sweep-gamma the sweep runs first, so the run shown (traced) is the gamma the sweep names best
     sweep, measured = [], {}
     gammas = [int(x) for x in settings.sweep_gamma]
@@ -99,6 +100,7 @@ def speculate(
         phase(timing.run)
         rounds = timing.rounds
     summary = spec.summary(rounds)
+    summary.warmup_s = warm.get("s", float("nan"))
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
          opts.save_svg)
 

@@ -462,6 +462,7 @@ class SpeculativeSummary:
     # baseline_tokens_per_s it tells the same story as measured_speedup (both untraced, decoding loops only)
     speculative_tokens_per_s: float | None = None
     speedup_noisy: bool = False  # the rounds disagree too much to trust the median (see NOISY_SPREAD)
+    warmup_s: float = float("nan")  # the untimed warm-up rounds before anything is timed (nan: none ran)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -554,11 +555,14 @@ def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: Specu
 
 
 def warm_up_speculate(lm: LoadedModel, draft: LoadedModel | None, settings: SpeculateSettings,
-                      prompt_ids: list[int], chain: Chain) -> None:
-    """A few untimed rounds: the first forwards of each model are slow."""
+                      prompt_ids: list[int], chain: Chain) -> float:
+    """A few untimed rounds: the first forwards of each model are slow. Returns their seconds (the summary's
+    ``warmup_s``)."""
+    start = clock(lm.device)
     for _ in build_speculator(lm, draft, settings, prompt_ids, settings.gamma, chain, record=False,
                               max_new_tokens=min(4, settings.max_new_tokens)):
         pass
+    return clock(lm.device) - start
 
 
 def plain_baseline(lm: LoadedModel, settings: SpeculateSettings, prompt_ids: list[int], chain: Chain,
