@@ -3,7 +3,9 @@
 1. Batch 1 (a random model of Llama-3.2-1B's shape in bfloat16; prompt 128 tokens, 256 new, greedy and top-p):
    traced `sample` against warm `generate` (eager, dynamic cache); `sample --cache static --compile` against
    `generate` with its static cache compiled; both against the roofline: the weights' bytes per token at the copy
-   bandwidth measured here (a device-to-device copy: read + write bytes / seconds).
+   bandwidth measured here (a device-to-device copy: read + write bytes / seconds). Beside them the device loop
+   (core/methods/device_loop.py: chain, selection and statistics on the device, one transfer per run; with
+   --compile its step captured in CUDA graphs), and torch.profiler's top operators of a traced greedy step.
 2. Batches (32 requests x 64 new tokens, a 200-token shared prefix, --max-batch 32): `batch` against transformers'
    batched `generate` (left-padded) and its continuous batching.
 3. Greedy == `generate` on llama, qwen2, gemma2 and gpt2 (small random models) in bfloat16 and float32: the tokens
@@ -48,6 +50,7 @@ from decodelab.core.engine.stopping import StopRules
 from decodelab.core.engine.warmup import interleaved, warm_up
 from decodelab.core.kv import parse_cache_spec
 from decodelab.core.methods.batch.run import BatchSettings, Entry, run_batch
+from decodelab.core.methods.device_loop import decode_on_device
 from decodelab.core.methods.sample import REPORT_BLOCK, Sampler
 from decodelab.core.methods.speculative.proposers import NGramProposer
 from decodelab.core.methods.speculative.run import Speculator
@@ -186,7 +189,12 @@ def batch1(s: Sizes, device, dtype, rounds: int) -> dict:
         "generate top-p (eager)": lambda: hf_generate(model, prompt, n, do_sample=True, temperature=0.8, top_p=0.9,
                                                       top_k=0),
     }
+    variants["device loop greedy (one transfer)"] = lambda: decode_on_device(
+        Runtime.create(model, None, capacity=len(prompt) + n), prompt, build_chain(GREEDY),
+        make_selector(0.0, 0, device), n)
     if compiled_ok:
+        variants["device loop greedy --compile (static, graphs)"] = lambda: decode_on_device(
+            static_runtime(), prompt, build_chain(GREEDY), make_selector(0.0, 0, device), n)
         variants["sample greedy --compile (static)"] = lambda: sampler_call(model, prompt, GREEDY, n, 0, device,
                                                                             static_runtime)
         variants["generate greedy (static, compiled)"] = lambda: hf_generate(model, prompt, n, do_sample=False,
@@ -210,12 +218,32 @@ def batch1(s: Sizes, device, dtype, rounds: int) -> dict:
         },
         "compiled": "measured" if compiled_ok else "skipped: no CUDA (inductor on the CPU is not what is measured)",
     }
+    out["ratios"]["device loop / generate greedy (eager)"] = \
+        tps["device loop greedy (one transfer)"] / tps["generate greedy (eager)"]
     if compiled_ok:
         ours, theirs = tps["sample greedy --compile (static)"], tps["generate greedy (static, compiled)"]
         out["ratios"]["sample --compile / generate compiled"] = ours / theirs
         out["ratios"]["sample --compile / roofline"] = ours / roofline
+        graphs = tps["device loop greedy --compile (static, graphs)"]
+        out["ratios"]["device loop --compile / generate compiled"] = graphs / theirs
+        out["ratios"]["device loop --compile / roofline"] = graphs / roofline
+    out["profile"] = profile_steps(model, prompt, device)
     del model
     return out
+
+
+def profile_steps(model, prompt: list[int], device, steps: int = 16, top: int = 15) -> list[dict]:
+    """Where a traced greedy step's time goes: torch.profiler over ``steps`` tokens of `sample` (warm), the ``top``
+    operators by self time on the device (CUDA) or the CPU, per token."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        sampler_call(model, prompt, GREEDY, steps, 0, device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)[:top]
+    return [{"op": e.key, "calls_per_token": e.count / steps, "self_us_per_token": getattr(e, key, 0.0) / steps,
+             "cpu_us_per_token": e.self_cpu_time_total / steps} for e in rows]
 
 
 def batches(s: Sizes, device, dtype, rounds: int) -> dict:
@@ -385,6 +413,10 @@ def markdown(doc: dict) -> str:
         margin = "" if r["top2_margin_there"] is None else f"{r['top2_margin_there']:.3g}"
         lines.append(f"| {r['arch']} | {r['dtype']} | {r['equal']} | "
                      f"{'' if r['first_divergence'] is None else r['first_divergence']} | {margin} |")
+    if b1.get("profile"):
+        lines += ["", "| where a traced greedy step's time goes (top operators) | calls / token | self us / token |",
+                  "|---|---:|---:|"]
+        lines += [f"| `{r['op']}` | {r['calls_per_token']:.1f} | {r['self_us_per_token']:.1f} |" for r in b1["profile"]]
     lines += ["", "| per emitted token | host reads | CUDA syncs |", "|---|---:|---:|"]
     for name, row in doc["transfers"].items():
         if isinstance(row, dict):
