@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import ConfigError
 from ..kv import CacheSpec, make_policy
 from .forward import model_info
 from .run import clock
@@ -44,7 +45,7 @@ def warm_up(model, spec: CacheSpec | None = None) -> float:
         return 0.0
     start = clock(device)
     # a runtime of its own (the only caller of a model), made apart from Runtime.create: no run's runtime
-    runtime = Runtime(model, make_policy(spec or CacheSpec(), model_info(model), WARM_TOKENS + WARM_DECODES))
+    runtime = Runtime(model, warm_policy(model, spec))
     ids = torch.zeros(1, WARM_TOKENS, dtype=torch.long, device=device)
     runtime.feed(ids)
     for _ in range(WARM_DECODES):
@@ -52,6 +53,16 @@ def warm_up(model, spec: CacheSpec | None = None) -> float:
     seconds = clock(device) - start
     _warm[model] = seconds
     return seconds
+
+
+def warm_policy(model, spec: CacheSpec | None):
+    """The run's kind of cache at the warm-up's size; where that size is refused (a policy that needs more room than
+    the warm-up's few tokens), the default cache: the warm-up never fails a run that would run."""
+    info, capacity = model_info(model), WARM_TOKENS + WARM_DECODES
+    try:
+        return make_policy(spec or CacheSpec(), info, capacity)
+    except ConfigError:
+        return make_policy(CacheSpec(), info, capacity)
 
 
 def is_warm(model) -> bool:

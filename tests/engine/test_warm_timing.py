@@ -152,3 +152,13 @@ def test_without_the_warm_round_the_first_variant_pays():
     made = variants_with_first_call_costs(clock, first_cost=10.0, shared={})
     out = warmup.interleaved(made, rounds=1, device="cpu", warm=False, timer=clock)
     assert out.seconds["ours"] == [11.5] and out.seconds["baseline"] == [2.5]
+
+
+def test_a_cache_the_warm_up_cannot_build_falls_back_to_the_default():
+    """gpt2 has no rotary embedding, so a re-rotating sinks cache is refused for it: the warm-up (which the run's own
+    policy creation would have refused first) still warms with the default cache instead of failing."""
+    from decodelab.core.kv import parse_cache_spec
+
+    model = random_model("gpt2", seed=8)
+    assert warmup.warm_up(model, parse_cache_spec("sinks:sinks=2,recent=4")) > 0
+    assert warmup.is_warm(model)
