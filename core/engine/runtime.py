@@ -139,10 +139,19 @@ class Runtime:
             def one_token(ids: Tensor, positions: Tensor, cache) -> Tensor:
                 return forward(model, ids, cache, positions, logits_to_keep=1, inference=False)
 
-            compiled = torch.compile(one_token, dynamic=False, fullgraph=False)
+            # on CUDA the step is captured in CUDA graphs (mode reduce-overhead): its launches replayed as one
+            mode = {"mode": "reduce-overhead"} if on_cuda(self.device) else {}
+            compiled = torch.compile(one_token, dynamic=False, fullgraph=False, **mode)
             model._decodelab_compiled_step = compiled
         cache = self.policy.model_cache
-        self._compiled = lambda ids, positions: compiled(ids, positions, cache)
+        if on_cuda(self.device):
+            def replay(ids: Tensor, positions: Tensor) -> Tensor:
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled(ids, positions, cache).clone()  # a graph's output is overwritten by its next replay
+
+            self._compiled = replay
+        else:
+            self._compiled = lambda ids, positions: compiled(ids, positions, cache)
         self.compile_s = None  # seconds of the first compiled call (tracing and code generation, if any, included)
 
     def _compiled_call(self, ids: Tensor, positions: Tensor) -> Tensor:
@@ -157,6 +166,10 @@ class Runtime:
                 from exc
         self.compile_s = clock(self.device) - start
         return logits
+
+
+def on_cuda(device) -> bool:
+    return torch.device(device).type == "cuda"
 
 
 def runtime_for(lm: LoadedModel, spec: CacheSpec, capacity: int, needs=frozenset(), compile: bool = False) -> Runtime:

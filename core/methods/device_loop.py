@@ -58,7 +58,13 @@ def step_fn(chain: Chain, selector, device, capture: bool = True):
 
     kind = torch.device(device).type
     if capture and kind == "cuda" and not chain.uses_ids and not chain.stateful:
-        return torch.compile(step, mode="reduce-overhead", dynamic=False)
+        captured = torch.compile(step, mode="reduce-overhead", dynamic=False)
+
+        def replay(ids: Tensor, logits: Tensor) -> tuple[Tensor, Tensor]:
+            torch.compiler.cudagraph_mark_step_begin()  # the caller copies the outputs before the next replay
+            return captured(ids, logits)
+
+        return replay
     return step
 
 
@@ -85,7 +91,8 @@ def decode_on_device(runtime: Runtime, prompt_ids: list[int], chain: Chain, sele
     chain.reset(length)
     logits = runtime.prefill(ids[:, :length])
     for i in range(n):
-        token, row = step(ids[:, : length + i], logits)
+        # a chain that reads no ids gets the whole buffer: one shape every step (a captured graph is per shape)
+        token, row = step(ids[:, : length + i] if chain.uses_ids else ids, logits)
         ids[0, length + i] = token[0]
         rows[i] = row
         if i + 1 < n:

@@ -162,3 +162,28 @@ def test_a_cache_the_warm_up_cannot_build_falls_back_to_the_default():
     model = random_model("gpt2", seed=8)
     assert warmup.warm_up(model, parse_cache_spec("sinks:sinks=2,recent=4")) > 0
     assert warmup.is_warm(model)
+
+
+def test_on_cuda_the_compiled_step_is_captured_in_graphs_and_its_output_copied(monkeypatch):
+    """The CUDA branch's logic, on the CPU: compiled with mode reduce-overhead (CUDA graphs), each call marks a new
+    graph step and returns a copy of the logits (a replay overwrites the graph's own output buffer, and the trace
+    keeps a step's logits past the next step)."""
+    from decodelab.core.engine import runtime as rt_module
+
+    model = random_model("llama", seed=9)
+    graph_out = torch.full((1, 1, 256), 3.0)
+    compiled_with, marks = {}, []
+
+    def fake_compile(fn, **kwargs):
+        compiled_with.update(kwargs)
+        return lambda ids, positions, cache: graph_out
+
+    monkeypatch.setattr(rt_module, "on_cuda", lambda device: True)
+    monkeypatch.setattr(rt_module.torch, "compile", fake_compile)
+    monkeypatch.setattr(rt_module.torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    lm = LoadedModel("x", model, None, torch.device("cpu"), torch.float32)
+    runtime = runtime_for(lm, parse_cache_spec("static"), 16, compile=True)
+    runtime.feed(torch.tensor([[5, 17]]))
+    logits = runtime.feed(torch.tensor([[9]]))
+    assert compiled_with == {"dynamic": False, "fullgraph": False, "mode": "reduce-overhead"} and marks == [1]
+    assert torch.equal(logits, graph_out[:, -1]) and logits.data_ptr() != graph_out.data_ptr()
