@@ -96,7 +96,8 @@ def speculate(
         from .speculate_predict import predict_only_run
         predict_only_run(opts, lm, draft_lm, settings, processors, text, prompt_ids, predict_text)
         return
-    phase(lambda: warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors))
+    warm: dict[str, float] = {}
+    phase(lambda: warm.update(s=warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors)))
     # with --sweep-gamma the sweep runs first, so the run shown (traced) is the gamma the sweep names best
     sweep, measured = [], {}
     gammas = [int(x) for x in settings.sweep_gamma]
@@ -127,6 +128,7 @@ def speculate(
         phase(timing.run)
         rounds = timing.rounds
     summary = spec.summary(rounds)
+    summary.warmup_s = warm.get("s", float("nan"))
     prediction = None
     if predict:
         from ...core.methods.speculative.planning import prediction_for
