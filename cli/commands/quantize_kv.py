@@ -189,7 +189,8 @@ def memory_rows(report) -> list[dict]:
     m = report.memory
     per_token = report.fidelity.kv_bytes / m["tokens"]
     return [
-        {"what": f"{'quantized ' if report.reconstruction else ''}({report.cache}), measured",
+        # a quantized cache's spec is in the title line: the long spec in a cell would squeeze the numbers
+        {"what": "quantized cache, measured" if report.reconstruction else f"({report.cache}), measured",
          "bytes_per_token": per_token,
          "bytes": report.fidelity.kv_bytes},
         {"what": f"full cache ({m['cache_dtype']})", "bytes_per_token": m["bytes_per_token"],
