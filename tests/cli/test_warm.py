@@ -28,6 +28,10 @@ pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="d
               pytest.mark.skipif(not CLI.is_file(), reason="the decodelab console script is not installed")]
 PROMPT = "Once upon a time"
 TIMING = re.compile(r'("[a-z_]*(?:_s|_per_s|_ms)": )-?[0-9.e+-]+')  # wall-clock figures differ run to run
+# A buffered pipe's readline() may read lines past the first into its buffer, and communicate() then reads the fd
+# itself and never sees them (a busy machine lets the child write several lines before the first readline): unbuffered,
+# readline() reads exactly one line.
+UNBUFFERED = 0
 started: list[int] = []  # every server pid a test started, killed at the end
 
 
@@ -165,7 +169,7 @@ def sigint_as_in_a_terminal() -> None:
 
 def test_sigint_keeps_the_lines_written_and_exits_130(env):
     cmd = [str(CLI), "sample", PROMPT, "-n", "400", "--ignore-eos", "-m", "tiny", "-f", "jsonl", "--threads", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=UNBUFFERED,
                             env={**env, warm_wire.REPORT_ENV: "1"}, preexec_fn=sigint_as_in_a_terminal)
     first = proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
@@ -181,7 +185,7 @@ def test_sigint_ignored_by_the_client_is_ignored_by_its_child(env):
     """A client started with SIGINT ignored (a script's background job): its child ignores it too, as the cold
     process would have, and the run ends by itself."""
     cmd = [str(CLI), "sample", PROMPT, "-n", "40", "--ignore-eos", "-m", "tiny", "-f", "jsonl", "--threads", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=UNBUFFERED,
                             env={**env, warm_wire.REPORT_ENV: "1"},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     first = proc.stdout.readline()
@@ -194,7 +198,7 @@ def test_sigint_ignored_by_the_client_is_ignored_by_its_child(env):
 
 def test_a_child_whose_client_died_is_killed(env):
     cmd = [str(CLI), "sample", PROMPT, "-n", "400", "--ignore-eos", "-m", "tiny", "-f", "jsonl", "--threads", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=UNBUFFERED,
                             env={**env, warm_wire.REPORT_ENV: "1"})
     proc.stdout.readline()
     child = int(re.search(rb"forked child (\d+)", proc.stderr.readline()).group(1))
