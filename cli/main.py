@@ -7,6 +7,18 @@ import sys
 
 from . import warm_client
 
+
+def passive_openmp() -> None:
+    """OpenMP threads that wait sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the user set a policy:
+    on a shared machine a spinning thread holds a core that the thread it waits for needs, and a run with 2 threads
+    under another job decoded at 0.14x the speed of one (core/engine/models.py, ``default_threads``). OpenMP reads
+    it once, when torch loads it: so here, before anything imports torch (and before a warm server's identity is
+    taken, so client and server agree)."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+passive_openmp()
 warm_client.from_the_console_script()  # a warm server runs the command: exits here, before typer, rich, torch
 
 import typer  # noqa: E402

@@ -77,8 +77,9 @@ IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos", help="Generat
                                                    rich_help_panel=RUN, show_default=False)]
 
 Threads = Annotated[Optional[int], typer.Option(
-    "--threads", help="torch CPU threads. Default: OMP_NUM_THREADS when set, else one per physical core, or 1 when "
-    "the machine is busy (load average >= cores: extra threads would spin waiting for each other; a line says so).",
+    "--threads", help="torch CPU threads. Default: OMP_NUM_THREADS when set, else 1 on a machine of 1-2 cores, else "
+    "the cores the load average leaves free; 1 when the machine is busy (load average >= cores: extra threads would "
+    "wait for each other; a line says so).",
     rich_help_panel=RUN, show_default=False)]
 Cache = Annotated[Optional[str], typer.Option(
     "--cache", help="KV-cache policy: NAME or NAME:key=value,... (default full; `decodelab models` lists them).",

@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..core.engine.models import LoadedModel, choose_threads, load_model, set_threads
+from ..core.engine.machine_load import load_average
+from ..core.engine.models import LoadedModel, choose_threads, load_model, physical_cores, set_threads
 from ..core.errors import ConfigError
 from ..core.inputs import read_input_text, read_stdin
+from . import machine
 from .options import Opts
 from .view.render import status
 
@@ -37,7 +39,9 @@ def load(opts: Opts) -> LoadedModel:
 def use_threads(given: int | None) -> None:
     """torch's CPU threads: --threads, OMP_NUM_THREADS or the measured default; one line on stderr when the machine
     looks oversubscribed."""
-    choice = choose_threads(given)
+    load, cores = load_average(), physical_cores()
+    machine.started(load, cores)
+    choice = choose_threads(given, load=load, cores=cores)
     if choice.threads is not None:
         set_threads(choice.threads)
     if choice.note is not None:

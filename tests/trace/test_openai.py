@@ -270,3 +270,22 @@ def test_a_trace_file_that_is_not_one_json_document_is_one_line():
         with pytest.raises(ConfigError) as refused:
             parse_trace("TRACE x", text)
         assert str(refused.value) == f"TRACE x: {what}" + ("" if what.startswith("nested") else hint)
+
+
+# --- the order of top_logprobs (issue 40: ordered by the processed probability in raw mode, no test failed) -------
+
+def test_top_logprobs_follow_the_distribution_they_are_taken_from():
+    """Each step's top_logprobs: the returned token, then the alternatives by the chosen distribution's probability,
+    highest first. The two distributions here rank the alternatives in opposite orders (a temperature and a
+    penalty can do that), so writing raw values in the processed order (or the reverse) fails."""
+    lg = math.log
+    step = {"token": "x", "token_id": 5, "prob": 0.5, "logprob": lg(0.5), "raw_prob": 0.25, "raw_logprob": lg(0.25),
+            "alternatives": [{"token": "a", "token_id": 1, "prob": 0.3, "raw_prob": 0.1},
+                             {"token": "b", "token_id": 2, "prob": 0.15, "raw_prob": 0.4},
+                             {"token": "c", "token_id": 3, "prob": 0.05, "raw_prob": 0.2}]}
+    doc = {"command": "sample", "steps": [step], "text": "x"}
+    raw = to_logprobs(doc, RAW)["top_logprobs"][0]
+    assert list(raw) == ["x", "b", "c", "a"] and list(raw.values()) == [lg(0.25), lg(0.4), lg(0.2), lg(0.1)]
+    processed = to_logprobs(doc, PROCESSED)["top_logprobs"][0]
+    assert list(processed) == ["x", "a", "b", "c"]
+    assert list(processed.values()) == [lg(0.5), lg(0.3), lg(0.15), lg(0.05)]
