@@ -181,6 +181,10 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         def wrapper(**kwargs):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
             check_paths(opts)
+            from .early import check_empty_prompt, check_models
+
+            check_models(opts, kwargs)
+            check_empty_prompt(opts)
             check_format(fn.__name__, opts)
             check_ranges_early(opts)
             with status("starting: importing torch and transformers"):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import torch
@@ -21,19 +20,15 @@ from ..errors import ConfigError, ModelLoadError
 from ..inputs import check_text, usable_cpus
 from .chat import chat_ids
 from .folder import check_files, check_folder, check_loaded, parameters_in
+from .locate import BUNDLED, bundled_dir, cached_snapshot, hub_offline  # noqa: F401 (decodelab's names for them)
+from .locate import model_folder as find_model_folder
 from .machine_load import load_average
 
-BUNDLED = ("tiny", "tiny-draft")
 # the windows the bundled models were trained on (presets/train_models.py: sequence length 256), shorter than the
 # positions their config allows (max_position_embeddings 512): past 256 tokens they extrapolate
 TRAINED_CONTEXT = {"tiny": 256, "tiny-draft": 256}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def bundled_dir(name: str) -> Path:
-    """The packaged folder of a bundled model (installed with the wheel, under decodelab/presets/models)."""
-    return Path(str(resources.files("decodelab.presets") / "models" / name))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -156,46 +151,10 @@ class LocalTokenizer(Vocabulary):
         return context_length_of(self.config)
 
 
-def hub_offline() -> None:
-    """No hub lookup leaves the machine: huggingface_hub's offline switch, set for this process (the module constant
-    it consults on every request) and for any child process (the environment it reads at import)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    import huggingface_hub.constants as hub
-
-    hub.HF_HUB_OFFLINE = True
-    hub.HF_HUB_DISABLE_TELEMETRY = True
-
-
 def model_folder(spec: str) -> Path:
-    """Where to load from: a bundled folder, a local folder, or a hub id's snapshot in the local HF cache (by path:
-    no request)."""
-    if spec in BUNDLED:
-        folder = bundled_dir(spec)
-        if not (folder / "config.json").is_file():
-            raise ModelLoadError(f"--model {spec}: the bundled model's files are missing from {folder}")
-        return folder
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or spec.startswith((".", "/", "~")):
-        raise ModelLoadError(f"--model {spec}: no model folder there; give a bundled name ({', '.join(BUNDLED)}), "
-                             "a local model folder or a model id in the local Hugging Face cache")
-    return cached_snapshot(spec)
-
-
-def cached_snapshot(spec: str) -> Path:
-    """The snapshot folder of hub id ``spec`` (revision main) in the local Hugging Face cache."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found, reason = try_to_load_from_cache(spec, "config.json"), ""
-    except ValueError as exc:  # HFValidationError: not a valid repo id
-        found, reason = None, ": " + str(exc).strip().splitlines()[0]
-    if not isinstance(found, str):
-        raise ModelLoadError(f"--model {spec}: not a bundled name ({', '.join(BUNDLED)}), a local folder, or a model "
-                             f"in the local Hugging Face cache (decodelab never downloads){reason}")
-    return Path(found).parent
+    """Where to load from (:func:`.locate.model_folder`, torch-free so the CLI can check ``-m`` before torch loads),
+    with this module's :func:`bundled_dir`."""
+    return find_model_folder(spec, bundled_dir)
 
 
 def set_threads(n: int) -> None:

@@ -1,0 +1,35 @@
+"""Checks that need no torch, run when a command starts (cli/options.py ``command``): a model name that names no
+model (``-m``, ``--draft``, ``--against``) and an empty prompt for a bundled model fail in one line before the
+10-second import of torch and transformers, instead of after it."""
+
+from __future__ import annotations
+
+from ..core.engine.locate import BUNDLED, hub_offline, model_folder
+from ..core.errors import ConfigError, ModelLoadError
+
+# the commands' own options that name a second model (None or these words: not a model)
+MODEL_OPTIONS = {"draft": ("--draft", ("ngram",)), "against": ("--against", ())}
+
+
+def check_models(opts, own: dict) -> None:
+    """``-m`` and the model-naming options found, the same way and with the same message as loading would give."""
+    hub_offline()
+    model = getattr(opts, "model", None)
+    if isinstance(model, str):
+        model_folder(model)
+    for name, (option, words) in MODEL_OPTIONS.items():
+        spec = own.get(name)
+        if isinstance(spec, str) and spec not in words:
+            try:
+                model_folder(spec)
+            except ModelLoadError as exc:
+                raise ModelLoadError(str(exc).replace(f"--model {spec}", f"{option} {spec}", 1)) from None
+
+
+def check_empty_prompt(opts) -> None:
+    """An empty PROMPT with a bundled model: its tokenizer adds no token, so the prompt would be 0 tokens (the error
+    core gives after loading, core/engine/tokens.py ``check_prompt``). Other models may add a BOS token and are left
+    to that check; ``--chat`` wraps even an empty prompt."""
+    if getattr(opts, "prompt", None) == "" and getattr(opts, "model", None) in BUNDLED \
+            and not getattr(opts, "chat", False) and getattr(opts, "prompt_file", None) is None:
+        raise ConfigError("PROMPT: the prompt is empty (0 tokens); give some text")
