@@ -4,6 +4,8 @@ model (``-m``, ``--draft``, ``--against``) and an empty prompt for a bundled mod
 
 from __future__ import annotations
 
+import sys
+
 from ..core.engine.locate import BUNDLED, hub_offline, model_folder
 from ..core.errors import ConfigError, ModelLoadError
 
@@ -33,3 +35,16 @@ def check_empty_prompt(opts) -> None:
     if getattr(opts, "prompt", None) == "" and getattr(opts, "model", None) in BUNDLED \
             and not getattr(opts, "chat", False) and getattr(opts, "prompt_file", None) is None:
         raise ConfigError("PROMPT: the prompt is empty (0 tokens); give some text")
+
+
+HOT = 2.0  # above this a temperature flattens the distribution towards uniform: likely -t meant as threads
+
+
+def temperature_note(opts) -> None:
+    """``-t 4`` is the thread count to a llama-cli user and the temperature here: a temperature above 2 gets one
+    note on stderr once the run has printed (so an error line is never followed or preceded by it)."""
+    t = getattr(opts, "temperature", None)
+    if isinstance(t, (int, float)) and t > HOT:
+        shown = f"{t:g}"
+        sys.stderr.write(f"note: temperature {shown} samples nearly uniformly (did you mean --threads {shown}? "
+                         "-t is --temperature here)\n")

@@ -48,7 +48,8 @@ TEXT_COMMANDS = ("sample", "stream", "speculate", "beam", "batch")
 OPENAI_COMMANDS = ("sample", "score", "stream")
 
 
-Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' reads stdin.", show_default=False)]
+Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' reads stdin (one trailing newline "
+                                                  "dropped, as echo adds it).", show_default=False)]
 PromptFile = Annotated[Optional[Path], typer.Option("--prompt-file", help="Read the prompt from a file.",
                                                     rich_help_panel=RUN)]
 Model = Annotated[str, typer.Option("--model", "-m", help="Bundled name (tiny, tiny-draft), a local model folder, "

@@ -20,10 +20,16 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if prompt_file is not None:
         return read_input_text("--prompt-file", prompt_file)
     if prompt == "-":
-        return read_stdin("PROMPT")
+        return drop_one_newline(read_stdin("PROMPT"))
     if prompt is None:
         raise ConfigError("PROMPT: missing; give the prompt text, '-' for stdin, or --prompt-file")
     return prompt
+
+
+def drop_one_newline(text: str) -> str:
+    """``echo TEXT | decodelab sample -``: echo ends the text with a newline the user did not type as part of the
+    prompt; one is dropped, as the shell's ``$(...)`` drops it (a second one, typed, stays)."""
+    return text[:-1] if text.endswith("\n") else text
 
 
 def load(opts: Opts) -> LoadedModel:

@@ -101,6 +101,9 @@ def speculate(
     summary = spec.summary(rounds)
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
          opts.save_svg)
+    from ..early import temperature_note
+
+    temperature_note(opts)
 
 
 def progress(message: str) -> None:

@@ -106,6 +106,9 @@ def emit_for(opts, out: Output) -> None:
     if getattr(opts, "chat", False):
         mark_chat(out.document)
     emit(out, opts.fmt.value, getattr(opts, "save_html", None), getattr(opts, "save_svg", None))
+    from ..early import temperature_note
+
+    temperature_note(opts)
 
 
 def mark_chat(document) -> None:

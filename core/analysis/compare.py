@@ -47,7 +47,7 @@ from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
-from ..settings import META_KEYS, coerce, load_preset, normalize_key
+from ..settings import META_KEYS, coerce, did_you_mean, load_preset, normalize_key
 
 SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
@@ -97,7 +97,8 @@ def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) 
         elif k in NOT_PER_VARIANT:
             raise ConfigError(f"{where}: {k} is the comparison's axis, not a variant setting; use --seeds")
         elif k not in known:
-            raise ConfigError(f"{where}: unknown key {key!r}; allowed: method, cache, preset and the settings "
+            raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(k, known | {'method', 'preset'})}; "
+                              "allowed: method, cache, preset and the settings "
                               f"{', '.join(sorted(known - set(SPECIAL)))}")
         else:
             values.append((k, raw))
@@ -132,7 +133,8 @@ def parse_variant(text: str, index: int = 0) -> Variant:
         elif items:
             items[-1][1] += "," + piece
         elif piece.strip():
-            raise ConfigError(f"--variant {text!r}: {piece.strip()!r} is not KEY=VALUE with a known key; allowed: "
+            guess = did_you_mean(key.strip().replace("-", "_"), known) if eq else ""
+            raise ConfigError(f"--variant {text!r}: {piece.strip()!r} is not KEY=VALUE with a known key{guess}; allowed: "
                               f"{', '.join(sorted(known))}")
     text_fields = {p.field for p in params() if p.kind is str or p.many or p.pairs} | {"stop"}  # stop: a run setting
     return make_variant(name, [(k, v if k.replace("-", "_") in text_fields else v.strip()) for k, v in items],

@@ -863,7 +863,8 @@ def test_make_variant_keys_and_messages_word_for_word():
 
     assert refused({"method": "foo"}) == "w: method='foo'; allowed: sample, beam, speculate"
     unknown = refused([("temprature", 1)])
-    head = "w: unknown key 'temprature'; allowed: method, cache, preset and the settings "
+    # issue 40: a typo gets "did you mean" before the whole list (the list itself unchanged)
+    head = "w: unknown key 'temprature' (did you mean 'temperature'?); allowed: method, cache, preset and the settings "
     assert unknown.startswith(head + "allow, ban, beams, cache, chain, choice,")
     assert unknown.endswith(", typical_p, xtc_probability, xtc_threshold")
     assert "method" not in unknown[len(head):] and "preset" not in unknown[len(head):]  # listed once, first

@@ -70,3 +70,46 @@ def test_the_bundled_tokenizers_add_no_token_to_an_empty_prompt():
 
     for name in BUNDLED:
         assert AutoTokenizer.from_pretrained(bundled_dir(name))("")["input_ids"] == []
+
+
+def test_a_piped_prompt_loses_one_trailing_newline(cli, toy_model_dir, monkeypatch):
+    """`echo TEXT | decodelab sample -`: the prompt is TEXT, not TEXT plus echo's newline; a second newline, typed,
+    stays (issue 40: the newline became a prompt token)."""
+    import io
+    import json
+
+    def prompt_of(stdin: str | None, arg: str = "-") -> dict:
+        if stdin is not None:
+            monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        code, out, err = cli("probs", arg, "-m", toy_model_dir, "-f", "json", "--threads", "1")
+        assert code == 0, err
+        return json.loads(out)["prompt"]
+
+    typed = prompt_of(None, "Once upon")
+    assert prompt_of("Once upon\n") == typed
+    assert prompt_of("Once upon") == typed
+    assert prompt_of("Once upon\n\n") == prompt_of(None, "Once upon\n")
+
+
+def test_a_high_temperature_gets_a_note_naming_threads(cli, toy_model_dir):
+    """`-t 4` means 4 threads to a llama-cli user: a temperature above 2 gets one note after the output; 2 and below,
+    none; an error stays one line."""
+    code, out, err = cli("sample", "Once", "-m", toy_model_dir, "-n", "2", "-t", "4", "-f", "json", "--threads", "1")
+    notes = [line for line in err.splitlines() if "did you mean --threads" in line]  # (a busy machine adds its own)
+    assert code == 0 and notes == ["note: temperature 4 samples nearly uniformly (did you mean --threads 4? -t is "
+                                   "--temperature here)"], err
+    code, out, err = cli("sample", "Once", "-m", toy_model_dir, "-n", "2", "-t", "2", "-f", "json", "--threads", "1")
+    assert code == 0 and "did you mean" not in err
+    code, out, err = cli("sample", "Once", "-m", toy_model_dir, "-t", "4", "--top-p", "2", "--threads", "1")
+    assert code == 2 and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args,hint", [
+    (["sample", "hi", "--set", "temprature=1"], "unknown setting 'temprature' (did you mean 'temperature'?); allowed:"),
+    (["sample", "hi", "--set", "top-kk=3"], "(did you mean 'top_k'?)"),
+    (["compare", "hi", "-V", "a: top_pp=0.5"], "is not KEY=VALUE with a known key (did you mean 'top_p'?); allowed:"),
+    (["sample", "hi", "--set", "warmth=3"], "unknown setting 'warmth'; allowed:"),  # nothing close: no guess
+])
+def test_a_mistyped_setting_gets_did_you_mean(cli, args, hint):
+    code, out, err = cli(*args, "--threads", "1")
+    assert code == 2 and hint in err and err.count("\n") == 1, err
