@@ -1,11 +1,10 @@
 """Checks that need no torch, run when a command starts (cli/options.py ``command``): a model name that names no
-model (``-m``, ``--draft``, ``--against``) and an empty prompt for a bundled model fail in one line before the
+model (``-m``, ``--draft``, ``--against``; a path is left to the loader) and an empty prompt for a bundled model fail in one line before the
 10-second import of torch and transformers, instead of after it."""
 
 from __future__ import annotations
 
-import sys
-
+from . import notes
 from ..core.engine.locate import BUNDLED, hub_offline, model_folder
 from ..core.errors import ConfigError, ModelLoadError
 
@@ -13,15 +12,22 @@ from ..core.errors import ConfigError, ModelLoadError
 MODEL_OPTIONS = {"draft": ("--draft", ("ngram",)), "against": ("--against", ())}
 
 
+def is_name(spec) -> bool:
+    """A model given by name (bundled, or a hub id), not by path: a path ('/', '.', '~') is checked when the model
+    loads, after the command's own values, so that a bad value is still the line a run with a missing folder gives."""
+    return isinstance(spec, str) and not spec.startswith(("/", ".", "~"))
+
+
 def check_models(opts, own: dict) -> None:
-    """``-m`` and the model-naming options found, the same way and with the same message as loading would give."""
+    """``-m`` and the model-naming options given by name, found the same way and with the same message as loading
+    would give."""
     hub_offline()
     model = getattr(opts, "model", None)
-    if isinstance(model, str):
+    if is_name(model):
         model_folder(model)
     for name, (option, words) in MODEL_OPTIONS.items():
         spec = own.get(name)
-        if isinstance(spec, str) and spec not in words:
+        if is_name(spec) and spec not in words:
             try:
                 model_folder(spec)
             except ModelLoadError as exc:
@@ -42,9 +48,9 @@ HOT = 2.0  # above this a temperature flattens the distribution towards uniform:
 
 def temperature_note(opts) -> None:
     """``-t 4`` is the thread count to a llama-cli user and the temperature here: a temperature above 2 gets one
-    note on stderr once the run has printed (so an error line is never followed or preceded by it)."""
+    note on stderr when the run succeeds (cli/notes.py)."""
     t = getattr(opts, "temperature", None)
     if isinstance(t, (int, float)) and t > HOT:
         shown = f"{t:g}"
-        sys.stderr.write(f"note: temperature {shown} samples nearly uniformly (did you mean --threads {shown}? "
-                         "-t is --temperature here)\n")
+        notes.add(f"note: temperature {shown} samples nearly uniformly (did you mean --threads {shown}? "
+                  "-t is --temperature here)")

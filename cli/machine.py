@@ -1,10 +1,10 @@
 """The load average when a run loaded its model (:func:`started`), and at its output, the ``machine`` field and the
-one-line note of a run timed on an oversubscribed machine (core/engine/machine_load.py says when)."""
+one-line note (cli/notes.py: written when the run exits 0) of a run timed on an oversubscribed machine
+(core/engine/machine_load.py says when)."""
 
 from __future__ import annotations
 
-import sys
-
+from . import notes
 from ..core.engine.machine_load import load_average, machine_note, machine_record
 
 start: dict = {}  # {"load": the load average when the model was loaded, "cores": the physical cores}: one run a process
@@ -37,6 +37,6 @@ def mark(document: dict, jsonl: list[dict]) -> tuple[dict, list[dict]]:
     start.clear()  # the next command of this process (tests run many) measures its own
     if found is None:
         return document, jsonl
-    sys.stderr.write(machine_note(found) + "\n")
+    notes.add(machine_note(found))
     lines = [{**line, "machine": found} if line.get("type") == "summary" else line for line in jsonl]
     return {**document, "machine": found}, lines

@@ -29,7 +29,7 @@ except ImportError:  # older typer runs on click
     from click import exceptions as cli_errors
 
 from ..core.errors import DecodelabError
-from . import loop
+from . import loop, notes
 from .view import render
 from .commands.batch import batch
 from .commands.beam import beam
@@ -172,6 +172,7 @@ def run_cli(argv: list[str] | None) -> int:
     debug = "--debug" in args[:cut]
     args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
     loop.reset()
+    notes.clear()
     try:
         check_columns()
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
@@ -183,7 +184,10 @@ def run_cli(argv: list[str] | None) -> int:
         # outside any run (loading, say) typer returns 130 itself
         if loop.interrupted() or result == 130:
             return interrupted()
-        return result if isinstance(result, int) else 0
+        code = result if isinstance(result, int) else 0
+        if code == 0:
+            notes.flush()
+        return code
     except typer.Exit as exc:
         return exc.exit_code
     except cli_errors.NoArgsIsHelpError:
