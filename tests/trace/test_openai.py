@@ -289,3 +289,23 @@ def test_top_logprobs_follow_the_distribution_they_are_taken_from():
     processed = to_logprobs(doc, PROCESSED)["top_logprobs"][0]
     assert list(processed) == ["x", "a", "b", "c"]
     assert list(processed.values()) == [lg(0.5), lg(0.3), lg(0.15), lg(0.05)]
+
+
+def test_check_logprobs_reads_decodelabs_own_openai_answer(cli, tmp_path):
+    """Issue 40: `check-logprobs` refused `sample -f openai`'s output (the prompt's ids unknown) unless wrapped in a
+    request. The answer carries the ids as vLLM's return_token_ids does, and its raw log-probabilities are found
+    raw, every token within the tolerance."""
+    code, out, err = cli("sample", "Once upon", "-n", "4", "-t", "0.8", "--seed", "1", "-f", "openai", "--threads", "1")
+    assert code == 0, err
+    answer = json.loads(out)
+    doc = run_json(cli, "sample", "Once upon", "-n", "4", "-t", "0.8", "--seed", "1", "--threads", "1")
+    assert answer["choices"][0]["prompt_token_ids"] == doc["prompt"]["token_ids"]
+    assert answer["choices"][0]["token_ids"] == doc["token_ids"]
+    path = tmp_path / "answer.json"
+    path.write_text(out, encoding="utf-8")
+    code, out, err = cli("check-logprobs", str(path), "-f", "json", "--threads", "1")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["answers"][0]["prompt_token_ids"] == doc["prompt"]["token_ids"]
+    assert [r["token_id"] for r in report["tokens"]] == doc["token_ids"]
+    assert [r["label"] for r in report["tokens"]] == ["raw"] * 4 and report["summary"]["labels"]["raw"] == 4
