@@ -999,3 +999,27 @@ def test_no_requests_make_a_one_block_pool_and_no_iterations_and_a_prompt_fillin
     with pytest.raises(ConfigError) as err:
         Scheduler(model, [long])
     assert str(err.value) == "PROMPT: the prompt is 4 tokens but the model's context is 4; shorten it"
+
+
+def test_cli_batch_json_and_csv_carry_each_requests_mean_logprobs(cli, toy_model_dir, tmp_path):
+    """Issue 40: the table showed each request's mean log-probability (processed and raw) and the CSV/JSON did not.
+    The fields are the means of the request's own steps (worked from them here), and the CSV's columns equal them."""
+    import csv
+    import io
+    import json
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("Once upon a time\nThe machine\n")
+    args = ("batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "4", "--ignore-eos", "--baselines", "none",
+            "-t", "0.8", "--top-k", "20", "--seed", "3")
+    doc = run_json(cli, *args)
+    for r in doc["requests"]:
+        steps = r["steps"]
+        assert r["mean_logprob"] == pytest.approx(sum(s["logprob"] for s in steps) / len(steps), abs=0)
+        assert r["mean_raw_logprob"] == pytest.approx(sum(s["raw_logprob"] for s in steps) / len(steps), abs=0)
+        assert r["mean_logprob"] != r["mean_raw_logprob"]  # top-k and temperature change the distribution
+    code, out, err = cli(*args, "-f", "csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [float(row["mean_logprob"]) for row in rows] == [r["mean_logprob"] for r in doc["requests"]]
+    assert [float(row["mean_raw_logprob"]) for row in rows] == [r["mean_raw_logprob"] for r in doc["requests"]]
