@@ -159,7 +159,8 @@ def emit(opts, lm, run: Comparison) -> None:
            "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
            "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
-           "rows": run.rows, "pairs": run.pairs, "summary": {"variants": variant_summary(run.rows)}}
+           "rows": run.rows, "pairs": run.pairs,
+           "summary": {"variants": variant_summary(run.rows), **cut_short(run)}}
     output.emit_for(opts, output.Output(
         document=doc,
         jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]
@@ -167,6 +168,15 @@ def emit(opts, lm, run: Comparison) -> None:
                                  doc["summary"])],
         tables=[(None, [flat_row(r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
         views=lambda: tables(lm, run)))
+
+
+def cut_short(run: Comparison) -> dict:
+    """Whether every row ran: ``stop_reason`` ``end``, or ``interrupted`` when Ctrl-C cut the comparison (its rows
+    are the ones finished before), with the rows planned beside the rows run."""
+    from ..loop import interrupted
+
+    return {"stop_reason": "interrupted" if interrupted() else "end", "rows_planned": run.total,
+            "rows_run": len(run.rows)}
 
 
 def fmt(value, spec: str = ".3f") -> str:
