@@ -144,6 +144,27 @@ def flat_row(row) -> dict:
     return {k: d[k] for k in ROW_COLUMNS}
 
 
+def setting_keys(run: Comparison) -> list[str]:
+    """The settings any variant sets (``method``, ``preset`` and its own keys), in the order first given."""
+    keys: list[str] = []
+    for v in run.variants:
+        named = (["method"] if v.method != "sample" else []) + (["preset"] if v.preset else []) + [k for k, _ in v.values]
+        keys += [k for k in named if k not in keys]
+    return keys
+
+
+def settings_row(run: Comparison, row) -> dict:
+    """A row of the markdown/CSV table: the row's columns, then one column per setting a variant sets, holding this
+    row's resolved value (the variant's method and preset; the others from its settings for the row's seed)."""
+    flat = flat_row(row)
+    v = next(x for x in run.variants if x.name == row.variant)
+    resolved = render.clean(as_dict(run.settings[v.name, row.seed]))
+    values = {"method": v.method, "preset": v.preset or ""}
+    cells = {k: values[k] if k in values else resolved.get(k) for k in setting_keys(run)}
+    cells = {k: (",".join(map(str, c)) if isinstance(c, (list, tuple)) else c) for k, c in cells.items()}
+    return {**flat, **{k: c for k, c in cells.items() if k not in flat}}
+
+
 def emit(opts, lm, run: Comparison) -> None:
     from ...core.analysis.compare import variant_summary
     from ...core.sampling.chain import make_chain
@@ -166,7 +187,7 @@ def emit(opts, lm, run: Comparison) -> None:
         jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
                                  doc["summary"])],
-        tables=[(None, [flat_row(r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
+        tables=[(None, [settings_row(run, r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
         views=lambda: tables(lm, run)))
 
 

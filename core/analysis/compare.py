@@ -244,6 +244,9 @@ class Prompt:
     text: str
 
 
+PROMPT_KEYS = ("prompt", "text", "id")  # what a JSONL line of compare's --prompts-file may hold
+
+
 def read_prompts(path: str | Path) -> list[Prompt]:
     """One prompt a line, or JSONL objects with ``prompt`` (or ``text``) and an optional ``id``."""
     path = Path(path)
@@ -257,6 +260,11 @@ def read_prompts(path: str | Path) -> list[Prompt]:
             text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(text, str) or not text:
                 raise ConfigError(f"--prompts-file {path}: line {n} has no \"prompt\" text")
+            extra = [k for k in obj if k not in PROMPT_KEYS]
+            if extra:  # batch reads them; compare's settings are its variants': refused rather than ignored
+                raise ConfigError(f"--prompts-file {path}: line {n} sets {extra[0]!r}: compare takes settings per "
+                                  "variant (-V, --preset), the same for every prompt, so a prompt's own settings "
+                                  "would be ignored; allowed keys here: prompt (or text), id")
             prompts.append(Prompt(str(obj.get("id", n)), text))
         return prompts
     return [Prompt(str(n), line) for n, line in enumerate(lines, 1)]

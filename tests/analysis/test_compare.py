@@ -927,3 +927,34 @@ def test_a_beam_row_is_the_best_hypothesis_with_its_own_reason(llama):
                          early_stopping=False, max_new_tokens=6, eos_token_id=103, pad_token_id=0)[0, 6:].tolist()
     assert out[: out.index(103) + 1] == row.token_ids and len(row.token_ids) < 6
     assert (row.stop_reason, row.length) == ("eos", len(row.token_ids))
+
+
+def test_compare_csv_has_a_column_per_setting_the_variants_set(cli, toy_model_dir):
+    """Issue 40: the CSV had the variant's name and no settings. One column per setting any variant sets, holding the
+    row's resolved value (empty where that variant's settings have none), after the row's own columns."""
+    import csv
+    import io
+
+    code, out, err = cli("compare", "Hello", "-m", toy_model_dir, "-V", "a: temperature=0",
+                         "-V", "b: temperature=0.9,top_k=5", "-V", "c: method=beam,beams=2", "-n", "3", "-f", "csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert list(rows[0])[:4] == ["variant", "prompt", "seed", "text"]
+    assert list(rows[0])[-4:] == ["temperature", "top_k", "method", "beams"]
+    by = {r["variant"]: r for r in rows}
+    assert (by["a"]["temperature"], by["a"]["top_k"], by["a"]["method"]) == ("0.0", "", "sample")
+    assert (by["b"]["temperature"], by["b"]["top_k"]) == ("0.9", "5")
+    assert (by["c"]["method"], by["c"]["beams"]) == ("beam", "2")
+
+
+def test_compare_refuses_a_prompts_file_line_with_its_own_settings(cli, toy_model_dir, tmp_path):
+    """Issue 40: `batch` honours a JSONL line's settings and `compare` silently ignored them on the same file. compare
+    varies settings by variant, the same for every prompt: a line's own setting is refused in one line, before the
+    model loads; prompt, text and id are read as before."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "x", "prompt": "Hello"}\n{"prompt": "Once", "temperature": 0.7}\n')
+    code, out, err = cli("compare", "--prompts-file", path, "-m", "/nonexistent/model", "-V", "a: temperature=0")
+    assert code == 2 and err.count("\n") == 1
+    assert f"--prompts-file {path}: line 2 sets 'temperature': compare takes settings per variant" in err
+    path.write_text('{"id": "x", "prompt": "Hello"}\n{"text": "Once"}\n')
+    assert [(p.id, p.text) for p in cmp.read_prompts(path)] == [("x", "Hello"), ("2", "Once")]
