@@ -191,6 +191,14 @@ def emit(opts, lm, run: Comparison) -> None:
         views=lambda: tables(lm, run)))
 
 
+def from_there(text: str | None, width: int = 40) -> str:
+    """An output's text from the divergence on, quoted (its leading space shows), cut to ``width``; empty when the
+    pair is identical, "(ended)" when that output had no more tokens."""
+    if text is None:
+        return ""
+    return render.cut(repr(text), width) if text else "(ended)"
+
+
 def cut_short(run: Comparison) -> dict:
     """Whether every row ran: ``stop_reason`` ``end``, or ``interrupted`` when Ctrl-C cut the comparison (its rows
     are the ones finished before), with the rows planned beside the rows run."""
@@ -250,11 +258,13 @@ def tables(lm, run: Comparison) -> list:
     if run.pairs:
         t = Table(title="where the variants part (same seed = same random draws)", header_style="bold")
         t.key_columns = 4  # a, b, prompt and seed name a pair: a split panel repeats them
-        for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why"):
-            t.add_column(name, no_wrap=name != "why")
+        for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why", "a from there",
+                     "b from there"):
+            t.add_column(name, no_wrap=name not in ("why", "a from there", "b from there"))
         for p in run.pairs:
             t.add_row(p.a, p.b, p.prompt, str(p.seed), "identical" if p.first_divergence is None
-                      else f"step {p.first_divergence}", p.deciding_stage or "-", p.why or "")
+                      else f"step {p.first_divergence}", p.deciding_stage or "-", p.why or "",
+                      from_there(p.a_after), from_there(p.b_after))
         out.append(t)
     return out
 

@@ -958,3 +958,28 @@ def test_compare_refuses_a_prompts_file_line_with_its_own_settings(cli, toy_mode
     assert f"--prompts-file {path}: line 2 sets 'temperature': compare takes settings per variant" in err
     path.write_text('{"id": "x", "prompt": "Hello"}\n{"text": "Once"}\n')
     assert [(p.id, p.text) for p in cmp.read_prompts(path)] == [("x", "Hello"), ("2", "Once")]
+
+
+def test_a_pair_shows_its_differing_tokens_as_text_at_the_divergence_and_after(cli, toy_model_dir):
+    """Issue 40: compare said at which step two variants part, not which tokens. Each pair carries the two tokens
+    there as text and each output's text from there on, worked here from the rows' own ids and the tokenizer; the
+    table shows the texts."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(toy_model_dir)
+    args = ("compare", "Once upon", "-m", toy_model_dir, "-V", "g: temperature=0", "-V", "h: temperature=1.5",
+            "--seeds", "3", "-n", "6", "--ignore-eos")
+    doc = json.loads(cli(*args, "-f", "json")[1])
+    rows = {r["variant"]: r for r in doc["rows"]}
+    (pair,) = doc["pairs"]
+    d = pair["first_divergence"]
+    assert d is not None, "temperature 1.5 must part from greedy within 6 tokens on this seed"
+    a, b = rows["g"]["token_ids"], rows["h"]["token_ids"]
+    assert a[:d] == b[:d] and a[d] != b[d]
+    assert pair["a_token_text"] == tok.convert_tokens_to_string([tok.convert_ids_to_tokens(a[d])])
+    assert pair["b_token_text"] == tok.convert_tokens_to_string([tok.convert_ids_to_tokens(b[d])])
+    assert pair["a_after"] == tok.decode(a[d:]) and pair["b_after"] == tok.decode(b[d:])
+    code, out, err = cli(*args)  # the table: the texts from the divergence on, quoted
+    assert code == 0 and repr(pair["a_after"])[:10] in out.replace("\n", "")

@@ -534,9 +534,9 @@
       const r = doc.rows[+el.dataset.row], j = +el.dataset.j;
       const pairs = doc.pairs.filter((p) => String(p.prompt) === String(r.prompt) && p.seed === r.seed && (p.a === r.variant || p.b === r.variant));
       show(`<h3>${esc(r.variant)}, step ${j}</h3>` + kv({ token_id: r.token_ids[j] === undefined ? null : r.token_ids[j], decided_by: (r.decided_by || [])[j] === undefined ? null : r.decided_by[j] }) +
-        pairs.map((p) => `<h3>pair ${esc(p.a)} / ${esc(p.b)}</h3>` + kv(p, ["first_divergence", "deciding_stage", "why", "a_token", "b_token"])).join(""));
+        pairs.map((p) => `<h3>pair ${esc(p.a)} / ${esc(p.b)}</h3>` + kv(p, ["first_divergence", "deciding_stage", "why", "a_token", "b_token", "a_token_text", "b_token_text", "a_after", "b_after"])).join(""));
     }, (el) => select(g.items, el));
-    section("pairs: the first divergence and what decided it", table(["a", "b", "prompt", "seed", "first_divergence", "deciding_stage", "why", "a_token", "b_token"]
+    section("pairs: the first divergence and what decided it", table(["a", "b", "prompt", "seed", "first_divergence", "deciding_stage", "why", "a_token_text", "b_token_text", "a_after", "b_after"]
       .map((k) => ({ k, num: ["seed", "first_divergence", "a_token", "b_token"].includes(k) })), doc.pairs));
     section("rows", table(["variant", "method", "prompt", "seed", "length", "stop_reason", "mean_logprob", "raw_perplexity", "distinct_1", "distinct_2",
       "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s"].map((k) => ({ k, num: !["variant", "method", "prompt", "stop_reason"].includes(k) }))
