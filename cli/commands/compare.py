@@ -180,15 +180,30 @@ def emit(opts, lm, run: Comparison) -> None:
            "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
            "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
-           "rows": run.rows, "pairs": run.pairs,
+           "rows": run.rows, "pairs": [pair_texts(lm, run, p) for p in run.pairs],
            "summary": {"variants": variant_summary(run.rows), **cut_short(run)}}
     output.emit_for(opts, output.Output(
         document=doc,
-        jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]
+        jsonl=[{"type": "pair", **render.clean(pair)} for pair in doc["pairs"]]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
                                  doc["summary"])],
-        tables=[(None, [settings_row(run, r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
-        views=lambda: tables(lm, run)))
+        tables=[(None, [settings_row(run, r) for r in run.rows]), (None, [render.clean(p) for p in doc["pairs"]])],
+        views=lambda: tables(lm, run, doc["pairs"])))
+
+
+def pair_texts(lm, run: Comparison, pair) -> dict:
+    """A pair with what parted as text: the two tokens at the first divergence (``None`` where one output ended)
+    and each output's text from there on (``None``: identical), decoded from the two rows' ids."""
+    out = render.clean(pair)
+    rows = {(r.variant, r.prompt, r.seed): r for r in run.rows}
+    d = pair.first_divergence
+    texts = {"a_token_text": None, "b_token_text": None, "a_after": None, "b_after": None}
+    if d is not None:
+        for side, name in (("a", pair.a), ("b", pair.b)):
+            ids = rows[name, pair.prompt, pair.seed].token_ids
+            texts[f"{side}_token_text"] = lm.token_text(ids[d]) if d < len(ids) else None
+            texts[f"{side}_after"] = lm.decode(ids[d:])
+    return {**out, **texts}
 
 
 def from_there(text: str | None, width: int = 40) -> str:
@@ -229,7 +244,7 @@ def summary_table(summary: list[dict]) -> Table:
     return t
 
 
-def tables(lm, run: Comparison) -> list:
+def tables(lm, run: Comparison, pairs: list[dict] | None = None) -> list:
     """Per (prompt, seed): the variants side by side; then every pair's first divergence."""
     out = []
     for prompt in run.prompts:
@@ -255,16 +270,16 @@ def tables(lm, run: Comparison) -> list:
     from ...core.analysis.compare import variant_summary
 
     out.append(summary_table(variant_summary(run.rows)))
-    if run.pairs:
+    if pairs:
         t = Table(title="where the variants part (same seed = same random draws)", header_style="bold")
         t.key_columns = 4  # a, b, prompt and seed name a pair: a split panel repeats them
         for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why", "a from there",
                      "b from there"):
             t.add_column(name, no_wrap=name not in ("why", "a from there", "b from there"))
-        for p in run.pairs:
-            t.add_row(p.a, p.b, p.prompt, str(p.seed), "identical" if p.first_divergence is None
-                      else f"step {p.first_divergence}", p.deciding_stage or "-", p.why or "",
-                      from_there(p.a_after), from_there(p.b_after))
+        for p in pairs:
+            t.add_row(p["a"], p["b"], p["prompt"], str(p["seed"]), "identical" if p["first_divergence"] is None
+                      else f"step {p['first_divergence']}", p["deciding_stage"] or "-", p["why"] or "",
+                      from_there(p["a_after"]), from_there(p["b_after"]))
         out.append(t)
     return out
 

@@ -474,13 +474,11 @@ class Comparison:
         pair = Pair(a.name, b.name, ra.prompt, seed, d, None)
         if d is None:
             return pair
-        pair.a_after, pair.b_after = self.lm.decode(ra.token_ids[d:]), self.lm.decode(rb.token_ids[d:])
         if d >= min(ra.length, rb.length):
             shorter = ra if ra.length < rb.length else rb
             pair.deciding_stage, pair.why = "stop", f"{shorter.variant} stopped ({shorter.stop_reason})"
             return pair
         pair.a_token, pair.b_token = ra.token_ids[d], rb.token_ids[d]
-        pair.a_token_text, pair.b_token_text = self.lm.token_text(pair.a_token), self.lm.token_text(pair.b_token)
         sa, sb = self.settings[a.name, seed], self.settings[b.name, seed]
         if a.method != b.method:
             pair.deciding_stage, pair.why = "method", f"{a.method} vs {b.method}"
@@ -605,10 +603,6 @@ class Pair:
     why: str | None = None
     a_token: int | None = None
     b_token: int | None = None
-    a_token_text: str | None = None  # the two tokens at the divergence as text (None where one ended)
-    b_token_text: str | None = None
-    a_after: str | None = None  # each output's text from the divergence on (None: identical)
-    b_after: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
