@@ -638,7 +638,7 @@
     }
     parts.push(`<div class="controls"><button type="button" id="exact" aria-pressed="false">exact numbers</button>` +
       `<button type="button" id="nocolor" aria-pressed="false">no colour</button>` +
-      `<span class="note">tables round to 4 significant digits (the exact value on hover); panels show the JSON's values</span></div>`);
+      `<span class="note">tables round to 4 significant digits (the exact value on hover); the summary and the panels show the JSON's exact values</span></div>`);
     content.insertAdjacentHTML("beforeend", parts.join(""));
     [["exact", "exact"], ["nocolor", "nocolor"]].forEach(([id, cls]) => {
       const b = document.getElementById(id);
