@@ -409,7 +409,7 @@ def heat_table(rows, lm, meta) -> Table:
         cells = [Text(f"{r.ratio:.1f}x", style=_heat(r.ratio)) for r in mine]
         table.add_row(str(layer), *cells, f"{sum(r.sink_mass for r in mine) / len(mine):.3f}")
     table.caption = ("1x: the first positions get what any position gets; a sink draws many times more "
-                     "(see the README for what pretrained models show)")
+                     "(docs/kv-policies.md, \"What the bundled models show\": what pretrained models show)")
     return table
 
 
