@@ -337,7 +337,8 @@ def _num(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.2f}"
 
 
-MARKS = "FwWskR*+"
+# one mark per policy, none repeated and none "*" (a point two policies share); past these, numbered marks repeat
+MARKS = "FwWskR+ox#@%&=~abcdeghijlmnpqtuvyz0123456789"
 COLOURS = ("red", "blue", "cyan", "magenta", "green", "yellow", "white", "white")
 
 
