@@ -4,6 +4,8 @@ one-line note (cli/notes.py: written when the run exits 0) of a run timed on an 
 
 from __future__ import annotations
 
+import dataclasses
+
 from . import notes
 from ..core.engine.machine_load import load_average, machine_note, machine_record
 
@@ -23,8 +25,10 @@ def record() -> dict | None:
 
 def timed(obj) -> bool:
     """Whether a document carries a speed figure: a key ending in ``_per_s`` (tokens/s) or naming a speedup."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # rows and summaries not yet made dicts
+        obj = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict):
-        return any(k.endswith("_per_s") or "speedup" in k or timed(v) for k, v in obj.items())
+        return any(str(k).endswith("_per_s") or "speedup" in str(k) or timed(v) for k, v in obj.items())
     if isinstance(obj, list):
         return any(timed(v) for v in obj)
     return False
@@ -33,7 +37,8 @@ def timed(obj) -> bool:
 def mark(document: dict, jsonl: list[dict]) -> tuple[dict, list[dict]]:
     """The document and the JSONL summary lines with the ``machine`` field, and the note on stderr, when the run
     printed speed figures and was oversubscribed; unchanged otherwise."""
-    found = record() if timed(document) or timed(jsonl) else None
+    found = record()
+    found = found if found is not None and (timed(document) or timed(jsonl)) else None  # scan only when busy
     start.clear()  # the next command of this process (tests run many) measures its own
     if found is None:
         return document, jsonl

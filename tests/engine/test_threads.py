@@ -148,3 +148,23 @@ def test_the_console_script_sets_passive_waiting_before_torch_loads():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={k: v for k, v in __import__("os").environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")})
     assert r.returncode == 0 and r.stdout == "PASSIVE\n", r.stderr
+
+
+def test_what_counts_as_a_speed_figure():
+    """The machine field goes only on output with a speed figure: a key ending in _per_s or naming a speedup,
+    found in dicts, lists and dataclasses (rows and summaries not yet made dicts); nothing else."""
+    from dataclasses import dataclass
+
+    from decodelab.cli.machine import timed
+
+    @dataclass
+    class Row:
+        tokens_per_s: float = 1.0
+
+    @dataclass
+    class Plain:
+        perplexity: float = 1.0
+
+    assert timed({"rows": [Row()]}) and timed({"summary": {"speedup_vs_static": 0.1}})
+    assert timed([{"type": "summary", "decode_tokens_per_s": 3.0}])
+    assert not timed({"rows": [Plain()], "stages": [{"prob": 0.5}]}) and not timed({"seconds": 2.0})
