@@ -7,6 +7,18 @@ import sys
 
 from . import warm_client
 
+
+def passive_openmp() -> None:
+    """OpenMP threads that wait sleep instead of spinning (``OMP_WAIT_POLICY=PASSIVE``) unless the user set a policy:
+    on a shared machine a spinning thread holds a core that the thread it waits for needs, and a run with 2 threads
+    under another job decoded at 0.14x the speed of one (core/engine/models.py, ``default_threads``). OpenMP reads
+    it once, when torch loads it: so here, before anything imports torch (and before a warm server's identity is
+    taken, so client and server agree)."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+passive_openmp()
 warm_client.from_the_console_script()  # a warm server runs the command: exits here, before typer, rich, torch
 
 import typer  # noqa: E402
@@ -20,7 +32,7 @@ except ImportError:  # older typer runs on click
 NO_ARGS_IS_HELP = getattr(cli_errors, "NoArgsIsHelpError", ())
 
 from ..core.errors import DecodelabError
-from . import loop
+from . import loop, notes
 from .view import render
 from .commands.batch import batch
 from .commands.beam import beam
@@ -177,6 +189,7 @@ def run_cli(argv: list[str] | None) -> int:
     debug = "--debug" in args[:cut]
     args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
     loop.reset()
+    notes.clear()
     try:
         check_columns()
         result = app(args=args, prog_name="decodelab", standalone_mode=False)
@@ -188,7 +201,10 @@ def run_cli(argv: list[str] | None) -> int:
         # outside any run (loading, say) typer returns 130 itself
         if loop.interrupted() or result == 130:
             return interrupted()
-        return result if isinstance(result, int) else 0
+        code = result if isinstance(result, int) else 0
+        if code == 0:
+            notes.flush()
+        return code
     except typer.Exit as exc:
         return exc.exit_code
     except NO_ARGS_IS_HELP:

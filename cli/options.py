@@ -48,7 +48,8 @@ TEXT_COMMANDS = ("sample", "stream", "speculate", "beam", "batch")
 OPENAI_COMMANDS = ("sample", "score", "stream")
 
 
-Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' reads stdin.", show_default=False)]
+Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' reads stdin (one trailing newline "
+                                                  "dropped, as echo adds it).", show_default=False)]
 PromptFile = Annotated[Optional[Path], typer.Option("--prompt-file", help="Read the prompt from a file.",
                                                     rich_help_panel=RUN)]
 Model = Annotated[str, typer.Option("--model", "-m", help="Bundled name (tiny, tiny-draft), a local model folder, "
@@ -77,8 +78,9 @@ IgnoreEos = Annotated[Optional[bool], typer.Option("--ignore-eos", help="Generat
                                                    rich_help_panel=RUN, show_default=False)]
 
 Threads = Annotated[Optional[int], typer.Option(
-    "--threads", help="torch CPU threads. Default: OMP_NUM_THREADS when set, else one per physical core, or 1 when "
-    "the machine is busy (load average >= cores: extra threads would spin waiting for each other; a line says so).",
+    "--threads", help="torch CPU threads. Default: OMP_NUM_THREADS when set, else 1 on a machine of 1-2 cores, else "
+    "the cores the load average leaves free; 1 when the machine is busy (load average >= cores: extra threads would "
+    "wait for each other; a line says so).",
     rich_help_panel=RUN, show_default=False)]
 Cache = Annotated[Optional[str], typer.Option(
     "--cache", help="KV-cache policy: NAME or NAME:key=value,... (default full; `decodelab models` lists them).",
@@ -186,6 +188,10 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         def wrapper(**kwargs):
             opts = Opts(**{n: kwargs.pop(n) for n in names})
             check_paths(opts)
+            from .early import check_empty_prompt, check_models
+
+            check_models(opts, kwargs)
+            check_empty_prompt(opts)
             check_format(fn.__name__, opts)
             check_ranges_early(opts)
             with status("starting: importing torch and transformers"):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..core.engine.models import LoadedModel, choose_threads, load_model, set_threads
+from ..core.engine.machine_load import load_average
+from ..core.engine.models import LoadedModel, choose_threads, load_model, physical_cores, set_threads
 from ..core.errors import ConfigError
 from ..core.inputs import read_input_text, read_stdin
+from . import machine
 from .options import Opts
 from .view.render import status
 
@@ -18,10 +20,16 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if prompt_file is not None:
         return read_input_text("--prompt-file", prompt_file)
     if prompt == "-":
-        return read_stdin("PROMPT")
+        return drop_one_newline(read_stdin("PROMPT"))
     if prompt is None:
         raise ConfigError("PROMPT: missing; give the prompt text, '-' for stdin, or --prompt-file")
     return prompt
+
+
+def drop_one_newline(text: str) -> str:
+    """``echo TEXT | decodelab sample -``: echo ends the text with a newline the user did not type as part of the
+    prompt; one is dropped, as the shell's ``$(...)`` drops it (a second one, typed, stays)."""
+    return text[:-1] if text.endswith("\n") else text
 
 
 def load(opts: Opts) -> LoadedModel:
@@ -37,7 +45,9 @@ def load(opts: Opts) -> LoadedModel:
 def use_threads(given: int | None) -> None:
     """torch's CPU threads: --threads, OMP_NUM_THREADS or the measured default; one line on stderr when the machine
     looks oversubscribed."""
-    choice = choose_threads(given)
+    load, cores = load_average(), physical_cores()
+    machine.started(load, cores)
+    choice = choose_threads(given, load=load, cores=cores)
     if choice.threads is not None:
         set_threads(choice.threads)
     if choice.note is not None:

@@ -108,8 +108,17 @@ def normalize_key(cls, key: str) -> str:
     name = key.strip().replace("-", "_")
     if name not in field_names(cls):
         allowed = ", ".join(field_names(cls))
-        raise ConfigError(f"unknown setting {key!r}; allowed: {allowed}")
+        raise ConfigError(f"unknown setting {key!r}{did_you_mean(name, field_names(cls))}; allowed: {allowed}")
     return name
+
+
+def did_you_mean(name: str, names) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``names`` when one is close (difflib's ratio >= 0.75: a typo, a
+    dropped or swapped letter), else ``""``: the line then lists every name as before."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # --- presets -------------------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def request_rows(lm, report: BatchReport) -> list[dict]:
     return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain, "token_ids": r.new_ids,
              "text": r.text, "stop_reason": r.stop_reason, "prefix_hit_tokens": r.prefix_hit_tokens,
              "computed_tokens": r.computed_tokens, "preemptions": r.preemptions, "joined": r.joined,
-             "finished": r.finished,
+             "finished": r.finished, **mean_logprobs(r.steps),
              "steps": [{"index": i, "token_id": s.token_id, "token": lm.token_text(s.token_id),
                         "logprob": s.logprob, "raw_logprob": s.raw_logprob} for i, s in enumerate(r.steps)]}
             for r in report.results]
@@ -115,6 +115,14 @@ def baseline_noise(lm, entries, report: BatchReport) -> list[dict]:
                 out += [{"request": r.id, **v} for v in divergence_verdicts(
                     lm, r.prompt_ids, r.new_ids, [(b.name, list(ids))], make_chain(lm, e.settings))]
     return out
+
+
+def mean_logprobs(steps) -> dict:
+    """A request's mean log-probability per generated token, processed (what its selector drew from) and raw (the
+    model's own softmax): the table's two columns, in JSON and CSV too (None for a request with no token)."""
+    n = len(steps)
+    return {"mean_logprob": sum(s.logprob for s in steps) / n if n else None,
+            "mean_raw_logprob": sum(s.raw_logprob for s in steps) / n if n else None}
 
 
 def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows, conn=None,
@@ -187,9 +195,9 @@ def requests_table(requests: list[dict]) -> Table:
     for col in ("id", "prompt", "new", "stop", "hit", "preempt", "join", "end", "logprob", "raw", "text"):
         table.add_column(col, justify="left" if col in ("id", "stop", "text") else "right")
     for r in requests:
-        n = len(r["steps"])
-        mean = sum(s["logprob"] for s in r["steps"]) / n if n else float("nan")
-        raw = sum(s["raw_logprob"] for s in r["steps"]) / n if n else float("nan")
+        nan = float("nan")
+        mean = nan if r["mean_logprob"] is None else r["mean_logprob"]
+        raw = nan if r["mean_raw_logprob"] is None else r["mean_raw_logprob"]
         table.add_row(r["id"], str(len(r["prompt_token_ids"])), str(len(r["token_ids"])), r["stop_reason"],
                       str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
                       f"{mean:.3f}", f"{raw:.3f}", render.cut(render.one_line(r["text"]), 60))

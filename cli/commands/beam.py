@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.table import Table
 from rich.text import Text
+from rich.console import Group
 from rich.tree import Tree
 
 from ...core.errors import ConfigError
@@ -145,15 +146,23 @@ def tree_view(choice: str, width: int) -> str:
     return ("collapsed" if width < FULL_TREE_WIDTH else "full") if choice == "auto" else choice
 
 
-def search_tree(model_name: str, prompt: str, search: BeamSearch, s: BeamSettings, collapsed: bool = False) -> Tree:
+# Levels a tree shows before a live beam's children restart at the left margin ("↳ step k, continued: ..."): rich
+# indents 4 columns a level, and a collapsed label is at most about 44 columns (80 = 9 x 4 + 44); a full one about
+# 72 (120 = 12 x 4 + 72). Deeper, a label would be folded into 4-column slivers.
+COLLAPSED_DEPTH, FULL_DEPTH = 9, 12
+
+
+def search_tree(model_name: str, prompt: str, search: BeamSearch, s: BeamSettings, collapsed: bool = False) -> Group:
     """Every candidate of every step under the beam it extends: live (●), finished into the pool (✔), finished but
     worse than the full pool (✘), pruned (·). Numbers: step logprob (processed), raw logprob, running sum, score.
     ``collapsed``: no pruned candidates, and only the step logprob and the running sum (scores of finished ones),
-    so a line fits 80 columns."""
+    so a line fits 80 columns. A beam deeper than a line allows goes on under a new root below the tree."""
     title = (f"{model_name} · beams {s.beams} · {s.length_norm} norm, penalty {s.length_penalty:g} · early "
              f"stopping {s.early_stopping}")
     root = Tree(Text.assemble((title + "\n", "bold"), (prompt, "dim")), guide_style="dim")
     nodes: dict[tuple[int, ...], Tree] = {(): root}
+    depth = COLLAPSED_DEPTH if collapsed else FULL_DEPTH
+    continued: list[Tree] = []  # subtrees past `depth` levels, each restarted at the left margin
     previous: list[tuple[int, ...]] = []
     for step in search.steps:
         for c in step.candidates:
@@ -172,9 +181,14 @@ def search_tree(model_name: str, prompt: str, search: BeamSearch, s: BeamSetting
                 )
             node = parent.add(label)
             if c.fate == "live":
-                nodes[parent_key + (c.token_id,)] = node
+                key = parent_key + (c.token_id,)
+                if len(key) % depth == 0:  # as deep as a line allows: its children go on under a new root
+                    node = Tree(Text.assemble((f"↳ step {len(key) - 1}, continued: ", "dim"), label.copy()),
+                                guide_style="dim")
+                    continued.append(node)
+                nodes[key] = node
         previous = [tuple(b.token_ids) for b in step.beams]
-    return root
+    return Group(root, *continued)
 
 
 def hypotheses_table(hyps) -> Table:

@@ -144,6 +144,27 @@ def flat_row(row) -> dict:
     return {k: d[k] for k in ROW_COLUMNS}
 
 
+def setting_keys(run: Comparison) -> list[str]:
+    """The settings any variant sets (``method``, ``preset`` and its own keys), in the order first given."""
+    keys: list[str] = []
+    for v in run.variants:
+        named = (["method"] if v.method != "sample" else []) + (["preset"] if v.preset else []) + [k for k, _ in v.values]
+        keys += [k for k in named if k not in keys]
+    return keys
+
+
+def settings_row(run: Comparison, row) -> dict:
+    """A row of the markdown/CSV table: the row's columns, then one column per setting a variant sets, holding this
+    row's resolved value (the variant's method and preset; the others from its settings for the row's seed)."""
+    flat = flat_row(row)
+    v = next(x for x in run.variants if x.name == row.variant)
+    resolved = render.clean(as_dict(run.settings[v.name, row.seed]))
+    values = {"method": v.method, "preset": v.preset or ""}
+    cells = {k: values[k] if k in values else resolved.get(k) for k in setting_keys(run)}
+    cells = {k: (",".join(map(str, c)) if isinstance(c, (list, tuple)) else c) for k, c in cells.items()}
+    return {**flat, **{k: c for k, c in cells.items() if k not in flat}}
+
+
 def emit(opts, lm, run: Comparison) -> None:
     from ...core.analysis.compare import variant_summary
     from ...core.sampling.chain import make_chain
@@ -159,14 +180,47 @@ def emit(opts, lm, run: Comparison) -> None:
            "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
            "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
-           "rows": run.rows, "pairs": run.pairs, "summary": {"variants": variant_summary(run.rows)}}
+           "rows": run.rows, "pairs": [pair_texts(lm, run, p) for p in run.pairs],
+           "summary": {"variants": variant_summary(run.rows), **cut_short(run)}}
     output.emit_for(opts, output.Output(
         document=doc,
-        jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]
+        jsonl=[{"type": "pair", **render.clean(pair)} for pair in doc["pairs"]]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
                                  doc["summary"])],
-        tables=[(None, [flat_row(r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
-        views=lambda: tables(lm, run)))
+        tables=[(None, [settings_row(run, r) for r in run.rows]), (None, [render.clean(p) for p in doc["pairs"]])],
+        views=lambda: tables(lm, run, doc["pairs"])))
+
+
+def pair_texts(lm, run: Comparison, pair) -> dict:
+    """A pair with what parted as text: the two tokens at the first divergence (``None`` where one output ended)
+    and each output's text from there on (``None``: identical), decoded from the two rows' ids."""
+    out = render.clean(pair)
+    rows = {(r.variant, r.prompt, r.seed): r for r in run.rows}
+    d = pair.first_divergence
+    texts = {"a_token_text": None, "b_token_text": None, "a_after": None, "b_after": None}
+    if d is not None:
+        for side, name in (("a", pair.a), ("b", pair.b)):
+            ids = rows[name, pair.prompt, pair.seed].token_ids
+            texts[f"{side}_token_text"] = lm.token_text(ids[d]) if d < len(ids) else None
+            texts[f"{side}_after"] = lm.decode(ids[d:])
+    return {**out, **texts}
+
+
+def from_there(text: str | None, width: int = 40) -> str:
+    """An output's text from the divergence on, quoted (its leading space shows), cut to ``width``; empty when the
+    pair is identical, "(ended)" when that output had no more tokens."""
+    if text is None:
+        return ""
+    return render.cut(repr(text), width) if text else "(ended)"
+
+
+def cut_short(run: Comparison) -> dict:
+    """Whether every row ran: ``stop_reason`` ``end``, or ``interrupted`` when Ctrl-C cut the comparison (its rows
+    are the ones finished before), with the rows planned beside the rows run."""
+    from ..loop import interrupted
+
+    return {"stop_reason": "interrupted" if interrupted() else "end", "rows_planned": run.total,
+            "rows_run": len(run.rows)}
 
 
 def fmt(value, spec: str = ".3f") -> str:
@@ -190,7 +244,7 @@ def summary_table(summary: list[dict]) -> Table:
     return t
 
 
-def tables(lm, run: Comparison) -> list:
+def tables(lm, run: Comparison, pairs: list[dict] | None = None) -> list:
     """Per (prompt, seed): the variants side by side; then every pair's first divergence."""
     out = []
     for prompt in run.prompts:
@@ -216,14 +270,16 @@ def tables(lm, run: Comparison) -> list:
     from ...core.analysis.compare import variant_summary
 
     out.append(summary_table(variant_summary(run.rows)))
-    if run.pairs:
+    if pairs:
         t = Table(title="where the variants part (same seed = same random draws)", header_style="bold")
         t.key_columns = 4  # a, b, prompt and seed name a pair: a split panel repeats them
-        for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why"):
-            t.add_column(name, no_wrap=name != "why")
-        for p in run.pairs:
-            t.add_row(p.a, p.b, p.prompt, str(p.seed), "identical" if p.first_divergence is None
-                      else f"step {p.first_divergence}", p.deciding_stage or "-", (p.why or "") + noise_words(p.noise))
+        for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why", "a from there",
+                     "b from there"):
+            t.add_column(name, no_wrap=name not in ("why", "a from there", "b from there"))
+        for p in pairs:
+            t.add_row(p["a"], p["b"], p["prompt"], str(p["seed"]), "identical" if p["first_divergence"] is None
+                      else f"step {p['first_divergence']}", p["deciding_stage"] or "-", (p["why"] or "") + noise_words(p.get("noise")),
+                      from_there(p["a_after"]), from_there(p["b_after"]))
         out.append(t)
     return out
 

@@ -109,7 +109,9 @@ def trace_block(fmt: o.Format, branched: bool, terminal: bool) -> int:
 def steps_table(lm, settings: SampleSettings, sampler, saved: int) -> StepsTable:
     """The table's frame, before any step: its widths depend on the vocabulary, the step count and the stages."""
     names = sampler.chain.names
-    title = f"{lm.name} · cache {settings.cache} · chain: {' -> '.join(names + [sampler.selector.name])}"
+    t = "1 (the default)" if settings.temperature is None else f"{settings.temperature:g}"
+    title = f"{lm.name} · cache {settings.cache} · temperature {t} · " \
+            f"chain: {' -> '.join(names + [sampler.selector.name])}"
     return StepsTable([], settings.top, lm.vocab_size, saved + settings.max_new_tokens, names, title)
 
 

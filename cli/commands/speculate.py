@@ -140,6 +140,9 @@ def speculate(
         audit = phase(lambda: run_audit(lm.model, prompt_ids, spec.new_ids, settings.gamma + 1, settings.cache_spec))
     emit(opts.fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, opts.save_html,
          opts.save_svg, prediction, audit)
+    from ..early import temperature_note
+
+    temperature_note(opts)
 
 
 def progress(message: str) -> None:
@@ -220,9 +223,10 @@ def rounds_table(rounds, title: str, greedy: bool) -> Table:
     # greedy draws from a point mass: show the target's own softmax around it instead
     table.add_column("target raw p (top)" if greedy else "drawn from: residual or p (top)", overflow="fold")
     for r in rounds:
-        checks = "  ".join(f"{render.fmt_p(t.q)}->{render.fmt_p(t.p)}" + (f" u={t.u:.2f}" if t.u is not None else "")
+        checks = "  ".join(f"{render.fmt_p(t.q)}->{render.fmt_p(t.p)}" + (f",u={t.u:.2f}" if t.u is not None else "")
                            for t in r.proposed if t.reached)
-        top = "  ".join(f"{render.show_token(e.token)} {render.fmt_p(e.raw_p if greedy else e.prob)}"
+        # token:p with no space inside, so that wrapping never puts a probability on another line than its token
+        top = "  ".join(f"{render.show_token(e.token)}:{render.fmt_p(e.raw_p if greedy else e.prob)}"
                         for e in (r.final.top if r.final else []))
         table.add_row(str(r.index), proposed_text(r), checks, f"{r.accepted}/{r.drafted}", final_text(r), top)
     return table

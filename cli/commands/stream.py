@@ -239,8 +239,11 @@ def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], c
         if prober is not None:
             results[-1]["probe"] = prober.policy(run.spec, label)
     full_bytes = next((r["summary"].kv_bytes_peak for r in results if r["label"] == "full" and "summary" in r), 0)
+    from ...core.analysis.policies import rank_basis
+    from ...core.engine.models import TRAINED_CONTEXT
+    by = rank_basis(len(ids) - 1, TRAINED_CONTEXT.get(lm.name, lm.context_length))
     rows = ranked([policy_row(r["label"], r["summary"], full_bytes, r.get("probe")) for r in results
-                   if "summary" in r])
+                   if "summary" in r], by)
     for r in results:
         r["rank"] = next((row.rank for row in rows if row.label == r["label"]), None)
         if "probe" in r:
@@ -251,7 +254,8 @@ def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], c
     if prober is not None:
         extra["probe"] = policies_view.probe_document(prober.report([]))
     output.emit_for(opts, output.Output(
-        document={**head, "policies": results, "ranking": rows, **extra, "steps": [], "text": "", "token_ids": [],
+        document={**head, "policies": results, "ranking": rows, "ranked_by": by, **extra, "steps": [], "text": "",
+                  "token_ids": [],
                   "summary": totals},
         jsonl=[{"type": "policy", **render.clean(r)} for r in results]
         + [output.summary_record("stream", lm.name, totals, {"policies": len(results)})],
@@ -259,7 +263,10 @@ def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], c
                 ("ranking", policies_view.ranking_rows(rows))],
         views=lambda: [compare_table(results, lm, len(ids) - 1), ppl_plot(results, lm.context_length),
                        policies_view.ranking_table(rows, f"{lm.name} · {len(ids) - 1} tokens · every policy against "
-                                                   "the full cache", prober is not None),
+                                                   + ("the full cache" if by == "kl_vs_full" else
+                                                      "the text's own tokens (longer than the trained context "
+                                                      f"{TRAINED_CONTEXT.get(lm.name, lm.context_length)}: the full "
+                                                      "cache is no reference there)"), prober is not None, by),
                        *([Text("probe: " + extra["probe"]["verdict"], style="cyan")] if extra else [])]))
 
 
@@ -330,7 +337,8 @@ def _num(x: float) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.2f}"
 
 
-MARKS = "FwWskR*+"
+# one mark per policy, none repeated and none "*" (a point two policies share); past these, numbered marks repeat
+MARKS = "FwWskR+ox#@%&=~abcdeghijlmnpqtuvyz0123456789"
 COLOURS = ("red", "blue", "cyan", "magenta", "green", "yellow", "white", "white")
 
 
@@ -402,7 +410,7 @@ def heat_table(rows, lm, meta) -> Table:
         cells = [Text(f"{r.ratio:.1f}x", style=_heat(r.ratio)) for r in mine]
         table.add_row(str(layer), *cells, f"{sum(r.sink_mass for r in mine) / len(mine):.3f}")
     table.caption = ("1x: the first positions get what any position gets; a sink draws many times more "
-                     "(see the README for what pretrained models show)")
+                     "(docs/kv-policies.md, \"What the bundled models show\": what pretrained models show)")
     return table
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from .. import loop
+from .. import loop, machine
 from . import render
 from ...core.trace.format import FORMAT_VERSION
 from ...core.trace.openai import to_completion
@@ -59,8 +59,10 @@ def versions() -> dict:
 
 
 def emit(out: Output, fmt: str, save_html: Path | None = None, save_svg: Path | None = None) -> None:
-    """Print ``out`` in format ``fmt`` (table, json, jsonl, markdown, csv), and save HTML/SVG when asked."""
-    document = stamped(out.document)
+    """Print ``out`` in format ``fmt`` (table, json, jsonl, markdown, csv), and save HTML/SVG when asked; a run
+    timed on an oversubscribed machine carries the ``machine`` field and prints a note (cli/machine.py)."""
+    marked, jsonl = machine.mark(out.document, out.jsonl)
+    document = stamped(marked)
     if fmt == "json":
         render.print_json(document)
     elif fmt == "openai":
@@ -68,7 +70,7 @@ def emit(out: Output, fmt: str, save_html: Path | None = None, save_svg: Path | 
     elif fmt == "text":
         loop.print_text(out.text or "", final=True)
     elif fmt == "jsonl":
-        for line in out.jsonl:
+        for line in jsonl:
             render.print_jsonl(line)
     elif fmt == "markdown":
         for i, (title, rows) in enumerate(out.tables):
@@ -104,6 +106,9 @@ def emit_for(opts, out: Output) -> None:
     if getattr(opts, "chat", False):
         mark_chat(out.document)
     emit(out, opts.fmt.value, getattr(opts, "save_html", None), getattr(opts, "save_svg", None))
+    from ..early import temperature_note
+
+    temperature_note(opts)
 
 
 def mark_chat(document) -> None:

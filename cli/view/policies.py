@@ -78,7 +78,7 @@ def ranking_rows(rows) -> list[dict]:
     return [render.clean(r) for r in rows]
 
 
-def ranking_table(rows, title: str, probed: bool) -> Table:
+def ranking_table(rows, title: str, probed: bool, by: str = "kl_vs_full") -> Table:
     """Every policy best first: bytes, damage against the full cache, perplexity, and the probe."""
     table = Table(title=title, header_style="bold")
     names = ["#", "policy", "KV bytes", "x full", "KL", "flips", "ppl"]
@@ -98,5 +98,6 @@ def ranking_table(rows, title: str, probed: bool) -> Table:
                      + ("; probe: share of the keys the full cache retrieves that this policy retrieves too; logp: "
                         "mean log P(answer); needle: share of (layer, head, needle token) entries kept" if probed
                         else "")
-                     + "; ranked by " + ("probe, then " if probed else "") + "KL, then bytes")
+                     + "; ranked by " + ("probe, then " if probed else "")
+                     + ("KL" if by == "kl_vs_full" else "perplexity of the text's own tokens") + ", then bytes")
     return table

@@ -213,8 +213,9 @@ def print_rows(rows: list[dict], fmt: str) -> None:
     module, which quotes what needs quoting). Rows hold real text: neither format loses a character."""
     if fmt == "markdown":
         cells = [{k: markdown_cell(v) for k, v in row.items()} for row in rows]
-        write_record(tabulate(cells, headers="keys", tablefmt="github", disable_numparse=True)
-                     + "\n")
+        # tabulate strips cells unless told: " upon" would print as "upon"
+        write_record(tabulate(cells, headers="keys", tablefmt="github", disable_numparse=True,
+                              preserve_whitespace=True) + "\n")
     else:
         buf = io.StringIO()
         if rows:

@@ -20,7 +20,8 @@ H_WIDTH = 5  # entropy "%.2f" in nats: below 100 for any vocabulary under e^100 
 TOKEN_WIDTH, TOKEN_MIN = 12, 6
 BAR_MIN = 3
 ALTS_MIN = 28  # the alternatives go beside the row only when at least this many columns are left for them
-CAPTION = ("prob: the processed distribution the token was drawn from; raw p / rank: the model's own softmax; "
+CAPTION = ("prob: the processed distribution the token was drawn from (a list marked 'raw:' holds the model's p, "
+           "where the processed one is one-hot, as when greedy); raw p / rank: the model's own softmax; "
            "kept: candidates left after the chain; H: entropy (nats) of the processed distribution; decided by: "
            "the stage that chose this token with the step's own random draws (model: none changed the model's pick)")
 
@@ -130,7 +131,7 @@ def row_lines(layout: Layout, step) -> list[Text]:
     if not layout.fold_decided:
         cells.append((step.decided_by or "-").ljust(layout.decided))
     line.append(" " * GAP + (" " * GAP).join(cells))
-    alts = [f"{show_token(a.token)} {fmt_p(a.prob)}" for a in step.alternatives] if layout.top else []
+    alts = alternatives_shown(step) if layout.top else []
     under = [f"by {step.decided_by or '-'}"] if layout.fold_decided else []
     lines = [line]
     if alts and layout.alts_beside():
@@ -146,6 +147,21 @@ def row_lines(layout: Layout, step) -> list[Text]:
     for x in lines:
         x.rstrip()
     return lines
+
+
+def one_hot(step) -> bool:
+    """The processed distribution put all its mass on the token (greedy, top-k 1): every other alternative has p 0,
+    so the processed numbers say nothing about them."""
+    return step.prob == 1.0 and any(a.prob == 0.0 for a in step.alternatives)
+
+
+def alternatives_shown(step) -> list[str]:
+    """``token p`` per alternative; where the processed distribution is one-hot, the model's raw p instead (where the
+    information is), the first marked ``raw:``."""
+    if not one_hot(step):
+        return [f"{show_token(a.token)} {fmt_p(a.prob)}" for a in step.alternatives]
+    shown = [f"{show_token(a.token)} {fmt_p(a.raw_prob)}" for a in step.alternatives]
+    return ["raw: " + shown[0], *shown[1:]] if shown else shown
 
 
 @dataclass

@@ -49,7 +49,7 @@ from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
-from ..settings import META_KEYS, coerce, load_preset, normalize_key
+from ..settings import META_KEYS, coerce, did_you_mean, load_preset, normalize_key
 from ..trace.stats import COLUMN, scored_rows
 from .noise import noise_verdict
 
@@ -105,7 +105,8 @@ def make_variant(name: str, items: dict | list[tuple[str, object]], where: str) 
         elif k in NOT_PER_VARIANT:
             raise ConfigError(f"{where}: {k} is the comparison's axis, not a variant setting; use --seeds")
         elif k not in known:
-            raise ConfigError(f"{where}: unknown key {key!r}; allowed: method, cache, preset and the settings "
+            raise ConfigError(f"{where}: unknown key {key!r}{did_you_mean(k, known | {'method', 'preset'})}; "
+                              "allowed: method, cache, preset and the settings "
                               f"{', '.join(sorted(known - set(SPECIAL)))}")
         else:
             values.append((k, raw))
@@ -140,7 +141,8 @@ def parse_variant(text: str, index: int = 0) -> Variant:
         elif items:
             items[-1][1] += "," + piece
         elif piece.strip():
-            raise ConfigError(f"--variant {text!r}: {piece.strip()!r} is not KEY=VALUE with a known key; allowed: "
+            guess = did_you_mean(key.strip().replace("-", "_"), known) if eq else ""
+            raise ConfigError(f"--variant {text!r}: {piece.strip()!r} is not KEY=VALUE with a known key{guess}; allowed: "
                               f"{', '.join(sorted(known))}")
     text_fields = {p.field for p in params() if p.kind is str or p.many or p.pairs} | {"stop"}  # stop: a run setting
     return make_variant(name, [(k, v if k.replace("-", "_") in text_fields else v.strip()) for k, v in items],
@@ -250,6 +252,9 @@ class Prompt:
     text: str
 
 
+PROMPT_KEYS = ("prompt", "text", "id")  # what a JSONL line of compare's --prompts-file may hold
+
+
 def read_prompts(path: str | Path) -> list[Prompt]:
     """One prompt a line, or JSONL objects with ``prompt`` (or ``text``) and an optional ``id``."""
     path = Path(path)
@@ -263,6 +268,11 @@ def read_prompts(path: str | Path) -> list[Prompt]:
             text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(text, str) or not text:
                 raise ConfigError(f"--prompts-file {path}: line {n} has no \"prompt\" text")
+            extra = [k for k in obj if k not in PROMPT_KEYS]
+            if extra:  # batch reads them; compare's settings are its variants': refused rather than ignored
+                raise ConfigError(f"--prompts-file {path}: line {n} sets {extra[0]!r}: compare takes settings per "
+                                  "variant (-V, --preset), the same for every prompt, so a prompt's own settings "
+                                  "would be ignored; allowed keys here: prompt (or text), id")
             prompts.append(Prompt(str(obj.get("id", n)), text))
         return prompts
     return [Prompt(str(n), line) for n, line in enumerate(lines, 1)]

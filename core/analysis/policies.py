@@ -12,7 +12,8 @@ Each row comes from runs a user can repeat one at a time:
   (:mod:`.probe`).
 
 ``bytes_ratio`` = kv_bytes_peak / the full cache's kv_bytes_peak on the same text. Rows are ranked by probe accuracy
-(higher first; with the probe), then mean KL (lower first), then bytes (fewer first).
+(higher first; with the probe), then mean KL (lower first) or, for a text longer than the model's trained context,
+perplexity (lower first; :func:`rank_basis`), then bytes (fewer first).
 """
 
 from __future__ import annotations
@@ -59,15 +60,31 @@ def fidelity_row(label: str, fidelity, full_bytes: int, probe=None) -> PolicyRow
                      None if probe is None else probe.needle_kept)
 
 
-def _order(row: PolicyRow) -> tuple:
+# What the rows are ranked against after the probe: the full cache (mean KL, lower first), or, where the full cache
+# is no reference (a text longer than the model's trained context: past it the full cache extrapolates positions it
+# never saw and its own perplexity collapses), the text's own tokens (perplexity, lower first).
+KL_VS_FULL, TEXT_PERPLEXITY = "kl_vs_full", "text_perplexity"
+
+
+def _finite(x: float | None) -> float:
+    return x if x is not None and not math.isnan(x) else math.inf
+
+
+def _order(row: PolicyRow, by: str = KL_VS_FULL) -> tuple:
     accuracy = -row.probe_accuracy if row.probe_accuracy is not None else 0.0
-    kl = row.kl_mean if row.kl_mean is not None and not math.isnan(row.kl_mean) else math.inf
-    return accuracy, kl, row.kv_bytes_peak
+    measure = _finite(row.kl_mean) if by == KL_VS_FULL else _finite(row.perplexity)
+    return accuracy, measure, row.kv_bytes_peak
 
 
-def ranked(rows: list[PolicyRow]) -> list[PolicyRow]:
-    """The rows best first, each with its ``rank`` set (the input order breaks exact ties)."""
-    out = sorted(rows, key=_order)
+def rank_basis(tokens: int, trained_context: int | None) -> str:
+    """KL against the full cache while the text fits the trained context, else the text's own perplexity."""
+    return TEXT_PERPLEXITY if trained_context is not None and tokens > trained_context else KL_VS_FULL
+
+
+def ranked(rows: list[PolicyRow], by: str = KL_VS_FULL) -> list[PolicyRow]:
+    """The rows best first (``by``: :data:`KL_VS_FULL` or :data:`TEXT_PERPLEXITY` after the probe), each with its
+    ``rank`` set (the input order breaks exact ties)."""
+    out = sorted(rows, key=lambda row: _order(row, by))
     for i, row in enumerate(out, 1):
         row.rank = i
     return out

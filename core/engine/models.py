@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import torch
@@ -21,18 +20,15 @@ from ..errors import ConfigError, ModelLoadError
 from ..inputs import check_text, usable_cpus
 from .chat import chat_ids
 from .folder import check_files, check_folder, check_loaded, parameters_in
+from .locate import BUNDLED, bundled_dir, cached_snapshot, hub_offline  # noqa: F401 (decodelab's names for them)
+from .locate import model_folder as find_model_folder
+from .machine_load import load_average
 
-BUNDLED = ("tiny", "tiny-draft")
 # the windows the bundled models were trained on (presets/train_models.py: sequence length 256), shorter than the
 # positions their config allows (max_position_embeddings 512): past 256 tokens they extrapolate
 TRAINED_CONTEXT = {"tiny": 256, "tiny-draft": 256}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def bundled_dir(name: str) -> Path:
-    """The packaged folder of a bundled model (installed with the wheel, under decodelab/presets/models)."""
-    return Path(str(resources.files("decodelab.presets") / "models" / name))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -155,46 +151,10 @@ class LocalTokenizer(Vocabulary):
         return context_length_of(self.config)
 
 
-def hub_offline() -> None:
-    """No hub lookup leaves the machine: huggingface_hub's offline switch, set for this process (the module constant
-    it consults on every request) and for any child process (the environment it reads at import)."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    import huggingface_hub.constants as hub
-
-    hub.HF_HUB_OFFLINE = True
-    hub.HF_HUB_DISABLE_TELEMETRY = True
-
-
 def model_folder(spec: str) -> Path:
-    """Where to load from: a bundled folder, a local folder, or a hub id's snapshot in the local HF cache (by path:
-    no request)."""
-    if spec in BUNDLED:
-        folder = bundled_dir(spec)
-        if not (folder / "config.json").is_file():
-            raise ModelLoadError(f"--model {spec}: the bundled model's files are missing from {folder}")
-        return folder
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return path
-    if path.exists() or spec.startswith((".", "/", "~")):
-        raise ModelLoadError(f"--model {spec}: no model folder there; give a bundled name ({', '.join(BUNDLED)}), "
-                             "a local model folder or a model id in the local Hugging Face cache")
-    return cached_snapshot(spec)
-
-
-def cached_snapshot(spec: str) -> Path:
-    """The snapshot folder of hub id ``spec`` (revision main) in the local Hugging Face cache."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found, reason = try_to_load_from_cache(spec, "config.json"), ""
-    except ValueError as exc:  # HFValidationError: not a valid repo id
-        found, reason = None, ": " + str(exc).strip().splitlines()[0]
-    if not isinstance(found, str):
-        raise ModelLoadError(f"--model {spec}: not a bundled name ({', '.join(BUNDLED)}), a local folder, or a model "
-                             f"in the local Hugging Face cache (decodelab never downloads){reason}")
-    return Path(found).parent
+    """Where to load from (:func:`.locate.model_folder`, torch-free so the CLI can check ``-m`` before torch loads),
+    with this module's :func:`bundled_dir`."""
+    return find_model_folder(spec, bundled_dir)
 
 
 def set_threads(n: int) -> None:
@@ -213,16 +173,11 @@ class ThreadChoice:
 
 def choose_threads(given: int | None = None, environ=os.environ, load: float | None = None,
                    cores: int | None = None) -> ThreadChoice:
-    """``--threads`` when given, else ``OMP_NUM_THREADS`` when set (torch reads it itself), else by measurement
-    (benchmarks/threads.py): one thread per physical core while the cores are free, one thread on a busy machine
-    (1-minute load average >= the physical cores: every core already has a runnable process). There an OpenMP
-    thread that finds no free core spins while the others wait for it: on the 2-core machine of the benchmark at load
-    2.8, 2 threads decoded at 0.14x the speed of one with the bundled model and 0.33x with a 100M-parameter Llama
-    (at load 1.8: 1.07x and 1.82x).
-    The note: the machine is busy and the run has more than one thread, or was cut to one."""
+    """``--threads`` when given, else ``OMP_NUM_THREADS`` when set (torch reads it itself), else
+    :func:`default_threads`. The note: the machine is busy (1-minute load average >= the physical cores: every core
+    already has a runnable process) and the run has more than one thread, or was cut to one."""
     cores = physical_cores() if cores is None else cores
-    if load is None:
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    load = load_average() if load is None else load
     busy = cores > 1 and load >= cores
     where = f"load average {load:.1f} on {cores} cores: the machine looks oversubscribed"
     omp = environ.get("OMP_NUM_THREADS", "").strip()
@@ -232,7 +187,28 @@ def choose_threads(given: int | None = None, environ=os.environ, load: float | N
         return ThreadChoice(given, note if busy and asked > 1 else None)
     if busy:
         return ThreadChoice(1, f"note: {where}; torch runs on 1 thread (--threads N to choose)")
-    return ThreadChoice(cores)
+    return ThreadChoice(default_threads(load, cores))
+
+
+# At or below this many physical cores the default is one thread, whatever the load (see default_threads).
+FEW_CORES = 2
+
+
+def default_threads(load: float, cores: int) -> int:
+    """The thread count when nobody asked: the cores the 1-minute load average leaves free, rounded to the nearest
+    (an idle machine's background load of a few tenths costs no core), at least 1 and at most ``cores``; and 1 on a
+    machine of at most :data:`FEW_CORES` cores. The load average lags by a minute and a shared machine's load
+    changes during a run, so the rule is chosen for the worst case, not the best: a thread that finds no free core
+    makes every other one wait for it (measured on the 2-core machine at load 2.8: 2 threads decoded at 0.14x the
+    speed of one with the bundled model, 0.33x with a 100M-parameter Llama), while the most a second thread gave on
+    a free machine was 1.07x (bundled) and 1.82x (100M) (benchmarks/threads.py). On 2 cores any one other job
+    takes the second core, so one thread there; with more cores, leaving the busy ones out keeps a margin. The CLI
+    also sets ``OMP_WAIT_POLICY=PASSIVE`` (unless set) before torch loads, so that a waiting thread sleeps instead
+    of spinning on a core another thread needs (cli/main.py)."""
+    if cores <= FEW_CORES:
+        return 1
+    free = int(cores - load + 0.5)
+    return max(1, min(cores, free))
 
 
 def physical_cores() -> int:

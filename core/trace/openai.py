@@ -120,6 +120,17 @@ def to_logprobs(doc: dict, logprobs: str = RAW, token_keys: str = TEXT_KEYS) -> 
             "top_logprobs": [e[2] for e in entries], "text_offset": offsets}
 
 
+def token_ids(doc: dict, scored: bool) -> dict:
+    """A generating trace's prompt and generated ids as vLLM returns them (``return_token_ids``: the choice's
+    ``prompt_token_ids`` and ``token_ids``), so that ``check-logprobs`` reads decodelab's own answer as it reads an
+    engine's (without them the prompt's ids are unknown). A score has no generated tokens: none."""
+    prompt = (doc.get("prompt") or {}).get("token_ids")
+    generated = doc.get("token_ids")
+    if scored or not isinstance(prompt, list) or not isinstance(generated, list):
+        return {}
+    return {"prompt_token_ids": list(prompt), "token_ids": list(generated)}
+
+
 def to_completion(doc: dict, logprobs: str = RAW, token_keys: str = TEXT_KEYS, created: int = 0) -> dict:
     """A whole ``/v1/completions`` response (``object: text_completion``) holding :func:`to_logprobs` as its one
     choice's logprobs, as an engine answers: the text (a score: the scored tokens' text), finish_reason from the
@@ -134,7 +145,7 @@ def to_completion(doc: dict, logprobs: str = RAW, token_keys: str = TEXT_KEYS, c
         "id": f"decodelab-{doc.get('command')}", "object": "text_completion", "created": created,
         "model": doc.get("model"),
         "choices": [{"index": 0, "text": text, "logprobs": lp,
-                     "finish_reason": "length" if scored else FINISH.get(stop)}],
+                     "finish_reason": "length" if scored else FINISH.get(stop), **token_ids(doc, scored)}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
         "decodelab": {"command": doc.get("command"), "logprobs": logprobs},

@@ -873,7 +873,8 @@ def test_make_variant_keys_and_messages_word_for_word():
 
     assert refused({"method": "foo"}) == "w: method='foo'; allowed: sample, beam, speculate"
     unknown = refused([("temprature", 1)])
-    head = "w: unknown key 'temprature'; allowed: method, cache, preset and the settings "
+    # issue 40: a typo gets "did you mean" before the whole list (the list itself unchanged)
+    head = "w: unknown key 'temprature' (did you mean 'temperature'?); allowed: method, cache, preset and the settings "
     assert unknown.startswith(head + "allow, ban, beams, cache, chain, choice,")
     assert unknown.endswith(", typical_p, xtc_probability, xtc_threshold")
     assert "method" not in unknown[len(head):] and "preset" not in unknown[len(head):]  # listed once, first
@@ -1037,3 +1038,59 @@ def test_variants_run_warm_in_a_rotated_order_and_are_reported_in_their_own(monk
     assert run.warmup_s > 0
     assert ran == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert seen == [r.variant for r in run.rows] == ["a", "b", "c"] * 3
+
+
+def test_compare_csv_has_a_column_per_setting_the_variants_set(cli, toy_model_dir):
+    """Issue 40: the CSV had the variant's name and no settings. One column per setting any variant sets, holding the
+    row's resolved value (empty where that variant's settings have none), after the row's own columns."""
+    import csv
+    import io
+
+    code, out, err = cli("compare", "Hello", "-m", toy_model_dir, "-V", "a: temperature=0",
+                         "-V", "b: temperature=0.9,top_k=5", "-V", "c: method=beam,beams=2", "-n", "3", "-f", "csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert list(rows[0])[:4] == ["variant", "prompt", "seed", "text"]
+    assert list(rows[0])[-4:] == ["temperature", "top_k", "method", "beams"]
+    by = {r["variant"]: r for r in rows}
+    assert (by["a"]["temperature"], by["a"]["top_k"], by["a"]["method"]) == ("0.0", "", "sample")
+    assert (by["b"]["temperature"], by["b"]["top_k"]) == ("0.9", "5")
+    assert (by["c"]["method"], by["c"]["beams"]) == ("beam", "2")
+
+
+def test_compare_refuses_a_prompts_file_line_with_its_own_settings(cli, toy_model_dir, tmp_path):
+    """Issue 40: `batch` honours a JSONL line's settings and `compare` silently ignored them on the same file. compare
+    varies settings by variant, the same for every prompt: a line's own setting is refused in one line, before the
+    model loads; prompt, text and id are read as before."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "x", "prompt": "Hello"}\n{"prompt": "Once", "temperature": 0.7}\n')
+    code, out, err = cli("compare", "--prompts-file", path, "-m", "/nonexistent/model", "-V", "a: temperature=0")
+    assert code == 2 and err.count("\n") == 1
+    assert f"--prompts-file {path}: line 2 sets 'temperature': compare takes settings per variant" in err
+    path.write_text('{"id": "x", "prompt": "Hello"}\n{"text": "Once"}\n')
+    assert [(p.id, p.text) for p in cmp.read_prompts(path)] == [("x", "Hello"), ("2", "Once")]
+
+
+def test_a_pair_shows_its_differing_tokens_as_text_at_the_divergence_and_after(cli, toy_model_dir):
+    """Issue 40: compare said at which step two variants part, not which tokens. Each pair carries the two tokens
+    there as text and each output's text from there on, worked here from the rows' own ids and the tokenizer; the
+    table shows the texts."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(toy_model_dir)
+    args = ("compare", "Once upon", "-m", toy_model_dir, "-V", "g: temperature=0", "-V", "h: temperature=1.5",
+            "--seeds", "3", "-n", "6", "--ignore-eos")
+    doc = json.loads(cli(*args, "-f", "json")[1])
+    rows = {r["variant"]: r for r in doc["rows"]}
+    (pair,) = doc["pairs"]
+    d = pair["first_divergence"]
+    assert d is not None, "temperature 1.5 must part from greedy within 6 tokens on this seed"
+    a, b = rows["g"]["token_ids"], rows["h"]["token_ids"]
+    assert a[:d] == b[:d] and a[d] != b[d]
+    assert pair["a_token_text"] == tok.convert_tokens_to_string([tok.convert_ids_to_tokens(a[d])])
+    assert pair["b_token_text"] == tok.convert_tokens_to_string([tok.convert_ids_to_tokens(b[d])])
+    assert pair["a_after"] == tok.decode(a[d:]) and pair["b_after"] == tok.decode(b[d:])
+    code, out, err = cli(*args)  # the table: the texts from the divergence on, quoted
+    assert code == 0 and repr(pair["a_after"])[:10] in out.replace("\n", "")

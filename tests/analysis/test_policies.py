@@ -174,3 +174,41 @@ def test_a_row_without_the_probe_ranks_as_accuracy_zero():
     zero = PolicyRow("zero", "a", 10, 5, 1.0, 1.0, 0.5, None, None, probe_accuracy=0.0)
     unprobed = PolicyRow("unprobed", "b", 10, 5, 1.0, 1.0, 0.1, None, None)
     assert [r.label for r in ranked([zero, unprobed])] == ["unprobed", "zero"]  # a tie on accuracy: KL decides
+
+
+# --- the ranking past the trained context (issue 40) ----------------------------------------------------------------
+
+def test_the_ranking_basis_is_the_texts_own_tokens_past_the_trained_context():
+    from decodelab.core.analysis.policies import KL_VS_FULL, TEXT_PERPLEXITY, PolicyRow, rank_basis, ranked
+
+    assert rank_basis(256, 256) == KL_VS_FULL and rank_basis(257, 256) == TEXT_PERPLEXITY
+    assert rank_basis(10_000, None) == KL_VS_FULL
+    # hand rows: the full cache collapsed (its perplexity the worst), recompute the best text, window closest to full
+    rows = [PolicyRow("full", "full", 300, 100, 1.0, 90.0, 0.0, 1.0, 0),
+            PolicyRow("window", "window:size=64", 300, 20, 0.2, 60.0, 0.1, 0.9, 3),
+            PolicyRow("recompute", "recompute:size=64", 300, 20, 0.2, 46.0, 0.5, 0.8, 9)]
+    assert [r.label for r in ranked([*rows], KL_VS_FULL)] == ["full", "window", "recompute"]
+    assert [r.label for r in ranked([*rows], TEXT_PERPLEXITY)] == ["recompute", "window", "full"]
+
+
+def test_bundled_tiny_past_its_trained_context_ranks_by_the_text(cli):
+    """Issue 40's case: on `tiny` past its trained context (256) the full cache's perplexity collapses and ranking by
+    KL against it put recompute, the best text, last. Past 256 tokens the ranking says it is by the text's own
+    tokens and its order is the policies' perplexity order (worked from the same rows); within 256, by KL."""
+    import json
+
+    from conftest import ROOT
+
+    text = ROOT / "presets" / "models" / "validation.txt"
+    code, out, err = cli("stream", "--text-file", text, "--limit", "320", "--compare-policies", "--window", "64",
+                         "--chunk", "64", "-f", "json", "--threads", "1")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["ranked_by"] == "text_perplexity"
+    order = [r["label"] for r in doc["ranking"]]
+    assert order == [r["label"] for r in sorted(doc["ranking"], key=lambda r: (r["perplexity"], r["kv_bytes_peak"]))]
+    assert order != [r["label"] for r in sorted(doc["ranking"], key=lambda r: (r["kl_mean"], r["kv_bytes_peak"]))], \
+        "on this text the two bases disagree, so the test tells them apart"
+    code, out, err = cli("stream", "--text-file", text, "--limit", "200", "--compare-policies", "--window", "64",
+                         "--chunk", "64", "-f", "json", "--threads", "1")
+    assert json.loads(out)["ranked_by"] == "kl_vs_full"

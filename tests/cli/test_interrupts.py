@@ -315,3 +315,24 @@ def test_quantize_kv_interrupted_before_any_token(cli, toy_model_dir, monkeypatc
     assert code == 130, err
     summary = json.loads(out)["summary"]
     assert summary["stop_reason"] == "interrupted" and summary["tokens"] == 0
+
+
+def test_compare_json_says_it_was_cut(cli, toy_model_dir, monkeypatch):
+    """Issue 40: a Ctrl-C'd `compare -f json` printed its rows with nothing saying the comparison was cut. The
+    summary says interrupted, the rows planned (2 variants x 2 seeds) and run (2, before the third call was cut); a
+    whole run says end."""
+    import json
+
+    from decodelab.core.analysis.compare import Comparison
+
+    args = ("compare", "Hello", "-m", toy_model_dir, "-V", "a: temperature=0", "-V", "b: temperature=1", "--seeds",
+            "0-1", "-n", "3", "-f", "json")
+    whole = json.loads(cli(*args)[1])["summary"]
+    assert (whole["stop_reason"], whole["rows_planned"], whole["rows_run"]) == ("end", 4, 4)
+    raise_on_call(monkeypatch, Comparison, "run_one", 3)
+    code, out, err = cli(*args)
+    assert code == 130 and err.strip().endswith("interrupted")
+    doc = json.loads(out)
+    assert len(doc["rows"]) == 2
+    assert (doc["summary"]["stop_reason"], doc["summary"]["rows_planned"], doc["summary"]["rows_run"]) == \
+        ("interrupted", 4, 2)

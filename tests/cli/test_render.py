@@ -427,3 +427,14 @@ def test_samples_views_keep_number_headers_whole_in_a_narrow_panel():
     console = Console(width=34, file=io.StringIO(), color_system=None)
     out = printed(render.fitted([samples], 34, console), 34)
     assert "sum logp" in out and "mean logp" in out and "…" not in out
+
+
+def test_markdown_keeps_a_tokens_leading_and_trailing_spaces():
+    """Issue 40: tabulate strips every cell unless told, so `-f markdown` printed " upon" as "upon". Each cell is
+    written as "| " + its text, padded: the text after the separator's space is the token, spaces and all."""
+    rows = [{"token": " upon", "n": 1}, {"token": "a  ", "n": 2}, {"token": "x", "n": 3}]
+    md = captured(render.print_rows, rows, "markdown").splitlines()
+    width = len(md[1].split("|")[1]) - 2  # the column's text width between "| " and " |"
+    cells = [line.split("|")[1][1:1 + width] for line in md[2:]]
+    assert cells == [" upon".ljust(width), "a  ".ljust(width), "x".ljust(width)]
+    assert md[2].startswith("|  upon ")

@@ -331,3 +331,16 @@ def test_a_narrowed_bar_is_drawn_at_its_planned_width():
     assert layout.bar == 6
     row = row_lines(layout, STEPS[0])[0].plain
     assert row == "    0  ␣the          ███      0.500    0.250       1  151936  11.93  model"
+
+
+def test_a_one_hot_step_shows_the_raw_alternatives_marked():
+    """Issue 40: greedy rows showed every alternative at 0.000 (the processed distribution is one-hot). There the
+    alternatives show the model's raw p, the first marked "raw:"; a step whose processed p carries information (and
+    the pinned layouts above, whose lone alternative is the token itself at 1.0) is unchanged."""
+    greedy = Step(index=0, position=3, token_id=5, token=" the", prob=1.0, logprob=0.0, raw_prob=0.309,
+                  raw_logprob=math.log(0.309), raw_rank=1, entropy=0.0, raw_entropy=4.4, kept=1,
+                  alternatives=[Alternative(5, " the", 1.0, 0.309), Alternative(6, " them", 0.0, 0.041)],
+                  decided_by="model")
+    text = printed([table(steps=[greedy])], 130)
+    assert "raw: ␣the 0.309  ␣them 0.041" in text and "0.000" not in text
+    assert "raw: ␣" not in printed([table()], 130)

@@ -375,6 +375,26 @@ def test_shared_prefix_requests_hit_and_wait_for_an_in_flight_prefix():
     assert sum(r.computed_tokens for r in results) == sum(len(p) + 8 - 1 for p in prompts) - 3 * 6 * BS
 
 
+
+def test_a_block_half_computed_by_a_running_prefill_is_waited_for():
+    """The in-flight blocks of a running prefill start at the block it is computing (``computed // block``), not the
+    one after (issue 40: counted one block later, and no test failed). Hand count, blocks of 4, 10 tokens an
+    iteration, two requests of the same 6-block prefix (24 tokens) and a tail: the first computes 10, then 10, and
+    in the third iteration its last 7 (tokens 20-26), which leaves 3 of the budget for the second to join. By then
+    blocks 0-4 are named and block 5 is being computed: the second must wait for it (one iteration) and then hit all
+    6 blocks (24 tokens); not counting block 5 as in flight, it would join with a 5-block hit (20 tokens) and compute
+    block 5 a second time."""
+    model = random_model("llama", scale=20.0)
+    prefix = prompts_of([6 * BS], seed=13)[0]
+    prompts = [prefix + tail for tail in prompts_of([3, 2], seed=15)]
+    expected = [solo(model, p, 4) for p in prompts]
+    sched = Scheduler(model, [request(i, p, 4) for i, p in enumerate(prompts)], max_batch=2, block_size=BS,
+                      max_tokens_per_iteration=2 * BS + 2)
+    results = sched.run()
+    assert [r.new_ids for r in results] == expected
+    assert [r.prefix_hit_tokens for r in results] == [0, 6 * BS]
+    assert sum(r.computed_tokens for r in results) == sum(len(p) + 4 - 1 for p in prompts) - 6 * BS
+
 # --- exact edges the mutation run of core/kv/paged.py (2026-12-01) showed no test pinned --------------------------
 
 
@@ -979,3 +999,27 @@ def test_no_requests_make_a_one_block_pool_and_no_iterations_and_a_prompt_fillin
     with pytest.raises(ConfigError) as err:
         Scheduler(model, [long])
     assert str(err.value) == "PROMPT: the prompt is 4 tokens but the model's context is 4; shorten it"
+
+
+def test_cli_batch_json_and_csv_carry_each_requests_mean_logprobs(cli, toy_model_dir, tmp_path):
+    """Issue 40: the table showed each request's mean log-probability (processed and raw) and the CSV/JSON did not.
+    The fields are the means of the request's own steps (worked from them here), and the CSV's columns equal them."""
+    import csv
+    import io
+    import json
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("Once upon a time\nThe machine\n")
+    args = ("batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "4", "--ignore-eos", "--baselines", "none",
+            "-t", "0.8", "--top-k", "20", "--seed", "3")
+    doc = run_json(cli, *args)
+    for r in doc["requests"]:
+        steps = r["steps"]
+        assert r["mean_logprob"] == pytest.approx(sum(s["logprob"] for s in steps) / len(steps), abs=0)
+        assert r["mean_raw_logprob"] == pytest.approx(sum(s["raw_logprob"] for s in steps) / len(steps), abs=0)
+        assert r["mean_logprob"] != r["mean_raw_logprob"]  # top-k and temperature change the distribution
+    code, out, err = cli(*args, "-f", "csv")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert [float(row["mean_logprob"]) for row in rows] == [r["mean_logprob"] for r in doc["requests"]]
+    assert [float(row["mean_raw_logprob"]) for row in rows] == [r["mean_raw_logprob"] for r in doc["requests"]]

@@ -1007,3 +1007,22 @@ def test_an_unrecorded_search_spends_no_time_on_a_trace():
     timing = run_table(settings(2, 1.0, "never", 3)).watch.timing
     assert timing.trace_s == 0.0 and timing.loop_s > 0
     assert run_table(settings(2, 1.0, "never", 3), record=True).watch.timing.trace_s > 0
+
+
+def test_a_deep_beam_tree_is_readable_at_80_columns(cli, monkeypatch):
+    """Issue 40: the README's beam example at 80 columns folded deep labels into 4-column slivers ("<|en" / "doft" /
+    "ext|"). Past COLLAPSED_DEPTH levels a live beam's children restart at the left margin under "↳ step k,
+    continued:", so every label is whole on one line and no line is wider than 80."""
+    from rich.cells import cell_len
+
+    from decodelab.cli.commands.beam import COLLAPSED_DEPTH
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = cli("beam", "grok: vt. To", "-n", "24", "--beams", "4", "-m", "tiny", "--tree", "collapsed",
+                         "--threads", "1")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert max(cell_len(line) for line in lines) <= 80
+    assert any(line.startswith(f"↳ step {COLLAPSED_DEPTH - 1}, continued: ") for line in lines)
+    tree = [line for line in lines if "Σ" in line or "── " in line]
+    assert all("Σ" in line for line in tree), [line for line in tree if "Σ" not in line][:3]  # no folded label

@@ -564,3 +564,12 @@ def test_stream_generate_takes_the_stop_ids_and_the_compile_setting_it_inherits(
     run = stream_core.StreamGenerate(lm, prompt, build_chain({}), StreamSettings(
         cache="static", max_new_tokens=3, temperature=0, ignore_eos=True, compile=True))
     assert compiled == [run.runtime]
+
+
+def test_the_policies_plot_gives_each_policy_its_own_mark():
+    """Issue 40: the --policies plot reused letters with new meanings (8 marks, one of them "*", which also means a
+    shared point). Every policy of a long list gets a mark of its own, never "*"."""
+    from decodelab.cli.commands.stream import MARKS
+
+    assert "*" not in MARKS and len(set(MARKS)) == len(MARKS) >= 40
+    assert MARKS.startswith("FwWskR")  # the first policies keep the marks they had

@@ -951,3 +951,29 @@ def test_vllm_export_of_a_grammar_names_the_backends(tmp_path):
     assert out.notes == ["structured_outputs grammar: vLLM's xgrammar backend reads GBNF/EBNF, its guidance backend "
                          "Lark; decodelab read it with llguidance"]
     assert export(ChainSettings(regex="a+"), "vllm", 10).notes == []
+
+
+def test_hf_export_with_stop_ids_keeps_the_models_own_end_ids():
+    """--export hf with --stop-id: ``eos_token_id`` replaces the model's generation config in ``generate``, so it
+    must list the model's own end ids as well as the stop ids (issue 40: an export listing only the stop ids let
+    generate run past the model's end token, and no test failed). Oracle: generate with the exported arguments on a
+    model whose generation config names the end token stops where decodelab's run (end ids and stop ids) stops."""
+    model = random_model("llama", seed=2, scale=4.0)
+    free, _ = our_ids(model, SampleSettings(temperature=0.0, max_new_tokens=12))
+    end = next(t for i, t in enumerate(free) if i >= 3 and t not in free[:i])  # first seen at step >= 3
+    stop = next(t for t in range(model.config.vocab_size) if t not in free)  # never generated
+    settings = SampleSettings(temperature=0.0, max_new_tokens=12, stop_id=(stop,))
+    validate_sample(settings)
+    _, chain, selector = build(settings, model.config.vocab_size, settings.seed, "cpu", eos_ids=(end,),
+                               stop_ids=settings.stop_id)
+    rules = StopRules(settings.max_new_tokens, (end,), stop_ids=settings.stop_id)
+    ours = [d.token_id for d in decode_tokens(model, PROMPT, chain, selector, rules, state=DecodeState())]
+    assert ours[-1] == end and len(ours) < 12, "the run ends at the model's end token"
+    kwargs = export(settings, "hf", model.config.vocab_size, eos_ids=(end,)).arguments
+    assert kwargs["eos_token_id"] == [end, stop]
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = end
+    try:
+        assert hf_ids(model, **kwargs) == ours
+    finally:
+        model.generation_config.eos_token_id = saved

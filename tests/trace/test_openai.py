@@ -270,3 +270,42 @@ def test_a_trace_file_that_is_not_one_json_document_is_one_line():
         with pytest.raises(ConfigError) as refused:
             parse_trace("TRACE x", text)
         assert str(refused.value) == f"TRACE x: {what}" + ("" if what.startswith("nested") else hint)
+
+
+# --- the order of top_logprobs (issue 40: ordered by the processed probability in raw mode, no test failed) -------
+
+def test_top_logprobs_follow_the_distribution_they_are_taken_from():
+    """Each step's top_logprobs: the returned token, then the alternatives by the chosen distribution's probability,
+    highest first. The two distributions here rank the alternatives in opposite orders (a temperature and a
+    penalty can do that), so writing raw values in the processed order (or the reverse) fails."""
+    lg = math.log
+    step = {"token": "x", "token_id": 5, "prob": 0.5, "logprob": lg(0.5), "raw_prob": 0.25, "raw_logprob": lg(0.25),
+            "alternatives": [{"token": "a", "token_id": 1, "prob": 0.3, "raw_prob": 0.1},
+                             {"token": "b", "token_id": 2, "prob": 0.15, "raw_prob": 0.4},
+                             {"token": "c", "token_id": 3, "prob": 0.05, "raw_prob": 0.2}]}
+    doc = {"command": "sample", "steps": [step], "text": "x"}
+    raw = to_logprobs(doc, RAW)["top_logprobs"][0]
+    assert list(raw) == ["x", "b", "c", "a"] and list(raw.values()) == [lg(0.25), lg(0.4), lg(0.2), lg(0.1)]
+    processed = to_logprobs(doc, PROCESSED)["top_logprobs"][0]
+    assert list(processed) == ["x", "a", "b", "c"]
+    assert list(processed.values()) == [lg(0.5), lg(0.3), lg(0.15), lg(0.05)]
+
+
+def test_check_logprobs_reads_decodelabs_own_openai_answer(cli, tmp_path):
+    """Issue 40: `check-logprobs` refused `sample -f openai`'s output (the prompt's ids unknown) unless wrapped in a
+    request. The answer carries the ids as vLLM's return_token_ids does, and its raw log-probabilities are found
+    raw, every token within the tolerance."""
+    code, out, err = cli("sample", "Once upon", "-n", "4", "-t", "0.8", "--seed", "1", "-f", "openai", "--threads", "1")
+    assert code == 0, err
+    answer = json.loads(out)
+    doc = run_json(cli, "sample", "Once upon", "-n", "4", "-t", "0.8", "--seed", "1", "--threads", "1")
+    assert answer["choices"][0]["prompt_token_ids"] == doc["prompt"]["token_ids"]
+    assert answer["choices"][0]["token_ids"] == doc["token_ids"]
+    path = tmp_path / "answer.json"
+    path.write_text(out, encoding="utf-8")
+    code, out, err = cli("check-logprobs", str(path), "-f", "json", "--threads", "1")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["answers"][0]["prompt_token_ids"] == doc["prompt"]["token_ids"]
+    assert [r["token_id"] for r in report["tokens"]] == doc["token_ids"]
+    assert [r["label"] for r in report["tokens"]] == ["raw"] * 4 and report["summary"]["labels"]["raw"] == 4

@@ -534,9 +534,9 @@
       const r = doc.rows[+el.dataset.row], j = +el.dataset.j;
       const pairs = doc.pairs.filter((p) => String(p.prompt) === String(r.prompt) && p.seed === r.seed && (p.a === r.variant || p.b === r.variant));
       show(`<h3>${esc(r.variant)}, step ${j}</h3>` + kv({ token_id: r.token_ids[j] === undefined ? null : r.token_ids[j], decided_by: (r.decided_by || [])[j] === undefined ? null : r.decided_by[j] }) +
-        pairs.map((p) => `<h3>pair ${esc(p.a)} / ${esc(p.b)}</h3>` + kv(p, ["first_divergence", "deciding_stage", "why", "a_token", "b_token"])).join(""));
+        pairs.map((p) => `<h3>pair ${esc(p.a)} / ${esc(p.b)}</h3>` + kv(p, ["first_divergence", "deciding_stage", "why", "a_token", "b_token", "a_token_text", "b_token_text", "a_after", "b_after"])).join(""));
     }, (el) => select(g.items, el));
-    section("pairs: the first divergence and what decided it", table(["a", "b", "prompt", "seed", "first_divergence", "deciding_stage", "why", "a_token", "b_token"]
+    section("pairs: the first divergence and what decided it", table(["a", "b", "prompt", "seed", "first_divergence", "deciding_stage", "why", "a_token_text", "b_token_text", "a_after", "b_after"]
       .map((k) => ({ k, num: ["seed", "first_divergence", "a_token", "b_token"].includes(k) })), doc.pairs));
     section("rows", table(["variant", "method", "prompt", "seed", "length", "stop_reason", "mean_logprob", "raw_perplexity", "distinct_1", "distinct_2",
       "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s"].map((k) => ({ k, num: !["variant", "method", "prompt", "stop_reason"].includes(k) }))
@@ -638,7 +638,7 @@
     }
     parts.push(`<div class="controls"><button type="button" id="exact" aria-pressed="false">exact numbers</button>` +
       `<button type="button" id="nocolor" aria-pressed="false">no colour</button>` +
-      `<span class="note">tables round to 4 significant digits (the exact value on hover); panels show the JSON's values</span></div>`);
+      `<span class="note">tables round to 4 significant digits (the exact value on hover); the summary and the panels show the JSON's exact values</span></div>`);
     content.insertAdjacentHTML("beforeend", parts.join(""));
     [["exact", "exact"], ["nocolor", "nocolor"]].forEach(([id, cls]) => {
       const b = document.getElementById(id);
