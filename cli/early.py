@@ -7,9 +7,11 @@ from __future__ import annotations
 from . import notes
 from ..core.engine.locate import BUNDLED, hub_offline, model_folder
 from ..core.errors import ConfigError, ModelLoadError
+from ..core.methods.speculative.names import model_member
 
-# the commands' own options that name a second model (None or these words: not a model)
-MODEL_OPTIONS = {"draft": ("--draft", ("ngram",)), "against": ("--against", ())}
+# the commands' own options that name a second model, and how each reads its value into the model it names (None:
+# no model; --draft's lookup proposers and chains are read by the speculative names' owner)
+MODEL_OPTIONS = {"draft": ("--draft", model_member), "against": ("--against", lambda spec: spec)}
 
 
 def is_name(spec) -> bool:
@@ -25,9 +27,10 @@ def check_models(opts, own: dict) -> None:
     model = getattr(opts, "model", None)
     if is_name(model):
         model_folder(model)
-    for name, (option, words) in MODEL_OPTIONS.items():
+    for name, (option, model_of) in MODEL_OPTIONS.items():
         spec = own.get(name)
-        if is_name(spec) and spec not in words:
+        spec = model_of(spec) if isinstance(spec, str) else None
+        if is_name(spec):
             try:
                 model_folder(spec)
             except ModelLoadError as exc:

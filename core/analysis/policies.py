@@ -82,7 +82,7 @@ def rank_basis(tokens: int, trained_context: int | None) -> str:
 
 
 def ranked(rows: list[PolicyRow], by: str = KL_VS_FULL) -> list[PolicyRow]:
-    """The rows best first (``by``: :data:`KL_VS_FULL` or :data:`TEXT_PERPLEXITY` after the probe), each with its
+    """The rows best first (``by``: ``KL_VS_FULL`` or ``TEXT_PERPLEXITY`` after the probe), each with its
     ``rank`` set (the input order breaks exact ties)."""
     out = sorted(rows, key=lambda row: _order(row, by))
     for i, row in enumerate(out, 1):

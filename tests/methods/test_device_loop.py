@@ -14,7 +14,9 @@ from decodelab.core.engine.stopping import StopRules
 from decodelab.core.methods.device_loop import STATS, decode_on_device, delivered, device_step, step_fn
 from decodelab.core.methods.sample import Sampler
 from decodelab.core.sampling.chain import build_chain
+from decodelab.core.sampling import semantics
 from decodelab.core.sampling.select import Greedy, make_selector
+from decodelab.core.sampling.settings import ChainSettings
 
 PROMPT = [5, 17, 42, 9, 77, 3, 17, 42]
 
@@ -25,7 +27,8 @@ PROMPT = [5, 17, 42, 9, 77, 3, 17, 42]
                          ids=["greedy", "top-k", "penalty-min-p"])
 def test_the_device_loop_equals_the_traced_eager_run(arch, settings):
     model = random_model(arch, seed=2, scale=6.0)
-    n, t = 12, settings["temperature"]
+    n = 12
+    t = semantics.plan(ChainSettings(temperature=settings["temperature"])).selector  # the plan names the selector
     eager = Sampler(model, PROMPT, build_chain(settings), make_selector(t, 5, "cpu"), StopRules(n, ignore_eos=True),
                     str, None)
     steps = list(eager)

@@ -993,7 +993,7 @@ def test_validate_speculate_bounds_and_messages_word_for_word():
     for bad, message in [
         (dict(cache="window:size=8"), "--cache window:positions=keep,size=8: speculative decoding (a rejected draft "
          "is rolled back) needs the cache to roll back (truncate), which window cannot; policies that can: full, "
-         "quant, recompute, static"),
+         "quant, recompute, static, turbo"),
         (dict(gamma=0), "--gamma 0: must be an integer in [1, 128]"),
         (dict(gamma=129), "--gamma 129: must be an integer in [1, 128]"),
         (dict(ngram_size=0), "--ngram-size 0: must be an integer in [1, 128]"),

@@ -7,31 +7,9 @@ out rounds catches its cache up with the next round's feed (it feeds every commi
 
 from __future__ import annotations
 
-from ...errors import ConfigError
+from .names import LOOKUPS, members, model_member  # noqa: F401  (the names of --draft live there, torch-free)
 from .proposers import Draft, ModelProposer, NGramProposer, Sequence, make_selector_for
 from .suffix import SuffixProposer
-
-LOOKUPS = ("ngram", "suffix")
-
-
-def members(draft: str) -> list[str]:
-    items = [m.strip() for m in draft.split(",")]
-    if not items or any(not m for m in items):
-        raise ConfigError(f"--draft {draft!r}: a proposer, or a comma-separated chain of them, e.g. ngram,tiny-draft "
-                          "(a model: bundled name or folder; ngram; suffix)")
-    models = [m for m in items if m not in LOOKUPS]
-    if len(models) > 1:
-        raise ConfigError(f"--draft {draft!r}: at most one draft model in a chain (given: {', '.join(models)})")
-    if len(set(items)) != len(items):
-        raise ConfigError(f"--draft {draft!r}: a proposer named twice")
-    return items
-
-
-def model_member(draft: str) -> str | None:
-    """The chain's draft model, if it has one (the one model to load)."""
-    models = [m for m in members(draft) if m not in LOOKUPS]
-    return models[0] if models else None
-
 
 class ChainedProposer:
     """The first member that proposes drafts the round; ``source`` is its name."""
