@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 from tabulate import tabulate
 
+from ...core.engine.run import head
 from ...core.errors import ConfigError
 
 BAR_WIDTH = 10
@@ -101,17 +102,9 @@ def print_jsonl(obj) -> None:
 
 def document(command: str, lm, config: dict, chain_names: list[str], prompt_text: str, prompt_ids: list[int],
              **rest) -> dict:
-    """The top level every command's JSON shares (CLI.md); commands add steps, text, token_ids, summary, ..."""
-    return {
-        "command": command,
-        "model": lm.name,
-        "device": str(lm.device),
-        "dtype": str(lm.dtype).replace("torch.", ""),
-        "config": config,
-        "chain": chain_names,
-        "prompt": {"text": prompt_text, "token_ids": prompt_ids},
-        **rest,
-    }
+    """The top level every command's JSON shares (CLI.md), built in core (:class:`~decodelab.core.engine.run.Origin`);
+    commands add steps, text, token_ids, summary, ..."""
+    return head(command, lm, config, chain_names, prompt_text, prompt_ids, **rest)
 
 
 def one_line(text: str) -> str:

@@ -1,7 +1,7 @@
-"""The run contract: what every method's run reports, and one meaning of each timing figure.
+"""The run contract (:class:`Run`, declared as a protocol), the document head every run's JSON shares
+(:class:`Origin`), and one meaning of each timing figure.
 
-A run is an iterator of steps (tokens, beam steps, verification rounds, scored chunks); afterwards ``stop_reason``,
-``interrupted``, ``new_ids`` and ``summary()`` describe it. Time is split three ways by one :class:`Stopwatch`, which
+A run is an iterator of steps (tokens, beam steps, verification rounds, scored chunks). Time is split three ways by one :class:`Stopwatch`, which
 waits for the device before it reads the clock (queued GPU work counts where it was queued), and never counts the
 time a consumer spends between two steps (printing, say):
 
@@ -16,7 +16,9 @@ loop_s: the decoding loop alone, what a benchmark against another loop compares.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -75,12 +77,72 @@ class Timing:
         return tokens / self.loop_s if self.loop_s > 0 else float("nan")
 
 
-class Run:
-    """Base of every method's run: the stop reason and the interrupt. Each method's run also has ``new_ids`` (the
-    generated ids, an attribute or a property) and ``summary()`` (its summary record)."""
+@dataclass(frozen=True)
+class Origin:
+    """What a run was made of: the top level every command's JSON document shares (docs/CLI.md, JSON shape)."""
+
+    command: str
+    model: str
+    device: str
+    dtype: str
+    config: dict  # the resolved settings
+    chain: list[str]  # the stage names, in order
+    prompt_text: str
+    prompt_ids: list[int]
+
+    @classmethod
+    def of(cls, command: str, lm, config: dict, chain: list[str], prompt_text: str, prompt_ids: list[int]) -> Origin:
+        """From a loaded model (anything with ``name``, ``device`` and ``dtype``)."""
+        return cls(command, lm.name, str(lm.device), str(lm.dtype).replace("torch.", ""), config, chain, prompt_text,
+                   prompt_ids)
+
+    def head(self, **rest) -> dict:
+        """The document's shared top level, in its order; ``rest``: the command's own fields that follow it."""
+        return {"command": self.command, "model": self.model, "device": self.device, "dtype": self.dtype,
+                "config": self.config, "chain": self.chain,
+                "prompt": {"text": self.prompt_text, "token_ids": self.prompt_ids}, **rest}
+
+
+def head(command: str, lm, config: dict, chain: list[str], prompt_text: str, prompt_ids: list[int], **rest) -> dict:
+    """The document head of a run made of these parts (commands whose report is not a run yet use it alone)."""
+    return Origin.of(command, lm, config, chain, prompt_text, prompt_ids).head(**rest)
+
+
+@runtime_checkable
+class Run(Protocol):
+    """The contract of every method's run, and the base its runs inherit the shared parts from.
+
+    * iterate it for its steps (a generator: a consumer streams them; an interrupted run keeps what it produced);
+    * ``stop_reason`` (why it ended) and ``interrupted``;
+    * ``new_ids``: the token ids it generated (none for a run that scores given text);
+    * ``text()``: the text it delivers (what a command prints and ``compare`` sets side by side);
+    * ``summary()``: its summary record;
+    * ``document()``: its whole JSON document (:class:`Origin`'s head, then the method's own fields), built in core
+      so that every caller (the CLI, a script) reports the same run the same way.
+
+    ``interrupt()`` and ``end(reason)`` are inherited. A method's build sets ``origin`` (the head) and ``decode``
+    (ids -> text)."""
 
     stop_reason: str = "length"
     interrupted: bool = False
+    origin: Origin | None = None
+    decode: Callable[[list[int]], str] | None = None
+
+    def __iter__(self) -> Iterator: ...
+
+    @property
+    def new_ids(self) -> list[int]: ...
+
+    def text(self) -> str:
+        """The generated ids as text (a method that trims or picks among outputs says so in its own)."""
+        return self.decode(self.new_ids) if self.decode is not None else ""
+
+    def summary(self): ...
+
+    def document(self) -> dict:
+        """The shared shape: head, steps, text, token_ids, summary (a method adds its own fields in its own)."""
+        return self.origin.head(steps=getattr(self, "steps", []), text=self.text(), token_ids=self.new_ids,
+                                summary=self.summary())
 
     def interrupt(self) -> None:
         """Called when the consumer was interrupted (Ctrl-C): what was produced stays, the reason says why."""

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..engine.run import synchronize
+from ..engine.run import Origin, synchronize
 from ..engine.runtime import Runtime
 from ..engine.stopping import StopChecker, StopRules
 from ..engine.tokens import check_prompt
@@ -173,3 +173,8 @@ def spread(rows: list[SampleRow], token_text: Callable[[int], str], batched: boo
         batched=batched,
         tokens_per_s=tokens_per_s,
     )
+
+
+def many_document(origin: Origin, rows: list[SampleRow], summary: SpreadSummary, selector: str) -> dict:
+    """`sample -N`'s JSON document: the head with the selector, every sample, the spread."""
+    return origin.head(selector=selector, samples=rows, summary=summary)
