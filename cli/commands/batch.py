@@ -10,7 +10,6 @@ import typer
 from rich.table import Table
 
 from ...core.errors import EMPTY_CHAIN, ChainError
-from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive, note_error, phase
 from ..view import output, render
@@ -55,10 +54,7 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
           rows: RowsOpt = Rows.requests) -> None:
     """Serve many requests at once: one forward per iteration over the running sequences (prefill chunks and
     decodes together), finished ones leave and waiting ones join; KV in a paged pool with shared prefix blocks."""
-    from ...core.methods.batch.run import (
-        BatchRun,
-        read_prompts,
-    )
+    from ...core.methods.batch.run import batch_run, read_prompts
     from ..pipeline import load
     explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "stop")
     explicit.pop("cache", None)
@@ -76,14 +72,14 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     entries = read_prompts(prompts_file, settings)
     lm = load(opts)
     conn = engine_connection(opts, lm, entries)
-    run = BatchRun(lm, settings, entries, chat=opts.chat)
+    run = batch_run(lm, settings, entries, chat=opts.chat)
     with LiveSteps(render.console(), None, unit="iterations", enabled=opts.fmt == o.Format.table) as live:
         drive(run, opts.fmt, kind="iteration", on_step=live.add)
     report = run.report()
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     if conn is not None:
         phase(lambda: engine_baseline(conn, lm, entries, report, opts.chat))
-    emit(opts, lm, settings, report, rows, conn)
+    emit(opts, lm, settings, run, rows, conn)
     for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
         if r.stop_reason == EMPTY_CHAIN:
             note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
@@ -91,19 +87,11 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
             break
 
 
-def request_rows(lm, report: BatchReport) -> list[dict]:
-    return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain, "token_ids": r.new_ids,
-             "text": lm.decode(r.new_ids), "stop_reason": r.stop_reason, "prefix_hit_tokens": r.prefix_hit_tokens,
-             "computed_tokens": r.computed_tokens, "preemptions": r.preemptions, "joined": r.joined,
-             "finished": r.finished,
-             "steps": [{"index": i, "token_id": s.token_id, "token": lm.token_text(s.token_id),
-                        "logprob": s.logprob, "raw_logprob": s.raw_logprob} for i, s in enumerate(r.steps)]}
-            for r in report.results]
-
-
-def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows, conn=None) -> None:
-    requests = request_rows(lm, report)
-    summary = report.summary()
+def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None) -> None:
+    """The run's document (built in core) in its format."""
+    run.engine_part = engine_fields(run.report(), conn)
+    document = run.document()
+    requests, summary, report = document["requests"], document["summary"], run.report()
     if rows == Rows.iterations:
         table = [{k: (",".join(v) if isinstance(v, list) else v) for k, v in render.clean(i).items()}
                  for i in report.iterations]
@@ -114,22 +102,11 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
             row["prompt"] = row["prompt"] or ""
             row["new_tokens"] = len(r.new_ids)
     output.emit_for(opts, output.Output(
-        document={"command": "batch", "model": lm.name, "device": str(lm.device),
-                  "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(settings),
-                  "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
-                  "summary": summary, **engine_fields(report, conn)},
+        document=document,
         jsonl=[{"type": "request", **r} for r in requests] + [output.summary_record("batch", lm.name, summary)],
         text="\n".join(render.one_line(r["text"]) for r in requests),  # one request a line
         tables=[(None, table)],
         views=lambda: [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]))
-
-
-def chain_names(settings: BatchSettings) -> list[str]:
-    """The command-level chain (a JSONL request may set its own: requests[].chain)."""
-    from ...core.sampling.chain import chain_for
-    from ...core.sampling.tokens import Tokens
-
-    return chain_for(settings, Tokens.placeholder())[1].names
 
 
 LOG_ROWS = 60  # iterations shown in the table; past that only those where a sequence joined, finished or was preempted

@@ -19,9 +19,10 @@ from ...engine.run import Run
 from ...engine.stopping import StopRules, stop_rules
 from ...errors import ConfigError
 from ...inputs import parse_json, read_input_text
-from ...sampling.chain import build_chain, make_chain
+from ...sampling.chain import build_chain, chain_for, make_chain
 from ...sampling.select import make_selector
-from ...settings import coerce, normalize_key
+from ...sampling.tokens import Tokens
+from ...settings import as_dict, coerce, normalize_key
 from ..sample import SampleSettings, validate_sample
 from .scheduler import Iteration, Request, Result, Scheduler
 
@@ -221,6 +222,8 @@ class BatchRun(Run):
         warm_up(lm, settings)
         self.scheduler = scheduler_for(lm, settings, build_requests(lm, entries, chat), static=False)
         self.stop_reason = "end"
+        self.result: BatchReport | None = None
+        self.engine_part: dict = {}  # engine and engine_requests, when the same requests ran on a served engine
 
     def __iter__(self) -> Iterator[Iteration]:
         return iter(self.scheduler)
@@ -234,9 +237,45 @@ class BatchRun(Run):
         super().end(reason)
 
     def report(self) -> BatchReport:
-        sched = self.scheduler
-        return BatchReport(self.settings, sched.results, sched.iterations, sched.seconds, sched.peak_blocks,
-                           sched.policy.num_blocks, stop_reason=self.stop_reason)
+        """The finished run's report (made once: the baselines are added to it)."""
+        if self.result is None:
+            sched = self.scheduler
+            self.result = BatchReport(self.settings, sched.results, sched.iterations, sched.seconds,
+                                      sched.peak_blocks, sched.policy.num_blocks, stop_reason=self.stop_reason)
+        return self.result
+
+    @property
+    def new_ids(self) -> list[int]:
+        """None of its own: each request's tokens are in ``requests()``."""
+        return []
+
+    def text(self) -> str:
+        """The requests' texts, one a line."""
+        return "\n".join(r["text"] for r in self.requests())
+
+    def summary(self) -> dict:
+        return self.report().summary()
+
+    def requests(self) -> list[dict]:
+        """Per request: its prompt, chain, tokens, text, how it was served (prefix hits, preemptions) and its
+        steps."""
+        lm = self.lm
+        return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain,
+                 "token_ids": r.new_ids, "text": lm.decode(r.new_ids), "stop_reason": r.stop_reason,
+                 "prefix_hit_tokens": r.prefix_hit_tokens, "computed_tokens": r.computed_tokens,
+                 "preemptions": r.preemptions, "joined": r.joined, "finished": r.finished,
+                 "steps": [{"index": i, "token_id": s.token_id, "token": lm.token_text(s.token_id),
+                            "logprob": s.logprob, "raw_logprob": s.raw_logprob} for i, s in enumerate(r.steps)]}
+                for r in self.report().results]
+
+    def document(self) -> dict:
+        """``batch``'s JSON document: the model and settings, the command-level chain, every request, every
+        iteration, the summary (with the baselines run), and the engine's part when the requests also ran on one."""
+        lm, report = self.lm, self.report()
+        return {"command": "batch", "model": lm.name, "device": str(lm.device),
+                "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(self.settings),
+                "chain": chain_names(self.settings), "requests": self.requests(), "iterations": report.iterations,
+                "summary": report.summary(), **self.engine_part}
 
     def run_baselines(self, report: BatchReport) -> None:
         for name in self.settings.baselines:
@@ -245,6 +284,16 @@ class BatchRun(Run):
                                                         self.chat))
             else:
                 report.baselines.append(transformers_baseline(self.lm, self.settings, report.results))
+
+
+def chain_names(settings: BatchSettings) -> list[str]:
+    """The command-level chain (a JSONL request may set its own: requests[].chain)."""
+    return chain_for(settings, Tokens.placeholder())[1].names
+
+
+def batch_run(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False) -> BatchRun:
+    """``batch``'s run (the registry's build): many requests, each with its own prompt and settings."""
+    return BatchRun(lm, settings, entries, chat)
 
 
 def run_batch(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False,
