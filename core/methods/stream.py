@@ -23,15 +23,16 @@ from dataclasses import asdict, dataclass, field, fields
 
 from ..analysis.attention import _has_rotary
 from ..analysis.probe import ProbeSettings, check_probe
-from ..engine.run import Run
+from ..engine.run import Origin, Run
 from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
 from ..kv import compresses_once, make_policy, parse_cache_spec, parse_policy_list
-from ..sampling.chain import Chain
+from ..kv.kept import document_part, kept_after
+from ..sampling.chain import Chain, make_chain
 from ..sampling.select import make_selector
 from ..sampling.settings import ChainSettings
-from ..settings import _check
+from ..settings import _check, as_dict
 from ..trace.records import Step
 from .sample import Sampler, SampleSettings, validate_sample
 from .score import Scorer, ScoreSettings
@@ -190,6 +191,13 @@ class StreamScore(Run):
         super().interrupt()
         self.scorer.interrupt()
 
+    def document(self) -> dict:
+        """``stream --text-file``'s JSON document: a step per span of scored tokens, no generated text, the summary,
+        the kept map of a score-based cache."""
+        kept = kept_after(getattr(self.scorer, "runtime", None), len(self.scorer.ids))
+        return self.origin.head(mode="score", steps=self.chunks, text="", token_ids=[], summary=self.summary(),
+                                **document_part(kept))
+
     def summary(self) -> StreamSummary:
         chunks = self.chunks
         tokens = sum(c.tokens for c in chunks)
@@ -311,6 +319,16 @@ class StreamGenerate(Run):
                 self.steps.append(out)
             yield out
 
+    def text(self) -> str:
+        return self.lm.decode(self.new_ids)
+
+    def document(self) -> dict:
+        """``stream``'s JSON document when it generates: the steps with their cache state, the text, the summary,
+        the kept map of a score-based cache."""
+        kept = kept_after(self.runtime, len(self.origin.prompt_ids))
+        return self.origin.head(mode="generate", selector=self.selector.name, steps=self.steps, text=self.text(),
+                                token_ids=self.new_ids, summary=self.summary(), **document_part(kept))
+
     def summary(self) -> StreamSummary:
         base = self.sampler.summary()
         return StreamSummary(str(self.spec), self.sampler.tally.steps, base.raw_perplexity,
@@ -319,6 +337,24 @@ class StreamGenerate(Run):
 
 
 # --- generation past the context -----------------------------------------------------------------------------------
+
+
+def stream_run(lm, settings: StreamSettings, prompt_text: str, prompt_ids: list[int], chain: Chain | None = None,
+               keep_steps: bool = True) -> StreamGenerate:
+    """``stream``'s generating run with its document head (the registry's build)."""
+    chain = chain or make_chain(lm, settings)
+    run = StreamGenerate(lm, prompt_ids, chain, settings, keep_steps=keep_steps)
+    run.origin = Origin.of("stream", lm, as_dict(settings), chain.names, prompt_text, prompt_ids)
+    return run
+
+
+def stream_score_run(lm, settings: StreamSettings, text: str, token_ids: list[int],
+                     chain: Chain | None = None) -> StreamScore:
+    """``stream --text-file``'s scoring run with its document head."""
+    chain = chain or make_chain(lm, settings)
+    run = StreamScore(lm.model, token_ids, chain, lm.token_text, settings)
+    run.origin = Origin.of("stream", lm, as_dict(settings), chain.names, text, token_ids)
+    return run
 
 
 def slot_ranges(policy) -> list[list[int]]:
