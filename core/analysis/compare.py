@@ -32,14 +32,9 @@ import torch
 
 from ..engine.run import drain
 from ..engine.runtime import Runtime
-from ..errors import EMPTY_CHAIN, ConfigError
+from ..errors import ConfigError
 from ..inputs import parse_int, parse_json, parse_toml, read_input_text
 from ..methods.registry import CONTINUING
-from ..methods.beam import build_beam
-from ..methods.sample import REPORT_BLOCK, build_sampler
-from ..methods.speculative.run import (
-    build_speculator,
-)
 from ..sampling.chain import Chain, build_chain, make_chain
 from ..sampling.distribution import entropy, log_softmax
 from ..sampling.registry import DEFAULT_ORDER, params
@@ -415,47 +410,44 @@ class Comparison:
     # --- one run -------------------------------------------------------------------------------------------------
 
     def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> Row:
-        if v.method == "sample":  # the chain shares the selector's generator, as `sample` builds it
-            sampler = build_sampler(self.lm, settings, prompt_ids, block=REPORT_BLOCK)
-            drain(sampler)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
-            steps = sampler.steps  # every traced step, the block pending at an early end included
-            ids = sampler.new_ids
-            return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), sampler.stop_reason,
-                       mean_or_none([s.logprob for s in steps]),
-                       math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
-                       distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
-                       mean_or_none([s.kept for s in steps]), mean_or_none([s.entropy for s in steps]),
-                       sampler.summary().tokens_per_s, [s.decided_by for s in steps])
-        chain = make_chain(self.lm, settings)
-        if v.method == "beam":
-            search = build_beam(self.lm, settings, prompt_ids, chain, record=False)
-            drain(search)
-            if search.stop_reason == EMPTY_CHAIN or not search.hypotheses:
-                ids, reason = search.new_ids, EMPTY_CHAIN
-            else:
-                ids, reason = search.hypotheses[0].token_ids, search.hypotheses[0].reason
-            return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, reason,
-                                   search.watch.timing.tokens_per_s(len(ids)))
-        draft = None
-        if settings.draft != "ngram":
-            if self.load_draft is None:
-                raise ConfigError(f"variant {v.name}: draft={settings.draft}: no draft loader here; use draft=ngram")
-            if settings.draft not in self.drafts:
-                self.drafts[settings.draft] = self.load_draft(settings.draft)
-            draft = self.drafts[settings.draft]
-        spec = build_speculator(self.lm, draft, settings, prompt_ids, settings.gamma, chain, record=False)
-        drain(spec)
-        ids = list(spec.new_ids)
-        return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, spec.stop_reason,
-                               spec.watch.timing.tokens_per_s(len(ids)))
+        """The variant's run, built and reported by its method (the registry): a traced run's row from its own
+        steps, any other's from its ids scored teacher-forced under its chain."""
+        method = CONTINUING[v.method]
+        parts = {"draft": self.draft_for(v, settings)} if hasattr(settings, "draft") else {}
+        run = method.build(self.lm, settings, prompt.text, prompt_ids, summary_only=True, **parts)
+        drain(run)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
+        out = method.report(run)
+        if out.steps is None:
+            return self.scored_row(v, prompt, seed, prompt_ids, run.chain, out.token_ids, out.stop_reason,
+                                   out.tokens_per_s)
+        steps, ids = out.steps, out.token_ids
+        return Row(variant=v.name, method=v.method, prompt=prompt.id, seed=seed, text=self.lm.decode(ids),
+                   token_ids=ids, length=len(ids), stop_reason=out.stop_reason,
+                   mean_logprob=mean_or_none([s.logprob for s in steps]),
+                   raw_perplexity=math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
+                   distinct_1=distinct_n(ids, 1), distinct_2=distinct_n(ids, 2), repetition_rate=repetition_rate(ids),
+                   mean_kept=mean_or_none([s.kept for s in steps]), mean_entropy=mean_or_none([s.entropy for s in steps]),
+                   tokens_per_s=out.tokens_per_s, decided_by=[s.decided_by for s in steps])
 
-    def scored_row(self, v, prompt, seed, prompt_ids, chain, ids, reason, tps) -> Row:
+    def draft_for(self, v: Variant, settings):
+        """The draft model a variant's settings name (loaded once per spec); None for the n-gram proposer."""
+        if settings.draft == "ngram":
+            return None
+        if self.load_draft is None:
+            raise ConfigError(f"variant {v.name}: draft={settings.draft}: no draft loader here; use draft=ngram")
+        if settings.draft not in self.drafts:
+            self.drafts[settings.draft] = self.load_draft(settings.draft)
+        return self.drafts[settings.draft]
+
+    def scored_row(self, v: Variant, prompt: Prompt, seed: int, prompt_ids: list[int], chain: Chain,
+                   ids: list[int], reason: str, tokens_per_s: float) -> Row:
+        """A row from given ids, scored teacher-forced under ``chain``."""
         s = teacher_forced(self.lm.model, prompt_ids, ids, chain)
-        return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids), reason,
-                   mean_or_none(s.logprob),
-                   math.exp(-mean_or_none(s.raw_logprob)) if ids else None,
-                   distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
-                   mean_or_none(s.kept), mean_or_none(s.entropy), tps)
+        return Row(variant=v.name, method=v.method, prompt=prompt.id, seed=seed, text=self.lm.decode(ids),
+                   token_ids=ids, length=len(ids), stop_reason=reason, mean_logprob=mean_or_none(s.logprob),
+                   raw_perplexity=math.exp(-mean_or_none(s.raw_logprob)) if ids else None,
+                   distinct_1=distinct_n(ids, 1), distinct_2=distinct_n(ids, 2), repetition_rate=repetition_rate(ids),
+                   mean_kept=mean_or_none(s.kept), mean_entropy=mean_or_none(s.entropy), tokens_per_s=tokens_per_s)
 
     # --- pairs ---------------------------------------------------------------------------------------------------
 

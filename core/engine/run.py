@@ -140,9 +140,8 @@ class Run(Protocol):
     def summary(self): ...
 
     def document(self) -> dict:
-        """The shared shape: head, steps, text, token_ids, summary (a method adds its own fields in its own)."""
-        return self.origin.head(steps=getattr(self, "steps", []), text=self.text(), token_ids=self.new_ids,
-                                summary=self.summary())
+        """Each method's own: ``origin.head(...)``, then its steps, text, token_ids, summary and its own fields."""
+        raise NotImplementedError(f"{type(self).__name__} has no document()")
 
     def interrupt(self) -> None:
         """Called when the consumer was interrupted (Ctrl-C): what was produced stays, the reason says why."""

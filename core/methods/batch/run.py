@@ -222,7 +222,7 @@ class BatchRun(Run):
         warm_up(lm, settings)
         self.scheduler = scheduler_for(lm, settings, build_requests(lm, entries, chat), static=False)
         self.stop_reason = "end"
-        self.result: BatchReport | None = None
+        self.baselines: list[Baseline] = []  # shared by every report of the run: a baseline run once stays
         self.engine_part: dict = {}  # engine and engine_requests, when the same requests ran on a served engine
 
     def __iter__(self) -> Iterator[Iteration]:
@@ -237,12 +237,10 @@ class BatchRun(Run):
         super().end(reason)
 
     def report(self) -> BatchReport:
-        """The finished run's report (made once: the baselines are added to it)."""
-        if self.result is None:
-            sched = self.scheduler
-            self.result = BatchReport(self.settings, sched.results, sched.iterations, sched.seconds,
-                                      sched.peak_blocks, sched.policy.num_blocks, stop_reason=self.stop_reason)
-        return self.result
+        """The run's report as it stands (the baselines run so far included)."""
+        sched = self.scheduler
+        return BatchReport(self.settings, sched.results, sched.iterations, sched.seconds, sched.peak_blocks,
+                           sched.policy.num_blocks, self.baselines, stop_reason=self.stop_reason)
 
     @property
     def new_ids(self) -> list[int]:
