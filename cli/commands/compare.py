@@ -15,14 +15,12 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-from rich.table import Table
-from rich.text import Text
 
 from ...core.errors import EMPTY_CHAIN, ChainError, ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import note_error, note_interrupt
-from ..view import output, render
+from ..view import compare_view, output, render
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ...core.analysis.compare import Comparison, Prompt
@@ -40,10 +38,6 @@ PromptsFile = Annotated[Optional[Path], typer.Option("--prompts-file", help="One
                                                      "\"prompt\" and \"id\".")]
 Seeds = Annotated[Optional[str], typer.Option("--seeds", help="Seeds, e.g. 0-9 or 1,3,5 (default 0).",
                                               show_default=False)]
-
-ROW_COLUMNS = ("variant", "prompt", "seed", "text", "length", "stop_reason", "mean_logprob", "raw_perplexity",
-               "distinct_1", "distinct_2", "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s")
-
 
 @o.command(o.MODEL, o.GENERATE, o.OUTPUT, o.CHAIN, o.ENGINE, without=("seed", "top", "cache"))
 def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, preset: Presets = None,
@@ -139,93 +133,16 @@ def stream_row(row, fmt) -> None:
         render.print_jsonl({"type": "row", **render.clean(row)})
 
 
-def flat_row(row) -> dict:
-    d = render.clean(row)
-    return {k: d[k] for k in ROW_COLUMNS}
-
-
 def emit(opts, lm, run: Comparison) -> None:
-    from ...core.analysis.compare import variant_summary
-    from ...core.sampling.chain import make_chain
-    from ...core.sampling.registry import DEFAULT_ORDER
-    first = run.prompts[0]
-    chains = {v.name: make_chain(lm, run.settings[v.name, run.seeds[0]]).names for v in run.variants}
-    doc = {"command": "compare", "model": lm.name, "device": str(lm.device),
-           "dtype": str(lm.dtype).replace("torch.", ""),
-           "config": {"seeds": run.seeds, **{k: v for k, v in render.clean(run.base).items() if v is not None}},
-           "chain": [n for n in DEFAULT_ORDER if any(n in names for names in chains.values())],
-           "chains": chains,
-           "prompt": {"text": first.text, "token_ids": lm.encode(first.text)},
-           "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
-                         "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
-           "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
-           "rows": run.rows, "pairs": run.pairs, "summary": {"variants": variant_summary(run.rows)}}
+    """The comparison's document (built in core) in its format."""
+    doc = run.document()
     output.emit_for(opts, output.Output(
         document=doc,
         jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
                                  doc["summary"])],
-        tables=[(None, [flat_row(r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
-        views=lambda: tables(lm, run)))
-
-
-def fmt(value, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def summary_table(summary: list[dict]) -> Table:
-    """Per variant over its prompts and seeds: mean (min-max) of each measure."""
-    t = Table(title="per variant: mean (min-max) over prompts and seeds", header_style="bold")
-    t.add_column("variant", no_wrap=True)
-    t.add_column("runs", justify="right")
-    for name in ("logp", "ppl", "d-2", "rep", "H", "tok/s"):
-        t.add_column(name, justify="right", no_wrap=True)
-    for v in summary:
-        cells = []
-        for key, spec in (("mean_logprob", ".3f"), ("raw_perplexity", ".2f"), ("distinct_2", ".2f"),
-                          ("repetition_rate", ".2f"), ("mean_entropy", ".2f"), ("tokens_per_s", ".1f")):
-            m = v["measures"][key]
-            cells.append("-" if m is None else f"{m['mean']:{spec}} ({m['min']:{spec}}-{m['max']:{spec}})")
-        t.add_row(Text(v["variant"], style="bold"), str(v["runs"]), *cells)
-    return t
-
-
-def tables(lm, run: Comparison) -> list:
-    """Per (prompt, seed): the variants side by side; then every pair's first divergence."""
-    out = []
-    for prompt in run.prompts:
-        for seed in run.seeds:
-            rows = [r for r in run.rows if r.prompt == prompt.id and r.seed == seed]
-            if not rows:
-                continue
-            t = Table(title=f"{lm.name} · prompt {prompt.id}: {render.cut(render.one_line(prompt.text), 60)} · seed {seed}",
-                      header_style="bold")
-            t.add_column("variant", no_wrap=True)
-            t.add_column("text", ratio=1)
-            for name in ("len", "stop", "logp", "ppl", "d-1", "d-2", "rep", "kept", "H", "tok/s"):
-                t.add_column(name, justify="right", no_wrap=True)
-            for r in rows:
-                t.add_row(Text(r.variant, style="bold"), render.one_line(r.text), str(r.length), r.stop_reason,
-                          fmt(r.mean_logprob), fmt(r.raw_perplexity, ".2f"), fmt(r.distinct_1, ".2f"),
-                          fmt(r.distinct_2, ".2f"), fmt(r.repetition_rate, ".2f"), fmt(r.mean_kept, ".1f"),
-                          fmt(r.mean_entropy, ".2f"), fmt(r.tokens_per_s, ".1f"))
-            t.caption = ("logp: mean processed log-prob; ppl: the model's own perplexity of the output; d-1/d-2: "
-                         "distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: processed "
-                         "entropy (nats)")
-            out.append(t)
-    from ...core.analysis.compare import variant_summary
-
-    out.append(summary_table(variant_summary(run.rows)))
-    if run.pairs:
-        t = Table(title="where the variants part (same seed = same random draws)", header_style="bold")
-        t.key_columns = 4  # a, b, prompt and seed name a pair: a split panel repeats them
-        for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why"):
-            t.add_column(name, no_wrap=name != "why")
-        for p in run.pairs:
-            t.add_row(p.a, p.b, p.prompt, str(p.seed), "identical" if p.first_divergence is None
-                      else f"step {p.first_divergence}", p.deciding_stage or "-", p.why or "")
-        out.append(t)
-    return out
+        tables=[(None, [compare_view.flat_row(r) for r in run.rows]), (None, [render.clean(p) for p in run.pairs])],
+        views=lambda: compare_view.tables(lm, run)))
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------
@@ -267,8 +184,9 @@ def emit_engine(opts, lm, conn, run) -> None:
         document=doc,
         jsonl=[{"type": "engine_pair", **render.clean(p)} for p in run.pairs]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "engine_pairs": len(run.pairs)})],
-        tables=[("rows", [flat_row(r) for r in run.rows]), ("engine pairs", [render.clean(p) for p in run.pairs])],
-        views=lambda: tables(lm, rows_only) + [engine_pairs_table(run.pairs)]))
+        tables=[("rows", [compare_view.flat_row(r) for r in run.rows]),
+                ("engine pairs", [render.clean(p) for p in run.pairs])],
+        views=lambda: compare_view.tables(lm, rows_only) + [engine_pairs_table(run.pairs)]))
     for pair in run.pairs:
         if pair.engine_error:
             note_error(ConfigError(pair.engine_error))

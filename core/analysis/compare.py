@@ -42,7 +42,7 @@ from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
-from ..settings import META_KEYS, coerce, load_preset, normalize_key
+from ..settings import META_KEYS, as_dict, coerce, load_preset, normalize_key
 
 SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
@@ -406,6 +406,23 @@ class Comparison:
                 for a, b in combinations(self.variants, 2):
                     self.pairs.append(self.compare_pair(a, b, rows[a.name], rows[b.name], prompt_ids, seed))
         return self
+
+    def document(self) -> dict:
+        """``compare``'s JSON document: the model, the command's options and seeds, every variant's chain (and the
+        union of their stages in the default order), the variants and prompts, every row and pair, per-variant
+        measures."""
+        lm, first, seed = self.lm, self.prompts[0], self.seeds[0]
+        chains = {v.name: make_chain(lm, self.settings[v.name, seed]).names for v in self.variants}
+        return {"command": "compare", "model": lm.name, "device": str(lm.device),
+                "dtype": str(lm.dtype).replace("torch.", ""),
+                "config": {"seeds": self.seeds, **{k: v for k, v in self.base.items() if v is not None}},
+                "chain": [n for n in DEFAULT_ORDER if any(n in names for names in chains.values())],
+                "chains": chains,
+                "prompt": {"text": first.text, "token_ids": lm.encode(first.text)},
+                "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
+                              "settings": as_dict(self.settings[v.name, seed])} for v in self.variants],
+                "prompts": [{"id": p.id, "text": p.text} for p in self.prompts],
+                "rows": self.rows, "pairs": self.pairs, "summary": {"variants": variant_summary(self.rows)}}
 
     # --- one run -------------------------------------------------------------------------------------------------
 
