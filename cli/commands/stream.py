@@ -12,7 +12,6 @@ from rich.progress import Progress
 from rich.text import Text
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
 from ..view import kept as kept_view
@@ -158,70 +157,37 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
 
 
 def run_compare(opts, lm, settings: StreamSettings, body: str, ids: list[int], chain) -> None:
-    from ...core.analysis.policies import policy_row, ranked
-    from ...core.engine.forward import model_info
-    from ...core.methods.stream import compare_policies
+    from ...core.analysis.stream_modes import PolicyComparison
     from ..view import policies as policies_view
-    prober = make_prober(lm, settings, ids) if settings.probe else None
-    results = []
-    for label, run in compare_policies(lm.model, ids, chain, lm.token_text, settings, model_info(lm.model)):
-        if isinstance(run, str):
-            results.append({"label": label, "skipped": run})
-            continue
-        with_progress(run, opts.fmt, label)
-        results.append({"label": label, "spec": str(run.spec), "summary": run.summary()})
-        if run.interrupted:
-            break
-        if prober is not None:
-            results[-1]["probe"] = prober.policy(run.spec, label)
-    full_bytes = next((r["summary"].kv_bytes_peak for r in results if r["label"] == "full" and "summary" in r), 0)
-    rows = ranked([policy_row(r["label"], r["summary"], full_bytes, r.get("probe")) for r in results
-                   if "summary" in r])
-    for r in results:
-        r["rank"] = next((row.rank for row in rows if row.label == r["label"]), None)
-        if "probe" in r:
-            r["probe"] = {k: v for k, v in render.clean(r["probe"]).items() if k != "results"}
-    head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="compare")
-    totals = {"tokens": len(ids) - 1, "context_length": lm.context_length}
-    extra = {}
-    if prober is not None:
-        extra["probe"] = policies_view.probe_document(prober.report([]))
+    run = PolicyComparison(lm, settings, body, ids, chain).run(lambda r, label: with_progress(r, opts.fmt, label))
+    document = run.document()
+    results, rows, probe = run.results, run.rows, document.get("probe")
     output.emit_for(opts, output.Output(
-        document={**head, "policies": results, "ranking": rows, **extra, "steps": [], "text": "", "token_ids": [],
-                  "summary": totals},
+        document=document,
         jsonl=[{"type": "policy", **render.clean(r)} for r in results]
-        + [output.summary_record("stream", lm.name, totals, {"policies": len(results)})],
+        + [output.summary_record("stream", lm.name, document["summary"], {"policies": len(results)})],
         tables=[(None, [stream_view.compare_row(r, lm.context_length) for r in results]),
                 ("ranking", policies_view.ranking_rows(rows))],
-        views=lambda: [stream_view.compare_table(results, lm, len(ids) - 1), stream_view.ppl_plot(results, lm.context_length),
+        views=lambda: [stream_view.compare_table(results, lm, len(ids) - 1),
+                       stream_view.ppl_plot(results, lm.context_length),
                        policies_view.ranking_table(rows, f"{lm.name} · {len(ids) - 1} tokens · every policy against "
-                                                   "the full cache", prober is not None),
-                       *([Text("probe: " + extra["probe"]["verdict"], style="cyan")] if extra else [])]))
-
-
-def make_prober(lm, settings: StreamSettings, ids: list[int]):
-    """The probe over the text ``ids`` (fitted to the model's context), keys and depths from the settings."""
-    from ...core.analysis.probe import Prober, ProbeSettings
-    from ...core.methods.stream import probe_depths
-    probe = ProbeSettings(keys=settings.probe_keys, depths=probe_depths(settings), seed=settings.seed)
-    return Prober(lm.model, lm.tokenizer, ids, probe, lm.context_length)
+                                                   "the full cache", probe is not None),
+                       *([Text("probe: " + probe["verdict"], style="cyan")] if probe else [])]))
 
 
 def run_probe(opts, lm, settings: StreamSettings, body: str, ids: list[int], chain) -> None:
     """--probe under --cache: every trial under the full cache, the policy, and the full cache without the needle."""
+    from ...core.analysis.stream_modes import make_prober, probe_document
     from ..view import policies as policies_view
     prober = make_prober(lm, settings, ids)
     status = render.error_console()
     if opts.fmt == o.Format.table:
         status.print(f"[dim]probe: {len(prober.trials)} trials under full and {settings.cache}[/dim]")
-    report = prober.report([settings.cache_spec], [settings.cache])
-    summary = {**policies_view.probe_summary(report), "policy": str(settings.cache_spec),  # every key shown
-               "tokens": prober.filler_tokens}
-    head = render.document("stream", lm, as_dict(settings), chain.names, body, ids, mode="probe")
-    document = policies_view.probe_document(report)
+    document, report = probe_document(lm, settings, body, ids, chain, prober)
+    summary = document["summary"]
     output.emit_for(opts, output.Output(
-        document={**head, "probe": document, "steps": [], "text": "", "token_ids": [], "summary": summary},
-        jsonl=[{"type": "trial", **render.clean(t)} for t in document["trials"]]
+        document=document,
+        jsonl=[{"type": "trial", **render.clean(t)} for t in document["probe"]["trials"]]
         + [output.summary_record("stream", lm.name, summary)],
         tables=[(None, policies_view.probe_rows(report))],
         views=lambda: [policies_view.probe_table(report, f"{lm.name} · retrieval probe · {len(prober.trials)} trials"),
@@ -232,18 +198,11 @@ def run_probe(opts, lm, settings: StreamSettings, body: str, ids: list[int], cha
 
 
 def emit_attention(opts, lm, settings: StreamSettings, body: str, chain) -> None:
-    from ...core.analysis.attention import attention_profile
-    ids = lm.encode(body)[: settings.limit]
-    rows, meta = attention_profile(lm.model, ids, settings.sinks, lm.context_length)
-    strongest = max(rows, key=lambda r: r.ratio)
-    summary = {**meta, "max_ratio": strongest.ratio, "max_layer": strongest.layer, "max_head": strongest.head,
-               "mean_ratio": sum(r.ratio for r in rows) / len(rows)}
-    head = render.document("stream", lm, as_dict(settings), chain.names, body, ids[: meta["tokens"]],
-                           mode="attention")
+    from ...core.analysis.stream_modes import attention_document
+    document = attention_document(lm, settings, body, chain)
+    rows, summary = document["attention"], document["summary"]
     output.emit_for(opts, output.Output(
-        document={**head, "attention": rows, "steps": [], "text": "", "token_ids": [], "summary": summary},
+        document=document,
         jsonl=[{"type": "head", **render.clean(r)} for r in rows] + [output.summary_record("stream", lm.name, summary)],
         tables=[(None, [render.clean(r) for r in rows])],
-        views=lambda: [stream_view.heat_table(rows, lm, meta), render.summary_line(summary)]))
-
-
+        views=lambda: [stream_view.heat_table(rows, lm, summary), render.summary_line(summary)]))
