@@ -7,16 +7,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from ...core.errors import EMPTY_CHAIN, ChainError
 from .. import options as o
 from ..loop import drive, note_error, phase
-from ..view import output, render
+from ..view import batch_view, output, render
 from ..view.live import LiveSteps
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
-    from ...core.methods.batch.run import BatchReport, BatchSettings
+    from ...core.methods.batch.run import BatchSettings
 
 BATCH = "Batching"
 
@@ -106,45 +105,8 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None) 
         jsonl=[{"type": "request", **r} for r in requests] + [output.summary_record("batch", lm.name, summary)],
         text="\n".join(render.one_line(r["text"]) for r in requests),  # one request a line
         tables=[(None, table)],
-        views=lambda: [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]))
-
-
-LOG_ROWS = 60  # iterations shown in the table; past that only those where a sequence joined, finished or was preempted
-
-
-def iterations_table(report: BatchReport, model_name: str) -> Table:
-    s = report.settings
-    table = Table(title=f"{model_name} · paged pool of {report.num_blocks} blocks x {s.block_size} tokens · "
-                        f"max batch {s.max_batch} · {s.max_tokens_per_iteration} tokens/iteration",
-                  header_style="bold")
-    for col in ("iter", "running", "rows", "tokens (prefill+decode)", "joined", "finished", "waiting",
-                "blocks used/free", "prefix hits", "preempted"):  # rows < running: the token budget ran out
-        table.add_column(col, justify="right" if col not in ("joined", "finished", "preempted") else "left")
-    shown = report.iterations
-    if len(shown) > LOG_ROWS:
-        shown = [i for i in shown if i.joined or i.finished or i.preempted]
-        table.caption = f"{len(report.iterations)} iterations; only those where sequences joined, finished or " \
-                        "were preempted are listed (--format json has every one)"
-    for i in shown:
-        table.add_row(str(i.index), str(i.running), str(i.rows), f"{i.tokens} ({i.prefill_tokens}+{i.decode_tokens})",
-                      " ".join(i.joined), " ".join(i.finished), str(i.waiting), f"{i.blocks_used}/{i.blocks_free}",
-                      str(i.prefix_hit_tokens), " ".join(i.preempted))
-    return table
-
-
-def requests_table(requests: list[dict]) -> Table:
-    table = Table(title="requests: prompt/new tokens, prefix-hit tokens, iterations joined/ended, mean logprob "
-                        "(processed: what the selector drew from; raw: the model's)", header_style="bold")
-    for col in ("id", "prompt", "new", "stop", "hit", "preempt", "join", "end", "logprob", "raw", "text"):
-        table.add_column(col, justify="left" if col in ("id", "stop", "text") else "right")
-    for r in requests:
-        n = len(r["steps"])
-        mean = sum(s["logprob"] for s in r["steps"]) / n if n else float("nan")
-        raw = sum(s["raw_logprob"] for s in r["steps"]) / n if n else float("nan")
-        table.add_row(r["id"], str(len(r["prompt_token_ids"])), str(len(r["token_ids"])), r["stop_reason"],
-                      str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
-                      f"{mean:.3f}", f"{raw:.3f}", render.cut(render.one_line(r["text"]), 60))
-    return table
+        views=lambda: [batch_view.iterations_table(report, lm.name), batch_view.requests_table(requests),
+                       render.summary_line(summary)]))
 
 
 # --- against a served engine's own batching (--engine URL) --------------------------------------------------------
