@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from ...core.errors import EMPTY_CHAIN, ChainError, ConfigError
 from ...core.settings import as_dict
@@ -69,7 +61,7 @@ def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, p
     lm = load(opts)
     drafts = lambda spec: load_draft(spec, lm, opts.dtype, opts.trust_remote_code)  # noqa: E731
     run = Comparison(lm, variants, prompt_list, seed_list, base, load_draft=drafts)
-    with progress(run.total, opts.fmt) as advance:
+    with compare_view.progress(run.total, opts.fmt) as advance:
         run.on_row = lambda row: (advance(row), stream_row(row, opts.fmt))
         try:
             run.run()
@@ -104,30 +96,6 @@ def collect_prompts(args: list[str] | None, path: Path | None, from_job) -> list
     return [Prompt(str(i), t) for i, t in enumerate(texts, 1)]
 
 
-class progress:
-    """A progress bar on stderr (a terminal only, so piped output and tests stay clean)."""
-
-    def __init__(self, total: int, fmt):
-        self.bar = None
-        if sys.stderr.isatty() and fmt != o.Format.jsonl:
-            self.bar = Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.description}"), console=render.error_console(), transient=True)
-        self.total = total
-
-    def __enter__(self):
-        if self.bar is None:
-            return lambda row: None
-        self.bar.start()
-        task = self.bar.add_task("", total=self.total)
-        return lambda row: self.bar.update(task, advance=1, description=f"{row.variant} · prompt {row.prompt} · "
-                                                                        f"seed {row.seed}")
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
-
-
 def stream_row(row, fmt) -> None:
     if fmt == o.Format.jsonl:
         render.print_jsonl({"type": "row", **render.clean(row)})
@@ -159,7 +127,7 @@ def on_engine(opts, variants, prompts, seeds, base: dict) -> None:
     run = EngineComparison(lm, None, variants, prompts, seeds, base)  # every setting checked before contact
     run.conn = connect(opts, lm, {"generate": "compare --engine", "replay": "compare --engine (teacher-forced KL)"})
     conn = run.conn
-    with progress(run.total * 2, opts.fmt) as advance:
+    with compare_view.progress(run.total * 2, opts.fmt) as advance:
         run.on_row = lambda row: (advance(row), stream_row(row, opts.fmt))
         try:
             run.run()

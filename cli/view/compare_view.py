@@ -3,6 +3,9 @@ and the flat rows for markdown and csv."""
 
 from __future__ import annotations
 
+import sys
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -74,3 +77,27 @@ def tables(lm, run: Comparison) -> list:
                       else f"step {p.first_divergence}", p.deciding_stage or "-", p.why or "")
         out.append(t)
     return out
+
+
+class progress:
+    """A progress bar on stderr (a terminal only, so piped output and tests stay clean)."""
+
+    def __init__(self, total: int, fmt):
+        self.bar = None
+        if sys.stderr.isatty() and fmt != "jsonl":
+            self.bar = Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.description}"), console=render.error_console(), transient=True)
+        self.total = total
+
+    def __enter__(self):
+        if self.bar is None:
+            return lambda row: None
+        self.bar.start()
+        task = self.bar.add_task("", total=self.total)
+        return lambda row: self.bar.update(task, advance=1, description=f"{row.variant} · prompt {row.prompt} · "
+                                                                        f"seed {row.seed}")
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
