@@ -9,6 +9,7 @@ import json
 import pytest
 
 from decodelab.core.engine.run import Origin, Run, drain
+from decodelab.core.errors import ConfigError
 from decodelab.core.methods import registry
 from decodelab.core.methods.batch.run import Entry
 from decodelab.cli.view.render import clean
@@ -36,6 +37,20 @@ def build(lm, name: str):
     if name == "batch":
         return method.build(lm, settings, [Entry("a", PROMPT, settings), Entry("b", "The cat", settings)])
     return method.build(lm, settings, PROMPT, lm.encode(PROMPT))
+
+
+def test_each_method_is_registered_with_its_settings_and_whether_it_continues():
+    from decodelab.core.methods import registry
+    assert list(registry.METHODS) == ["sample", "probs", "score", "beam", "speculate", "stream", "batch"]
+    assert list(registry.CONTINUING) == ["sample", "beam", "speculate"]
+    assert registry.METHODS["probs"].validate is registry.METHODS["sample"].validate
+    s = registry.settings_for("sample", options={"temperature": 0.5}, sets=["top_k=7"])
+    assert type(s) is registry.METHODS["sample"].settings and s.temperature == 0.5 and s.top_k == 7
+    with pytest.raises(ConfigError):
+        registry.settings_for("beam", options={"beams": 0})
+    # the preset, then explicit options over it
+    assert registry.settings_for("sample", preset="greedy").temperature == 0.0
+    assert registry.settings_for("sample", preset="greedy", options={"temperature": 0.3}).temperature == 0.3
 
 
 @pytest.mark.parametrize("name", list(registry.METHODS))
