@@ -146,3 +146,14 @@ def test_the_json_a_command_prints_is_its_runs_document_built_in_core(cli, lm, a
         if isinstance(document.get("summary"), dict):
             document["summary"] = without_timing(document["summary"])
     assert list(printed) == list(made) and printed == made
+
+
+def test_the_readmes_python_example_runs_as_written(lm, capsys):
+    """README.md's Python block (the registry from a script) runs and prints the run's text and chain."""
+    import re
+
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    example = next(b for b in blocks if "METHODS" in b)
+    exec(compile(example, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "['temperature']" in printed and len(printed.splitlines()) >= 1
