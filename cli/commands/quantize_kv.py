@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from ...core.engine.run import Origin
 from ...core.errors import ConfigError
 from ...core.settings import as_dict, resolve
 from .. import options as o
@@ -107,6 +106,7 @@ def _read(text: str | None, text_file: Path | None) -> str:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], report) -> None:
+    from ...core.engine.run import Origin
     doc = report.document(Origin.of("quantize-kv", lm, as_dict(settings), [], body, ids))
     closing = output.summary_record("quantize-kv", lm.name, doc["summary"], {
         k: doc[k] for k in ("memory", "projections", "reconstruction", "outliers", "activations", "grid")})

@@ -20,7 +20,6 @@ from rich.table import Table
 from rich.text import Text
 from tabulate import tabulate
 
-from ...core.engine.run import head
 from ...core.errors import ConfigError
 
 BAR_WIDTH = 10
@@ -104,6 +103,8 @@ def document(command: str, lm, config: dict, chain_names: list[str], prompt_text
              **rest) -> dict:
     """The top level every command's JSON shares (CLI.md), built in core (:class:`~decodelab.core.engine.run.Origin`);
     commands add steps, text, token_ids, summary, ..."""
+    from ...core.engine.run import head  # torch loads when a command runs, not for --help
+
     return head(command, lm, config, chain_names, prompt_text, prompt_ids, **rest)
 
 
