@@ -23,7 +23,7 @@ from ..engine.stopping import StopChecker, StopRules, stop_rules, trim_stop
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..inputs import check_text
 from ..kv import CacheSpec, require
-from ..kv.kept import kept_map
+from ..kv.kept import document_part, kept_after
 from ..sampling.chain import Chain, make_chain, validate_chain
 from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
@@ -285,10 +285,8 @@ class Sampler(Run):
 
     def kv_kept(self):
         """The kept map of the run's cache (None: no run yet, or a policy that keeps by place)."""
-        if self.runtime is None:
-            return None
         prompt = len(self.origin.prompt_ids) if self.origin is not None else len(self.prompt_ids)  # resumed: the first
-        return kept_map(self.runtime.policy, min(prompt, self.runtime.policy.seen))
+        return kept_after(self.runtime, prompt)
 
     def document(self) -> dict:
         """``sample``'s JSON document: the head with the selector (and the semantics, the kept sets when asked),
@@ -301,7 +299,7 @@ class Sampler(Run):
             extra["kept_sets"] = self.kept_sets
         ids, text = self.delivered()
         return self.origin.head(**extra, steps=self.steps, text=text, token_ids=ids, summary=self.summary(),
-                                **({} if kept is None else {"kv_kept": kept}))
+                                **document_part(kept))
 
 
 # --- sample and probs ----------------------------------------------------------------------------------------------
@@ -321,9 +319,12 @@ def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[in
 
 
 def sample_run(lm: LoadedModel, settings: SampleSettings, prompt_text: str, prompt_ids: list[int],
-               context_ids: list[int] | None = None, **parts) -> Sampler:
+               context_ids: list[int] | None = None, summary_only: bool = False, **parts) -> Sampler:
     """``sample``'s run with its document head (the registry's build): ``context_ids`` (a resumed run: the prompt
-    and the saved tokens) is what the model continues; ``parts``: :func:`build_sampler`'s."""
+    and the saved tokens) is what the model continues; ``summary_only``: its steps are read at the end (traced in
+    blocks); ``parts``: :func:`build_sampler`'s."""
+    if summary_only:
+        parts.setdefault("block", REPORT_BLOCK)
     run = build_sampler(lm, settings, context_ids if context_ids is not None else prompt_ids, **parts)
     run.origin = Origin.of("sample", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
     return run
