@@ -82,7 +82,8 @@ def main() -> int:
     from engine_batch_vllm import server_pid, tree_cpu_s
     from vllm_server import SERVED_NAME, vllm_python, vllm_server
 
-    from decodelab.core.engine.served import SamplingSettings, ServedEngine
+    from decodelab.core.engine.http.client import ServedEngine
+    from decodelab.core.engine.http.wire import SamplingSettings
     if vllm_python() is None:
         print("no vLLM venv: run .ci/vllm-venv.sh or set DECODELAB_VLLM_PYTHON", file=sys.stderr)
         return 2

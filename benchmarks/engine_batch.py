@@ -32,7 +32,8 @@ from engine_batch_vllm import BUSY_SHARE, machine_busy_s, prompts, server_pid, t
 from vllm_server import SERVED_NAME, TINY, vllm_python, vllm_server  # noqa: E402
 
 from decodelab.cli.main import main as decodelab  # noqa: E402
-from decodelab.core.engine.served import SamplingSettings, ServedEngine  # noqa: E402
+from decodelab.core.engine.http.client import ServedEngine  # noqa: E402
+from decodelab.core.engine.http.wire import SamplingSettings  # noqa: E402
 
 
 def prompts_file(folder: Path, n: int, prefix: int) -> Path:

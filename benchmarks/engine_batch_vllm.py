@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine")
 
 from vllm_server import ROOT, SERVED_NAME, TINY, vllm_python, vllm_server  # noqa: E402
 
-from decodelab.core.engine.served import SamplingSettings, ServedEngine  # noqa: E402
+from decodelab.core.engine.http.client import ServedEngine  # noqa: E402
+from decodelab.core.engine.http.wire import SamplingSettings  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 BUSY_SHARE = 0.10  # other processes using more than 10% of all cores during a round: the machine was busy

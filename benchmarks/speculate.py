@@ -43,6 +43,8 @@ from decodelab.core.engine.stopping import StopRules
 from decodelab.core.engine.models import bundled_dir, load_model
 from decodelab.core.sampling.chain import build_chain
 from decodelab.core.sampling.select import make_generator, make_selector
+from decodelab.core.sampling.semantics import plan
+from decodelab.core.sampling.settings import ChainSettings
 from decodelab.core.methods.speculative.proposers import ModelProposer, NGramProposer, make_selector_for
 from decodelab.core.methods.speculative.run import Speculator
 from decodelab.core.methods.speculative.rule import expected_tokens, predicted_speedup
@@ -69,12 +71,13 @@ def held_out_prompts(count: int, chars: int = 200) -> list[str]:
 def one_pair(target, proposer_factory, prompts, chain, temperature, n, gamma, ctx, plain_first=True):
     """Per prompt one plain run and one speculative run (in that order, or the other); returns their summed times
     and counts."""
-    greedy = temperature == 0
+    selector = plan(ChainSettings(temperature=temperature)).selector  # the plan says greedy or not
+    greedy = selector == "greedy"
     total = dict.fromkeys(("plain", "plain_tokens", "spec", "draft", "verify", "accepted", "judged", "drafted",
                            "rounds", "tokens"), 0.0)
     device = next(target.parameters()).device
     for prompt_ids in prompts:
-        plain = lambda: time_plain_decoding(target, prompt_ids, chain, make_selector(temperature, 0, device), n,  # noqa: E731
+        plain = lambda: time_plain_decoding(target, prompt_ids, chain, make_selector(selector, 0, device), n,  # noqa: E731
                                             ctx)
         base = plain() if plain_first else None
         gen = None if greedy else make_generator(0, device)

@@ -23,6 +23,8 @@ from .commands.batch import batch
 from .commands.beam import beam
 from .commands.bench import bench
 from .commands.check_logprobs import check_logprobs
+from .commands.check_sampler import check_sampler
+from .commands.audit_numerics import audit_numerics
 from .commands.compare import compare
 from .commands.models import models
 from .commands.probs import probs
@@ -80,6 +82,8 @@ app.command()(stream)
 app.command()(batch)
 app.command("quantize-kv")(quantize_kv)
 app.command("check-logprobs")(check_logprobs)
+app.command("check-sampler")(check_sampler)
+app.command("audit-numerics")(audit_numerics)
 app.command()(view)
 app.add_typer(warm)
 

@@ -164,8 +164,14 @@ ENGINE = ("engine", "engine_model", "engine_timeout")
 Opts = SimpleNamespace  # the shared options' values, by name
 
 
+# command name -> the parameters it takes (the groups' and its own), recorded by `command` as each command module
+# is imported: what a view needs to know of a command (the branch command of a trace page) without importing it
+PARAMETERS: dict[str, tuple[str, ...]] = {}
+
+
 def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
-    """Add the groups' options (less ``without``) to a command whose first parameter is ``opts``."""
+    """Add the groups' options (less ``without``) to a command whose first parameter is ``opts``; record its
+    parameters in ``PARAMETERS``."""
     names = [n for g in groups for n in g if n not in without]
 
     def wrap(fn):
@@ -189,6 +195,7 @@ def command(*groups: tuple[str, ...], without: tuple[str, ...] = ()):
         for p in params:
             read_numbers_once(p)
         wrapper.__signature__ = inspect.Signature(params)
+        PARAMETERS[fn.__name__] = tuple(p.name for p in params)
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         return wrapper
 
@@ -258,7 +265,7 @@ def check_ranges_early(opts: Opts) -> None:
 
 def check_engine(opts: Opts) -> None:
     """--engine URL is an http(s) URL; --engine-model and --engine-timeout only with it (no server contacted yet)."""
-    from ..core.engine.served import base_url
+    from ..core.engine.http.transport import base_url
     from ..core.errors import ConfigError
 
     if getattr(opts, "engine", None) is None:

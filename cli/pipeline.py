@@ -1,4 +1,4 @@
-"""From parsed options to a prompt and a loaded model (everything else is built in core: decodelab.core.build)."""
+"""From parsed options to a prompt and a loaded model (everything else is built in core: decodelab.core.methods)."""
 
 from __future__ import annotations
 

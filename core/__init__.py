@@ -51,7 +51,7 @@ __all__ = sorted(_API)
 
 
 def __getattr__(name: str):
-    """``decodelab.core.NAME`` loads NAME's module on first use (PEP 562)."""
+    """``decodelab.core.<name>`` loads the name's module on first use (PEP 562)."""
     if name not in _API:
         raise AttributeError(f"module 'decodelab.core' has no attribute {name!r}")
     value = getattr(import_module(f".{_API[name]}", __name__), name)

@@ -33,6 +33,9 @@ def _check(ok: bool, key: str, value, allowed: str) -> None:
 # --- parsing values from TOML and from --set strings ---------------------------------------------------------
 
 
+PAIRS = tuple[tuple[str, float], ...]  # the type of a pair-valued setting (TEXT=BIAS, repeatable): the registry's
+
+
 def parse_logit_bias(items, option: str = "--logit-bias") -> tuple[tuple[str, float], ...]:
     """TOKEN=BIAS strings (or a TOML table) -> ((token, bias), ...); TOKEN is an id or a single-token text."""
     if isinstance(items, dict):
@@ -82,7 +85,7 @@ def coerce(cls, key: str, raw):
         if type(None) in typing.get_args(hint):
             return None
         raise ConfigError(f"{option_name(key)}: cannot be switched off")
-    if key in ("logit_bias", "sequence_bias"):
+    if hint == PAIRS:
         return parse_logit_bias(raw if not isinstance(raw, str) else [p for p in raw.split(",") if p],
                                 option_name(key))
     if key == "stop_id":
@@ -165,7 +168,8 @@ def resolve(cls, preset: str | None = None, options: dict | None = None, sets: l
 def as_dict(settings) -> dict:
     """The resolved settings for the JSON 'config' field (None = stage off)."""
     out = dataclasses.asdict(settings)
-    out["logit_bias"] = {token: bias for token, bias in settings.logit_bias}
-    if "sequence_bias" in out:
-        out["sequence_bias"] = {text: bias for text, bias in settings.sequence_bias}
+    hints = typing.get_type_hints(type(settings))
+    for f in fields(settings):
+        if hints[f.name] == PAIRS:  # TEXT=BIAS settings as a table
+            out[f.name] = {text: bias for text, bias in getattr(settings, f.name)}
     return out

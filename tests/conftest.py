@@ -156,3 +156,40 @@ def hf_cache(tmp_path, monkeypatch, toy_model_dir):
     monkeypatch.setenv("HF_HUB_CACHE", str(root))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(root))
     return root
+
+
+# --- the public paths that tests once reached through test-only functions of core ---------------------------------
+
+
+def build(settings, vocab: int, seed: int, device, eos_ids=(), stop_ids=(), encode=None, token_id=None,
+          token_text=None):
+    """The plan, chain and selector of ``settings`` as a run builds them (``build_sampler``): the selector from the
+    semantics plan, the chain from ``chain_for`` sharing the selector's generator (one seed for the draws and XTC's
+    coin); token-naming settings resolved with the tokenizer's functions if given."""
+    from decodelab.core.sampling.chain import chain_for
+    from decodelab.core.sampling.select import make_generator
+    from decodelab.core.sampling.semantics import plan
+    from decodelab.core.sampling.tokens import Tokens
+
+    selector = plan(settings).make_selector(seed, device)
+    generator = getattr(selector, "generator", None) or make_generator(seed, device)
+    p, chain = chain_for(settings, Tokens(vocab, encode, token_id, token_text), generator, eos_ids, stop_ids)
+    return p, chain, selector
+
+
+def stage_table(stages):
+    """Per stage (row 0 of each [1, V] logits): its StageStat (candidates kept, entropy after it, mass removed) with
+    its probabilities, from ``trace.stats.stage_numbers`` as ``probs`` reads them."""
+    from decodelab.core.trace.records import StageStat
+    from decodelab.core.trace.stats import stage_numbers
+
+    probs, _, stats = stage_numbers(torch.stack([z[0] for _, z in stages]))
+    return [(StageStat(name, int(k), h, m), probs[i])
+            for i, ((name, _), (k, h, m)) in enumerate(zip(stages, stats.tolist()))]
+
+
+def stage_stats(stages):
+    """[S, 3] per stage of row 0: candidates kept, entropy after it, mass removed (``stage_numbers``' statistics)."""
+    from decodelab.core.trace.stats import stage_numbers
+
+    return stage_numbers(torch.stack([z[0] for _, z in stages]))[2]

@@ -15,7 +15,7 @@ from ..view import batch_view, output, render
 from ..view.live import LiveSteps
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
-    from ...core.methods.batch.run import BatchSettings
+    from ...core.methods.batch.run import BatchReport, BatchSettings
 
 BATCH = "Batching"
 
@@ -78,7 +78,8 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     if conn is not None:
         phase(lambda: engine_baseline(conn, lm, entries, report, opts.chat))
-    emit(opts, lm, settings, run, rows, conn)
+    noise = phase(lambda: baseline_noise(lm, entries, run.report())) or []
+    emit(opts, lm, settings, run, rows, conn, noise)
     for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
         if r.stop_reason == EMPTY_CHAIN:
             note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
@@ -86,9 +87,25 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
             break
 
 
-def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None) -> None:
+def baseline_noise(lm, entries, report: BatchReport) -> list[dict]:
+    """Greedy requests whose baseline tokens part from the iteration-level run's (they should agree): the noise
+    verdict at the first step they part, for the first few (core/analysis/noise.py)."""
+    from ...core.analysis.noise import VERDICT_LIMIT, divergence_verdicts
+    from ...core.sampling.chain import make_chain
+
+    out: list[dict] = []
+    for b in report.baselines:
+        for e, r, ids in zip(entries, report.results, b.outputs):
+            if e.settings.temperature == 0 and list(ids) != r.new_ids and len(out) < VERDICT_LIMIT:
+                out += [{"request": r.id, **v} for v in divergence_verdicts(
+                    lm, r.prompt_ids, r.new_ids, [(b.name, list(ids))], make_chain(lm, e.settings))]
+    return out
+
+
+def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None,
+         noise: list[dict] | None = None) -> None:
     """The run's document (built in core) in its format."""
-    run.engine_part = engine_fields(run.report(), conn)
+    run.extra_part = {**engine_fields(run.report(), conn), **({"noise": noise} if noise else {})}
     document = run.document()
     requests, summary, report = document["requests"], document["summary"], run.report()
     if rows == Rows.iterations:
@@ -106,7 +123,7 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None) 
         text="\n".join(render.one_line(r["text"]) for r in requests),  # one request a line
         tables=[(None, table)],
         views=lambda: [batch_view.iterations_table(report, lm.name), batch_view.requests_table(requests),
-                       render.summary_line(summary)]))
+                       render.summary_line(summary)] + [batch_view.noise_line(v) for v in noise or []]))
 
 
 # --- against a served engine's own batching (--engine URL) --------------------------------------------------------
@@ -132,7 +149,7 @@ def engine_baseline(conn, lm, entries, report, chat: bool) -> None:
     base = run_on_engine(conn, entries, [lm.encode(e.prompt, chat=chat) for e in entries], report.results)
     report.baselines.append(base)
     if base.reason:
-        from ...core.engine.served import EngineError
+        from ...core.engine.http.transport import EngineError
 
         note_error(EngineError(base.reason))
 

@@ -10,6 +10,7 @@ import typer
 from rich.text import Text
 
 from ...core.errors import ConfigError
+from ...core.sampling.registry import params
 from ...core.settings import resolve
 from .. import options as o
 from ..view import render
@@ -27,9 +28,22 @@ Tolerance = Annotated[float, typer.Option("--tolerance", help="Largest |engine -
                                           rich_help_panel=CHECK)]
 
 
+Full = Annotated[bool, typer.Option("--full", help="With --engine: the whole next-token distribution (the engine's "
+                                    "top --full-top per position, labelled truncated) against the local one: KL, TV, "
+                                    "top-K overlap, log-sum-exp drift, argmax flips, position by position.",
+                                    rich_help_panel=CHECK)]
+FullTop = Annotated[int, typer.Option("--full-top", help="With --full: alternatives the engine lists per position (the "
+                                      "vocabulary size with a vLLM run with --max-logprobs -1: exact figures).",
+                                      rich_help_panel=CHECK)]
+SpecEngine = Annotated[Optional[str], typer.Option("--spec-engine", help="With --full: a second server of the same "
+                                                   "model with speculative decoding on; its greedy logprobs must "
+                                                   "equal --engine's.", rich_help_panel=CHECK, show_default=False)]
+
+
 @o.command(o.MODEL, o.GENERATE, o.OUTPUT, o.CHAIN, o.SAMPLERS, o.ENGINE,
            without=("cache", "semantics", "export", "stop"))
-def check_logprobs(opts: o.Opts, file: FileArg = None, prompt: PromptOpt = None, tolerance: Tolerance = 1e-3) -> None:
+def check_logprobs(opts: o.Opts, file: FileArg = None, prompt: PromptOpt = None, tolerance: Tolerance = 1e-3,
+                   full: Full = False, full_top: FullTop = 20, spec_engine: SpecEngine = None) -> None:
     """Recompute an engine's returned logprobs locally on the same model (-m) and say what each is: raw (the
     model at temperature 1), penalized, temperature-scaled, or renormalized over the kept set. Reports max and
     mean |delta logprob|, the mean importance ratio and the share outside [0.9, 1.1], and flags known engine
@@ -45,6 +59,10 @@ def check_logprobs(opts: o.Opts, file: FileArg = None, prompt: PromptOpt = None,
         raise ConfigError("--prompt: only with --engine (FILE holds the prompts)")
     if not tolerance > 0:
         raise ConfigError(f"--tolerance {tolerance}: must be > 0")
+    if full or spec_engine is not None:
+        from .check_logprobs_full import check_full
+
+        return check_full(opts, file, prompt, tolerance, full_top, spec_engine)
     explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "top")
     given = {k for k, v in explicit.items() if v is not None and k in SETTINGS_KEYS}
     settings = resolve(SampleSettings, None, explicit, None)
@@ -68,8 +86,8 @@ def check_logprobs(opts: o.Opts, file: FileArg = None, prompt: PromptOpt = None,
     emit(opts, lm, source, report)
 
 
-SETTINGS_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "logit_bias", "min_new_tokens", "allow", "ban")
+# the settings a vLLM request carries: every field with a vLLM name, the structured outputs (sent whole) aside
+SETTINGS_KEYS = tuple(p.field for p in params() if "vllm" in p.export and "." not in p.export["vllm"])
 
 
 def generation_defaults(lm) -> dict:

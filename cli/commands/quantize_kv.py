@@ -49,6 +49,10 @@ Policies = Annotated[Optional[str], typer.Option("--policies", help="Also rank t
                                                  show_default=False)]
 Probe = Annotated[bool, typer.Option("--probe", help="--policies: add the retrieval probe (a pass key planted in the "
                                      "text) to the ranking.", rich_help_panel=Q)]
+Reuse = Annotated[Optional[int], typer.Option("--reuse", help="--policies: compress a context of K planted facts "
+                                             "once (with the first question), then ask all K questions of that "
+                                             "compressed cache: query-aware and query-free presses side by side.",
+                                             rich_help_panel=Q, show_default=False)]
 Context = Annotated[Optional[int], typer.Option("--context", help="Project the cache's bytes at this many tokens.",
                                                 rich_help_panel=Q)]
 Batch = Annotated[Optional[int], typer.Option("--batch", help="... in this many rows (default 1).", rich_help_panel=Q,
@@ -60,7 +64,7 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
                 feed: Feed = None, bits: Bits = None, axis: Axis = None, group_size: GroupSize = None,
                 residual: Residual = None, symmetric: Symmetric = None, grid: Grid = False,
                 activations: Activations = None, context: Context = None, batch: Batch = None,
-                prefill: Prefill = None, policies: Policies = None, probe: Probe = False) -> None:
+                prefill: Prefill = None, policies: Policies = None, probe: Probe = False, reuse: Reuse = None) -> None:
     """A quantized KV cache (--cache quant:..., int8, int4-kivi, int2-kivi; default int4-kivi) against the full one:
     memory (real bytes, the per-token formula, projections), fidelity on a text (KL, top-1 agreement, perplexity),
     reconstruction error per layer and head, and the outlier channels that set the scales."""
@@ -75,7 +79,7 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     explicit = {"cache": opts.cache, "top": opts.top, "limit": limit, "feed": feed, "bits": bits, "axis": axis,
                 "group_size": group_size, "residual": residual, "symmetric": symmetric, "grid": grid or None,
                 "activations": activations, "context": context, "batch": batch, "prefill": prefill,
-                "policies": policies, "probe": probe or None}
+                "policies": policies, "probe": probe or None, "reuse": reuse}
     settings = resolve(QuantizeKVSettings, opts.preset, explicit, opts.set_)
     spec = validate_quantize_kv(settings)
     body = _read(text, text_file)
@@ -90,7 +94,25 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     measure_grid(lm, ids, settings, report, phase, tell)
     if report.stop_reason != "interrupted":
         measure_ranking(lm, ids, settings, report, phase, tell)
+    if settings.reuse is not None and report.stop_reason != "interrupted":
+        measure_reuse(lm, ids, settings, report, tell)
     emit(opts, lm, settings, body, ids, report)
+
+
+def measure_reuse(lm, ids: list[int], settings, report, tell) -> None:
+    """--reuse: each --policies cache compressed once and asked every question (one cache at a time)."""
+    from ...core.analysis.quantize_kv import ranking_cells
+    from ...core.analysis.reuse import build_case, ranked, reuse_row
+    case = build_case(lm.tokenizer, ids, settings.reuse, lm.context_length)
+    rows = []
+    for k, (label, cell) in enumerate(ranking_cells(settings).items()):
+        tell(f"reuse {k + 1}: {label}")
+        measured = phase(lambda: reuse_row(lm.model, case, cell, label))  # noqa: B023 (called at once)
+        if measured is None:
+            report.stop_reason = "interrupted"
+            break
+        rows.append(measured)
+    report.reuse = [r.row() for r in ranked(rows)] if rows else []
 
 
 def _read(text: str | None, text_file: Path | None) -> str:
@@ -118,4 +140,3 @@ def emit(opts, lm, settings, body: str, ids: list[int], report) -> None:
         views=lambda: quantize_kv_view.views(lm, report)))
 
 
-# --- rich views ------------------------------------------------------------------------------------------------------

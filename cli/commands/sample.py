@@ -112,18 +112,42 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     from ...core.engine.stopping import stop_rules
     from ...core.methods.many import many_document, sample_many
     from ...core.sampling.chain import make_chain, refuse_stepwise_stages
+    from ...core.sampling.semantics import plan, trims_stop
     chain = make_chain(lm, settings)
     refuse_stepwise_stages(chain, "sample -N")
-    rows, spread = sample_many(lm.model, prompt_ids, chain, settings.temperature == 0, settings.seed, n,
-                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec)
+    selector = plan(settings).selector
+    rows, spread = sample_many(lm.model, prompt_ids, chain, selector, settings.seed, n,
+                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec,
+                               trim=trims_stop(settings))
     origin = Origin.of("sample", lm, as_dict(settings), chain.names, text, prompt_ids)
-    document = many_document(origin, rows, spread, "greedy" if settings.temperature == 0 else "multinomial")
+    noise = greedy_noise(lm, settings, prompt_ids, rows, chain)
+    document = many_document(origin, rows, spread, selector, noise)
     output.emit_for(opts, output.Output(
         document=document,
         jsonl=[{"type": "sample", **render.clean(r)} for r in rows]
         + [output.summary_record("sample", lm.name, spread)],
         tables=[(None, [render.clean(r) for r in rows])],
-        views=lambda: render.samples_views(rows, spread, sample_view.many_title(lm.name, n, chain.names))))
+        views=lambda: render.samples_views(rows, spread, sample_view.many_title(lm.name, n, chain.names))
+        + [noise_line(v) for v in noise]))
+
+
+def greedy_noise(lm, settings: SampleSettings, prompt_ids: list[int], rows, chain) -> list[dict]:
+    """Greedy samples should all be sample 0: where one parts from it, the noise verdict there
+    (core/analysis/noise.py)."""
+    if settings.temperature != 0 or len({tuple(r.token_ids) for r in rows}) < 2:
+        return []
+    from ...core.analysis.noise import divergence_verdicts
+
+    return divergence_verdicts(lm, prompt_ids, rows[0].token_ids, [(f"sample {r.index}", r.token_ids)
+                                                                   for r in rows[1:]], chain)
+
+
+def noise_line(v: dict):
+    from rich.text import Text
+
+    return Text(f"{v['against']} parts from sample 0 at step {v['step']} ({v['token_a']} vs {v['token_b']}): "
+                f"{v['words']} (margin {abs(v['margin']):.3g} vs {v['dtype']} floor {v['floor']:.3g})",
+                style="yellow" if v["words"].startswith("within") else "red")
 
 
 def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable, printed: bool = False) -> None:
@@ -176,7 +200,7 @@ def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, prompt_
     out_text = conn.local.decode(ids)
     effective = plan(replace(settings, semantics="vllm"))
     head = document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
-                    selector="greedy" if settings.temperature == 0 else "engine")
+                    selector="greedy" if effective.greedy else "engine")
     output.emit_for(opts, output.Output(
         document={**head, "request": run.generated.request if run.generated else None, "notes": run.notes,
                   "steps": run.steps, "text": out_text, "token_ids": ids, "summary": summary},

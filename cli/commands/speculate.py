@@ -14,8 +14,9 @@ from ..view.live import LiveSteps
 SPEC = "Speculative decoding"
 
 DraftOpt = Annotated[Optional[str], typer.Option(
-    "--draft", help="Proposer: a draft model sharing the target's vocabulary (bundled name or folder), or 'ngram' "
-    "(prompt lookup) (default tiny-draft).", rich_help_panel=SPEC, show_default=False)]
+    "--draft", help="Proposer: a draft model sharing the target's vocabulary (bundled name or folder), 'ngram' "
+    "(prompt lookup), 'suffix' (suffix-trie counts over prompt and output), or a comma-separated chain, e.g. "
+    "ngram,tiny-draft: the first that proposes drafts the round (default tiny-draft).", rich_help_panel=SPEC, show_default=False)]
 GammaOpt = Annotated[Optional[int], typer.Option("--gamma", "-g", help="Tokens drafted per round, >= 1 "
                                                  "(default 4).", rich_help_panel=SPEC, show_default=False)]
 NgramSizeOpt = Annotated[Optional[int], typer.Option("--ngram-size", help="Longest n-gram the 'ngram' proposer "
@@ -27,6 +28,21 @@ RoundsOpt = Annotated[Optional[int], typer.Option(
     "--speedup-rounds", help="Timing rounds behind the measured speedup: speculative and plain decoding alternate, "
     "each round gives plain / speculative time per token; reported: median, min, max (1..100, default 3; 1 = one "
     "pair).", rich_help_panel=SPEC, show_default=False)]
+PredictOpt = Annotated[bool, typer.Option(
+    "--predict", help="Also predict acceptance offline: one teacher-forced forward of target and draft over the "
+    "run's output gives alpha_i = sum_x min(p_i, q_i) per position, the acceptance by draft depth and the expected "
+    "tokens and speedup per gamma, shown beside the measured ones.", rich_help_panel=SPEC)]
+PredictOnlyOpt = Annotated[bool, typer.Option(
+    "--predict-only", help="Predict without running speculative decoding: over --predict-text, else over a plain "
+    "target continuation (same settings and seed); the cost ratio from plain decoding of each model.",
+    rich_help_panel=SPEC)]
+PredictTextOpt = Annotated[Optional[str], typer.Option(
+    "--predict-text", help="With --predict-only: the continuation (after the prompt) to teacher-force instead of a "
+    "generated one.", rich_help_panel=SPEC)]
+AuditWidthOpt = Annotated[bool, typer.Option(
+    "--audit-width", help="Also audit the verify width: the target's logits over the run's output computed with "
+    "gamma + 1 rows per forward (as verification does) and one row per forward (plain decoding), per token: drift, "
+    "argmax flips, margins.", rich_help_panel=SPEC)]
 
 
 @o.command(o.PROMPT, o.MODEL, o.SETTINGS, o.GENERATE, ("stop_id",), o.OUTPUT, o.CHAIN, o.SAMPLERS,
@@ -38,6 +54,10 @@ def speculate(
     ngram_size: NgramSizeOpt = None,
     sweep_gamma: SweepOpt = None,
     speedup_rounds: RoundsOpt = None,
+    predict: PredictOpt = False,
+    predict_only: PredictOnlyOpt = False,
+    predict_text: PredictTextOpt = None,
+    audit_width: AuditWidthOpt = False,
 ) -> None:
     """A proposer drafts tokens, the target verifies a block per forward; shows every accept/reject and the speedup."""
     from ...core.engine.models import load_draft
@@ -56,10 +76,18 @@ def speculate(
         return
     text = read_prompt(opts.prompt, opts.prompt_file)
     lm = load(opts)
-    draft_lm = None if settings.draft == "ngram" else load_draft(settings.draft, lm, opts.dtype,
-                                                                 opts.trust_remote_code)
+    from ...core.methods.speculative.chained import model_member
+    model_name = model_member(settings.draft)
+    draft_lm = None if model_name is None else load_draft(model_name, lm, opts.dtype, opts.trust_remote_code)
     processors = make_chain(lm, settings)
     prompt_ids = lm.encode(text, opts.chat)
+    if predict or predict_only or predict_text is not None:
+        from ...core.methods.speculative.planning import require_model_draft
+        require_model_draft(draft_lm, settings.draft)
+    if predict_only or predict_text is not None:
+        from .speculate_predict import predict_only_run
+        predict_only_run(opts, lm, draft_lm, settings, processors, text, prompt_ids, predict_text)
+        return
     phase(lambda: warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors))
     # with --sweep-gamma the sweep runs first, so the run shown (traced) is the gamma the sweep names best
     sweep = sweep_gammas(lm, draft_lm, settings, prompt_ids, processors, phase, interrupted, progress)
@@ -79,7 +107,19 @@ def speculate(
         timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, settings.gamma, first=spec)
         phase(timing.run)
         spec.timed = timing.rounds
-    emit(opts, lm, spec, sweep)
+    summary = spec.summary()
+    prediction = None
+    if predict:
+        from ...core.methods.speculative.planning import prediction_for
+        prediction = phase(lambda: prediction_for(lm, draft_lm, settings, prompt_ids, processors, spec.new_ids,
+                                                  "run", summary.cost_ratio, spec.rounds))
+    audit = None
+    if audit_width:
+        from ...core.methods.speculative.width import audit_width as run_audit
+        audit = phase(lambda: run_audit(lm.model, prompt_ids, spec.new_ids, settings.gamma + 1, settings.cache_spec))
+    spec.analyses = {**({"prediction": prediction.to_dict()} if prediction is not None else {}),
+                     **({"width_audit": audit.to_dict()} if audit is not None else {})}
+    emit(opts, lm, spec, sweep, prediction, audit)
 
 
 def progress(message: str) -> None:
@@ -89,7 +129,7 @@ def progress(message: str) -> None:
         err.print(message, style="dim")
 
 
-def emit(opts: o.Opts, lm, spec, sweep) -> None:
+def emit(opts: o.Opts, lm, spec, sweep, prediction=None, audit=None) -> None:
     """The run's document (built in core) in its format."""
     document = spec.document()
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
@@ -100,5 +140,18 @@ def emit(opts: o.Opts, lm, spec, sweep) -> None:
                                  {"best_gamma": sweep.best} if sweep.rows else {})],
         tables=[(None, speculate_view.sweep_rows(sweep.rows) if sweep.rows
                  else speculate_view.round_rows(spec.rounds))],
-        views=lambda: speculate_view.views(lm.name, spec, document["prompt"]["text"], spec.summary(), sweep)),
+        views=lambda: speculate_view.views(lm.name, spec, document["prompt"]["text"], spec.summary(), sweep)
+        + analysis_views(spec.summary(), sweep, prediction, audit)),
         opts.fmt.value, opts.save_html, opts.save_svg)  # (no prompt.chat mark here, as before: see emit_for)
+
+
+def analysis_views(summary, sweep, prediction, audit) -> list:
+    """--predict's and --audit-width's views, after the run's."""
+    out = []
+    if prediction is not None:
+        from .speculate_predict import prediction_views
+        out += prediction_views(prediction, [summary, *sweep.rows])
+    if audit is not None:
+        from ..view.speculation import width_line
+        out.append(width_line(audit))
+    return out

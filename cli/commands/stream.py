@@ -140,7 +140,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     prompt_ids = lm.encode(text, opts.chat)
     # -f jsonl and -f text write each step (or its text) as it comes: no step is kept, unless a page is saved
     keep = opts.fmt not in (o.Format.jsonl, o.Format.text) or bool(opts.save_html or opts.save_svg)
-    run = stream_run(lm, settings, text, prompt_ids, chain, keep_steps=keep)
+    run = stream_run(lm, settings, text, prompt_ids, keep_steps=keep)  # its chain shares the selector's generator
     if opts.fmt == o.Format.table:
         with LiveSteps(render.console(), None, settings.max_new_tokens) as live:
             drive(run, opts.fmt, on_step=live.add)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.table import Table
+from rich.text import Text
 
 from . import render
 
@@ -48,3 +49,10 @@ def requests_table(requests: list[dict]) -> Table:
                       str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
                       f"{mean:.3f}", f"{raw:.3f}", render.cut(render.one_line(r["text"]), 60))
     return table
+
+
+def noise_line(v: dict) -> Text:
+    """A greedy request whose baseline parts from the run: the noise verdict there."""
+    return Text(f"request {v['request']}: {v['against']} parts at step {v['step']} ({v['token_a']} vs {v['token_b']}): "
+                f"{v['words']} (margin {abs(v['margin']):.3g} vs {v['dtype']} floor {v['floor']:.3g})",
+                style="yellow" if v["words"].startswith("within") else "red")

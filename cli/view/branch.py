@@ -8,19 +8,20 @@ trace's own."""
 
 from __future__ import annotations
 
-import inspect
-
 from ...core.sampling.registry import params
 from ...core.settings import option_name
+from ..options import PARAMETERS
 
 FLAGS = ("ignore_eos", "trim_stop", "compile")  # on/off options that take no value (any other true/false value too)
 
 
 def sample_options() -> set[str]:
-    """The settings `sample` takes as options: the parameters of the command itself (``compile_`` is --compile)."""
-    from ..commands.sample import sample
-
-    return {name.rstrip("_") for name in inspect.signature(sample).parameters}
+    """The settings `sample` takes as options: the parameters the command declared (``compile_`` is --compile), as
+    cli/options.py's ``command`` recorded them when the command module was imported (the CLI imports every
+    command before it runs one)."""
+    if "sample" not in PARAMETERS:
+        raise RuntimeError("the sample command is not registered: import decodelab.cli.main first")
+    return {name.rstrip("_") for name in PARAMETERS["sample"]}
 
 
 def _number(value) -> str:

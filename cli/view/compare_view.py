@@ -74,7 +74,7 @@ def tables(lm, run: Comparison) -> list:
             t.add_column(name, no_wrap=name != "why")
         for p in run.pairs:
             t.add_row(p.a, p.b, p.prompt, str(p.seed), "identical" if p.first_divergence is None
-                      else f"step {p.first_divergence}", p.deciding_stage or "-", p.why or "")
+                      else f"step {p.first_divergence}", p.deciding_stage or "-", (p.why or "") + noise_words(p.noise))
         out.append(t)
     return out
 
@@ -101,3 +101,11 @@ class progress:
         if self.bar is not None:
             self.bar.stop()
         return False
+
+
+def noise_words(noise: dict | None) -> str:
+    """The noise verdict after a pair's why: its words, the margin of the two tokens and the dtype's floor."""
+    if not noise:
+        return ""
+    return (f"; {noise['words']} (margin {abs(noise['margin']):.3g} vs {noise['dtype']} floor "
+            f"{noise['floor']:.3g})")

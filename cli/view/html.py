@@ -26,6 +26,7 @@ VIEWS = {
     "sample": "tokens", "score": "tokens", "stream": "stream", "beam": "beam", "speculate": "speculate",
     "compare": "compare", "batch": "batch", "probs": "probs",
     "quantize-kv": "generic", "bench": "generic", "models": "generic", "check-logprobs": "generic",
+    "check-sampler": "generic", "audit-numerics": "generic",
 }
 BRANCHING = ("sample", "score", "stream")  # views with a `sample --force` command (stream: when generating)
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"

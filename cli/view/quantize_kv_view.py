@@ -29,6 +29,9 @@ def layer_rows(report) -> list[dict]:
     out = {(o_["layer"], o_["kind"]): o_ for o_ in report.outliers}
     rows = []
     for r in report.reconstruction:
+        if not out:  # a code without scales (turbo): no outlier view of them
+            rows.append(dict(r))
+            continue
         k, v = out[(r["layer"], "keys")], out[(r["layer"], "values")]
         rows.append({**r, "key_scale_setter": k["scale_setter"]["channel"],
                      "key_max_over_median": k["max_over_median"]["max"],
@@ -61,6 +64,9 @@ def sections(report) -> list[tuple[str, list[dict]]]:
         out.append(("grid: bits x layout", [g.row() for g in report.grid]))
     if report.ranking:
         out.append(("every policy against the full cache", [render.clean(r) for r in report.ranking]))
+    if report.reuse:
+        out.append(("one compressed context, several questions",
+                    [{k: v for k, v in r.items() if k != "answers"} for r in report.reuse]))
     return out
 
 
@@ -119,6 +125,9 @@ def ranking_views(report) -> list:
                          f"fed {report.feed} a forward", report.probe is not None)]
     if report.probe is not None:
         out.append(Text("probe: " + report.probe["verdict"], style="cyan"))
+    if report.reuse:
+        from .reuse import reuse_table, reuse_verdict
+        out += [reuse_table(report.reuse), Text("reuse: " + reuse_verdict(report.reuse), style="cyan")]
     return out
 
 

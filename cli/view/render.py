@@ -246,7 +246,7 @@ SAVE_WIDTH = 160  # --save-html / --save-svg record at this width, whatever the 
 
 
 def fitted(renderables, width: int, out: Console) -> list:
-    """Tables too wide for ``width`` become panels of their columns (cli/fit.py); everything else as it is."""
+    """Tables too wide for ``width`` become panels of their columns (cli/view/fit.py); everything else as it is."""
     from .fit import fit_table
 
     return [part for r in renderables for part in (fit_table(r, width, out) if isinstance(r, Table) else [r])]

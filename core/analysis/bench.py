@@ -35,11 +35,21 @@ from ..methods.speculative.proposers import (
     make_selector_for,
 )
 from ..methods.speculative.run import Speculator
-from ..sampling.chain import build_chain
-from ..sampling.select import make_selector
+from ..sampling.chain import chain_for
+from ..sampling.settings import ChainSettings
+from ..sampling.tokens import Tokens
 
 SETTINGS = ("greedy", "sampling", "beam", "speculative", "prompt-lookup")
-SAMPLING = {"temperature": 0.8, "top-p": 0.95}
+SAMPLING = {"temperature": 0.8, "top_p": 0.95}
+# what each setting's runs decode with (beam scores log-probabilities with no stage)
+CHAIN_SETTINGS = {"greedy": ChainSettings(temperature=0), "sampling": ChainSettings(**SAMPLING),
+                  "beam": ChainSettings(), "speculative": ChainSettings(temperature=0),
+                  "prompt-lookup": ChainSettings(temperature=0)}
+
+
+def chain_names(setting: str) -> list[str]:
+    """The stages of a setting's chain, as its runs build it."""
+    return chain_for(CHAIN_SETTINGS[setting], Tokens.placeholder())[1].names
 
 
 @dataclass
@@ -100,11 +110,12 @@ class Bench:
     def _rules(self) -> StopRules:
         return StopRules(self.n, ignore_eos=True)
 
-    def _sampler(self, stages: dict, temperature: float, trace: bool) -> Callable[[], list[int]]:
-        chain = build_chain(stages)
+    def _sampler(self, settings: ChainSettings, trace: bool) -> Callable[[], list[int]]:
+        """Our decoding of ``settings``: the chain and the selector as their plan reads them."""
+        plan, chain = chain_for(settings, Tokens.placeholder())
 
         def run():
-            selector = make_selector(temperature, self.seed, self.device)
+            selector = plan.make_selector(self.seed, self.device)
             if trace:
                 return [s.token_id for s in Sampler(self.model, self.prompt_ids, chain, selector, self._rules(),
                                                     str, None, top=5, block=REPORT_BLOCK)]
@@ -117,7 +128,7 @@ class Bench:
     def _beam(self, trace: bool) -> Callable[[], list[int]]:
         s = BeamSettings(beams=self.beams, max_new_tokens=self.n, ignore_eos=True, length_penalty=1.0,
                          early_stopping="false")
-        chain = build_chain({})
+        chain = chain_for(CHAIN_SETTINGS["beam"], Tokens.placeholder())[1]
 
         def run():
             search = BeamSearch(ModelStepper(self.model), self.prompt_ids, chain, s, (), record=trace)
@@ -125,7 +136,7 @@ class Bench:
         return run
 
     def _speculate(self, proposer_factory, gamma: int, trace: bool) -> Callable[[], list[int]]:
-        chain = build_chain({"temperature": 0})
+        chain = chain_for(CHAIN_SETTINGS["speculative"], Tokens.placeholder())[1]  # greedy, as prompt-lookup's
 
         def run():
             spec = Speculator(self.model, proposer_factory(chain), self.prompt_ids, chain, self._rules(), gamma, None,
@@ -143,17 +154,16 @@ class Bench:
     def _build(self) -> None:
         if "greedy" in self.settings:
             gen = self._generate(do_sample=False)
-            self._add("greedy, trace on", "ours greedy trace", self._sampler({"temperature": 0}, 0, True),
+            self._add("greedy, trace on", "ours greedy trace", self._sampler(CHAIN_SETTINGS["greedy"], True),
                       "generate greedy", gen)
-            self._add("greedy, trace off", "ours greedy", self._sampler({"temperature": 0}, 0, False),
+            self._add("greedy, trace off", "ours greedy", self._sampler(CHAIN_SETTINGS["greedy"], False),
                       "generate greedy", gen)
         if "sampling" in self.settings:
-            gen = self._generate(do_sample=True, temperature=SAMPLING["temperature"], top_p=SAMPLING["top-p"],
-                                 top_k=0)
-            t = SAMPLING["temperature"]
-            self._add("sampling t=0.8 top-p=0.95, trace on", "ours sampling trace", self._sampler(SAMPLING, t, True),
+            gen = self._generate(do_sample=True, top_k=0, **SAMPLING)
+            sampling = CHAIN_SETTINGS["sampling"]
+            self._add("sampling t=0.8 top-p=0.95, trace on", "ours sampling trace", self._sampler(sampling, True),
                       "generate sampling", gen)
-            self._add("sampling t=0.8 top-p=0.95, trace off", "ours sampling", self._sampler(SAMPLING, t, False),
+            self._add("sampling t=0.8 top-p=0.95, trace off", "ours sampling", self._sampler(sampling, False),
                       "generate sampling", gen)
         if "beam" in self.settings:
             gen = self._generate(num_beams=self.beams, do_sample=False, length_penalty=1.0, early_stopping=False)
@@ -242,10 +252,6 @@ class Bench:
         return out
 
 
-CHAINS = {"greedy": ["temperature"], "sampling": ["temperature", "top-p"], "beam": [],
-          "speculative": ["temperature"], "prompt-lookup": ["temperature"]}  # each setting's stages (Bench._build)
-
-
 def bench_summary(rows: list[BenchRow], stop_reason: str) -> dict:
     """The ratios over every row: decodelab's tokens/s over transformers' (median per row), least and most."""
     ratios = [r.ratio for r in rows]
@@ -260,7 +266,7 @@ def bench_document(lm, config: dict, chosen: tuple[str, ...], text: str, prompt_
     their summary."""
     return {"command": "bench", "model": lm.name, "device": str(lm.device),
             "dtype": str(lm.dtype).replace("torch.", ""), "config": config,
-            "chain": list(dict.fromkeys(stage for name in chosen for stage in CHAINS[name])),
-            "chains": {name: CHAINS[name] for name in chosen},
+            "chain": list(dict.fromkeys(stage for name in chosen for stage in chain_names(name))),
+            "chains": {name: chain_names(name) for name in chosen},
             "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason,
             "summary": bench_summary(rows, stop_reason)}

@@ -45,23 +45,32 @@ from pathlib import Path
 
 import torch
 
-from ..engine.served import VLLM_MASKED, Generated, loads, read_value, repeated_keys
+from ..engine.http.transport import loads, repeated_keys
+from ..engine.http.vllm import VLLM_MASKED
+from ..engine.http.wire import Generated, SamplingSettings, read_value
 from ..errors import ConfigError
 from ..inputs import read_input_text
 from ..methods.sample import SampleSettings
-from ..methods.served import chain_along, forced_logits
+from ..sampling import replay
 from ..sampling.chain import make_chain
+from ..sampling.registry import engine_order, param, params, scaling_stage
+from ..sampling.semantics import plan as semantics_plan
+from .full_logprobs import reasoning_split
 
 LABELS = ("raw", "penalized", "temperature-scaled", "renormalized", "unexplained")
-PENALTY_STAGES = ("allow", "ban", "min-new-tokens", "bias", "repetition-penalty", "frequency-penalty",
-                  "presence-penalty")
-FILTER_STAGES = ("min-p", "top-k", "top-p")
+# vLLM's order from the registry: every stage before temperature changes the logits before it (a penalty, a mask, a
+# bias), every stage after it filters the scaled distribution
+VLLM_STAGES = engine_order("vllm")
+TEMPERATURE = param("temperature")
+SCALING = scaling_stage()  # the stage that divides by T
+PENALTY_STAGES = VLLM_STAGES[: VLLM_STAGES.index(SCALING)]
+FILTER_STAGES = VLLM_STAGES[VLLM_STAGES.index(SCALING) + 1 :]
 RATIO_BAND = (0.9, 1.1)
-# request fields (vLLM's names) -> decodelab settings, with the value that means "off"
-REQUEST_FIELDS = {"temperature": ("temperature", None), "top_p": ("top_p", 1.0), "top_k": ("top_k", 0),
-                  "min_p": ("min_p", 0.0), "repetition_penalty": ("repetition_penalty", 1.0),
-                  "presence_penalty": ("presence_penalty", 0.0), "frequency_penalty": ("frequency_penalty", 0.0),
-                  "min_tokens": ("min_new_tokens", 0)}
+
+
+def request_fields() -> dict:
+    """Request field (vLLM's name, the registry's export) -> the settings' parameter: every number vLLM takes."""
+    return {p.export["vllm"]: p for p in params() if "vllm" in p.export and p.kind in (int, float)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -185,20 +194,30 @@ def settings_of_request(request: dict | None, defaults: dict) -> tuple[SampleSet
     if not isinstance(request, dict):
         return None, []
     values, notes = {}, []
-    for key, (name, off) in REQUEST_FIELDS.items():
+    neutral = SamplingSettings()
+    for key, p in request_fields().items():
         value = request.get(key)
         if value is None and key in defaults:
             value = defaults[key]
             notes.append(f"{key} not in the request: {value} from the model's generation_config, as vLLM fills it")
-        if value is None or value == off or (key == "top_k" and value == -1):
+        if value is None or _off(p, key, value, neutral):
             continue
-        values[name] = float(value) if name not in ("top_k", "min_new_tokens") else int(value)
+        values[p.field] = p.kind(value)
     bias = request.get("logit_bias") or {}
     if bias:
         values["logit_bias"] = tuple((str(int(k)), float(b)) for k, b in bias.items())
     if request.get("seed") is not None:
         values["seed"] = int(request["seed"])
     return replace(SampleSettings(), **values, semantics="vllm"), notes
+
+
+def _off(p, key: str, value, neutral: SamplingSettings) -> bool:
+    """Whether vLLM reads ``value`` of request field ``key`` as "stage off": the registry's off-rule for vLLM (top-k 0
+    or -1), else the request's neutral value (min_tokens 0). A temperature is never off: it says greedy or not."""
+    if p is TEMPERATURE:
+        return False
+    rule = p.off.get("vllm")
+    return rule.test(value) if rule is not None else value == getattr(neutral, key)
 
 
 def parse_answer(obj, request: dict | None, ids: Ids, where: str, encode, defaults: dict) -> list[Answer]:
@@ -271,6 +290,9 @@ def _parse_chat(obj, choice, lp, request, ids: Ids, where: str, encode) -> Answe
             t.token_id = int(token_id) if t.token_id is None else t.token_id
     prompt_ids = obj.get("prompt_token_ids") or choice.get("prompt_token_ids")
     answer = Answer(where, "chat", list(prompt_ids) if prompt_ids else None, entries)
+    split = reasoning_split(choice, lp)
+    if split:
+        answer.defects.append(split)
     if isinstance(obj.get("prompt_logprobs"), list):
         answer.prompt = _prompt_logprobs(ids, obj["prompt_logprobs"], answer.prompt_ids)
     if entries and entries[0].listed and entries[0].listed[0].token_id == entries[0].token_id:
@@ -359,12 +381,12 @@ def _hypotheses(stages: list, greedy: bool) -> list[tuple[str, torch.Tensor, lis
     out = [("raw", logp(stages[0][1]), [])]
     applied: list[str] = []
     for name, z in stages[1:]:
-        if greedy and name == "temperature":
+        if greedy and name == SCALING:
             break
-        if name not in PENALTY_STAGES + ("temperature",) + FILTER_STAGES:
+        if name not in PENALTY_STAGES + (SCALING,) + FILTER_STAGES:
             continue
         applied = applied + [name]
-        label = ("penalized" if name in PENALTY_STAGES else "temperature-scaled" if name == "temperature"
+        label = ("penalized" if name in PENALTY_STAGES else "temperature-scaled" if name == SCALING
                  else "renormalized")
         # each label's hypothesis is the distribution after the last stage of its kind (vLLM's order puts every
         # penalty before temperature, and temperature before every filter)
@@ -452,13 +474,13 @@ def check_answer(lm, answer: Answer, number: int, tolerance: float) -> list[Chec
             raise ConfigError(f"{answer.where}: token ids outside --model {lm.name}'s vocabulary of {vocab}: the "
                               "engine's model has another vocabulary")
     out_ids = [t.token_id for t in tokens]
-    logits = forced_logits(lm.model, answer.prompt_ids, out_ids)
+    logits = replay.forced_logits(lm.model, answer.prompt_ids, out_ids)
     stages = None
     settings = answer.settings
     if settings is not None:
         chain = make_chain(lm, settings)
-        stages = chain_along(chain, answer.prompt_ids, out_ids, logits, record=True)
-    greedy = settings is not None and settings.temperature is not None and settings.temperature < 1e-5
+        stages = replay.along(chain, answer.prompt_ids, out_ids, logits, record=True)
+    greedy = settings is not None and semantics_plan(settings).greedy  # vLLM's: a temperature below 1e-5
     for i, t in enumerate(tokens):
         z = logits[i]
         raw = torch.log_softmax(z.double(), dim=-1)
@@ -551,7 +573,7 @@ def check_prompt(lm, answer: Answer, tolerance: float) -> tuple[list[str], list[
         defects.append("prompt position 0 has a logprob (nothing precedes it to condition on)")
     if len(ids) < 2:
         return defects, pairs
-    logits = forced_logits(lm.model, ids[:1], ids[1:])
+    logits = replay.forced_logits(lm.model, ids[:1], ids[1:])
     raw = torch.log_softmax(logits.double(), dim=-1)
     for i, t in enumerate(answer.prompt[1 : len(ids)], 1):
         if t.value is not None and t.token_id is not None:
@@ -628,8 +650,7 @@ def check(lm, answers: list[Answer], tolerance: float = 1e-3) -> Report:
 def _settings_dict(s: SampleSettings | None) -> dict | None:
     if s is None:
         return None
-    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-            "min_new_tokens", "logit_bias", "seed")
+    keys = [p.field for p in request_fields().values()] + [param("logit_bias").field, "seed"]
     return {k: getattr(s, k) for k in keys if getattr(s, k) not in (None, ())}
 
 

@@ -35,19 +35,26 @@ from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..inputs import parse_int, parse_json, parse_toml, read_input_text
 from ..methods.registry import CONTINUING
+from ..methods.speculative.chained import model_member
+from ..sampling import replay
 from ..sampling.chain import Chain, build_chain, make_chain
-from ..sampling.distribution import entropy, log_softmax
-from ..sampling.registry import DEFAULT_ORDER, params
+from ..sampling.registry import DEFAULT_ORDER, STAGES, params, stateful
 from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
 from ..settings import META_KEYS, as_dict, coerce, load_preset, normalize_key
+from ..trace.stats import COLUMN, scored_rows
+from .noise import noise_verdict
 
 SPECIAL = ("method", "preset")
 NOT_PER_VARIANT = ("seed",)  # the comparison's axis: set with --seeds
 MAX_SEEDS = 4096  # seeds in one comparison (each is a run of every variant on every prompt)
 MAX_PROMPTS = 100_000
+# why a divergence under a stateful stage is not attributed, each such stage of the registry named
+STATEFUL_WHY = " and ".join(f"{s.name} " + ("draws its own coin from the run's generator" if "generator" in s.needs
+                                             else "carries state") for s in STAGES if "state" in s.needs) + \
+    ": not attributed"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -348,30 +355,23 @@ class Scored:
 
 @torch.inference_mode()
 def teacher_forced(model, prompt_ids: list[int], out_ids: list[int], chain: Chain) -> Scored:
-    """One forward over prompt + output (no cache reuse), then the chain at each generated position."""
+    """One forward over prompt + output (no cache reuse), then the chain replayed at each generated position from
+    the prompt's end (:mod:`~decodelab.core.sampling.replay`)."""
     if not out_ids:
         return Scored([], [], [], [])
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt_ids + out_ids], dtype=torch.long, device=device)
-    runtime = Runtime.create(model, None, capacity=ids.shape[1])
-    logits = runtime.feed(ids, keep="all")[0, len(prompt_ids) - 1 : -1]  # [T, V]: row i predicts out_ids[i]
-    target = ids[0, len(prompt_ids) :]
-    processed = torch.cat([chain.apply(ids[:, : len(prompt_ids) + i], logits[i : i + 1])
-                           for i in range(len(out_ids))])
-    logp = log_softmax(processed)
-    raw = log_softmax(logits).gather(1, target[:, None])[:, 0]
-    chosen = logp.gather(1, target[:, None])[:, 0]
-    kept = (~torch.isneginf(logp)).sum(dim=-1).float()
-    h = entropy(logp.exp())
-    host = torch.stack([raw, chosen, kept, h]).tolist()
+    logits = replay.forced_logits(model, prompt_ids, out_ids)  # [T, V]: row i predicts out_ids[i]
+    target = torch.tensor(out_ids, dtype=torch.long, device=logits.device)
+    processed = replay.along(chain, prompt_ids, out_ids, logits)
+    head = scored_rows(logits, processed, target).T  # [HEAD, T]: the per-step statistics of every method
+    host = head[[COLUMN[k] for k in ("raw_logprob", "logprob", "kept", "entropy")]].tolist()  # one transfer
     return Scored(host[0], host[1], [int(k) for k in host[2]], host[3])
 
 
 class Comparison:
     """Run every (prompt, seed, variant), then compare the variants pairwise on each (prompt, seed).
 
-    ``lm``: a :class:`~decodelab.core.model.LoadedModel` (or anything with its attributes); runs are built by
-    :mod:`decodelab.core.build` as every command builds them. ``load_draft(spec) -> LoadedModel`` loads a
+    ``lm``: a :class:`~decodelab.core.engine.models.LoadedModel` (or anything with its attributes); runs are built by
+    :mod:`decodelab.core.methods` as every command builds them. ``load_draft(spec) -> LoadedModel`` loads a
     speculative variant's draft model (once per spec); ``base``: the command's typed options (None = not given)."""
 
     def __init__(self, lm, variants: list[Variant], prompts: list[Prompt], seeds: list[int], base: dict | None = None,
@@ -436,9 +436,9 @@ class Comparison:
         out = method.report(run)
         if out.steps is None:
             return self.scored_row(v, prompt, seed, prompt_ids, run.chain, out.token_ids, out.stop_reason,
-                                   out.tokens_per_s)
+                                   out.tokens_per_s, out.text)
         steps, ids = out.steps, out.token_ids
-        return Row(variant=v.name, method=v.method, prompt=prompt.id, seed=seed, text=self.lm.decode(ids),
+        return Row(variant=v.name, method=v.method, prompt=prompt.id, seed=seed, text=out.text,
                    token_ids=ids, length=len(ids), stop_reason=out.stop_reason,
                    mean_logprob=mean_or_none([s.logprob for s in steps]),
                    raw_perplexity=math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
@@ -447,20 +447,23 @@ class Comparison:
                    tokens_per_s=out.tokens_per_s, decided_by=[s.decided_by for s in steps])
 
     def draft_for(self, v: Variant, settings):
-        """The draft model a variant's settings name (loaded once per spec); None for the n-gram proposer."""
-        if settings.draft == "ngram":
+        """The draft model a variant's settings name (loaded once per name); None when no member is a model."""
+        name = model_member(settings.draft)
+        if name is None:
             return None
         if self.load_draft is None:
             raise ConfigError(f"variant {v.name}: draft={settings.draft}: no draft loader here; use draft=ngram")
-        if settings.draft not in self.drafts:
-            self.drafts[settings.draft] = self.load_draft(settings.draft)
-        return self.drafts[settings.draft]
+        if name not in self.drafts:
+            self.drafts[name] = self.load_draft(name)
+        return self.drafts[name]
 
     def scored_row(self, v: Variant, prompt: Prompt, seed: int, prompt_ids: list[int], chain: Chain,
-                   ids: list[int], reason: str, tokens_per_s: float) -> Row:
-        """A row from given ids, scored teacher-forced under ``chain``."""
+                   ids: list[int], reason: str, tokens_per_s: float, text: str | None = None) -> Row:
+        """A row from given ids, scored teacher-forced under ``chain``; ``text``: the run's delivered text (None:
+        the ids decoded)."""
         s = teacher_forced(self.lm.model, prompt_ids, ids, chain)
-        return Row(variant=v.name, method=v.method, prompt=prompt.id, seed=seed, text=self.lm.decode(ids),
+        return Row(variant=v.name, method=v.method, prompt=prompt.id, seed=seed,
+                   text=self.lm.decode(ids) if text is None else text,
                    token_ids=ids, length=len(ids), stop_reason=reason, mean_logprob=mean_or_none(s.logprob),
                    raw_perplexity=math.exp(-mean_or_none(s.raw_logprob)) if ids else None,
                    distinct_1=distinct_n(ids, 1), distinct_2=distinct_n(ids, 2), repetition_rate=repetition_rate(ids),
@@ -486,12 +489,14 @@ class Comparison:
             pair.deciding_stage = "method"
             pair.why = (f"{a.method} settings differ ({', '.join(keys)})" if keys
                         else f"{a.method} with the same settings")
-        elif {"xtc", "mirostat"} & set(make_chain(self.lm, sa).names + make_chain(self.lm, sb).names):
-            pair.deciding_stage = "stateful"
-            pair.why = "xtc draws its own coin from the run's generator and mirostat carries state: not attributed"
+        elif stateful(make_chain(self.lm, sa).names + make_chain(self.lm, sb).names):
+            pair.deciding_stage, pair.why = "stateful", STATEFUL_WHY
         else:
             pair.deciding_stage, pair.why = self.attribute(sa, sb, prompt_ids + ra.token_ids[:d], d, seed,
                                                            pair.a_token)
+        if should_agree(pair.deciding_stage, sa, sb):
+            pair.noise = noise_verdict(self.lm, prompt_ids, ra.token_ids, d, pair.b_token,
+                                       make_chain(self.lm, sa)).to_dict()
         return pair
 
     @torch.inference_mode()
@@ -510,6 +515,9 @@ class Comparison:
         vb = pb.settings.stage_values(resolved=resolve(pb.settings, tokens))
         same_order = sa.chain == sb.chain and sa.semantics == sb.semantics
         end_ids = pa.context(None, tuple(self.lm.eos_ids), getattr(sa, "stop_id", ())).end_ids
+        # the plans say which side is greedy; where one samples, the race (a temperature-0 stage leaves a point
+        # mass, whose arg-max the race picks too)
+        greedy = pa.greedy and pb.greedy
 
         def context_for(values: dict) -> StageContext:
             """a's context, except that a penalty switched to b's value counts tokens as b does."""
@@ -524,9 +532,8 @@ class Comparison:
             active = [n for n in DEFAULT_ORDER if values.get(n) is not None]
             chain = build_chain(values, merge_order(tuple(pa.order), active) if order is None else order,
                                 context_for(values))
-            chain.reset(len(prefix) - step)  # the prompt: stages that count or read generated tokens start there
-            processed = chain.apply(ids, z).float()
-            greedy = values.get("temperature") == 0
+            replay.start(chain, len(prefix) - step)  # the prompt: stages that count or read generated tokens start there
+            processed = replay.processed(chain, ids, z, len(prefix)).float()
             return int((processed if greedy else processed - race.log()).argmax(dim=-1)[0])
 
         current = pick(va, pa.order)
@@ -583,6 +590,13 @@ def variant_summary(rows: list[Row]) -> list[dict]:
     return out
 
 
+def should_agree(deciding: str | None, sa, sb) -> bool:
+    """Two runs that part where no setting explains it (numerics, the cache), or two greedy runs of different
+    methods: they should have agreed, and the noise verdict says whether rounding can explain the split."""
+    greedy = getattr(sa, "temperature", None) == 0 and getattr(sb, "temperature", None) == 0
+    return deciding in ("numerics", "cache") or (deciding == "method" and greedy)
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """The first index where the outputs differ (or where the shorter one ended); None if identical."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -602,6 +616,10 @@ class Pair:
     why: str | None = None
     a_token: int | None = None
     b_token: int | None = None
+    noise: dict | None = None  # where the two should agree (numerics, cache, greedy methods): the noise verdict
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["noise"] is None:  # only pairs that should agree carry one
+            del out["noise"]
+        return out

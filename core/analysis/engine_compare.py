@@ -30,12 +30,16 @@ import torch
 from torch import Tensor
 
 from ..engine.run import drain
-from ..engine.served import PROCESSED, EngineError
+from ..engine.http.transport import EngineError
+from ..engine.http.wire import PROCESSED
 from ..errors import ConfigError
 from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..engine.backend import Capabilities, refuse_lacking
-from ..methods.served import Connection, chain_along, finish_to_stop, forced_logits, request_for, request_of
+from ..methods.served import Connection, finish_to_stop, request_for, request_of
+from ..sampling import replay
 from ..sampling.chain import make_chain
+from ..sampling.registry import scaling_stage
+from ..sampling.semantics import plan as semantics_plan
 from .compare import (
     Prompt,
     Row,
@@ -170,7 +174,7 @@ class EngineComparison:
 
     def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> EnginePair:
         local = self.local_row(v, settings, prompt, prompt_ids, seed)
-        greedy = settings.temperature == 0
+        greedy = semantics_plan(settings).greedy
         request, _ = request_for(self.conn, settings, 1)
         try:
             g = self.conn.engine.generate(prompt_ids, request)
@@ -200,8 +204,8 @@ class EngineComparison:
         drain(sampler)
         steps = sampler.steps  # every traced step, the block pending at an early end included
         ids = sampler.new_ids
-        row = Row(engine_rows_name(v.name, "local"), v.method, prompt.id, seed, self.lm.decode(ids), ids, len(ids),
-                  sampler.stop_reason, mean_or_none([s.logprob for s in steps]),
+        row = Row(engine_rows_name(v.name, "local"), v.method, prompt.id, seed, sampler.delivered(self.lm.decode)[1],
+                  ids, len(ids), sampler.stop_reason, mean_or_none([s.logprob for s in steps]),
                   math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
                   distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
                   mean_or_none([s.kept for s in steps]), mean_or_none([s.entropy for s in steps]),
@@ -213,11 +217,11 @@ class EngineComparison:
     def distributions(self, v: Variant, settings, prompt: Prompt, seed: int, prompt_ids: list[int],
                       ids: list[int], positions, processed: list[float]) -> EnginePair:
         """Teacher-forced on the engine's tokens: truncated KL, top-1 agreement, raw and processed deltas."""
-        pair = EnginePair(v.name, prompt.id, seed, settings.temperature == 0, False, None, len(positions),
+        pair = EnginePair(v.name, prompt.id, seed, semantics_plan(settings).greedy, False, None, len(positions),
                           self.top_n, None, None, None, None, None, None, None, None)
         if not positions:
             return pair
-        logits = forced_logits(self.lm.model, prompt_ids, ids)
+        logits = replay.forced_logits(self.lm.model, prompt_ids, ids)
         local = torch.log_softmax(logits.double(), dim=-1)
         bounds = [truncated_kl([(a.token_id, a.logprob) for a in p.top], local[i]) for i, p in enumerate(positions)]
         pair.kl_lower_mean = sum(b[0] for b in bounds) / len(bounds)
@@ -230,11 +234,11 @@ class EngineComparison:
         pair.max_abs_delta_raw_logprob, pair.mean_abs_delta_raw_logprob = max(deltas), sum(deltas) / len(deltas)
         if processed:
             chain = make_chain(self.lm, settings)
-            rows = chain_along(chain, prompt_ids, ids, logits, record=True)
-            greedy = settings.temperature == 0
+            rows = replay.along(chain, prompt_ids, ids, logits, record=True)
+            greedy = semantics_plan(settings).greedy
             local_processed = []
             for i, stages in enumerate(rows):  # vLLM's processed values of a greedy row stop before temperature 0
-                z = [s for name, s in stages if not (greedy and name == "temperature")][-1]
+                z = [s for name, s in stages if not (greedy and name == scaling_stage())][-1]
                 local_processed.append(float(torch.log_softmax(z.double(), dim=-1)[ids[i]]))
             pair.max_abs_delta_logprob = max(abs(a - b) for a, b in zip(processed, local_processed)
                                              if math.isfinite(a) and math.isfinite(b))

@@ -3,8 +3,8 @@
 * memory: real bytes of the quantized cache holding the text, against the full cache in the model's dtype and in
   float16; the per-token formula 2 x layers x kv_heads x head_dim x bytes (2: keys and values) and what grouped-query
   attention saves (heads / kv_heads); bytes projected at the model's context and at ``context`` x ``batch``.
-* fidelity (through :mod:`decodelab.core.score`): the text teacher-forced under the quantized cache against the same
-  model under the full cache, fed ``feed`` tokens a forward (1: every token reads every earlier one from the cache,
+* fidelity (through :mod:`decodelab.core.methods.score`): the text teacher-forced under the quantized cache
+  against the same model under the full cache, fed ``feed`` tokens a forward (1: every token reads every earlier one from the cache,
   the decode path): per-token KL(full || quantized), top-1 agreement, perplexity of both.
 * reconstruction: the full-precision keys and values of the text, put through the policy's layouts (exact window
   included), per layer and head: relative error ||x - x'|| / ||x|| and the largest |x - x'|.
@@ -30,6 +30,7 @@ from ..kv import POLICIES, CacheSpec, compresses_once, parse_cache_spec, parse_p
 from ..kv.press import PressPolicy
 from ..kv.quant import AXES, QuantPolicy, Stream
 from ..kv.quantize import dequantize, quantize
+from .reuse import NAMES as REUSE_NAMES
 from ..methods.score import Scorer, ScoreSettings, blocks
 from ..sampling.chain import build_chain
 from ..sampling.settings import ChainSettings
@@ -56,6 +57,7 @@ class QuantizeKVSettings(ChainSettings):
     prefill: int | None = None  # the fidelity run's first forward (the prompt a press that compresses once compresses)
     policies: str | None = None  # --policies: a ranking of these cache specs against the full cache
     probe: bool = False  # the ranking's retrieval probe (core/analysis/probe.py) over the text
+    reuse: int | None = None  # --reuse K: the --policies caches compressed once, then asked K questions (reuse.py)
     context: int | None = None  # projected bytes at this many tokens ...
     batch: int = 1  # ... in this many rows
     top: int = 4  # outlier channels listed per tensor
@@ -84,12 +86,25 @@ def validate_quantize_kv(s: QuantizeKVSettings) -> CacheSpec:
                               "prompt; give --prefill N (the first N tokens are its prompt)")
     if s.probe and s.policies is None:
         raise ConfigError("--probe: ranks the retrieval of --policies; give --policies (or use stream --probe)")
+    if s.reuse is not None:
+        _check(s.policies is not None, "reuse", s.reuse, "ranks the caches of --policies; give --policies")
+        _check(2 <= s.reuse <= len(REUSE_NAMES), "reuse", s.reuse, f"must be 2..{len(REUSE_NAMES)} (questions)")
     return specs[0]
 
 
+def is_quant(spec: CacheSpec) -> bool:
+    """A quantized cache (quant, turbo): memory, fidelity and reconstruction."""
+    return issubclass(POLICIES[spec.name], QuantPolicy)
+
+
 def is_press(spec: CacheSpec) -> bool:
-    """A score-based policy (snapkv, h2o, tova, knorm, pyramidkv): measured for fidelity and bytes only."""
+    """A score-based policy (snapkv, h2o, tova, knorm, pyramidkv, keydiff): measured for fidelity and bytes only."""
     return issubclass(POLICIES[spec.name], PressPolicy)
+
+
+def press_names() -> str:
+    """The score-based policies, as the policy registry lists them."""
+    return ", ".join(name for name, cls in POLICIES.items() if issubclass(cls, PressPolicy))
 
 
 def kv_spec(s: QuantizeKVSettings) -> CacheSpec:
@@ -103,10 +118,15 @@ def kv_spec(s: QuantizeKVSettings) -> CacheSpec:
             raise ConfigError(f"--{given[0].replace('group', 'group-size')}: sets a quant cache; --cache {s.cache} is a "
                               "score-based press (give its own keys in the spec)")
         return base
+    if base.name == "turbo":
+        given = [k for k, v in overrides.items() if v is not None]
+        if given:
+            raise ConfigError(f"--{given[0].replace('group', 'group-size')}: sets a quant cache; --cache {s.cache} is "
+                              "turbo (give its own keys in the spec: bits, keys, residual)")
+        return base
     if base.name != "quant":
         raise ConfigError(f"--cache {s.cache}: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
-                          "int2-kivi, int4, fp8) or a score-based press (snapkv, h2o, tova, knorm, pyramidkv: memory "
-                          "and fidelity)")
+                          f"int2-kivi, int4, fp8) or a score-based press ({press_names()}: memory and fidelity)")
     options = dict(base.options)
     given = {k: v for k, v in overrides.items() if v is not None}
     if "axis" in given and given["axis"] != options.get("axis"):
@@ -217,22 +237,35 @@ def decoder_layers(model) -> torch.nn.ModuleList:
 
 def reconstruction(kv: list[tuple[Tensor, Tensor]], policy: QuantPolicy) -> list[dict]:
     """Per layer and head: the keys and values put through the policy's key and value streams (quantized part and
-    exact window), relative error ||x - x'|| / ||x|| and max |x - x'|."""
+    exact window), relative error ||x - x'|| / ||x|| and max |x - x'|; and the error of attention scores the stored
+    keys give (:func:`score_error`)."""
     rows = []
     for index, (keys, values) in enumerate(kv):
-        errors = {}
+        errors, stored = {}, {}
         for kind, x, layout in (("key", keys, policy.layouts["key"]), ("value", values, policy.layouts["value"])):
-            stream = Stream(layout, policy.residual)
+            stream = Stream(layout, policy.residual, policy.tail_dtype)
             stream.append(x.unsqueeze(0))
-            diff = stream.states(torch.float32)[0] - x  # [H, T, D]
+            stored[kind] = stream.states(torch.float32)[0]
+            diff = stored[kind] - x  # [H, T, D]
             norm = x.flatten(1).norm(dim=1).clamp_min(1e-30)
             errors[kind] = (diff.flatten(1).norm(dim=1) / norm, diff.abs().flatten(1).amax(dim=1))
+        bias, rms = score_error(keys, stored["key"])
         for head in range(keys.shape[0]):
             rows.append({"layer": index, "head": head,
                          "key_rel_error": errors["key"][0][head].item(), "key_max_error": errors["key"][1][head].item(),
                          "value_rel_error": errors["value"][0][head].item(),
-                         "value_max_error": errors["value"][1][head].item()})
+                         "value_max_error": errors["value"][1][head].item(),
+                         "score_bias": bias[head].item(), "score_rms_error": rms[head].item()})
     return rows
+
+
+def score_error(keys: Tensor, stored: Tensor) -> tuple[Tensor, Tensor]:
+    """Per head, the error of attention logits q . k' / sqrt(D) - q . k / sqrt(D) over every (probe, token) pair:
+    its mean (the bias: negative where a code shrinks inner products) and its root mean square. The probes are the
+    head's own full-precision keys (queries are not captured; keys live in the same rotated space), so the pairs
+    include each key with itself, where a shrinking code shows most. keys, stored [H, T, D]."""
+    err = keys @ (stored - keys).transpose(-1, -2) / math.sqrt(keys.shape[-1])  # [H, T probes, T tokens]
+    return err.mean(dim=(1, 2)), err.pow(2).mean(dim=(1, 2)).sqrt()
 
 
 def outlier_view(x: Tensor, names: list[str], bits, group: int, top: int) -> dict:
@@ -318,11 +351,11 @@ def fidelity(lm: LoadedModel, ids: list[int], spec: CacheSpec, feed: int, keep_s
     (drive or drain)(scorer)
     summary = scorer.summary()
     held_ids = ids[: summary.tokens + 1] if scorer.interrupted else ids  # the tokens the cache actually held
-    plain_quant = spec.name == "quant" and not sliding(lm)
+    plain_quant = is_quant(spec) and not sliding(lm)
     held = held_bytes(lm, held_ids, spec, None if plain_quant else feed, None if plain_quant else prefill)
     info = model_info(lm.model)
     fp16 = len(held_ids) * 2 * info.num_layers * info.kv_heads * info.head_dim * 2
-    as_fp16 = fp16_model_bytes(QuantPolicy(info, **spec.options), len(held_ids)) if spec.name == "quant" else held
+    as_fp16 = fp16_model_bytes(POLICIES[spec.name](info, **spec.options), len(held_ids)) if is_quant(spec) else held
     return Fidelity(str(spec), summary.tokens, summary.kl_mean, summary.top1_agreement, summary.perplexity,
                     summary.reference_perplexity, held, held / fp16, as_fp16 / fp16, scorer.steps if keep_steps else [],
                     scorer.stop_reason)
@@ -384,6 +417,7 @@ class QuantizeKVReport:
     grid: list[Fidelity] = field(default_factory=list)
     ranking: list = field(default_factory=list)  # --policies: PolicyRow (core/analysis/policies.py), best first
     probe: dict | None = None  # --probe: the probe's trials and verdict
+    reuse: list = field(default_factory=list)  # --reuse: ReuseRow.row() per cache (core/analysis/reuse.py), full first
     feed: int = 1  # tokens per forward in the fidelity runs
     stop_reason: str = "end"  # "interrupted": Ctrl-C cut the main run (its numbers are over the tokens it scored) or
     # the grid (it holds the cells measured before)
@@ -395,7 +429,8 @@ class QuantizeKVReport:
                            memory=self.memory, projections=self.projections, reconstruction=self.reconstruction,
                            outliers=self.outliers, activations=self.activations, grid=[g.row() for g in self.grid],
                            summary=self.summary(), **({"ranking": self.ranking} if self.ranking else {}),
-                           **({"probe": self.probe} if self.probe else {}))
+                           **({"probe": self.probe} if self.probe else {}),
+                           **({"reuse": self.reuse} if self.reuse else {}))
 
     def summary(self) -> dict:
         f = self.fidelity
@@ -420,10 +455,12 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
     info = model_info(lm.model)
     cfg = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
     heads = getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", info.kv_heads)
-    quant = spec.name == "quant"
-    policy = QuantPolicy(info, **spec.options) if quant else None  # a press: memory and fidelity only
-    if settings.activations is not None and not quant:
-        raise ConfigError(f"--activations: the outlier view is of a quant cache's scales; --cache {spec} is a press")
+    quant = is_quant(spec)
+    policy = POLICIES[spec.name](info, **spec.options) if quant else None  # a press: memory and fidelity only
+    scaled = spec.name == "quant"  # codes with scales (turbo's have none: no outlier view of scales)
+    if settings.activations is not None and not scaled:
+        raise ConfigError(f"--activations: the outlier view is of a quant cache's scales; --cache {spec} is "
+                          f"{'a press' if not quant else 'turbo (no scales)'}")
     if settings.activations is not None:
         activation_layers(lm.model, settings.activations)  # refused before the fidelity run, not after it
     free = available_memory(lm.device)
@@ -443,7 +480,7 @@ def run_quantize_kv(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
     values = policy.layouts["value"].describe() if quant else "score-based eviction"
     report = QuantizeKVReport(str(spec), keys, values, memory, projections, main,
                               reconstruction(kv, policy) if quant else [],
-                              kv_outliers(kv, policy.bits, policy.group, settings.top) if quant else [],
+                              kv_outliers(kv, policy.bits, policy.group, settings.top) if scaled else [],
                               feed=settings.feed, stop_reason=main.stop_reason)
     if settings.activations is not None:
         tell(f"activations of layer {settings.activations}")

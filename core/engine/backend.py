@@ -5,7 +5,7 @@ Two kinds of backend:
 
 * the **embedded** transformers runtime (:mod:`.runtime`): the model in this process, every capability, the full
   logits of every position, every KV-cache policy;
-* a **served** engine (:mod:`.served`): an OpenAI-compatible server reached over HTTP (vLLM first; SGLang and
+* a **served** engine (:mod:`.http`): an OpenAI-compatible server reached over HTTP (vLLM first; SGLang and
   llama.cpp's server through small adapters), whose adapter declares what it can do. Over HTTP only the top N
   alternatives of a position come back, never the full distribution, and the server keeps its own KV cache.
 

@@ -81,6 +81,41 @@ def forward_attending(
     return out.logits.float(), tuple(out.attentions or ())
 
 
+def query_projections(model) -> list:
+    """Each attention layer's query projection (``q_proj``), in layer order; empty for a model without one (GPT-2's
+    fused ``c_attn``). A layer that normalises its queries after the projection (``q_norm``: Qwen3, Gemma 3) gives
+    None: its projection's output is not the query."""
+    out = []
+    for module in model.modules():
+        if hasattr(module, "q_proj") and isinstance(module.q_proj, torch.nn.Module):
+            out.append(None if getattr(module, "q_norm", None) is not None else module.q_proj)
+    return out
+
+
+def forward_with_queries(model, ids: Tensor, cache, position_ids: Tensor, attention_mask: Tensor | None = None,
+                         logits_to_keep: int = 1) -> tuple[Tensor, tuple]:
+    """:func:`forward` that also returns each layer's queries before RoPE [B, H, T, D] (the output of its query
+    projection, caught by a forward hook for this call only); None for a layer whose projection is not the query
+    (see :func:`query_projections`); an empty tuple for a model without query projections."""
+    projections = query_projections(model)
+    caught: list[Tensor | None] = [None] * len(projections)
+    head_dim = model_info(model).head_dim
+
+    def catch(i: int):
+        def hook(module, args, output):
+            caught[i] = output.detach().unflatten(-1, (-1, head_dim)).transpose(1, 2).float()  # [B, H, T, D]
+        return hook
+
+    handles = [p.register_forward_hook(catch(i)) for i, p in enumerate(projections) if p is not None]
+    try:
+        logits = forward(model, ids, cache, position_ids, attention_mask=attention_mask,
+                         logits_to_keep=logits_to_keep)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, tuple(caught)
+
+
 @torch.inference_mode()
 def attention_weights(model, ids: Tensor) -> list[Tensor]:
     """Per-layer attention weights [B, H, T, T] of one causal forward over ``ids`` without a cache (eager attention

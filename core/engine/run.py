@@ -23,6 +23,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..errors import EMPTY_CHAIN, ChainError
+from .stopping import trim_stop
 
 
 def synchronize(device) -> None:
@@ -120,11 +121,13 @@ class Run(Protocol):
     * ``document()``: its whole JSON document (:class:`Origin`'s head, then the method's own fields), built in core
       so that every caller (the CLI, a script) reports the same run the same way.
 
-    ``interrupt()`` and ``end(reason)`` are inherited. A method's build sets ``origin`` (the head) and ``decode``
-    (ids -> text)."""
+    ``interrupt()``, ``end(reason)`` and ``delivered()`` are inherited. A method's build sets ``origin`` (the
+    head), ``decode`` (ids -> text) and ``trim_stop`` from the settings; a run that trims has ``rules`` (its
+    :class:`~.stopping.StopRules`)."""
 
     stop_reason: str = "length"
     interrupted: bool = False
+    trim_stop: bool = False  # deliver the text without what stopped the run (--trim-stop, or the engine's reading)
     origin: Origin | None = None
     decode: Callable[[list[int]], str] | None = None
 
@@ -134,8 +137,16 @@ class Run(Protocol):
     def new_ids(self) -> list[int]: ...
 
     def text(self) -> str:
-        """The generated ids as text (a method that trims or picks among outputs says so in its own)."""
-        return self.decode(self.new_ids) if self.decode is not None else ""
+        """The text it delivers (:meth:`delivered`; a method that picks among outputs says so in its own)."""
+        return self.delivered(self.decode)[1] if self.decode is not None else ""
+
+    def delivered(self, decode: Callable[[list[int]], str], ids: list[int] | None = None) -> tuple[list[int], str]:
+        """The ids and text this run delivers: ``ids`` (default ``new_ids``) decoded; with ``trim_stop``, a stop id
+        dropped from both and a stop string cut from the text (:func:`~.stopping.trim_stop`)."""
+        ids = list(self.new_ids if ids is None else ids)
+        if self.trim_stop:
+            return trim_stop(ids, self.stop_reason, self.rules, decode)
+        return ids, decode(ids)
 
     def summary(self): ...
 

@@ -2,20 +2,21 @@
 
 Every method (sample, probs, score, beam, the draft model and the target of speculative decoding) feeds tokens
 through a :class:`Runtime`, which takes positions from its KV policy's ``seen`` count, calls
-:func:`decodelab.core.model.forward` and tells the policy how many tokens it fed. So a policy that evicts, re-rotates
-or quantizes works under every method, and positions are never inferred from what the cache happens to store.
+:func:`decodelab.core.engine.forward.forward` and tells the policy how many tokens it fed. So a policy that evicts,
+re-rotates or quantizes works under every method, and positions are never inferred from what the cache happens to store.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError
 from ..kv import CacheSpec, KVPolicy, make_policy
-from .forward import forward, forward_attending, model_info
+from .forward import forward, forward_attending, forward_with_queries, model_info
 from .models import LoadedModel
 
 
@@ -42,11 +43,11 @@ class Runtime:
     def feed(self, ids: Tensor, keep: str = "last") -> Tensor:
         """Run ``ids`` [B, n] at positions seen .. seen + n - 1; returns float32 logits [B, V] of the last position
         (``keep="last"``) or [B, n, V] of all of them (``keep="all"``)."""
-        rewrite = getattr(self.policy, "rewrite", None)
-        if rewrite is not None:
-            return self._feed_rewritten(ids, keep, rewrite)
+        rewritten = self.policy.rewrite(ids, keep)  # None but for a policy that rewrites what is fed (recompute)
+        if rewritten is not None:
+            return self._feed_rewritten(ids, keep, rewritten)
         n = ids.shape[1]
-        if n > 1 and self._one_token_a_forward():
+        if n > 1 and self.policy.one_token_a_forward():
             return self._feed_one_by_one(ids, keep)
         positions = self.policy.positions(n)
         if positions.shape[0] != ids.shape[0]:
@@ -54,10 +55,14 @@ class Runtime:
         mask = self.policy.attention_mask(n)  # None but for a policy that lays rows out itself (paged)
         if self._compiled is not None and n == 1 and keep == "last":
             logits = self._compiled_call(ids, positions)
-        elif self._wants_attentions(n):  # a score-based policy (snapkv, h2o, ...) sees this forward's attention
+        elif self.policy.wants_attentions(n):  # a score-based press (snapkv, h2o, ...) sees this forward's attention
             logits, attentions = forward_attending(self.model, ids, self.policy.model_cache, positions, mask,
                                                    logits_to_keep=1 if keep == "last" else 0)
             self.policy.observe_attentions(attentions)
+        elif self.policy.wants_queries(n):  # a press that models future queries (expected attention)
+            logits, queries = forward_with_queries(self.model, ids, self.policy.model_cache, positions, mask,
+                                                   logits_to_keep=1 if keep == "last" else 0)
+            self.policy.observe_queries(queries)
         else:
             logits = forward(self.model, ids, self.policy.model_cache, positions, attention_mask=mask,
                              logits_to_keep=1 if keep == "last" else 0, inference=self._compiled is None)
@@ -66,29 +71,18 @@ class Runtime:
         self.policy.after_forward(n)
         return logits[:, -1] if keep == "last" else logits
 
-    def _wants_attentions(self, n: int) -> bool:
-        """The attention hook: a policy with ``wants_attentions(n)`` true gets the probabilities of every layer of
-        this forward through ``observe_attentions`` (before ``after_forward``)."""
-        wants = getattr(self.policy, "wants_attentions", None)
-        return wants is not None and wants(n)
-
-    def _one_token_a_forward(self) -> bool:
-        """A policy whose layers hold different numbers of tokens (pyramidkv) takes one token a forward: the model
-        builds one causal mask for every layer, which fits only layers of one length."""
-        uneven = getattr(self.policy, "one_token_a_forward", None)
-        return uneven is not None and uneven()
-
     def _feed_one_by_one(self, ids: Tensor, keep: str) -> Tensor:
         rows = [self.feed(ids[:, i : i + 1], keep="last") for i in range(ids.shape[1])]
         return rows[-1] if keep == "last" else torch.stack(rows, dim=1)
 
-    def _feed_rewritten(self, ids: Tensor, keep: str, rewrite) -> Tensor:
+    def _feed_rewritten(self, ids: Tensor, keep: str, rewritten: Iterator[tuple[Tensor, Tensor]]) -> Tensor:
         """The one hook for a policy that rewrites what is fed (``recompute``: the last W ids at fresh positions).
-        ``rewrite(ids, keep)`` yields (windows [B, k, m], positions [1, m]): k forwards of m ids each, run without a
-        cache; the last logits of each are one wanted token's (the last of ``ids``, or each of them in order)."""
+        ``rewritten`` (what ``rewrite(ids, keep)`` returned) yields (windows [B, k, m], positions [1, m]): k
+        forwards of m ids each, run without a cache; the last logits of each are one wanted token's (the last of
+        ``ids``, or each of them in order)."""
         b = ids.shape[0]
         rows = []
-        for windows, positions in rewrite(ids, keep):
+        for windows, positions in rewritten:
             k, m = windows.shape[1], windows.shape[2]
             logits = forward(self.model, windows.reshape(b * k, m), None, positions.expand(b * k, -1),
                              logits_to_keep=1)

@@ -53,14 +53,12 @@ class KeptMap:
 
 def kept_map(policy, prompt_tokens: int, row: int = 0) -> KeptMap | None:
     """The kept map of ``policy`` for batch row ``row`` (None for a policy without per-head kept positions)."""
-    positions = getattr(policy, "kept_positions", None)
-    if positions is None:
+    per_layer = policy.kept_positions(row)
+    if per_layer is None:
         return None
-    per_layer = positions(row)
     nbytes = policy.layer_nbytes()
     layers = [KeptLayer(i, len(heads[0]) if heads else 0, nbytes[i], heads) for i, heads in enumerate(per_layer)]
-    spec = policy.spec_text() if hasattr(policy, "spec_text") else policy.name
-    return KeptMap(spec, policy.seen, prompt_tokens, sum(nbytes), getattr(policy, "evicted", 0), layers)
+    return KeptMap(policy.spec_text(), policy.seen, prompt_tokens, sum(nbytes), policy.evicted, layers)
 
 
 def kept_after(runtime, prompt_tokens: int) -> KeptMap | None:

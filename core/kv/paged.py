@@ -16,7 +16,7 @@ model gets a 4D additive mask (0 where query ``q`` of row ``b`` may see key ``l`
 dtype's minimum elsewhere, so those weights are exactly 0 after the softmax). New tokens of a row are
 LEFT-padded to the longest row, so the last column holds every row's last token (``keep="last"`` works).
 
-Two ways to drive it: the scheduler (:mod:`decodelab.core.scheduler`) names rows and their new tokens with
+Two ways to drive it: the scheduler (:mod:`decodelab.core.methods.batch.scheduler`) names rows and their new tokens with
 :meth:`PagedPolicy.plan` before each forward; a plain one-row run (``sample --cache paged``) plans itself.
 """
 

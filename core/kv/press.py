@@ -36,7 +36,7 @@ tokens) get the score +inf.
 How the attention reaches a press
 ---------------------------------
 A press that scores by attention declares ``model_needs = {"attentions"}``. Before a forward the runtime asks
-``wants_attentions(n)``; when true it calls the model through :func:`decodelab.core.model.forward_attending`
+``wants_attentions(n)``; when true it calls the model through :func:`decodelab.core.engine.forward.forward_attending`
 (``output_attentions=True`` under eager attention for that forward only) and hands the per-layer probabilities
 [B, H, n, L + n] to ``observe_attentions``, before ``after_forward(n)``. Columns are the layer's slots, then the n
 new tokens, in that order (``DynamicLayer.update`` appends). A press that needs only keys (knorm) declares

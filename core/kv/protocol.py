@@ -2,8 +2,8 @@
 
 The protocol (``KVPolicy``)
 ---------------------------
-A policy owns the model's cache object (``model_cache``, what :func:`decodelab.core.model.forward` hands the model)
-and is the only code that changes it. The runtime (:mod:`decodelab.core.runtime`) asks it, for every forward:
+A policy owns the model's cache object (``model_cache``, what :func:`decodelab.core.engine.forward.forward` hands
+the model) and is the only code that changes it. The runtime (:mod:`decodelab.core.engine.runtime`) asks it, for every forward:
 
 * ``seen``: tokens consumed so far = the absolute position of the next token. Positions always come from here.
 * ``stored``: positions the cache holds now (``seen`` minus what was evicted; per row, all rows equal).
@@ -25,6 +25,13 @@ and is the only code that changes it. The runtime (:mod:`decodelab.core.runtime`
 * ``compresses_once(options)``: whether it acts once, after the first forward only (a press with
   ``compress=prefill``): what it costs then depends on where the prompt ends (:func:`compresses_once`).
 
+Optional abilities, each declared on :class:`KVPolicy` with what a policy without it does, so that no caller probes
+for one: ``check_options`` / ``capabilities_for`` (the spec's values checked together; capabilities its options
+narrow), ``rewrite`` (recompute: the forwards to run instead of the ids), ``wants_attentions``
+/ ``observe_attentions`` (a score-based press sees a forward's attention), ``one_token_a_forward`` (layers of unequal
+lengths), ``slot_ranges`` (what the next forward attends to, at which positions), ``kept_positions`` (per-head kept
+positions), ``spec_text``, ``evicted`` and ``last_evicted``.
+
 Policies register in ``POLICIES`` (name -> class). A class declares ``name``, ``capabilities``, ``summary`` (one
 line for ``decodelab models``), ``params`` (allowed ``key=value`` names with their parser) and is built by
 :func:`make_policy` from a :class:`CacheSpec` and a :class:`ModelInfo` (config, device, dtype, and the model's rotary
@@ -33,6 +40,7 @@ parameters, so a policy that re-rotates keys has inv_freq and the rotary dimensi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +107,7 @@ class KVPolicy:
     summary = ""
     params: dict = {}
     feed_invariant = False  # the same logits at any split of a text into forwards (module docstring)
+    engine_defaults: dict[str, dict] = {}  # engine -> options its reading sets where the spec is silent
 
     @classmethod
     def compresses_once(cls, options: dict) -> bool:
@@ -141,6 +150,63 @@ class KVPolicy:
     def describe(self) -> dict:
         """What a trace reports about the cache after a forward."""
         return {"policy": self.name, "seen": self.seen, "stored": self.stored}
+
+    # --- optional abilities: declared here with what a policy without the ability does; a policy that has one
+    # overrides it (module docstring, "optional abilities") ------------------------------------------------------
+
+    evicted = 0  # what was evicted so far (tokens for a place-based cache, (row, head, token) entries for a press)
+    last_evicted: tuple[int, int] = (0, 0)  # original positions [start, end) the last forward evicted
+
+    @staticmethod
+    def check_options(values: dict) -> dict:
+        """The spec's values checked together (each key alone was checked by its parser); a ValueError refuses."""
+        return values
+
+    @classmethod
+    def capabilities_for(cls, options: dict) -> frozenset[str]:
+        """What a policy built with ``options`` can do (a subset of ``capabilities`` where options narrow it)."""
+        return cls.capabilities
+
+    def spec_text(self) -> str:
+        """The spec as a report names it: the policy's name, with the options it was built with where they matter."""
+        return self.name
+
+    def rewrite(self, ids: Tensor, keep: str) -> Iterator[tuple[Tensor, Tensor]] | None:
+        """None: ``ids`` are fed as they are, through the cache. A policy that rewrites what is fed (recompute)
+        returns the forwards that give the logits of ``ids`` instead, as (windows [B, k, m], positions [1, m])
+        pairs the runtime runs without a cache (:meth:`decodelab.core.engine.runtime.Runtime.feed`)."""
+        return None
+
+    def wants_attentions(self, n: int) -> bool:
+        """Whether the forward of the next ``n`` tokens must hand every layer's attention probabilities to
+        :meth:`observe_attentions` (a score-based press, before it evicts)."""
+        return False
+
+    def observe_attentions(self, attentions: tuple) -> None:
+        """The attention probabilities of one forward, every layer, where :meth:`wants_attentions` asked."""
+
+    def wants_queries(self, n: int) -> bool:
+        """Whether the forward of the next ``n`` tokens must hand every layer's queries (before RoPE) to
+        :meth:`observe_queries` (a press that models future queries from the prompt's, before it evicts)."""
+        return False
+
+    def observe_queries(self, queries: tuple) -> None:
+        """Every layer's queries [B, H, n, D] (before RoPE) of one forward, where :meth:`wants_queries` asked."""
+
+    def one_token_a_forward(self) -> bool:
+        """Whether the next forward must take one token (layers holding different numbers of tokens: the model
+        builds one causal mask, which fits only layers of one length)."""
+        return False
+
+    def slot_ranges(self) -> list[list[int]]:
+        """What the next forward attends to: [original start, original end, assigned start] per contiguous run of
+        tokens; by default every token seen, at its own position."""
+        return [[0, self.seen, 0]] if self.seen else []
+
+    def kept_positions(self, row: int = 0) -> list[list[list[int]]] | None:
+        """The absolute positions each KV head of each layer holds for batch row ``row``; None for a policy that
+        keeps by place, the same positions in every head (:mod:`decodelab.core.kv.kept`)."""
+        return None
 
 
 def tensor_nbytes(t: Tensor | None) -> int:
@@ -224,12 +290,10 @@ def parse_cache_spec(text: str | None, option: str = "--cache") -> CacheSpec:
             values[key] = cls.params[key](key, value.strip())
         except ValueError as exc:
             raise ConfigError(f"{option} {text!r}: {exc}") from None
-    check = getattr(cls, "check_options", None)
-    if check is not None:
-        try:
-            values = check(values)
-        except ValueError as exc:
-            raise ConfigError(f"{option} {text!r}: {exc}") from None
+    try:
+        values = cls.check_options(values)
+    except ValueError as exc:
+        raise ConfigError(f"{option} {text!r}: {exc}") from None
     return CacheSpec(name, tuple(sorted(values.items())))
 
 
@@ -244,14 +308,20 @@ def require(spec: CacheSpec, needs: set[str] | frozenset[str], why: str, option:
 
 
 def policy_capabilities(spec: CacheSpec) -> frozenset[str]:
-    cls = POLICIES[spec.name]
-    narrow = getattr(cls, "capabilities_for", None)
-    return narrow(spec.options) if narrow is not None else cls.capabilities
+    return POLICIES[spec.name].capabilities_for(spec.options)
 
 
 def feed_invariant(spec: CacheSpec) -> bool:
     """Whether the logits of a text under ``spec`` do not depend on how it is split into forwards."""
     return POLICIES[spec.name].feed_invariant
+
+
+def engine_reading(spec: CacheSpec, engine: str | None) -> CacheSpec:
+    """``spec`` as ``engine`` reads it (``--semantics``): the policy's defaults for that engine fill the options the
+    spec does not name (what the user named wins)."""
+    defaults = POLICIES[spec.name].engine_defaults.get(engine or "", {})
+    missing = {k: v for k, v in defaults.items() if k not in spec.options}
+    return CacheSpec(spec.name, tuple(sorted({**spec.options, **missing}.items()))) if missing else spec
 
 
 def compresses_once(spec: CacheSpec) -> bool:

@@ -43,6 +43,7 @@ from .protocol import (
     register,
 )
 from .quantize import QTensor, dequantize_view, fp8_supported, quantize_over
+from .rotation import KINDS as ROTATIONS, Rotation, make_rotation
 
 AXES = ("tensor", "token", "channel", "group", "kivi")
 DEFAULT_GROUP = 32
@@ -66,12 +67,20 @@ class Layout:
     """How a stream quantizes: ``axis`` one of token|group|channel|tensor; ``group`` channels per group (group) or
     tokens per block (channel, tensor). Every view has the chunk axis (tokens or blocks) at dim 2."""
 
-    def __init__(self, axis: str, group: int, bits, symmetric: bool, scale_dtype: torch.dtype):
+    def __init__(self, axis: str, group: int, bits, symmetric: bool, scale_dtype: torch.dtype,
+                 rotation: Rotation | None = None):
         self.axis, self.group, self.bits, self.symmetric, self.scale_dtype = axis, group, bits, symmetric, scale_dtype
+        self.rotation = rotation  # None, or x R quantized and deq R^T given back (see .rotation)
         self.block = group if axis in ("channel", "tensor") else 1  # tokens that share a scale
 
+    @property
+    def rotation_kind(self) -> str:
+        return "none" if self.rotation is None else self.rotation.kind
+
     def quantize(self, x: Tensor) -> QTensor:
-        """x [B, H, n, D], n a multiple of ``block``."""
+        """x [B, H, n, D], n a multiple of ``block`` (rotated first: x R, when the layout rotates)."""
+        if self.rotation is not None:
+            x = self.rotation.forward(x)
         if self.axis == "token":
             view, dims = x, (-1,)  # scale [B, H, n, 1]
         elif self.axis == "group":
@@ -86,7 +95,16 @@ class Layout:
         return q.codes.shape[2] * self.block
 
     def dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
-        """[B, H, n, D] in ``dtype``; ``out``: a [B, H, n, D] tensor (a slice of a larger one, say) to write into."""
+        """[B, H, n, D] in ``dtype``; ``out``: a [B, H, n, D] tensor (a slice of a larger one, say) to write into.
+        A rotating layout dequantizes in float32, rotates back (deq R^T) and rounds once into ``dtype``."""
+        if self.rotation is not None:
+            back = self.rotation.back(self._dequantize(q, torch.float32))
+            if out is None:
+                return back.to(dtype)
+            return out.copy_(back)
+        return self._dequantize(q, dtype, out)
+
+    def _dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         v = dequantize_view(q, dtype, None if out is None else self.view_of(out))
         if out is not None:
             return out
@@ -123,7 +141,8 @@ class Layout:
         per = {"token": "per token", "group": f"per token, groups of {self.group} channels",
                "channel": f"per channel, blocks of {self.group} tokens",
                "tensor": f"per row, blocks of {self.group} tokens"}[self.axis]
-        return f"{self.bits}-bit {per}" if self.bits != "fp8" else f"fp8 e4m3 {per}"
+        code = f"{self.bits}-bit {per}" if self.bits != "fp8" else f"fp8 e4m3 {per}"
+        return code if self.rotation is None else f"{code}, rotated ({self.rotation.describe()})"
 
 
 def cat_q(a: QTensor | None, b: QTensor) -> QTensor:
@@ -136,10 +155,15 @@ def cat_q(a: QTensor | None, b: QTensor) -> QTensor:
 class Stream:
     """The keys (or values) of one layer: quantized tokens, then a full-precision tail of the newest ones."""
 
-    def __init__(self, layout: Layout, residual: int):
+    def __init__(self, layout: Layout, residual: int, tail_dtype: torch.dtype | None = None):
         self.layout, self.residual = layout, residual
+        self.tail_dtype = tail_dtype  # the exact tail's storage dtype (None: the model's, as fed)
         self.q: QTensor | None = None
         self.tail: Tensor | None = None
+
+    def own(self, x: Tensor) -> Tensor:
+        """A copy of ``x`` in the tail's storage dtype (its own storage, never a view)."""
+        return x.to(self.tail_dtype or x.dtype, copy=True)
 
     @property
     def quantized(self) -> int:
@@ -176,7 +200,7 @@ class Stream:
 
     def extend(self, x: Tensor) -> None:
         """New tokens enter the exact tail."""
-        self.tail = x.clone() if self.tail is None else torch.cat([self.tail, x], 2)
+        self.tail = self.own(x) if self.tail is None else torch.cat([self.tail, self.own(x)], 2)
 
     def take_leaving(self) -> Tensor | None:
         """The tokens beyond the last ``residual`` that leave the tail, in whole blocks (None: none leave); the tail
@@ -195,7 +219,7 @@ class Stream:
     def states(self, dtype: torch.dtype) -> Tensor:
         """Every stored token, dequantized, then the exact tail: [B, H, tokens, D]."""
         parts = [] if self.q is None else [self.layout.dequantize(self.q, dtype)]
-        parts += [] if self.tail is None else [self.tail]
+        parts += [] if self.tail is None else [self.tail.to(dtype)]
         return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
     def keep_first(self, n: int) -> None:
@@ -308,13 +332,15 @@ def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> No
     keeps_tail = not first.bypasses_tail
     if leaving:
         views = [r[:, :, :leaving] for r in recents]
+        if keeps_tail and first.tail_dtype is not None:  # they passed through the tail: its rounding, as alone
+            views = [v.to(first.tail_dtype) for v in views]
         q = first.layout.quantize(views[0] if len(views) == 1 else torch.cat(views))
         for i, stream in enumerate(s for streams, _ in groups for s in streams):
             stream.add(q.map(lambda t, i=i: t[i * rows : (i + 1) * rows]))
     if keeps_tail:
         for (streams, _), recent in zip(groups, recents):
             for stream, tail in zip(streams, recent[:, :, leaving:].split(rows)):
-                stream.tail = tail.clone()
+                stream.tail = stream.own(tail)
 
 
 class LayersTogether:
@@ -374,8 +400,10 @@ class LayersTogether:
 def alike(a: Stream, b: Stream) -> bool:
     """Two streams quantized the same way that hold the same numbers of quantized and exact tokens."""
     la, lb = a.layout, b.layout
-    return (la.axis, la.group, la.bits, la.symmetric, la.scale_dtype, a.residual, a.quantized, a.exact) == \
-        (lb.axis, lb.group, lb.bits, lb.symmetric, lb.scale_dtype, b.residual, b.quantized, b.exact)
+    return (la.axis, la.group, la.bits, la.symmetric, la.scale_dtype, la.rotation_kind, a.residual, a.tail_dtype,
+            a.quantized, a.exact) == \
+        (lb.axis, lb.group, lb.bits, lb.symmetric, lb.scale_dtype, lb.rotation_kind, b.residual, b.tail_dtype,
+         b.quantized, b.exact)
 
 
 def split_rooms(stored: Tensor, rows: int, n: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
@@ -536,6 +564,20 @@ def scale_dtype_for(dtype: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float16
 
 
+# The exact window (the last ``residual`` tokens) is stored in the model's dtype (``residual_dtype=model``, the
+# default: the window bit for bit) or in 16 bits (``16``: float16, bfloat16 for a bfloat16 model; a float16 or
+# bfloat16 model's window is unchanged either way). KIVI keeps its window in the 16-bit precision its models run in,
+# so the ``int4-kivi`` and ``int2-kivi`` aliases say ``residual_dtype=16``: a float32 model's window is then rounded
+# to float16 (its keys and values lose float32's last 13 mantissa bits, nothing else), and its bytes are KIVI's.
+RESIDUAL_DTYPES = ("model", "16")
+
+
+def exact_window_dtype(residual_dtype: str, model_dtype: torch.dtype) -> torch.dtype | None:
+    """The tail's storage dtype; None: the model's own (no conversion)."""
+    wanted = scale_dtype_for(model_dtype) if residual_dtype == "16" else model_dtype
+    return None if wanted == model_dtype else wanted
+
+
 @register
 class QuantPolicy(KVPolicy):
     name = "quant"
@@ -543,13 +585,23 @@ class QuantPolicy(KVPolicy):
     summary = ("quantized keys and values (8/4/2 bits packed, fp8), per tensor, token, channel, group or kivi; "
                "rolls back only per token/group with residual=0")
     params = {"bits": parse_bits, "axis": choice(*AXES), "group": positive_int, "residual": non_negative_int,
-              "symmetric": boolean}
+              "symmetric": boolean, "rotate": choice(*ROTATIONS), "rotate_keys": choice(*ROTATIONS),
+              "rotate_values": choice(*ROTATIONS), "residual_dtype": choice(*RESIDUAL_DTYPES)}
+    # what an engine's reading turns on when the spec does not say (--semantics): llama.cpp rotates the keys and the
+    # values of a quantized cache with a Hadamard matrix (llama.cpp's attention rotation for quantized K/V types)
+    engine_defaults = {"llamacpp": {"rotate_keys": "hadamard", "rotate_values": "hadamard"}}
 
     @staticmethod
     def check_options(values: dict) -> dict:
         """Fill the defaults so the spec names every setting: bits=8, axis=token, residual 0 (32 for kivi),
-        symmetric for bits=8 and fp8, asymmetric (zero points) for 4 and 2 bits."""
+        symmetric for bits=8 and fp8, asymmetric (zero points) for 4 and 2 bits. ``rotate=K`` is shorthand for
+        ``rotate_keys=K,rotate_values=K`` (either given alone wins for its stream); no rotation is named only when
+        asked for (the spec stays as before for a cache that does not rotate)."""
         out = dict(values)
+        both = out.pop("rotate", None)
+        if both is not None:
+            out.setdefault("rotate_keys", both)
+            out.setdefault("rotate_values", both)
         out.setdefault("bits", 8)
         out.setdefault("axis", "token")
         out.setdefault("residual", DEFAULT_KIVI_RESIDUAL if out["axis"] == "kivi" else 0)
@@ -568,11 +620,15 @@ class QuantPolicy(KVPolicy):
         return frozenset(caps)
 
     def __init__(self, info: ModelInfo, capacity: int | None = None, needs: frozenset[str] = frozenset(),
-                 bits=8, axis: str = "token", group: int | None = None, residual: int = 0, symmetric: bool = True):
+                 bits=8, axis: str = "token", group: int | None = None, residual: int = 0, symmetric: bool = True,
+                 rotate_keys: str = "none", rotate_values: str = "none", residual_dtype: str = "model"):
         super().__init__(info, capacity, needs)
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
         self.bits, self.axis, self.residual, self.symmetric = bits, axis, residual, symmetric
+        self.rotations = {"key": make_rotation(rotate_keys, info.head_dim),
+                          "value": make_rotation(rotate_values, info.head_dim)}
+        self.tail_dtype = exact_window_dtype(residual_dtype, info.dtype)
         self.group = self._group(group, info.head_dim)
         missing = set(needs) - self.capabilities_for({"axis": axis, "residual": residual})
         if missing:
@@ -592,7 +648,8 @@ class QuantPolicy(KVPolicy):
                 raise ConfigError(f"--cache quant: layer {i} of this model is a {type(layer).__name__}; quant "
                                   "handles full and sliding attention layers only")
             new = quant_layer_class()()
-            new.setup(Stream(layouts["key"], residual), Stream(layouts["value"], residual), window,
+            new.setup(Stream(layouts["key"], residual, self.tail_dtype),
+                      Stream(layouts["value"], residual, self.tail_dtype), window,
                       hold="truncate" in needs)
             new.is_croppable = "truncate" in self.capabilities_for({"axis": axis, "residual": residual})
             layers.append(new)
@@ -620,7 +677,7 @@ class QuantPolicy(KVPolicy):
         axis = self.axis
         if axis == "kivi":
             axis = "channel" if which == "key" else "group"
-        return Layout(axis, self.group, self.bits, self.symmetric, scale_dtype)
+        return Layout(axis, self.group, self.bits, self.symmetric, scale_dtype, self.rotations[which])
 
     @property
     def stored(self) -> int:
@@ -648,7 +705,7 @@ class QuantPolicy(KVPolicy):
         ``exact_dtype``: the dtype of the exact window (default the model's, as stored); float16 gives the bytes of
         the same layout in a float16 model (scales and zero points are float16 either way but for bfloat16)."""
         info = self.info
-        exact_bytes = torch.empty(0, dtype=exact_dtype or info.dtype).element_size()
+        exact_bytes = torch.empty(0, dtype=exact_dtype or self.tail_dtype or info.dtype).element_size()
         total = 0
         for layer in self.model_cache.layers:
             window = None if layer.hold else layer.window
@@ -664,6 +721,8 @@ class QuantPolicy(KVPolicy):
         if layers:  # exact_tokens: the most positions any layer holds in the model's dtype (a sliding layer, fewer)
             out.update(keys=self.layouts["key"].describe(), values=self.layouts["value"].describe(),
                        exact_tokens=max(max(layer.k.exact, layer.v.exact) for layer in layers))
+            if self.tail_dtype is not None:  # the exact window is not in the model's dtype: say in which
+                out["exact_dtype"] = str(self.tail_dtype).removeprefix("torch.")
         return out
 
 
@@ -672,6 +731,6 @@ ALIASES.update({
     "int8": "quant:bits=8,axis=token,symmetric=true",
     "fp8": "quant:bits=fp8,axis=token",
     "int4": "quant:bits=4,axis=group",  # group: 32 channels, or the whole head when 32 does not divide head_dim
-    "int4-kivi": "quant:bits=4,axis=kivi,residual=32",
-    "int2-kivi": "quant:bits=2,axis=kivi,residual=32",
+    "int4-kivi": "quant:bits=4,axis=kivi,residual=32,residual_dtype=16",  # KIVI: the exact window in 16 bits
+    "int2-kivi": "quant:bits=2,axis=kivi,residual=32,residual_dtype=16",
 })

@@ -3,7 +3,7 @@ tokens (that token and the W - 1 before it) at positions 0..W-1. The quality bas
 (StreamingLLM's "sliding window with re-computation"): every token's context is encoded from scratch, so nothing a
 bounded cache approximates is approximated here, at W times the work per token.
 
-It works through the runtime's one rewrite hook (:meth:`decodelab.core.runtime.Runtime.feed`): ``rewrite(ids,
+It works through the runtime's one rewrite hook (:meth:`decodelab.core.engine.runtime.Runtime.feed`): ``rewrite(ids,
 keep)`` says which forwards to run, the runtime runs them without a cache, then ``after_forward(n)`` commits the
 ids. The id history is kept in full (8 bytes a token), so a rollback (``truncate``) and row reordering are exact;
 no keys or values are held between forwards, so ``layer_nbytes`` is 0 for every layer.
@@ -69,6 +69,11 @@ class RecomputePolicy(KVPolicy):
             group.append(window)
         if group:
             yield self._stacked(group)
+
+    def slot_ranges(self) -> list[list[int]]:
+        """The next token's forward re-encodes the last W - 1 tokens seen from position 0 (with itself at W - 1)."""
+        start = max(self.seen - (self.size - 1), 0)
+        return [[start, self.seen, 0]] if self.seen > start else []
 
     def _stacked(self, group: list[Tensor]) -> tuple[Tensor, Tensor]:
         m = group[0].shape[1]

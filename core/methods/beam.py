@@ -72,12 +72,12 @@ from ..sampling.chain import (
     refuse_stepwise_stages,
     validate_chain,
 )
+from ..sampling import registry
 from ..sampling.settings import ChainSettings
 from ..settings import _check, as_dict
 
 NORMS = ("hf", "gnmt", "prompt-inclusive", "none")
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
-SAMPLING_ONLY = ("temperature", "top_k", "top_p", "min_p", "typical_p", "softcap")
 START_SCORE = -1e9  # transformers' initial score of every beam but the first: all start from one prompt
 
 
@@ -116,15 +116,23 @@ def check_beams_fit_vocabulary(beams: int, vocab_size: int) -> None:
         raise ConfigError(f"--beams {beams}: must be at most the model's vocabulary size ({vocab_size})")
 
 
+def refuse_sampling_stages(s: BeamSettings) -> None:
+    """Every stage the registry marks as acting only when sampling (``warper``), or as defined on the raw logits
+    (beam's chain runs on log-probabilities), refused when these settings switch it on."""
+    for stage in registry.STAGES:
+        if not (stage.warper or stage.logits_only) or not stage.switched_on(s):
+            continue
+        p = next(p for p in stage.params if getattr(s, p.field) not in (None, ()))
+        why = ("transformers applies it only when sampling; every beam scores all tokens" if stage.warper else
+               "it caps logits, and beam's chain runs on log-probabilities")
+        raise ConfigError(f"{p.option} {getattr(s, p.field)}: not used by beam search ({why}); allowed processors: "
+                          "--repetition-penalty, --no-repeat-ngram, --logit-bias, a constraint")
+
+
 def validate_beam(s: BeamSettings) -> None:
     """Every check that needs no model, so bad input fails before anything loads."""
     validate_chain(s)
-    for key in SAMPLING_ONLY:
-        value = getattr(s, key)
-        if value is not None:
-            raise ConfigError(f"--{key.replace('_', '-')} {value}: not used by beam search (transformers applies it "
-                              "only when sampling; every beam scores all tokens); allowed processors: "
-                              "--repetition-penalty, --no-repeat-ngram, --logit-bias, a constraint")
+    refuse_sampling_stages(s)
     require(s.cache_spec, {"reorder", "rows"}, "beam search")
     if not isinstance(s.beams, int) or not 1 <= s.beams <= MAX_BEAMS:
         raise ConfigError(f"--beams {s.beams}: must be an integer in [1, {MAX_BEAMS}]")

@@ -1,7 +1,7 @@
 """Branching: force a token at a step ("what if it had picked this"), and resume a saved trace.
 
 Both keep the random draws of every other step unchanged. The sampling selector draws exactly one Exp(1) vector
-of the vocabulary's size per step from its explicit generator (:class:`~decodelab.core.select.Multinomial`), so
+of the vocabulary's size per step from its explicit generator (:class:`~decodelab.core.sampling.select.Multinomial`), so
 the draws of step t are the t-th such vector whatever happened before: a forced step still consumes its own vector
 (and ignores it), and a resumed run first skips one vector per already generated token.
 """

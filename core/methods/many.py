@@ -19,14 +19,14 @@ import torch
 
 from ..engine.run import Origin, synchronize
 from ..engine.runtime import Runtime
-from ..engine.stopping import StopChecker, StopRules
+from ..engine.stopping import StopChecker, StopRules, trim_stop
 from ..engine.tokens import check_prompt
 from ..errors import ConfigError
 from ..kv import CacheSpec, require
 from ..sampling.chain import Chain
-from ..sampling.distribution import log_softmax
-from ..sampling.select import make_generator, make_selector
+from ..sampling.select import make_selector
 from ..sampling.step import check_selected
+from ..trace.stats import chosen_logprobs
 from .sample import DecodeState, decode_tokens
 
 
@@ -81,9 +81,21 @@ def row_races(generators: list[torch.Generator], vocab: int, device) -> torch.Te
                       for g in generators])
 
 
-def sample_batched(model, prompt_ids: list[int], chain: Chain, greedy: bool, seed: int, n: int, rules: StopRules,
+def row_tokens(processed: torch.Tensor, selector: str, selectors: list, generators: list[torch.Generator]):
+    """[N] tokens, row i drawn as the single run with seed + i draws it: greedy the arg-max of all rows at once;
+    the exponential race argmax_i z_i - log E_i with row i's [1, V] draws (one batched arg-max); any other selector
+    row by row with its own generator (transformers' torch.multinomial)."""
+    if selector == "greedy":
+        return processed.float().argmax(dim=-1)
+    if selector == "multinomial":
+        return (processed.float() - row_races(generators, processed.shape[-1], processed.device).log()).argmax(dim=-1)
+    return torch.cat([s.from_logits(processed[r : r + 1]) for r, s in enumerate(selectors)])
+
+
+def sample_batched(model, prompt_ids: list[int], chain: Chain, selector: str, seed: int, n: int, rules: StopRules,
                    detok: Callable[[list[int]], str] | None = None, cache: CacheSpec | None = None):
-    """N rows in one batch: -> (token ids per row, processed log-probs per row, stop reasons)."""
+    """N rows in one batch: -> (token ids per row, processed log-probs per row, stop reasons). ``selector``: the
+    plan's (:attr:`~..sampling.semantics.Plan.selector`)."""
     check_prompt(len(prompt_ids), rules.context_length)
     chain.reset(len(prompt_ids))  # stages that count (or read) the generated tokens start after the prompt
     runtime = Runtime.create(model, cache, capacity=len(prompt_ids) + rules.max_new_tokens, needs=frozenset({"rows"}))
@@ -91,7 +103,8 @@ def sample_batched(model, prompt_ids: list[int], chain: Chain, greedy: bool, see
     total = len(prompt_ids) + rules.max_new_tokens
     ids = torch.zeros(n, total, dtype=torch.long, device=device)
     ids[:, : len(prompt_ids)] = torch.tensor(prompt_ids, dtype=torch.long, device=device)
-    generators = [] if greedy else [make_generator(seed + i, device) for i in range(n)]
+    selectors = [make_selector(selector, seed + i, device) for i in range(n)]
+    generators = [s.generator for s in selectors if hasattr(s, "generator")]
     logits = runtime.prefill(ids[:1, : len(prompt_ids)])
     runtime.reorder(torch.zeros(n, dtype=torch.long, device=device))  # every row starts from the one prompt
     logits = logits.expand(n, -1)
@@ -102,10 +115,8 @@ def sample_batched(model, prompt_ids: list[int], chain: Chain, greedy: bool, see
     length = len(prompt_ids)
     while True:
         processed = chain.apply(ids[:, :length], logits)
-        score = processed.float() if greedy else processed.float() - row_races(generators, logits.shape[-1],
-                                                                                device).log()
-        tokens = score.argmax(dim=-1)
-        logp = log_softmax(processed).gather(1, tokens[:, None])[:, 0]
+        tokens = row_tokens(processed, selector, selectors, generators)
+        logp = chosen_logprobs(processed, tokens)
         host = torch.cat([tokens.float(), logp, torch.isfinite(logp).float()]).tolist()
         ids[:, length] = tokens
         length += 1
@@ -121,36 +132,43 @@ def sample_batched(model, prompt_ids: list[int], chain: Chain, greedy: bool, see
         logits = runtime.feed(tokens.view(n, 1))
 
 
-def sample_many(model, prompt_ids: list[int], chain: Chain, greedy: bool, seed: int, n: int, rules: StopRules,
+def sample_many(model, prompt_ids: list[int], chain: Chain, selector: str, seed: int, n: int, rules: StopRules,
                 detok: Callable[[list[int]], str] | None = None, token_text: Callable[[int], str] | None = None,
-                cache: CacheSpec | None = None, batched: bool | None = None) -> tuple[list[SampleRow], SpreadSummary]:
-    """N samples and their spread; ``batched`` None: batched when the cache policy holds rows."""
+                cache: CacheSpec | None = None, batched: bool | None = None,
+                trim: bool = False) -> tuple[list[SampleRow], SpreadSummary]:
+    """N samples and their spread; ``selector``: the plan's (greedy, multinomial, hf-multinomial); ``batched``
+    None: batched when the cache policy holds rows; ``trim``: each row's text without what stopped it (the run's
+    ``trim_stop``)."""
 
     batched = can_batch(cache) if batched is None else batched
     device = next(model.parameters()).device
     synchronize(device)
     start = time.perf_counter()
     if batched:
-        out, logps, reasons = sample_batched(model, prompt_ids, chain, greedy, seed, n, rules, detok, cache)
+        out, logps, reasons = sample_batched(model, prompt_ids, chain, selector, seed, n, rules, detok, cache)
     else:
         out, logps, reasons = [], [], []
         for i in range(n):
 
             state = DecodeState()
             lp = []
-            for d in decode_tokens(model, prompt_ids, chain, make_selector(0 if greedy else 1, seed + i, device),
+            for d in decode_tokens(model, prompt_ids, chain, make_selector(selector, seed + i, device),
                                    rules, detok, state=state, cache=cache):
                 lp.append(d.processed_logits)
-            logp = torch.stack([log_softmax(z)[t] for z, t in zip(lp, state.new_ids)]).tolist() if lp else []
+            steps = min(len(lp), len(state.new_ids))  # each drawn token with the distribution it came from
+            logp = chosen_logprobs(torch.stack([z.reshape(-1) for z in lp[:steps]]),
+                                   torch.tensor(state.new_ids[:steps], device=device)).tolist() if steps else []
             out.append(list(state.new_ids))
             logps.append(logp)
             reasons.append(state.stop_reason)
     synchronize(device)
     elapsed = time.perf_counter() - start
     detok = detok or (lambda ids: " ".join(map(str, ids)))
-    rows = [SampleRow(i, seed + i, ids, detok(ids), len(ids), reasons[i], sum(logps[i]),
+    # each row delivers as a run does: with ``trim``, without what stopped it (length: the tokens generated)
+    delivered = [trim_stop(ids, reasons[i], rules, detok) if trim else (ids, detok(ids)) for i, ids in enumerate(out)]
+    rows = [SampleRow(i, seed + i, kept, text, len(out[i]), reasons[i], sum(logps[i]),
                       sum(logps[i]) / len(logps[i]) if logps[i] else float("nan"))
-            for i, ids in enumerate(out)]
+            for i, (kept, text) in enumerate(delivered)]
     return rows, spread(rows, token_text or (lambda t: str(t)), batched,
                         sum(r.length for r in rows) / elapsed if elapsed > 0 else float("nan"))
 
@@ -175,6 +193,8 @@ def spread(rows: list[SampleRow], token_text: Callable[[int], str], batched: boo
     )
 
 
-def many_document(origin: Origin, rows: list[SampleRow], summary: SpreadSummary, selector: str) -> dict:
-    """`sample -N`'s JSON document: the head with the selector, every sample, the spread."""
-    return origin.head(selector=selector, samples=rows, summary=summary)
+def many_document(origin: Origin, rows: list[SampleRow], summary: SpreadSummary, selector: str,
+                  noise: list[dict] | None = None) -> dict:
+    """`sample -N`'s JSON document: the head with the selector, every sample, the spread (and where greedy samples
+    part, the noise verdicts)."""
+    return origin.head(selector=selector, samples=rows, summary=summary, **({"noise": noise} if noise else {}))

@@ -31,8 +31,8 @@ from ..sampling.semantics import Plan
 from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
 from ..sampling.tokens import Tokens
-from ..trace.records import StageView, TokenProb, TrackedToken
-from ..trace.stats import stage_table
+from ..trace.records import StageStat, StageView, TokenProb, TrackedToken
+from ..trace.stats import stage_numbers
 from ..settings import as_dict
 from .sample import SampleSettings
 
@@ -59,26 +59,28 @@ def next_token_stages(
 def stage_views(ids: Tensor, raw: Tensor, chain: Chain, token_text: Callable[[int], str],
                 top: int = 10) -> tuple[list[StageView], list[TrackedToken]]:
     """The views of :func:`next_token_stages` for given raw logits [1, V] after the ids [1, T] (any source: a model,
-    or a distribution typed in by hand, see :func:`decodelab.core.dist.dist_stages`)."""
+    or a distribution typed in by hand, see :func:`decodelab.core.methods.probs.dist_stages`)."""
     _, stages = chain.run_recorded(ids, raw)
-    table = stage_table(stages)
-    probs = torch.stack([p for _, p in table])  # [S, V]
     logits = torch.stack([z[0] for _, z in stages])  # [S, V]
+    probs, _, stats = stage_numbers(logits)  # [S, V] and per stage (kept, entropy, mass removed), as every trace
     S, k = probs.shape[0], min(top, probs.shape[-1])
     top_ids = probs.topk(k, dim=-1).indices  # [S, k]: each stage's own top tokens
     cols = top_ids.flatten()  # [S * k]: every such token, followed through all stages
     followed = probs[:, cols]  # [S, S * k]
     ranks = (probs[:, None, :] > followed[:, :, None]).sum(dim=-1) + 1
-    # one transfer: the tokens, their logit at each stage's top, their raw logit, probabilities and ranks everywhere
+    # one transfer: the tokens, their logit at each stage's top, their raw logit, probabilities and ranks everywhere,
+    # and each stage's statistics
     host = torch.cat([cols.float(), logits.gather(1, top_ids).flatten(), raw[0, cols], followed.flatten(),
-                      ranks.float().flatten()]).tolist()
+                      ranks.float().flatten(), stats.flatten()]).tolist()
     n = S * k
+    table = [StageStat(name, int(kept), h, m) for (name, _), (kept, h, m)
+             in zip(stages, (host[3 * n + 2 * S * n + 3 * s : 3 * n + 2 * S * n + 3 * s + 3] for s in range(S)))]
     ids = [int(t) for t in host[:n]]
     stage_logits, raw_logits = host[n : 2 * n], host[2 * n : 3 * n]
     p_at = lambda s, c: host[3 * n + s * n + c]  # noqa: E731  probability of column c after stage s
     rank_at = lambda s, c: int(host[3 * n + S * n + s * n + c])  # noqa: E731
     views, first_col = [], {}
-    for s, ((name, _), (stat, _)) in enumerate(zip(stages, table)):
+    for s, ((name, _), stat) in enumerate(zip(stages, table)):
         entries = []
         for c in range(s * k, (s + 1) * k):
             if p_at(s, c) > 0:

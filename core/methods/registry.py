@@ -30,6 +30,7 @@ class Outcome:
     stop_reason: str
     tokens_per_s: float  # generated tokens / the run's time, prefill included
     steps: list[Step] | None = None  # its traced steps (the processed numbers it drew with); None: not traced
+    text: str | None = None  # the text it delivers (trimmed where its settings say); None: the ids decoded
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ def delivered(run: Run) -> Outcome:
 
 def sampled(run: Sampler) -> Outcome:
     """A sampling run: every traced step, the block pending at an early end included."""
-    return Outcome(list(run.new_ids), run.stop_reason, run.summary().tokens_per_s, run.steps)
+    return Outcome(list(run.new_ids), run.stop_reason, run.summary().tokens_per_s, run.steps,
+                   run.delivered(run.detok)[1])
 
 
 def searched(run: BeamSearch) -> Outcome:
@@ -69,7 +71,7 @@ def searched(run: BeamSearch) -> Outcome:
 
 def speculated(run: Speculator) -> Outcome:
     ids = list(run.new_ids)
-    return Outcome(ids, run.stop_reason, run.watch.timing.tokens_per_s(len(ids)))
+    return Outcome(ids, run.stop_reason, run.watch.timing.tokens_per_s(len(ids)), None, run.delivered(run.detok)[1])
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (

@@ -19,13 +19,13 @@ from torch import Tensor
 from ..engine.models import LoadedModel
 from ..engine.run import Origin, Run, Stopwatch
 from ..engine.runtime import Runtime, runtime_for
-from ..engine.stopping import StopChecker, StopRules, stop_rules, trim_stop
+from ..engine.stopping import StopChecker, StopRules, stop_rules
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..inputs import check_text
 from ..kv import CacheSpec, require
 from ..kv.kept import document_part, kept_after
 from ..sampling.chain import Chain, make_chain, validate_chain
-from ..sampling.semantics import plan as semantics_plan
+from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, read_selected, select
 from ..settings import _check, as_dict
@@ -169,8 +169,8 @@ class Sampler(Run):
     """The traced run of ``sample``: iterate for steps; afterwards ``stop_reason``, ``new_ids``, ``summary()``.
     ``keep_steps=False``: the steps are yielded and not kept (``steps`` stays empty; the summary comes from their
     :class:`Tally`), for a consumer that writes each as it comes. ``block`` > 1: up to that many steps are traced
-    together in one :func:`pack_rows` (one set of tensor operations and one transfer for the block), so the steps
-    come in bursts, for a consumer that reports them at the end; an interrupt or an early end traces what is pending
+    together in one :func:`~decodelab.core.trace.stats.pack_rows` (one set of tensor operations and one transfer for
+    the block), so the steps come in bursts, for a consumer that reports them at the end; an interrupt or an early end traces what is pending
     into ``steps``."""
 
     def __init__(self, model, prompt_ids, chain, selector, rules, token_text, detok, top: int = 5,
@@ -231,7 +231,8 @@ class Sampler(Run):
         return step
 
     def _trace_pending(self) -> list[Step]:
-        """Trace the deferred steps as one block (:meth:`TraceBlock.trace`: one set of operations, one transfer)."""
+        """Trace the deferred steps as one block (:meth:`~decodelab.core.trace.stats.TraceBlock.trace`: one set of
+        operations, one transfer)."""
         pending, greedy, self._pending = self._pending, list(self._block.greedy), []
         if not pending:
             return []
@@ -270,18 +271,8 @@ class Sampler(Run):
         return summarize(self.steps if self.keep_steps else self.tally, self.watch.timing if self.watch else None, self.stop_reason,
                          len(self.new_ids))
 
-    def delivered(self) -> tuple[list[int], str]:
-        """The ids and the text the run delivers: a resumed run's saved tokens, then the new ones; less the stop
-        string (or stop id) when the settings trim it (``trim_stop``; None: the semantics' own)."""
-        ids = self.resumed + list(self.new_ids)
-        text = self.detok(ids)
-        s = self.settings
-        if s is not None and (s.trim_stop if s.trim_stop is not None else semantics_plan(s).trim_stop):
-            ids, text = trim_stop(ids, self.stop_reason, self.rules, self.detok)
-        return ids, text
-
     def text(self) -> str:
-        return self.delivered()[1]
+        return self.delivered(self.detok, self.resumed + list(self.new_ids))[1]
 
     def kv_kept(self):
         """The kept map of the run's cache (None: no run yet, or a policy that keeps by place)."""
@@ -297,7 +288,7 @@ class Sampler(Run):
             extra["semantics"] = semantics_plan(s).describe()
         if self.kept:
             extra["kept_sets"] = self.kept_sets
-        ids, text = self.delivered()
+        ids, text = self.delivered(self.detok, self.resumed + list(self.new_ids))
         return self.origin.head(**extra, steps=self.steps, text=text, token_ids=ids, summary=self.summary(),
                                 **document_part(kept))
 
@@ -315,6 +306,7 @@ def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[in
     run = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
                   runtime=runtime, record=record, kept=kept, block=block)
     run.settings = settings
+    run.trim_stop = trims_stop(settings)
     return run
 
 

@@ -35,10 +35,12 @@ from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import CacheSpec, compresses_once, feed_invariant, parse_cache_spec
 from ..kv.kept import document_part, kept_after
+from ..sampling import replay
 from ..sampling.chain import Chain, make_chain, validate_chain
+from ..sampling.semantics import plan
 from ..sampling.settings import ChainSettings
 from ..settings import _check, as_dict
-from ..trace.stats import kept_ids
+from ..trace.stats import COLUMN, kept_ids, scored_rows
 from .choice import check_choice_settings
 
 
@@ -58,6 +60,7 @@ class ScoreSettings(ChainSettings):
 
 def validate_score(s: ScoreSettings) -> None:
     validate_chain(s)
+    replay.refuse_stateful_settings(plan(s).order, "score")
     for key in ("limit", "chunk", "feed", "prefill"):
         value = getattr(s, key)
         if value is not None:
@@ -163,18 +166,6 @@ def blocks(tokens: int, feed: int, prefill: int | None = None) -> list[tuple[int
     return out
 
 
-def processed_logprobs(chain: Chain, ids: Tensor, logits: Tensor, start: int) -> Tensor:
-    """log softmax of the chain's output for rows whose prefix is ids[:, :start + 1 + r] ([n, V] -> [n, V])."""
-    if not chain.processors:
-        return torch.log_softmax(logits, dim=-1)
-    if chain.uses_ids:
-        rows = [chain.apply(ids[:, : start + 1 + r], logits[r : r + 1]) for r in range(logits.shape[0])]
-        out = torch.cat(rows)
-    else:
-        out = chain.apply(ids[:, : start + 1].expand(logits.shape[0], -1), logits)
-    return torch.log_softmax(out.float(), dim=-1)
-
-
 def check_scorable(token_ids: list[int], where: str = "TEXT") -> None:
     """Scoring needs the first token as context and at least one token after it to score."""
     if len(token_ids) < 2:
@@ -219,7 +210,7 @@ class Scorer(TextScore):
         ids = torch.tensor([self.ids], dtype=torch.long, device=device)
         T = len(self.ids)
         feed = self.feed
-        self.chain.reset(1)  # the first token is context; stages that count generated tokens count from the second
+        replay.start(self.chain, 1)  # the first token is context; stages that count generated tokens count from the second
         self.watch = Stopwatch(device)
         self.watch.start()
         # logits after positions [start, end) score tokens start+1 .. end; the last token is never fed
@@ -236,15 +227,14 @@ class Scorer(TextScore):
 
     def _block(self, ids: Tensor, logits: Tensor, ref_logits: Tensor | None, start: int, end: int):
         targets = ids[0, start + 1 : end + 1]
-        raw = torch.log_softmax(logits.float(), dim=-1)
-        chosen = raw.gather(-1, targets[:, None])[:, 0]
-        rank = (raw > chosen[:, None]).sum(dim=-1) + 1
-        ent = torch.special.entr(raw.exp()).sum(dim=-1)
-        proc_all = processed_logprobs(self.chain, ids, logits, start)
-        proc = proc_all.gather(-1, targets[:, None])[:, 0]
-        cols = [targets.float(), chosen, rank.float(), ent, proc]
+        processed = replay.processed(self.chain, ids, logits, start + 1) if self.chain.processors else logits
+        head = scored_rows(logits, processed, targets).T  # [HEAD, n]: the per-step statistics of every method
+        chosen, proc = head[COLUMN["raw_logprob"]], head[COLUMN["logprob"]]
+        cols = [head[COLUMN["token_id"]], chosen, head[COLUMN["raw_rank"]], head[COLUMN["raw_entropy"]], proc]
+        if self.s.renormalize or ref_logits is not None:
+            raw = torch.log_softmax(logits.float(), dim=-1)
         if self.s.renormalize:  # log sum_{k kept} p_raw(k); kept_logprob = raw_logprob - that (the token removed: -inf)
-            log_mass = torch.logsumexp(raw.masked_fill(~torch.isfinite(proc_all), float("-inf")), dim=-1)
+            log_mass = torch.logsumexp(raw.masked_fill(~torch.isfinite(processed), float("-inf")), dim=-1)
             cols += [log_mass.exp(), torch.where(torch.isfinite(proc), chosen - log_mass, float("-inf"))]
         if ref_logits is not None:
             ref_raw = torch.log_softmax(ref_logits.float(), dim=-1)
@@ -265,8 +255,7 @@ class Scorer(TextScore):
                 row.reference_logprob, row.kl, row.agree = host[k][i], host[k + 1][i], bool(host[k + 2][i])
             out.append(row)
         if self.s.kept_ids:
-            for r, row in enumerate(out):
-                _, stages = self.chain.run_recorded(ids[:, : start + 1 + r], logits[r : r + 1])
+            for row, stages in zip(out, replay.recorded(self.chain, ids, logits, start + 1)):
                 row.kept_sets = kept_ids(stages)
         return out
 

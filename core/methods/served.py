@@ -4,7 +4,7 @@ whose every number says where it came from.
 The connection (:func:`connect`) asks the server three things before any command runs: which model it serves
 (``GET /v1/models``), whether its tokenizer is the local one (the same probe text tokenised on both sides, special
 tokens included, so a missing or extra BOS shows), and what its generation logprobs are (vLLM: a probe,
-:meth:`~decodelab.core.engine.served.ServedEngine.detect_logprobs_mode`; the server's ``--logprobs-mode`` is not
+:meth:`~decodelab.core.engine.http.client.ServedEngine.detect_logprobs_mode`; the server's ``--logprobs-mode`` is not
 in any answer). What the backend cannot do is refused with one line (:func:`refuse_on_engine`).
 
 Where each number comes from:
@@ -16,9 +16,8 @@ Where each number comes from:
 * alternatives are the server's top N (**truncated**); ``tail_mass`` = 1 - the listed probabilities' sum bounds
   every unlisted token's probability.
 
-The local recomputation (:func:`forced_logits`, :func:`chain_along`) re-runs the local model teacher-forced and
-decodelab's own chain over given tokens: what ``check-logprobs`` and ``compare --engine`` hold the engine's numbers
-against.
+The local recomputation the engine's numbers are held against (``check-logprobs``, ``compare --engine``) is the
+replay of :mod:`decodelab.core.sampling.replay`: the local model teacher-forced, decodelab's own chain over the tokens.
 """
 
 from __future__ import annotations
@@ -27,27 +26,16 @@ import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-
-import torch
-from torch import Tensor
+from dataclasses import asdict, dataclass, field, replace
 
 from ..engine.backend import refuse_lacking
 from ..engine.run import Run
-from ..engine.runtime import Runtime
-from ..engine.served import (
-    LOGPROB_KINDS,
-    PROCESSED,
-    RAW,
-    EngineError,
-    Generated,
-    Position,
-    Scored,
-    ServedEngine,
-)
+from ..engine.http.client import ServedEngine
+from ..engine.http.transport import EngineError
+from ..engine.http.wire import LOGPROB_KINDS, PROCESSED, RAW, Generated, Position, Scored
 from ..errors import ConfigError
-from ..sampling.chain import Chain
 from ..sampling.export import served_settings
+from ..sampling.semantics import plan as semantics_plan
 from .batch.run import Baseline, Entry
 from .score import ChunkPerplexity, TextScore, check_scorable
 
@@ -281,7 +269,7 @@ class ServedSample(Run):
 def sample_needs(settings, kept_ids: bool = False) -> dict[str, str]:
     """What ``sample --engine`` asks of the backend, by option."""
     needs = {"generate": "sample --engine"}
-    if settings.temperature != 0:
+    if not semantics_plan(replace(settings, semantics="vllm")).greedy:  # the server reads them as vLLM does
         needs["seeded"] = "--seed"
     if settings.cache not in (None, "full"):
         needs["kv_policies"] = f"--cache {settings.cache}"
@@ -422,39 +410,3 @@ def engine_baseline(conn: Connection, entries: list[Entry], prompt_ids: list[lis
              "cached_tokens": a.cached_tokens, "seconds": a.seconds} for e, a in done]
     return Baseline("engine", tokens / seconds if seconds > 0 and tokens else None, seconds, same,
                     reason=str(failed[0]) if failed else None, details=details, requests=rows)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the local recomputation the engine's numbers are held against
-
-
-@torch.inference_mode()
-def forced_logits(model, prompt_ids: list[int], out_ids: list[int]) -> Tensor:
-    """The local model's raw logits [len(out_ids), V] (float32) for each generated token, teacher-forced in one
-    forward over prompt + output: row i is the distribution out_ids[i] was drawn from."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt_ids) + list(out_ids)], dtype=torch.long, device=device)
-    runtime = Runtime.create(model, None, capacity=ids.shape[1])
-    return runtime.feed(ids, keep="all")[0, len(prompt_ids) - 1 : -1].float()
-
-
-@torch.inference_mode()
-def chain_along(chain: Chain, prompt_ids: list[int], out_ids: list[int], logits: Tensor,
-                record: bool = False) -> list:
-    """The chain at each generated position, as a run would apply it: told where the prompt ends (penalties that
-    count the output only), each row given its own prefix. Per position: the processed logits [V], or with
-    ``record`` the list of (stage name, logits [V]) starting with ("raw", ...)."""
-    if chain.stateful:
-        raise ConfigError(f"the chain [{', '.join(chain.names)}] carries state from step to step (xtc, mirostat): "
-                          "it cannot be replayed over given tokens")
-    chain.reset(len(prompt_ids))
-    ids = torch.tensor([list(prompt_ids) + list(out_ids)], dtype=torch.long, device=logits.device)
-    out = []
-    for i in range(len(out_ids)):
-        prefix, row = ids[:, : len(prompt_ids) + i], logits[i : i + 1]
-        if record:
-            _, stages = chain.run_recorded(prefix, row)
-            out.append([(name, z[0]) for name, z in stages])
-        else:
-            out.append(chain.apply(prefix, row)[0])
-    return out

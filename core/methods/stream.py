@@ -4,14 +4,15 @@
   RoPE (positions past the trained context are the point); every step adds the cache state after the forward that
   produced its logits: ``cache_tokens``, ``kv_bytes``, ``evicted`` (original positions [start, end) that forward
   evicted) and ``slots`` (the slot map as runs [original start, original end, assigned start]).
-* Scoring (:class:`StreamScore`): a long text through ``score``'s :class:`~decodelab.core.score.Scorer` (raw model
-  log-probabilities, teacher-forced), reported per span of ``chunk`` tokens with the cache tokens, KV bytes and
+* Scoring (:class:`StreamScore`): a long text through ``score``'s :class:`~decodelab.core.methods.score.Scorer`
+  (raw model log-probabilities, teacher-forced), reported per span of ``chunk`` tokens with the cache tokens, KV bytes and
   tokens/s at the end of the span. Tokens per forward: ``feed`` (default 1: every query sees exactly what the
   policy keeps, as StreamingLLM; a larger feed lets a forward's queries also see the rest of it, see
-  :mod:`decodelab.core.kv.window`). ``full`` and ``recompute`` give the same numbers at any feed, so
-  :func:`compare_policies` feeds them ``chunk`` tokens at a time.
-* The attention-sink diagnosis (:func:`attention_profile`): per layer and head, the weight late queries put on the
-  first S positions against S times the weight of an average other position.
+  :mod:`decodelab.core.kv.window`). A feed-invariant policy (``full``, ``recompute``, ``static``, ``paged``:
+  ``KVPolicy.feed_invariant``) gives the same numbers at any feed, so :func:`compare_policies` feeds it ``chunk``
+  tokens at a time.
+* The attention-sink diagnosis (:func:`decodelab.core.analysis.attention.attention_profile`): per layer and head,
+  the weight late queries put on the first S positions against S times the weight of an average other position.
 """
 
 from __future__ import annotations
@@ -21,16 +22,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 
-from ..analysis.attention import _has_rotary
-from ..analysis.probe import ProbeSettings, check_probe
+from ..engine.forward import rotary_parameters
 from ..engine.run import Origin, Run
 from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
-from ..kv import compresses_once, make_policy, parse_cache_spec, parse_policy_list
+from ..kv import KVPolicy, compresses_once, feed_invariant, make_policy, parse_cache_spec, parse_policy_list
 from ..kv.kept import document_part, kept_after
 from ..sampling.chain import Chain, make_chain
-from ..sampling.select import make_selector
+from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
 from ..settings import _check, as_dict
 from ..trace.records import Step
@@ -62,7 +62,9 @@ def validate_stream(s: StreamSettings) -> None:
     for key in ("chunk", "feed", "window"):
         _check(getattr(s, key) >= 1, key, getattr(s, key), "must be an integer >= 1")
     _check(s.prefill is None or s.prefill >= 1, "prefill", s.prefill, "must be an integer >= 1")
-    check_probe(ProbeSettings(keys=s.probe_keys, depths=probe_depths(s)))
+    probe_depths(s)
+    _check(all(k.strip() for k in s.probe_keys), "probe_keys", ",".join(s.probe_keys),
+           "a key is empty; give keys such as 71432,58210")
     if s.policies is not None:
         if not s.compare_policies:
             raise ConfigError("--policies: ranks policies with --compare-policies; add it (or give one --cache)")
@@ -221,7 +223,7 @@ def compare_policies(model, token_ids: list[int], chain: Chain, token_text, sett
     """One :class:`StreamScore` per policy of :func:`policy_set` (label, run), or (label, why) for a policy the
     model cannot run (re-rotation without RoPE): the caller iterates each run."""
     for label, spec in policy_set(settings).items():
-        exact_at_any_feed = label in ("full", "recompute")
+        exact_at_any_feed = feed_invariant(parse_cache_spec(spec))  # the policy declares it (full, recompute, ...)
         try:
             run = StreamScore(model, token_ids, chain, token_text, settings, spec,
                               feed=max(settings.chunk, settings.feed) if exact_at_any_feed else None,
@@ -281,14 +283,17 @@ class StreamGenerate(Run):
     """The ``sample`` loop under a bounded policy, past the context; steps carry the cache state. ``keep_steps=False``
     (a stream written as it comes): no step is kept, and the memory of the run does not grow with its steps."""
 
-    def __init__(self, lm, prompt_ids: list[int], chain: Chain, settings: StreamSettings, keep_steps: bool = True):
+    def __init__(self, lm, prompt_ids: list[int], chain: Chain | None, settings: StreamSettings,
+                 keep_steps: bool = True):
+        """``chain`` None: the settings' chain, drawing XTC's coin from the selector's generator (as `sample`)."""
 
         self.lm, self.settings, self.spec = lm, settings, settings.cache_spec
         # RoPE models run on past their trained positions (the point); absolute positions end at the context
-        context = None if _has_rotary(lm.model) else lm.context_length
+        context = None if rotary_parameters(lm.model) is not None else lm.context_length
         rules = StopRules(settings.max_new_tokens, tuple(lm.eos_ids), tuple(settings.stop), settings.ignore_eos,
                           context, tuple(settings.stop_id))
-        selector = make_selector(settings.temperature, settings.seed, lm.device)
+        selector = semantics_plan(settings).make_selector(settings.seed, lm.device)
+        chain = chain if chain is not None else make_chain(lm, settings, getattr(selector, "generator", None))
         self.runtime = runtime_for(lm, self.spec, len(prompt_ids) + settings.max_new_tokens,
                                    compile=settings.compile)
         self.sampler = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
@@ -297,6 +302,7 @@ class StreamGenerate(Run):
         self.steps: list[StreamStep] = []
         self.spans = Spans(settings.chunk)
         self.chain, self.selector = chain, selector
+        self.rules, self.trim_stop = rules, trims_stop(settings)
 
     @property
     def stop_reason(self) -> str:
@@ -320,14 +326,15 @@ class StreamGenerate(Run):
             yield out
 
     def text(self) -> str:
-        return self.lm.decode(self.new_ids)
+        return self.delivered(self.lm.decode)[1]
 
     def document(self) -> dict:
         """``stream``'s JSON document when it generates: the steps with their cache state, the text, the summary,
         the kept map of a score-based cache."""
         kept = kept_after(self.runtime, len(self.origin.prompt_ids))
-        return self.origin.head(mode="generate", selector=self.selector.name, steps=self.steps, text=self.text(),
-                                token_ids=self.new_ids, summary=self.summary(), **document_part(kept))
+        ids, text = self.delivered(self.lm.decode)
+        return self.origin.head(mode="generate", selector=self.selector.name, steps=self.steps, text=text,
+                                token_ids=ids, summary=self.summary(), **document_part(kept))
 
     def summary(self) -> StreamSummary:
         base = self.sampler.summary()
@@ -341,10 +348,10 @@ class StreamGenerate(Run):
 
 def stream_run(lm, settings: StreamSettings, prompt_text: str, prompt_ids: list[int], chain: Chain | None = None,
                keep_steps: bool = True) -> StreamGenerate:
-    """``stream``'s generating run with its document head (the registry's build)."""
-    chain = chain or make_chain(lm, settings)
+    """``stream``'s generating run with its document head (the registry's build); ``chain`` None: the settings'
+    chain, sharing the selector's generator (as `sample`)."""
     run = StreamGenerate(lm, prompt_ids, chain, settings, keep_steps=keep_steps)
-    run.origin = Origin.of("stream", lm, as_dict(settings), chain.names, prompt_text, prompt_ids)
+    run.origin = Origin.of("stream", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
     return run
 
 
@@ -357,21 +364,9 @@ def stream_score_run(lm, settings: StreamSettings, text: str, token_ids: list[in
     return run
 
 
-def slot_ranges(policy) -> list[list[int]]:
-    """What the next forward attends to: [original start, original end, assigned start] per contiguous run of
-    tokens (full: everything at its own position; recompute: the last W - 1 tokens, re-encoded from position 0)."""
-    own = getattr(policy, "slot_ranges", None)
-    if own is not None:
-        return own()
-    size = getattr(policy, "size", None)
-    if policy.name == "recompute" and size is not None:
-        start = max(policy.seen - (size - 1), 0)
-        return [[start, policy.seen, 0]] if policy.seen > start else []
-    return [[0, policy.seen, 0]] if policy.seen else []
-
-
-def cache_state(policy) -> dict:
-    """The per-step cache fields of `stream` (after the forward that produced the step's logits)."""
-    evicted = list(getattr(policy, "last_evicted", (0, 0)))
+def cache_state(policy: KVPolicy) -> dict:
+    """The per-step cache fields of `stream` (after the forward that produced the step's logits); ``slots``: what
+    the next forward attends to, as the policy declares it (``KVPolicy.slot_ranges``)."""
+    evicted = list(policy.last_evicted)
     return {"cache_tokens": policy.stored, "kv_bytes": policy.nbytes(), "evicted": evicted if evicted[1] > evicted[0]
-            else [], "slots": slot_ranges(policy)}
+            else [], "slots": policy.slot_ranges()}

@@ -59,12 +59,6 @@ class Chain:
             if hasattr(proc, "accept"):
                 proc.accept(token)
 
-    @property
-    def stateful(self) -> bool:
-        """Whether some stage carries state from one step to the next (then every step must be accepted in order:
-        methods that score several continuations at once refuse such a chain)."""
-        return any(hasattr(proc, "accept") for proc in self.processors)
-
     def states(self) -> list[tuple[str, Tensor]]:
         """Per-step numbers of the stages that have them ("mirostat.mu", "xtc.coin", "dynatemp.temperature"),
         each a [B] tensor on the device: the values this step used."""

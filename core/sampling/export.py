@@ -17,9 +17,10 @@ import math
 import shlex
 from dataclasses import dataclass, field, replace
 
-from ..engine.served import SamplingSettings
+from ..engine.http.wire import SamplingSettings
 from ..errors import ConfigError
-from .registry import BY_NAME, STAGES, effective, param, params
+from . import registry
+from .registry import BY_NAME, STAGES, effective, param, params, sampler_names, stage_of
 from .semantics import (
     ENGINE_NAMES,
     ENGINE_STAGES,
@@ -39,13 +40,6 @@ TARGETS = ("hf", "vllm", "llamacpp")
 # (vllm/config/model.py get_diff_sampling_param; max_new_tokens is -n's)
 VLLM_SERVER_FILLED = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k", "top_p",
                       "min_p")
-LLAMACPP_SAMPLER_NAMES = {  # common/sampling.cpp common_sampler_type_to_str
-    "repetition-penalty": "penalties", "frequency-penalty": "penalties", "presence-penalty": "penalties",
-    "dry": "dry", "top-n-sigma": "top_n_sigma", "top-k": "top_k", "typical-p": "typ_p", "top-p": "top_p",
-    "min-p": "min_p", "xtc": "xtc", "temperature": "temperature", "dynatemp": "temperature",
-}
-
-
 @dataclass
 class Export:
     target: str
@@ -286,9 +280,10 @@ def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> 
     for t, b in bias.items():
         flags += [param("logit_bias").export["llamacpp"],
                   f"{t}{'+' if b >= 0 else '-'}{'inf' if math.isinf(b) else _flag_number(abs(b))}"]
-    order = [LLAMACPP_SAMPLER_NAMES[n] for n in (s.chain or ()) if n in LLAMACPP_SAMPLER_NAMES]
+    names = sampler_names("llamacpp")
+    order = [names[n] for n in (s.chain or ()) if n in names]
     if not sampling:  # llama.cpp runs only the listed samplers, then draws: --temp 0 is greedy only as one of them
-        order.append("temperature")
+        order.append(names[stage_of("temperature").name])
     flags += ["--samplers", ";".join(dict.fromkeys(order))]
     if sample["seed"] is not None:
         flags += ["--seed", str(sample["seed"])]
@@ -331,6 +326,26 @@ def _llamacpp_constraint(spec: ConstraintSpec | None, out: Export) -> list[str]:
 
 
 # --- a served engine's request ------------------------------------------------------------------------------------
+
+
+def llamacpp_server_neutral() -> dict:
+    """What a request to llama.cpp's server (/completion) adds to the fields it carries: every stage llama.cpp has
+    and the request does not carry (a request carries what vLLM reads, :func:`served_settings`) switched off, its
+    switching field at llama.cpp's off-value (each row's ``export["llamacpp-server"]`` and ``off["llamacpp"]``); and
+    ``samplers``, llama.cpp's own order of the stages a request carries (its names from each row's ``samplers``),
+    written out so that the server's --samplers cannot reorder the chain."""
+    carried = set(registry.engine_order("vllm"))
+    body = {}
+    for stage in registry.STAGES:
+        if "llamacpp" not in stage.engines or stage.name in carried:
+            continue
+        for p in stage.params:
+            if "llamacpp-server" in p.export and "llamacpp" in p.off:
+                body[p.export["llamacpp-server"]] = p.off["llamacpp"].value
+    names = registry.sampler_names("llamacpp")
+    order = [names[n] for n in registry.engine_order("llamacpp") if n in carried and n in names]
+    return {**body, "samplers": list(dict.fromkeys(order))}
+
 
 # vLLM export keyword -> the served client's field (every other field keeps its neutral value: stage off)
 SERVED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",

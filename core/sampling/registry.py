@@ -66,7 +66,8 @@ class Param:
     ``many``: repeatable, a tuple of texts; ``pairs``: repeatable ``TEXT=BIAS``; ``fallback``: decodelab's value
     when the field is unset and its stage is on (DRY's base 1.75); ``metavar``: how ``--help`` names the value
     (default its type). Per engine (a dict keyed by engine name): ``off``, the values that switch the field's stage
-    off there (:class:`Off`); ``export``, the field's name there (a keyword argument or a flag); ``defaults``, the
+    off there (:class:`Off`); ``export``, the field's name there (a keyword argument or a flag; "llamacpp-server": in
+    the llama.cpp server's /completion body); ``defaults``, the
     value the engine uses when the field is not given; ``checks``, the engine's own range where it accepts more than
     decodelab's ``check``."""
 
@@ -101,7 +102,9 @@ class Stage:
     ``tokens`` (token ids resolved from texts), ``tokenizer`` (the model's own, and the logits width), ``generator``
     (the run's RNG), ``end_ids``, ``prompt_len``, ``state`` (it carries state from step to step). ``engines``: per
     engine, its rank in that engine's own order (absent: the engine has no such stage). ``warper``: it only acts when
-    sampling (greedy engines drop it). ``any_field``: any of its fields switches it on (else the first)."""
+    sampling (greedy engines drop it). ``any_field``: any of its fields switches it on (else the first).
+    ``logits_only``: its value is defined on the raw logits, not on log-probabilities (beam runs the chain on
+    log-probabilities, and refuses it)."""
 
     name: str
     params: tuple[Param, ...]
@@ -110,6 +113,8 @@ class Stage:
     value: Callable | None = None
     make: Callable = staticmethod(lambda cls, value, context: cls(value))
     warper: bool = False
+    logits_only: bool = False
+    samplers: dict[str, str] = field(default_factory=dict)  # engine -> its name in the sampler list (llama.cpp's)
     cls: type | None = None  # bound by @implements
     variants: dict[str, type] = field(default_factory=dict)  # other classes of the same stage, by role or engine
     any_field: bool = False
@@ -127,11 +132,6 @@ class Stage:
         """The class that runs this stage under ``engine``'s semantics: its variant for that engine if it has one
         (llama.cpp's exactly-k top-k), else the stage's own."""
         return self.variants.get(engine, self.cls) if engine is not None else self.cls
-
-    def switched_on(self, s) -> bool:
-        """Whether the settings switch this stage on (its first field set; mirostat, constraint: any field)."""
-        on = self.params if self.any_field else self.params[:1]
-        return any(getattr(s, p.field) not in (None, ()) for p in on)
 
 
 # --- value builders of the stages with several fields -------------------------------------------------------------
@@ -216,29 +216,31 @@ STAGES: list[Stage] = [
           engines={"vllm": -1, "llamacpp": -1}, needs=frozenset({"ids", "tokenizer", "end_ids", "prompt_len"}),
           value=_constraint, make=lambda cls, v, c: cls.bind(v, c), any_field=True),
     Stage("softcap", (Param("softcap", float, "c * tanh(z / c) on the logits, c > 0.", panel="chain",
-                            check=_gt0),)),
+                            check=_gt0),), logits_only=True),
     Stage("repetition-penalty",
           (Param("repetition_penalty", float, "Divide positive / multiply negative logits of seen tokens (> 0; 1 = "
                  "off).", panel="chain", check=Check(lambda v: _finite(v) and v > 0, "must be > 0 (1 = off)"),
                  off={"hf": _ONE, "vllm": _ONE, "llamacpp": _ONE},
                  export={"hf": "repetition_penalty", "vllm": "repetition_penalty", "llamacpp": "--repeat-penalty"}),),
-          engines={"hf": 2, "vllm": 4, "llamacpp": 1}, needs=frozenset({"ids"}),
+          engines={"hf": 2, "vllm": 4, "llamacpp": 1}, samplers={"llamacpp": "penalties"}, needs=frozenset({"ids"}),
           make=lambda cls, v, c: c.repetition(cls, v)),
     Stage("frequency-penalty",
           (Param("frequency_penalty", float, "z -= A * (times the token was seen).",
                  off={"vllm": _ZERO, "llamacpp": _ZERO},
                  export={"vllm": "frequency_penalty", "llamacpp": "--frequency-penalty"}),),
-          engines={"vllm": 5, "llamacpp": 2}, needs=frozenset({"ids", "prompt_len"}),
+          engines={"vllm": 5, "llamacpp": 2}, samplers={"llamacpp": "penalties"},
+          needs=frozenset({"ids", "prompt_len"}),
           make=lambda cls, v, c: cls(value=v, **c.scope_of("frequency-penalty"))),
     Stage("presence-penalty",
           (Param("presence_penalty", float, "z -= A for every token already seen (once).",
                  off={"vllm": _ZERO, "llamacpp": _ZERO},
                  export={"vllm": "presence_penalty", "llamacpp": "--presence-penalty"}),),
-          engines={"vllm": 6, "llamacpp": 3}, needs=frozenset({"ids", "prompt_len"}),
+          engines={"vllm": 6, "llamacpp": 3}, samplers={"llamacpp": "penalties"},
+          needs=frozenset({"ids", "prompt_len"}),
           make=lambda cls, v, c: cls(value=v, **c.scope_of("presence-penalty"))),
     Stage("dry", (Param("dry_multiplier", float, "DRY: a token extending a repeat of n >= L tokens loses "
                         "M * base^(n - L) (0 < M).", off={"llamacpp": _ZERO},
-                        export={"llamacpp": "--dry-multiplier"}),
+                        export={"llamacpp": "--dry-multiplier", "llamacpp-server": "dry_multiplier"}),
                   Param("dry_base", float, "DRY base, >= 1 (default 1.75).", fallback=1.75,
                         export={"llamacpp": "--dry-base"}, defaults={"llamacpp": 1.75}),
                   Param("dry_allowed_length", int, "DRY: repeats up to this length are free (default 2).",
@@ -248,7 +250,7 @@ STAGES: list[Stage] = [
                         defaults={"llamacpp": 64}),
                   Param("dry_breaker", str, "A DRY sequence breaker (repeatable; default llama.cpp's \\n : \" *; "
                         "without a model: token ids).", many=True, export={"llamacpp": "--dry-sequence-breaker"})),
-          engines={"llamacpp": 4}, needs=frozenset({"ids", "tokens"}), value=_dry,
+          engines={"llamacpp": 4}, samplers={"llamacpp": "dry"}, needs=frozenset({"ids", "tokens"}), value=_dry,
           make=lambda cls, v, c: cls(**v)),
     Stage("no-repeat-ngram", (Param("no_repeat_ngram", int, "Ban tokens completing an n-gram already in the text.",
                                     panel="chain", check=Check(lambda v: v >= 1, "must be an integer >= 1"),
@@ -276,29 +278,32 @@ STAGES: list[Stage] = [
                                 fallback=1.0, off={"hf": _ONE, "vllm": _ONE, "llamacpp": _ONE},
                                 export={"hf": "temperature", "vllm": "temperature", "llamacpp": "--temp"},
                                 defaults={"llamacpp": 0.8}),),
-          engines={"hf": 7, "vllm": 7, "llamacpp": 11}, value=_temperature, warper=True),
+          engines={"hf": 7, "vllm": 7, "llamacpp": 11}, samplers={"llamacpp": "temperature"}, value=_temperature,
+          warper=True),
     Stage("dynatemp", (Param("dynatemp_range", float, "Dynamic temperature: t +- R by the normalized entropy.",
-                             off={"llamacpp": _NOT_POSITIVE}, export={"llamacpp": "--dynatemp-range"}),
+                             off={"llamacpp": _NOT_POSITIVE},
+                             export={"llamacpp": "--dynatemp-range", "llamacpp-server": "dynatemp_range"}),
                        Param("dynatemp_exponent", float, "Dynamic temperature exponent (default 1).", fallback=1.0,
                              export={"llamacpp": "--dynatemp-exp"}, defaults={"llamacpp": 1.0})),
-          engines={"llamacpp": 12}, value=_dynatemp, make=lambda cls, v, c: cls(**v), warper=True),
+          engines={"llamacpp": 12}, samplers={"llamacpp": "temperature"}, value=_dynatemp,
+          make=lambda cls, v, c: cls(**v), warper=True),
     Stage("top-n-sigma", (Param("top_n_sigma", float, "Keep z >= max z - N * std(z).",
                                 off={"llamacpp": Off(-1.0, lambda v: v <= 0)},  # since llama.cpp PR 13345
-                                export={"llamacpp": "--top-nsigma"}),),
-          engines={"llamacpp": 5}, warper=True),
+                                export={"llamacpp": "--top-nsigma", "llamacpp-server": "top_n_sigma"}),),
+          engines={"llamacpp": 5}, samplers={"llamacpp": "top_n_sigma"}, warper=True),
     Stage("top-k", (Param("top_k", int, "Keep the k most likely tokens.", panel="chain",
                           check=Check(lambda v: v >= 1, "must be an integer >= 1"),
                           off={"hf": Off(0, lambda v: v == 0), "vllm": Off(0, lambda v: v in (0, -1)),
                                "llamacpp": _NOT_POSITIVE},
                           export={"hf": "top_k", "vllm": "top_k", "llamacpp": "--top-k"},
                           defaults={"hf": 50, "llamacpp": 40}),),
-          engines={"hf": 8, "vllm": 9, "llamacpp": 6}, warper=True),
+          engines={"hf": 8, "vllm": 9, "llamacpp": 6}, samplers={"llamacpp": "top_k"}, warper=True),
     Stage("top-p", (Param("top_p", float, "Keep the smallest set reaching this mass, (0, 1].", panel="chain",
                           check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
                           off={"hf": _AT_LEAST_ONE, "vllm": _AT_LEAST_ONE, "llamacpp": _AT_LEAST_ONE},
                           export={"hf": "top_p", "vllm": "top_p", "llamacpp": "--top-p"},
                           defaults={"llamacpp": 0.95}),),
-          engines={"hf": 9, "vllm": 10, "llamacpp": 8}, warper=True),
+          engines={"hf": 9, "vllm": 10, "llamacpp": 8}, samplers={"llamacpp": "top_p"}, warper=True),
     Stage("min-p", (Param("min_p", float, "Keep tokens with p >= min_p * p_max, [0, 1].", panel="chain",
                           check=Check(lambda v: 0 <= v <= 1, "must be in [0, 1]"),
                           off={"hf": _ZERO, "vllm": _ZERO, "llamacpp": Off(0.0, lambda v: v <= 0)},
@@ -306,12 +311,12 @@ STAGES: list[Stage] = [
                           defaults={"llamacpp": 0.05},
                           checks={"llamacpp": Check(lambda v: _finite(v), "must be a number (above 1 keeps one "
                                                     "token, <= 0 is off)")}),),
-          engines={"hf": 10, "vllm": 8, "llamacpp": 9}, warper=True),
+          engines={"hf": 10, "vllm": 8, "llamacpp": 9}, samplers={"llamacpp": "min_p"}, warper=True),
     Stage("typical-p", (Param("typical_p", float, "Locally typical sampling mass, (0, 1].", panel="chain",
                               check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
                               off={"hf": _AT_LEAST_ONE, "llamacpp": _AT_LEAST_ONE},
-                              export={"hf": "typical_p", "llamacpp": "--typical"}),),
-          engines={"hf": 11, "llamacpp": 7}, warper=True),
+                              export={"hf": "typical_p", "llamacpp": "--typical", "llamacpp-server": "typical_p"}),),
+          engines={"hf": 11, "llamacpp": 7}, samplers={"llamacpp": "typ_p"}, warper=True),
     Stage("epsilon-cutoff", (Param("epsilon_cutoff", float, "Remove tokens with p < E, (0, 1).",
                                    off={"hf": _ZERO}, export={"hf": "epsilon_cutoff"}),),
           engines={"hf": 12}, warper=True),
@@ -320,12 +325,12 @@ STAGES: list[Stage] = [
           engines={"hf": 13}, warper=True),
     Stage("xtc", (Param("xtc_probability", float, "XTC: with this probability (a coin from --seed) remove every top "
                         "choice but the least likely.", off={"llamacpp": Off(0.0, lambda v: v <= 0)},
-                        export={"llamacpp": "--xtc-probability"}),
+                        export={"llamacpp": "--xtc-probability", "llamacpp-server": "xtc_probability"}),
                   Param("xtc_threshold", float, "XTC: tokens with p >= T are the top choices (default 0.1).",
                         fallback=0.1, off={"llamacpp": Off(0.1, lambda v: v > 0.5)},
                         export={"llamacpp": "--xtc-threshold"},
                         defaults={"llamacpp": 0.1})),
-          engines={"llamacpp": 10}, needs=frozenset({"generator", "state"}), value=_xtc,
+          engines={"llamacpp": 10}, samplers={"llamacpp": "xtc"}, needs=frozenset({"generator", "state"}), value=_xtc,
           make=lambda cls, v, c: cls(v["threshold"], v["probability"], c.generator), warper=True),
     Stage("mirostat", (Param("mirostat_tau", float, "Mirostat 2.0 target surprise in bits (default 5).",
                              fallback=5.0, export={"llamacpp": "--mirostat-ent"}),
@@ -364,6 +369,11 @@ def stage_of(field_name: str) -> Stage | None:
     return next((s for s in STAGES if field_name in s.fields), None)
 
 
+def scaling_stage() -> str:
+    """The name of the stage that divides the logits by the temperature (whose temperature 0 is greedy)."""
+    return stage_of("temperature").name
+
+
 def check_range(p: Param, value, engine: str | None = None) -> None:
     """A field's value against its entry's range (None: not set), the engine's own where it has one (``checks``:
     llama.cpp's min-p above 1); a value outside it is one line naming the option. Torch-free, so the CLI can report
@@ -371,6 +381,18 @@ def check_range(p: Param, value, engine: str | None = None) -> None:
     check = p.checks.get(engine, p.check)
     if check is not None and value is not None:
         _check(check.ok(value), p.field, value, check.allowed)
+
+
+def stateful(names) -> list[str]:
+    """The stages among ``names`` whose output is not a function of the prefix alone (``needs`` "state": their own
+    coin, or state carried from step to step)."""
+    return [n for n in names if "state" in BY_NAME[n].needs]
+
+
+def sampler_names(engine: str) -> dict[str, str]:
+    """Stage -> the engine's name for it in a sampler list, from each row's ``samplers`` (llama.cpp's --samplers:
+    common/sampling.cpp common_sampler_type_to_str)."""
+    return {s.name: s.samplers[engine] for s in STAGES if engine in s.samplers}
 
 
 def engine_order(engine: str) -> tuple[str, ...]:

@@ -52,12 +52,6 @@ class Multinomial:
         return (logits.float() - self._race(logits).log()).argmax(dim=-1)
 
 
-def make_selector(temperature: float | None, seed: int, device) -> Greedy | Multinomial:
-    if temperature == 0:
-        return Greedy()
-    return Multinomial(make_generator(seed, device))
-
-
 class HFMultinomial:
     """transformers' draw: ``torch.multinomial(softmax(scores), 1)`` (``generation/utils.py`` ``_sample``). With a
     generator seeded by s it draws what ``generate(do_sample=True)`` draws after ``torch.manual_seed(s)`` (the
@@ -73,6 +67,17 @@ class HFMultinomial:
 
     def from_logits(self, logits: Tensor) -> Tensor:
         return self(softmax(logits))
+
+
+SELECTORS = {"greedy": Greedy, "multinomial": Multinomial, "hf-multinomial": HFMultinomial}
+
+
+def make_selector(name: str, seed: int, device) -> Greedy | Multinomial | HFMultinomial:
+    """The selector a plan names (:attr:`~.semantics.Plan.selector`; whether a run is greedy is the plan's to say),
+    a sampling one with its own generator seeded by ``seed``."""
+    if name == "greedy":
+        return Greedy()
+    return SELECTORS[name](make_generator(seed, device))
 
 
 # --- one step ----------------------------------------------------------------------------------------------------

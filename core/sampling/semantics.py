@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ConfigError
 from .registry import DEFAULT_ORDER, ENGINES, STAGES, StageContext, engine_order, param, params, stage_of
-from .select import Greedy, HFMultinomial, Multinomial, make_generator
+from .select import Greedy, HFMultinomial, Multinomial, make_selector
 from .settings import ChainSettings
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp common/common.h dry_sequence_breakers
@@ -99,6 +99,11 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def greedy(self) -> bool:
+        """Whether the run takes the arg-max (no draw, no generator)."""
+        return self.selector == "greedy"
+
+    @property
     def order(self) -> list[str]:
         return list(self.settings.chain or ())
 
@@ -116,17 +121,21 @@ class Plan:
 
     def make_selector(self, seed: int, device) -> Greedy | Multinomial | HFMultinomial:
         """The one selector, with the run's generator (hand the same generator to :meth:`context`)."""
-        if self.selector == "greedy":
-            return Greedy()
-        if self.selector == "hf-multinomial":
-            return HFMultinomial(make_generator(seed, device))
-        return Multinomial(make_generator(seed, device))
+        return make_selector(self.selector, seed, device)
 
     def describe(self) -> dict:
         """For the JSON document: the effective chain and what differs."""
         return {"engine": self.engine, "chain": self.order, "selector": self.selector, "logprobs": self.logprobs,
                 "counting": {k: {"scope": s, "last_n": n} for k, (s, n) in self.counting.items()},
                 "trim_stop": self.trim_stop, "notes": list(self.notes)}
+
+
+def trims_stop(s) -> bool:
+    """Whether a run of ``s`` delivers its text without what stopped it: ``trim_stop`` when set, else what the
+    engine whose semantics apply does (vLLM and llama.cpp leave a stop string out; transformers and decodelab keep
+    it)."""
+    given = getattr(s, "trim_stop", None)
+    return plan(s).trim_stop if given is None else bool(given)
 
 
 def active_stages(s: ChainSettings) -> list[str]:

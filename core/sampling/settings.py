@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import field, make_dataclass
 from functools import lru_cache
 
-from ..kv import CacheSpec, parse_cache_spec
+from ..kv import CacheSpec, engine_reading, parse_cache_spec
+from ..settings import PAIRS
 
 from .registry import STAGES, Param, params
 
@@ -15,7 +16,7 @@ from .registry import STAGES, Param, params
 def annotation(p: Param):
     """The field's type: a tuple of texts, of (text, bias) pairs, or an optional scalar."""
     if p.pairs:
-        return tuple[tuple[str, float], ...]
+        return PAIRS
     if p.many:
         return tuple[str, ...]
     return p.kind | None
@@ -37,7 +38,8 @@ def parsed_cache(spec: str) -> CacheSpec:
 
 
 def _cache_spec(self) -> CacheSpec:
-    return parsed_cache(self.cache)
+    """The policy as the run reads it: with ``semantics`` set, that engine's defaults where the spec is silent."""
+    return engine_reading(parsed_cache(self.cache), self.semantics)
 
 
 ChainSettings = make_dataclass(

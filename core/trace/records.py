@@ -156,7 +156,7 @@ class Tally:
 
 def summarize(steps: list[Step] | Tally, timing, stop_reason: str, new_tokens: int | None = None) -> SampleSummary:
     """``steps``: the run's steps, or their :class:`Tally` for a run that keeps none (then no constraint summary);
-    ``timing``: a :class:`~decodelab.core.run.Timing` (None: unmeasured)."""
+    ``timing``: a :class:`~decodelab.core.engine.run.Timing` (None: unmeasured)."""
     tally = steps if isinstance(steps, Tally) else Tally.of(steps)
     n = tally.steps if new_tokens is None else new_tokens
     nan = float("nan")

@@ -7,7 +7,7 @@ below 2**24; every probability is a float32 value already, so nothing is rounded
      alt_id * A, alt_prob * A, alt_raw_prob * A, (stage_kept, stage_entropy, stage_mass_removed) * S,
      winner * S, chosen_rank * S, removed_previous_winner * (S - 1)]
 
-The last three groups say which stage decided the step (:mod:`decodelab.core.why`): the token the selector's own
+The last three groups say which stage decided the step (:mod:`decodelab.core.trace.why`): the token the selector's own
 race draws would pick from each stage's distribution, the chosen token's rank there, and whether a stage removed
 the previous stage's winner.
 
@@ -23,10 +23,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .records import StageStat
 from .why import chosen_ranks, race_noise, race_winners, split
 
 HEAD = 10  # scalar fields before the alternatives
+HEAD_FIELDS = ("token_id", "finite", "prob", "logprob", "raw_prob", "raw_logprob", "raw_rank", "entropy",
+               "raw_entropy", "kept")  # their order (Numbers' first fields)
+COLUMN = {name: i for i, name in enumerate(HEAD_FIELDS)}  # where each HEAD number sits in a packed row
 
 
 KEPT_FIRST = 1 << 30  # added to a kept candidate's key: above every removed one (a float32 in [0, 1] is < 2**30)
@@ -43,18 +45,6 @@ def ranked_alternatives(probs: Tensor, raw_probs: Tensor, kept: Tensor, top: int
     kept_key = probs.float().view(torch.int32) + KEPT_FIRST
     key = torch.where(kept, kept_key, raw_probs.float().view(torch.int32))
     return key.topk(k).indices
-
-
-def stage_stats(stages: list[tuple[str, Tensor]]) -> Tensor:
-    """[S, 3] per stage of row 0: candidates kept, entropy after it (nats), and the probability mass, under the
-    distribution before it, of the candidates it removed (the first stage removes nothing by definition)."""
-    return stage_probs_and_stats(stages)[1]
-
-
-def stage_probs_and_stats(stages: list[tuple[str, Tensor]]) -> tuple[Tensor, Tensor]:
-    """Each stage's probabilities [S, V] (row 0) and its statistics [S, 3] (see :func:`stage_stats`)."""
-    probs, _, stats = stage_numbers(torch.stack([z[0] for _, z in stages]))
-    return probs, stats
 
 
 def stage_numbers(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -134,6 +124,26 @@ def pack_rows(L: Tensor, t: Tensor, top: int, race: Tensor | None, stages: bool)
         parts += [torch.stack([kept_n.float(), H, removed_mass(P, removed)], dim=-1).reshape(K, -1), winners, ranks,
                   lost]
     return torch.cat(parts, dim=1)
+
+
+SCORED_BYTES = 64 << 20  # a replayed sequence's distributions packed at once at most (bytes): bounds the temporaries
+
+
+def scored_rows(raw_logits: Tensor, processed: Tensor, tokens: Tensor) -> Tensor:
+    """The HEAD numbers [n, HEAD] of n given tokens ``tokens`` [n], each under its row's raw logits and processed
+    logits [n, V] (a replayed sequence: ``score``, ``compare``'s scored rows): :func:`pack_rows` of the raw and
+    processed rows alone, no alternatives; ``COLUMN[name]`` says where each number sits. Packed SCORED_BYTES of
+    distributions at a time (every number is a row's own: the split changes none), left on the device."""
+    n, V = raw_logits.shape
+    step = max(1, SCORED_BYTES // (2 * V * 4))
+    return torch.cat([pack_rows(torch.stack([raw_logits[a : a + step].float(), processed[a : a + step].float()],
+                                            dim=1), tokens[a : a + step], 0, None, False) for a in range(0, n, step)])
+
+
+def chosen_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """[B] log softmax(z_b)[t_b] of each row's token under logits [B, V] (exactly -inf where a stage removed it):
+    the ``logprob`` number of :func:`pack_rows` alone, for a method that reports no other (many, batch)."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(1, tokens.reshape(-1, 1))[:, 0]
 
 
 # A block's distributions at most (bytes), before its steps are traced together. Measured on a CPU
@@ -231,16 +241,6 @@ def unpack(host: list[float], top: int, vocab: int, n_stages: int) -> Numbers:
         stages=[(int(host[st + 3 * i]), host[st + 3 * i + 1], host[st + 3 * i + 2]) for i in range(n_stages)],
         winners=winners, ranks=ranks, removed=removed,
     )
-
-
-def stage_table(stages: list[tuple[str, Tensor]]) -> list[tuple[StageStat, Tensor]]:
-    """Per stage (row 0 of each [1, V] logits): candidates kept, entropy after it, and the probability mass
-    (under the distribution before it) of the candidates it removed; with that stage's probabilities.
-    Computed together on the device (:func:`decodelab.core.stats.stage_stats`), read in one transfer."""
-
-    probs, stats = stage_probs_and_stats(stages)
-    host = stats.tolist()
-    return [(StageStat(name, int(k), h, m), probs[i]) for i, ((name, _), (k, h, m)) in enumerate(zip(stages, host))]
 
 
 def kept_ids(stages: list[tuple[str, Tensor]]) -> list[dict]:

@@ -13,7 +13,7 @@ The last stage's winner is the chosen token c (unless the token was forced). So:
 
 A truncation filter (top-k, top-p, min-p, typical-p, bans) only ever sets logits to -inf, so it changes the
 winner exactly when it removes the current winner; temperature, soft-capping, penalties and biases change it by
-re-scoring. All of it is computed on the device with the step's other trace numbers (:mod:`decodelab.core.stats`).
+re-scoring. All of it is computed on the device with the step's other trace numbers (:mod:`decodelab.core.trace.stats`).
 """
 
 from __future__ import annotations
@@ -49,16 +49,6 @@ def race_winners(z: Tensor, noise: Tensor | None, removed: Tensor) -> tuple[Tens
     return winners, removed[..., 1:, :].gather(-1, winners[..., :-1, None])[..., 0]
 
 
-def stage_winners(stage_logits: Tensor, noise: Tensor | None, chosen: Tensor) -> Tensor:
-    """For stage logits [S, V] (raw first), the race noise [V] (None: greedy) and the chosen token [1]: one float vector
-    [winners (S), rank of the chosen token under each stage (S), whether stage s removed the winner of stage s-1
-    (S - 1)], all on the device."""
-    z = stage_logits.float()
-    winners, lost = race_winners(z, noise, torch.isneginf(z))
-    ranks = chosen_ranks(z, z.index_select(1, chosen.reshape(-1)[:1]))
-    return torch.cat([winners.float(), ranks.float(), lost.float()])
-
-
 class Decision(NamedTuple):
     decided_by: str  # a stage name, "model" or "forced"
     why: str  # one sentence
@@ -88,11 +78,3 @@ def decide(names: list[str], chosen: int, winners: list[int], ranks: list[int], 
         return Decision(stage, f"{stage} removed {before}")
     verb = "brought it in" if stage == "bias" else "lifted it"
     return Decision(stage, f"{stage} {verb} from rank {ranks[s - 1]}")
-
-
-def decide_from_logits(names: list[str], stage_logits: list[Tensor], chosen: int, race: Tensor | None) -> Decision:
-    """The same decision for a hand-built chain (tests, one-off calls): stage logits [V] each, raw first."""
-    z = torch.stack([t.reshape(-1) for t in stage_logits])
-    host = stage_winners(z, race_noise(race, z[0]), torch.tensor([chosen])).tolist()
-    winners, ranks, removed = split(host, len(names))
-    return decide(names, chosen, winners, ranks, removed, race is None)

@@ -142,7 +142,7 @@ def test_sampling_runs_use_the_bench_seed(model):
 
     def by_hand(seed):
         chain = build_chain({"temperature": 0.8, "top-p": 0.95})
-        return [s.token_id for s in Sampler(model, PROMPT, chain, make_selector(0.8, seed, "cpu"),
+        return [s.token_id for s in Sampler(model, PROMPT, chain, make_selector("multinomial", seed, "cpu"),
                                             StopRules(6, ignore_eos=True), str, None, top=0)]
 
     runs = bm.Bench(model, PROMPT, 6, ("sampling",), seed=11).runs

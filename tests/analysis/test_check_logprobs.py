@@ -507,7 +507,7 @@ def test_a_query_answer_from_the_engines_positions(tiny):
     """A live query: the client's sorted top N, the sampled token put back first where it is not among them, the
     local texts, vLLM semantics, settings from the query, the server's mode as what the values are."""
     from decodelab.core.analysis.check_logprobs import answer_of_query
-    from decodelab.core.engine.served import Alternative, Generated, Labels, Position
+    from decodelab.core.engine.http.wire import Alternative, Generated, Labels, Position
     from decodelab.core.methods.sample import SampleSettings
 
     steps = (Position(0, 12, -0.5, 1, (Alternative(12, -0.5), Alternative(14, -2.0)), ("a defect",)),

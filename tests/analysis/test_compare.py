@@ -20,7 +20,8 @@ from decodelab.core.sampling.chain import build_chain
 from decodelab.core.sampling.distribution import softmax
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.select import make_selector
-from decodelab.core.trace.why import decide, decide_from_logits
+from decodelab.core.trace.stats import pack, unpack
+from decodelab.core.trace.why import decide
 
 V = 256
 PROMPT = "5 17 42 9 100 3"
@@ -72,6 +73,15 @@ def pair(run, a, b, seed=0):
 
 
 # --- why this token: hand-built chains where the deciding stage is known -----------------------------------------
+
+
+def decide_from_logits(names, stage_logits, chosen: int, race):
+    """The deciding stage of a hand-built chain through a traced step's own path: the stage logits [V] each (raw
+    first) packed as one step (trace.stats.pack), unpacked, decided (trace.why.decide); ``race`` None: greedy."""
+    stages = [(name, z.reshape(1, -1)) for name, z in zip(names, stage_logits)]
+    host = pack(torch.tensor([chosen]), stages[0][1], stages[-1][1], stages, 0, race).tolist()
+    n = unpack(host, 0, stages[0][1].shape[-1], len(stages))
+    return decide(names, chosen, n.winners, n.ranks, n.removed, race is None)
 
 
 def test_why_top_p_removed_the_raw_pick():
@@ -129,16 +139,16 @@ def test_why_a_token_the_selector_did_not_pick_is_forced_and_no_stages_say_so():
 def test_why_in_a_traced_run_names_the_bias_exactly_where_it_changed_the_argmax(llama):
     prompt = [5, 17, 42]
     rules = StopRules(8, ignore_eos=True)
-    plain = [s.token_id for s in Sampler(llama, prompt, build_chain({"temperature": 0}), make_selector(0, 0, "cpu"),
+    plain = [s.token_id for s in Sampler(llama, prompt, build_chain({"temperature": 0}), make_selector("greedy", 0, "cpu"),
                                          rules, str, None, top=0)]
     chain = build_chain({"bias": {7: 1e4}, "temperature": 0})
-    steps = list(Sampler(llama, prompt, chain, make_selector(0, 0, "cpu"), rules, str, None, top=0))
+    steps = list(Sampler(llama, prompt, chain, make_selector("greedy", 0, "cpu"), rules, str, None, top=0))
     assert all(s.token_id == 7 for s in steps)
     # step 0 shares the prompt: the bias decided unless the model's own argmax was already 7
     assert steps[0].decided_by == ("model" if plain[0] == 7 else "bias")
     assert all(s.decided_by in ("bias", "model") for s in steps)
     sampled = list(Sampler(llama, prompt, build_chain({"temperature": 0.7, "top-k": 3}),
-                           make_selector(0.7, 1, "cpu"), rules, str, None, top=0))
+                           make_selector("multinomial", 1, "cpu"), rules, str, None, top=0))
     assert all(s.decided_by in ("model", "temperature", "top-k") and s.why for s in sampled)
 
 
@@ -283,7 +293,7 @@ def test_many_samples_follow_the_processed_distribution(llama):
     z = Runtime.create(llama).prefill(torch.tensor([prompt]))
     probs = softmax(chain.apply(torch.tensor([prompt]), z))[0].double()
     n = 1200
-    rows, summary = sample_many(llama, prompt, chain, False, 0, n, StopRules(1, ignore_eos=True))
+    rows, summary = sample_many(llama, prompt, chain, "multinomial", 0, n, StopRules(1, ignore_eos=True))
     assert summary.batched and summary.num_samples == n
     counts = torch.zeros(V, dtype=torch.float64)
     for r in rows:
@@ -301,11 +311,11 @@ def test_batched_row_i_is_the_single_run_with_seed_plus_i(llama):
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 1.0, "top-p": 0.9})
     rules = StopRules(6, ignore_eos=True)
-    rows, summary = sample_many(llama, prompt, chain, False, 10, 4, rules)
-    seq, _ = sample_many(llama, prompt, chain, False, 10, 4, rules, batched=False)
+    rows, summary = sample_many(llama, prompt, chain, "multinomial", 10, 4, rules)
+    seq, _ = sample_many(llama, prompt, chain, "multinomial", 10, 4, rules, batched=False)
     assert not _.batched
     for i, r in enumerate(rows):
-        single = [s.token_id for s in Sampler(llama, prompt, chain, make_selector(1.0, 10 + i, "cpu"), rules, str,
+        single = [s.token_id for s in Sampler(llama, prompt, chain, make_selector("multinomial", 10 + i, "cpu"), rules, str,
                                               None, top=0)]
         assert r.token_ids == single == seq[i].token_ids
         assert r.sum_logprob == pytest.approx(seq[i].sum_logprob, abs=1e-4)
@@ -326,23 +336,23 @@ def run_ids(model, prompt, chain, selector, n, force=None):
 def test_force_changes_that_step_and_nothing_before_and_keeps_later_draws(llama):
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 1.0, "top-k": 20})
-    base = [s.token_id for s in run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10)]
+    base = [s.token_id for s in run_ids(llama, prompt, chain, make_selector("multinomial", 4, "cpu"), 10)]
     z_ids = prompt + base[:4]
     z = Runtime.create(llama).prefill(torch.tensor([z_ids]))
     alt = next(t for t in z[0].topk(5).indices.tolist() if t != base[4])
-    steps = run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10, force={4: alt})
+    steps = run_ids(llama, prompt, chain, make_selector("multinomial", 4, "cpu"), 10, force={4: alt})
     forced = [s.token_id for s in steps]
     assert forced[:4] == base[:4] and forced[4] == alt
     assert steps[4].decided_by == "forced" and steps[3].decided_by != "forced"
     # the later steps used the same draws: continuing from the forced prefix with the draws of steps 5.. agrees
-    sel = make_selector(1.0, 4, "cpu")
+    sel = make_selector("multinomial", 4, "cpu")
     skip_draws(sel, 5, V, "cpu")
     tail = [s.token_id for s in Sampler(llama, prompt + forced[:5], chain, sel, StopRules(5, ignore_eos=True), str,
                                         None, top=0)]
     assert tail == forced[5:]
     with pytest.raises(ConfigError, match="removed that token"):
         far = z[0].argsort()[0].item()  # the least likely token: outside top-20
-        run_ids(llama, prompt, chain, make_selector(1.0, 4, "cpu"), 10, force={4: far} if False else {0: far})
+        run_ids(llama, prompt, chain, make_selector("multinomial", 4, "cpu"), 10, force={4: far} if False else {0: far})
     assert parse_force(["3=42", "0=7"]) == {3: 42, 0: 7}
     with pytest.raises(ConfigError, match="--force"):
         parse_force(["x=1"])
@@ -351,14 +361,14 @@ def test_force_changes_that_step_and_nothing_before_and_keeps_later_draws(llama)
 def test_resume_continues_with_the_same_draws(llama, tmp_path):
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 0.8})
-    whole = [s.token_id for s in run_ids(llama, prompt, chain, make_selector(0.8, 2, "cpu"), 14)]
+    whole = [s.token_id for s in run_ids(llama, prompt, chain, make_selector("multinomial", 2, "cpu"), 14)]
     doc = {"command": "sample", "config": {"temperature": 0.8, "seed": 2}, "prompt": {"token_ids": prompt},
            "token_ids": whole[:8], "summary": {"stop_reason": "length"}}
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(doc))
     point = load_trace(path)
     assert point.context_ids == prompt + whole[:8] and point.config["seed"] == 2
-    sel = make_selector(point.config["temperature"], point.config["seed"], "cpu")
+    sel = make_selector("multinomial", point.config["seed"], "cpu")
     skip_draws(sel, len(point.generated_ids), V, "cpu")
     rest = [s.token_id for s in run_ids(llama, point.context_ids, chain, sel, 6)]
     assert whole[8:] == rest
@@ -388,16 +398,16 @@ def test_branched_run_resumes_and_forces_with_step_numbers_of_the_original(llama
 
     prompt = [5, 17, 42]
     chain = build_chain({"temperature": 0.9, "top-k": 30})
-    whole = run_ids(llama, prompt, chain, make_selector(0.9, 6, "cpu"), 12)
+    whole = run_ids(llama, prompt, chain, make_selector("multinomial", 6, "cpu"), 12)
     ids = [s.token_id for s in whole]
-    sampler = Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(7, ignore_eos=True),
+    sampler = Sampler(llama, prompt + ids[:5], chain, make_selector("multinomial", 6, "cpu"), StopRules(7, ignore_eos=True),
                       str, None, top=0)
     run = Branched(sampler, resumed=ids[:5])
     steps = list(run)
     assert [s.index for s in steps] == list(range(5, 12)) and run.all_ids == ids
     assert [s.decided_by for s in steps] == [s.decided_by for s in whole[5:]]
     with pytest.raises(ConfigError, match="part of the resumed trace"):
-        Branched(Sampler(llama, prompt + ids[:5], chain, make_selector(0.9, 6, "cpu"), StopRules(3), str, None),
+        Branched(Sampler(llama, prompt + ids[:5], chain, make_selector("multinomial", 6, "cpu"), StopRules(3), str, None),
                  force={2: 7}, resumed=ids[:5])
 
 
@@ -926,3 +936,82 @@ def test_a_beam_row_is_the_best_hypothesis_with_its_own_reason(llama):
                          early_stopping=False, max_new_tokens=6, eos_token_id=103, pad_token_id=0)[0, 6:].tolist()
     assert out[: out.index(103) + 1] == row.token_ids and len(row.token_ids) < 6
     assert (row.stop_reason, row.length) == ("eos", len(row.token_ids))
+
+
+def test_teacher_forced_replays_the_chain_from_the_prompts_end_whatever_it_did_before(llama):
+    """vLLM's frequency penalty counts generated tokens only: the processed log-prob of out[i] is
+    log softmax(z_i - 1.5 * count(out[:i]))[out[i]], by hand from one plain forward. The chain is told where the
+    prompt ends by the replay itself: a chain left at another prompt length (here 0, as after scoring a history, so
+    the prompt's tokens would be counted too) and a chain never reset give the same numbers."""
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    lm = lm_for(llama)
+    prompt_ids, out = [5, 17, 42, 9, 17], [17, 42, 17, 3]
+    settings = SampleSettings(frequency_penalty=1.5, semantics="vllm")
+    with torch.no_grad():
+        z = llama(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1 : -1].double()
+    counts = torch.zeros(len(out), V, dtype=torch.float64)
+    for i in range(len(out)):
+        for t in out[:i]:
+            counts[i, t] += 1
+    want = torch.log_softmax(z - 1.5 * counts, -1).gather(1, torch.tensor(out)[:, None])[:, 0].tolist()
+    elsewhere = make_chain(lm, settings)
+    elsewhere.reset(0)
+    for chain in (elsewhere, make_chain(lm, settings)):
+        got = cmp.teacher_forced(llama, prompt_ids, out, chain)
+        assert got.logprob == pytest.approx(want, abs=1e-4)
+        assert got.kept == [V] * len(out)
+
+
+def test_teacher_forced_statistics_under_a_filter_by_hand(llama):
+    """top-k 3 at temperature 0.8: per generated token the raw log-prob (the model's own), the processed log-prob
+    (log softmax of z / 0.8 over the 3 kept, -inf for a token outside them), kept = 3 and the entropy of the
+    renormalized top 3, from one plain forward in float64."""
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    prompt_ids, out = [5, 17, 42, 9], [17, 42, 100, 3]
+    with torch.no_grad():
+        z = llama(torch.tensor([prompt_ids + out])).logits[0, len(prompt_ids) - 1 : -1].double()
+    hot = z / 0.8
+    top = hot.topk(3, dim=-1).indices
+    kept = torch.full_like(hot, float("-inf")).scatter(1, top, hot.gather(1, top))
+    logp = torch.log_softmax(kept, -1)
+    t = torch.tensor(out)[:, None]
+    got = cmp.teacher_forced(llama, prompt_ids, out, make_chain(lm_for(llama), SampleSettings(temperature=0.8,
+                                                                                              top_k=3)))
+    assert got.raw_logprob == pytest.approx(torch.log_softmax(z, -1).gather(1, t)[:, 0].tolist(), abs=1e-4)
+    assert got.logprob == pytest.approx(logp.gather(1, t)[:, 0].tolist(), abs=1e-4)
+    assert got.kept == [3] * 4
+    h = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    assert got.entropy == pytest.approx(h.tolist(), abs=1e-4)
+
+
+def test_one_statistics_path_sample_score_and_compare_agree_on_the_same_tokens(llama):
+    """The tokens a sampling run drew (temperature 0.9, top-k 20), scored teacher-forced by `score` and by compare's
+    rows: every per-step number each reports is the sampling trace's own (ranks exactly; the rest up to the float32
+    difference between a cached decode and one forward)."""
+    from decodelab.core.engine.run import drain
+    from decodelab.core.methods.sample import SampleSettings, build_sampler
+    from decodelab.core.methods.score import Scorer, ScoreSettings
+    from decodelab.core.sampling.chain import make_chain
+
+    lm = lm_for(llama)
+    prompt_ids = [5, 17, 42, 9, 100, 3]
+    settings = SampleSettings(temperature=0.9, top_k=20, seed=3, max_new_tokens=6, ignore_eos=True, top=0)
+    sampler = build_sampler(lm, settings, prompt_ids)
+    drain(sampler)
+    steps, out = sampler.steps, sampler.new_ids
+    assert len(steps) == 6
+    rows = [r for r in Scorer(llama, prompt_ids + out, make_chain(lm, settings), str, ScoreSettings())
+            if r.position >= len(prompt_ids)]
+    assert [r.token_id for r in rows] == out
+    assert [r.raw_rank for r in rows] == [s.raw_rank for s in steps]
+    for key in ("raw_logprob", "raw_entropy", "logprob"):
+        assert [getattr(r, key) for r in rows] == pytest.approx([getattr(s, key) for s in steps], abs=1e-4), key
+    tf = cmp.teacher_forced(llama, prompt_ids, out, make_chain(lm, settings))
+    assert tf.kept == [s.kept for s in steps] == [20] * 6
+    assert tf.raw_logprob == pytest.approx([s.raw_logprob for s in steps], abs=1e-4)
+    assert tf.logprob == pytest.approx([s.logprob for s in steps], abs=1e-4)
+    assert tf.entropy == pytest.approx([s.entropy for s in steps], abs=1e-4)

@@ -166,7 +166,7 @@ def test_a_comparison_worked_by_hand(lm):
     them with its raw values off the model's by +0.01, -0.03, +0.02; the sampled variant's request fails."""
     from decodelab.core.analysis.compare import Prompt, Variant, distinct_n, repetition_rate
     from decodelab.core.analysis.engine_compare import EngineComparison, EnginePair, truncated_kl
-    from decodelab.core.engine.served import EngineError
+    from decodelab.core.engine.http.transport import EngineError
 
     prompt_ids = lm.encode("Once upon a time")
     ids, offsets = [12, 261, 9], [0.01, -0.03, 0.02]
@@ -257,7 +257,7 @@ def test_a_failed_replay_a_loop_and_an_empty_answer_in_raw_mode(lm, monkeypatch)
 
     from decodelab.core.analysis.compare import Prompt, Variant
     from decodelab.core.analysis.engine_compare import EngineComparison
-    from decodelab.core.engine.served import EngineError
+    from decodelab.core.engine.http.transport import EngineError
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
     from fake_server import completion_answer

@@ -213,13 +213,14 @@ def test_kv_spec_lays_the_overrides_over_the_cache():
     def spec(**kw):
         return str(qkv.kv_spec(qkv.QuantizeKVSettings(**kw)))
 
-    assert spec() == "quant:axis=kivi,bits=4,residual=32,symmetric=false"
-    assert spec(cache="int4-kivi", bits="2", residual=4) == "quant:axis=kivi,bits=2,residual=4,symmetric=false"
+    assert spec() == "quant:axis=kivi,bits=4,residual=32,residual_dtype=16,symmetric=false"
+    assert spec(cache="int4-kivi", bits="2", residual=4) == "quant:axis=kivi,bits=2,residual=4,residual_dtype=16,symmetric=false"
     assert spec(cache="int4-kivi", symmetric=True, group_size=8) == \
-        "quant:axis=kivi,bits=4,group=8,residual=32,symmetric=true"
+        "quant:axis=kivi,bits=4,group=8,residual=32,residual_dtype=16,symmetric=true"
     # a new axis drops the old axis's defaults (kivi's residual 32) but keeps the bits
     assert spec(cache="int4-kivi", axis="token") == "quant:axis=token,bits=4,residual=0,symmetric=false"
-    assert spec(cache="int4-kivi", axis="kivi") == "quant:axis=kivi,bits=4,residual=32,symmetric=false"
+    assert spec(cache="int4-kivi", axis="kivi") == \
+        "quant:axis=kivi,bits=4,residual=32,residual_dtype=16,symmetric=false"
     # axis=token takes no group, given or left by the cache
     assert spec(cache="quant:axis=group,group=8", axis="token") == \
         "quant:axis=token,bits=8,residual=0,symmetric=true"
@@ -236,8 +237,8 @@ def test_kv_spec_lays_the_overrides_over_the_cache():
     with pytest.raises(ConfigError) as err:
         spec(cache="full")
     assert str(err.value) == ("--cache full: quantize-kv measures a quant policy (quant:..., int8, int4-kivi, "
-                              "int2-kivi, int4, fp8) or a score-based press (snapkv, h2o, tova, knorm, pyramidkv: "
-                              "memory and fidelity)")
+                              "int2-kivi, int4, fp8) or a score-based press (h2o, knorm, snapkv, pyramidkv, tova, "
+                              "keydiff, expected-attention: memory and fidelity)")
 
 
 def test_is_press():
@@ -249,7 +250,7 @@ def test_validate_quantize_kv_bounds_and_messages():
     def check(**kw):
         return qkv.validate_quantize_kv(qkv.QuantizeKVSettings(**kw))
 
-    assert str(check()) == "quant:axis=kivi,bits=4,residual=32,symmetric=false"
+    assert str(check()) == "quant:axis=kivi,bits=4,residual=32,residual_dtype=16,symmetric=false"
     for ok in (dict(limit=2, feed=1, context=1, group_size=1, prefill=1, batch=1, top=0, residual=0),
                dict(limit=None), dict(bits="fp8", cache="int8"), dict(axis="tensor"),
                dict(cache="snapkv:ratio=0.5", prefill=4), dict(policies="int8", probe=True)):

@@ -55,7 +55,9 @@ RUNS = {
     "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
                   ["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "{model}"],  # all accepted: bonus
-                  ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
+                  ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"],  # rejections
+                  ["speculate", "Once upon", "-n", "6", "-t", "0.9", "--draft", "{model}", "--predict",
+                   "--speedup-rounds", "1", "--audit-width"]],  # prediction, width audit
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
               ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"],
               ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"]],  # kv_kept
@@ -73,6 +75,8 @@ RUNS = {
                ["stream", "--text-file", "{text}", "--limit", "16", "--compare-policies", "--policies",
                 "h2o:size=8,snapkv:ratio=0.5,window=4", "--prefill", "8", "--probe", "--probe-depths", "0.5",
                 "--chunk", "8"]],
+    "check-sampler": [["check-sampler", "Once upon", "-t", "0.8", "--top-k", "5", "-N", "12", "--prefixes", "2"]],
+    "audit-numerics": [["audit-numerics", "Once upon", "--greedy", "2", "--conditions", "dtype:bf16,decode,attn:flash"]],
     "models": [["models"]],
     "quantize-kv": [["quantize-kv", "Once upon a time there was", "--limit", "6", "--activations", "0", "--grid"],
                     ["quantize-kv", "Once upon a time there was", "--limit", "6", "--cache", "tova:size=3",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_kivi_bytes_as_stored_and_as_a_float16_model_would_store_them(cli):
     remain, so all 40 key tokens and 32 value tokens stay exact, stored in the bundled model's float32; the
     float16-model figure counts those at 2 bytes. Per layer and KV head (head_dim 32): keys 40 x 32 exact; values
     8 x (16 code bytes + a float16 scale and zero) quantized and 32 x 32 exact."""
-    doc = run_json(cli, TEXT, "--cache", "int4-kivi", "--limit", "40")
+    doc = run_json(cli, TEXT, "--cache", "quant:bits=4,axis=kivi,residual=32,residual_dtype=model", "--limit", "40")
     s = doc["summary"]
     rows = TINY["layers"] * TINY["kv_heads"]
     quantized = 8 * (32 // 2 + 2 * 2)
@@ -69,7 +70,7 @@ def test_baseline_perplexity_is_scores(cli):
 def test_overrides_projection_and_activations(cli):
     doc = run_json(cli, TEXT, "--cache", "int4-kivi", "--bits", "2", "--residual", "4", "--limit", "12",
                    "--context", "4096", "--batch", "8", "--activations", "3")
-    assert doc["summary"]["cache"] == "quant:axis=kivi,bits=2,residual=4,symmetric=false"
+    assert doc["summary"]["cache"] == "quant:axis=kivi,bits=2,residual=4,residual_dtype=16,symmetric=false"
     at = {p["at"]: p for p in doc["projections"]}
     assert at["context_length"]["tokens"] == 512
     assert at["context"]["tokens"] == 4096 and at["context"]["batch"] == 8
@@ -125,3 +126,18 @@ def test_other_commands_take_a_quantized_cache(cli):
     code, out, err = cli("speculate", "a b c a b c", "--cache", "int8", "--draft", "ngram", "-n", "4", "-t", "0",
                          "-f", "json")
     assert code == 0, err
+
+
+def test_turbo_bytes_and_the_attention_score_bias_of_its_key_codes(cli):
+    """turbo on the bundled model: real bytes by hand (per token and KV head, head_dim 32 = 4 bytes a bit-plane;
+    keys prod at 2 bits: 1 MSE plane + the sign plane + two float16 norms = 12 bytes; values: 2 MSE planes + one
+    norm = 10; against 2 x 64 float16 bytes), no outlier view of scales, and the per-head score bias: the QJL
+    residual takes most of the MSE code's shrinkage of inner products away (the MSE keys are the control)."""
+    text = (Path(__file__).resolve().parents[2] / "presets" / "models" / "validation.txt").read_text()
+    docs = {keys: run_json(cli, text, "--cache", f"turbo:bits=2,keys={keys}", "--limit", "96")
+            for keys in ("prod", "mse")}
+    assert docs["prod"]["summary"]["bytes_ratio"] == pytest.approx((12 + 10) / 128)
+    assert docs["mse"]["summary"]["bytes_ratio"] == pytest.approx((10 + 10) / 128)
+    assert docs["prod"]["outliers"] == []
+    bias = {k: sum(r["score_bias"] for r in d["reconstruction"]) / len(d["reconstruction"]) for k, d in docs.items()}
+    assert bias["mse"] < 0 and abs(bias["prod"]) < abs(bias["mse"]) / 2, bias

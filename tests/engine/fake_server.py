@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from decodelab.core.engine.served import EngineError, ServedEngine
+from decodelab.core.engine.http.client import ServedEngine
+from decodelab.core.engine.http.transport import EngineError
 
 RECORDING = Path(__file__).resolve().parent / "recordings" / "vllm-0.32.0.json"
 FAULTS = (None, "timeout", "no_logprobs", "duplicate", "refused", "tokenizer", "vocabulary", "replay_error")
@@ -249,3 +250,200 @@ def prompt_answer(entries, model="tiny") -> dict:
     """A vLLM answer with prompt_logprobs: per position None or {id: (logprob, rank)}."""
     return {"model": model, "choices": [{"prompt_logprobs": [
         None if e is None else {str(k): {"logprob": lp, "rank": r} for k, (lp, r) in e.items()} for e in entries]}]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a sampling engine: vLLM's completions API over a local model, its sampler written here by hand (an oracle apart
+# from decodelab's chain), optionally with a known sampler defect
+
+
+SAMPLER_DEFECTS = (None, "temperature_twice", "temperature_ignored", "truncation_ignored",
+                   "truncation_before_temperature", "greedy")
+
+
+def vllm_filters(logits, top_k: int, top_p: float, min_p: float):
+    """vLLM v1's filters on (already tempered) logits [V] float64, in its order: min-p (keep p >= min_p * max p),
+    top-k (keep logits >= the k-th largest), top-p (sorted ascending, drop the prefix whose cumulative probability
+    is <= 1 - p, the largest token always kept). Removed tokens get -inf."""
+    import torch
+
+    z = logits.clone()
+    if min_p > 0:
+        p = torch.softmax(z, -1)
+        z[p < min_p * p.max()] = float("-inf")
+    if 0 < top_k < z.shape[-1]:
+        kth = torch.topk(z, top_k).values[-1]
+        z[z < kth] = float("-inf")
+    if top_p < 1:
+        order = torch.argsort(z)  # ascending
+        cum = torch.softmax(z[order], -1).cumsum(-1)
+        drop = cum <= 1 - top_p
+        drop[-1] = False
+        z[order[drop]] = float("-inf")
+    return z
+
+
+def sampler_law(raw, body: dict, defect: str | None = None):
+    """The law [V] (float64) vLLM's sampler draws from for a request's fields, or a defect's."""
+    import torch
+
+    z = raw.double()
+    if defect == "greedy" or float(body.get("temperature", 1.0)) < 1e-5:  # vLLM: below 1e-5 is greedy
+        out = torch.zeros_like(z)
+        out[z.argmax()] = 1.0
+        return out
+    t = float(body.get("temperature", 1.0))
+    top_k, top_p, min_p = int(body.get("top_k") or 0), float(body.get("top_p", 1.0)), float(body.get("min_p") or 0)
+    top_k = 0 if top_k < 0 else top_k
+    if defect == "temperature_twice":
+        t = t * t
+    elif defect == "temperature_ignored":
+        t = 1.0
+    if defect == "truncation_ignored":
+        return torch.softmax(z / t, -1)
+    if defect == "truncation_before_temperature":
+        return torch.softmax(vllm_filters(z, top_k, top_p, min_p) / t, -1)
+    return torch.softmax(vllm_filters(z / t, top_k, top_p, min_p), -1)
+
+
+class SamplingServer:
+    """vLLM's /v1/models, /tokenize and /v1/completions (generation with ``n`` and ``seed``; prompt_logprobs) over
+    a loaded model, in ``--logprobs-mode raw_logprobs``. Draws come from :func:`sampler_law` with a torch.Generator
+    seeded by the request's seed (unseeded requests: one server generator seeded 0), so every test is repeatable.
+    Sampling fields it does not implement (penalties, logit bias, allowed ids) are refused with HTTP 400."""
+
+    def __init__(self, lm, defect: str | None = None, name: str = "tiny", logprob_shift: float = 0.0):
+        """``logprob_shift``: added to every logprob the server returns (an engine whose numbers are not the
+        model's normalised ones)."""
+        import torch
+
+        if defect not in SAMPLER_DEFECTS:
+            raise ValueError(f"defect {defect!r}; allowed: {SAMPLER_DEFECTS}")
+        self.lm, self.defect, self.name, self.shift = lm, defect, name, logprob_shift
+        self.requests = 0
+        self._cache: dict = {}
+        self._lock = threading.Lock()
+        self._generator = torch.Generator().manual_seed(0)
+        self._httpd: ThreadingHTTPServer | None = None
+        self.url = None
+
+    def start(self) -> SamplingServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.reply(self, *server.answer("GET", self.path, None))
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                server.reply(self, *server.answer("POST", self.path, json.loads(self.rfile.read(length) or b"null")))
+
+            def log_message(self, *args):
+                pass
+
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # seeded requests come many at once (the default backlog of 5 resets some)
+
+        self._httpd = Server(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+
+    @staticmethod
+    def reply(h: BaseHTTPRequestHandler, status: int, answer: dict) -> None:
+        data = json.dumps(answer).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def raw(self, ids: tuple[int, ...]):
+        """log softmax of the model's logits after ``ids`` [V] float64 (cached per prefix)."""
+        import torch
+
+        with self._lock:
+            if ids not in self._cache:
+                with torch.inference_mode():
+                    logits = self.lm.model(torch.tensor([list(ids)])).logits[0, -1].double()
+                self._cache[ids] = torch.log_softmax(logits, -1)
+            return self._cache[ids]
+
+    def values(self, ids: tuple[int, ...]):
+        """The logprobs the server returns after ``ids``: the raw ones, shifted by ``logprob_shift``."""
+        return self.raw(ids) + self.shift
+
+    def answer(self, method: str, path: str, body) -> tuple[int, dict]:
+        if method == "GET" and path == "/v1/models":
+            return 200, models_answer(self.name)
+        if path == "/tokenize":
+            ids = list(self.lm.tokenizer.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens",
+                                                                                             True)))
+            return 200, {"tokens": ids, "count": len(ids), "max_model_len": 4096}
+        if path != "/v1/completions":
+            return 404, {"error": {"message": f"no {path}", "code": 404}}
+        refused = [k for k, off in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                                    ("min_tokens", 0)) if body.get(k, off) != off]
+        refused += [k for k in ("logit_bias", "allowed_token_ids", "bad_words") if body.get(k)]
+        if refused:
+            return 400, {"error": {"message": f"fake sampling server: {refused[0]} not implemented", "code": 400}}
+        self.requests += 1
+        if body.get("prompt_logprobs"):
+            return 200, self.score(body)
+        return 200, self.generate(body)
+
+    def listed(self, logp, token: int, n: int) -> dict:
+        """The token first, then the top n by value (vLLM's order), keys as token_id:N."""
+        import torch
+
+        top = torch.topk(logp, n)
+        out = {f"token_id:{token}": float(logp[token])}
+        for v, i in zip(top.values.tolist(), top.indices.tolist()):
+            out.setdefault(f"token_id:{i}", v)
+        return out
+
+    def generate(self, body: dict) -> dict:
+        import torch
+
+        seed = body.get("seed")
+        g = torch.Generator().manual_seed(int(seed)) if seed is not None else self._generator
+        choices = []
+        for c in range(int(body.get("n") or 1)):
+            ids, tokens, values, tops = list(body["prompt"]), [], [], []
+            for _ in range(int(body.get("max_tokens") or 16)):
+                raw = self.raw(tuple(ids))
+                law = sampler_law(raw, body, self.defect)
+                token = int(torch.multinomial(law, 1, generator=g))
+                shown = self.values(tuple(ids))
+                tokens.append(token)
+                values.append(float(shown[token]))
+                tops.append(self.listed(shown, token, int(body.get("logprobs") or 0)))
+                ids.append(token)
+            choices.append({"index": c, "text": self.lm.decode(tokens), "token_ids": tokens, "finish_reason": "length",
+                            "logprobs": {"tokens": [f"token_id:{t}" for t in tokens], "token_logprobs": values,
+                                         "top_logprobs": tops, "text_offset": [0] * len(tokens)}})
+        return {"model": self.name, "object": "text_completion", "choices": choices}
+
+    def score(self, body: dict) -> dict:
+        import torch
+
+        ids, n = list(body["prompt"]), int(body["prompt_logprobs"])
+        entries = [None]
+        for i in range(1, len(ids)):
+            raw = self.values(tuple(ids[:i]))
+            listed = self.listed(raw, ids[i], n)
+            entries.append({k[len("token_id:"):]: {"logprob": v, "rank": int((raw > v).sum()) + 1,
+                                                    "decoded_token": None} for k, v in listed.items()})
+        raw = self.raw(tuple(ids))
+        token = int(raw.argmax())
+        return {"model": self.name, "choices": [{"index": 0, "text": "", "token_ids": [token], "finish_reason": "length",
+                                                  "prompt_token_ids": ids, "prompt_logprobs": entries,
+                                                  "logprobs": {"tokens": [f"token_id:{token}"],
+                                                               "token_logprobs": [float(raw[token])],
+                                                               "top_logprobs": [self.listed(raw, token, 1)]}}]}

@@ -28,7 +28,9 @@ sys.path.insert(0, str(HERE))
 from engine_cases import CASES, args_for  # noqa: E402
 from vllm_server import ROOT, SERVED_NAME, TINY, VLLM_VERSION, server_command, vllm_python, vllm_server  # noqa: E402
 
-from decodelab.core.engine.served import EngineError, SamplingSettings, ServedEngine, Transport  # noqa: E402
+from decodelab.core.engine.http.client import ServedEngine  # noqa: E402
+from decodelab.core.engine.http.transport import EngineError, Transport  # noqa: E402
+from decodelab.core.engine.http.wire import SamplingSettings  # noqa: E402
 
 OUT = HERE / "recordings" / f"vllm-{VLLM_VERSION}.json"
 MODES = ("raw_logprobs", "processed_logprobs")

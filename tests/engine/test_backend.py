@@ -7,7 +7,9 @@ import pytest
 
 from decodelab.core.engine.backend import EMBEDDED, WHAT, Capabilities, refuse_lacking
 from decodelab.core.engine.models import load_model, load_tokenizer
-from decodelab.core.engine.served import LlamacppAdapter, SglangAdapter, VllmAdapter
+from decodelab.core.engine.http.llamacpp import LlamacppAdapter
+from decodelab.core.engine.http.sglang import SglangAdapter
+from decodelab.core.engine.http.vllm import VllmAdapter
 from decodelab.core.errors import ConfigError
 
 

@@ -50,7 +50,7 @@ def tiny():
 def local_raw(tiny, prompt_ids: list[int], out_ids: list[int]):
     import torch
 
-    from decodelab.core.methods.served import forced_logits
+    from decodelab.core.sampling.replay import forced_logits
 
     return torch.log_softmax(forced_logits(tiny.model, prompt_ids, out_ids).double(), dim=-1)
 
@@ -59,7 +59,7 @@ def local_processed(tiny, settings, prompt_ids: list[int], out_ids: list[int]):
     """decodelab's own chain read as vLLM reads it (--semantics vllm), teacher-forced on the engine's tokens."""
     import torch
 
-    from decodelab.core.methods.served import chain_along, forced_logits
+    from decodelab.core.sampling.replay import along as chain_along, forced_logits
     from decodelab.core.sampling.chain import make_chain
 
     logits = forced_logits(tiny.model, prompt_ids, out_ids)

@@ -159,7 +159,7 @@ def test_static_equals_full_for_sample_beam_and_speculate(arch):
     runs = {}
     for name in ("full", "static"):
         spec = parse_cache_spec(name)
-        sampler = Sampler(model, PROMPT, chain, make_selector(0.8, 3, "cpu"), StopRules(12), str, None, top=3,
+        sampler = Sampler(model, PROMPT, chain, make_selector("multinomial", 3, "cpu"), StopRules(12), str, None, top=3,
                           cache=spec)
         steps = list(sampler)
         search = BeamSearch(ModelStepper(model, spec), PROMPT, build_chain({}),
@@ -289,7 +289,7 @@ def test_transfer_budget_per_sampled_token(monkeypatch, record):
     chain = build_chain({"repetition-penalty": 1.2, "bias": {3: 1.0}, "temperature": 0.9, "top-k": 50,
                          "min-p": 0.01})
     n = 16
-    sampler = Sampler(model, PROMPT, chain, make_selector(0.9, 0, "cpu"), StopRules(n, ignore_eos=True), str, None,
+    sampler = Sampler(model, PROMPT, chain, make_selector("multinomial", 0, "cpu"), StopRules(n, ignore_eos=True), str, None,
                       top=5, record=record)
     counter = TransferCounter(monkeypatch)
     list(sampler)
@@ -305,7 +305,7 @@ def test_transfer_budget_per_speculative_round(monkeypatch):
     for temperature in (0, 1.0):
         chain = build_chain({"temperature": temperature})
         gen = None if temperature == 0 else make_generator(0, "cpu")
-        selector = Greedy() if gen is None else make_selector(1.0, 0, "cpu")
+        selector = Greedy() if gen is None else make_selector("multinomial", 0, "cpu")
         if gen is not None:
             from decodelab.core.sampling.select import Multinomial
             selector = Multinomial(gen)
@@ -408,10 +408,10 @@ def test_compiled_static_decode_equals_eager():
     """--compile: the compiled one-token step over the static cache gives the eager tokens and logits."""
     model = random_model("llama", seed=11, scale=8.0)
     chain = build_chain({"temperature": 0.9})
-    eager = list(Sampler(model, PROMPT, chain, make_selector(0.9, 1, "cpu"), StopRules(10), str, None))
+    eager = list(Sampler(model, PROMPT, chain, make_selector("multinomial", 1, "cpu"), StopRules(10), str, None))
     runtime = Runtime.create(model, CacheSpec("static"), capacity=len(PROMPT) + 10)
     runtime.compile_decode()
-    compiled = list(Sampler(model, PROMPT, chain, make_selector(0.9, 1, "cpu"), StopRules(10), str, None,
+    compiled = list(Sampler(model, PROMPT, chain, make_selector("multinomial", 1, "cpu"), StopRules(10), str, None,
                             runtime=runtime))
     assert [s.token_id for s in compiled] == [s.token_id for s in eager]
     assert [s.raw_logprob for s in compiled] == pytest.approx([s.raw_logprob for s in eager], abs=1e-4)

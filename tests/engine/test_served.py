@@ -27,19 +27,12 @@ from fake_server import (  # noqa: E402,F401
 )
 
 from decodelab.core.engine.backend import Capabilities  # noqa: E402
-from decodelab.core.engine.served import (  # noqa: E402
-    PROCESSED,
-    RAW,
-    EngineError,
-    Labels,
-    LlamacppAdapter,
-    SamplingSettings,
-    ServedEngine,
-    SglangAdapter,
-    Transport,
-    VllmAdapter,
-    base_url,
-)
+from decodelab.core.engine.http.client import ServedEngine  # noqa: E402
+from decodelab.core.engine.http.llamacpp import LlamacppAdapter  # noqa: E402
+from decodelab.core.engine.http.sglang import SglangAdapter  # noqa: E402
+from decodelab.core.engine.http.transport import EngineError, Transport, base_url  # noqa: E402
+from decodelab.core.engine.http.vllm import VllmAdapter  # noqa: E402
+from decodelab.core.engine.http.wire import PROCESSED, RAW, Labels, SamplingSettings  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not RECORDING.exists(), reason="no vLLM recording")
 MODES = ("raw_logprobs", "processed_logprobs")
@@ -400,7 +393,7 @@ def test_chat_top_logprobs_start_with_the_sampled_token_and_drop_the_nth_best():
 
 
 def test_server_message_reads_each_servers_error_shape():
-    from decodelab.core.engine.served import _server_message
+    from decodelab.core.engine.http.transport import _server_message
 
     assert _server_message(b'{"error": {"message": "bad  \\n  thing", "code": 400}}') == "bad thing"  # OpenAI
     assert _server_message(b'{"message": "sglang says no"}') == "sglang says no"  # SGLang: no "error" key
@@ -414,7 +407,7 @@ def test_server_message_reads_each_servers_error_shape():
 
 
 def test_one_line_joins_whitespace_and_cuts_at_the_limit():
-    from decodelab.core.engine.served import _one_line
+    from decodelab.core.engine.http.transport import _one_line
 
     assert _one_line("  a\n\tb  c ") == "a b c"
     assert _one_line("x" * 300) == "x" * 300
@@ -425,7 +418,7 @@ def test_one_line_joins_whitespace_and_cuts_at_the_limit():
 def test_reason_names_each_network_failure():
     import socket
 
-    from decodelab.core.engine.served import _reason
+    from decodelab.core.engine.http.transport import _reason
 
     assert _reason(ConnectionRefusedError(111, "Connection refused")) == "connection refused (is the server running?)"
     assert _reason(TimeoutError()) == "no answer in time (timeout)"
@@ -435,31 +428,31 @@ def test_reason_names_each_network_failure():
 
 
 def test_finite_turns_the_engines_stand_in_back_into_minus_inf():
-    from decodelab.core.engine.served import _finite
+    from decodelab.core.engine.http.wire import read_value
 
-    assert _finite(-9999.0, -9999.0) == -math.inf and _finite(-1e5, -9999.0) == -math.inf
-    assert _finite(-9998.5, -9999.0) == -9998.5 and _finite(-1e9, None) == -1e9
-    assert type(_finite(3, None)) is float and _finite(3, None) == 3.0
+    assert read_value(-9999.0, -9999.0) == -math.inf and read_value(-1e5, -9999.0) == -math.inf
+    assert read_value(-9998.5, -9999.0) == -9998.5 and read_value(-1e9, None) == -1e9
+    assert type(read_value(3, None)) is float and read_value(3, None) == 3.0
 
 
 def test_sorted_top_rank_and_order_by_hand():
-    from decodelab.core.engine.served import Alternative, _order_defect, _rank_in_top, _sorted_top
+    from decodelab.core.engine.http.wire import Alternative, order_defect, rank_in_top, sorted_top
 
-    top = _sorted_top({3: -1.0, 1: -1.0, 2: -0.5, 4: -3.0}, 3)
+    top = sorted_top({3: -1.0, 1: -1.0, 2: -0.5, 4: -3.0}, 3)
     assert top == (Alternative(2, -0.5), Alternative(1, -1.0), Alternative(3, -1.0))  # a tie by id
-    assert _sorted_top({3: -1.0}, 0) == ()
-    assert _rank_in_top(3, -1.0, top) == 3 and _rank_in_top(2, -0.5, top) == 1  # ties count against
-    assert _rank_in_top(4, -3.0, top) is None and _rank_in_top(2, None, top) is None
+    assert sorted_top({3: -1.0}, 0) == ()
+    assert rank_in_top(3, -1.0, top) == 3 and rank_in_top(2, -0.5, top) == 1  # ties count against
+    assert rank_in_top(4, -3.0, top) is None and rank_in_top(2, None, top) is None
     broken = "top logprobs not sorted (the engine's top-N order is broken)"
     values = {1: -2.0, 2: -0.5, 3: -1.0}
-    assert _order_defect([1, 2, 3], values, expected_first=1) is None  # the chosen token first, then sorted
-    assert _order_defect([1, 2, 3], values, expected_first=None) == broken
-    assert _order_defect([1, 3, 2], values, expected_first=1) == broken
-    assert _order_defect([2, 3], {2: -1.0, 3: -1.0}, expected_first=None) is None  # a tie is in order
+    assert order_defect([1, 2, 3], values, expected_first=1) is None  # the chosen token first, then sorted
+    assert order_defect([1, 2, 3], values, expected_first=None) == broken
+    assert order_defect([1, 3, 2], values, expected_first=1) == broken
+    assert order_defect([2, 3], {2: -1.0, 3: -1.0}, expected_first=None) is None  # a tie is in order
 
 
 def test_tail_mass_by_hand():
-    from decodelab.core.engine.served import Alternative, Position
+    from decodelab.core.engine.http.wire import Alternative, Position
 
     p = Position(1, 5, math.log(0.5), 1, (Alternative(5, math.log(0.5)), Alternative(6, math.log(0.25))))
     assert p.tail_mass() == pytest.approx(0.25, abs=1e-15)
@@ -468,7 +461,7 @@ def test_tail_mass_by_hand():
 
 
 def test_loads_remembers_repeated_keys_at_every_depth():
-    from decodelab.core.engine.served import loads, repeated_keys
+    from decodelab.core.engine.http.transport import loads, repeated_keys
 
     data = loads('{"a": 1, "b": {"x": 1, "x": 2, "x": 2, "y": 0}, "a": 3}')
     assert data == {"a": 3, "b": {"x": 2, "y": 0}}
@@ -487,7 +480,7 @@ def test_base_url_keeps_the_path_and_drops_query_and_v1():
 
 
 def test_prometheus_sum_adds_a_counter_over_its_label_sets():
-    from decodelab.core.engine.served import prometheus_sum
+    from decodelab.core.engine.http.transport import prometheus_sum
 
     text = ("# HELP vllm:prefix_cache_hits_total hits\n"
             "# TYPE vllm:prefix_cache_hits_total counter\n"
@@ -504,7 +497,7 @@ def test_prometheus_sum_adds_a_counter_over_its_label_sets():
 
 
 def test_check_ids_messages():
-    from decodelab.core.engine.served import _check_ids
+    from decodelab.core.engine.http.client import _check_ids
 
     t = Transport("http://127.0.0.1:9")
     assert _check_ids(t, (0, 2.0, 7), minimum=3) == [0, 2, 7]
@@ -750,7 +743,7 @@ def test_prompt_positions_flag_what_the_engine_got_wrong():
         "position 1: top logprobs not sorted (the engine's top-N order is broken)",)
     text = json.dumps(prompt_answer([None, {5: (-2.0, 3), 1: (-0.5, 1)}])).replace(
         '"1": {"logprob": -0.5, "rank": 1}', '"1": {"logprob": -0.5, "rank": 1}, "1": {"logprob": -0.5, "rank": 1}')
-    from decodelab.core.engine.served import loads
+    from decodelab.core.engine.http.transport import loads
 
     e, _ = table_engine({"/v1/completions": loads(text)})
     assert e.score([4, 5], 3).defects == ("position 1: token 1 listed 2 times",)
@@ -805,7 +798,7 @@ def test_generation_steps_flag_what_the_engine_got_wrong():
     assert s.defects == () and s.rank == 3
     (s,) = steps_of(completion_answer([7], [-9999.0], [{3: -0.5, 7: -9999.0}]))
     assert s.logprob == -math.inf and s.top[-1].logprob == -math.inf and s.defects == ()
-    from decodelab.core.engine.served import loads
+    from decodelab.core.engine.http.transport import loads
 
     text = json.dumps(completion_answer([7], [-0.5], [{7: -0.5, 3: -1.0}]))
     (s,) = steps_of(loads(text.replace('"token_id:3": -1.0', '"token_id:3": -1.0, "token_id:3": -1.5')))
@@ -833,7 +826,7 @@ def test_generation_steps_flag_what_the_engine_got_wrong():
 
 
 def test_token_id_reads_only_token_id_n():
-    from decodelab.core.engine.served import _token_id
+    from decodelab.core.engine.http.vllm import _token_id
 
     t = Transport("http://127.0.0.1:9")
     assert _token_id(t, "token_id:0") == 0 and _token_id(t, "token_id:4095") == 4095
@@ -1022,7 +1015,7 @@ def test_transport_answers_and_failures(answering):
 def test_an_error_body_that_cannot_be_read_is_empty():
     import urllib.error
 
-    from decodelab.core.engine.served import _error_body
+    from decodelab.core.engine.http.transport import _error_body
 
     class Broken:
         def read(self, *args):
@@ -1053,7 +1046,7 @@ def test_vllm_adapter_modes_and_capabilities():
 
 
 def test_a_text_key_in_top_logprobs_is_one_line():
-    from decodelab.core.engine.served import loads
+    from decodelab.core.engine.http.transport import loads
 
     adapter, t = VllmAdapter(), Transport("http://127.0.0.1:9")
     message = ("--engine http://127.0.0.1:9: token ' the' is text, not token_id:N (the server ignored "
@@ -1065,13 +1058,13 @@ def test_a_text_key_in_top_logprobs_is_one_line():
             adapter.read_generation(t, {"logprobs": 2}, answer)
         assert str(err.value) == message
     with pytest.raises(EngineError, match="token 'token_id:X5' is text"):
-        from decodelab.core.engine.served import _token_id
+        from decodelab.core.engine.http.vllm import _token_id
 
         _token_id(t, "token_id:X5")
 
 
 def test_a_repeated_token_with_the_same_value_is_named_once():
-    from decodelab.core.engine.served import loads
+    from decodelab.core.engine.http.transport import loads
 
     text = json.dumps(completion_answer([7], [-0.5], [{7: -0.5, 3: -1.0}]))
     e, _ = table_engine({"/v1/completions": loads(text.replace('"token_id:3": -1.0',
@@ -1113,7 +1106,7 @@ def test_the_probe_at_its_bounds():
 def test_prometheus_sum_reads_the_value_field_whatever_the_blanks():
     """The exposition format separates a sample's fields by blanks or tabs and may end a line with a timestamp; a
     label value may hold a blank. The value is the field after the label set."""
-    from decodelab.core.engine.served import prometheus_sum
+    from decodelab.core.engine.http.transport import prometheus_sum
 
     text = ('vllm:prefix_cache_hits_total{engine="0"}\t4\n'
             'vllm:prefix_cache_hits_total{engine="1"} 2 1700000000000\n'

@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record_vllm import EOS, GREEDY, SAMPLING, snippets  # noqa: E402
 from vllm_server import SERVED_NAME, TINY, vllm_server  # noqa: E402
 
-from decodelab.core.engine.served import PROCESSED, RAW, EngineError, SamplingSettings, ServedEngine  # noqa: E402
+from decodelab.core.engine.http.client import ServedEngine  # noqa: E402
+from decodelab.core.engine.http.transport import EngineError  # noqa: E402
+from decodelab.core.engine.http.wire import PROCESSED, RAW, SamplingSettings  # noqa: E402
 
 PYTHON = os.environ.get("DECODELAB_VLLM_PYTHON")
 pytestmark = [pytest.mark.vllm,
@@ -211,7 +213,7 @@ def test_cli_sample_logprobs_equal_semantics_vllm_locally(served, cli, name, opt
 
     from decodelab.core.engine.models import load_model
     from decodelab.core.methods.sample import SampleSettings
-    from decodelab.core.methods.served import chain_along, forced_logits
+    from decodelab.core.sampling.replay import along as chain_along, forced_logits
     from decodelab.core.sampling.chain import make_chain
     from decodelab.core.settings import coerce
 
@@ -242,7 +244,7 @@ def test_cli_sample_logprobs_equal_semantics_vllm_locally(served, cli, name, opt
 def test_cli_check_logprobs_labels_raw_and_processed_and_flags_a_duplicate(served, cli, tmp_path):
     from fake_server import duplicate_sampled
 
-    from decodelab.core.engine.served import Transport
+    from decodelab.core.engine.http.transport import Transport
 
     mode, engine = served
     doc = cli_json(cli, "check-logprobs", "--engine", engine.url, "--prompt", CLI_PROMPT, "-n", "8", "-t", "0.7",

@@ -107,6 +107,14 @@ def knorm_keep(keys: Tensor, cols: Tensor, budget: int) -> Tensor:
     return top_by_rank(-held.float().norm(dim=-1), cols, budget)
 
 
+def keydiff_keep(keys: Tensor, cols: Tensor, budget: int) -> Tensor:
+    """KeyDiff: the ``budget`` positions whose cached key has the LOWEST cosine similarity to the anchor, the mean of
+    the held keys each divided by its norm, per KV head."""
+    held = keys.gather(2, cols.unsqueeze(-1).expand(-1, -1, -1, keys.shape[-1])).double()
+    anchor = F.normalize(held, dim=-1).mean(dim=2, keepdim=True)
+    return top_by_rank(-F.cosine_similarity(held, anchor, dim=-1).float(), cols, budget)
+
+
 # --- presses driven by the harness: update(layer, probs, cols, keys, first) -> kept positions ---------------------
 
 
@@ -170,6 +178,15 @@ class KNorm(Reference):
 
     def choose(self, layer, probs, cols, keys):
         return knorm_keep(keys, cols, self.budgets[layer])
+
+
+class KeyDiff(Reference):
+    def __init__(self, ratio=None, size=None, decode=False):
+        super().__init__(ratio, size)
+        self.decode = decode
+
+    def choose(self, layer, probs, cols, keys):
+        return keydiff_keep(keys, cols, self.budgets[layer])
 
 
 class H2O(Reference):

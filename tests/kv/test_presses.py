@@ -62,6 +62,8 @@ def reference_for(text: str) -> R.Reference:
         return R.H2O(**budget, recent=o.get("recent"), decode=decode)
     if spec.name == "tova":
         return R.TOVA(**budget, decode=decode)
+    if spec.name == "keydiff":
+        return R.KeyDiff(**budget, decode=decode)
     return R.KNorm(**budget, decode=decode)
 
 
@@ -92,6 +94,8 @@ SPECS = [
     "tova:ratio=0.5,compress=prefill",
     "knorm:ratio=0.5",
     "knorm:size=12,compress=decode",
+    "keydiff:ratio=0.5",
+    "keydiff:size=12,compress=decode",
 ]
 
 

@@ -17,8 +17,8 @@ from decodelab.core.kv.protocol import boolean, choice, non_negative_int, positi
 
 # mutation run of core/kv/protocol.py (2026-12-02)
 
-NAMES = ("full, paged, quant, recompute, static, window, sinks, h2o, knorm, snapkv, pyramidkv, tova, "
-         "int8, fp8, int4, int4-kivi, int2-kivi")
+NAMES = ("full, paged, quant, recompute, static, window, sinks, h2o, knorm, snapkv, pyramidkv, tova, keydiff, "
+         "expected-attention, turbo, int8, fp8, int4, int4-kivi, int2-kivi")
 
 
 def cpu_info() -> ModelInfo:
@@ -148,21 +148,22 @@ def test_require_names_the_first_missing_capability_and_the_policies_that_can():
     require(parse_cache_spec("int8"), frozenset({"truncate"}), "speculative decoding")
     cases = (
         ("window:size=8", {"truncate"}, "--cache window:positions=keep,size=8: speculative decoding needs the cache "
-         "to roll back (truncate), which window cannot; policies that can: full, quant, recompute, static"),
+         "to roll back (truncate), which window cannot; policies that can: full, quant, recompute, static, turbo"),
         ("paged", {"rows", "truncate"}, "--cache paged: speculative decoding needs the cache to roll back "
-         "(truncate), which paged cannot; policies that can: full, quant, recompute, static"),
+         "(truncate), which paged cannot; policies that can: full, quant, recompute, static, turbo"),
         ("paged", {"reorder"}, "--cache paged: speculative decoding needs the cache to reorder rows, which paged "
          "cannot; policies that can: full, quant, recompute, static, window, sinks, h2o, knorm, snapkv, pyramidkv, "
-         "tova"),
+         "tova, keydiff, expected-attention, turbo"),
         ("paged", {"rows"}, "--cache paged: speculative decoding needs the cache to hold several rows, which paged "
          "cannot; policies that can: full, quant, recompute, static, window, sinks, h2o, knorm, snapkv, pyramidkv, "
-         "tova"),
+         "tova, keydiff, expected-attention, turbo"),
         ("full", {"compile", "reorder", "rows", "truncate"}, "--cache full: speculative decoding needs the cache to "
          "be compiled, which full cannot; policies that can: static"),
         # quant's capabilities narrow with its options: kivi keeps a residual and cannot roll back
-        ("int4-kivi", {"truncate"}, "--cache quant:axis=kivi,bits=4,residual=32,symmetric=false: speculative "
+        ("int4-kivi", {"truncate"}, "--cache quant:axis=kivi,bits=4,residual=32,residual_dtype=16,symmetric=false: "
+         "speculative "
          "decoding needs the cache to roll back (truncate), which quant cannot; policies that can: full, quant, "
-         "recompute, static"),
+         "recompute, static, turbo"),
     )
     for text, needs, message in cases:
         with pytest.raises(ConfigError) as exc:
@@ -208,7 +209,7 @@ def test_register_files_the_class_under_its_name(monkeypatch):
     class Spy(KVPolicy):
         name = "spy"
 
-    monkeypatch.setitem(POLICIES, "spy", None)  # undone after the test: the registry keeps its twelve policies
+    monkeypatch.setitem(POLICIES, "spy", None)  # undone after the test: the registry keeps its fifteen policies
     assert register(Spy) is Spy and POLICIES["spy"] is Spy
 
 
@@ -221,7 +222,7 @@ def test_listing_rows_are_the_policies_then_the_aliases():
     assert static["capabilities"] == ["truncate", "reorder", "rows", "compile"]
     window = next(row for row in rows if row["name"] == "window")
     assert window["keys"] == ["size", "positions"] and window["capabilities"] == ["reorder", "rows"]
-    assert rows[12] == {"name": "int8", "summary": "alias of quant:bits=8,axis=token,symmetric=true", "keys": [],
+    assert rows[15] == {"name": "int8", "summary": "alias of quant:bits=8,axis=token,symmetric=true", "keys": [],
                         "capabilities": []}
 
 

@@ -369,7 +369,7 @@ def test_kivi_bytes_per_stream_tell_the_key_layout_from_the_value_layout():
 
 def test_spec_aliases_and_defaults():
     assert str(parse_cache_spec("int8")) == "quant:axis=token,bits=8,residual=0,symmetric=true"
-    assert str(parse_cache_spec("int4-kivi")) == "quant:axis=kivi,bits=4,residual=32,symmetric=false"
+    assert str(parse_cache_spec("int4-kivi")) == "quant:axis=kivi,bits=4,residual=32,residual_dtype=16,symmetric=false"
     assert parse_cache_spec("quant:bits=fp8").options["symmetric"] is True
 
 
@@ -787,7 +787,7 @@ def test_policy_description_names_both_layouts_and_the_larger_exact_window():
     channel in blocks of 16 tokens, values per token in groups of 16 channels. After 40 tokens in one forward with
     a residual of 32: no block of 16 keys has left (40 - 32 = 8 < 16), so 40 keys are exact; 8 values left, 32
     exact. The description gives the larger, 40, with the base policy's seen and stored counts."""
-    rt = Runtime.create(random_model("llama"), parse_cache_spec("int4-kivi"))
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("quant:bits=4,axis=kivi,residual=32,residual_dtype=model"))
     rt.feed(torch.arange(3, 43).unsqueeze(0))
     layer = rt.policy.model_cache.layers[0]
     assert (layer.k.exact, layer.v.exact) == (40, 32)

@@ -491,9 +491,16 @@ def test_recompute_is_a_fresh_forward_over_the_last_w_tokens():
 
 
 def test_plain_feed_is_unchanged_for_full():
-    """The rewrite hook is consulted only for a policy that has one."""
+    """The rewrite hook acts only for a policy that has one: full answers the protocol's default (None, feed the ids
+    as they are), and its feed is one forward through the cache."""
     model = random_model("llama", seed=6)
-    assert not hasattr(Runtime.create(model).policy, "rewrite")
+    rt = Runtime.create(model)
+    ids = torch.tensor([[5, 17, 42, 9]])
+    assert rt.policy.rewrite(ids, "last") is None and rt.policy.rewrite(ids, "all") is None
+    got = rt.feed(ids, keep="all")
+    assert rt.calls == 1 and rt.policy.stored == 4
+    want = forward(model, ids, None, torch.arange(4)[None], logits_to_keep=0)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 # --- capabilities and commands -------------------------------------------------------------------------------------

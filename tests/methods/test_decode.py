@@ -78,7 +78,7 @@ def test_gemma2_softcap_chain_reproduces_the_models_own_capping():
 def test_cached_logits_equal_a_recompute_from_scratch(arch):
     model = random_model(arch, seed=5, scale=4.0)
     chain = build_chain({"temperature": 0.9})
-    sampler = Sampler(model, PROMPT, chain, make_selector(0.9, 0, "cpu"), StopRules(12), str, None, top=3)
+    sampler = Sampler(model, PROMPT, chain, make_selector("multinomial", 0, "cpu"), StopRules(12), str, None, top=3)
     steps = list(sampler)
     seq = PROMPT + [s.token_id for s in steps]
     with torch.no_grad():
@@ -92,7 +92,7 @@ def test_cached_logits_equal_a_recompute_from_scratch(arch):
 def test_step_numbers_are_labelled_consistently():
     model = random_model("llama", seed=6, scale=4.0)
     chain = build_chain({"temperature": 0.7, "top-k": 5, "top-p": 0.8})
-    steps = list(Sampler(model, PROMPT, chain, make_selector(0.7, 1, "cpu"), StopRules(10), str, None, top=4))
+    steps = list(Sampler(model, PROMPT, chain, make_selector("multinomial", 1, "cpu"), StopRules(10), str, None, top=4))
     for s in steps:
         assert s.kept <= 5 and 1 <= s.raw_rank
         assert s.prob == pytest.approx(math.exp(s.logprob), rel=1e-5)
@@ -108,7 +108,7 @@ def test_same_seed_same_trace_other_seed_other_trace():
     chain = build_chain({"temperature": 1.0})
 
     def run(seed):
-        return [s.token_id for s in Sampler(model, PROMPT, chain, make_selector(1.0, seed, "cpu"),
+        return [s.token_id for s in Sampler(model, PROMPT, chain, make_selector("multinomial", seed, "cpu"),
                                             StopRules(20), str, None)]
 
     assert run(0) == run(0)
@@ -202,7 +202,7 @@ def test_sampled_first_token_follows_the_processed_distribution_end_to_end():
     assert len(kept) == 5
     counts = torch.zeros(16, dtype=torch.float64)
     for seed in range(2000):
-        step = next(iter(Sampler(model, SHORT, chain, make_selector(1.5, seed, "cpu"), StopRules(1), str,
+        step = next(iter(Sampler(model, SHORT, chain, make_selector("multinomial", seed, "cpu"), StopRules(1), str,
                                  None, top=0)))
         counts[step.token_id] += 1
         assert step.prob == pytest.approx(float(probs[step.token_id]), rel=1e-4)
@@ -283,7 +283,7 @@ def test_the_stopwatch_buckets_are_exact_on_a_fake_clock(monkeypatch, block):
     monkeypatch.setattr(TraceBlock, "add", clock.wrap(TraceBlock.add, 2))
     monkeypatch.setattr(TraceBlock, "trace", clock.wrap(TraceBlock.trace, 3))
     model = random_model("llama", seed=11, scale=4.0)
-    sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}), make_selector(0.9, 3, "cpu"),
+    sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}), make_selector("multinomial", 3, "cpu"),
                       StopRules(6), clock.wrap(str, 5), None, top=0, block=block)
     for _ in sampler:
         clock.now += 1000
@@ -300,7 +300,7 @@ def test_the_summary_is_the_mean_of_the_steps_kept_or_streamed():
     model = random_model("llama", seed=11, scale=4.0)
 
     def make(**kw):
-        return Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}), make_selector(0.9, 3, "cpu"),
+        return Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}), make_selector("multinomial", 3, "cpu"),
                        StopRules(7), str, None, top=2, **kw)
 
     for keep in (True, False):
@@ -375,12 +375,12 @@ def test_decode_tokens_defaults_untraced_and_builds_its_runtime_from_cache(monke
 
     monkeypatch.setattr(Runtime, "create", classmethod(create))
     chain = build_chain({"temperature": 0.9, "top-k": 12})
-    bare = list(decode_tokens(model, PROMPT, chain, make_selector(0.9, 3, "cpu"), StopRules(5),
+    bare = list(decode_tokens(model, PROMPT, chain, make_selector("multinomial", 3, "cpu"), StopRules(5),
                               cache=CacheSpec("static")))
     assert len(bare) == 5 and all(d.numbers is None and d.stages is None and d.race is None for d in bare)
     assert len(made) == 1 and type(made[0].policy).__name__ == "StaticPolicy"
     assert made[0].policy.capacity == 11 and made[0].seen == 6 + 4
-    traced = list(decode_tokens(model, PROMPT, chain, make_selector(0.9, 3, "cpu"), StopRules(5), record=True))
+    traced = list(decode_tokens(model, PROMPT, chain, make_selector("multinomial", 3, "cpu"), StopRules(5), record=True))
     assert [d.token_id for d in traced] == [d.token_id for d in bare]
     assert all(d.numbers is not None and d.numbers.alternatives == [] and d.race is None for d in traced)
 
@@ -400,7 +400,7 @@ def test_a_chain_that_empties_raises_at_the_step_a_scan_of_the_greedy_run_predic
                             ["temperature", "top-k", "no-repeat-ngram"])
         got = []
         with pytest.raises(ChainError, match="removed every candidate"):
-            for d in decode_tokens(model, PROMPT, chain, make_selector(0.5, 3, "cpu"), StopRules(30),
+            for d in decode_tokens(model, PROMPT, chain, make_selector("multinomial", 3, "cpu"), StopRules(30),
                                    record=record, top=2, defer=defer):
                 got.append(d.token_id)
         assert got == free[:k]
@@ -414,7 +414,7 @@ def test_a_temperature_that_overflows_float32_is_told_apart_from_an_empty_chain(
     model = random_model("llama", seed=11, scale=4.0)
     for record in (False, True):
         with pytest.raises(ChainError, match=r"^the chain \[temperature\] made a logit overflow to \+inf or NaN"):
-            list(decode_tokens(model, PROMPT, build_chain({"temperature": 1e-40}), make_selector(1.0, 3, "cpu"),
+            list(decode_tokens(model, PROMPT, build_chain({"temperature": 1e-40}), make_selector("multinomial", 3, "cpu"),
                                StopRules(3), record=record))
 
 

@@ -29,7 +29,8 @@ def singles(model, chain, seed: int, n: int, rules: StopRules, temperature: floa
     """Row i as `sample --seed seed+i` runs it: (token ids, processed log-probs, stop reason) per row."""
     out = []
     for i in range(n):
-        run = Sampler(model, PROMPT, chain, make_selector(temperature, seed + i, "cpu"), rules, str, detok, top=0)
+        selector = make_selector("greedy" if temperature == 0 else "multinomial", seed + i, "cpu")
+        run = Sampler(model, PROMPT, chain, selector, rules, str, detok, top=0)
         steps = list(run)
         out.append(([s.token_id for s in steps], [s.logprob for s in steps], run.stop_reason))
     return out
@@ -63,7 +64,7 @@ def test_rows_that_stop_at_different_steps_are_each_their_single_run():
     assert sorted({len(ids) for ids, _, _ in want}) != [7]  # some row ends early, some later
     assert {reason for _, _, reason in want} >= {"eos"}
     for batched in (True, False):
-        rows, summary = sample_many(model, PROMPT, chain, False, 20, 6, rules, batched=batched)
+        rows, summary = sample_many(model, PROMPT, chain, "multinomial", 20, 6, rules, batched=batched)
         assert summary.batched is batched and summary.num_samples == 6
         for i, (row, (ids, logps, reason)) in enumerate(zip(rows, want)):
             assert (row.index, row.seed, row.token_ids, row.length, row.stop_reason) == (i, 20 + i, ids, len(ids),
@@ -83,16 +84,16 @@ def test_batched_rows_stop_on_a_stop_string_and_at_the_context():
     stop = f"<{free[1][0][1]}>"
     rules = StopRules(6, stop_strings=(stop,), ignore_eos=True)
     want = singles(model, chain, 0, 4, rules, detok=detok)
-    out, logps, reasons = sample_batched(model, PROMPT, chain, False, 0, 4, rules, detok)
+    out, logps, reasons = sample_batched(model, PROMPT, chain, "multinomial", 0, 4, rules, detok)
     assert out == [ids for ids, _, _ in want] and reasons == [r for _, _, r in want] and reasons[1] == "stop"
     assert [len(lp) for lp in logps] == [len(ids) for ids in out]
-    rows, _ = sample_many(model, PROMPT, chain, False, 0, 4, rules, detok, batched=True)
+    rows, _ = sample_many(model, PROMPT, chain, "multinomial", 0, 4, rules, detok, batched=True)
     assert rows[1].text == detok(out[1]) and rows[1].text.endswith(stop)
-    out, _, reasons = sample_batched(model, PROMPT, chain, False, 0, 3, StopRules(10, ignore_eos=True,
+    out, _, reasons = sample_batched(model, PROMPT, chain, "multinomial", 0, 3, StopRules(10, ignore_eos=True,
                                                                                   context_length=6))
     assert [len(ids) for ids in out] == [3, 3, 3] and reasons == ["context"] * 3
     with pytest.raises(ConfigError, match="the prompt is 3 tokens but the model's context is 3"):
-        sample_batched(model, PROMPT, chain, False, 0, 2, StopRules(4, context_length=3))
+        sample_batched(model, PROMPT, chain, "multinomial", 0, 2, StopRules(4, context_length=3))
 
 
 def test_greedy_rows_are_the_argmax_and_the_cache_is_used():
@@ -100,23 +101,23 @@ def test_greedy_rows_are_the_argmax_and_the_cache_is_used():
     chain = build_chain({"top-k": 5})
     greedy = singles(model, chain, 0, 1, StopRules(5, ignore_eos=True), temperature=0)[0]
     for batched in (True, False):
-        rows, summary = sample_many(model, PROMPT, chain, True, 7, 3, StopRules(5, ignore_eos=True), batched=batched)
+        rows, summary = sample_many(model, PROMPT, chain, "greedy", 7, 3, StopRules(5, ignore_eos=True), batched=batched)
         assert [r.token_ids for r in rows] == [greedy[0]] * 3 and summary.distinct_outputs == 1
         assert [r.seed for r in rows] == [7, 8, 9]
         assert rows[0].sum_logprob == pytest.approx(sum(greedy[1]), abs=1e-4)
     # the cache policy reaches the forwards: recompute:size=2 sees one earlier token, as the single run does
     spec = parse_cache_spec("recompute:size=2")
-    one = Sampler(model, PROMPT, chain, make_selector(0, 0, "cpu"), StopRules(4, ignore_eos=True), str, None,
+    one = Sampler(model, PROMPT, chain, make_selector("greedy", 0, "cpu"), StopRules(4, ignore_eos=True), str, None,
                   top=0, cache=spec)
     want = [s.token_id for s in one]
     assert want != greedy[0][:4]
     for batched in (True, False):
-        rows, _ = sample_many(model, PROMPT, chain, True, 0, 2, StopRules(4, ignore_eos=True), cache=spec,
+        rows, _ = sample_many(model, PROMPT, chain, "greedy", 0, 2, StopRules(4, ignore_eos=True), cache=spec,
                               batched=batched)
         assert [r.token_ids for r in rows] == [want, want]
     # batched=None: batched when the policy holds rows
-    assert sample_many(model, PROMPT, chain, True, 0, 2, StopRules(2, ignore_eos=True))[1].batched
-    assert not sample_many(model, PROMPT, chain, True, 0, 2, StopRules(2, ignore_eos=True),
+    assert sample_many(model, PROMPT, chain, "greedy", 0, 2, StopRules(2, ignore_eos=True))[1].batched
+    assert not sample_many(model, PROMPT, chain, "greedy", 0, 2, StopRules(2, ignore_eos=True),
                            cache=parse_cache_spec("paged"))[1].batched
 
 
@@ -127,13 +128,13 @@ def test_batched_rows_see_their_own_history_and_an_empty_chain_is_refused():
     chain = build_chain({"temperature": 1.0, "repetition-penalty": 3.0})
     rules = StopRules(6, ignore_eos=True)
     want = singles(model, chain, 4, 3, rules)
-    out, _, _ = sample_batched(model, PROMPT, chain, False, 4, 3, rules)
+    out, _, _ = sample_batched(model, PROMPT, chain, "multinomial", 4, 3, rules)
     assert out == [ids for ids, _, _ in want]
     banned = build_chain({"min-p": 1.0, "temperature": 1.0})  # keeps the argmax only
-    out, logps, _ = sample_batched(model, PROMPT, banned, False, 0, 2, StopRules(2, ignore_eos=True))
+    out, logps, _ = sample_batched(model, PROMPT, banned, "multinomial", 0, 2, StopRules(2, ignore_eos=True))
     assert out[0] == out[1] and logps == [[0.0, 0.0], [0.0, 0.0]]
     with pytest.raises(ChainError):
-        sample_batched(model, PROMPT, build_chain({"ban": [[t] for t in range(256)]}), False, 0, 2,
+        sample_batched(model, PROMPT, build_chain({"ban": [[t] for t in range(256)]}), "multinomial", 0, 2,
                        StopRules(2, ignore_eos=True))
 
 
@@ -176,7 +177,7 @@ def test_batched_rows_start_their_output_after_the_prompt():
     rules = StopRules(6, eos_ids=(eos,))
     want = singles(model, chain, 30, 4, rules)
     assert want[0][0][0] != eos
-    out, logps, reasons = sample_batched(model, PROMPT, chain, False, 30, 4, rules)
+    out, logps, reasons = sample_batched(model, PROMPT, chain, "multinomial", 30, 4, rules)
     assert out == [ids for ids, _, _ in want] and reasons == [r for _, _, r in want]
     assert logps == [pytest.approx(lp, abs=1e-4) for _, lp, _ in want]
 
@@ -186,8 +187,8 @@ def test_batched_rows_preallocate_the_prompt_and_new_tokens():
     model = random_model("llama", seed=2, scale=4.0)
     chain = build_chain({"temperature": 1.3})
     rules = StopRules(5, ignore_eos=True)
-    full, _, _ = sample_batched(model, PROMPT, chain, False, 0, 3, rules)
-    static, _, _ = sample_batched(model, PROMPT, chain, False, 0, 3, rules, cache=parse_cache_spec("static"))
+    full, _, _ = sample_batched(model, PROMPT, chain, "multinomial", 0, 3, rules)
+    static, _, _ = sample_batched(model, PROMPT, chain, "multinomial", 0, 3, rules, cache=parse_cache_spec("static"))
     assert static == full == [ids for ids, _, _ in singles(model, chain, 0, 3, rules)]
 
 
@@ -198,7 +199,7 @@ def test_rows_one_after_another_stop_on_a_stop_string():
     free = singles(model, chain, 0, 3, StopRules(6, ignore_eos=True))
     rules = StopRules(6, stop_strings=(f"<{free[2][0][2]}>",), ignore_eos=True)
     want = singles(model, chain, 0, 3, rules, detok=detok)
-    rows, summary = sample_many(model, PROMPT, chain, False, 0, 3, rules, detok, batched=False)
+    rows, summary = sample_many(model, PROMPT, chain, "multinomial", 0, 3, rules, detok, batched=False)
     assert [r.token_ids for r in rows] == [ids for ids, _, _ in want] and rows[2].stop_reason == "stop"
     assert not summary.batched
 
@@ -212,13 +213,27 @@ def test_tokens_per_second_on_a_fake_clock(monkeypatch):
     reads = iter([10.0, 12.5, 7.0, 7.0])
     monkeypatch.setattr(many, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(reads))}))
     rules = StopRules(3, ignore_eos=True)
-    rows, summary = sample_many(model, PROMPT, build_chain({}), True, 0, 2, rules)
+    rows, summary = sample_many(model, PROMPT, build_chain({}), "greedy", 0, 2, rules)
     assert summary.tokens_per_s == 6 / 2.5
     assert summary.first_tokens[0].token == str(rows[0].token_ids[0])
-    _, frozen = sample_many(model, PROMPT, build_chain({}), True, 0, 2, rules)
+    _, frozen = sample_many(model, PROMPT, build_chain({}), "greedy", 0, 2, rules)
     assert math.isnan(frozen.tokens_per_s)
 
 
 def test_spread_of_two_samples():
     s = spread([row(0, [1], [-1.0]), row(1, [2, 3], [-1.0, -2.0])], str)
     assert s.std_sum_logprob == pytest.approx(1.0) and s.std_mean_logprob == pytest.approx(0.25)
+
+
+def test_rows_draw_with_the_plans_selector_transformers_multinomial_too():
+    """Under --semantics hf a sampled row draws as transformers does (torch.multinomial), batched or not: row i is the
+    single run with that selector and seed + i. (On the CPU torch.multinomial of one sample is itself an exponential
+    race, argmax p / q, so its tokens equal Multinomial's here: the test holds the row-by-row path to the single run.)"""
+    model = random_model("llama", seed=2, scale=4.0)
+    chain = build_chain({"temperature": 1.3})
+    rules = StopRules(6, ignore_eos=True)
+    want = [[s.token_id for s in Sampler(model, PROMPT, chain, make_selector("hf-multinomial", 5 + i, "cpu"), rules,
+                                         str, None, top=0)] for i in range(3)]
+    for batched in (True, False):
+        rows, _ = sample_many(model, PROMPT, chain, "hf-multinomial", 5, 3, rules, batched=batched)
+        assert [r.token_ids for r in rows] == want

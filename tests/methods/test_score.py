@@ -486,3 +486,16 @@ def test_a_static_reference_cache_is_sized_for_the_text():
     rows = list(build_scorer(lm, ScoreSettings(against_cache="static"), IDS[:12], build_chain({})))
     assert [r.reference_logprob for r in rows] == pytest.approx([r.raw_logprob for r in rows], abs=1e-4)
     assert max(r.kl for r in rows) == pytest.approx(0.0, abs=1e-5) and all(r.agree for r in rows)
+
+
+def test_a_stage_with_its_own_coin_or_state_is_refused_before_the_model_loads(cli):
+    """score replays the chain at each position of the text: xtc's coin and mirostat's state make a position
+    depend on more than its prefix, so no replay of them is exact: one line, exit 2, before any model is loaded
+    (the model folder does not exist)."""
+    tail = "draws its own coin or carries state from step to step (no replay of it is exact); drop it for this command"
+    code, _, err = cli("score", "some text", "-m", "/nonexistent/model", "--set", "xtc_probability=0.5")
+    assert (code, err.strip()) == (2, f"error: --xtc-probability: score replays the chain over given tokens, and xtc "
+                                      f"{tail}")
+    code, _, err = cli("score", "some text", "-m", "/nonexistent/model", "--set", "mirostat_tau=5")
+    assert (code, err.strip()) == (2, f"error: --mirostat-tau/--mirostat-eta: score replays the chain over given "
+                                      f"tokens, and mirostat {tail}")

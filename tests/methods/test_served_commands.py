@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
 
 from fake_server import completion_answer, models_answer, prompt_answer, table_engine  # noqa: E402
 
-from decodelab.core.engine.served import PROCESSED, RAW, EngineError, SamplingSettings  # noqa: E402
+from decodelab.core.engine.http.transport import EngineError  # noqa: E402
+from decodelab.core.engine.http.wire import PROCESSED, RAW, SamplingSettings  # noqa: E402
 from decodelab.core.errors import ConfigError  # noqa: E402
 from decodelab.core.methods import served as m  # noqa: E402
 from decodelab.core.methods.sample import SampleSettings  # noqa: E402
@@ -60,13 +61,13 @@ def test_finish_to_stop_and_probability():
 
 
 def test_needs_by_option_in_order():
-    s = SimpleNamespace(temperature=0.0, cache=None)
+    s = SampleSettings(temperature=0.0, cache=None)
     assert list(m.sample_needs(s).items()) == [("generate", "sample --engine")]
-    s = SimpleNamespace(temperature=0.7, cache="window:size=8")
+    s = SampleSettings(temperature=0.7, cache="window:size=8")
     assert list(m.sample_needs(s, kept_ids=True).items()) == [
         ("generate", "sample --engine"), ("seeded", "--seed"), ("kv_policies", "--cache window:size=8"),
         ("full_logits", "--kept-ids")]
-    assert m.sample_needs(SimpleNamespace(temperature=1.0, cache="full")) == {"generate": "sample --engine",
+    assert m.sample_needs(SampleSettings(temperature=1.0, cache="full")) == {"generate": "sample --engine",
                                                                              "seeded": "--seed"}
     s = SimpleNamespace(against=None, against_cache=None, cache=None, feed=None)
     assert m.score_needs(s, []) == {"score": "score --engine"}
@@ -102,7 +103,7 @@ def test_the_connection_describes_itself_and_refuses_logits(local):
 
 
 def test_check_vocabulary_reads_every_listed_id(local):
-    from decodelab.core.engine.served import Alternative, Position
+    from decodelab.core.engine.http.wire import Alternative, Position
 
     conn = connection(local, {})
     m.check_vocabulary(conn, [Position(0, 0, -1.0, 1, (Alternative(4095, -2.0),))])
@@ -324,41 +325,6 @@ def test_engine_baseline_without_counters(local):
     assert (base.details["prefix_hit_rate"], base.details["prefix_query_tokens"]) == (0.0, 0)
 
 
-def test_forced_logits_are_the_models_own_forward(lm):
-    logits = m.forced_logits(lm.model, [4, 5, 6], [7, 8])
-    with torch.no_grad():
-        expected = lm.model(torch.tensor([[4, 5, 6, 7, 8]])).logits[0, 2:4].float()  # rows that drew 7 and 8
-    assert logits.shape == (2, lm.vocab_size) and logits.dtype == torch.float32
-    assert torch.allclose(logits, expected, atol=1e-5)
-
-
-def test_chain_along_counts_the_output_from_the_prompts_end(lm):
-    from decodelab.core.sampling.chain import make_chain
-
-    vocab = lm.vocab_size
-    # vLLM's presence and frequency penalties count the output only: prompt [1, 2], output [3, 3, 1]; row i sees
-    # the output before it: nothing, one 3 (0.5 + 0.25), two 3s (0.5 + 2 x 0.25); 1 is in the prompt, never counted
-    chain = make_chain(lm, SampleSettings(presence_penalty=0.5, frequency_penalty=0.25, semantics="vllm"))
-    rows = m.chain_along(chain, [1, 2], [3, 3, 1], torch.zeros(3, vocab))
-    assert [(float(r[3]), float(r[1]), float(r[2])) for r in rows] == [(0.0, 0.0, 0.0), (-0.75, 0.0, 0.0),
-                                                                        (-1.0, 0.0, 0.0)]
-    assert all(r.shape == (vocab,) for r in rows)
-    recorded = m.chain_along(chain, [1, 2], [3, 3, 1], torch.zeros(3, vocab), record=True)
-    assert [[name for name, _ in stages] for stages in recorded] == [["raw", "frequency-penalty",
-                                                                      "presence-penalty"]] * 3
-    assert all(torch.equal(stages[-1][1], row) and stages[0][1].shape == (vocab,)
-               for stages, row in zip(recorded, rows))
-    # the repetition penalty counts the prompt too: 1 and 2 halved from the first row, 3 once generated
-    chain = make_chain(lm, SampleSettings(repetition_penalty=2.0, semantics="vllm"))
-    rows = m.chain_along(chain, [1, 2], [3, 3, 1], torch.ones(3, vocab))
-    assert [[float(r[t]) for t in (1, 2, 3, 4)] for r in rows] == [[0.5, 0.5, 1.0, 1.0], [0.5, 0.5, 0.5, 1.0],
-                                                                   [0.5, 0.5, 0.5, 1.0]]
-    with pytest.raises(ConfigError) as err:
-        m.chain_along(make_chain(lm, SampleSettings(mirostat_tau=5.0)), [1], [2], torch.zeros(1, vocab))
-    assert str(err.value) == ("the chain [mirostat] carries state from step to step (xtc, mirostat): it cannot be "
-                              "replayed over given tokens")
-
-
 def serving(local, monkeypatch, owned_by="vllm", server_ids=None, gen_top=None):
     """connect() against a table transport: the server tokenises PROBE_TEXT as server_ids (default: as the local
     tokenizer does); a vLLM probe generates token 7 with gen_top listed, replayed raw at 7: -0.5, 8: -1.5."""
@@ -442,7 +408,7 @@ def fake_clock(monkeypatch, start: float = 100.0, step: float = 1.0):
 
 
 def test_rows_carry_the_engines_defects_and_the_time(local, monkeypatch):
-    from decodelab.core.engine.served import loads
+    from decodelab.core.engine.http.transport import loads
 
     # the generated token 7 listed twice in its step's top logprobs; the scored position 1 listed out of order
     text = json.dumps(completion_answer([7], [-0.5], [{7: -0.5, 3: -1.0}]))

@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from decodelab.core.kv import parse_cache_spec
+from decodelab.core.kv import KVPolicy, parse_cache_spec
+from decodelab.core.kv.recompute import RecomputePolicy
 from decodelab.core.engine.forward import attention_weights, forward, model_info
 from decodelab.core.engine.runtime import Runtime
 from decodelab.core.sampling.chain import build_chain
@@ -322,6 +323,23 @@ def test_compare_policies_feed_the_exact_policies_a_chunk_at_a_time():
     assert big_feed["full"].scorer.s.feed == 5 and big_feed["recompute"].scorer.s.feed == 5
 
 
+def test_compare_policies_feed_a_policy_a_chunk_at_a_time_where_it_declares_feed_invariance():
+    """With --policies the labels are as typed: a feed-invariant policy (KVPolicy.feed_invariant) is fed ``chunk``
+    tokens a forward whatever its label, any other ``feed``; its numbers are still the full cache's exactly."""
+    ids = list(range(1, 30))
+    runs = dict(compare_policies(random_model("llama", seed=2), ids, build_chain({}), str,
+                                 StreamSettings(chunk=6, feed=2, compare_policies=True,
+                                                policies="recompute:size=40,paged,window:size=8")))
+    assert {label: run.scorer.s.feed for label, run in runs.items()} == {
+        "full": 6, "recompute:size=40": 6, "paged": 6, "window:size=8": 2}
+    for label in ("full", "recompute:size=40", "paged"):
+        list(runs[label])
+    full = [r.logprob for r in runs["full"].scorer.steps]
+    for label in ("recompute:size=40", "paged"):  # the whole text fits: each equals the full cache
+        assert [r.logprob for r in runs[label].scorer.steps] == pytest.approx(full, abs=1e-4), label
+        assert runs[label].summary().top1_agreement == 1.0
+
+
 def test_stream_score_against_full_recomputed_by_hand():
     """KL(full || window) and top-1 flips per token from one full forward and a window runtime fed one token at a
     time; the full cache against itself is KL 0 and no flip."""
@@ -396,17 +414,28 @@ def test_spans_by_hand():
 
 
 def test_slot_ranges_and_cache_state_of_hand_policies():
-    class Policy:
-        def __init__(self, name, seen, size=None, **extra):
-            self.name, self.seen, self.stored = name, seen, 3
-            if size is not None:
-                self.size = size
-            self.__dict__.update(extra)
+    """The slot map each policy declares (``KVPolicy.slot_ranges``: recompute's own, the protocol's default for
+    the rest) and the cache state stream reports from it; the policies are built by hand, without a model."""
 
-        def nbytes(self):
-            return 96
+    def Policy(name, seen, size=None, **extra):
+        base = RecomputePolicy if name == "recompute" and size is not None else KVPolicy
 
-    slots = stream_core.slot_ranges
+        class Hand(base):
+            stored = 3
+
+            def nbytes(self):
+                return 96
+
+        p = object.__new__(Hand)  # no model: only the fields slot_ranges and cache_state read
+        p.name, p.seen = name, seen
+        if size is not None:
+            p.size = size
+        p.__dict__.update(extra)
+        return p
+
+    def slots(policy):
+        return policy.slot_ranges()
+
     assert slots(Policy("recompute", 10, size=4)) == [[7, 10, 0]]
     assert slots(Policy("recompute", 3, size=4)) == [[0, 3, 0]]
     assert slots(Policy("recompute", 4, size=4)) == [[1, 4, 0]]

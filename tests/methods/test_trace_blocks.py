@@ -30,7 +30,8 @@ CHAINS = {
 
 
 def run(model, chain_settings, temperature, block, n=20, eos=(), seed=3, top=4):
-    sampler = Sampler(model, PROMPT, build_chain(chain_settings), make_selector(temperature, seed, "cpu"),
+    selector = make_selector("greedy" if temperature == 0 else "multinomial", seed, "cpu")
+    sampler = Sampler(model, PROMPT, build_chain(chain_settings), selector,
                       StopRules(n, tuple(eos)), str, None, top=top, block=block)
     seen = []  # how many tokens the loop had made when each step reached the consumer
     for _ in sampler:
@@ -100,7 +101,7 @@ def test_an_interrupt_inside_a_block_keeps_every_token_made_so_far_with_its_trac
     """Ctrl-C during the forward after the 9th token, in blocks of 8: nine tokens were made, eight traced and handed over;
     interrupt() traces the ninth (pending) too, as a step-by-step run would have handed it over."""
     ref, _ = run(model, CHAINS["sampled filters"][0], 0.9, 1)
-    sampler = Sampler(model, PROMPT, build_chain(CHAINS["sampled filters"][0]), make_selector(0.9, 3, "cpu"),
+    sampler = Sampler(model, PROMPT, build_chain(CHAINS["sampled filters"][0]), make_selector("multinomial", 3, "cpu"),
                       StopRules(20), str, None, top=4, block=8)
     real_feed = Runtime.feed
 
@@ -121,7 +122,7 @@ def test_an_interrupt_inside_a_block_keeps_every_token_made_so_far_with_its_trac
 
 
 def test_kept_ids_are_read_step_by_step(model):
-    sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 3}), make_selector(0.9, 3, "cpu"),
+    sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 3}), make_selector("multinomial", 3, "cpu"),
                       StopRules(5), str, None, top=4, block=8, kept=True)
     assert sampler.block == 1
     list(sampler)
@@ -163,7 +164,7 @@ def test_the_sampler_defaults_one_step_a_token_five_alternatives_and_builds_its_
     from decodelab.core.kv import CacheSpec
 
     sampler = Sampler(model, PROMPT, build_chain({"temperature": 0.9, "top-k": 12}),
-                      make_selector(0.9, 3, "cpu"), StopRules(9), str, None, cache=CacheSpec("static"))
+                      make_selector("multinomial", 3, "cpu"), StopRules(9), str, None, cache=CacheSpec("static"))
     seen = [len(sampler.state.new_ids) for _ in sampler]
     assert seen == list(range(1, 10)) and sampler.block == 1
     assert all(len(s.alternatives) == 5 for s in sampler.steps)
@@ -196,7 +197,7 @@ def test_an_empty_chain_inside_a_block_ends_the_run_with_the_pending_steps_trace
     from decodelab.core.errors import EMPTY_CHAIN, ChainError
 
     ref, _ = run(model, CHAINS["sampled filters"][0], 0.9, 1)
-    sampler = Sampler(model, PROMPT, build_chain(CHAINS["sampled filters"][0]), make_selector(0.9, 3, "cpu"),
+    sampler = Sampler(model, PROMPT, build_chain(CHAINS["sampled filters"][0]), make_selector("multinomial", 3, "cpu"),
                       StopRules(20), str, None, top=4, block=4)
     real_feed = Runtime.feed
 

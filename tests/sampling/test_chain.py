@@ -179,7 +179,7 @@ def test_stepwise_stages_are_refused_with_their_own_options_and_others_pass():
 def test_build_shares_the_selectors_generator_and_resolves_texts_with_the_tokenizers_functions():
     """``build``: XTC's coin comes from the selector's own generator (one seed, one stream), and --ban, --logit-bias
     and --dry-breaker texts go through the functions handed in (encode, token_id, token_text)."""
-    from decodelab.core.sampling.chain import build
+    from conftest import build
     from decodelab.core.sampling.settings import ChainSettings
 
     texts = ["a", "b:", ":", "c", "::"]

@@ -17,7 +17,7 @@ from decodelab.core.sampling.filters import MinP, TopK, TopP, TypicalP
 from decodelab.core.sampling.penalties import NoRepeatNGram, RepetitionPenalty
 from decodelab.core.sampling.scaling import SoftCap, Temperature
 from decodelab.core.sampling.distribution import softmax
-from decodelab.core.trace.stats import stage_table
+from conftest import stage_table
 
 V = 50
 

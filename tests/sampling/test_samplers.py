@@ -12,7 +12,7 @@ from transformers.generation import logits_process as hf
 
 from decodelab.core.sampling.settings import ChainSettings
 from decodelab.core.methods.sample import SampleSettings, validate_sample
-from decodelab.core.settings import coerce
+from decodelab.core.settings import PAIRS, coerce
 from decodelab.core.sampling.chain import validate_chain
 from decodelab.core.methods.sample import Sampler
 from decodelab.core.engine.stopping import StopRules
@@ -24,7 +24,8 @@ from decodelab.core.sampling.filters import XTC, EpsilonCutoff, EtaCutoff, Miros
 from decodelab.core.sampling.biases import AllowList, Ban, MinNewTokens, SequenceBias
 from decodelab.core.sampling.scaling import DynamicTemperature
 from decodelab.core.sampling.select import make_generator
-from decodelab.core.sampling.chain import build
+from conftest import build
+from decodelab.core.sampling import replay
 from decodelab.core.engine.stopping import StopChecker, trim_stop
 
 
@@ -455,13 +456,13 @@ def test_stop_ids_and_trim_stop():
 def test_chain_reset_and_accept_reach_only_the_stages_that_have_them():
     m = MirostatV2()
     chain = Chain([FrequencyPenalty(value=1.0, scope="output"), m])
-    assert chain.stateful
+    assert replay.stateful(chain.names) == ["mirostat"]  # the registry row's state need
     chain.reset(3)
     assert chain.processors[0].prompt_len == 3
     chain(torch.tensor([[1, 2, 3, 4]]), torch.zeros(1, 6))
     chain.accept(torch.tensor([0]))
     assert [k for k, _ in chain.states()] == ["mirostat.mu"]
-    assert not build_chain({"temperature": 0.5}).stateful
+    assert not replay.stateful(build_chain({"temperature": 0.5}).names)
 
 
 @pytest.mark.parametrize("record", [True, False])
@@ -803,6 +804,6 @@ def test_resolve_layers_defaults_preset_options_and_sets(tmp_path):
 
     @dataclasses.dataclass(frozen=True)
     class OnlyLogitBias:  # a method's settings without sequence_bias: no such key is added
-        logit_bias: tuple = (("b", 0.5),)
+        logit_bias: PAIRS = (("b", 0.5),)  # a pair-valued setting is known by its type
 
     assert as_dict(OnlyLogitBias()) == {"logit_bias": {"b": 0.5}}

@@ -18,7 +18,8 @@ from decodelab.core.engine.stopping import StopRules
 from decodelab.core.methods.probs import dist_stages, given_logits
 from decodelab.core.errors import ConfigError
 from decodelab.core.sampling.export import _gbnf_string, export
-from decodelab.core.sampling.chain import build, chain_for
+from conftest import build
+from decodelab.core.sampling.chain import chain_for
 from decodelab.core.sampling.select import Greedy, make_generator
 from decodelab.core.sampling.tokens import Tokens
 from decodelab.core.sampling.semantics import merge_order, plan

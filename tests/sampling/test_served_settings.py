@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from decodelab.core.engine.served import SamplingSettings
+from decodelab.core.engine.http.wire import SamplingSettings
 from decodelab.core.errors import ConfigError
 from decodelab.core.methods.sample import SampleSettings
 from decodelab.core.sampling.export import served_settings

@@ -13,7 +13,8 @@ from decodelab.core.sampling.biases import LogitBias
 from decodelab.core.sampling.chain import Chain, build_chain
 from decodelab.core.sampling.distribution import softmax
 from decodelab.core.sampling.step import select
-from decodelab.core.trace.stats import pack, ranked_alternatives, stage_stats, unpack
+from conftest import stage_stats
+from decodelab.core.trace.stats import pack, ranked_alternatives, unpack
 
 from conftest import NEG
 
@@ -102,7 +103,7 @@ def test_mass_removed_is_measured_before_the_stage_not_on_the_raw_distribution()
 
 def test_stage_table_names_each_stage():
     from decodelab.core.sampling.filters import TopK
-    from decodelab.core.trace.stats import stage_table
+    from conftest import stage_table
 
     z = torch.tensor([[0.0, 1.0, 2.0]])
     assert [stat.name for stat, _ in stage_table([("raw", z), ("top-k", TopK(1)(None, z))])] == ["raw", "top-k"]
@@ -341,7 +342,7 @@ def test_stage_table_reports_each_stages_kept_count_entropy_and_removed_mass():
     """stage_table's numbers against float64 from the definitions on raw -> temperature 1/2 -> top-k 2 over Z5:
     kept 5, 5, 2; each row's entropy (the entropies of the three rows differ, so a softmax or a log-softmax over the
     wrong dim, or a field dropped, shows); top-k's removed mass under the tempered distribution."""
-    from decodelab.core.trace.stats import stage_table
+    from conftest import stage_table
 
     chain = build_chain({"temperature": 0.5, "top-k": 2}, order=["temperature", "top-k"])
     _, stages = chain.run_recorded(None, Z5)
@@ -393,3 +394,30 @@ def test_a_nan_logit_leaves_the_entropy_nan_not_zero():
     _, H = kept_and_entropy(P, logP, torch.isneginf(L))
     assert math.isnan(H[0].item())
     assert H[1].item() == pytest.approx(math.log(2.0), rel=1e-6)
+
+
+def test_scored_rows_are_each_rows_own_numbers_whatever_the_split(monkeypatch):
+    """scored_rows packs a long sequence a slice at a time: split into slices of 1 and 3 rows, every number equals
+    the one-slice result bit for bit; and each is the definition's (float64): log-probs, the rank by strictly larger
+    logits, the entropies, the kept count of the processed row."""
+    from decodelab.core.trace import stats
+
+    torch.manual_seed(1)
+    raw = torch.randn(7, 11) * 3
+    processed = (raw / 0.7).masked_fill(raw < -1.0, float("-inf"))
+    tokens = torch.tensor([0, 3, 5, 1, 10, 2, 7])
+    whole = stats.scored_rows(raw, processed, tokens)
+    for rows in (1, 3):
+        monkeypatch.setattr(stats, "SCORED_BYTES", rows * 2 * 11 * 4)
+        assert torch.equal(stats.scored_rows(raw, processed, tokens), whole)
+    c = stats.COLUMN
+    r64, p64 = torch.log_softmax(raw.double(), -1), torch.log_softmax(processed.double(), -1)
+    at = tokens[:, None]
+    assert whole[:, c["token_id"]].tolist() == tokens.float().tolist()
+    assert whole[:, c["raw_logprob"]].tolist() == pytest.approx(r64.gather(1, at)[:, 0].tolist(), abs=1e-5)
+    assert whole[:, c["logprob"]].tolist() == pytest.approx(p64.gather(1, at)[:, 0].tolist(), abs=1e-5)
+    assert whole[:, c["raw_rank"]].tolist() == [1 + int((raw[i] > raw[i, t]).sum()) for i, t in enumerate(tokens)]
+    assert whole[:, c["raw_entropy"]].tolist() == pytest.approx((-(r64.exp() * r64).sum(-1)).tolist(), abs=1e-5)
+    h = -(p64.exp() * p64.nan_to_num(neginf=0.0)).sum(-1)
+    assert whole[:, c["entropy"]].tolist() == pytest.approx(h.tolist(), abs=1e-5)
+    assert whole[:, c["kept"]].tolist() == (~torch.isneginf(processed)).sum(-1).float().tolist()

@@ -20,7 +20,8 @@ from ...engine.stopping import StopRules, stop_rules
 from ...errors import ConfigError
 from ...inputs import parse_json, read_input_text
 from ...sampling.chain import build_chain, chain_for, make_chain
-from ...sampling.select import make_selector
+from ...sampling.select import Greedy
+from ...sampling.semantics import plan as semantics_plan, trims_stop
 from ...sampling.tokens import Tokens
 from ...settings import as_dict, coerce, normalize_key
 from ..sample import SampleSettings, validate_sample
@@ -112,10 +113,10 @@ def build_requests(lm: LoadedModel, entries: list[Entry], chat: bool = False) ->
     for e in entries:
         s = e.settings
         prompt_ids = lm.encode(e.prompt, chat=chat)
-        chain = make_chain(lm, s)
+        selector = semantics_plan(s).make_selector(s.seed, lm.device)
+        chain = make_chain(lm, s, getattr(selector, "generator", None))  # XTC's coin from the selector's generator
         chain.reset(len(prompt_ids))  # stages that count generated tokens (or read them: a constraint) start here
-        out.append(Request(e.id, prompt_ids, chain, make_selector(s.temperature, s.seed, lm.device), stop_rules(lm, s),
-                           lm.decode, e.prompt))
+        out.append(Request(e.id, prompt_ids, chain, selector, stop_rules(lm, s), lm.decode, e.prompt, trims_stop(s)))
     return out
 
 
@@ -128,6 +129,7 @@ class Baseline:
     reason: str | None = None  # why it did not run (or, for the engine, the first request that failed)
     details: dict = field(default_factory=dict)  # more figures (the engine's prefix-cache counters), in the summary
     requests: list[dict] = field(default_factory=list)  # per request, where the baseline reports them (the engine)
+    outputs: list[list[int]] = field(default_factory=list, repr=False)  # its tokens per request, the reference's order
 
 
 @dataclass
@@ -192,7 +194,7 @@ def static_baseline(lm: LoadedModel, settings: BatchSettings, entries: list[Entr
     results = sched.run()
     tokens = sum(len(r.new_ids) for r in results)
     same = sum(a.new_ids == b.new_ids for a, b in zip(results, reference))
-    return Baseline("static", tokens / sched.seconds, sched.seconds, same)
+    return Baseline("static", tokens / sched.seconds, sched.seconds, same, outputs=[list(r.new_ids) for r in results])
 
 
 def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: list[Result]) -> Baseline:
@@ -208,7 +210,7 @@ def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: l
         return Baseline("transformers", None, None, reason=f"{type(exc).__name__}: {first}")
     tokens = sum(len(r.new_ids) for r in reference)
     same = sum(list(o) == r.new_ids for o, r in zip(outputs, reference))
-    return Baseline("transformers", tokens / seconds, seconds, same)
+    return Baseline("transformers", tokens / seconds, seconds, same, outputs=[list(o) for o in outputs])
 
 
 class BatchRun(Run):
@@ -223,7 +225,7 @@ class BatchRun(Run):
         self.scheduler = scheduler_for(lm, settings, build_requests(lm, entries, chat), static=False)
         self.stop_reason = "end"
         self.baselines: list[Baseline] = []  # shared by every report of the run: a baseline run once stays
-        self.engine_part: dict = {}  # engine and engine_requests, when the same requests ran on a served engine
+        self.extra_part: dict = {}  # engine and engine_requests (the same requests on a served engine), noise
 
     def __iter__(self) -> Iterator[Iteration]:
         return iter(self.scheduler)
@@ -259,7 +261,7 @@ class BatchRun(Run):
         steps."""
         lm = self.lm
         return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain,
-                 "token_ids": r.new_ids, "text": lm.decode(r.new_ids), "stop_reason": r.stop_reason,
+                 "token_ids": r.new_ids, "text": r.text, "stop_reason": r.stop_reason,
                  "prefix_hit_tokens": r.prefix_hit_tokens, "computed_tokens": r.computed_tokens,
                  "preemptions": r.preemptions, "joined": r.joined, "finished": r.finished,
                  "steps": [{"index": i, "token_id": s.token_id, "token": lm.token_text(s.token_id),
@@ -273,7 +275,7 @@ class BatchRun(Run):
         return {"command": "batch", "model": lm.name, "device": str(lm.device),
                 "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(self.settings),
                 "chain": chain_names(self.settings), "requests": self.requests(), "iterations": report.iterations,
-                "summary": report.summary(), **self.engine_part}
+                "summary": report.summary(), **self.extra_part}
 
     def run_baselines(self, report: BatchReport) -> None:
         for name in self.settings.baselines:
@@ -310,6 +312,5 @@ def warm_up(lm: LoadedModel, settings: BatchSettings) -> None:
     """A few untimed iterations of two short rows: the first forwards of a model are slow, and the baselines
     would otherwise be timed warm against a cold iteration-level run."""
     rules = StopRules(2, ignore_eos=True)
-    requests = [Request(f"warm{i}", [0] * (3 + i), build_chain({}), make_selector(0, 0, lm.device), rules)
-                for i in range(2)]
+    requests = [Request(f"warm{i}", [0] * (3 + i), build_chain({}), Greedy(), rules) for i in range(2)]
     Scheduler(lm.model, requests, max_batch=2, block_size=settings.block_size).run()

@@ -31,15 +31,15 @@ from torch import Tensor
 
 from ...engine.run import synchronize
 from ...engine.runtime import Runtime
-from ...engine.stopping import StopChecker, StopRules
+from ...engine.stopping import StopChecker, StopRules, trim_stop
 from ...engine.tokens import TokenBuffer, check_prompt
 from ...errors import EMPTY_CHAIN, ConfigError
 from ...kv import CacheSpec
 from ...kv.paged import PagedPolicy, PoolFull, blocks_for, chain_hashes
 from ...sampling.chain import Chain
-from ...sampling.distribution import log_softmax
 from ...sampling.select import Greedy
 from ...sampling.step import select
+from ...trace.stats import chosen_logprobs
 
 
 @dataclass
@@ -53,6 +53,7 @@ class Request:
     rules: StopRules
     detok: Callable[[list[int]], str] | None = None
     prompt: str | None = None
+    trim_stop: bool = False  # deliver the text without what stopped it (as a run does: engine.run.Run.delivered)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Result:
     preemptions: int
     joined: int  # iteration it first joined
     finished: int  # iteration its last token was selected
+    text: str | None = None  # the delivered text (trimmed when the request says so); None without a detokenizer
 
 
 @dataclass
@@ -361,29 +363,32 @@ class Scheduler:
             return [], []
         index = torch.tensor([b for b, _ in rows], device=logits.device)
         picked = logits.index_select(0, index)  # [R, V]
-        raw_logp = log_softmax(picked)  # the model's own log-probabilities, every picked row at once
         plain = [isinstance(s.req.selector, Greedy) and not s.req.chain.processors for _, s in rows]
         tokens = picked.argmax(dim=-1) if any(plain) else None  # the greedy rows' picks (the others: below)
-        processed_logp = raw_logp if all(plain) else raw_logp.clone()
+        processed = picked if all(plain) else picked.to(torch.float32, copy=True)  # a plain row's: its raw logits
         columns, own = [], []
         for i, ((_, s), simple) in enumerate(zip(rows, plain)):
             if simple:
                 columns.append(tokens[i : i + 1])
                 continue
             sel = select(s.req.chain, s.req.selector, s.buf.prefix(), picked[i : i + 1])
-            processed_logp[i] = log_softmax(sel.processed[0])
+            processed[i] = sel.processed[0]
             columns.append(sel.token[:1])
             own.append((i, sel.finite[:1]))
         token = torch.cat(columns)  # [R]
-        at = token[:, None]
-        finite = torch.isfinite(picked.gather(1, at)[:, 0])  # a plain row's processed logits are its raw ones
+        finite = torch.isfinite(picked.gather(1, token[:, None])[:, 0])  # a plain row's processed logits are raw
         for i, fin in own:
             finite[i : i + 1] = fin
-        host = torch.stack([token.float(), finite.float(), processed_logp.gather(1, at)[:, 0],
-                            raw_logp.gather(1, at)[:, 0]], dim=-1).tolist()  # the iteration's one transfer
+        raw_logp = chosen_logprobs(picked, token)  # the model's own log-probabilities, every picked row at once
+        processed_logp = raw_logp if all(plain) else chosen_logprobs(processed, token)
+        host = torch.stack([token.float(), finite.float(), processed_logp, raw_logp],
+                           dim=-1).tolist()  # the iteration's one transfer
         return [(s, token[i : i + 1]) for i, (_, s) in enumerate(rows)], host
 
     def _result(self, s: Seq) -> Result:
-        return Result(s.req.id, s.req.prompt, list(s.req.prompt_ids), list(s.req.chain.names), list(s.new_ids),
-                      s.stop_reason or "length",
-                      s.steps, s.hits or 0, s.fed, s.preemptions, s.joined_at, s.finished_at)
+        reason, ids = s.stop_reason or "length", list(s.new_ids)
+        text = None
+        if s.req.detok is not None:
+            text = trim_stop(ids, reason, s.req.rules, s.req.detok)[1] if s.req.trim_stop else s.req.detok(ids)
+        return Result(s.req.id, s.req.prompt, list(s.req.prompt_ids), list(s.req.chain.names), ids, reason,
+                      s.steps, s.hits or 0, s.fed, s.preemptions, s.joined_at, s.finished_at, text)

@@ -142,14 +142,6 @@ class NGramProposer:
         return None  # the index only ever holds committed tokens
 
 
-def process_block(chain: Chain, seq: Sequence, logits: Tensor, uses_ids: bool) -> Tensor:
-    """The chain on the target's g+1 rows; row i follows the prefix s + x_1..x_i. Unchecked: a row after a rejected
-    draft is never used, so only the row the emitted token comes from is checked (in ``Speculator.step``)."""
-    if uses_ids:
-        return torch.cat([chain.apply(seq.prefix(i), logits[i : i + 1]) for i in range(logits.shape[0])])
-    return chain.apply(seq.prefix().expand(logits.shape[0], -1), logits)
-
-
 def make_selector_for(greedy: bool, generator: torch.Generator | None):
     """The proposer's selector: argmax at temperature 0, else a draw sharing the run's generator."""
     return Greedy() if greedy else Multinomial(generator)

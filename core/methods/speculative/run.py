@@ -23,20 +23,18 @@ from ...errors import ConfigError
 from ...inputs import parse_int
 from ...settings import as_dict
 from ...kv import CacheSpec, require
+from ...sampling import replay
 from ...sampling.chain import Chain, make_chain, refuse_stepwise_stages
 from ...sampling.distribution import softmax
 from ...sampling.select import make_generator
-from ...sampling.semantics import plan as semantics_plan
+from ...sampling.semantics import plan as semantics_plan, trims_stop
 from ...sampling.step import check_selected
 from ..sample import SampleSettings, validate_sample
+from .chained import make_proposer, proposer_spec
 from .proposers import (
     Draft,
-    ModelProposer,
-    NGramProposer,
     Proposer,
     Sequence,
-    make_selector_for,
-    process_block,
 )
 from .rule import (
     acceptance_probability,
@@ -156,9 +154,11 @@ class Round:
     final: FinalToken | None = None
     draft_ms: float = 0.0
     target_ms: float = 0.0
+    source: str = ""  # the proposer that drafted this round (a chain's member that proposed first); "" if none did
 
     def to_dict(self) -> dict:
-        out = {"index": self.index, "position": self.position, "drafted": self.drafted,
+        out = {"index": self.index, "position": self.position, **({"source": self.source} if self.source else {}),
+               "drafted": self.drafted,
                "proposed": [asdict(t) for t in self.proposed], "accepted": self.accepted,
                "emitted": {"token_ids": self.emitted_ids, "text": self.emitted_text},
                "draft_ms": self.draft_ms, "target_ms": self.target_ms}
@@ -211,7 +211,6 @@ class Speculator(Run):
         self.prompt_ids, self.gamma, self.generator = list(prompt_ids), gamma, generator
         self.token_text, self.detok, self.top, self.record = token_text, detok, top, record
         self.spec = cache
-        self.uses_ids = chain.uses_ids  # a stage reads the prefix: each position needs its own
         self.stats = RunStats(gamma)
         self.rounds: list[Round] = []
         self.runtime: Runtime | None = None
@@ -222,6 +221,7 @@ class Speculator(Run):
         self.settings: SpeculateSettings | None = None  # the draft and gamma the document names (set by the build)
         self.timed: list[SpeedupRound] | None = None  # the timing rounds behind the summary's speedups
         self.sweep_part: dict = {}  # sweep and best_gamma, when a gamma sweep chose this run's gamma
+        self.analyses: dict = {}  # prediction and width_audit, when asked for (after the run)
 
     @property
     def greedy(self) -> bool:
@@ -285,7 +285,9 @@ class Speculator(Run):
         t1 = time.perf_counter()
         # one target forward over [s_last, x_1..x_g] at positions seen .. seen + g: logits for the g+1 positions
         logits = runtime.feed(seq.ids[:, n - 1 : n + g], keep="all")[0]
-        processed = process_block(self.chain, seq, logits, self.uses_ids)
+        # the chain on the g+1 rows, row i after s + x_1..x_i; unchecked: a row after a rejected draft is never
+        # used, so only the row the emitted token comes from is checked (check_selected below)
+        processed = replay.processed(self.chain, seq.ids, logits, n)
         if self.greedy:
             drafts, k, token, finite = self.verify_greedy(processed, draft)
             p = q = u = final = None
@@ -352,7 +354,8 @@ class Speculator(Run):
     def build_round(self, o: _Outcome) -> Round:
         """The traced record of a round: every number gathered on the device, read in one transfer."""
         rnd = Round(len(self.rounds), o.position, len(o.drafts), o.k, o.emitted, draft_ms=o.draft_ms,
-                    target_ms=o.target_ms)
+                    target_ms=o.target_ms, source=(getattr(self.proposer, "source", None) or self.proposer.name)
+                    if o.drafts else "")
         if not self.record:
             return rnd
         text = self.token_text or str
@@ -423,8 +426,9 @@ class Speculator(Run):
         verification round, the text and ids, the summary (speedups from ``timed``), the sweep when one ran."""
         extra = {} if self.settings is None else {"draft": self.settings.draft, "gamma": self.settings.gamma}
         head = self.origin.head(**extra, verification="greedy" if self.greedy else "speculative-sampling")
-        return {**head, "steps": [r.to_dict() for r in self.rounds], "text": self.text(), "token_ids": self.new_ids,
-                "summary": self.summary().to_dict(), **self.sweep_part}
+        ids, text = self.delivered(self.detok)
+        return {**head, "steps": [r.to_dict() for r in self.rounds], "text": text, "token_ids": ids,
+                "summary": self.summary().to_dict(), **self.sweep_part, **self.analyses}
 
 
 class _Outcome(NamedTuple):
@@ -560,16 +564,15 @@ def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: Specu
     chain = chain or make_chain(lm, settings)
     refuse_stepwise_stages(chain, "speculative decoding")
     chain.reset(len(prompt_ids))
-    greedy = semantics_plan(settings).selector == "greedy"
+    greedy = semantics_plan(settings).greedy
     gen = None if greedy else make_generator(settings.seed, lm.device)
     spec = settings.cache_spec
-    if draft is None:
-        proposer = NGramProposer(settings.ngram_size)
-    else:
-        proposer = ModelProposer(draft.model, chain, make_selector_for(greedy, gen), draft.name,
-                                 draft.context_length, cache=spec)
-    return Speculator(lm.model, proposer, prompt_ids, chain, stop_rules(lm, settings, max_new_tokens), gamma, gen,
-                      lm.token_text, lm.decode, settings.top, record, cache=spec)
+    proposer = make_proposer(proposer_spec(settings.draft, draft), draft, chain, greedy, gen, settings.ngram_size,
+                             cache=spec)
+    run = Speculator(lm.model, proposer, prompt_ids, chain, stop_rules(lm, settings, max_new_tokens), gamma, gen,
+                     lm.token_text, lm.decode, settings.top, record, cache=spec)
+    run.trim_stop = trims_stop(settings)
+    return run
 
 
 def speculate_run(lm: LoadedModel, settings: SpeculateSettings, prompt_text: str, prompt_ids: list[int],

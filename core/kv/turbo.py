@@ -1,0 +1,212 @@
+"""``turbo``: TurboQuant-style codes (Zandieh et al. 2025, "TurboQuant: Online Vector Quantization with Near-optimal
+Distortion Rate", arXiv 2504.19874): a random rotation, then Lloyd-Max scalar codes per coordinate, and for the keys a
+1-bit QJL code of the residual so that inner products with a query are unbiased.
+
+``turbo:bits=B[,keys=prod|mse][,residual=R][,residual_dtype=model|16]``, B in 2, 3, 4 (bits per coordinate).
+
+One token's head vector x (D channels) is coded alone:
+
+* norm n = ||x||_2 (stored in 16 bits) and direction u = x / n;
+* rotation y = u P with P a random orthogonal matrix (fixed seed): every coordinate of y is then distributed as one
+  coordinate of a uniformly random unit vector in R^D, density f(t) proportional to (1 - t^2)^((D - 3) / 2) on
+  [-1, 1] (close to N(0, 1/D)), whatever x was;
+* MSE code: each y_i replaced by the nearest of 2^b centroids c_k, the Lloyd-Max quantizer of f (the centroids
+  that minimise E[(t - c(t))^2]: each centroid the mean of f over its cell, each boundary halfway between centroids),
+  computed once per (D, b) by Lloyd's iteration on a fine grid;
+* ``prod`` (the keys' default): b - 1 bits of MSE code, then the residual r = y - y_mse coded by QJL: s = sign(S r)
+  with S a D x D Gaussian matrix (fixed seed), and ||r|| stored in 16 bits. For any vector w,
+  E[<S w, sign(S r)>] = D sqrt(2/pi) <w, r> / ||r|| (each row s of S: E[(s.w) sign(s.r)] = sqrt(2/pi) (w.r)/||r||),
+  so r_hat = ||r|| sqrt(pi/2) / D * S^T s gives E[<w, r_hat>] = <w, r>: an unbiased inner product;
+* decoding: x_hat = n (y_mse + r_hat) P^T; attention reads x_hat, so q . k_hat is the unbiased estimate of q . k.
+
+The MSE code alone shrinks inner products (E[<w, y_mse>] is below <w, y>: the centroids are conditional means),
+which is the bias on attention scores this layout exists to remove; ``keys=mse`` keeps the full b bits for the
+MSE code instead (lower variance, biased). Values always use the MSE code (attention needs them reconstructed, not
+their inner products). Stored per token and KV head: b bit-planes of ceil(D / 8) bytes each (b - 1 MSE planes and the
+sign plane for ``prod``), the norm, and for ``prod`` the residual norm: real bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+from torch import Tensor
+
+from .protocol import ModelInfo, choice, non_negative_int, register
+from .quant import RESIDUAL_DTYPES, QuantPolicy, scale_dtype_for
+from .quantize import QTensor, pack, unpack
+from .rotation import random_orthogonal
+
+TURBO_BITS = (2, 3, 4)
+KEY_CODES = ("prod", "mse")
+ROTATION_SEED = 0  # P
+QJL_SEED = 1  # S
+GRID = 200_001  # points of the [-1, 1] grid Lloyd's iteration runs on
+
+
+@lru_cache(maxsize=None)
+def lloyd_max(dim: int, bits: int, iterations: int = 300) -> Tensor:
+    """The 2^bits Lloyd-Max centroids (ascending, float64) of one coordinate of a uniformly random unit vector in
+    R^dim: density proportional to (1 - t^2)^((dim - 3) / 2) on [-1, 1]."""
+    t = torch.linspace(-1, 1, GRID, dtype=torch.float64)
+    w = (1 - t * t).clamp_min(0) ** ((dim - 3) / 2)
+    w = w / w.sum()
+    levels = 2**bits
+    # start at the quantiles of the cell midpoints: every cell begins non-empty
+    cdf = w.cumsum(0)
+    c = t[torch.searchsorted(cdf, (torch.arange(levels, dtype=torch.float64) + 0.5) / levels).clamp(max=GRID - 1)]
+    for _ in range(iterations):
+        edges = (c[1:] + c[:-1]) / 2
+        cell = torch.bucketize(t, edges)
+        mass = torch.zeros(levels, dtype=torch.float64).index_add_(0, cell, w)
+        first = torch.zeros(levels, dtype=torch.float64).index_add_(0, cell, w * t)
+        c = torch.where(mass > 0, first / mass.clamp_min(1e-300), c)
+        c = (c - c.flip(0)) / 2  # f is even, so is its quantizer: no drift from the grid's cell edges
+    return c
+
+
+@lru_cache(maxsize=None)
+def qjl_matrix(dim: int, seed: int = 0) -> Tensor:
+    """S: dim x dim, iid N(0, 1), float32, from a fixed seed."""
+    g = torch.Generator().manual_seed(QJL_SEED + 2 * seed)
+    return torch.randn(dim, dim, generator=g, dtype=torch.float64).float()
+
+
+@lru_cache(maxsize=None)
+def turbo_rotation(dim: int, seed: int = 0) -> Tensor:
+    return random_orthogonal(dim, ROTATION_SEED + 2 * seed)
+
+
+def to_planes(codes: Tensor, bits: int) -> Tensor:
+    """uint8 codes < 2^bits [..., D] -> bit-planes packed 8 to a byte: [..., bits * ceil(D / 8)] (plane j holds bit
+    j of every code)."""
+    return torch.cat([pack((codes >> j) & 1, 1) for j in range(bits)], dim=-1)
+
+
+def from_planes(planes: Tensor, bits: int, dim: int) -> Tensor:
+    """Inverse of :func:`to_planes`: uint8 codes [..., D]."""
+    width = planes.shape[-1] // bits
+    out = torch.zeros(*planes.shape[:-1], dim, dtype=torch.uint8, device=planes.device)
+    for j in range(bits):
+        out |= unpack(planes[..., j * width : (j + 1) * width], 1, dim) << j
+    return out
+
+
+class TurboLayout:
+    """A stream's TurboQuant code: one token at a time (``block`` 1). ``QTensor`` fields: ``codes`` the bit-planes
+    [B, H, n, planes * ceil(D / 8)], ``scale`` the norms [B, H, n, 1], ``zero`` the residual norms (``prod``) or None,
+    ``bits`` this layout's name, ``last`` D."""
+
+    axis, group, symmetric, block = "turbo", 0, True, 1
+
+    def __init__(self, bits: int, prod: bool, scale_dtype: torch.dtype, head_dim: int, seed: int = 0):
+        """``seed``: which P and S (the policy uses 0; the unbiasedness is over their draw, which tests vary)."""
+        self.bits, self.prod, self.scale_dtype, self.dim = bits, prod, scale_dtype, head_dim
+        self.mse_bits = bits - 1 if prod else bits
+        self.centroids = lloyd_max(head_dim, self.mse_bits).float()
+        self.edges = (self.centroids[1:] + self.centroids[:-1]) / 2
+        self.p = turbo_rotation(head_dim, seed)
+        self.s = qjl_matrix(head_dim, seed) if prod else None
+        self._on: dict = {}
+
+    def _dev(self, device) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        if device not in self._on:
+            self._on[device] = tuple(None if t is None else t.to(device)
+                                     for t in (self.centroids, self.edges, self.p, self.s))
+        return self._on[device]
+
+    def quantize(self, x: Tensor) -> QTensor:
+        centroids, edges, p, s = self._dev(x.device)
+        v = x.float()
+        norm = v.norm(dim=-1, keepdim=True)
+        y = (v / norm.clamp_min(1e-30)) @ p  # unit direction, rotated
+        codes = torch.bucketize(y, edges).to(torch.uint8)  # nearest centroid (edges halfway between)
+        planes = [to_planes(codes, self.mse_bits)]
+        residual_norm = None
+        if self.prod:
+            r = y - centroids[codes.long()]
+            planes.append(pack((r @ s.T >= 0).to(torch.uint8), 1))  # sign(S r), one bit a coordinate
+            residual_norm = r.norm(dim=-1, keepdim=True).to(self.scale_dtype)
+        return QTensor(torch.cat(planes, -1), norm.to(self.scale_dtype), residual_norm, self.name, self.dim)
+
+    def dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+        centroids, _, p, s = self._dev(q.codes.device)
+        width = -(-self.dim // 8)
+        y = centroids[from_planes(q.codes[..., : self.mse_bits * width], self.mse_bits, self.dim).long()]
+        if self.prod:
+            signs = unpack(q.codes[..., self.mse_bits * width :], 1, self.dim, torch.float32) * 2 - 1
+            y = y + q.zero.float() * (math.sqrt(math.pi / 2) / self.dim) * (signs @ s)  # ||r|| sqrt(pi/2)/D S^T s
+        x = q.scale.float() * (y @ p.T)
+        if out is None:
+            return x.to(dtype)
+        return out.copy_(x)
+
+    @property
+    def rotation_kind(self) -> str:  # what tells two layouts apart where streams are worked on together
+        return self.name
+
+    def tokens(self, q: QTensor) -> int:
+        return q.codes.shape[2]
+
+    @property
+    def name(self) -> str:
+        return f"turbo{self.bits}" + ("-prod" if self.prod else "")
+
+    def nbytes_for(self, tokens: int, rows: int, heads: int, head_dim: int) -> int:
+        planes = self.mse_bits + (1 if self.prod else 0)
+        norm_bytes = torch.empty(0, dtype=self.scale_dtype).element_size() * (2 if self.prod else 1)
+        return rows * heads * tokens * (planes * -(-head_dim // 8) + norm_bytes)
+
+    def describe(self) -> str:
+        if self.prod:
+            return (f"turbo {self.bits}-bit per token: {self.mse_bits}-bit Lloyd-Max codes after a random rotation "
+                    "+ 1-bit QJL residual (unbiased inner products)")
+        return f"turbo {self.bits}-bit per token: Lloyd-Max codes after a random rotation"
+
+
+def inner_product_error(x: Tensor, probes: Tensor, layout: TurboLayout) -> tuple[Tensor, Tensor]:
+    """Per head: the mean signed and the root-mean-square error of <probe, x_hat> - <probe, x> over every pair of a
+    probe and a token, divided by sqrt(D) as attention scales it. x [B, H, n, D], probes [B, H, m, D]."""
+    x_hat = layout.dequantize(layout.quantize(x), torch.float32)
+    err = (probes.float() @ (x_hat - x.float()).transpose(-1, -2)) / math.sqrt(x.shape[-1])  # [B, H, m, n]
+    return err.mean(dim=(0, 2, 3)), err.pow(2).mean(dim=(0, 2, 3)).sqrt()
+
+
+def parse_turbo_bits(key: str, text: str) -> int:
+    if text not in ("2", "3", "4"):
+        raise ValueError(f"{key} must be 2, 3 or 4 (bits per coordinate)")
+    return int(text)
+
+
+@register
+class TurboPolicy(QuantPolicy):
+    """Keys and values in TurboQuant-style codes (module docstring); the exact window, rows, reorder and rollback
+    as ``quant`` (one token a code: rollback is exact with ``residual=0``)."""
+
+    name = "turbo"
+    summary = ("TurboQuant-style codes: random rotation, Lloyd-Max codes, 1-bit QJL residual for the keys "
+               "(unbiased attention scores); bits=2|3|4")
+    params = {"bits": parse_turbo_bits, "keys": choice(*KEY_CODES), "residual": non_negative_int,
+              "residual_dtype": choice(*RESIDUAL_DTYPES)}
+    engine_defaults = {}
+
+    @staticmethod
+    def check_options(values: dict) -> dict:
+        """Defaults named in the spec: bits=3, keys=prod, residual=0."""
+        return {"bits": 3, "keys": "prod", "residual": 0, **values}
+
+    @staticmethod
+    def capabilities_for(options: dict) -> frozenset[str]:
+        return frozenset({"reorder", "rows"} | ({"truncate"} if options.get("residual", 0) == 0 else set()))
+
+    def __init__(self, info: ModelInfo, capacity: int | None = None, needs: frozenset[str] = frozenset(),
+                 bits: int = 3, keys: str = "prod", residual: int = 0, residual_dtype: str = "model"):
+        self.turbo_bits, self.key_code = bits, keys
+        super().__init__(info, capacity, needs, bits=bits, axis="token", residual=residual,
+                         residual_dtype=residual_dtype)
+
+    def _layout(self, which: str, scale_dtype: torch.dtype) -> TurboLayout:
+        prod = which == "key" and self.key_code == "prod"
+        return TurboLayout(self.turbo_bits, prod, scale_dtype_for(self.info.dtype), self.info.head_dim)
