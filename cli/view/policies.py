@@ -19,12 +19,12 @@ def _share(x) -> str:
 
 
 def probe_document(report) -> dict:
-    """The ``probe`` object of the JSON (built in core: :meth:`ProbeReport.document`)."""
+    """The ``probe`` object of the JSON (built in core: :meth:`~decodelab.core.analysis.probe.ProbeReport.document`)."""
     return report.document()
 
 
 def probe_summary(report) -> dict:
-    """The probe's summary for one policy (built in core: :meth:`ProbeReport.summary`)."""
+    """The probe's summary for one policy (built in core: :meth:`~decodelab.core.analysis.probe.ProbeReport.summary`)."""
     return report.summary()
 
 

@@ -80,7 +80,7 @@ class Timing:
 
 @dataclass(frozen=True)
 class Origin:
-    """What a run was made of: the top level every command's JSON document shares (docs/CLI.md, JSON shape)."""
+    """What a run was made of: the top level every command's JSON document shares (docs/json.md, the shared top level)."""
 
     command: str
     model: str
