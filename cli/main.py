@@ -11,10 +11,13 @@ warm_client.from_the_console_script()  # a warm server runs the command: exits h
 
 import typer  # noqa: E402
 
-try:  # typer >= 0.20 vendors its own copy of click
+try:  # typer >= 0.20 vendors its own copy of click (a private module: guarded, with click's own as the fallback)
     from typer._click import exceptions as cli_errors
 except ImportError:  # older typer runs on click
     from click import exceptions as cli_errors
+# click >= 8.2 raises NoArgsIsHelpError after printing the help; older click exits through typer.Exit (an empty
+# tuple in an except clause catches nothing)
+NO_ARGS_IS_HELP = getattr(cli_errors, "NoArgsIsHelpError", ())
 
 from ..core.errors import DecodelabError
 from . import loop
@@ -37,17 +40,27 @@ from .commands.view import view
 from .commands.warm import warm
 
 
-def flags_take_no_value() -> None:
-    """typer labels an on/off flag ``<bool>`` in the help, as if it took a value: flags show no type."""
-    from typer.core import TyperOption
-
-    labelled = TyperOption.display_type_rich
+def flags_take_no_value(option_class: type | None = None) -> bool:
+    """typer labels an on/off flag ``<bool>`` in the help, as if it took a value: flags show no type. This reaches
+    into typer's internals (``TyperOption.display_type_rich``: typer 0.29 has it, 0.16 has not), so it is
+    feature-detected: where the hook is missing the help keeps typer's own labels and every command still runs.
+    True when patched."""
+    if option_class is None:
+        try:
+            from typer.core import TyperOption as option_class
+        except ImportError:
+            return False
+    labelled = getattr(option_class, "display_type_rich", None)
+    if not callable(labelled) or getattr(labelled, "flags_take_no_value", False):
+        return callable(labelled)
 
     def display_type_rich(self, ctx):
         return None if getattr(self, "is_flag", False) and not getattr(self, "count", False) \
             else labelled(self, ctx)
 
-    TyperOption.display_type_rich = display_type_rich
+    display_type_rich.flags_take_no_value = True  # patched once, however often this is called
+    option_class.display_type_rich = display_type_rich
+    return True
 
 
 flags_take_no_value()
@@ -178,7 +191,7 @@ def run_cli(argv: list[str] | None) -> int:
         return result if isinstance(result, int) else 0
     except typer.Exit as exc:
         return exc.exit_code
-    except cli_errors.NoArgsIsHelpError:
+    except NO_ARGS_IS_HELP:
         return 0  # the help has been printed
     except cli_errors.UsageError as exc:
         if debug:

@@ -88,7 +88,8 @@ def speculate(
         from .speculate_predict import predict_only_run
         predict_only_run(opts, lm, draft_lm, settings, processors, text, prompt_ids, predict_text)
         return
-    phase(lambda: warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors))
+    warm: dict[str, float] = {}
+    phase(lambda: warm.update(s=warm_up_speculate(lm, draft_lm, settings, prompt_ids, processors)))
     # with --sweep-gamma the sweep runs first, so the run shown (traced) is the gamma the sweep names best
     sweep = sweep_gammas(lm, draft_lm, settings, prompt_ids, processors, phase, interrupted, progress)
     settings = with_gamma(settings, sweep.shown_gamma(settings))
@@ -107,6 +108,7 @@ def speculate(
         timing = SpeedupRounds(lm, draft_lm, settings, prompt_ids, processors, settings.gamma, first=spec)
         phase(timing.run)
         spec.timed = timing.rounds
+    spec.warmup_s = warm.get("s", float("nan"))
     summary = spec.summary()
     prediction = None
     if predict:

@@ -95,7 +95,9 @@ def fit_table(table: Table, width: int, console: Console | None = None) -> list:
         room = width - chrome(table, len(group)) - sum(widths[i][0] for i in group)
         sizes = spread([widths[i][0] for i in group], [widths[i][1] for i in group], max(room, 0))
         for j, (column, size) in enumerate(zip(part.columns, sizes)):
-            column._index, column.width = j, size
+            column.width = size
+            if hasattr(column, "_index"):  # rich's private position of a column in its table (rich 13-15)
+                column._index = j
         part.title = table.title if k == 0 else None
         part.caption = None
         out.append(part)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from ..engine.reference import hf_generate
-from ..engine.run import synchronize
+from ..engine.run import clock
+from ..engine.warmup import rotated
 from ..engine.stopping import StopRules
 from ..errors import ConfigError
 from ..methods.beam import BeamSearch, BeamSettings, ModelStepper
@@ -215,15 +215,19 @@ class Bench:
         return outputs
 
     def time(self, rounds: int, on_round: Callable[[int], None] | None = None) -> None:
+        """:meth:`check` is every run's untimed warm-up (``warmup_s``); then ``rounds`` rounds, the order rotated
+        each round (engine/warmup.py's rule: whichever runs first pays no more than the others), each run timed on
+        the one clock."""
+        start = clock(self.device)
         self.check()
+        self.warmup_s = clock(self.device) - start
         self.times = {name: [] for name in self.runs}
+        names = list(self.runs)
         for r in range(rounds):
-            for name, fn in self.runs.items():
-                synchronize(self.device)
-                start = time.perf_counter()
-                fn()
-                synchronize(self.device)
-                self.times[name].append(time.perf_counter() - start)
+            for name in rotated(names, r):
+                start = clock(self.device)
+                self.runs[name]()
+                self.times[name].append(clock(self.device) - start)
             if on_round is not None:
                 on_round(r)
 

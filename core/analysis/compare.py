@@ -32,6 +32,7 @@ import torch
 
 from ..engine.run import drain
 from ..engine.runtime import Runtime
+from ..engine.warmup import rotated, warm_up
 from ..errors import ConfigError
 from ..inputs import parse_int, parse_json, parse_toml, read_input_text
 from ..methods.registry import CONTINUING
@@ -393,16 +394,22 @@ class Comparison:
         return len(self.prompts) * len(self.seeds) * len(self.variants)
 
     def run(self) -> Comparison:
+        """Every (prompt, seed) runs each variant once. Timings are warm and interleaved (issue 34): the model is
+        warmed before the first row (``warmup_s``), and the variants run in an order rotated from one (prompt, seed)
+        to the next, so none always runs first; rows are kept and reported in the variants' order."""
+        self.warmup_s = warm_up(self.lm.model)
+        group = 0
         for prompt in self.prompts:
             prompt_ids = self.lm.encode(prompt.text)
             for seed in self.seeds:
                 rows = {}
+                for v in rotated(self.variants, group):
+                    rows[v.name] = self.run_one(v, self.settings[v.name, seed], prompt, prompt_ids, seed)
+                group += 1
                 for v in self.variants:
-                    row = self.run_one(v, self.settings[v.name, seed], prompt, prompt_ids, seed)
-                    rows[v.name] = row
-                    self.rows.append(row)
+                    self.rows.append(rows[v.name])
                     if self.on_row is not None:
-                        self.on_row(row)
+                        self.on_row(rows[v.name])
                 for a, b in combinations(self.variants, 2):
                     self.pairs.append(self.compare_pair(a, b, rows[a.name], rows[b.name], prompt_ids, seed))
         return self

@@ -11,6 +11,11 @@ time a consumer spends between two steps (printing, say):
 
 ``tokens_per_s`` = new tokens / (prefill_s + loop_s + trace_s): end to end. ``decode_tokens_per_s`` = new tokens /
 loop_s: the decoding loop alone, what a benchmark against another loop compares.
+
+Neither counts warm-up: ``warmup_s`` (first-call costs of a model in this process, paid before the stopwatch
+starts: :func:`decodelab.core.engine.warmup.warm_up`) and ``compile_s`` (the first call of a ``--compile``d step:
+tracing, code generation, autotuning) are reported on their own. :func:`clock` is the one clock every timing in
+core reads: it waits for the device first, so on CUDA a reading counts the work queued before it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ def synchronize(device) -> None:
         torch.mps.synchronize()
 
 
+def clock(device) -> float:
+    """Seconds on the one clock of every timing: ``time.perf_counter`` after the device's queued work is done."""
+    synchronize(device)
+    return time.perf_counter()
+
+
 class Stopwatch:
     """Accumulates device-synchronised laps into named buckets; ``pause()`` drops the time since the last lap."""
 
@@ -43,16 +54,20 @@ class Stopwatch:
         self._last = None
 
     def start(self) -> None:
-        synchronize(self.device)
-        self._last = time.perf_counter()
+        self._last = clock(self.device)
 
     def lap(self, bucket: str) -> None:
         """Add the time since the previous lap (or start) to ``bucket``: prefill, loop or trace."""
-        synchronize(self.device)
-        now = time.perf_counter()
+        now = clock(self.device)
         if self._last is not None:
             setattr(self.timing, bucket + "_s", getattr(self.timing, bucket + "_s") + now - self._last)
         self._last = now
+
+    def set_aside(self, bucket: str, seconds: float, into: str) -> None:
+        """Move ``seconds`` measured inside ``bucket``'s running lap (a first compiled call, say) to ``into``
+        (``warmup`` or ``compile``): the next lap of ``bucket`` still adds the whole time, less this."""
+        setattr(self.timing, bucket + "_s", getattr(self.timing, bucket + "_s") - seconds)
+        setattr(self.timing, into + "_s", (getattr(self.timing, into + "_s") or 0.0) + seconds)
 
     def pause(self) -> None:
         """Stop counting (before a step is handed to the consumer)."""
@@ -66,6 +81,8 @@ class Timing:
     prefill_s: float = 0.0
     loop_s: float = 0.0
     trace_s: float = 0.0
+    warmup_s: float = 0.0  # first-call costs paid before the timed part (in no other bucket)
+    compile_s: float | None = None  # the first compiled call (--compile; None: nothing compiled), in no other bucket
 
     @property
     def total_s(self) -> float:

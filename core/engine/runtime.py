@@ -8,7 +8,7 @@ re-rotates or quantizes works under every method, and positions are never inferr
 
 from __future__ import annotations
 
-import time
+import time  # noqa: F401  (the clock reads time.perf_counter; tests replace it through this name)
 from collections.abc import Iterator
 
 import torch
@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..kv import CacheSpec, KVPolicy, make_policy
 from .forward import forward, forward_attending, forward_with_queries, model_info
 from .models import LoadedModel
+from .run import clock
 
 
 class Runtime:
@@ -30,11 +31,15 @@ class Runtime:
         self.calls = 0
         self.fed = 0
         self._compiled = None
+        self.spec: CacheSpec | None = None  # the spec it was created from (Runtime.create)
+        self.compile_s: float | None = None  # the first compiled call's seconds (compile_decode; None: not yet)
 
     @classmethod
     def create(cls, model, spec: CacheSpec | None = None, capacity: int | None = None,
                needs: frozenset[str] = frozenset()) -> Runtime:
-        return cls(model, make_policy(spec or CacheSpec(), model_info(model), capacity, needs))
+        runtime = cls(model, make_policy(spec or CacheSpec(), model_info(model), capacity, needs))
+        runtime.spec = spec or CacheSpec()  # what a warm-up runtime of the same kind is made from (engine/warmup.py)
+        return runtime
 
     @property
     def seen(self) -> int:
@@ -128,24 +133,37 @@ class Runtime:
             def one_token(ids: Tensor, positions: Tensor, cache) -> Tensor:
                 return forward(model, ids, cache, positions, logits_to_keep=1, inference=False)
 
-            compiled = torch.compile(one_token, dynamic=False, fullgraph=False)
+            # on CUDA the step is captured in CUDA graphs (mode reduce-overhead): its launches replayed as one
+            mode = {"mode": "reduce-overhead"} if on_cuda(self.device) else {}
+            compiled = torch.compile(one_token, dynamic=False, fullgraph=False, **mode)
             model._decodelab_compiled_step = compiled
         cache = self.policy.model_cache
-        self._compiled = lambda ids, positions: compiled(ids, positions, cache)
+        if on_cuda(self.device):
+            def replay(ids: Tensor, positions: Tensor) -> Tensor:
+                torch.compiler.cudagraph_mark_step_begin()
+                return compiled(ids, positions, cache).clone()  # a graph's output is overwritten by its next replay
+
+            self._compiled = replay
+        else:
+            self._compiled = lambda ids, positions: compiled(ids, positions, cache)
         self.compile_s = None  # seconds of the first compiled call (tracing and code generation, if any, included)
 
     def _compiled_call(self, ids: Tensor, positions: Tensor) -> Tensor:
         if self.compile_s is not None:
             return self._compiled(ids, positions)
-        start = time.perf_counter()
+        start = clock(self.device)
         try:
             logits = self._compiled(ids, positions)
         except Exception as exc:  # inductor needs a C++ toolchain on CPU, Triton on CUDA
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(f"--compile: torch.compile cannot compile here ({first}); run without --compile") \
                 from exc
-        self.compile_s = time.perf_counter() - start
+        self.compile_s = clock(self.device) - start
         return logits
+
+
+def on_cuda(device) -> bool:
+    return torch.device(device).type == "cuda"
 
 
 def runtime_for(lm: LoadedModel, spec: CacheSpec, capacity: int, needs=frozenset(), compile: bool = False) -> Runtime:

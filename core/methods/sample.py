@@ -18,6 +18,7 @@ from torch import Tensor
 
 from ..engine.models import LoadedModel
 from ..engine.run import Origin, Run, Stopwatch
+from ..engine.warmup import warm_up
 from ..engine.runtime import Runtime, runtime_for
 from ..engine.stopping import StopChecker, StopRules, stop_rules
 from ..engine.tokens import TokenBuffer, check_prompt
@@ -110,6 +111,7 @@ def decode_tokens(
     buf = TokenBuffer(prompt_ids, rules.capacity(len(prompt_ids)), runtime.device)
     stopper = StopChecker(rules, detok)
     chain.reset(len(prompt_ids))
+    watch.timing.warmup_s += warm_up(runtime.model, runtime.spec)  # first-call costs, before the timed part
     watch.start()
     logits = runtime.prefill(buf.prefix())
     watch.lap("prefill")
@@ -148,6 +150,8 @@ def decode_tokens(
             watch.lap("loop")
             return
         logits = runtime.feed(buf.last())
+        if runtime.compile_s is not None and watch.timing.compile_s is None:  # the first compiled call
+            watch.set_aside("loop", runtime.compile_s, "compile")
 
 
 def build_step(index: int, position: int, n: Numbers, state: dict[str, float] | None,

@@ -133,6 +133,12 @@ class Stage:
         (llama.cpp's exactly-k top-k), else the stage's own."""
         return self.variants.get(engine, self.cls) if engine is not None else self.cls
 
+    def switched_on(self, s) -> bool:
+        """Whether the settings switch this stage on (its first field set; mirostat, constraint: any field): what
+        beam asks before refusing a sampling-only stage."""
+        on = self.params if self.any_field else self.params[:1]
+        return any(getattr(s, p.field) not in (None, ()) for p in on)
+
 
 # --- value builders of the stages with several fields -------------------------------------------------------------
 

@@ -68,6 +68,8 @@ class SampleSummary:
     mean_raw_entropy: float = float("nan")  # mean entropy of the model's own distribution, nats
     mean_entropy: float = float("nan")  # mean entropy of the processed distribution drawn from, nats
     constraint: ConstraintSummary | None = None  # what a constraint stage did over the run (None: no constraint)
+    warmup_s: float = float("nan")  # first-call costs paid before the timed part, in no rate above
+    compile_s: float | None = None  # the first compiled call (--compile), in no rate above; None: nothing compiled
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,12 +163,13 @@ def summarize(steps: list[Step] | Tally, timing, stop_reason: str, new_tokens: i
     n = tally.steps if new_tokens is None else new_tokens
     nan = float("nan")
     rates = (timing.tokens_per_s(n), timing.decode_tokens_per_s(n), timing.prefill_s) if timing else (nan,) * 3
+    warm = {"warmup_s": timing.warmup_s, "compile_s": timing.compile_s} if timing else {}
     if not tally.steps:
-        return SampleSummary(n, nan, nan, rates[0], stop_reason, rates[1], rates[2])
+        return SampleSummary(n, nan, nan, rates[0], stop_reason, rates[1], rates[2], **warm)
     mean_raw = tally.raw_logprob / tally.steps
     return SampleSummary(n, tally.logprob / tally.steps, math.exp(-mean_raw), rates[0], stop_reason, rates[1],
                          rates[2], mean_raw, tally.raw_entropy / tally.steps, tally.entropy / tally.steps,
-                         None if isinstance(steps, Tally) else constraint_summary(steps))
+                         None if isinstance(steps, Tally) else constraint_summary(steps), **warm)
 
 
 @dataclass

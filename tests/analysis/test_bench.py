@@ -201,11 +201,14 @@ def test_check_before_timing(model):
     assert fake_bench(model, {"ours sampling": [1, 2]}).check() == {"ours sampling": [1, 2]}  # no greedy run
 
 
-def test_time_runs_each_round_in_order_on_a_fake_clock(model, monkeypatch):
-    """The check first (one call each), then per round every run between two synchronisations of bench's device,
-    its time the clock's advance during the call; on_round after each round."""
+def test_time_runs_each_round_in_a_rotated_order_on_a_fake_clock(model, monkeypatch):
+    """The check first (one call each: the warm-up, its seconds ``warmup_s``), then per round every run between two
+    synchronisations of bench's device (the one clock, engine/run.py), its time the clock's advance during the call;
+    the order rotated each round (issue 34: whichever runs first pays no more); on_round after each round."""
+    from decodelab.core.engine import run as run_module
+
     clock, log = [0.0], []
-    durations = {"a": iter([0.0, 1.0, 2.0, 4.0]), "b": iter([0.0, 3.0, 0.5, 0.25])}
+    durations = {"a": iter([7.0, 1.0, 2.0, 4.0]), "b": iter([0.0, 3.0, 0.5, 0.25])}
 
     def run(name):
         def fn():
@@ -214,16 +217,17 @@ def test_time_runs_each_round_in_order_on_a_fake_clock(model, monkeypatch):
             return [1, 2]
         return fn
 
-    monkeypatch.setattr(bm, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(bm, "synchronize", lambda device: log.append(("sync", device)))
+    monkeypatch.setattr(run_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(run_module, "synchronize", lambda device: log.append(("sync", device)))
     b = bm.Bench(model, PROMPT, 2, ("greedy",))
     b.runs = {"a": run("a"), "b": run("b")}
     rounds = []
     b.time(3, on_round=lambda r: log.append(("round", r)) or rounds.append(r))
     cpu = ("sync", torch.device("cpu"))
     assert b.times == {"a": [1.0, 2.0, 4.0], "b": [3.0, 0.5, 0.25]} and rounds == [0, 1, 2]
-    assert log == ["a", "b"] + [cpu, "a", cpu, cpu, "b", cpu, ("round", 0)] + \
-        [cpu, "a", cpu, cpu, "b", cpu, ("round", 1)] + [cpu, "a", cpu, cpu, "b", cpu, ("round", 2)]
+    assert b.warmup_s == 7.0
+    assert log == [cpu, "a", "b", cpu] + [cpu, "a", cpu, cpu, "b", cpu, ("round", 0)] + \
+        [cpu, "b", cpu, cpu, "a", cpu, ("round", 1)] + [cpu, "a", cpu, cpu, "b", cpu, ("round", 2)]
     b.runs = {"a": lambda: [1, 2]}
     b.time(0)
     assert b.times == {"a": []}

@@ -1015,3 +1015,25 @@ def test_one_statistics_path_sample_score_and_compare_agree_on_the_same_tokens(l
     assert tf.raw_logprob == pytest.approx([s.raw_logprob for s in steps], abs=1e-4)
     assert tf.logprob == pytest.approx([s.logprob for s in steps], abs=1e-4)
     assert tf.entropy == pytest.approx([s.entropy for s in steps], abs=1e-4)
+
+
+def test_variants_run_warm_in_a_rotated_order_and_are_reported_in_their_own(monkeypatch):
+    """Issue 34: the model is warmed before the first row (warmup_s); from one (prompt, seed) to the next the
+    variants' run order rotates, so none always pays for running first; rows keep the variants' order."""
+    model = random_model("llama", seed=21)
+    vs = [cmp.parse_variant(v, i) for i, v in enumerate(["a: temperature=0", "b: temperature=0.7",
+                                                          "c: top_p=0.9"])]
+    ran, seen = [], []
+    run = cmp.Comparison(lm_for(model), vs, [cmp.Prompt("p", PROMPT)], [0, 1, 2],
+                         base={"max_new_tokens": 2, "ignore_eos": True}, on_row=lambda r: seen.append(r.variant))
+    real = run.run_one
+
+    def run_one(v, settings, prompt, prompt_ids, seed):
+        ran.append(v.name)
+        return real(v, settings, prompt, prompt_ids, seed)
+
+    monkeypatch.setattr(run, "run_one", run_one)
+    run.run()
+    assert run.warmup_s > 0
+    assert ran == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert seen == [r.variant for r in run.rows] == ["a", "b", "c"] * 3

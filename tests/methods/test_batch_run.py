@@ -195,7 +195,7 @@ def test_the_summary_by_hand():
         "requests": 2, "tokens": 5, "iterations": 3, "seconds": 2.0, "tokens_per_s": 2.5, "prompt_tokens": 10,
         "prefill_tokens_computed": 10, "prefix_hit_tokens": 4, "prefix_hit_rate": 0.4, "preemptions": 1,
         "peak_blocks": 5, "blocks": 8, "block_size": 4, "max_batch": 4, "slot_utilisation": 5 / 12,
-        "stop_reason": "end",
+        "stop_reason": "end", "warmup_s": 0.0,
         "static_tokens_per_s": 1.25, "speedup_vs_static": 2.0, "static_same_tokens": 2,
         "transformers_tokens_per_s": None, "speedup_vs_transformers": None, "transformers_same_tokens": None,
         "transformers_skipped": "ValueError: no", "transformers_hits": 3}

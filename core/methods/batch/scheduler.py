@@ -21,7 +21,6 @@ iterations) instead of computing the same block again.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ...engine.run import synchronize
+from ...engine.run import clock
 from ...engine.runtime import Runtime
 from ...engine.stopping import StopChecker, StopRules, trim_stop
 from ...engine.tokens import TokenBuffer, check_prompt
@@ -176,9 +175,8 @@ class Scheduler:
         self._joins = 0
         done = self._done = {}
         index = 0
-        synchronize(device)
         while self.waiting or self.running:
-            start = time.perf_counter()
+            start = clock(device)  # the consumer's time between two iterations is no iteration's
             schedule, budget, preempted = self._schedule_running()
             joined, hit_tokens = ([], 0) if preempted else self._admit(schedule, budget, index)
             if not schedule:
@@ -189,8 +187,7 @@ class Scheduler:
             done.update((s.key, s) for s in finished)
             self._retire(finished)
             self.peak_blocks = max(self.peak_blocks, used)
-            synchronize(device)
-            seconds = time.perf_counter() - start
+            seconds = clock(device) - start
             self.seconds += seconds
             fed = sum(n for _, n in schedule)
             record = Iteration(index, in_set, len(schedule), joined, [s.key for s in finished], len(self.waiting),

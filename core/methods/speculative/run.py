@@ -6,7 +6,6 @@ with plain decoding (:class:`SpeedupRounds`).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
@@ -15,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ...engine.models import LoadedModel
-from ...engine.run import Origin, Run, Stopwatch, Timing, synchronize
+from ...engine.run import Origin, Run, Stopwatch, Timing, clock
 from ...engine.runtime import Runtime
 from ...engine.stopping import StopChecker, StopRules, stop_rules
 from ...engine.tokens import check_prompt
@@ -222,6 +221,7 @@ class Speculator(Run):
         self.timed: list[SpeedupRound] | None = None  # the timing rounds behind the summary's speedups
         self.sweep_part: dict = {}  # sweep and best_gamma, when a gamma sweep chose this run's gamma
         self.analyses: dict = {}  # prediction and width_audit, when asked for (after the run)
+        self.warmup_s = float("nan")  # the untimed warm-up rounds before this run (nan: none ran)
 
     @property
     def greedy(self) -> bool:
@@ -277,12 +277,10 @@ class Speculator(Run):
         n = seq.length
         g = self.draft_budget()
         device = seq.ids.device
-        synchronize(device)
-        t0 = time.perf_counter()
+        t0 = clock(device)
         draft = self.proposer.propose(seq, g) if g > 0 else Draft(seq.ids.new_zeros(0), None, None)
         g = int(draft.tokens.shape[0])
-        synchronize(device)
-        t1 = time.perf_counter()
+        t1 = clock(device)
         # one target forward over [s_last, x_1..x_g] at positions seen .. seen + g: logits for the g+1 positions
         logits = runtime.feed(seq.ids[:, n - 1 : n + g], keep="all")[0]
         # the chain on the g+1 rows, row i after s + x_1..x_i; unchecked: a row after a rejected draft is never
@@ -296,8 +294,7 @@ class Speculator(Run):
         check_selected(finite, self.chain, processed)  # the chain left nothing at the position decided
         runtime.rollback(g - k)  # keep s + x_1..x_k (x_{k+1}.. rejected); y is fed with the next round
         self.proposer.rollback(n + k)
-        synchronize(device)
-        t2 = time.perf_counter()
+        t2 = clock(device)
         stats.rounds += 1
         stats.draft_seconds += t1 - t0
         stats.target_seconds += t2 - t1
@@ -418,7 +415,9 @@ class Speculator(Run):
         timing = self.watch.timing if self.watch is not None else Timing()  # never started: interrupted before
         if isinstance(timed, BaselineTiming):
             timed = [r for r in [speedup_round(self, timed)] if r is not None]
-        return summarize(self.stats, self.proposer.name, self.proposer.forwards, timed or [], timing)
+        out = summarize(self.stats, self.proposer.name, self.proposer.forwards, timed or [], timing)
+        out.warmup_s = self.warmup_s
+        return out
 
 
     def document(self) -> dict:
@@ -485,6 +484,7 @@ class SpeculativeSummary:
     # baseline_tokens_per_s it tells the same story as measured_speedup (both untraced, decoding loops only)
     speculative_tokens_per_s: float | None = None
     speedup_noisy: bool = False  # the rounds disagree too much to trust the median (see NOISY_SPREAD)
+    warmup_s: float = float("nan")  # the untimed warm-up rounds before anything is timed (nan: none ran)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -587,11 +587,14 @@ def speculate_run(lm: LoadedModel, settings: SpeculateSettings, prompt_text: str
 
 
 def warm_up_speculate(lm: LoadedModel, draft: LoadedModel | None, settings: SpeculateSettings,
-                      prompt_ids: list[int], chain: Chain) -> None:
-    """A few untimed rounds: the first forwards of each model are slow."""
+                      prompt_ids: list[int], chain: Chain) -> float:
+    """A few untimed rounds: the first forwards of each model are slow. Returns their seconds (the summary's
+    ``warmup_s``)."""
+    start = clock(lm.device)
     for _ in build_speculator(lm, draft, settings, prompt_ids, settings.gamma, chain, record=False,
                               max_new_tokens=min(4, settings.max_new_tokens)):
         pass
+    return clock(lm.device) - start
 
 
 def plain_baseline(lm: LoadedModel, settings: SpeculateSettings, prompt_ids: list[int], chain: Chain,
