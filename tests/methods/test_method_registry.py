@@ -119,7 +119,7 @@ def test_each_continuing_method_reports_what_compare_sets_side_by_side(lm):
             assert [s.token_id for s in out.steps] == out.token_ids
 
 
-TIMING = {"tokens_per_s", "decode_tokens_per_s", "prefill_s", "seconds", "loop_s", "trace_s"}
+TIMING = {"tokens_per_s", "decode_tokens_per_s", "prefill_s", "seconds", "loop_s", "trace_s", "warmup_s", "compile_s"}
 
 
 def without_timing(summary: dict) -> dict:
