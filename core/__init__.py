@@ -36,6 +36,8 @@ _API = {
     "build_sampler": "methods.sample", "build_probs": "methods.probs", "dist_stages": "methods.probs",
     "build_scorer": "methods.score", "build_beam": "methods.beam", "build_speculator": "methods.speculative.run",
     "score_choices": "methods.choice",
+    "Run": "engine.run", "Origin": "engine.run", "drain": "engine.run", "Method": "methods.registry",
+    "Outcome": "methods.registry",
     # KV-cache policies
     "parse_cache_spec": "kv", "CacheSpec": "kv", "POLICIES": "kv", "parse_policy_list": "kv",
     "kept_map": "kv.kept", "KeptMap": "kv.kept",

@@ -7,13 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from ...core.errors import EMPTY_CHAIN, ChainError
-from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive, note_error, phase
-from ..view import output, render
+from ..view import batch_view, output, render
 from ..view.live import LiveSteps
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
@@ -55,10 +53,7 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
           rows: RowsOpt = Rows.requests) -> None:
     """Serve many requests at once: one forward per iteration over the running sequences (prefill chunks and
     decodes together), finished ones leave and waiting ones join; KV in a paged pool with shared prefix blocks."""
-    from ...core.methods.batch.run import (
-        BatchRun,
-        read_prompts,
-    )
+    from ...core.methods.batch.run import batch_run, read_prompts
     from ..pipeline import load
     explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "stop")
     explicit.pop("cache", None)
@@ -76,30 +71,20 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     entries = read_prompts(prompts_file, settings)
     lm = load(opts)
     conn = engine_connection(opts, lm, entries)
-    run = BatchRun(lm, settings, entries, chat=opts.chat)
+    run = batch_run(lm, settings, entries, chat=opts.chat)
     with LiveSteps(render.console(), None, unit="iterations", enabled=opts.fmt == o.Format.table) as live:
         drive(run, opts.fmt, kind="iteration", on_step=live.add)
     report = run.report()
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     if conn is not None:
         phase(lambda: engine_baseline(conn, lm, entries, report, opts.chat))
-    noise = phase(lambda: baseline_noise(lm, entries, report)) or []
-    emit(opts, lm, settings, report, rows, conn, noise)
+    noise = phase(lambda: baseline_noise(lm, entries, run.report())) or []
+    emit(opts, lm, settings, run, rows, conn, noise)
     for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
         if r.stop_reason == EMPTY_CHAIN:
             note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
                                   f"{len(r.new_ids)} tokens (stop_reason {EMPTY_CHAIN}); loosen its filters or bans"))
             break
-
-
-def request_rows(lm, report: BatchReport) -> list[dict]:
-    return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain, "token_ids": r.new_ids,
-             "text": r.text, "stop_reason": r.stop_reason, "prefix_hit_tokens": r.prefix_hit_tokens,
-             "computed_tokens": r.computed_tokens, "preemptions": r.preemptions, "joined": r.joined,
-             "finished": r.finished, **mean_logprobs(r.steps),
-             "steps": [{"index": i, "token_id": s.token_id, "token": lm.token_text(s.token_id),
-                        "logprob": s.logprob, "raw_logprob": s.raw_logprob} for i, s in enumerate(r.steps)]}
-            for r in report.results]
 
 
 def baseline_noise(lm, entries, report: BatchReport) -> list[dict]:
@@ -117,18 +102,12 @@ def baseline_noise(lm, entries, report: BatchReport) -> list[dict]:
     return out
 
 
-def mean_logprobs(steps) -> dict:
-    """A request's mean log-probability per generated token, processed (what its selector drew from) and raw (the
-    model's own softmax): the table's two columns, in JSON and CSV too (None for a request with no token)."""
-    n = len(steps)
-    return {"mean_logprob": sum(s.logprob for s in steps) / n if n else None,
-            "mean_raw_logprob": sum(s.raw_logprob for s in steps) / n if n else None}
-
-
-def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: Rows, conn=None,
+def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None,
          noise: list[dict] | None = None) -> None:
-    requests = request_rows(lm, report)
-    summary = report.summary()
+    """The run's document (built in core) in its format."""
+    run.extra_part = {**engine_fields(run.report(), conn), **({"noise": noise} if noise else {})}
+    document = run.document()
+    requests, summary, report = document["requests"], document["summary"], run.report()
     if rows == Rows.iterations:
         table = [{k: (",".join(v) if isinstance(v, list) else v) for k, v in render.clean(i).items()}
                  for i in report.iterations]
@@ -139,69 +118,12 @@ def emit(opts: o.Opts, lm, settings: BatchSettings, report: BatchReport, rows: R
             row["prompt"] = row["prompt"] or ""
             row["new_tokens"] = len(r.new_ids)
     output.emit_for(opts, output.Output(
-        document={"command": "batch", "model": lm.name, "device": str(lm.device),
-                  "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(settings),
-                  "chain": chain_names(settings), "requests": requests, "iterations": report.iterations,
-                  "summary": summary, **engine_fields(report, conn), **({"noise": noise} if noise else {})},
+        document=document,
         jsonl=[{"type": "request", **r} for r in requests] + [output.summary_record("batch", lm.name, summary)],
         text="\n".join(render.one_line(r["text"]) for r in requests),  # one request a line
         tables=[(None, table)],
-        views=lambda: [iterations_table(report, lm.name), requests_table(requests), render.summary_line(summary)]
-        + [noise_line(v) for v in noise or []]))
-
-
-def noise_line(v: dict):
-    from rich.text import Text
-
-    return Text(f"request {v['request']}: {v['against']} parts at step {v['step']} ({v['token_a']} vs {v['token_b']}): "
-                f"{v['words']} (margin {abs(v['margin']):.3g} vs {v['dtype']} floor {v['floor']:.3g})",
-                style="yellow" if v["words"].startswith("within") else "red")
-
-
-def chain_names(settings: BatchSettings) -> list[str]:
-    """The command-level chain (a JSONL request may set its own: requests[].chain)."""
-    from ...core.sampling.chain import chain_for
-    from ...core.sampling.tokens import Tokens
-
-    return chain_for(settings, Tokens.placeholder())[1].names
-
-
-LOG_ROWS = 60  # iterations shown in the table; past that only those where a sequence joined, finished or was preempted
-
-
-def iterations_table(report: BatchReport, model_name: str) -> Table:
-    s = report.settings
-    table = Table(title=f"{model_name} · paged pool of {report.num_blocks} blocks x {s.block_size} tokens · "
-                        f"max batch {s.max_batch} · {s.max_tokens_per_iteration} tokens/iteration",
-                  header_style="bold")
-    for col in ("iter", "running", "rows", "tokens (prefill+decode)", "joined", "finished", "waiting",
-                "blocks used/free", "prefix hits", "preempted"):  # rows < running: the token budget ran out
-        table.add_column(col, justify="right" if col not in ("joined", "finished", "preempted") else "left")
-    shown = report.iterations
-    if len(shown) > LOG_ROWS:
-        shown = [i for i in shown if i.joined or i.finished or i.preempted]
-        table.caption = f"{len(report.iterations)} iterations; only those where sequences joined, finished or " \
-                        "were preempted are listed (--format json has every one)"
-    for i in shown:
-        table.add_row(str(i.index), str(i.running), str(i.rows), f"{i.tokens} ({i.prefill_tokens}+{i.decode_tokens})",
-                      " ".join(i.joined), " ".join(i.finished), str(i.waiting), f"{i.blocks_used}/{i.blocks_free}",
-                      str(i.prefix_hit_tokens), " ".join(i.preempted))
-    return table
-
-
-def requests_table(requests: list[dict]) -> Table:
-    table = Table(title="requests: prompt/new tokens, prefix-hit tokens, iterations joined/ended, mean logprob "
-                        "(processed: what the selector drew from; raw: the model's)", header_style="bold")
-    for col in ("id", "prompt", "new", "stop", "hit", "preempt", "join", "end", "logprob", "raw", "text"):
-        table.add_column(col, justify="left" if col in ("id", "stop", "text") else "right")
-    for r in requests:
-        nan = float("nan")
-        mean = nan if r["mean_logprob"] is None else r["mean_logprob"]
-        raw = nan if r["mean_raw_logprob"] is None else r["mean_raw_logprob"]
-        table.add_row(r["id"], str(len(r["prompt_token_ids"])), str(len(r["token_ids"])), r["stop_reason"],
-                      str(r["prefix_hit_tokens"]), str(r["preemptions"]), str(r["joined"]), str(r["finished"]),
-                      f"{mean:.3f}", f"{raw:.3f}", render.cut(render.one_line(r["text"]), 60))
-    return table
+        views=lambda: [batch_view.iterations_table(report, lm.name), batch_view.requests_table(requests),
+                       render.summary_line(summary)] + [batch_view.noise_line(v) for v in noise or []]))
 
 
 # --- against a served engine's own batching (--engine URL) --------------------------------------------------------

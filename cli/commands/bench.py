@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import math
-
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from ...core.errors import ConfigError
 from .. import options as o
 from ..loop import note_interrupt
-from ..view import output, render
+from ..view import bench_view, output, render
 
 PROMPT = "God blessed Noah and his sons, and said to them"  # the opening of the bundled held-out text
 
@@ -48,7 +45,7 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     and prompt lookup), trace on and off: interleaved rounds, medians and paired ratios."""
     import torch
 
-    from ...core.analysis.bench import Bench, chain_names, parse_settings
+    from ...core.analysis.bench import Bench, bench_document, parse_settings
     from ...core.engine.models import load_draft
     from ..pipeline import load, read_prompt
 
@@ -72,38 +69,11 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
         note_interrupt()
         stop_reason = "interrupted"
     rows = run.rows() if run.keep_whole_rounds() else []
-    doc = {"command": "bench", "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-           "config": {"max_new_tokens": n, "rounds": rounds, "draft": draft if draft_lm else None, "gammas": list(g),
-                      "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()},
-           "chain": list(dict.fromkeys(stage for name in chosen for stage in chain_names(name))),
-           "chains": {name: chain_names(name) for name in chosen},
-           "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason,
-           "summary": bench_summary(rows, stop_reason)}
+    config = {"max_new_tokens": n, "rounds": rounds, "draft": draft if draft_lm else None, "gammas": list(g),
+              "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()}
+    doc = bench_document(lm, config, chosen, text, prompt_ids, rows, stop_reason)
     output.emit_for(opts, output.Output(
         document=doc,
         jsonl=[{"type": "row", **render.clean(r)} for r in rows]
         + [output.summary_record("bench", lm.name, doc["summary"])],
-        tables=[(None, [render.clean(r) for r in rows])], views=lambda: [bench_table(lm, n, rows)]))
-
-
-def bench_summary(rows, stop_reason: str) -> dict:
-    """The ratios over every row: decodelab's tokens/s over transformers' (median per row), least and most."""
-    ratios = [r.ratio for r in rows]
-    return {"rows": len(rows), "stop_reason": stop_reason,
-            "min_ratio": min(ratios) if ratios else None, "max_ratio": max(ratios) if ratios else None,
-            "geomean_ratio": math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None}
-
-
-def bench_table(lm, n: int, rows) -> Table:
-    t = Table(title=f"{lm.name} on {lm.device} · {n} new tokens · median of "
-              f"{rows[0].rounds if rows else 0} interleaved rounds",
-              header_style="bold")
-    for name in ("setting", "decodelab tok/s", "generate tok/s", "ratio", "low-high"):
-        t.add_column(name, justify="left" if name == "setting" else "right", no_wrap=name != "setting")
-    for r in rows:
-        t.add_row(r.setting + (f" ({r.note})" if r.note else ""), f"{r.decodelab_tokens_per_s:.1f}",
-                  f"{r.transformers_tokens_per_s:.1f}", f"{r.ratio:.2f}x", f"{r.ratio_low:.2f}-{r.ratio_high:.2f}")
-    t.caption = ("ratio: median over rounds of decodelab tok/s / generate tok/s in the same round; generate with "
-                 "eos_token_id=None, top_k=0 when sampling; speculative rows against assisted generation with "
-                 "the same draft (assistant_model), prompt lookup rows against prompt_lookup_num_tokens")
-    return t
+        tables=[(None, [render.clean(r) for r in rows])], views=lambda: [bench_view.bench_table(lm, n, rows)]))

@@ -116,7 +116,8 @@ def emit(opts: o.Opts, lm, source: dict, report) -> None:
     from ..view import output
     from ..view.served_view import check_table, defects_lines, figures_table
 
-    rows = [r.to_dict() for r in report.tokens]
+    document = report.document(lm, source)
+    rows = document["tokens"]
 
     def views() -> list:
         where = source.get("file") or source["engine"]["url"]
@@ -126,9 +127,7 @@ def emit(opts: o.Opts, lm, source: dict, report) -> None:
         return out + [Text(f"verdict: {report.summary['verdict']}", style="bold cyan")]
 
     output.emit_for(opts, output.Output(
-        document={"command": "check-logprobs", "model": lm.name, "device": str(lm.device),
-                  "dtype": str(lm.dtype).replace("torch.", ""), "source": source, "answers": report.answers,
-                  "tokens": rows, "summary": report.summary},
+        document=document,
         jsonl=[{"type": "token", **r} for r in rows] + [output.summary_record("check-logprobs", lm.name,
                                                                               report.summary)],
         tables=[(None, [{**{k: v for k, v in render.clean(r).items() if k != "defects"},

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
-from rich.text import Text
 
 from ...core.errors import EMPTY_CHAIN, ChainError, ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import note_error, note_interrupt
-from ..view import output, render
+from ..view import compare_view, output, render
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
     from ...core.analysis.compare import Comparison, Prompt
@@ -40,10 +30,6 @@ PromptsFile = Annotated[Optional[Path], typer.Option("--prompts-file", help="One
                                                      "\"prompt\" and \"id\".")]
 Seeds = Annotated[Optional[str], typer.Option("--seeds", help="Seeds, e.g. 0-9 or 1,3,5 (default 0).",
                                               show_default=False)]
-
-ROW_COLUMNS = ("variant", "prompt", "seed", "text", "length", "stop_reason", "mean_logprob", "raw_perplexity",
-               "distinct_1", "distinct_2", "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s")
-
 
 @o.command(o.MODEL, o.GENERATE, o.OUTPUT, o.CHAIN, o.ENGINE, without=("seed", "top", "cache"))
 def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, preset: Presets = None,
@@ -75,11 +61,12 @@ def compare(opts: o.Opts, prompts: Prompts = None, variant: VariantOpt = None, p
     lm = load(opts)
     drafts = lambda spec: load_draft(spec, lm, opts.dtype, opts.trust_remote_code)  # noqa: E731
     run = Comparison(lm, variants, prompt_list, seed_list, base, load_draft=drafts)
-    with progress(run.total, opts.fmt) as advance:
+    with compare_view.progress(run.total, opts.fmt) as advance:
         run.on_row = lambda row: (advance(row), stream_row(row, opts.fmt))
         try:
             run.run()
         except KeyboardInterrupt:  # the rows so far are printed; main() then says "interrupted" and exits 130
+            run.interrupted = True
             note_interrupt()
     emit(opts, lm, run)
     report_empty_chains(run.rows)
@@ -110,186 +97,22 @@ def collect_prompts(args: list[str] | None, path: Path | None, from_job) -> list
     return [Prompt(str(i), t) for i, t in enumerate(texts, 1)]
 
 
-class progress:
-    """A progress bar on stderr (a terminal only, so piped output and tests stay clean)."""
-
-    def __init__(self, total: int, fmt):
-        self.bar = None
-        if sys.stderr.isatty() and fmt != o.Format.jsonl:
-            self.bar = Progress(TextColumn("compare"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.description}"), console=render.error_console(), transient=True)
-        self.total = total
-
-    def __enter__(self):
-        if self.bar is None:
-            return lambda row: None
-        self.bar.start()
-        task = self.bar.add_task("", total=self.total)
-        return lambda row: self.bar.update(task, advance=1, description=f"{row.variant} · prompt {row.prompt} · "
-                                                                        f"seed {row.seed}")
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.stop()
-        return False
-
-
 def stream_row(row, fmt) -> None:
     if fmt == o.Format.jsonl:
         render.print_jsonl({"type": "row", **render.clean(row)})
 
 
-def flat_row(row) -> dict:
-    d = render.clean(row)
-    return {k: d[k] for k in ROW_COLUMNS}
-
-
-def setting_keys(run: Comparison) -> list[str]:
-    """The settings any variant sets (``method``, ``preset`` and its own keys), in the order first given."""
-    keys: list[str] = []
-    for v in run.variants:
-        named = (["method"] if v.method != "sample" else []) + (["preset"] if v.preset else []) + [k for k, _ in v.values]
-        keys += [k for k in named if k not in keys]
-    return keys
-
-
-def settings_row(run: Comparison, row) -> dict:
-    """A row of the markdown/CSV table: the row's columns, then one column per setting a variant sets, holding this
-    row's resolved value (the variant's method and preset; the others from its settings for the row's seed)."""
-    flat = flat_row(row)
-    v = next(x for x in run.variants if x.name == row.variant)
-    resolved = render.clean(as_dict(run.settings[v.name, row.seed]))
-    values = {"method": v.method, "preset": v.preset or ""}
-    cells = {k: values[k] if k in values else resolved.get(k) for k in setting_keys(run)}
-    cells = {k: (",".join(map(str, c)) if isinstance(c, (list, tuple)) else c) for k, c in cells.items()}
-    return {**flat, **{k: c for k, c in cells.items() if k not in flat}}
-
-
 def emit(opts, lm, run: Comparison) -> None:
-    from ...core.analysis.compare import variant_summary
-    from ...core.sampling.chain import make_chain
-    from ...core.sampling.registry import DEFAULT_ORDER
-    first = run.prompts[0]
-    chains = {v.name: make_chain(lm, run.settings[v.name, run.seeds[0]]).names for v in run.variants}
-    doc = {"command": "compare", "model": lm.name, "device": str(lm.device),
-           "dtype": str(lm.dtype).replace("torch.", ""),
-           "config": {"seeds": run.seeds, **{k: v for k, v in render.clean(run.base).items() if v is not None}},
-           "chain": [n for n in DEFAULT_ORDER if any(n in names for names in chains.values())],
-           "chains": chains,
-           "prompt": {"text": first.text, "token_ids": lm.encode(first.text)},
-           "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
-                         "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
-           "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
-           "rows": run.rows, "pairs": [pair_texts(lm, run, p) for p in run.pairs],
-           "summary": {"variants": variant_summary(run.rows), **cut_short(run)}}
+    """The comparison's document (built in core) in its format."""
+    doc = run.document()
     output.emit_for(opts, output.Output(
         document=doc,
         jsonl=[{"type": "pair", **render.clean(pair)} for pair in doc["pairs"]]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
                                  doc["summary"])],
-        tables=[(None, [settings_row(run, r) for r in run.rows]), (None, [render.clean(p) for p in doc["pairs"]])],
-        views=lambda: tables(lm, run, doc["pairs"])))
-
-
-def pair_texts(lm, run: Comparison, pair) -> dict:
-    """A pair with what parted as text: the two tokens at the first divergence (``None`` where one output ended)
-    and each output's text from there on (``None``: identical), decoded from the two rows' ids."""
-    out = render.clean(pair)
-    rows = {(r.variant, r.prompt, r.seed): r for r in run.rows}
-    d = pair.first_divergence
-    texts = {"a_token_text": None, "b_token_text": None, "a_after": None, "b_after": None}
-    if d is not None:
-        for side, name in (("a", pair.a), ("b", pair.b)):
-            ids = rows[name, pair.prompt, pair.seed].token_ids
-            texts[f"{side}_token_text"] = lm.token_text(ids[d]) if d < len(ids) else None
-            texts[f"{side}_after"] = lm.decode(ids[d:])
-    return {**out, **texts}
-
-
-def from_there(text: str | None, width: int = 40) -> str:
-    """An output's text from the divergence on, quoted (its leading space shows), cut to ``width``; empty when the
-    pair is identical, "(ended)" when that output had no more tokens."""
-    if text is None:
-        return ""
-    return render.cut(repr(text), width) if text else "(ended)"
-
-
-def cut_short(run: Comparison) -> dict:
-    """Whether every row ran: ``stop_reason`` ``end``, or ``interrupted`` when Ctrl-C cut the comparison (its rows
-    are the ones finished before), with the rows planned beside the rows run."""
-    from ..loop import interrupted
-
-    return {"stop_reason": "interrupted" if interrupted() else "end", "rows_planned": run.total,
-            "rows_run": len(run.rows)}
-
-
-def fmt(value, spec: str = ".3f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def summary_table(summary: list[dict]) -> Table:
-    """Per variant over its prompts and seeds: mean (min-max) of each measure."""
-    t = Table(title="per variant: mean (min-max) over prompts and seeds", header_style="bold")
-    t.add_column("variant", no_wrap=True)
-    t.add_column("runs", justify="right")
-    for name in ("logp", "ppl", "d-2", "rep", "H", "tok/s"):
-        t.add_column(name, justify="right", no_wrap=True)
-    for v in summary:
-        cells = []
-        for key, spec in (("mean_logprob", ".3f"), ("raw_perplexity", ".2f"), ("distinct_2", ".2f"),
-                          ("repetition_rate", ".2f"), ("mean_entropy", ".2f"), ("tokens_per_s", ".1f")):
-            m = v["measures"][key]
-            cells.append("-" if m is None else f"{m['mean']:{spec}} ({m['min']:{spec}}-{m['max']:{spec}})")
-        t.add_row(Text(v["variant"], style="bold"), str(v["runs"]), *cells)
-    return t
-
-
-def tables(lm, run: Comparison, pairs: list[dict] | None = None) -> list:
-    """Per (prompt, seed): the variants side by side; then every pair's first divergence."""
-    out = []
-    for prompt in run.prompts:
-        for seed in run.seeds:
-            rows = [r for r in run.rows if r.prompt == prompt.id and r.seed == seed]
-            if not rows:
-                continue
-            t = Table(title=f"{lm.name} · prompt {prompt.id}: {render.cut(render.one_line(prompt.text), 60)} · seed {seed}",
-                      header_style="bold")
-            t.add_column("variant", no_wrap=True)
-            t.add_column("text", ratio=1)
-            for name in ("len", "stop", "logp", "ppl", "d-1", "d-2", "rep", "kept", "H", "tok/s"):
-                t.add_column(name, justify="right", no_wrap=True)
-            for r in rows:
-                t.add_row(Text(r.variant, style="bold"), render.one_line(r.text), str(r.length), r.stop_reason,
-                          fmt(r.mean_logprob), fmt(r.raw_perplexity, ".2f"), fmt(r.distinct_1, ".2f"),
-                          fmt(r.distinct_2, ".2f"), fmt(r.repetition_rate, ".2f"), fmt(r.mean_kept, ".1f"),
-                          fmt(r.mean_entropy, ".2f"), fmt(r.tokens_per_s, ".1f"))
-            t.caption = ("logp: mean processed log-prob; ppl: the model's own perplexity of the output; d-1/d-2: "
-                         "distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: processed "
-                         "entropy (nats)")
-            out.append(t)
-    from ...core.analysis.compare import variant_summary
-
-    out.append(summary_table(variant_summary(run.rows)))
-    if pairs:
-        t = Table(title="where the variants part (same seed = same random draws)", header_style="bold")
-        t.key_columns = 4  # a, b, prompt and seed name a pair: a split panel repeats them
-        for name in ("a", "b", "prompt", "seed", "first divergence", "deciding stage", "why", "a from there",
-                     "b from there"):
-            t.add_column(name, no_wrap=name not in ("why", "a from there", "b from there"))
-        for p in pairs:
-            t.add_row(p["a"], p["b"], p["prompt"], str(p["seed"]), "identical" if p["first_divergence"] is None
-                      else f"step {p['first_divergence']}", p["deciding_stage"] or "-", (p["why"] or "") + noise_words(p.get("noise")),
-                      from_there(p["a_after"]), from_there(p["b_after"]))
-        out.append(t)
-    return out
-
-
-def noise_words(noise: dict | None) -> str:
-    """The noise verdict after a pair's why: its words, the margin of the two tokens and the dtype's floor."""
-    if not noise:
-        return ""
-    return (f"; {noise['words']} (margin {abs(noise['margin']):.3g} vs {noise['dtype']} floor "
-            f"{noise['floor']:.3g})")
+        tables=[(None, [compare_view.settings_row(run, r) for r in run.rows]),
+                (None, [render.clean(p) for p in doc["pairs"]])],
+        views=lambda: compare_view.tables(lm, run, doc["pairs"])))
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------
@@ -306,7 +129,7 @@ def on_engine(opts, variants, prompts, seeds, base: dict) -> None:
     run = EngineComparison(lm, None, variants, prompts, seeds, base)  # every setting checked before contact
     run.conn = connect(opts, lm, {"generate": "compare --engine", "replay": "compare --engine (teacher-forced KL)"})
     conn = run.conn
-    with progress(run.total * 2, opts.fmt) as advance:
+    with compare_view.progress(run.total * 2, opts.fmt) as advance:
         run.on_row = lambda row: (advance(row), stream_row(row, opts.fmt))
         try:
             run.run()
@@ -331,8 +154,9 @@ def emit_engine(opts, lm, conn, run) -> None:
         document=doc,
         jsonl=[{"type": "engine_pair", **render.clean(p)} for p in run.pairs]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "engine_pairs": len(run.pairs)})],
-        tables=[("rows", [flat_row(r) for r in run.rows]), ("engine pairs", [render.clean(p) for p in run.pairs])],
-        views=lambda: tables(lm, rows_only) + [engine_pairs_table(run.pairs)]))
+        tables=[("rows", [compare_view.flat_row(r) for r in run.rows]),
+                ("engine pairs", [render.clean(p) for p in run.pairs])],
+        views=lambda: compare_view.tables(lm, rows_only) + [engine_pairs_table(run.pairs)]))
     for pair in run.pairs:
         if pair.engine_error:
             note_error(ConfigError(pair.engine_error))

@@ -6,12 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict
 from .. import options as o
-from ..view import output, render
+from ..view import output, probs_view
 
 if TYPE_CHECKING:  # annotations only: the settings classes load torch
     from ...core.methods.probs import ProbsSettings
@@ -31,8 +29,8 @@ History = Annotated[Optional[str], typer.Option("--history", help="ID,ID,...: th
 def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: LogitsFile = None,
           history: History = None) -> None:
     """Show how each stage of the chain reshapes the next-token distribution (top tokens, kept, entropy)."""
-    from ...core.methods.probs import build_probs
-    from ...core.sampling.semantics import plan
+    from ...core.engine.run import drain
+    from ...core.methods.probs import probs_run
     from ..pipeline import export_instead, load, read_prompt
     given = dist is not None or logits is not None or logits_file is not None
     from ...core.methods.registry import settings_for
@@ -48,22 +46,22 @@ def probs(opts: o.Opts, dist: Dist = None, logits: Logits = None, logits_file: L
     text = read_prompt(opts.prompt, opts.prompt_file)
     lm = load(opts)
     prompt_ids = lm.encode(text, opts.chat)
-    stages, tracked = build_probs(lm, settings, prompt_ids)
+    run = probs_run(lm, settings, text, prompt_ids)
+    drain(run)
+    document = run.document()
+    stages, tracked = document["stages"], document["tokens"]
     names = [s.name for s in stages]
-    extra = {"semantics": plan(settings).describe()} if settings.semantics is not None else {}
-    doc = render.document("probs", lm, as_dict(settings), names[1:], text, prompt_ids,
-                          stages=stages, tokens=tracked, **extra)
     rows = [{"token_id": t.token_id, "token": t.token, "logit": t.logit,
              **{f"p_{name}": t.probs[name] for name in names}} for t in tracked]
     output.emit_for(opts, output.Output(
-        document=doc, jsonl=[doc], tables=[(None, rows)],
-        views=lambda: [tokens_table(tracked, names, lm.name), stages_table(stages)]))
+        document=document, jsonl=[document], tables=[(None, rows)],
+        views=lambda: [probs_view.tokens_table(tracked, names, lm.name), probs_view.stages_table(stages)]))
 
 
 def given_probs(opts: o.Opts, settings: ProbsSettings, dist, logits, logits_file, history) -> None:
     """--dist / --logits / --logits-file: the chain on a distribution typed in by hand; nothing is loaded."""
     from ...core.inputs import parse_int
-    from ...core.methods.probs import dist_stages, given_logits
+    from ...core.methods.probs import dist_stages, given_document, given_logits
     from ..pipeline import export_instead
     if opts.prompt is not None or opts.prompt_file is not None:
         raise ConfigError("PROMPT: not used with --dist/--logits/--logits-file (no model runs); drop one of them")
@@ -78,40 +76,10 @@ def given_probs(opts: o.Opts, settings: ProbsSettings, dist, logits, logits_file
     top = opts.top if opts.top is not None else (vocab if vocab <= 64 else settings.top)  # small: every token
     result = dist_stages(settings, raw, ids, seed=settings.seed, top=top)
     names = [s.name for s in result.stages]
-    doc = {"command": "probs", "model": None, "device": str(raw.device), "dtype": "float32",
-           "config": as_dict(settings), "chain": result.chain, "given": {"logits": raw[0].tolist(), "history": ids},
-           "stages": result.stages, "tokens": result.tokens, "state": result.state}
-    if top >= vocab:
-        doc["probs"] = result.probs()  # every token's probability after the last stage, by id
-    if settings.semantics is not None:
-        doc["semantics"] = result.plan.describe()
+    doc = given_document(settings, raw, ids, result, top)
     rows = [{"token_id": t.token_id, "logit": t.logit, **{f"p_{name}": t.probs[name] for name in names}}
             for t in result.tokens]
     output.emit_for(opts, output.Output(
         document=doc, jsonl=[doc], tables=[(None, rows)],
-        views=lambda: [tokens_table(result.tokens, names, "given distribution"), stages_table(result.stages)]))
-
-
-def tokens_table(tracked, names: list[str], model_name: str) -> Table:
-    table = Table(title=f"{model_name} · next-token probability after each stage", header_style="bold")
-    table.add_column("token")
-    table.add_column("id", justify="right")
-    table.add_column("logit", justify="right")
-    for name in names:
-        table.add_column(f"{name}\np (rank)", justify="right")
-    for t in tracked:
-        cells = []
-        for name in names:
-            p, rank = t.probs[name], t.ranks[name]
-            cells.append(f"{render.fmt_p(p)} ({rank})" if rank is not None else "[dim]removed[/dim]")
-        table.add_row(render.show_token(t.token), str(t.token_id), f"{t.logit:.3f}", *cells)
-    return table
-
-
-def stages_table(stages) -> Table:
-    table = Table(title="stages", header_style="bold")
-    for col in ("stage", "kept", "entropy (nats)", "mass removed"):
-        table.add_column(col, justify="left" if col == "stage" else "right")
-    for s in stages:
-        table.add_row(s.name, str(s.kept), f"{s.entropy:.3f}", f"{s.mass_removed:.4f}")
-    return table
+        views=lambda: [probs_view.tokens_table(result.tokens, names, "given distribution"),
+                       probs_view.stages_table(result.stages)]))

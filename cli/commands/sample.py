@@ -12,8 +12,8 @@ from ...core.errors import ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
-from ..view import output, render
-from ..view.constraint import constraint_line
+from ..view import kept as kept_view
+from ..view import output, render, sample_view
 from ..view.live import LiveSteps
 from ..view.steps_view import StepsTable
 
@@ -43,7 +43,7 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
            resume: Resume = None, kept_ids: KeptIds = None) -> None:
     """Generate text token by token and show, per token, the processed and the raw probability."""
     from ...core.methods.branch import Branched, load_trace, parse_force, resume_values
-    from ...core.methods.sample import SampleSettings, build_sampler
+    from ...core.methods.sample import SampleSettings, sample_run
     from ...core.sampling.chain import refuse_stepwise_stages
     from ..pipeline import export_instead, load, read_prompt
     if num_samples is not None and num_samples < 1:
@@ -78,22 +78,22 @@ def sample(opts: o.Opts, compile_: Compile = None, num_samples: NumSamples = Non
     prompt_ids = point.prompt_ids if point is not None else lm.encode(text, opts.chat)
     if num_samples is not None:
         return many(opts, lm, settings, text, prompt_ids, num_samples)
-    sampler = build_sampler(lm, settings, point.context_ids if point is not None else prompt_ids, kept=bool(kept_ids),
-                            block=trace_block(opts.fmt, point is not None or bool(force_steps),
-                                              render.console().is_terminal))
+    sampler = sample_run(lm, settings, text, prompt_ids, point.context_ids if point is not None else None,
+                         kept=bool(kept_ids), block=trace_block(opts.fmt, point is not None or bool(force_steps),
+                                                                render.console().is_terminal))
     if point is not None:  # skipping the saved steps' draws assumes one race vector per step and no carried state
         refuse_stepwise_stages(sampler.chain, "sample --resume")
     if point is not None or force_steps:
         sampler = Branched(sampler, force_steps, point.generated_ids if point else None, lm.vocab_size)
-    table = steps_table(lm, settings, sampler, len(point.generated_ids) if point is not None else 0)
+    table = sample_view.steps_table(lm, settings, sampler, len(point.generated_ids) if point is not None else 0)
     if opts.fmt == o.Format.table:
         with LiveSteps(render.console(), table, settings.max_new_tokens) as live:
             drive(sampler, opts.fmt, on_step=live.add)
-        emit(opts, lm, settings, text, prompt_ids, sampler, table, printed=live.shown)
+        emit(opts, lm, settings, sampler, table, printed=live.shown)
     else:
         drive(sampler, opts.fmt, text_of=lambda: lm.decode(getattr(sampler, "all_ids", None) or sampler.new_ids),
               stops=tuple(settings.stop))
-        emit(opts, lm, settings, text, prompt_ids, sampler, table)
+        emit(opts, lm, settings, sampler, table)
 
 
 def trace_block(fmt: o.Format, branched: bool, terminal: bool) -> int:
@@ -106,19 +106,11 @@ def trace_block(fmt: o.Format, branched: bool, terminal: bool) -> int:
     return REPORT_BLOCK if at_end and not branched else 1
 
 
-def steps_table(lm, settings: SampleSettings, sampler, saved: int) -> StepsTable:
-    """The table's frame, before any step: its widths depend on the vocabulary, the step count and the stages."""
-    names = sampler.chain.names
-    t = "1 (the default)" if settings.temperature is None else f"{settings.temperature:g}"
-    title = f"{lm.name} · cache {settings.cache} · temperature {t} · " \
-            f"chain: {' -> '.join(names + [sampler.selector.name])}"
-    return StepsTable([], settings.top, lm.vocab_size, saved + settings.max_new_tokens, names, title)
-
-
 def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], n: int) -> None:
     """-N: the samples and their spread."""
+    from ...core.engine.run import Origin
     from ...core.engine.stopping import stop_rules
-    from ...core.methods.many import sample_many
+    from ...core.methods.many import many_document, sample_many
     from ...core.sampling.chain import make_chain, refuse_stepwise_stages
     from ...core.sampling.semantics import plan, trims_stop
     chain = make_chain(lm, settings)
@@ -127,15 +119,16 @@ def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     rows, spread = sample_many(lm.model, prompt_ids, chain, selector, settings.seed, n,
                                stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec,
                                trim=trims_stop(settings))
-    head = render.document("sample", lm, as_dict(settings), chain.names, text, prompt_ids, selector=selector)
-    title = f"{lm.name} · {n} samples · chain: {' -> '.join(chain.names) or '(none)'}"
+    origin = Origin.of("sample", lm, as_dict(settings), chain.names, text, prompt_ids)
     noise = greedy_noise(lm, settings, prompt_ids, rows, chain)
+    document = many_document(origin, rows, spread, selector, noise)
     output.emit_for(opts, output.Output(
-        document={**head, "samples": rows, "summary": spread, **({"noise": noise} if noise else {})},
+        document=document,
         jsonl=[{"type": "sample", **render.clean(r)} for r in rows]
         + [output.summary_record("sample", lm.name, spread)],
         tables=[(None, [render.clean(r) for r in rows])],
-        views=lambda: render.samples_views(rows, spread, title) + [noise_line(v) for v in noise]))
+        views=lambda: render.samples_views(rows, spread, sample_view.many_title(lm.name, n, chain.names))
+        + [noise_line(v) for v in noise]))
 
 
 def greedy_noise(lm, settings: SampleSettings, prompt_ids: list[int], rows, chain) -> list[dict]:
@@ -157,42 +150,21 @@ def noise_line(v: dict):
                 style="yellow" if v["words"].startswith("within") else "red")
 
 
-def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], sampler, table: StepsTable,
-         printed: bool = False) -> None:
-    """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
-    from ...core.sampling.semantics import plan
-    from ..view import kept as kept_view
-    names = sampler.chain.names
-    kept = kept_view.kept_after(sampler.runtime, len(prompt_ids))
-    # a resumed run: the saved tokens too
-    token_ids, out_text = sampler.delivered(lm.decode, getattr(sampler, "all_ids", None))
-    effective = plan(settings)
-    summary = sampler.summary()
-    head = render.document("sample", lm, as_dict(settings), names, text, prompt_ids, selector=sampler.selector.name)
-    if settings.semantics is not None:
-        head["semantics"] = effective.describe()
+def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable, printed: bool = False) -> None:
+    """The run's document (built in core) in its format; ``printed``: the table's rows are already on the terminal
+    (live)."""
+    document = sampler.document()
+    kept = document.get("kv_kept")
+    delivered = {"text": document["text"], "token_ids": document["token_ids"]}
     kept_sets = [{"type": "kept", **k} for k in getattr(sampler, "kept_sets", [])]  # --kept-ids
-    if getattr(sampler, "kept", False):
-        head["kept_sets"] = sampler.kept_sets
-    greedy = sampler.selector.name == "greedy"
-
-    def views() -> list:
-        return [table.with_part("all", sampler.steps)] + after_table()
-
-    def after_table() -> list:
-        return [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
-                render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
-                *kept_view.kept_views(kept, lm.token_text, prompt_ids, f"kept by {settings.cache} after the run"),
-                render.summary_line(summary)] + [line for line in [constraint_line(summary)] if line is not None]
-
+    parts = (table, document, sampler.steps, lm.token_text, settings.cache)
     output.emit_for(opts, output.Output(
-        document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary,
-                  **kept_view.document_part(kept)},
-        text=out_text,
-        jsonl=kept_sets + [output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids},
-                                                 summary, kept_view.document_part(kept))],
+        document=document, text=document["text"],
+        jsonl=kept_sets + [output.summary_record("sample", lm.name, delivered, document["summary"],
+                                                 kept_view.document_part(kept))],
         tables=[(None, render.step_rows(sampler.steps)), *kept_view.table_part(kept)],
-        views=views, screen=(lambda: [table.with_part("caption")] + after_table()) if printed else None))
+        views=lambda: sample_view.run_views(*parts),
+        screen=(lambda: sample_view.screen_views(*parts)) if printed else None))
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------
@@ -223,27 +195,16 @@ def on_engine(opts: o.Opts, settings: SampleSettings, refused: dict, kept_ids: b
 def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, prompt_ids: list[int], run) -> None:
     from ...core.sampling.semantics import plan
     from ..served import document
-    from ..view.served_view import sample_table
 
     summary, ids = run.summary(), run.new_ids
     out_text = conn.local.decode(ids)
     effective = plan(replace(settings, semantics="vllm"))
     head = document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
                     selector="greedy" if effective.greedy else "engine")
-
-    def views() -> list:
-        title = f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · {summary.values} logprobs"
-        return [sample_table(run.steps, title, summary.values, summary.raw_from, settings.top),
-                render.shaded_text(text, [(s.token, s.prob if s.prob is not None else (s.raw_prob or 0.0))
-                                          for s in run.steps]),
-                render.shading_legend("processed p" if summary.values == "processed" else "raw p"),
-                render.summary_line(summary)]
-
     output.emit_for(opts, output.Output(
         document={**head, "request": run.generated.request if run.generated else None, "notes": run.notes,
                   "steps": run.steps, "text": out_text, "token_ids": ids, "summary": summary},
         text=out_text,
         jsonl=[output.summary_record("sample", conn.local.name, {"text": out_text, "token_ids": ids}, summary)],
-        tables=[(None, [{**{k: v for k, v in render.clean(s).items() if k not in ("alternatives", "defects")},
-                         "token": render.show_token(s.token)} for s in run.steps])],
-        views=views))
+        tables=[(None, sample_view.engine_rows(run.steps))],
+        views=lambda: sample_view.engine_views(conn, run, summary, text, settings.top)))

@@ -9,16 +9,14 @@ from typing import Annotated, Optional
 
 import typer
 from rich.progress import Progress
-from rich.table import Table
-from rich.text import Text
 
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
-from ..view import output, render
+from ..view import kept as kept_view
+from ..view import output, render, score_view
 
 SCORE = "Scoring"
-TABLE_ROWS = 200  # per-token rows a terminal table shows (json/jsonl/csv carry every token)
 
 TextArg = Annotated[Optional[str], typer.Argument(help="The text to score; '-' reads stdin.", show_default=False)]
 TextFile = Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a file.",
@@ -63,8 +61,7 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     --choice A,B,C the text is a prompt: each label's exact probability after it, beside the first-token and the
     constrained-sampler estimates and their errors."""
     from ...core.engine.models import load_draft
-    from ...core.methods.score import build_scorer, scored_ids
-    from ...core.sampling.chain import make_chain
+    from ...core.methods.score import score_run, scored_ids
     from ..pipeline import load
     body = _read(text, text_file)
     explicit = o.explicit(opts, "top")
@@ -81,10 +78,9 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     if settings.against is not None:
         reference = load_draft(settings.against, lm, opts.dtype, opts.trust_remote_code, option="--against")
     ids = scored_ids(lm, body, settings, "--text-file" if text_file is not None else "TEXT")
-    chain = make_chain(lm, settings)
-    scorer = build_scorer(lm, settings, ids, chain, reference)
+    scorer = score_run(lm, settings, body, ids, reference=reference)
     run_with_progress(scorer, opts.fmt)
-    emit(opts, lm, settings, body, ids, chain, scorer)
+    emit(opts, lm, settings, scorer)
 
 
 def _read(text: str | None, text_file: Path | None) -> str:
@@ -103,76 +99,21 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
         drive(scorer, fmt, row=lambda r: render.clean(r.to_dict()), on_step=lambda r: progress.advance(task))
 
 
-def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
-    from ..view import kept as kept_view
-    summary = scorer.summary()
-    kept = kept_view.kept_after(getattr(scorer, "runtime", None), len(ids))
-    rows = [r.to_dict() for r in scorer.steps]
-    head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
-
-    def views() -> list:
-        out = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
-                            f"{' -> '.join(chain.names) or '(none)'}"),
-               render.shaded_text(lm.token_text(ids[0]), [(r.token, render.exp(r.raw_logprob)) for r in scorer.steps]),
-               render.shading_legend("raw p (the model's own probability of the given token)",
-                                     "first token (not scored)", "scored tokens"),
-               chunks_table(summary)]
-        if summary.most_different:
-            out.append(different_table(summary))
-        out += kept_view.kept_views(kept, lm.token_text, ids, f"kept by {settings.cache} after the text")
-        out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
-                                        if k not in ("chunks", "most_different")}))
-        return out
-
+def emit(opts, lm, settings, scorer) -> None:
+    """The run's document (built in core) in its format."""
+    document = scorer.document()
+    kept = document.get("kv_kept")
     output.emit_for(opts, output.Output(
-        document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary,
-                  **kept_view.document_part(kept)},
-        jsonl=[output.summary_record("score", lm.name, summary, kept_view.document_part(kept))],
-        tables=[(None, rows), *kept_view.table_part(kept)], views=views))
-
-
-def tokens_table(steps, title: str) -> Table:
-    reference = bool(steps) and steps[0].kl is not None
-    table = Table(title=title, header_style="bold")
-    for name in ("pos", "token", "raw logp", "raw rank", "raw H", "processed logp") + (
-            ("ref logp", "KL(ref||model)", "agree") if reference else ()):
-        table.add_column(name, justify="left" if name == "token" else "right", no_wrap=True)
-    for r in steps[:TABLE_ROWS]:
-        cells = [str(r.position), render.show_token(r.token), f"{r.raw_logprob:.3f}", str(r.raw_rank),
-                 f"{r.raw_entropy:.2f}", "removed" if r.logprob == float("-inf") else f"{r.logprob:.3f}"]
-        if reference:
-            cells += [f"{r.reference_logprob:.3f}", f"{r.kl:.4f}", "yes" if r.agree else "NO"]
-        table.add_row(*cells)
-    if len(steps) > TABLE_ROWS:
-        table.caption = f"first {TABLE_ROWS} of {len(steps)} tokens (-f json, jsonl or csv for all)"
-    else:
-        table.caption = ("raw: the model's own softmax; processed: under the chain's settings (removed = -inf); "
-                         "H in nats")
-    return table
-
-
-def chunks_table(summary) -> Table:
-    table = Table(title="perplexity per chunk", header_style="bold")
-    for name in ("positions", "perplexity"):
-        table.add_column(name, justify="right")
-    for c in summary.chunks:
-        table.add_row(f"{c.start}-{c.end - 1}", f"{c.perplexity:.3f}")
-    return table
-
-
-def different_table(summary) -> Table:
-    table = Table(title=f"tokens that differ most from the reference ({summary.reference})", header_style="bold")
-    for name in ("pos", "token", "logp", "ref logp", "difference", "KL"):
-        table.add_column(name, justify="left" if name == "token" else "right")
-    for d in summary.most_different:
-        table.add_row(str(d["position"]), render.show_token(d["token"]), f"{d['raw_logprob']:.3f}",
-                      f"{d['reference_logprob']:.3f}", Text(f"{d['difference']:+.3f}"), f"{d['kl']:.4f}")
-    return table
+        document=document,
+        jsonl=[output.summary_record("score", lm.name, document["summary"], kept_view.document_part(kept))],
+        tables=[(None, document["steps"]), *kept_view.table_part(kept)],
+        views=lambda: score_view.views(lm, settings, scorer, document)))
 
 
 def choices(opts, settings, body: str) -> None:
     """`score --choice`: the labels after the text, in the command's format (docs/constraints.md, exact choice
     scoring)."""
+    from ...core.engine.run import Origin
     from ...core.methods.choice import score_choices
     from ...core.sampling.chain import make_chain
     from ..pipeline import load
@@ -181,30 +122,15 @@ def choices(opts, settings, body: str) -> None:
     ids = lm.encode(body)
     chain = make_chain(lm, settings)
     report = score_choices(lm, settings, body, ids, chain, settings.cache_spec)
-    rows, summary = report.rows(), report.summary()
-    head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
+    document = report.document(Origin.of("score", lm, as_dict(settings), chain.names, body, ids))
+    rows, summary = document["choices"], document["summary"]
     output.emit_for(opts, output.Output(
-        document={**head, "choices": rows, "summary": summary},
+        document=document,
         jsonl=[{"type": "choice", **render.clean(r)} for r in rows] + [output.summary_record("score", lm.name,
                                                                                               summary)],
         tables=[(None, [{k: v for k, v in r.items() if k != "tokenizations"} for r in rows])],
-        views=lambda: [choices_table(rows, f"{lm.name} · labels after the text"), render.summary_line(summary)]))
-
-
-def choices_table(rows: list[dict], title: str) -> Table:
-    table = Table(title=title, header_style="bold")
-    for name in ("label", "exact p", "share", "first token", "error", "sampler", "error", "tokenizations"):
-        table.add_column(name, justify="left" if name in ("label", "tokenizations") else "right", no_wrap=True)
-    for r in rows:
-        splits = "  ".join("|".join(render.show_token(t) for t in k["tokens"]) + f" {k['probability']:.3g}"
-                           for k in r["tokenizations"])
-        table.add_row(render.show_token(r["label"]), f"{r['exact']:.4g}", f"{r['share']:.4f}",
-                      f"{r['first_token']:.4f}", f"{r['first_token_error']:+.4f}", f"{r['sampler']:.4f}",
-                      f"{r['sampler_error']:+.4f}", splits)
-    table.caption = ("exact: sum over the listed tokenizations of the product of the model's conditionals; share: "
-                     "exact renormalized over the labels; first token and sampler (the --choice constraint alone, "
-                     "temperature 1) estimate the share; error = estimate - share")
-    return table
+        views=lambda: [score_view.choices_table(rows, f"{lm.name} · labels after the text"),
+                       render.summary_line(summary)]))
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------
@@ -231,25 +157,12 @@ def on_engine(opts: o.Opts, settings, body: str) -> None:
 
 def emit_engine(opts: o.Opts, conn, settings, body: str, ids: list[int], run) -> None:
     from ..served import document
-    from ..view.served_view import score_table
 
     summary = run.summary()
     rows = [r.to_dict() for r in run.steps]
-
-    def views() -> list:
-        return [score_table(run.steps, f"{conn.engine.model} on {conn.kind} at {conn.engine.url} · raw prompt "
-                                       "logprobs", run.top_n),
-                render.shaded_text(conn.local.token_text(ids[0]),
-                                   [(r.token, render.exp(r.raw_logprob)) for r in run.steps]),
-                render.shading_legend("raw p (the served model's probability of the given token)",
-                                      "first token (not scored)", "scored tokens"),
-                chunks_table(summary),
-                render.summary_line({k: v for k, v in render.clean(summary).items() if k != "chunks"})]
-
     output.emit_for(opts, output.Output(
         document={**document("score", conn, as_dict(settings), [], body, ids), "steps": rows, "text": "",
                   "token_ids": [], "summary": summary},
         jsonl=[output.summary_record("score", conn.local.name, summary)],
-        tables=[(None, [{**{k: v for k, v in render.clean(r).items() if k not in ("alternatives", "defects")},
-                         "token": render.show_token(r["token"])} for r in rows])],
-        views=views))
+        tables=[(None, score_view.engine_rows(rows))],
+        views=lambda: score_view.engine_views(conn, run, summary, ids)))

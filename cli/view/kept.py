@@ -100,14 +100,15 @@ def kept_rows(kept) -> list[dict]:
 
 
 def kept_after(runtime, prompt_tokens: int):
-    """The kept map of a finished run's cache (None: no run, or a policy that keeps by place)."""
-    from ...core.kv.kept import kept_map
-    return None if runtime is None else kept_map(runtime.policy, min(prompt_tokens, runtime.policy.seen))
+    """The kept map of a finished run's cache (core/kv/kept.py owns it)."""
+    from ...core.kv.kept import kept_after as after
+    return after(runtime, prompt_tokens)
 
 
 def document_part(kept) -> dict:
-    """The ``kv_kept`` field of a command's JSON (absent for a policy without a kept map)."""
-    return {} if kept is None else {"kv_kept": kept}
+    """The ``kv_kept`` field of a command's JSON (core/kv/kept.py owns it)."""
+    from ...core.kv.kept import document_part as part
+    return part(kept)
 
 
 def table_part(kept) -> list[tuple[str, list[dict]]]:

@@ -19,24 +19,13 @@ def _share(x) -> str:
 
 
 def probe_document(report) -> dict:
-    """The ``probe`` object of the JSON: the trials (with every policy's result) and each policy over them."""
-    trials = []
-    everyone = [report.full] + report.policies
-    for i, trial in enumerate(report.trials):
-        results = [{"policy": p.policy, "logprob": p.results[i].logprob, "token_logprobs": p.results[i].token_logprobs,
-                    "right": p.results[i].right, "needle_kept": p.results[i].needle_kept} for p in everyone]
-        trials.append({**trial.describe(), "baseline_logprob": report.baseline_logprobs[i], "results": results})
-    return {"verdict": report.verdict, "trials": trials,
-            "policies": [{k: v for k, v in render.clean(p).items() if k != "results"} for p in everyone]}
+    """The ``probe`` object of the JSON (built in core: :meth:`~decodelab.core.analysis.probe.ProbeReport.document`)."""
+    return report.document()
 
 
 def probe_summary(report) -> dict:
-    """The probe's summary for one policy (the first of ``report.policies``) against the full cache."""
-    policy = report.policies[0]
-    return {"policy": policy.policy, "trials": policy.trials, "judged": policy.judged, "right": policy.right,
-            "accuracy": policy.accuracy, "full_accuracy": report.full.accuracy, "mean_logprob": policy.mean_logprob,
-            "full_mean_logprob": report.full.mean_logprob, "baseline_mean_logprob": report.baseline_mean(),
-            "needle_kept": policy.needle_kept}
+    """The probe's summary for one policy (built in core: :meth:`~decodelab.core.analysis.probe.ProbeReport.summary`)."""
+    return report.summary()
 
 
 def probe_rows(report) -> list[dict]:

@@ -101,17 +101,11 @@ def print_jsonl(obj) -> None:
 
 def document(command: str, lm, config: dict, chain_names: list[str], prompt_text: str, prompt_ids: list[int],
              **rest) -> dict:
-    """The top level every command's JSON shares (CLI.md); commands add steps, text, token_ids, summary, ..."""
-    return {
-        "command": command,
-        "model": lm.name,
-        "device": str(lm.device),
-        "dtype": str(lm.dtype).replace("torch.", ""),
-        "config": config,
-        "chain": chain_names,
-        "prompt": {"text": prompt_text, "token_ids": prompt_ids},
-        **rest,
-    }
+    """The top level every command's JSON shares (CLI.md), built in core (:class:`~decodelab.core.engine.run.Origin`);
+    commands add steps, text, token_ids, summary, ..."""
+    from ...core.engine.run import head  # torch loads when a command runs, not for --help
+
+    return head(command, lm, config, chain_names, prompt_text, prompt_ids, **rest)
 
 
 def one_line(text: str) -> str:

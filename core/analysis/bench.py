@@ -17,6 +17,7 @@ Greedy outputs of both sides are checked equal before timing (same search, not m
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -253,3 +254,23 @@ class Bench:
             best_theirs = max(theirs, key=self.tps)
             out.append(self._row(setting, best_ours, best_theirs, f"{best_ours} vs {best_theirs}"))
         return out
+
+
+def bench_summary(rows: list[BenchRow], stop_reason: str) -> dict:
+    """The ratios over every row: decodelab's tokens/s over transformers' (median per row), least and most."""
+    ratios = [r.ratio for r in rows]
+    return {"rows": len(rows), "stop_reason": stop_reason,
+            "min_ratio": min(ratios) if ratios else None, "max_ratio": max(ratios) if ratios else None,
+            "geomean_ratio": math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None}
+
+
+def bench_document(lm, config: dict, chosen: tuple[str, ...], text: str, prompt_ids: list[int], rows: list[BenchRow],
+                   stop_reason: str) -> dict:
+    """``bench``'s JSON document: the model, the run's options (``config``), each setting's stages, the rows and
+    their summary."""
+    return {"command": "bench", "model": lm.name, "device": str(lm.device),
+            "dtype": str(lm.dtype).replace("torch.", ""), "config": config,
+            "chain": list(dict.fromkeys(stage for name in chosen for stage in chain_names(name))),
+            "chains": {name: chain_names(name) for name in chosen},
+            "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason,
+            "summary": bench_summary(rows, stop_reason)}

@@ -610,6 +610,13 @@ class Report:
     tokens: list[Checked]
     summary: dict
 
+    def document(self, lm, source: dict) -> dict:
+        """``check-logprobs``' JSON document: the local model, where the answers came from, each answer, a row per
+        checked token, the summary and verdict."""
+        return {"command": "check-logprobs", "model": lm.name, "device": str(lm.device),
+                "dtype": str(lm.dtype).replace("torch.", ""), "source": source, "answers": self.answers,
+                "tokens": [r.to_dict() for r in self.tokens], "summary": self.summary}
+
 
 def check(lm, answers: list[Answer], tolerance: float = 1e-3) -> Report:
     """Every answer checked: per token rows, per answer its defects and notes, one summary."""

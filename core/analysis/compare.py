@@ -33,15 +33,10 @@ import torch
 from ..engine.run import drain
 from ..engine.runtime import Runtime
 from ..engine.warmup import rotated, warm_up
-from ..errors import EMPTY_CHAIN, ConfigError
+from ..errors import ConfigError
 from ..inputs import parse_int, parse_json, parse_toml, read_input_text
 from ..methods.registry import CONTINUING
-from ..methods.beam import build_beam
-from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..methods.speculative.chained import model_member
-from ..methods.speculative.run import (
-    build_speculator,
-)
 from ..sampling import replay
 from ..sampling.chain import Chain, build_chain, make_chain
 from ..sampling.registry import DEFAULT_ORDER, STAGES, params, stateful
@@ -49,7 +44,7 @@ from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
-from ..settings import META_KEYS, coerce, did_you_mean, load_preset, normalize_key
+from ..settings import META_KEYS, as_dict, coerce, did_you_mean, load_preset, normalize_key
 from ..trace.stats import COLUMN, scored_rows
 from .noise import noise_verdict
 
@@ -403,6 +398,7 @@ class Comparison:
         self.settings = {(v.name, s): settings_for(v, {**self.base, "top": 0}, s) for v in variants for s in seeds}
         self.rows: list[Row] = []
         self.pairs: list[Pair] = []
+        self.interrupted = False  # a Ctrl-C cut the comparison: its rows are the ones finished before
 
     @property
     def total(self) -> int:
@@ -429,52 +425,87 @@ class Comparison:
                     self.pairs.append(self.compare_pair(a, b, rows[a.name], rows[b.name], prompt_ids, seed))
         return self
 
+    def document(self) -> dict:
+        """``compare``'s JSON document: the model, the command's options and seeds, every variant's chain (and the
+        union of their stages in the default order), the variants and prompts, every row and pair, per-variant
+        measures."""
+        lm, first, seed = self.lm, self.prompts[0], self.seeds[0]
+        chains = {v.name: make_chain(lm, self.settings[v.name, seed]).names for v in self.variants}
+        return {"command": "compare", "model": lm.name, "device": str(lm.device),
+                "dtype": str(lm.dtype).replace("torch.", ""),
+                "config": {"seeds": self.seeds, **{k: v for k, v in self.base.items() if v is not None}},
+                "chain": [n for n in DEFAULT_ORDER if any(n in names for names in chains.values())],
+                "chains": chains,
+                "prompt": {"text": first.text, "token_ids": lm.encode(first.text)},
+                "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
+                              "settings": as_dict(self.settings[v.name, seed])} for v in self.variants],
+                "prompts": [{"id": p.id, "text": p.text} for p in self.prompts],
+                "rows": self.rows, "pairs": [self.pair_texts(p) for p in self.pairs],
+                "summary": {"variants": variant_summary(self.rows), **self.cut_short()}}
+
+    def pair_texts(self, pair: Pair) -> dict:
+        """A pair with what parted as text: the two tokens at the first divergence (``None`` where one output ended)
+        and each output's text from there on (``None``: identical), decoded from the two rows' ids."""
+        rows = {(r.variant, r.prompt, r.seed): r for r in self.rows}
+        d = pair.first_divergence
+        texts = {"a_token_text": None, "b_token_text": None, "a_after": None, "b_after": None}
+        if d is not None:
+            for side, name in (("a", pair.a), ("b", pair.b)):
+                ids = rows[name, pair.prompt, pair.seed].token_ids
+                texts[f"{side}_token_text"] = self.lm.token_text(ids[d]) if d < len(ids) else None
+                texts[f"{side}_after"] = self.lm.decode(ids[d:])
+        return {**asdict(pair), **texts}
+
+    def cut_short(self) -> dict:
+        """Whether every row ran: ``stop_reason`` ``end``, or ``interrupted`` when Ctrl-C cut the comparison, with
+        the rows planned beside the rows run."""
+        return {"stop_reason": "interrupted" if self.interrupted else "end", "rows_planned": self.total,
+                "rows_run": len(self.rows)}
+
     # --- one run -------------------------------------------------------------------------------------------------
 
     def run_one(self, v: Variant, settings, prompt: Prompt, prompt_ids: list[int], seed: int) -> Row:
-        if v.method == "sample":  # the chain shares the selector's generator, as `sample` builds it
-            sampler = build_sampler(self.lm, settings, prompt_ids, block=REPORT_BLOCK)
-            drain(sampler)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
-            steps = sampler.steps  # every traced step, the block pending at an early end included
-            ids = sampler.new_ids
-            text = sampler.delivered(self.lm.decode)[1]  # the run's text: trimmed where its settings say
-            return Row(v.name, v.method, prompt.id, seed, text, ids, len(ids), sampler.stop_reason,
-                       mean_or_none([s.logprob for s in steps]),
-                       math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
-                       distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
-                       mean_or_none([s.kept for s in steps]), mean_or_none([s.entropy for s in steps]),
-                       sampler.summary().tokens_per_s, [s.decided_by for s in steps])
-        chain = make_chain(self.lm, settings)
-        if v.method == "beam":
-            search = build_beam(self.lm, settings, prompt_ids, chain, record=False)
-            drain(search)
-            if search.stop_reason == EMPTY_CHAIN or not search.hypotheses:
-                ids, reason = search.new_ids, EMPTY_CHAIN
-            else:
-                ids, reason = search.hypotheses[0].token_ids, search.hypotheses[0].reason
-            return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, reason,
-                                   search.watch.timing.tokens_per_s(len(ids)))
-        draft = None
-        if model_member(settings.draft) is not None:
-            if self.load_draft is None:
-                raise ConfigError(f"variant {v.name}: draft={settings.draft}: no draft loader here; use draft=ngram")
-            name = model_member(settings.draft)
-            if name not in self.drafts:
-                self.drafts[name] = self.load_draft(name)
-            draft = self.drafts[name]
-        spec = build_speculator(self.lm, draft, settings, prompt_ids, settings.gamma, chain, record=False)
-        drain(spec)
-        ids = list(spec.new_ids)
-        return self.scored_row(v, prompt, seed, prompt_ids, chain, ids, spec.stop_reason,
-                               spec.watch.timing.tokens_per_s(len(ids)), spec.delivered(self.lm.decode)[1])
+        """The variant's run, built and reported by its method (the registry): a traced run's row from its own
+        steps, any other's from its ids scored teacher-forced under its chain."""
+        method = CONTINUING[v.method]
+        parts = {"draft": self.draft_for(v, settings)} if hasattr(settings, "draft") else {}
+        run = method.build(self.lm, settings, prompt.text, prompt_ids, summary_only=True, **parts)
+        drain(run)  # an empty chain ends this row (stop_reason empty_chain), not the comparison
+        out = method.report(run)
+        if out.steps is None:
+            return self.scored_row(v, prompt, seed, prompt_ids, run.chain, out.token_ids, out.stop_reason,
+                                   out.tokens_per_s, out.text)
+        steps, ids = out.steps, out.token_ids
+        return Row(variant=v.name, method=v.method, prompt=prompt.id, seed=seed, text=out.text,
+                   token_ids=ids, length=len(ids), stop_reason=out.stop_reason,
+                   mean_logprob=mean_or_none([s.logprob for s in steps]),
+                   raw_perplexity=math.exp(-mean_or_none([s.raw_logprob for s in steps])) if steps else None,
+                   distinct_1=distinct_n(ids, 1), distinct_2=distinct_n(ids, 2), repetition_rate=repetition_rate(ids),
+                   mean_kept=mean_or_none([s.kept for s in steps]), mean_entropy=mean_or_none([s.entropy for s in steps]),
+                   tokens_per_s=out.tokens_per_s, decided_by=[s.decided_by for s in steps])
 
-    def scored_row(self, v, prompt, seed, prompt_ids, chain, ids, reason, tps, text: str | None = None) -> Row:
+    def draft_for(self, v: Variant, settings):
+        """The draft model a variant's settings name (loaded once per name); None when no member is a model."""
+        name = model_member(settings.draft)
+        if name is None:
+            return None
+        if self.load_draft is None:
+            raise ConfigError(f"variant {v.name}: draft={settings.draft}: no draft loader here; use draft=ngram")
+        if name not in self.drafts:
+            self.drafts[name] = self.load_draft(name)
+        return self.drafts[name]
+
+    def scored_row(self, v: Variant, prompt: Prompt, seed: int, prompt_ids: list[int], chain: Chain,
+                   ids: list[int], reason: str, tokens_per_s: float, text: str | None = None) -> Row:
+        """A row from given ids, scored teacher-forced under ``chain``; ``text``: the run's delivered text (None:
+        the ids decoded)."""
         s = teacher_forced(self.lm.model, prompt_ids, ids, chain)
-        return Row(v.name, v.method, prompt.id, seed, self.lm.decode(ids) if text is None else text, ids, len(ids),
-                   reason, mean_or_none(s.logprob),
-                   math.exp(-mean_or_none(s.raw_logprob)) if ids else None,
-                   distinct_n(ids, 1), distinct_n(ids, 2), repetition_rate(ids),
-                   mean_or_none(s.kept), mean_or_none(s.entropy), tps)
+        return Row(variant=v.name, method=v.method, prompt=prompt.id, seed=seed,
+                   text=self.lm.decode(ids) if text is None else text,
+                   token_ids=ids, length=len(ids), stop_reason=reason, mean_logprob=mean_or_none(s.logprob),
+                   raw_perplexity=math.exp(-mean_or_none(s.raw_logprob)) if ids else None,
+                   distinct_1=distinct_n(ids, 1), distinct_2=distinct_n(ids, 2), repetition_rate=repetition_rate(ids),
+                   mean_kept=mean_or_none(s.kept), mean_entropy=mean_or_none(s.entropy), tokens_per_s=tokens_per_s)
 
     # --- pairs ---------------------------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -236,6 +236,31 @@ class ProbeReport:
 
     def baseline_mean(self) -> float:
         return sum(self.baseline_logprobs) / len(self.baseline_logprobs)
+
+    def document(self) -> dict:
+        """The ``probe`` object of a JSON document: the trials (with every policy's result) and each policy over
+        them."""
+        trials = []
+        everyone = [self.full] + self.policies
+        for i, trial in enumerate(self.trials):
+            results = [{"policy": p.policy, "logprob": p.results[i].logprob,
+                        "token_logprobs": p.results[i].token_logprobs, "right": p.results[i].right,
+                        "needle_kept": p.results[i].needle_kept} for p in everyone]
+            trials.append({**trial.describe(), "baseline_logprob": self.baseline_logprobs[i], "results": results})
+        return {"verdict": self.verdict, "trials": trials, "policies": [without_results(p) for p in everyone]}
+
+    def summary(self) -> dict:
+        """The probe's summary for one policy (the first of ``policies``) against the full cache."""
+        policy = self.policies[0]
+        return {"policy": policy.policy, "trials": policy.trials, "judged": policy.judged, "right": policy.right,
+                "accuracy": policy.accuracy, "full_accuracy": self.full.accuracy,
+                "mean_logprob": policy.mean_logprob, "full_mean_logprob": self.full.mean_logprob,
+                "baseline_mean_logprob": self.baseline_mean(), "needle_kept": policy.needle_kept}
+
+
+def without_results(probe: PolicyProbe) -> dict:
+    """A policy's figures over the trials, without its per-trial results (the trials list those)."""
+    return {k: v for k, v in asdict(probe).items() if k != "results"}
 
 
 class Prober:

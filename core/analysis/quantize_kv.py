@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..engine.forward import model_info
 from ..engine.models import LoadedModel
-from ..engine.run import drain
+from ..engine.run import Origin, drain
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import POLICIES, CacheSpec, compresses_once, parse_cache_spec, parse_policy_list
@@ -35,6 +35,8 @@ from ..methods.score import Scorer, ScoreSettings, blocks
 from ..sampling.chain import build_chain
 from ..sampling.settings import ChainSettings
 from ..settings import _check
+from .policies import fidelity_row, ranked
+from .probe import Prober, ProbeSettings
 
 GRID_BITS = (8, 4, 2)
 GRID_AXES = ("tensor", "token", "channel", "group", "kivi")
@@ -420,6 +422,16 @@ class QuantizeKVReport:
     stop_reason: str = "end"  # "interrupted": Ctrl-C cut the main run (its numbers are over the tokens it scored) or
     # the grid (it holds the cells measured before)
 
+    def document(self, origin: Origin) -> dict:
+        """``quantize-kv``'s JSON document: a step per scored token, memory, projections, reconstruction, outliers,
+        activations, the grid, the summary, and the ranking and probe when measured."""
+        return origin.head(steps=[s.to_dict() for s in self.fidelity.steps], text="", token_ids=[],
+                           memory=self.memory, projections=self.projections, reconstruction=self.reconstruction,
+                           outliers=self.outliers, activations=self.activations, grid=[g.row() for g in self.grid],
+                           summary=self.summary(), **({"ranking": self.ranking} if self.ranking else {}),
+                           **({"probe": self.probe} if self.probe else {}),
+                           **({"reuse": self.reuse} if self.reuse else {}))
+
     def summary(self) -> dict:
         f = self.fidelity
         return {"cache": self.cache, "tokens": f.tokens, "kv_bytes": f.kv_bytes,
@@ -491,3 +503,45 @@ def grid_cells(settings: QuantizeKVSettings) -> list[CacheSpec]:
     """The caches of ``--grid`` (none without it): each is measured with ``fidelity``, one at a time, so that an
     interrupted grid keeps the cells already measured."""
     return grid_specs(group=settings.group_size, residual=settings.residual) if settings.grid else []
+
+
+def call(fn):
+    return fn()
+
+
+def measure_grid(lm: LoadedModel, ids: list[int], settings: QuantizeKVSettings, report: QuantizeKVReport,
+                 guard=call, progress=None) -> None:
+    """--grid: each cell's fidelity into ``report.grid``, one at a time. ``guard(fn)`` runs one cell (a caller's
+    interrupt handling: None back means interrupted, and the cells so far are kept, stop_reason "interrupted")."""
+    tell = progress or (lambda label: None)
+    cells = grid_cells(settings)
+    for k, cell in enumerate(cells):
+        tell(f"grid {k + 1}/{len(cells)}: {cell}")
+        measured = guard(lambda: fidelity(lm, ids, cell, settings.feed))  # noqa: B023 (called at once)
+        if measured is None:
+            report.stop_reason = "interrupted"
+            return
+        report.grid.append(measured)
+
+
+def measure_ranking(lm: LoadedModel, ids: list[int], settings: QuantizeKVSettings, report: QuantizeKVReport,
+                    guard=call, progress=None) -> None:
+    """--policies: each cache's fidelity (and probe) one at a time into ``report.ranking``, best first, so an
+    interrupt (``guard`` giving None) keeps the rows measured."""
+    tell = progress or (lambda label: None)
+    cells = ranking_cells(settings)
+    prober = Prober(lm.model, lm.tokenizer, ids, ProbeSettings(), lm.context_length) if settings.probe else None
+    rows, full_bytes = [], 0
+    for k, (label, cell) in enumerate(cells.items()):
+        tell(f"policy {k + 1}/{len(cells)}: {label}")
+        measured = guard(lambda: (fidelity(lm, ids, cell, settings.feed, keep_steps=True,  # noqa: B023
+                                           prefill=settings.prefill),
+                                  prober.policy(cell, label) if prober else None))  # noqa: B023
+        if measured is None:
+            report.stop_reason = "interrupted"
+            break
+        full_bytes = full_bytes or measured[0].kv_bytes
+        rows.append(fidelity_row(label, measured[0], full_bytes, measured[1]))
+    report.ranking = ranked(rows)
+    if prober is not None and rows:
+        report.probe = prober.report([]).document()

@@ -1,7 +1,7 @@
-"""The run contract: what every method's run reports, and one meaning of each timing figure.
+"""The run contract (:class:`Run`, declared as a protocol), the document head every run's JSON shares
+(:class:`Origin`), and one meaning of each timing figure.
 
-A run is an iterator of steps (tokens, beam steps, verification rounds, scored chunks); afterwards ``stop_reason``,
-``interrupted``, ``new_ids`` and ``summary()`` describe it. Time is split three ways by one :class:`Stopwatch`, which
+A run is an iterator of steps (tokens, beam steps, verification rounds, scored chunks). Time is split three ways by one :class:`Stopwatch`, which
 waits for the device before it reads the clock (queued GPU work counts where it was queued), and never counts the
 time a consumer spends between two steps (printing, say):
 
@@ -21,8 +21,9 @@ core reads: it waits for the device first, so on CUDA a reading counts the work 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -94,14 +95,67 @@ class Timing:
         return tokens / self.loop_s if self.loop_s > 0 else float("nan")
 
 
-class Run:
-    """Base of every method's run: the stop reason, the interrupt and the delivered text. Each method's run also has
-    ``new_ids`` (the generated ids, an attribute or a property), ``rules`` (its :class:`~.stopping.StopRules`) and
-    ``summary()`` (its summary record); its builder sets ``trim_stop`` from the settings."""
+@dataclass(frozen=True)
+class Origin:
+    """What a run was made of: the top level every command's JSON document shares (docs/json.md, the shared top level)."""
+
+    command: str
+    model: str
+    device: str
+    dtype: str
+    config: dict  # the resolved settings
+    chain: list[str]  # the stage names, in order
+    prompt_text: str
+    prompt_ids: list[int]
+
+    @classmethod
+    def of(cls, command: str, lm, config: dict, chain: list[str], prompt_text: str, prompt_ids: list[int]) -> Origin:
+        """From a loaded model (anything with ``name``, ``device`` and ``dtype``)."""
+        return cls(command, lm.name, str(lm.device), str(lm.dtype).replace("torch.", ""), config, chain, prompt_text,
+                   prompt_ids)
+
+    def head(self, **rest) -> dict:
+        """The document's shared top level, in its order; ``rest``: the command's own fields that follow it."""
+        return {"command": self.command, "model": self.model, "device": self.device, "dtype": self.dtype,
+                "config": self.config, "chain": self.chain,
+                "prompt": {"text": self.prompt_text, "token_ids": self.prompt_ids}, **rest}
+
+
+def head(command: str, lm, config: dict, chain: list[str], prompt_text: str, prompt_ids: list[int], **rest) -> dict:
+    """The document head of a run made of these parts (commands whose report is not a run yet use it alone)."""
+    return Origin.of(command, lm, config, chain, prompt_text, prompt_ids).head(**rest)
+
+
+@runtime_checkable
+class Run(Protocol):
+    """The contract of every method's run, and the base its runs inherit the shared parts from.
+
+    * iterate it for its steps (a generator: a consumer streams them; an interrupted run keeps what it produced);
+    * ``stop_reason`` (why it ended) and ``interrupted``;
+    * ``new_ids``: the token ids it generated (none for a run that scores given text);
+    * ``text()``: the text it delivers (what a command prints and ``compare`` sets side by side);
+    * ``summary()``: its summary record;
+    * ``document()``: its whole JSON document (:class:`Origin`'s head, then the method's own fields), built in core
+      so that every caller (the CLI, a script) reports the same run the same way.
+
+    ``interrupt()``, ``end(reason)`` and ``delivered()`` are inherited. A method's build sets ``origin`` (the
+    head), ``decode`` (ids -> text) and ``trim_stop`` from the settings; a run that trims has ``rules`` (its
+    :class:`~.stopping.StopRules`)."""
 
     stop_reason: str = "length"
     interrupted: bool = False
     trim_stop: bool = False  # deliver the text without what stopped the run (--trim-stop, or the engine's reading)
+    origin: Origin | None = None
+    decode: Callable[[list[int]], str] | None = None
+
+    def __iter__(self) -> Iterator: ...
+
+    @property
+    def new_ids(self) -> list[int]: ...
+
+    def text(self) -> str:
+        """The text it delivers (:meth:`delivered`; a method that picks among outputs says so in its own)."""
+        return self.delivered(self.decode)[1] if self.decode is not None else ""
 
     def delivered(self, decode: Callable[[list[int]], str], ids: list[int] | None = None) -> tuple[list[int], str]:
         """The ids and text this run delivers: ``ids`` (default ``new_ids``) decoded; with ``trim_stop``, a stop id
@@ -110,6 +164,12 @@ class Run:
         if self.trim_stop:
             return trim_stop(ids, self.stop_reason, self.rules, decode)
         return ids, decode(ids)
+
+    def summary(self): ...
+
+    def document(self) -> dict:
+        """Each method's own: ``origin.head(...)``, then its steps, text, token_ids, summary and its own fields."""
+        raise NotImplementedError(f"{type(self).__name__} has no document()")
 
     def interrupt(self) -> None:
         """Called when the consumer was interrupted (Ctrl-C): what was produced stays, the reason says why."""

@@ -59,3 +59,14 @@ def kept_map(policy, prompt_tokens: int, row: int = 0) -> KeptMap | None:
     nbytes = policy.layer_nbytes()
     layers = [KeptLayer(i, len(heads[0]) if heads else 0, nbytes[i], heads) for i, heads in enumerate(per_layer)]
     return KeptMap(policy.spec_text(), policy.seen, prompt_tokens, sum(nbytes), policy.evicted, layers)
+
+
+def kept_after(runtime, prompt_tokens: int) -> KeptMap | None:
+    """The kept map of a finished run's cache over its first ``prompt_tokens`` (None: no run yet, or a policy that
+    keeps by place)."""
+    return None if runtime is None else kept_map(runtime.policy, min(prompt_tokens, runtime.policy.seen))
+
+
+def document_part(kept: KeptMap | None) -> dict:
+    """The ``kv_kept`` field of a run's JSON document (absent for a policy without a kept map)."""
+    return {} if kept is None else {"kv_kept": kept}

@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 
 from ..engine.models import LoadedModel
-from ..engine.run import Run, Stopwatch
+from ..engine.run import Origin, Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..errors import ConfigError
@@ -74,7 +74,7 @@ from ..sampling.chain import (
 )
 from ..sampling import registry
 from ..sampling.settings import ChainSettings
-from ..settings import _check
+from ..settings import _check, as_dict
 
 NORMS = ("hf", "gnmt", "prompt-inclusive", "none")
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
@@ -335,6 +335,9 @@ class BeamSearch(Run):
         self.stop_reason = "length"
         self.n_steps = 0
         self.watch: Stopwatch | None = None
+        self.sweep: list[SweepRow] | None = None  # --sweep-length-penalty: the winner per penalty (run_sweep)
+        self.new_stepper: Callable[[], object] | None = None  # a fresh stepper for each sweep search (set by build)
+        self.eos_ids, self.context_length = tuple(eos_ids), context_length
 
     # normalization of this search
     def norm(self, length: int) -> float:
@@ -504,6 +507,31 @@ class BeamSearch(Run):
         """The best ``--return`` hypotheses of the pool, best first (rank 1 = the result)."""
         return self._ranked(self.pool[: self.s.returned])
 
+    def best(self) -> Hypothesis | None:
+        """The result: the best hypothesis (rank 1), None when the search finished none."""
+        hyps = self.hypotheses
+        return hyps[0] if hyps else None
+
+    def text(self) -> str:
+        best = self.best()
+        return best.text if best else ""
+
+    def run_sweep(self, penalties: list[float]) -> list[SweepRow]:
+        """One full search per length penalty on this run's prompt, chain and settings (``sweep`` in the document)."""
+        self.sweep = sweep_length_penalty(self.new_stepper, self.prompt_ids, self.chain, self.s, penalties,
+                                          self.eos_ids, self.detok, self.context_length)
+        return self.sweep
+
+    def document(self) -> dict:
+        """``beam``'s JSON document: the steps, the best hypothesis's text and ids, every returned hypothesis, the
+        sweep when one ran, the summary."""
+        hyps = self.hypotheses
+        best = hyps[0] if hyps else None
+        result = {"text": best.text if best else "", "token_ids": best.token_ids if best else [], "hypotheses": hyps}
+        if self.sweep is not None:
+            result["sweep"] = self.sweep
+        return self.origin.head(steps=self.steps, **result, summary=self.summary())
+
     def summary(self) -> BeamSummary:
         best = self.pool[0] if self.pool else None
         forward_tokens = self.n_steps * self.s.beams
@@ -579,6 +607,16 @@ def build_beam(lm: LoadedModel, settings: BeamSettings, prompt_ids: list[int], c
     chain.reset(len(prompt_ids))
     return BeamSearch(beam_stepper(lm, settings), prompt_ids, chain, settings, tuple(lm.eos_ids), lm.decode,
                       lm.context_length, record=record, token_text=lm.token_text)
+
+
+def beam_run(lm: LoadedModel, settings: BeamSettings, prompt_text: str, prompt_ids: list[int],
+             chain: Chain | None = None, record: bool = True, summary_only: bool = False) -> BeamSearch:
+    """``beam``'s run with its document head (the registry's build); ``summary_only``: no per-step trace (a caller
+    that reads the result alone)."""
+    run = build_beam(lm, settings, prompt_ids, chain, record=record and not summary_only)
+    run.origin = Origin.of("beam", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
+    run.new_stepper = lambda: beam_stepper(lm, settings)
+    return run
 
 
 def beam_stepper(lm: LoadedModel, settings: BeamSettings) -> ModelStepper:

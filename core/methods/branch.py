@@ -144,6 +144,7 @@ class Branched:
     def __init__(self, sampler, force: dict[int, int] | None = None, resumed: list[int] | None = None,
                  vocab: int | None = None):
         self.run, self.force, self.resumed = sampler, dict(force or {}), list(resumed or [])
+        sampler.resumed = self.resumed  # delivered before the new tokens (the run's text and document)
         offset = len(self.resumed)
         device = next(sampler.model.parameters()).device
         skip_draws(sampler.selector, offset, vocab or sampler.model.get_output_embeddings().weight.shape[0], device)

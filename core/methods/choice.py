@@ -112,6 +112,11 @@ class ChoiceReport:
                 "sampler_unexplored": self.scores.sampler_unexplored, "min_mass": self.min_mass,
                 "forwards": self.forwards, "seconds": self.seconds}
 
+    def document(self, origin) -> dict:
+        """``score --choice``'s JSON document: the head (an :class:`~decodelab.core.engine.run.Origin`), a row per
+        label, the summary."""
+        return origin.head(choices=self.rows(), summary=self.summary())
+
     def rows(self) -> list[dict]:
         out = []
         for lab in self.scores.labels:

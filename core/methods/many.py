@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..engine.run import synchronize
+from ..engine.run import Origin, synchronize
 from ..engine.runtime import Runtime
 from ..engine.stopping import StopChecker, StopRules, trim_stop
 from ..engine.tokens import check_prompt
@@ -191,3 +191,10 @@ def spread(rows: list[SampleRow], token_text: Callable[[int], str], batched: boo
         batched=batched,
         tokens_per_s=tokens_per_s,
     )
+
+
+def many_document(origin: Origin, rows: list[SampleRow], summary: SpreadSummary, selector: str,
+                  noise: list[dict] | None = None) -> dict:
+    """`sample -N`'s JSON document: the head with the selector, every sample, the spread (and where greedy samples
+    part, the noise verdicts)."""
+    return origin.head(selector=selector, samples=rows, summary=summary, **({"noise": noise} if noise else {}))

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ..engine.models import LoadedModel
+from ..engine.run import Origin, Run
 from ..engine.runtime import Runtime
 from ..engine.tokens import check_prompt
 from ..errors import ConfigError
@@ -27,10 +28,12 @@ from ..kv import CacheSpec
 from ..sampling.chain import chain_for, Chain, make_chain
 from ..sampling.select import make_generator
 from ..sampling.semantics import Plan
+from ..sampling.semantics import plan as semantics_plan
 from ..sampling.settings import ChainSettings
 from ..sampling.tokens import Tokens
 from ..trace.records import StageStat, StageView, TokenProb, TrackedToken
 from ..trace.stats import stage_numbers
+from ..settings import as_dict
 from .sample import SampleSettings
 
 
@@ -160,3 +163,56 @@ def build_probs(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int]
     chain = chain or make_chain(lm, settings)
     return next_token_stages(lm.model, prompt_ids, chain, lm.token_text, settings.top, lm.context_length,
                              cache=settings.cache_spec)
+
+
+class ProbsRun(Run):
+    """``probs``' run: one forward, then the next-token distribution after every stage; nothing is generated.
+    Iterating it yields one step, the list of stage views (``stages``), and follows the listed tokens through every
+    stage (``tokens``); ``summary()`` is the stage views (kept, entropy and mass removed per stage)."""
+
+    stop_reason = "end"
+
+    def __init__(self, lm: LoadedModel, settings: SampleSettings, prompt_ids: list[int], chain: Chain):
+        self.lm, self.settings, self.prompt_ids, self.chain = lm, settings, list(prompt_ids), chain
+        self.stages: list[StageView] = []
+        self.tokens: list[TrackedToken] = []
+
+    def __iter__(self):
+        self.stages, self.tokens = next_token_stages(self.lm.model, self.prompt_ids, self.chain, self.lm.token_text,
+                                                     self.settings.top, self.lm.context_length,
+                                                     cache=self.settings.cache_spec)
+        yield self.stages
+
+    @property
+    def new_ids(self) -> list[int]:
+        return []
+
+    def summary(self) -> list[StageView]:
+        return self.stages
+
+    def document(self) -> dict:
+        """``probs``' JSON document: the head, each stage's view, the tokens followed through every stage (and the
+        semantics when one was named)."""
+        extra = {"semantics": semantics_plan(self.settings).describe()} if self.settings.semantics is not None else {}
+        return self.origin.head(stages=self.stages, tokens=self.tokens, **extra)
+
+
+def probs_run(lm: LoadedModel, settings: SampleSettings, prompt_text: str, prompt_ids: list[int],
+              chain: Chain | None = None) -> ProbsRun:
+    """``probs``' run with its document head (the registry's build)."""
+    run = ProbsRun(lm, settings, prompt_ids, chain or make_chain(lm, settings))
+    run.origin = Origin.of("probs", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
+    return run
+
+
+def given_document(settings: SampleSettings, raw: Tensor, history: list[int], result: DistResult, top: int) -> dict:
+    """``probs --dist/--logits``' JSON document: no model; the given logits and history, each stage's view, the
+    tokens followed, the stateful stages' numbers; every token's final probability when ``top`` lists them all."""
+    doc = {"command": "probs", "model": None, "device": str(raw.device), "dtype": "float32",
+           "config": as_dict(settings), "chain": result.chain, "given": {"logits": raw[0].tolist(), "history": history},
+           "stages": result.stages, "tokens": result.tokens, "state": result.state}
+    if top >= raw.shape[-1]:
+        doc["probs"] = result.probs()  # every token's probability after the last stage, by id
+    if settings.semantics is not None:
+        doc["semantics"] = result.plan.describe()
+    return doc

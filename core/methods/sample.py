@@ -17,18 +17,19 @@ import torch
 from torch import Tensor
 
 from ..engine.models import LoadedModel
-from ..engine.run import Run, Stopwatch
+from ..engine.run import Origin, Run, Stopwatch
 from ..engine.warmup import warm_up
 from ..engine.runtime import Runtime, runtime_for
 from ..engine.stopping import StopChecker, StopRules, stop_rules
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..inputs import check_text
 from ..kv import CacheSpec, require
+from ..kv.kept import document_part, kept_after
 from ..sampling.chain import Chain, make_chain, validate_chain
 from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, read_selected, select
-from ..settings import _check
+from ..settings import _check, as_dict
 from ..trace.records import Alternative, StageStat, Step, Tally, summarize
 from ..trace.stats import Numbers, TraceBlock, kept_ids, pack, unpack
 from ..trace.why import decide
@@ -191,6 +192,9 @@ class Sampler(Run):
         self.block = 1 if kept else max(1, block)  # the kept ids are read from each step's own stages
         self._block = TraceBlock(self.block, top)  # deferred steps not yet traced
         self._pending: list[int] = []  # their indices
+        self.decode = detok
+        self.resumed: list[int] = []  # a resumed run's saved tokens (set by Branched): delivered before the new ones
+        self.settings: SampleSettings | None = None  # what it delivers and reports by (set by build_sampler)
 
     def __iter__(self) -> Iterator[Step]:
         runtime = self.runtime or Runtime.create(self.model, self.cache,
@@ -271,6 +275,27 @@ class Sampler(Run):
         return summarize(self.steps if self.keep_steps else self.tally, self.watch.timing if self.watch else None, self.stop_reason,
                          len(self.new_ids))
 
+    def text(self) -> str:
+        return self.delivered(self.detok, self.resumed + list(self.new_ids))[1]
+
+    def kv_kept(self):
+        """The kept map of the run's cache (None: no run yet, or a policy that keeps by place)."""
+        prompt = len(self.origin.prompt_ids) if self.origin is not None else len(self.prompt_ids)  # resumed: the first
+        return kept_after(self.runtime, prompt)
+
+    def document(self) -> dict:
+        """``sample``'s JSON document: the head with the selector (and the semantics, the kept sets when asked),
+        the steps, the delivered text and ids, the summary, the kept map of a score-based cache."""
+        s, kept = self.settings, self.kv_kept()
+        extra = {"selector": self.selector.name}
+        if s is not None and s.semantics is not None:
+            extra["semantics"] = semantics_plan(s).describe()
+        if self.kept:
+            extra["kept_sets"] = self.kept_sets
+        ids, text = self.delivered(self.detok, self.resumed + list(self.new_ids))
+        return self.origin.head(**extra, steps=self.steps, text=text, token_ids=ids, summary=self.summary(),
+                                **document_part(kept))
+
 
 # --- sample and probs ----------------------------------------------------------------------------------------------
 
@@ -282,7 +307,20 @@ def build_sampler(lm: LoadedModel, settings: SampleSettings, prompt_ids: list[in
     rules = stop_rules(lm, settings)
     runtime = runtime_for(lm, settings.cache_spec, len(prompt_ids) + rules.max_new_tokens,
                           compile=settings.compile)
-    sampler = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
-                      runtime=runtime, record=record, kept=kept, block=block)
-    sampler.trim_stop = trims_stop(settings)
-    return sampler
+    run = Sampler(lm.model, prompt_ids, chain, selector, rules, lm.token_text, lm.decode, settings.top,
+                  runtime=runtime, record=record, kept=kept, block=block)
+    run.settings = settings
+    run.trim_stop = trims_stop(settings)
+    return run
+
+
+def sample_run(lm: LoadedModel, settings: SampleSettings, prompt_text: str, prompt_ids: list[int],
+               context_ids: list[int] | None = None, summary_only: bool = False, **parts) -> Sampler:
+    """``sample``'s run with its document head (the registry's build): ``context_ids`` (a resumed run: the prompt
+    and the saved tokens) is what the model continues; ``summary_only``: its steps are read at the end (traced in
+    blocks); ``parts``: :func:`build_sampler`'s."""
+    if summary_only:
+        parts.setdefault("block", REPORT_BLOCK)
+    run = build_sampler(lm, settings, context_ids if context_ids is not None else prompt_ids, **parts)
+    run.origin = Origin.of("sample", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
+    return run

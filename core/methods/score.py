@@ -30,15 +30,16 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import Tensor
 
-from ..engine.run import Run, Stopwatch
+from ..engine.run import Origin, Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import CacheSpec, compresses_once, feed_invariant, parse_cache_spec
+from ..kv.kept import document_part, kept_after
 from ..sampling import replay
-from ..sampling.chain import Chain, validate_chain
+from ..sampling.chain import Chain, make_chain, validate_chain
 from ..sampling.semantics import plan
 from ..sampling.settings import ChainSettings
-from ..settings import _check
+from ..settings import _check, as_dict
 from ..trace.stats import COLUMN, kept_ids, scored_rows
 from .choice import check_choice_settings
 
@@ -258,6 +259,13 @@ class Scorer(TextScore):
                 row.kept_sets = kept_ids(stages)
         return out
 
+    def document(self) -> dict:
+        """``score``'s JSON document: a step per scored token, no generated text, the summary, the kept map of a
+        score-based cache."""
+        kept = kept_after(getattr(self, "runtime", None), len(self.ids))
+        return self.origin.head(steps=[r.to_dict() for r in self.steps], text="", token_ids=[],
+                                summary=self.summary(), **document_part(kept))
+
     def summary(self) -> ScoreSummary:
         steps = self.steps
         n = len(steps)
@@ -308,6 +316,16 @@ def scored_ids(lm, text: str, settings: ScoreSettings, option: str = "TEXT") -> 
                           f"score the first {context}, or --limit {len(ids)} for all of them (memory grows with it), "
                           "or score it under a bounded cache with `decodelab stream --text-file`")
     return ids
+
+
+def score_run(lm, settings: ScoreSettings, text: str, token_ids: list[int], chain: Chain | None = None,
+              reference=None) -> Scorer:
+    """``score``'s run with its document head (the registry's build): ``text`` scored as ``token_ids``;
+    ``reference``: the --against model."""
+    chain = chain or make_chain(lm, settings)
+    run = build_scorer(lm, settings, token_ids, chain, reference)
+    run.origin = Origin.of("score", lm, as_dict(settings), chain.names, text, token_ids)
+    return run
 
 
 def build_scorer(lm, settings: ScoreSettings, token_ids: list[int], chain: Chain, reference=None) -> Scorer:

@@ -23,15 +23,16 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 
 from ..engine.forward import rotary_parameters
-from ..engine.run import Run
+from ..engine.run import Origin, Run
 from ..engine.runtime import runtime_for
 from ..engine.stopping import StopRules, check_unbounded
 from ..errors import ConfigError
 from ..kv import KVPolicy, compresses_once, feed_invariant, make_policy, parse_cache_spec, parse_policy_list
+from ..kv.kept import document_part, kept_after
 from ..sampling.chain import Chain, make_chain
 from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
-from ..settings import _check
+from ..settings import _check, as_dict
 from ..trace.records import Step
 from .sample import Sampler, SampleSettings, validate_sample
 from .score import Scorer, ScoreSettings
@@ -192,6 +193,13 @@ class StreamScore(Run):
         super().interrupt()
         self.scorer.interrupt()
 
+    def document(self) -> dict:
+        """``stream --text-file``'s JSON document: a step per span of scored tokens, no generated text, the summary,
+        the kept map of a score-based cache."""
+        kept = kept_after(getattr(self.scorer, "runtime", None), len(self.scorer.ids))
+        return self.origin.head(mode="score", steps=self.chunks, text="", token_ids=[], summary=self.summary(),
+                                **document_part(kept))
+
     def summary(self) -> StreamSummary:
         chunks = self.chunks
         tokens = sum(c.tokens for c in chunks)
@@ -317,6 +325,17 @@ class StreamGenerate(Run):
                 self.steps.append(out)
             yield out
 
+    def text(self) -> str:
+        return self.delivered(self.lm.decode)[1]
+
+    def document(self) -> dict:
+        """``stream``'s JSON document when it generates: the steps with their cache state, the text, the summary,
+        the kept map of a score-based cache."""
+        kept = kept_after(self.runtime, len(self.origin.prompt_ids))
+        ids, text = self.delivered(self.lm.decode)
+        return self.origin.head(mode="generate", selector=self.selector.name, steps=self.steps, text=text,
+                                token_ids=ids, summary=self.summary(), **document_part(kept))
+
     def summary(self) -> StreamSummary:
         base = self.sampler.summary()
         return StreamSummary(str(self.spec), self.sampler.tally.steps, base.raw_perplexity,
@@ -325,6 +344,24 @@ class StreamGenerate(Run):
 
 
 # --- generation past the context -----------------------------------------------------------------------------------
+
+
+def stream_run(lm, settings: StreamSettings, prompt_text: str, prompt_ids: list[int], chain: Chain | None = None,
+               keep_steps: bool = True) -> StreamGenerate:
+    """``stream``'s generating run with its document head (the registry's build); ``chain`` None: the settings'
+    chain, sharing the selector's generator (as `sample`)."""
+    run = StreamGenerate(lm, prompt_ids, chain, settings, keep_steps=keep_steps)
+    run.origin = Origin.of("stream", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
+    return run
+
+
+def stream_score_run(lm, settings: StreamSettings, text: str, token_ids: list[int],
+                     chain: Chain | None = None) -> StreamScore:
+    """``stream --text-file``'s scoring run with its document head."""
+    chain = chain or make_chain(lm, settings)
+    run = StreamScore(lm.model, token_ids, chain, lm.token_text, settings)
+    run.origin = Origin.of("stream", lm, as_dict(settings), chain.names, text, token_ids)
+    return run
 
 
 def cache_state(policy: KVPolicy) -> dict:

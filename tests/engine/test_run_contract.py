@@ -1,5 +1,5 @@
-"""The run contract (core/engine/run.py), the lazy public API (core/__init__.py) and the method registry
-(core/methods/registry.py), on a clock and runs made by hand.
+"""The run contract (core/engine/run.py) and the lazy public API (core/__init__.py), on a clock and runs made by
+hand (the method registry: tests/methods/test_method_registry.py).
 
 mutation run of the small files of core/ (2026-12-02, second round): before it these were reached only through
 whole runs, whose timings are never the same twice and whose runs never end in every way.
@@ -15,7 +15,7 @@ import torch
 import decodelab.core as core
 from decodelab.core.engine import run as run_module
 from decodelab.core.engine.run import Run, Stopwatch, Timing, drain, synchronize
-from decodelab.core.errors import EMPTY_CHAIN, ChainError, ConfigError
+from decodelab.core.errors import EMPTY_CHAIN, ChainError
 
 
 class Clock:
@@ -105,20 +105,6 @@ def test_the_public_api_loads_each_name_from_its_module_on_first_use(monkeypatch
     assert core.__all__ == sorted(core.__all__) and "Prober" in core.__all__
     with pytest.raises(AttributeError, match="^module 'decodelab.core' has no attribute 'nothing_here'$"):
         core.nothing_here
-
-
-def test_each_method_is_registered_with_its_settings_and_whether_it_continues():
-    from decodelab.core.methods import registry
-    assert list(registry.METHODS) == ["sample", "probs", "score", "beam", "speculate", "stream", "batch"]
-    assert list(registry.CONTINUING) == ["sample", "beam", "speculate"]
-    assert registry.METHODS["probs"].validate is registry.METHODS["sample"].validate
-    s = registry.settings_for("sample", options={"temperature": 0.5}, sets=["top_k=7"])
-    assert type(s) is registry.METHODS["sample"].settings and s.temperature == 0.5 and s.top_k == 7
-    with pytest.raises(ConfigError):
-        registry.settings_for("beam", options={"beams": 0})
-    # the preset, then explicit options over it
-    assert registry.settings_for("sample", preset="greedy").temperature == 0.0
-    assert registry.settings_for("sample", preset="greedy", options={"temperature": 0.3}).temperature == 0.3
 
 
 def test_read_selected_reads_row_zero_and_a_removed_token_as_not_finite():

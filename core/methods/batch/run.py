@@ -19,10 +19,11 @@ from ...engine.run import Run, clock
 from ...engine.stopping import StopRules, stop_rules
 from ...errors import ConfigError
 from ...inputs import parse_json, read_input_text
-from ...sampling.chain import build_chain, make_chain
+from ...sampling.chain import build_chain, chain_for, make_chain
 from ...sampling.select import make_selector
 from ...sampling.semantics import plan as semantics_plan, trims_stop
-from ...settings import coerce, normalize_key
+from ...sampling.tokens import Tokens
+from ...settings import as_dict, coerce, normalize_key
 from ..sample import SampleSettings, validate_sample
 from .scheduler import Iteration, Request, Result, Scheduler
 
@@ -214,6 +215,14 @@ def transformers_baseline(lm: LoadedModel, settings: BatchSettings, reference: l
     return Baseline("transformers", tokens / seconds, seconds, same, outputs=[list(o) for o in outputs])
 
 
+def mean_logprobs(steps) -> dict:
+    """A request's mean log-probability per generated token, processed (what its selector drew from) and raw (the
+    model's own softmax): the table's two columns, in JSON and CSV too (None for a request with no token)."""
+    n = len(steps)
+    return {"mean_logprob": sum(s.logprob for s in steps) / n if n else None,
+            "mean_raw_logprob": sum(s.raw_logprob for s in steps) / n if n else None}
+
+
 class BatchRun(Run):
     """The iteration-level run: iterate it for :class:`Iteration` records (``interrupt()`` ends it where it is), then
     ``report()``, then ``run_baselines(report)`` for the baselines in ``settings.baselines`` on the same requests.
@@ -225,6 +234,8 @@ class BatchRun(Run):
         self.warmup_s = warm_up(lm, settings, len(entries))
         self.scheduler = scheduler_for(lm, settings, build_requests(lm, entries, chat), static=False)
         self.stop_reason = "end"
+        self.baselines: list[Baseline] = []  # shared by every report of the run: a baseline run once stays
+        self.extra_part: dict = {}  # engine and engine_requests (the same requests on a served engine), noise
 
     def __iter__(self) -> Iterator[Iteration]:
         return iter(self.scheduler)
@@ -238,9 +249,44 @@ class BatchRun(Run):
         super().end(reason)
 
     def report(self) -> BatchReport:
+        """The run's report as it stands (the baselines run so far included)."""
         sched = self.scheduler
         return BatchReport(self.settings, sched.results, sched.iterations, sched.seconds, sched.peak_blocks,
-                           sched.policy.num_blocks, stop_reason=self.stop_reason, warmup_s=self.warmup_s)
+                           sched.policy.num_blocks, self.baselines, stop_reason=self.stop_reason,
+                           warmup_s=self.warmup_s)
+
+    @property
+    def new_ids(self) -> list[int]:
+        """None of its own: each request's tokens are in ``requests()``."""
+        return []
+
+    def text(self) -> str:
+        """The requests' texts, one a line."""
+        return "\n".join(r["text"] for r in self.requests())
+
+    def summary(self) -> dict:
+        return self.report().summary()
+
+    def requests(self) -> list[dict]:
+        """Per request: its prompt, chain, tokens, text, how it was served (prefix hits, preemptions) and its
+        steps."""
+        lm = self.lm
+        return [{"id": r.id, "prompt": r.prompt, "prompt_token_ids": r.prompt_ids, "chain": r.chain,
+                 "token_ids": r.new_ids, "text": r.text, "stop_reason": r.stop_reason,
+                 "prefix_hit_tokens": r.prefix_hit_tokens, "computed_tokens": r.computed_tokens,
+                 "preemptions": r.preemptions, "joined": r.joined, "finished": r.finished, **mean_logprobs(r.steps),
+                 "steps": [{"index": i, "token_id": s.token_id, "token": lm.token_text(s.token_id),
+                            "logprob": s.logprob, "raw_logprob": s.raw_logprob} for i, s in enumerate(r.steps)]}
+                for r in self.report().results]
+
+    def document(self) -> dict:
+        """``batch``'s JSON document: the model and settings, the command-level chain, every request, every
+        iteration, the summary (with the baselines run), and the engine's part when the requests also ran on one."""
+        lm, report = self.lm, self.report()
+        return {"command": "batch", "model": lm.name, "device": str(lm.device),
+                "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(self.settings),
+                "chain": chain_names(self.settings), "requests": self.requests(), "iterations": report.iterations,
+                "summary": report.summary(), **self.extra_part}
 
     def run_baselines(self, report: BatchReport) -> None:
         """Every baseline timed warm: static batching runs the run's own kernels at the run's batch size, warmed by
@@ -259,6 +305,16 @@ class BatchRun(Run):
                 if base.reason is None:
                     base.details["warmup_s"] = warm
             report.baselines.append(base)
+
+
+def chain_names(settings: BatchSettings) -> list[str]:
+    """The command-level chain (a JSONL request may set its own: requests[].chain)."""
+    return chain_for(settings, Tokens.placeholder())[1].names
+
+
+def batch_run(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False) -> BatchRun:
+    """``batch``'s run (the registry's build): many requests, each with its own prompt and settings."""
+    return BatchRun(lm, settings, entries, chat)
 
 
 def run_batch(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], chat: bool = False,

@@ -7,7 +7,7 @@ out rounds catches its cache up with the next round's feed (it feeds every commi
 
 from __future__ import annotations
 
-from .names import LOOKUPS, members, model_member  # noqa: F401  (the names of --draft live there, torch-free)
+from .names import members, model_member  # the names of --draft live there, torch-free
 from .proposers import Draft, ModelProposer, NGramProposer, Sequence, make_selector_for
 from .suffix import SuffixProposer
 

@@ -14,12 +14,13 @@ import torch
 from torch import Tensor
 
 from ...engine.models import LoadedModel
-from ...engine.run import Run, Stopwatch, Timing, clock
+from ...engine.run import Origin, Run, Stopwatch, Timing, clock
 from ...engine.runtime import Runtime
 from ...engine.stopping import StopChecker, StopRules, stop_rules
 from ...engine.tokens import check_prompt
 from ...errors import ConfigError
 from ...inputs import parse_int
+from ...settings import as_dict
 from ...kv import CacheSpec, require
 from ...sampling import replay
 from ...sampling.chain import Chain, make_chain, refuse_stepwise_stages
@@ -215,6 +216,12 @@ class Speculator(Run):
         self.seq: Sequence | None = None
         self.stopper = StopChecker(rules, detok)
         self.watch: Stopwatch | None = None
+        self.decode = detok
+        self.settings: SpeculateSettings | None = None  # the draft and gamma the document names (set by the build)
+        self.timed: list[SpeedupRound] | None = None  # the timing rounds behind the summary's speedups
+        self.sweep_part: dict = {}  # sweep and best_gamma, when a gamma sweep chose this run's gamma
+        self.analyses: dict = {}  # prediction and width_audit, when asked for (after the run)
+        self.warmup_s = float("nan")  # the untimed warm-up rounds before this run (nan: none ran)
 
     @property
     def greedy(self) -> bool:
@@ -401,13 +408,26 @@ class Speculator(Run):
     def stop_reason(self, value: str) -> None:
         self.stats.stop_reason = value
 
-    def summary(self, timed: BaselineTiming | list[SpeedupRound] | None) -> SpeculativeSummary:
+    def summary(self, timed: BaselineTiming | list[SpeedupRound] | None = None) -> SpeculativeSummary:
         """The run's summary; its speedups from ``timed``: the timing rounds (see :class:`SpeedupRound`), or one
-        plain reference run paired with this run, or None (no reference: speedups null)."""
+        plain reference run paired with this run, or None (the run's own ``timed``; none: speedups null)."""
+        timed = timed if timed is not None else self.timed
         timing = self.watch.timing if self.watch is not None else Timing()  # never started: interrupted before
         if isinstance(timed, BaselineTiming):
             timed = [r for r in [speedup_round(self, timed)] if r is not None]
-        return summarize(self.stats, self.proposer.name, self.proposer.forwards, timed or [], timing)
+        out = summarize(self.stats, self.proposer.name, self.proposer.forwards, timed or [], timing)
+        out.warmup_s = self.warmup_s
+        return out
+
+
+    def document(self) -> dict:
+        """``speculate``'s JSON document: the head with the proposer, gamma and verification rule, a step per
+        verification round, the text and ids, the summary (speedups from ``timed``), the sweep when one ran."""
+        extra = {} if self.settings is None else {"draft": self.settings.draft, "gamma": self.settings.gamma}
+        head = self.origin.head(**extra, verification="greedy" if self.greedy else "speculative-sampling")
+        ids, text = self.delivered(self.detok)
+        return {**head, "steps": [r.to_dict() for r in self.rounds], "text": text, "token_ids": ids,
+                "summary": self.summary().to_dict(), **self.sweep_part, **self.analyses}
 
 
 class _Outcome(NamedTuple):
@@ -552,6 +572,17 @@ def build_speculator(lm: LoadedModel, draft: LoadedModel | None, settings: Specu
     run = Speculator(lm.model, proposer, prompt_ids, chain, stop_rules(lm, settings, max_new_tokens), gamma, gen,
                      lm.token_text, lm.decode, settings.top, record, cache=spec)
     run.trim_stop = trims_stop(settings)
+    return run
+
+
+def speculate_run(lm: LoadedModel, settings: SpeculateSettings, prompt_text: str, prompt_ids: list[int],
+                  draft: LoadedModel | None = None, chain: Chain | None = None, record: bool = True,
+                  summary_only: bool = False) -> Speculator:
+    """``speculate``'s run with its document head (the registry's build), at ``settings.gamma``; ``draft``: the
+    draft model (None: the n-gram proposer); ``summary_only``: no per-round trace."""
+    run = build_speculator(lm, draft, settings, prompt_ids, settings.gamma, chain, record=record and not summary_only)
+    run.settings = settings
+    run.origin = Origin.of("speculate", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
     return run
 
 

@@ -1,0 +1,159 @@
+"""The method registry (core/methods/registry.py) and the run contract it builds (core/engine/run.py): every
+registered method builds a run that keeps the declared :class:`Run` protocol (new_ids, text(), summary(),
+document()) and reports an :class:`Outcome`; the JSON document a command prints is the run's own, built in core."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decodelab.core.engine.run import Origin, Run, drain
+from decodelab.core.errors import ConfigError
+from decodelab.core.methods import registry
+from decodelab.core.methods.batch.run import Entry
+from decodelab.cli.view.render import clean
+from conftest import ROOT
+
+TINY = ROOT / "presets" / "models" / "tiny"
+PROMPT = "Once upon a time"
+SHARED = ["command", "model", "device", "dtype", "config", "chain", "prompt"]  # docs/CLI.md, JSON shape
+
+
+@pytest.fixture(scope="module")
+def lm():
+    if not (TINY / "model.safetensors").is_file():
+        pytest.skip("the bundled tiny model's weights are not installed")
+    from decodelab.core.engine.models import load_model
+
+    return load_model("tiny", device="cpu")
+
+
+def build(lm, name: str):
+    """Each method's run on the prompt, as its command builds it (batch: two requests of the prompt file kind)."""
+    method = registry.METHODS[name]
+    settings = registry.settings_for(name, options={"max_new_tokens": 3, "ignore_eos": True} if name not in (
+        "score", "probs") else {}, sets=["draft=ngram"] if name == "speculate" else None)
+    if name == "batch":
+        return method.build(lm, settings, [Entry("a", PROMPT, settings), Entry("b", "The cat", settings)])
+    return method.build(lm, settings, PROMPT, lm.encode(PROMPT))
+
+
+def test_each_method_is_registered_with_its_settings_and_whether_it_continues():
+    from decodelab.core.methods import registry
+    assert list(registry.METHODS) == ["sample", "probs", "score", "beam", "speculate", "stream", "batch"]
+    assert list(registry.CONTINUING) == ["sample", "beam", "speculate"]
+    assert registry.METHODS["probs"].validate is registry.METHODS["sample"].validate
+    s = registry.settings_for("sample", options={"temperature": 0.5}, sets=["top_k=7"])
+    assert type(s) is registry.METHODS["sample"].settings and s.temperature == 0.5 and s.top_k == 7
+    with pytest.raises(ConfigError):
+        registry.settings_for("beam", options={"beams": 0})
+    # the preset, then explicit options over it
+    assert registry.settings_for("sample", preset="greedy").temperature == 0.0
+    assert registry.settings_for("sample", preset="greedy", options={"temperature": 0.3}).temperature == 0.3
+
+
+@pytest.mark.parametrize("name", list(registry.METHODS))
+def test_every_registered_method_builds_a_run_that_keeps_the_declared_contract(lm, name):
+    run = build(lm, name)
+    assert isinstance(run, Run)  # the protocol's members are all there
+    for member in ("new_ids", "summary", "document"):  # each the method's own, not the protocol's declaration
+        assert getattr(type(run), member) is not getattr(Run, member), f"{name}: {member} is not its own"
+    steps = drain(run)
+    assert steps and run.stop_reason in ("length", "end")
+    document = run.document()
+    assert document["command"] == name and list(document)[:5] == SHARED[:5]
+    if name != "batch":  # batch serves many prompts: its requests carry them
+        assert list(document)[:7] == SHARED and document["prompt"] == {"text": PROMPT, "token_ids": lm.encode(PROMPT)}
+    assert isinstance(run.text(), str) and run.summary() is not None
+    assert document.get("text", run.text()) == run.text()
+    outcome = method_report(name, run)
+    assert isinstance(outcome, registry.Outcome) and outcome.token_ids == list(document.get("token_ids", []))
+
+
+def method_report(name, run):
+    return registry.METHODS[name].report(run)
+
+
+def test_a_run_without_its_own_document_says_so_and_a_stranger_is_no_run():
+    class Bare(Run):
+        def __iter__(self):
+            yield from ()
+
+        @property
+        def new_ids(self):
+            return [1]
+
+        def summary(self):
+            return {}
+
+    with pytest.raises(NotImplementedError, match="Bare has no document"):
+        Bare().document()
+    assert Bare().text() == ""  # no decode: no text
+    stranger = type("Stranger", (), {"__iter__": lambda self: iter(()), "new_ids": []})()
+    assert not isinstance(stranger, Run)
+
+
+def test_the_document_head_is_the_shared_top_level_in_its_order():
+    class Model:
+        name, device, dtype = "m", "cpu", "torch.bfloat16"
+
+    origin = Origin.of("sample", Model(), {"a": 1}, ["top-k"], "hi", [5, 6])
+    assert origin.head(selector="greedy") == {
+        "command": "sample", "model": "m", "device": "cpu", "dtype": "bfloat16", "config": {"a": 1},
+        "chain": ["top-k"], "prompt": {"text": "hi", "token_ids": [5, 6]}, "selector": "greedy"}
+
+
+def test_each_continuing_method_reports_what_compare_sets_side_by_side(lm):
+    """sample: its traced steps; beam: the best hypothesis; speculate: its ids (both scored teacher-forced by
+    compare, steps None)."""
+    for name in registry.CONTINUING:
+        run = build(lm, name)
+        drain(run)
+        out = registry.METHODS[name].report(run)
+        assert (out.steps is not None) == (name == "sample")
+        assert len(out.token_ids) == 3 and out.stop_reason == "length" and out.tokens_per_s > 0
+        if name == "beam":
+            assert out.token_ids == run.hypotheses[0].token_ids
+        if name == "sample":
+            assert [s.token_id for s in out.steps] == out.token_ids
+
+
+TIMING = {"tokens_per_s", "decode_tokens_per_s", "prefill_s", "seconds", "loop_s", "trace_s", "warmup_s", "compile_s"}
+
+
+def without_timing(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k not in TIMING}
+
+
+@pytest.mark.parametrize("args, name, options", [
+    (["sample", PROMPT, "-n", "4", "-t", "0.8", "--top-k", "20", "--seed", "3"], "sample",
+     {"max_new_tokens": 4, "temperature": 0.8, "top_k": 20, "seed": 3}),
+    (["beam", PROMPT, "-n", "3", "-b", "2"], "beam", {"max_new_tokens": 3, "beams": 2}),
+    (["score", PROMPT], "score", {}),
+    (["probs", PROMPT, "--top-k", "5"], "probs", {"top_k": 5}),
+])
+def test_the_json_a_command_prints_is_its_runs_document_built_in_core(cli, lm, args, name, options):
+    code, out, err = cli(*args, "-f", "json", "--threads", "1")
+    assert code == 0, err
+    printed = json.loads(out)
+    method = registry.METHODS[name]
+    run = method.build(lm, registry.settings_for(name, options=options), PROMPT, lm.encode(PROMPT))
+    drain(run)
+    made = clean(run.document())
+    for document in (printed, made):
+        document.pop("format_version", None), document.pop("versions", None)
+        if isinstance(document.get("summary"), dict):
+            document["summary"] = without_timing(document["summary"])
+    assert list(printed) == list(made) and printed == made
+
+
+def test_the_readmes_python_example_runs_as_written(lm, capsys):
+    """README.md's Python block (the registry from a script) runs and prints the run's text and chain."""
+    import re
+
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S)
+    example = next(b for b in blocks if "METHODS" in b)
+    exec(compile(example, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "['temperature']" in printed and len(printed.splitlines()) >= 1
