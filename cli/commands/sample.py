@@ -138,7 +138,9 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     """The run's output in its format; ``printed``: the table's rows are already on the terminal (live)."""
     from ...core.engine.stopping import trim_stop
     from ...core.sampling.semantics import plan
+    from ...core.trace import reasoning
     from ..view import kept as kept_view
+    from ..view.reasoning import reasoning_line
     names = sampler.chain.names
     kept = kept_view.kept_after(sampler.runtime, len(prompt_ids))
     token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
@@ -154,6 +156,7 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     if getattr(sampler, "kept", False):
         head["kept_sets"] = sampler.kept_sets
     greedy = sampler.selector.name == "greedy"
+    split_part = reasoning.for_run(settings, lm, prompt_ids, sampler.steps)
 
     def views() -> list:
         return [table.with_part("all", sampler.steps)] + after_table()
@@ -162,11 +165,12 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
         return [render.shaded_text(text, [(s.token, s.raw_prob if greedy else s.prob) for s in sampler.steps]),
                 render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
                 *kept_view.kept_views(kept, lm.token_text, prompt_ids, f"kept by {settings.cache} after the run"),
-                render.summary_line(summary)] + [line for line in [constraint_line(summary)] if line is not None]
+                render.summary_line(summary)] + [line for line in [constraint_line(summary),
+                                                                 reasoning_line(split_part)] if line is not None]
 
     output.emit_for(opts, output.Output(
         document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary,
-                  **kept_view.document_part(kept)},
+                  **kept_view.document_part(kept), **split_part},
         text=out_text,
         jsonl=kept_sets + [output.summary_record("sample", lm.name, {"text": out_text, "token_ids": token_ids},
                                                  summary, kept_view.document_part(kept))],

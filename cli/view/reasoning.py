@@ -1,0 +1,19 @@
+"""One line for a run's reasoning / answer split (core/trace/reasoning.py)."""
+
+from __future__ import annotations
+
+
+def _num(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def reasoning_line(part: dict) -> str | None:
+    """``reasoning: N tokens, mean raw logprob X, mean raw entropy Y (the model's own) · answer: ... · markers: M`` (None: no markers)."""
+    doc = part.get("reasoning")
+    if not doc:
+        return None
+    s = doc["summary"]
+    pieces = [f"{name}: {s[name]['tokens']} tokens, mean raw logprob {_num(s[name]['mean_raw_logprob'])}, "
+              f"mean raw entropy {_num(s[name]['mean_raw_entropy'])} nats" for name in ("reasoning", "answer")]
+    end = "never ended" if doc["answer_starts_at"] is None else f"answer from token {doc['answer_starts_at']}"
+    return " · ".join(pieces + [f"markers: {s['marker']['tokens']} tokens ({end})"])
