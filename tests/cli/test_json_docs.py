@@ -50,7 +50,9 @@ RUNS = {
     "sample": [["sample", "Once upon", "-n", "4", "-t", "0.7", "--top-p", "0.9", "--top", "3"],
                ["sample", "Once upon", "-n", "3", "-t", "0.9", "-N", "3"],
                ["sample", "Once upon", "-n", "4", "-t", "0.9", "--regex", "[a-z ]+"],  # summary.constraint
-               ["sample", "Once upon a time", "-n", "3", "--cache", "h2o:size=3"]],  # kv_kept
+               ["sample", "Once upon a time", "-n", "3", "--cache", "h2o:size=3"],  # kv_kept
+               ["sample", "Q?<think>", "-n", "8", "-t", "0", "--think-tags", "<think>,</think>",
+                "--thinking-budget", "1"]],  # reasoning
     "probs": [["probs", "Once upon", "-t", "0.7", "--top-k", "5"]],
     "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
