@@ -140,7 +140,7 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
     from ...core.sampling.semantics import plan
     from ...core.trace import reasoning
     from ..view import kept as kept_view
-    from ..view.reasoning import reasoning_line
+    from ..view.reasoning import loop_line, reasoning_line
     names = sampler.chain.names
     kept = kept_view.kept_after(sampler.runtime, len(prompt_ids))
     token_ids = getattr(sampler, "all_ids", None) or sampler.new_ids  # a resumed run: the saved tokens too
@@ -157,6 +157,10 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
         head["kept_sets"] = sampler.kept_sets
     greedy = sampler.selector.name == "greedy"
     split_part = reasoning.for_run(settings, lm, prompt_ids, sampler.steps)
+    if sampler.stop_reason == "repetition":  # the loop's period and count, and who kept it (core/analysis/loops.py)
+        from ...core.analysis.loops import attribute
+        report = attribute(lm, settings, prompt_ids, sampler.new_ids, sampler.rules.repetition)
+        split_part["loop"] = report.to_dict() if report is not None else None
 
     def views() -> list:
         return [table.with_part("all", sampler.steps)] + after_table()
@@ -166,7 +170,8 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list
                 render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
                 *kept_view.kept_views(kept, lm.token_text, prompt_ids, f"kept by {settings.cache} after the run"),
                 render.summary_line(summary)] + [line for line in [constraint_line(summary),
-                                                                 reasoning_line(split_part)] if line is not None]
+                                                                 reasoning_line(split_part),
+                                                                 loop_line(split_part)] if line is not None]
 
     output.emit_for(opts, output.Output(
         document={**head, "steps": sampler.steps, "text": out_text, "token_ids": token_ids, "summary": summary,

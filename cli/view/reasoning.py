@@ -1,4 +1,4 @@
-"""One line for a run's reasoning / answer split (core/trace/reasoning.py)."""
+"""One line for a run's reasoning / answer split (core/trace/reasoning.py), one for a loop (core/analysis/loops.py)."""
 
 from __future__ import annotations
 
@@ -17,3 +17,15 @@ def reasoning_line(part: dict) -> str | None:
               f"mean raw entropy {_num(s[name]['mean_raw_entropy'])} nats" for name in ("reasoning", "answer")]
     end = "never ended" if doc["answer_starts_at"] is None else f"answer from token {doc['answer_starts_at']}"
     return " · ".join(pieces + [f"markers: {s['marker']['tokens']} tokens ({end})"])
+
+
+def loop_line(part: dict) -> str | None:
+    """``loop: period P x C copies from token S; kept by model at N of M repeated positions, ...`` (None: no loop)."""
+    loop = part.get("loop")
+    if not loop:
+        return None
+    total = len(loop["positions"])
+    kept = ", ".join(f"{who} at {n} of {total}" for who, n in sorted(loop["kept_by"].items(), key=lambda kv: -kv[1]))
+    acted = ", ".join(f"{name} {n}" for name, n in sorted(loop["stages_acted"].items())) or "none"
+    return (f"loop: period {loop['period']} x {loop['count']} copies from token {loop['start']}; kept by {kept} "
+            f"repeated positions; stages that changed logits there: {acted}")
