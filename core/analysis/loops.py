@@ -8,8 +8,8 @@ pure function of the prefix, as every stage is) gives, per breaker, the first st
 The position's keeper is:
 
 * ``model``: c is the model's own most likely token (no breaker; no stage needed to keep the loop);
-* a stage name: the stage that removed the model's most likely token, or, if none removed it, the first stage after
-  which c outranks it (a penalty or bias re-scoring);
+* a stage name: the first stage after which c outranks the model's most likely token, by removing it (a mask, a
+  filter) or by re-scoring (a penalty, a bias);
 * ``draw``: no stage put c first; the sampler's draw picked it below the most likely token.
 
 A constraint mask that keeps a loop shows as keeper ``constraint`` with the breakers it removed (vllm#40080); a
@@ -100,8 +100,8 @@ def _position(index: int, c: int, stages: list, acted: Counter) -> LoopPosition:
             removed_by[name] += 1
     kept_by = "model"
     if top != c:
-        kept_by = first_removal.get(top) or next(
-            (name for name, z in stages[1:] if z[0][c] > z[0][top]), "draw")
+        kept_by = next((name for name, z in stages[1:] if bool(torch.isneginf(z[0][top])) or z[0][c] > z[0][top]),
+                       "draw")
     order = breakers[raw[breakers].argsort(descending=True)][:BREAKERS_LISTED].tolist()
     return LoopPosition(index, c, top, kept_by, int(breakers.numel()), dict(removed_by),
                         [(b, first_removal.get(b)) for b in order])
