@@ -12,6 +12,7 @@ from rich.progress import Progress
 from rich.table import Table
 from rich.text import Text
 
+from ...core.errors import ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
@@ -47,6 +48,10 @@ MinMass = Annotated[Optional[float], typer.Option("--min-mass", help="--choice: 
                                                   "sampler probability are both below this are not walked "
                                                   "(default 1e-6; 0 walks all).", rich_help_panel=SCORE,
                                                   show_default=False)]
+EmptyThink = Annotated[Optional[bool], typer.Option(
+    "--empty-think", help="--choice on a thinking model: the labels after a forced empty thinking block (markers from "
+    "--think-tags or the chat template), and P(the model starts thinking) beside them.", rich_help_panel=SCORE,
+    show_default=False)]
 AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Reference KV-cache policy (the same "
                                                      "model unless --against), e.g. full to measure --cache.",
                                                      rich_help_panel=SCORE)]
@@ -56,7 +61,7 @@ AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Re
 def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None,
           feed: Feed = None, against: Against = None, against_cache: AgainstCache = None,
           renormalize: Renormalize = None, kept_ids: KeptIds = None, min_mass: MinMass = None,
-          prefill: Prefill = None) -> None:
+          prefill: Prefill = None, empty_think: EmptyThink = None) -> None:
     """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most. With
@@ -75,7 +80,9 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     if opts.engine is not None:
         return on_engine(opts, settings, body)
     if settings.choice is not None:
-        return choices(opts, settings, body)
+        return choices(opts, settings, body, empty_think)
+    if empty_think:
+        raise ConfigError("--empty-think: applies to --choice (the labels after an empty thinking block)")
     lm = load(opts)
     reference = None
     if settings.against is not None:
@@ -170,7 +177,7 @@ def different_table(summary) -> Table:
     return table
 
 
-def choices(opts, settings, body: str) -> None:
+def choices(opts, settings, body: str, empty_think: bool | None = None) -> None:
     """`score --choice`: the labels after the text, in the command's format (docs/constraints.md, exact choice
     scoring)."""
     from ...core.methods.choice import score_choices
@@ -180,15 +187,30 @@ def choices(opts, settings, body: str) -> None:
     lm = load(opts)
     ids = lm.encode(body)
     chain = make_chain(lm, settings)
+    thinking = None
+    if empty_think:  # the labels after a forced empty thinking block (core/methods/choice_thinking.py)
+        from ...core.methods.choice_thinking import empty_block
+        body, ids, thinking = empty_block(lm, settings, body, ids)
     report = score_choices(lm, settings, body, ids, chain, settings.cache_spec)
     rows, summary = report.rows(), report.summary()
+    if thinking is not None:
+        summary["thinking"] = thinking
     head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
     output.emit_for(opts, output.Output(
         document={**head, "choices": rows, "summary": summary},
         jsonl=[{"type": "choice", **render.clean(r)} for r in rows] + [output.summary_record("score", lm.name,
                                                                                               summary)],
         tables=[(None, [{k: v for k, v in r.items() if k != "tokenizations"} for r in rows])],
-        views=lambda: [choices_table(rows, f"{lm.name} · labels after the text"), render.summary_line(summary)]))
+        views=lambda: [choices_table(rows, f"{lm.name} · labels after the text"), render.summary_line(summary)]
+        + ([thinking_line(thinking)] if thinking is not None else [])))
+
+
+def thinking_line(thinking: dict) -> str:
+    """What --empty-think scored: the block added, and P(START | prompt) where the prompt opened none."""
+    p = thinking["p_start"]
+    start = "" if p is None else f"; P(the model starts thinking | prompt) = {p:.4g}"
+    return (f"thinking: {thinking['mode']} (appended {thinking['appended']!r}): P(label | prompt, empty thinking), "
+            f"not the marginal over thoughts{start}")
 
 
 def choices_table(rows: list[dict], title: str) -> Table:

@@ -20,7 +20,7 @@ most likely token, not the draw (the draw's noise is not replayed).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -53,7 +53,6 @@ class LoopReport:
     stages_acted: dict[str, int]  # stage -> repeated positions where it changed any logit
 
     def to_dict(self) -> dict:
-        from dataclasses import asdict
         return asdict(self)
 
 

@@ -39,6 +39,7 @@ from torch import Tensor
 from ..errors import ChainError, ConfigError
 from ..inputs import check_text, read_input_text
 from .registry import implements
+from .thinking import answer_start
 
 NEG_INF = float("-inf")
 OPTIONS = {"regex": "--regex", "json-schema": "--json-schema", "grammar": "--grammar", "choice": "--choice"}
@@ -456,8 +457,6 @@ class ConstraintStage:
     def _after_thinking(self, rows: list[list[int]], device) -> tuple[Tensor, list[bool]]:
         """--constraint-after-think: each row's constraint text starts at its answer's start
         (:func:`.thinking.answer_start`); a row still thinking has every token allowed (``active`` 0 in the trace)."""
-        from .thinking import answer_start
-
         starts = [answer_start(row, self.prompt_len, self.spec.after) for row in rows]
         allowed, accepting = self.masks([row[a:] if a is not None else [] for row, a in zip(rows, starts)], device)
         thinking = torch.tensor([a is None for a in starts], device=device)

@@ -356,9 +356,9 @@ CHAIN_PARAMS: tuple[Param, ...] = (
           defaults={"llamacpp": 64}),
     Param("think_tags", str, "The thinking markers START,END (e.g. '<think>,</think>'); default: those of the "
           "tokenizer's chat template when it writes <think>. Traces split reasoning from answer by them.",
-          metavar="START,END"),
+          panel="constraint", metavar="START,END"),
     Param("constraint_after_think", bool, "The constraint starts after the end-of-thinking marker (inactive while "
-          "the model thinks)."),
+          "the model thinks).", panel="constraint"),
 )
 
 

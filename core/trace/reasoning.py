@@ -13,7 +13,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..sampling.thinking import PARTS, ThinkTags, answer_start, parts
+from ..sampling.thinking import PARTS, ThinkTags, answer_start, parse_think_tags, parts, tags_from_template
+from ..sampling.tokens import Tokens, think_tags
 
 
 def _mean(values: list[float]) -> float | None:
@@ -73,8 +74,6 @@ def of_steps(prompt_ids: Sequence[int], steps, tags: ThinkTags, tag_texts: tuple
 
 def tag_texts(settings, tokenizer) -> tuple[str, str] | None:
     """The marker texts a run uses: --think-tags, else the chat template's (None: no markers)."""
-    from ..sampling.thinking import parse_think_tags, tags_from_template
-
     if getattr(settings, "think_tags", None):
         return parse_think_tags(settings.think_tags)
     return tags_from_template(getattr(tokenizer, "chat_template", None))
@@ -82,8 +81,6 @@ def tag_texts(settings, tokenizer) -> tuple[str, str] | None:
 
 def for_run(settings, lm, prompt_ids: Sequence[int], steps) -> dict:
     """``{"reasoning": ...}`` for a run's JSON document when it has markers, else ``{}``."""
-    from ..sampling.tokens import Tokens, think_tags
-
     texts = tag_texts(settings, lm.tokenizer)
     if texts is None or not steps:
         return {}
