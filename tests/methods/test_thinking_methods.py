@@ -6,10 +6,12 @@ case vLLM's grammar missed, vllm-project/vllm PR #36138) and inside a beam's row
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 
 from decodelab.core.engine.models import load_model
+from decodelab.core.errors import ConfigError
 from decodelab.core.methods.beam import BeamSettings, build_beam
 from decodelab.core.methods.sample import SampleSettings, build_sampler
 from decodelab.core.methods.speculative.run import SpeculateSettings, build_speculator
@@ -69,3 +71,39 @@ def test_every_beam_answers_within_the_constraint_after_thinking(beams):
     for h in hyps:
         assert h.sum_logprob > float("-inf")
         assert RegexReference(REGEX).viable(answer_bytes(lm, prompt + h.token_ids, len(prompt)))
+
+
+# --- score --choice --empty-think -----------------------------------------------------------------------------------
+
+from decodelab.core.methods.choice import score_choices  # noqa: E402
+from decodelab.core.methods.choice_thinking import empty_block  # noqa: E402
+from decodelab.core.methods.score import ScoreSettings  # noqa: E402
+
+from test_constrained import plain_logprob  # noqa: E402
+
+
+@pytest.mark.parametrize("prompt,appended", [("Answer yes or no:", "<think></think>"),  # no block: START + END
+                                             ("Answer yes or no:<think>", "</think>"),  # the template opened it
+                                             ("Answer yes or no:<think>x</think>", "")])  # already closed
+def test_empty_think_scores_the_labels_after_the_closed_block_by_a_plain_forward(prompt, appended):
+    lm = model("tiny")
+    s = ScoreSettings(choice=" yes, no", think_tags="<think>,</think>")
+    ids = lm.encode(prompt)
+    text, full, info = empty_block(lm, s, prompt, ids)
+    assert info["appended"] == appended and text == prompt + appended
+    assert full == ids + lm.encode(appended)  # ids appended, the prompt's own ids untouched
+    report = score_choices(lm, s, text, full, make_chain(lm, s))
+    for lab in report.scores.labels:
+        by_hand = sum(math.exp(plain_logprob(lm.model, full, t)) for t, _ in lab.tokenizations)
+        assert lab.exact == pytest.approx(by_hand, rel=1e-4)
+    if appended == "<think></think>":  # P(START | prompt) by a plain forward
+        start = lm.encode("<think>")
+        assert info["p_start"] == pytest.approx(math.exp(plain_logprob(lm.model, ids, tuple(start))), rel=1e-6)
+    else:
+        assert info["p_start"] is None
+
+
+def test_empty_think_without_markers_says_what_is_missing():
+    lm = model("tiny")
+    with pytest.raises(ConfigError, match="--empty-think: needs thinking markers"):
+        empty_block(lm, ScoreSettings(choice=" yes, no"), "Q:", lm.encode("Q:"))
