@@ -52,7 +52,9 @@ RUNS = {
                ["sample", "Once upon", "-n", "4", "-t", "0.9", "--regex", "[a-z ]+"],  # summary.constraint
                ["sample", "Once upon a time", "-n", "3", "--cache", "h2o:size=3"],  # kv_kept
                ["sample", "Q?<think>", "-n", "8", "-t", "0", "--think-tags", "<think>,</think>",
-                "--thinking-budget", "1"]],  # reasoning
+                "--thinking-budget", "1"],  # reasoning
+               ["sample", "Once upon", "-n", "30", "-t", "0", "--regex", "(a b )+", "--repetition-stop",
+                "max_pattern_size=4,min_count=3"]],  # loop
     "probs": [["probs", "Once upon", "-t", "0.7", "--top-k", "5"]],
     "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
@@ -60,7 +62,9 @@ RUNS = {
                   ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
               ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"],
-              ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"]],  # kv_kept
+              ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"],  # kv_kept
+              ["score", "Answer yes or no:", "--choice", " yes, no", "--think-tags", "<think>,</think>",
+               "--empty-think"]],  # summary.thinking
     "compare": [["compare", "Once upon", "-V", "g: temperature=0", "-V", "h: temperature=0.9,top_k=5",
                  "-V", "b: method=beam,beams=2", "-n", "3"]],
     "bench": [["bench", "--settings", "greedy", "-n", "2", "--rounds", "1"]],
