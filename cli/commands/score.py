@@ -111,11 +111,14 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 
 def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
+    from ...core.trace import reasoning
     from ..view import kept as kept_view
+    from ..view.reasoning import reasoning_line
     summary = scorer.summary()
     kept = kept_view.kept_after(getattr(scorer, "runtime", None), len(ids))
     rows = [r.to_dict() for r in scorer.steps]
     head = render.document("score", lm, as_dict(settings), chain.names, body, ids)
+    split_part = reasoning.for_score(settings, lm, ids, scorer.steps)
 
     def views() -> list:
         out = [tokens_table(scorer.steps, f"{lm.name} · cache {settings.cache} · chain: "
@@ -129,11 +132,11 @@ def emit(opts, lm, settings, body: str, ids: list[int], chain, scorer) -> None:
         out += kept_view.kept_views(kept, lm.token_text, ids, f"kept by {settings.cache} after the text")
         out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
                                         if k not in ("chunks", "most_different")}))
-        return out
+        return out + [line for line in [reasoning_line(split_part)] if line is not None]
 
     output.emit_for(opts, output.Output(
         document={**head, "steps": rows, "text": "", "token_ids": [], "summary": summary,
-                  **kept_view.document_part(kept)},
+                  **kept_view.document_part(kept), **split_part},
         jsonl=[output.summary_record("score", lm.name, summary, kept_view.document_part(kept))],
         tables=[(None, rows), *kept_view.table_part(kept)], views=views))
 

@@ -16,7 +16,8 @@ def reasoning_line(part: dict) -> str | None:
     pieces = [f"{name}: {s[name]['tokens']} tokens, mean raw logprob {_num(s[name]['mean_raw_logprob'])}, "
               f"mean raw entropy {_num(s[name]['mean_raw_entropy'])} nats" for name in ("reasoning", "answer")]
     end = "never ended" if doc["answer_starts_at"] is None else f"answer from token {doc['answer_starts_at']}"
-    return " · ".join(pieces + [f"markers: {s['marker']['tokens']} tokens ({end})"])
+    outside = f" · outside any block: {s['outside']['tokens']} tokens" if s["outside"]["tokens"] else ""
+    return " · ".join(pieces + [f"markers: {s['marker']['tokens']} tokens ({end})"]) + outside
 
 
 def loop_line(part: dict) -> str | None:

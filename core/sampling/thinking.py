@@ -17,8 +17,8 @@ The rules (``i`` an absolute position in the row, ``P`` the prompt length):
   occurrence that ends after ``P``; None while neither exists. From ``a`` on it is the answer for good: a marker's
   text inside the answer (a JSON string holding ``</think>``) does not reopen anything.
 * each generated token's part (:func:`parts`): ``marker`` (inside a START or END occurrence before ``a``),
-  ``reasoning`` (inside an open block before ``a``), ``answer`` (from ``a`` on, or outside any block: a model that
-  did not think).
+  ``reasoning`` (inside an open block before ``a``), ``answer`` (from ``a`` on), ``outside`` (before ``a`` and in no
+  block: a model that has not thought, or the question before a block in a scored text).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from torch import Tensor
 from ..errors import ConfigError
 from .registry import implements
 
-PARTS = ("reasoning", "answer", "marker")
+PARTS = ("reasoning", "answer", "marker", "outside")
 DEFAULT_TAGS = ("<think>", "</think>")
 
 
@@ -96,7 +96,7 @@ def parts(row: Sequence[int], prompt_len: int, tags: ThinkTags) -> list[str]:
     """The part of each generated token row[prompt_len:] (module doc)."""
     a = answer_start(row, prompt_len, tags)
     limit = len(row) if a is None else a
-    label = ["answer"] * len(row)
+    label = ["outside"] * limit + ["answer"] * (len(row) - limit)
     open_block = False
     i = 0
     while i < limit:

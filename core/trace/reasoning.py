@@ -85,3 +85,16 @@ def for_run(settings, lm, prompt_ids: Sequence[int], steps) -> dict:
     if texts is None or not steps:
         return {}
     return {"reasoning": of_steps(prompt_ids, steps, think_tags(settings, Tokens.of(lm)), texts).to_dict()}
+
+
+def for_score(settings, lm, ids: Sequence[int], steps) -> dict:
+    """``{"reasoning": ...}`` for teacher-forced scoring (``score``): the scored tokens are the row after the
+    first scored position; log-probabilities are the chain's (processed) and the model's, entropy the model's."""
+    texts = tag_texts(settings, lm.tokenizer)
+    if texts is None or not steps:
+        return {}
+    first = steps[0].position
+    tokens = [s.token_id for s in steps]
+    r = split(ids[:first], tokens, think_tags(settings, Tokens.of(lm)), texts, [s.logprob for s in steps],
+              None, [s.raw_logprob for s in steps], [s.raw_entropy for s in steps])
+    return {"reasoning": r.to_dict()}

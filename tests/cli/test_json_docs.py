@@ -64,7 +64,8 @@ RUNS = {
               ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"],
               ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"],  # kv_kept
               ["score", "Answer yes or no:", "--choice", " yes, no", "--think-tags", "<think>,</think>",
-               "--empty-think"]],  # summary.thinking
+               "--empty-think"],  # summary.thinking
+              ["score", "Q?<think>hmm</think> yes", "--think-tags", "<think>,</think>"]],  # reasoning
     "compare": [["compare", "Once upon", "-V", "g: temperature=0", "-V", "h: temperature=0.9,top_k=5",
                  "-V", "b: method=beam,beams=2", "-n", "3"]],
     "bench": [["bench", "--settings", "greedy", "-n", "2", "--rounds", "1"]],

@@ -66,9 +66,9 @@ def test_parts_by_hand():
     #            prompt: x S x | generated: x x E y y S y
     row = [0, S, 0, 0, 0, E, 4, 4, S, 4]
     assert parts(row, 3, ONE) == ["reasoning", "reasoning", "marker", "answer", "answer", "answer", "answer"]
-    assert parts(row, 3, MULTI) == ["answer"] * 7  # no marker of MULTI in the row: a model that did not think
+    assert parts(row, 3, MULTI) == ["outside"] * 7  # no marker of MULTI in the row: a model that did not think
     assert parts([S, 0, E, 4, 4], 3, ONE) == ["answer", "answer"]  # the prompt closed the block (<think></think>)
-    assert parts([0, S, 0, S, 0, E], 0, ONE) == ["answer", "marker", "reasoning", "marker", "reasoning", "marker"]
+    assert parts([0, S, 0, S, 0, E], 0, ONE) == ["outside", "marker", "reasoning", "marker", "reasoning", "marker"]
     row = [9, 1, 3, 7, 2, 3, 1, 5]  # MULTI: START = 1 3, END = 2 3 1
     assert parts(row, 1, MULTI) == ["marker", "marker", "reasoning", "marker", "marker", "marker", "answer"]
 

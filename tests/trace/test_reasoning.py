@@ -61,3 +61,25 @@ def test_sample_on_tiny_thinks_for_the_budget_then_answers_and_the_split_says_so
     answer = steps[budget + len(end):]
     assert math.isclose(doc["summary"]["answer"]["mean_raw_logprob"],
                         sum(st.raw_logprob for st in answer) / len(answer), rel_tol=1e-12)
+
+
+def test_score_splits_the_scored_tokens_by_the_same_rule():
+    from decodelab.core.methods.score import ScoreSettings, build_scorer
+    from decodelab.core.sampling.chain import make_chain
+
+    lm = tiny()
+    s = ScoreSettings(think_tags="<think>,</think>")
+    q, think, end, ans = (lm.encode(t) for t in ("Q: yes?", "<think>hmm", "</think>", " yes"))
+    ids = q + think + end + ans
+    scorer = build_scorer(lm, s, ids, make_chain(lm, s))
+    for _ in scorer:
+        pass
+    doc = reasoning.for_score(s, lm, ids, scorer.steps)["reasoning"]
+    start = len(lm.encode("<think>"))
+    expected = (["outside"] * (len(q) - 1) + ["marker"] * start + ["reasoning"] * (len(think) - start)
+                + ["marker"] * len(end) + ["answer"] * len(ans))
+    assert doc["parts"] == expected
+    answer = scorer.steps[-len(ans):]
+    assert doc["summary"]["answer"]["mean_raw_logprob"] == pytest.approx(
+        sum(st.raw_logprob for st in answer) / len(answer), rel=1e-12)
+    assert doc["summary"]["answer"]["mean_entropy"] is None  # score has no processed entropy: not made up
