@@ -225,6 +225,7 @@ STAGES: list[Stage] = [
                  "thinking_token_budget; needs --think-tags or a chat template with <think>).",
                  check=Check(lambda v: v >= 0, "must be an integer >= 0"),
                  export={"vllm": "thinking_token_budget"}),),
+          engines={"vllm": 3.5},  # an argmax-changing builtin logits processor: after min-tokens and logit bias
           needs=frozenset({"ids", "tokens"}), value=lambda s, resolved: _thinking_budget(s, resolved),
           make=lambda cls, v, c: cls(*v)),
     Stage("softcap", (Param("softcap", float, "c * tanh(z / c) on the logits, c > 0.", panel="chain",

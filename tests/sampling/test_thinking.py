@@ -180,3 +180,18 @@ def test_constraint_after_think_is_the_plain_constraint_on_the_answer_alone():
         else:
             plain.reset(a)
             assert torch.equal(out, plain(torch.tensor([row[:n]]), logits)) and active == 1.0
+
+
+def test_export_writes_vllms_fields_and_says_what_the_server_must_provide():
+    from decodelab.core.methods.sample import SampleSettings
+    from decodelab.core.sampling.export import export
+
+    s = SampleSettings(thinking_budget=7, think_tags="1,2", regex="a+", constraint_after_think=True,
+                       repetition_stop="max_pattern_size=5,min_count=3")
+    out = export(s, "vllm", vocab=16)
+    assert out.arguments["thinking_token_budget"] == 7
+    assert out.arguments["repetition_detection"] == {"max_pattern_size": 5, "min_count": 3, "min_pattern_size": 0}
+    assert any("reasoning config" in n for n in out.notes) and any("--reasoning-parser" in n for n in out.notes)
+    hf = export(s, "hf", vocab=16)
+    assert {u.split(":")[0] for u in hf.unsupported} >= {"thinking-budget", "constraint-after-think",
+                                                          "repetition-stop"}
