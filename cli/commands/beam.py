@@ -100,6 +100,8 @@ def beam(
     result = {"text": best.text if best else "", "token_ids": best.token_ids if best else [], "hypotheses": hyps}
     if sweep_rows is not None:
         result["sweep"] = sweep_rows
+    from ...core.trace import reasoning
+    split_part = reasoning.for_tokens(settings, lm, prompt_ids, result["token_ids"])  # the best hypothesis's split
     head = render.document("beam", lm, as_dict(settings), processors.names, text, prompt_ids)
     tables = [(None, hypothesis_rows(hyps))] + ([(None, sweep_table_rows(sweep_rows))] if sweep_rows is not None else [])
 
@@ -111,7 +113,7 @@ def beam(
         return out + [render.summary_line(summary)]
 
     output.emit_for(opts, output.Output(  # csv: the sweep when there is one, else the hypotheses
-        document={**head, "steps": search.steps, **result, "summary": summary},
+        document={**head, "steps": search.steps, **result, "summary": summary, **split_part},
         jsonl=[output.summary_record("beam", lm.name, result, summary)], text=result["text"],
         tables=tables, csv=tables[-1][1], views=views))
 

@@ -111,9 +111,11 @@ def progress(message: str) -> None:
 
 
 def emit(fmt, lm, settings, processors, text, prompt_ids, spec, summary, sweep, best, save_html, save_svg) -> None:
+    from ...core.trace import reasoning
     token_ids = spec.new_ids
     out_text = lm.decode(token_ids)
     extra = {"sweep": [r.to_dict() for r in sweep], "best_gamma": best} if sweep else {}
+    extra.update(reasoning.for_tokens(settings, lm, prompt_ids, token_ids))  # the split (docs/reasoning.md)
     head = render.document("speculate", lm, as_dict(settings), processors.names, text, prompt_ids,
                            draft=settings.draft, gamma=settings.gamma,
                            verification="greedy" if spec.greedy else "speculative-sampling")

@@ -98,3 +98,13 @@ def for_score(settings, lm, ids: Sequence[int], steps) -> dict:
     r = split(ids[:first], tokens, think_tags(settings, Tokens.of(lm)), texts, [s.logprob for s in steps],
               None, [s.raw_logprob for s in steps], [s.raw_entropy for s in steps])
     return {"reasoning": r.to_dict()}
+
+
+def for_tokens(settings, lm, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> dict:
+    """``{"reasoning": ...}`` for a method whose output has no per-token numbers in one list (speculate's rounds, a
+    beam hypothesis): the parts and their token counts; the means are null, never made up."""
+    texts = tag_texts(settings, lm.tokenizer)
+    if texts is None or not token_ids:
+        return {}
+    none = [None] * len(token_ids)
+    return {"reasoning": split(prompt_ids, token_ids, think_tags(settings, Tokens.of(lm)), texts, none).to_dict()}

@@ -56,10 +56,13 @@ RUNS = {
                ["sample", "Once upon", "-n", "30", "-t", "0", "--regex", "(a b )+", "--repetition-stop",
                 "max_pattern_size=4,min_count=3"]],  # loop
     "probs": [["probs", "Once upon", "-t", "0.7", "--top-k", "5"]],
-    "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
+    "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"],
+             ["beam", "Q?<think>", "-n", "8", "-b", "2", "--think-tags", "<think>,</think>"]],  # reasoning
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
                   ["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "{model}"],  # all accepted: bonus
-                  ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"]],  # rejections
+                  ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"],  # rejections
+                  ["speculate", "Q?<think>", "-n", "8", "-t", "0", "--draft", "ngram", "--think-tags",
+                   "<think>,</think>", "--thinking-budget", "2"]],  # reasoning
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
               ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"],
               ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"],  # kv_kept
