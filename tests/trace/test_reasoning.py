@@ -83,3 +83,19 @@ def test_score_splits_the_scored_tokens_by_the_same_rule():
     assert doc["summary"]["answer"]["mean_raw_logprob"] == pytest.approx(
         sum(st.raw_logprob for st in answer) / len(answer), rel=1e-12)
     assert doc["summary"]["answer"]["mean_entropy"] is None  # score has no processed entropy: not made up
+
+
+def test_the_constraint_summary_counts_only_the_steps_after_thinking():
+    from decodelab.core.trace.records import constraint_summary
+
+    lm = tiny()
+    s = SampleSettings(think_tags="<think>,</think>", thinking_budget=3, regex="( yes| no)!",
+                       constraint_after_think=True, temperature=0.0, max_new_tokens=14)
+    sampler = build_sampler(lm, s, lm.encode("Q: yes or no?<think>"))
+    steps = list(sampler)
+    active = [st for st in steps if st.state["constraint.active"] == 1.0]
+    assert 0 < len(active) < len(steps)
+    summary = constraint_summary(steps)
+    assert summary.steps == len(active)
+    assert summary.removed_log_mass == pytest.approx(-sum(st.state["constraint.log_mass_kept"] for st in active))
+    assert all(st.state["constraint.log_mass_kept"] == 0.0 for st in steps if st not in active)
