@@ -195,3 +195,20 @@ def test_export_writes_vllms_fields_and_says_what_the_server_must_provide():
     hf = export(s, "hf", vocab=16)
     assert {u.split(":")[0] for u in hf.unsupported} >= {"thinking-budget", "constraint-after-think",
                                                           "repetition-stop"}
+
+
+def test_markers_default_to_the_chat_templates_and_the_option_wins():
+    from decodelab.core.sampling.tokens import think_tags
+
+    class Template:
+        chat_template = "{% if thinking %}<think>\n{% endif %}...</think>"
+
+    def encode(text):
+        return [ord(c) % 97 for c in text]
+
+    tokens = Tokens(vocab=97, encode=encode, tokenizer=Template())
+    assert think_tags(ChainSettings(), tokens) == ThinkTags(tuple(encode("<think>")), tuple(encode("</think>")))
+    assert think_tags(ChainSettings(think_tags="<a>,</a>"), tokens) == ThinkTags(tuple(encode("<a>")),
+                                                                              tuple(encode("</a>")))
+    Template.chat_template = "{{ messages }}"
+    assert think_tags(ChainSettings(), tokens) is None
