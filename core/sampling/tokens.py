@@ -111,6 +111,8 @@ def resolve(s: ChainSettings, tokens: Tokens) -> dict:
     bias, resolved = resolve_token_settings(s, tokens.vocab, tokens.encode, tokens.token_id, tokens.token_text)
     spec = constraint_spec(regex=s.regex, json_schema=s.json_schema, grammar=s.grammar, choice=s.choice)
     tags = think_tags(s, tokens)
+    if tags is None and tokens.checking:  # before the model loads: its chat template may name the markers
+        tags = ThinkTags((0,), (1,))
     if getattr(s, "constraint_after_think", None):
         if spec is None:
             raise ConfigError("--constraint-after-think: give a constraint (--regex, --json-schema, --grammar or "

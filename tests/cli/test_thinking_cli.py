@@ -56,3 +56,25 @@ def test_a_forced_loop_stops_with_reason_repetition_and_names_its_keeper(cli):
     assert sum(loop["kept_by"].values()) == len(loop["positions"]) and "constraint" in loop["kept_by"]
     code, out, err = cli(*args)
     assert code == 0 and "loop: period" in out and "kept by" in out
+
+
+def test_the_markers_come_from_a_chat_template_that_writes_think(cli, tmp_path):
+    """A model folder whose chat template opens a think block: --thinking-budget needs no --think-tags (and is not
+    refused before the model loads, when the template is not read yet)."""
+    import shutil
+
+    from conftest import ROOT
+
+    folder = tmp_path / "thinker"
+    shutil.copytree(ROOT / "presets" / "models" / "tiny", folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% for m in messages %}{{ m['content'].split('</think>')[-1] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<think>{% endif %}")  # as R1-style templates write
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    code, out, err = cli("sample", "Q: yes or no?", "--chat", "-m", str(folder), "--thinking-budget", "2", "-t", "0",
+                         "-n", "10", "-f", "json", "--threads", "1")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["reasoning"]["tags"] == ["<think>", "</think>"]
+    assert doc["reasoning"]["parts"][:2] == ["reasoning", "reasoning"]
+    assert "</think>" in doc["text"]
