@@ -151,6 +151,7 @@ def with_progress(run, fmt: o.Format, label: str) -> None:
 
 def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
     from ...core.methods.stream import StreamGenerate
+    from ...core.trace import reasoning
     prompt_ids = lm.encode(text, opts.chat)
     # -f jsonl and -f text write each step (or its text) as it comes: no step is kept, unless a page is saved
     keep = opts.fmt not in (o.Format.jsonl, o.Format.text) or bool(opts.save_html or opts.save_svg)
@@ -171,7 +172,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
                    slots=_slots(step.slots))
     output.emit_for(opts, output.Output(
         document={**head, "steps": run.steps, "text": out_text, "token_ids": token_ids, "summary": summary,
-                  **kept_view.document_part(kept)},
+                  **kept_view.document_part(kept), **reasoning.for_run(settings, lm, prompt_ids, run.steps)},
         text=out_text,
         jsonl=[output.summary_record("stream", lm.name, {"text": out_text, "token_ids": token_ids}, summary,
                                      kept_view.document_part(kept))],
