@@ -27,6 +27,7 @@ import torch
 from ..engine.forward import forward
 from ..engine.loops import RepetitionRule, copies
 from ..sampling.chain import make_chain
+from ..sampling.registry import BY_NAME
 
 BREAKERS_LISTED = 5  # per position, the strongest breakers named in the report
 
@@ -51,6 +52,7 @@ class LoopReport:
     positions: list[LoopPosition]
     kept_by: dict[str, int]  # keeper -> repeated positions it kept
     stages_acted: dict[str, int]  # stage -> repeated positions where it changed any logit
+    note: str | None = None  # why the replay may differ from the run (a stage with its own state or coin)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,7 +82,10 @@ def attribute(lm, settings, prompt_ids: list[int], generated: list[int], rule: R
         _, stages = chain.run_recorded(ids[:, :at], logits[at - 1].unsqueeze(0))
         positions.append(_position(i, generated[i], stages, acted))
     kept = Counter(p.kept_by for p in positions)
-    return LoopReport(period, count, start, list(generated[-period:]), positions, dict(kept), dict(acted))
+    stateful = [n for n in chain.names if "state" in BY_NAME[n].needs]
+    note = (f"stages with state or a coin of their own ({', '.join(stateful)}) are replayed fresh: their numbers at "
+            "the repeated positions are not the run's") if stateful else None
+    return LoopReport(period, count, start, list(generated[-period:]), positions, dict(kept), dict(acted), note)
 
 
 def _position(index: int, c: int, stages: list, acted: Counter) -> LoopPosition:

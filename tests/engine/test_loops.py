@@ -119,3 +119,12 @@ def test_a_constraint_that_forces_the_loop_removed_every_breaker():
         else:
             assert p.kept_by == "model"
     assert report.kept_by.get("constraint", 0) > 0
+
+
+def test_a_stage_with_state_is_named_in_the_note_and_a_pure_chain_has_none():
+    lm, s, prompt, sampler = run(repetition_stop="max_pattern_size=8,min_count=3", regex="(a b )+")
+    assert attribute(lm, s, prompt, sampler.new_ids, parse_repetition_stop(s.repetition_stop)).note is None
+    lm, s, prompt, sampler = run(repetition_stop="max_pattern_size=8,min_count=3", regex="(a b )+",
+                                 mirostat_tau=0.5)
+    report = attribute(lm, s, prompt, sampler.new_ids, parse_repetition_stop(s.repetition_stop))
+    assert report is not None and "mirostat" in report.note
