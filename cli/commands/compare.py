@@ -144,6 +144,20 @@ def flat_row(row) -> dict:
     return {k: d[k] for k in ROW_COLUMNS}
 
 
+def rows_split(lm, run) -> list[dict]:
+    """Per row with thinking markers, its reasoning / answer split (parts and counts; core/trace/reasoning.py)."""
+    from ...core.trace import reasoning
+
+    texts = {p.id: p.text for p in run.prompts}
+    out = []
+    for row in run.rows:
+        settings = run.settings[row.variant, row.seed]
+        part = reasoning.for_tokens(settings, lm, lm.encode(texts[row.prompt]), row.token_ids)
+        if part:
+            out.append({"variant": row.variant, "prompt": row.prompt, "seed": row.seed, **part["reasoning"]})
+    return out
+
+
 def emit(opts, lm, run: Comparison) -> None:
     from ...core.analysis.compare import variant_summary
     from ...core.sampling.chain import make_chain
@@ -160,6 +174,9 @@ def emit(opts, lm, run: Comparison) -> None:
                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
            "prompts": [{"id": p.id, "text": p.text} for p in run.prompts],
            "rows": run.rows, "pairs": run.pairs, "summary": {"variants": variant_summary(run.rows)}}
+    split = rows_split(lm, run)
+    if split:
+        doc["reasoning"] = split
     output.emit_for(opts, output.Output(
         document=doc,
         jsonl=[{"type": "pair", **render.clean(pair)} for pair in run.pairs]

@@ -70,7 +70,9 @@ RUNS = {
                "--empty-think"],  # summary.thinking
               ["score", "Q?<think>hmm</think> yes", "--think-tags", "<think>,</think>"]],  # reasoning
     "compare": [["compare", "Once upon", "-V", "g: temperature=0", "-V", "h: temperature=0.9,top_k=5",
-                 "-V", "b: method=beam,beams=2", "-n", "3"]],
+                 "-V", "b: method=beam,beams=2", "-n", "3"],
+                ["compare", "Q?<think>", "--think-tags", "<think>,</think>", "-V", "a: temperature=0,thinking_budget=1",
+                 "-V", "b: temperature=0", "-n", "7"]],  # reasoning
     "bench": [["bench", "--settings", "greedy", "-n", "2", "--rounds", "1"]],
     "stream": [["stream", "Once upon", "-n", "4", "--cache", "sinks:sinks=1,recent=2", "--top", "2", "-t", "0.7"],
                ["stream", "Q?<think>", "-n", "6", "--think-tags", "<think>,</think>"],  # reasoning
