@@ -65,7 +65,8 @@ def check_logprobs(opts: o.Opts, file: FileArg = None, prompt: PromptOpt = None,
         answers, conn = ask_engine(opts, lm, settings, prompt)
         source = {"engine": conn.describe()}
     report = check(lm, answers, tolerance)
-    emit(opts, lm, source, report)
+    from ...core.trace.reasoning import for_answers
+    emit(opts, lm, source, report, for_answers(settings, lm, answers))
 
 
 SETTINGS_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -94,7 +95,7 @@ def ask_engine(opts: o.Opts, lm, settings, prompt: str | None):
     return [answer_of_query(g, settings, f"--engine {conn.engine.url}", lm)], conn
 
 
-def emit(opts: o.Opts, lm, source: dict, report) -> None:
+def emit(opts: o.Opts, lm, source: dict, report, split: list | None = None) -> None:
     from ..view import output
     from ..view.served_view import check_table, defects_lines, figures_table
 
@@ -110,7 +111,7 @@ def emit(opts: o.Opts, lm, source: dict, report) -> None:
     output.emit_for(opts, output.Output(
         document={"command": "check-logprobs", "model": lm.name, "device": str(lm.device),
                   "dtype": str(lm.dtype).replace("torch.", ""), "source": source, "answers": report.answers,
-                  "tokens": rows, "summary": report.summary},
+                  "tokens": rows, "summary": report.summary, **({"reasoning": split} if split else {})},
         jsonl=[{"type": "token", **r} for r in rows] + [output.summary_record("check-logprobs", lm.name,
                                                                               report.summary)],
         tables=[(None, [{**{k: v for k, v in render.clean(r).items() if k != "defects"},

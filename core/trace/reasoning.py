@@ -100,6 +100,23 @@ def for_score(settings, lm, ids: Sequence[int], steps) -> dict:
     return {"reasoning": r.to_dict()}
 
 
+def for_answers(settings, lm, answers) -> list[dict]:
+    """check-logprobs: per engine answer whose prompt and tokens have local ids, its split; ``mean_logprob`` is the
+    mean of the engine's returned numbers (whatever its logprobs mode made them), the rest null."""
+    texts = tag_texts(settings, lm.tokenizer)
+    if texts is None:
+        return []
+    tags = think_tags(settings, Tokens.of(lm))
+    out = []
+    for n, a in enumerate(answers):
+        ids = [t.token_id for t in a.tokens]
+        if a.prompt_ids is None or not ids or any(i is None for i in ids):
+            continue
+        r = split(a.prompt_ids, ids, tags, texts, [t.value for t in a.tokens])
+        out.append({"answer": n, **r.to_dict()})
+    return out
+
+
 def for_tokens(settings, lm, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> dict:
     """``{"reasoning": ...}`` for a method whose output has no per-token numbers in one list (speculate's rounds, a
     beam hypothesis): the parts and their token counts; the means are null, never made up."""

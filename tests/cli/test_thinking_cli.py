@@ -78,3 +78,23 @@ def test_the_markers_come_from_a_chat_template_that_writes_think(cli, tmp_path):
     assert doc["reasoning"]["tags"] == ["<think>", "</think>"]
     assert doc["reasoning"]["parts"][:2] == ["reasoning", "reasoning"]
     assert "</think>" in doc["text"]
+
+
+def test_check_logprobs_splits_each_answer_and_averages_the_engines_numbers(cli, tmp_path):
+    code, out, err = cli("sample", "Q?<think>", "--think-tags", "<think>,</think>", "--thinking-budget", "2", "-t",
+                         "0", "-n", "9", "--threads", "1", "-f", "openai")
+    assert code == 0, err
+    response = json.loads(out)
+    answer = tmp_path / "answer.jsonl"
+    answer.write_text(json.dumps({"request": {"prompt": "Q?<think>", "temperature": 0}, "response": response}) + "\n")
+    code, out, err = cli("check-logprobs", str(answer), "--think-tags", "<think>,</think>", "--threads", "1", "-f",
+                         "json")
+    assert code == 0, err
+    split = json.loads(out)["reasoning"][0]
+    values = response["choices"][0]["logprobs"]["token_logprobs"]
+    parts = split["parts"]
+    assert parts[:2] == ["reasoning"] * 2 and split["answer_starts_at"] == parts.count("marker") + 2
+    for part in ("reasoning", "marker", "answer"):
+        mine = [v for v, p in zip(values, parts) if p == part]
+        assert split["summary"][part]["tokens"] == len(mine)
+        assert split["summary"][part]["mean_logprob"] == pytest.approx(sum(mine) / len(mine), rel=1e-9)
