@@ -9,9 +9,10 @@ tokens are min_count copies of the last p tokens:
 
 vLLM tries p upwards and returns at the first match, so the period reported is the smallest that repeats. The rule
 is off when max_pattern_size <= 0 or min_count < 2 (vLLM's own off values); vLLM refuses min_pattern_size >
-max_pattern_size (so does decodelab). vLLM checks it only once min_tokens are generated and after the EOS, stop-id
-and length checks; decodelab checks it last too, after EOS, stop ids, stop strings, the context and -n, and its stop
-reason is ``repetition`` (vLLM: finish status FINISHED_REPETITION, stop_reason "repetition_detected").
+max_pattern_size (so does decodelab). vLLM checks it only once min_tokens are generated (decodelab: once
+--min-new-tokens are, ``after``) and after the EOS, stop-id and length checks; decodelab checks it last too, after
+EOS, stop ids, stop strings, the context and -n, and its stop reason is ``repetition`` (vLLM: finish status
+FINISHED_REPETITION, stop_reason "repetition_detected").
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RepetitionRule:
     max_pattern_size: int
     min_count: int
     min_pattern_size: int = 0
+    after: int = 0  # checked once this many tokens are generated (vLLM's min_tokens gates every stop check)
 
     @property
     def off(self) -> bool:
@@ -36,7 +38,7 @@ class RepetitionRule:
 
     def period(self, generated: Sequence[int]) -> int | None:
         """The smallest period p whose min_count copies end ``generated`` (module doc), or None."""
-        if self.off:
+        if self.off or len(generated) < self.after:
             return None
         for p in range(max(self.min_pattern_size, 1), self.max_pattern_size + 1):
             if p * self.min_count > len(generated):
@@ -56,8 +58,9 @@ def copies(generated: Sequence[int], period: int) -> int:
     return count
 
 
-def parse_repetition_stop(text: str) -> RepetitionRule:
-    """``--repetition-stop max_pattern_size=P,min_count=C[,min_pattern_size=M]`` (vLLM's names)."""
+def parse_repetition_stop(text: str, after: int = 0) -> RepetitionRule:
+    """``--repetition-stop max_pattern_size=P,min_count=C[,min_pattern_size=M]`` (vLLM's names); ``after``: the
+    run's --min-new-tokens."""
     option = f"--repetition-stop {text!r}"
     values = {}
     for item in text.split(","):
@@ -71,7 +74,7 @@ def parse_repetition_stop(text: str) -> RepetitionRule:
             raise ConfigError(f"{option}: {key.strip()} must be an integer") from None
     if "max_pattern_size" not in values or "min_count" not in values:
         raise ConfigError(f"{option}: needs both max_pattern_size and min_count")
-    rule = RepetitionRule(**values)
+    rule = RepetitionRule(**values, after=after)
     if rule.max_pattern_size < 1 or rule.min_count < 2:
         raise ConfigError(f"{option}: max_pattern_size must be >= 1 and min_count >= 2 (vLLM reads smaller values "
                           "as off; leave the option out instead)")

@@ -100,4 +100,5 @@ def stop_rules(lm: LoadedModel, settings, max_new_tokens: int | None = None) -> 
     repetition = getattr(settings, "repetition_stop", None)
     return StopRules(max_new_tokens or settings.max_new_tokens, tuple(lm.eos_ids), tuple(getattr(settings, "stop", ())),
                      settings.ignore_eos, lm.context_length, tuple(getattr(settings, "stop_id", ())),
-                     parse_repetition_stop(repetition) if repetition else None)
+                     parse_repetition_stop(repetition, getattr(settings, "min_new_tokens", None) or 0)
+                     if repetition else None)

@@ -128,3 +128,14 @@ def test_a_stage_with_state_is_named_in_the_note_and_a_pure_chain_has_none():
                                  mirostat_tau=0.5)
     report = attribute(lm, s, prompt, sampler.new_ids, parse_repetition_stop(s.repetition_stop))
     assert report is not None and "mirostat" in report.note
+
+
+def test_the_stop_waits_for_min_new_tokens_as_vllms_min_tokens_gates_it():
+    lm, s, prompt, plain = run(repetition_stop="max_pattern_size=8,min_count=3", regex="(a b )+")
+    n = len(plain.new_ids)
+    lm, s, prompt, held = run(repetition_stop="max_pattern_size=8,min_count=3", regex="(a b )+",
+                              min_new_tokens=n + 3)
+    ids = held.new_ids
+    assert held.stop_reason == "repetition" and len(ids) >= n + 3
+    assert brute_period(ids[:n], 8, 3) is not None  # the loop was there before the gate: held back
+    assert all(brute_period(ids[:k], 8, 3) is None for k in range(n + 3, len(ids)))  # the first check past it
