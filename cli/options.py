@@ -157,7 +157,8 @@ SETTINGS = ("preset", "set_")
 GENERATE = ("max_new_tokens", "seed", "stop", "ignore_eos")
 OUTPUT = ("fmt", "top", "save_html", "save_svg")
 CONSTRAINT = tuple(p.field for p in stage_params() if p.panel == "constraint")  # --regex, --json-schema, ...
-PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain") + CONSTRAINT  # what beam search applies
+# what beam search applies
+PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "thinking_budget", "chain") + CONSTRAINT
 CHAIN = tuple(p.field for p in stage_params() if p.panel == "chain") + CONSTRAINT + ("chain",)
 SAMPLERS = tuple(p.field for p in stage_params() if p.panel == "more") + ("semantics", "export")  # sample, probs, ...
 SCALAR_KEYS = tuple(p.field for p in stage_params() if not (p.many or p.pairs)) + ("semantics",)

@@ -13,8 +13,8 @@ This module imports no torch, so the CLI can build its options (and ``--help``) 
 Default order (``DEFAULT_ORDER``), used unless ``--chain`` names another:
 
     allow -> constraint -> thinking-budget -> softcap -> repetition-penalty -> frequency-penalty -> presence-penalty
-    -> dry -> no-repeat-ngram -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp) -> top-n-sigma
-    -> top-k -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
+    -> dry -> no-repeat-ngram -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp)
+    -> top-n-sigma -> top-k -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
 
 The constraint (``--regex`` / ``--json-schema`` / ``--grammar`` / ``--choice``) right after the allow-list: the two
 hard restrictions of the candidate set come before any reshaping, so every later stage works on the constrained

@@ -3,8 +3,9 @@ rule the constraint and the thinking budget also read) and per-part summaries, f
 
 A part's summary over its tokens i: ``tokens`` (how many), ``mean_logprob`` = mean log p_i (what the method's own
 distribution gave the token: processed for sample, the model's for score), ``mean_raw_logprob`` (the model's own,
-where the method has both), ``mean_entropy`` = mean H_i in nats of the same distributions, ``mean_raw_entropy`` the model's. Markers are their own part
-(``marker``), so neither the reasoning's nor the answer's numbers include them. A part with no tokens has null means.
+where the method has both), ``mean_entropy`` = mean H_i in nats of the same distributions, ``mean_raw_entropy`` the
+model's. Markers are their own part (``marker``), so neither the reasoning's nor the answer's numbers include them;
+``outside`` is text in no block before the answer. A part with no tokens has null means.
 """
 
 from __future__ import annotations
