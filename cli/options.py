@@ -130,6 +130,10 @@ Export = _opt("--export", str, "Print the settings for hf (generate kwargs), vll
               "(llama-cli flags) instead of running.")
 StopId = Annotated[Optional[list[int]], typer.Option("--stop-id", help="A token id that ends the run (repeatable).",
                                                      rich_help_panel=RUN)]
+RepetitionStop = Annotated[Optional[str], typer.Option(
+    "--repetition-stop", help="Stop when the output ends in min_count copies of a pattern of up to max_pattern_size "
+    "tokens (vLLM's repetition_detection): 'max_pattern_size=P,min_count=C[,min_pattern_size=M]'; stop reason "
+    "repetition, with the loop's attribution.", rich_help_panel=RUN, show_default=False)]
 TrimStop = Annotated[Optional[bool], typer.Option("--trim-stop", help="Leave the stop string (or stop id) out of "
                                                   "the text.", rich_help_panel=RUN, show_default=False)]
 
@@ -144,7 +148,7 @@ DEFINITIONS: dict[str, tuple[object, object]] = {
     "stop": (Stop, None), "ignore_eos": (IgnoreEos, None),
     "fmt": (Fmt, Format.table), "top": (Top, None), "save_html": (SaveHtml, None), "save_svg": (SaveSvg, None),
     "chain": (ChainOrder, None), "semantics": (Semantics, None), "export": (Export, None),
-    "stop_id": (StopId, None), "trim_stop": (TrimStop, None),
+    "stop_id": (StopId, None), "trim_stop": (TrimStop, None), "repetition_stop": (RepetitionStop, None),
     "engine": (Engine, None), "engine_model": (EngineModel, None), "engine_timeout": (EngineTimeout, 60.0),
     **{p.field: (stage_option(p), None) for p in stage_params()},
 }
@@ -155,11 +159,12 @@ SETTINGS = ("preset", "set_")
 GENERATE = ("max_new_tokens", "seed", "stop", "ignore_eos")
 OUTPUT = ("fmt", "top", "save_html", "save_svg")
 CONSTRAINT = tuple(p.field for p in stage_params() if p.panel == "constraint")  # --regex, --json-schema, ...
-PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "chain") + CONSTRAINT  # what beam search applies
+# what beam search applies
+PENALTIES = ("logit_bias", "repetition_penalty", "no_repeat_ngram", "thinking_budget", "chain") + CONSTRAINT
 CHAIN = tuple(p.field for p in stage_params() if p.panel == "chain") + CONSTRAINT + ("chain",)
 SAMPLERS = tuple(p.field for p in stage_params() if p.panel == "more") + ("semantics", "export")  # sample, probs, ...
 SCALAR_KEYS = tuple(p.field for p in stage_params() if not (p.many or p.pairs)) + ("semantics",)
-STOPS = ("stop_id", "trim_stop")
+STOPS = ("stop_id", "trim_stop", "repetition_stop")
 ENGINE = ("engine", "engine_model", "engine_timeout")
 
 
@@ -290,7 +295,7 @@ def explicit(opts: Opts, *keys: str) -> dict:
     from ..core.errors import ConfigError
     from ..core.settings import parse_logit_bias
 
-    out = {key: getattr(opts, key, None) for key in SCALAR_KEYS + ("cache", "trim_stop") + keys}
+    out = {key: getattr(opts, key, None) for key in SCALAR_KEYS + ("cache", "trim_stop", "repetition_stop") + keys}
     for p in stage_params():
         value = getattr(opts, p.field, None)
         if p.pairs:

@@ -68,13 +68,16 @@ def beam(
     settings = settings_for("beam", opts.preset, explicit, opts.set_)
     penalties = parse_penalties(sweep) if sweep is not None else None
     lm = load(opts)
-    search = beam_run(lm, settings, text, lm.encode(text, opts.chat))
+    prompt_ids = lm.encode(text, opts.chat)
+    search = beam_run(lm, settings, text, prompt_ids)
     with LiveSteps(render.console(), None, settings.max_new_tokens, unit="steps",
                    enabled=opts.fmt == o.Format.table) as live:
         drive(search, opts.fmt, on_step=live.add)
     if penalties is not None:
         phase(lambda: search.run_sweep(penalties))
+    from ...core.trace import reasoning
     document = search.document()
+    document.update(reasoning.for_tokens(settings, lm, prompt_ids, document["token_ids"]))  # the best's split
     result = {k: document[k] for k in ("text", "token_ids", "hypotheses", "sweep") if k in document}
     tables = beam_view.tables(document)
     output.emit_for(opts, output.Output(  # csv: the sweep when there is one, else the hypotheses

@@ -83,7 +83,8 @@ def check_logprobs(opts: o.Opts, file: FileArg = None, prompt: PromptOpt = None,
         answers, conn = ask_engine(opts, lm, settings, prompt)
         source = {"engine": conn.describe()}
     report = check(lm, answers, tolerance)
-    emit(opts, lm, source, report)
+    from ...core.trace.reasoning import for_answers
+    emit(opts, lm, source, report, for_answers(settings, lm, answers))
 
 
 # the settings a vLLM request carries: every field with a vLLM name, the structured outputs (sent whole) aside
@@ -112,11 +113,13 @@ def ask_engine(opts: o.Opts, lm, settings, prompt: str | None):
     return [answer_of_query(g, settings, f"--engine {conn.engine.url}", lm)], conn
 
 
-def emit(opts: o.Opts, lm, source: dict, report) -> None:
+def emit(opts: o.Opts, lm, source: dict, report, split: list | None = None) -> None:
     from ..view import output
     from ..view.served_view import check_table, defects_lines, figures_table
 
     document = report.document(lm, source)
+    if split:
+        document["reasoning"] = split
     rows = document["tokens"]
 
     def views() -> list:

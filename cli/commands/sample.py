@@ -154,6 +154,7 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable,
     """The run's document (built in core) in its format; ``printed``: the table's rows are already on the terminal
     (live)."""
     document = sampler.document()
+    document.update(thinking_parts(lm, settings, sampler))
     kept = document.get("kv_kept")
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
     kept_sets = [{"type": "kept", **k} for k in getattr(sampler, "kept_sets", [])]  # --kept-ids
@@ -165,6 +166,18 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable,
         tables=[(None, render.step_rows(sampler.steps)), *kept_view.table_part(kept)],
         views=lambda: sample_view.run_views(*parts),
         screen=(lambda: sample_view.screen_views(*parts)) if printed else None))
+
+
+def thinking_parts(lm, settings: SampleSettings, sampler) -> dict:
+    """The run's reasoning / answer split (core/trace/reasoning.py) and, for a run stopped by the repetition stop,
+    the loop's period, count and who kept it (core/analysis/loops.py: analysis, so it is asked from here)."""
+    from ...core.trace import reasoning
+    part = reasoning.for_run(settings, lm, sampler.prompt_ids, sampler.steps)
+    if sampler.stop_reason == "repetition":
+        from ...core.analysis.loops import attribute
+        report = attribute(lm, settings, sampler.prompt_ids, sampler.new_ids, sampler.rules.repetition)
+        part["loop"] = report.to_dict() if report is not None else None
+    return part
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------

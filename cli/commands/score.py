@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.progress import Progress
 
+from ...core.errors import ConfigError
 from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
@@ -45,6 +46,10 @@ MinMass = Annotated[Optional[float], typer.Option("--min-mass", help="--choice: 
                                                   "sampler probability are both below this are not walked "
                                                   "(default 1e-6; 0 walks all).", rich_help_panel=SCORE,
                                                   show_default=False)]
+EmptyThink = Annotated[Optional[bool], typer.Option(
+    "--empty-think", help="--choice on a thinking model: the labels after a forced empty thinking block (markers from "
+    "--think-tags or the chat template), and P(the model starts thinking) beside them.", rich_help_panel=SCORE,
+    show_default=False)]
 AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Reference KV-cache policy (the same "
                                                      "model unless --against), e.g. full to measure --cache.",
                                                      rich_help_panel=SCORE)]
@@ -54,7 +59,7 @@ AgainstCache = Annotated[Optional[str], typer.Option("--against-cache", help="Re
 def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit: Limit = None, chunk: Chunk = None,
           feed: Feed = None, against: Against = None, against_cache: AgainstCache = None,
           renormalize: Renormalize = None, kept_ids: KeptIds = None, min_mass: MinMass = None,
-          prefill: Prefill = None) -> None:
+          prefill: Prefill = None, empty_think: EmptyThink = None) -> None:
     """Score a text teacher-forced (no generation): per token the model's log-probability, rank and entropy, and
     the log-probability under the chain's settings; perplexity overall and per chunk; with --against or
     --against-cache, the KL divergence and agreement with the reference and the tokens that differ most. With
@@ -72,7 +77,9 @@ def score(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, limit:
     if opts.engine is not None:
         return on_engine(opts, settings, body)
     if settings.choice is not None:
-        return choices(opts, settings, body)
+        return choices(opts, settings, body, empty_think)
+    if empty_think:
+        raise ConfigError("--empty-think: applies to --choice (the labels after an empty thinking block)")
     lm = load(opts)
     reference = None
     if settings.against is not None:
@@ -101,7 +108,9 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 def emit(opts, lm, settings, scorer) -> None:
     """The run's document (built in core) in its format."""
+    from ...core.trace import reasoning
     document = scorer.document()
+    document.update(reasoning.for_score(settings, lm, scorer.ids, scorer.steps))  # the split (docs/reasoning.md)
     kept = document.get("kv_kept")
     output.emit_for(opts, output.Output(
         document=document,
@@ -110,7 +119,7 @@ def emit(opts, lm, settings, scorer) -> None:
         views=lambda: score_view.views(lm, settings, scorer, document)))
 
 
-def choices(opts, settings, body: str) -> None:
+def choices(opts, settings, body: str, empty_think: bool | None = None) -> None:
     """`score --choice`: the labels after the text, in the command's format (docs/constraints.md, exact choice
     scoring)."""
     from ...core.engine.run import Origin
@@ -121,16 +130,23 @@ def choices(opts, settings, body: str) -> None:
     lm = load(opts)
     ids = lm.encode(body)
     chain = make_chain(lm, settings)
+    thinking = None
+    if empty_think:  # the labels after a forced empty thinking block (core/methods/choice_thinking.py)
+        from ...core.methods.choice_thinking import empty_block
+        body, ids, thinking = empty_block(lm, settings, body, ids)
     report = score_choices(lm, settings, body, ids, chain, settings.cache_spec)
     document = report.document(Origin.of("score", lm, as_dict(settings), chain.names, body, ids))
     rows, summary = document["choices"], document["summary"]
+    if thinking is not None:
+        summary["thinking"] = thinking
     output.emit_for(opts, output.Output(
         document=document,
         jsonl=[{"type": "choice", **render.clean(r)} for r in rows] + [output.summary_record("score", lm.name,
                                                                                               summary)],
         tables=[(None, [{k: v for k, v in r.items() if k != "tokenizations"} for r in rows])],
         views=lambda: [score_view.choices_table(rows, f"{lm.name} · labels after the text"),
-                       render.summary_line(summary)]))
+                       render.summary_line(summary)]
+        + ([score_view.thinking_line(thinking)] if thinking is not None else [])))
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import kept as kept_view
 from . import render
 from .constraint import constraint_line
+from .reasoning import loop_line, reasoning_line
 from .served_view import sample_table
 from .steps_view import StepsTable
 
@@ -28,7 +29,8 @@ def after_table(document: dict, steps, token_text, cache: str) -> list:
             render.shading_legend("raw p (greedy: every processed p is 1)" if greedy else "processed p"),
             *kept_view.kept_views(document.get("kv_kept"), token_text, prompt["token_ids"],
                                   f"kept by {cache} after the run"),
-            render.summary_line(summary)] + [line for line in [constraint_line(summary)] if line is not None]
+            render.summary_line(summary)] + [line for line in [constraint_line(summary), reasoning_line(document),
+                                                               loop_line(document)] if line is not None]
 
 
 def run_views(table: StepsTable, document: dict, steps, token_text, cache: str) -> list:

@@ -9,6 +9,7 @@ from rich.text import Text
 from . import kept as kept_view
 from . import render
 from .served_view import score_table
+from .reasoning import reasoning_line
 
 TABLE_ROWS = 200  # per-token rows a terminal table shows (json/jsonl/csv carry every token)
 
@@ -28,7 +29,15 @@ def views(lm, settings, scorer, document: dict) -> list:
                                 f"kept by {settings.cache} after the text")
     out.append(render.summary_line({k: v for k, v in render.clean(summary).items()
                                     if k not in ("chunks", "most_different")}))
-    return out
+    return out + [line for line in [reasoning_line(document)] if line is not None]
+
+
+def thinking_line(thinking: dict) -> str:
+    """What --empty-think scored: the block added, and P(START | prompt) where the prompt opened none."""
+    p = thinking["p_start"]
+    start = "" if p is None else f"; P(the model starts thinking | prompt) = {p:.4g}"
+    return (f"thinking: {thinking['mode']} (appended {thinking['appended']!r}): P(label | prompt, empty thinking), "
+            f"not the marginal over thoughts{start}")
 
 
 def engine_views(conn, run, summary, ids: list[int]) -> list:

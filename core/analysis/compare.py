@@ -45,6 +45,7 @@ from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
 from ..sampling.tokens import Tokens, resolve
 from ..settings import META_KEYS, as_dict, coerce, did_you_mean, load_preset, normalize_key
+from ..trace import reasoning
 from ..trace.stats import COLUMN, scored_rows
 from .noise import noise_verdict
 
@@ -441,7 +442,19 @@ class Comparison:
                               "settings": as_dict(self.settings[v.name, seed])} for v in self.variants],
                 "prompts": [{"id": p.id, "text": p.text} for p in self.prompts],
                 "rows": self.rows, "pairs": [self.pair_texts(p) for p in self.pairs],
-                "summary": {"variants": variant_summary(self.rows), **self.cut_short()}}
+                "summary": {"variants": variant_summary(self.rows), **self.cut_short()},
+                **({"reasoning": split} if (split := self.rows_split()) else {})}
+
+    def rows_split(self) -> list[dict]:
+        """Per row with thinking markers, its reasoning / answer split (parts and counts; core/trace/reasoning.py)."""
+        texts = {p.id: p.text for p in self.prompts}
+        out = []
+        for row in self.rows:
+            settings = self.settings[row.variant, row.seed]
+            part = reasoning.for_tokens(settings, self.lm, self.lm.encode(texts[row.prompt]), row.token_ids)
+            if part:
+                out.append({"variant": row.variant, "prompt": row.prompt, "seed": row.seed, **part["reasoning"]})
+        return out
 
     def pair_texts(self, pair: Pair) -> dict:
         """A pair with what parted as text: the two tokens at the first divergence (``None`` where one output ended)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .loops import RepetitionRule, parse_repetition_stop
 from .models import LoadedModel
 
 # -n at most where no context bounds the run (stream past the context, a model that states none): the token buffer
@@ -27,6 +28,7 @@ class StopRules:
     ignore_eos: bool = False
     context_length: int | None = None
     stop_ids: tuple[int, ...] = ()  # token ids that end the run like a stop string (--stop-id; not ignored)
+    repetition: RepetitionRule | None = None  # --repetition-stop (vLLM's repetition_detection; engine/loops.py)
 
     def capacity(self, prompt_len: int) -> int:
         """Positions a run can fill: the prompt and -n new tokens, never past the context (a huge -n allocates no
@@ -36,7 +38,7 @@ class StopRules:
 
 
 class StopChecker:
-    """Checks one appended token at a time, in this order: eos, stop string, context, length.
+    """Checks one appended token at a time, in this order: eos, stop id, stop string, context, length, repetition.
 
     A stop string is looked for only in the text of the newest tokens: a match that does not involve the newest
     token would have stopped the run earlier. Each token is at least one byte and a character at most four, so
@@ -66,6 +68,8 @@ class StopChecker:
             return "context"
         if len(new_ids) >= self.rules.max_new_tokens:
             return "length"
+        if self.rules.repetition is not None and self.rules.repetition.period(new_ids) is not None:
+            return "repetition"
         return None
 
 
@@ -93,5 +97,8 @@ def check_unbounded(max_new_tokens: int, why: str) -> None:
 def stop_rules(lm: LoadedModel, settings, max_new_tokens: int | None = None) -> StopRules:
     if lm.context_length is None:
         check_unbounded(max_new_tokens or settings.max_new_tokens, f"{lm.name!r} states no context length")
+    repetition = getattr(settings, "repetition_stop", None)
     return StopRules(max_new_tokens or settings.max_new_tokens, tuple(lm.eos_ids), tuple(getattr(settings, "stop", ())),
-                     settings.ignore_eos, lm.context_length, tuple(getattr(settings, "stop_id", ())))
+                     settings.ignore_eos, lm.context_length, tuple(getattr(settings, "stop_id", ())),
+                     parse_repetition_stop(repetition, getattr(settings, "min_new_tokens", None) or 0)
+                     if repetition else None)

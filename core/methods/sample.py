@@ -20,6 +20,7 @@ from ..engine.models import LoadedModel
 from ..engine.run import Origin, Run, Stopwatch
 from ..engine.warmup import warm_up
 from ..engine.runtime import Runtime, runtime_for
+from ..engine.loops import parse_repetition_stop
 from ..engine.stopping import StopChecker, StopRules, stop_rules
 from ..engine.tokens import TokenBuffer, check_prompt
 from ..inputs import check_text
@@ -48,6 +49,7 @@ class SampleSettings(ChainSettings):
     stop_id: tuple[int, ...] = ()  # token ids that end the run (stop_reason "stop")
     trim_stop: bool | None = None  # leave the stop string (or stop id) out of the text; None: the semantics' own
     compile: bool = False  # torch.compile the one-token decode step (needs cache=static)
+    repetition_stop: str | None = None  # vLLM's repetition_detection: "max_pattern_size=P,min_count=C[,...]"
 
 
 def validate_sample(s: SampleSettings) -> None:
@@ -60,6 +62,8 @@ def validate_sample(s: SampleSettings) -> None:
     for text in s.stop:
         check_text("--stop", text)
         _check(text != "", "stop", "''", "an empty stop string matches everywhere; give some text")
+    if s.repetition_stop is not None:
+        parse_repetition_stop(s.repetition_stop)
     if s.compile:
 
         require(s.cache_spec, {"compile"}, "--compile")

@@ -14,6 +14,7 @@ from ..errors import ChainError, ConfigError
 from ..inputs import check_text
 from ..settings import _check
 from . import biases, constraint, filters, llamacpp, penalties, scaling  # noqa: F401  (each binds its classes)
+from . import thinking  # noqa: F401  (binds the thinking-budget stage)
 from .registry import BY_NAME, DEFAULT_ORDER, StageContext, check_range, params
 from .select import make_generator
 from .semantics import Plan, plan

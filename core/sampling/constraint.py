@@ -39,6 +39,7 @@ from torch import Tensor
 from ..errors import ChainError, ConfigError
 from ..inputs import check_text, read_input_text
 from .registry import implements
+from .thinking import answer_start
 
 NEG_INF = float("-inf")
 OPTIONS = {"regex": "--regex", "json-schema": "--json-schema", "grammar": "--grammar", "choice": "--choice"}
@@ -58,6 +59,7 @@ class ConstraintSpec:
     kind: str
     value: str
     source: str
+    after: object | None = None  # thinking.ThinkTags: the constraint starts after the end-of-thinking marker
 
     @property
     def option(self) -> str:
@@ -443,11 +445,23 @@ class ConstraintStage:
                              f"vocabulary {self._ends.size}")
         if ids.shape[1] < self.prompt_len:
             raise ChainError(f"constraint: {ids.shape[1]} ids are fewer than the prompt's {self.prompt_len}")
-        rows = ids[:, self.prompt_len:].tolist()  # the matcher runs on the host: one transfer of the new ids
-        allowed, accepting = self.masks(rows, logits.device)
+        if self.spec.after is None:
+            rows = ids[:, self.prompt_len:].tolist()  # the matcher runs on the host: one transfer of the new ids
+            allowed, accepting = self.masks(rows, logits.device)
+        else:
+            allowed, accepting = self._after_thinking(ids.tolist(), logits.device)
         out = logits.masked_fill(~allowed, NEG_INF)
         self._last = (logits, out, allowed, accepting)
         return out
+
+    def _after_thinking(self, rows: list[list[int]], device) -> tuple[Tensor, list[bool]]:
+        """--constraint-after-think: each row's constraint text starts at its answer's start
+        (:func:`.thinking.answer_start`); a row still thinking has every token allowed (``active`` 0 in the trace)."""
+        starts = [answer_start(row, self.prompt_len, self.spec.after) for row in rows]
+        allowed, accepting = self.masks([row[a:] if a is not None else [] for row, a in zip(rows, starts)], device)
+        thinking = torch.tensor([a is None for a in starts], device=device)
+        self._active = ~thinking
+        return allowed | thinking.unsqueeze(-1), [acc and a is not None for acc, a in zip(accepting, starts)]
 
     def state(self) -> dict[str, Tensor]:
         """The trace numbers of the last call (class doc), [B] float tensors on the logits' device."""
@@ -460,7 +474,10 @@ class ConstraintStage:
         top1_banned = after.amax(dim=-1) < before.amax(dim=-1)  # every arg-max removed (-inf < -inf is False)
         flags = torch.stack([count, count == 1, top1_banned, whitespace_only,
                              torch.tensor(accepting, device=allowed.device), removed_log_mass(before, after)]).float()
-        return dict(zip(STATE_KEYS, flags))
+        out = dict(zip(STATE_KEYS, flags))
+        if self.spec.after is not None:
+            out["active"] = self._active.float()
+        return out
 
     def next_tokens(self, generated: Sequence[int]) -> tuple[list[int], bool]:
         """The allowed tokens after ``generated`` other than the end ids, and whether the grammar accepts there."""

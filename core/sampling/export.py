@@ -18,6 +18,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 
 from ..engine.http.wire import SamplingSettings
+from ..engine.loops import parse_repetition_stop
 from ..errors import ConfigError
 from . import registry
 from .registry import BY_NAME, STAGES, effective, param, params, sampler_names, stage_of
@@ -86,7 +87,31 @@ def export(settings: ChainSettings, target: str, vocab: int, encode=None, token_
                          f"{ENGINE_NAMES[target]} the other way round (results differ when both change logits)")
     {"hf": _hf, "vllm": _vllm, "llamacpp": _llamacpp}[target](s, p, bias, resolved, settings, eos_ids, out,
                                                                  context)
+    _thinking_and_loops(s, settings, target, out)
     return out
+
+
+def _thinking_and_loops(s, settings, target: str, out: Export) -> None:
+    """--thinking-budget, --constraint-after-think and --repetition-stop (docs/reasoning.md): vLLM's request fields
+    where it has them, with what the server must provide; refused for the engines without them."""
+    repetition = getattr(settings, "repetition_stop", None)
+    if target != "vllm":
+        for given, what in ((s.constraint_after_think, "constraint-after-think"), (repetition, "repetition-stop")):
+            if given:
+                out.unsupported.append(f"{what}: {ENGINE_NAMES[target]} has no such option")
+        return
+    if s.thinking_budget is not None:
+        out.arguments["thinking_token_budget"] = s.thinking_budget
+        out.notes.append("thinking_token_budget acts only on a server started with a reasoning config naming the "
+                         "markers (think_start_str / think_end_str); decodelab's --think-tags are not sent")
+    if s.constraint_after_think:
+        out.notes.append("constraint after thinking: vLLM starts structured outputs at the end of reasoning only when "
+                         "served with a --reasoning-parser for the model; the markers are the server's")
+    if repetition:
+        rule = parse_repetition_stop(repetition)
+        out.arguments["repetition_detection"] = {"max_pattern_size": rule.max_pattern_size,
+                                                 "min_count": rule.min_count,
+                                                 "min_pattern_size": rule.min_pattern_size}
 
 
 def _sampling(p) -> bool:

@@ -12,9 +12,9 @@ This module imports no torch, so the CLI can build its options (and ``--help``) 
 
 Default order (``DEFAULT_ORDER``), used unless ``--chain`` names another:
 
-    allow -> constraint -> softcap -> repetition-penalty -> frequency-penalty -> presence-penalty -> dry
-    -> no-repeat-ngram -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp) -> top-n-sigma
-    -> top-k -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
+    allow -> constraint -> thinking-budget -> softcap -> repetition-penalty -> frequency-penalty -> presence-penalty
+    -> dry -> no-repeat-ngram -> bias -> sequence-bias -> ban -> min-new-tokens -> temperature (or dynatemp)
+    -> top-n-sigma -> top-k -> top-p -> min-p -> typical-p -> epsilon-cutoff -> eta-cutoff -> xtc -> mirostat
 
 The constraint (``--regex`` / ``--json-schema`` / ``--grammar`` / ``--choice``) right after the allow-list: the two
 hard restrictions of the candidate set come before any reshaping, so every later stage works on the constrained
@@ -190,6 +190,11 @@ def _constraint(s, resolved):
     return resolved.get("constraint")
 
 
+def _thinking_budget(s, resolved):
+    """(budget, the markers as ids) from --thinking-budget and --think-tags (:mod:`.thinking`)."""
+    return None if s.thinking_budget is None else (s.thinking_budget, resolved["think-tags"])
+
+
 def _bias(s, resolved):
     return resolved["bias"] or None if s.logit_bias else None
 
@@ -221,6 +226,14 @@ STAGES: list[Stage] = [
                  metavar="A,B,..")),
           engines={"vllm": -1, "llamacpp": -1}, needs=frozenset({"ids", "tokenizer", "end_ids", "prompt_len"}),
           value=_constraint, make=lambda cls, v, c: cls.bind(v, c), any_field=True),
+    Stage("thinking-budget",
+          (Param("thinking_budget", int, "After N thinking tokens force the end-of-thinking marker (vLLM's "
+                 "thinking_token_budget; needs --think-tags or a chat template with <think>).",
+                 check=Check(lambda v: v >= 0, "must be an integer >= 0"),
+                 export={"vllm": "thinking_token_budget"}),),
+          engines={"vllm": 3.5},  # an argmax-changing builtin logits processor: after min-tokens and logit bias
+          needs=frozenset({"ids", "tokens"}), value=lambda s, resolved: _thinking_budget(s, resolved),
+          make=lambda cls, v, c: cls(*v)),
     Stage("softcap", (Param("softcap", float, "c * tanh(z / c) on the logits, c > 0.", panel="chain",
                             check=_gt0),), logits_only=True),
     Stage("repetition-penalty",
@@ -353,6 +366,11 @@ CHAIN_PARAMS: tuple[Param, ...] = (
     Param("penalty_last_n", int, "The penalties count only the last N tokens (llama.cpp's last-n; 0 = none).",
           check=Check(lambda v: v >= 0, "must be an integer >= 0"), export={"llamacpp": "--repeat-last-n"},
           defaults={"llamacpp": 64}),
+    Param("think_tags", str, "The thinking markers START,END (e.g. '<think>,</think>'); default: those of the "
+          "tokenizer's chat template when it writes <think>. Traces split reasoning from answer by them.",
+          panel="constraint", metavar="START,END"),
+    Param("constraint_after_think", bool, "The constraint starts after the end-of-thinking marker (inactive while "
+          "the model thinks).", panel="constraint"),
 )
 
 

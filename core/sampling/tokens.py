@@ -6,12 +6,13 @@ texts through the model's tokenizer, or ids where there is no model; and the con
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..engine.models import LoadedModel
 from ..errors import ConfigError
 from ..inputs import is_int_text, parse_int
 from .constraint import constraint_spec
+from .thinking import ThinkTags, parse_think_tags, tags_from_template
 from .semantics import DEFAULT_DRY_BREAKERS
 from .settings import ChainSettings
 
@@ -109,7 +110,37 @@ def resolve(s: ChainSettings, tokens: Tokens) -> dict:
     "constraint", the :class:`~.constraint.ConstraintSpec` of --regex/--json-schema/--grammar/--choice (None: none)."""
     bias, resolved = resolve_token_settings(s, tokens.vocab, tokens.encode, tokens.token_id, tokens.token_text)
     spec = constraint_spec(regex=s.regex, json_schema=s.json_schema, grammar=s.grammar, choice=s.choice)
-    return {"bias": bias, **resolved, "constraint": spec}
+    tags = think_tags(s, tokens)
+    if tags is None and tokens.checking:  # before the model loads: its chat template may name the markers
+        tags = ThinkTags((0,), (1,))
+    if getattr(s, "constraint_after_think", None):
+        if spec is None:
+            raise ConfigError("--constraint-after-think: give a constraint (--regex, --json-schema, --grammar or "
+                              "--choice) to start after the thinking")
+        spec = replace(spec, after=_needed(tags, "--constraint-after-think"))
+    if getattr(s, "thinking_budget", None) is not None:
+        _needed(tags, f"--thinking-budget {s.thinking_budget}")
+    return {"bias": bias, **resolved, "constraint": spec, "think-tags": tags}
+
+
+def think_tags(s: ChainSettings, tokens: Tokens) -> ThinkTags | None:
+    """The thinking markers as ids: --think-tags, else the chat template's <think> (:mod:`.thinking`), else None."""
+    texts = parse_think_tags(s.think_tags) if getattr(s, "think_tags", None) else None
+    if texts is None and tokens.tokenizer is not None:
+        texts = tags_from_template(getattr(tokens.tokenizer, "chat_template", None))
+    if texts is None:
+        return None
+    start, end = (token_sequence(t, "--think-tags", tokens.vocab, tokens.encode) for t in texts)
+    if start == end and not tokens.checking:
+        raise ConfigError(f"--think-tags {s.think_tags!r}: both markers are the same tokens {list(start)}")
+    return ThinkTags(start, end)
+
+
+def _needed(tags: ThinkTags | None, option: str) -> ThinkTags:
+    if tags is None:
+        raise ConfigError(f"{option}: needs thinking markers: give --think-tags START,END (the tokenizer's chat "
+                          "template has no <think>)")
+    return tags
 
 
 def encode_plain(lm: LoadedModel):

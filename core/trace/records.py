@@ -115,6 +115,7 @@ def constraint_summary(steps: list[Step]) -> ConstraintSummary | None:
     rows = [s for s in steps if "constraint.log_mass_kept" in s.state]
     if not rows:
         return None
+    rows = [s for s in rows if s.state.get("constraint.active", 1.0) > 0]  # --constraint-after-think: while active
     bitten = []
     for s in rows:
         removed = next((st.mass_removed for st in s.stages if st.name == "constraint"), float("nan"))

@@ -50,21 +50,34 @@ RUNS = {
     "sample": [["sample", "Once upon", "-n", "4", "-t", "0.7", "--top-p", "0.9", "--top", "3"],
                ["sample", "Once upon", "-n", "3", "-t", "0.9", "-N", "3"],
                ["sample", "Once upon", "-n", "4", "-t", "0.9", "--regex", "[a-z ]+"],  # summary.constraint
-               ["sample", "Once upon a time", "-n", "3", "--cache", "h2o:size=3"]],  # kv_kept
+               ["sample", "Once upon a time", "-n", "3", "--cache", "h2o:size=3"],  # kv_kept
+               ["sample", "Q?<think>", "-n", "8", "-t", "0", "--think-tags", "<think>,</think>",
+                "--thinking-budget", "1"],  # reasoning
+               ["sample", "Once upon", "-n", "30", "-t", "0", "--regex", "(a b )+", "--repetition-stop",
+                "max_pattern_size=4,min_count=3"]],  # loop
     "probs": [["probs", "Once upon", "-t", "0.7", "--top-k", "5"]],
-    "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"]],
+    "beam": [["beam", "Once upon", "-n", "3", "-b", "2", "--sweep-length-penalty", "0,1"],
+             ["beam", "Q?<think>", "-n", "8", "-b", "2", "--think-tags", "<think>,</think>"]],  # reasoning
     "speculate": [["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "ngram", "--sweep-gamma", "1,2"],
                   ["speculate", "Once upon", "-n", "8", "-t", "0", "--draft", "{model}"],  # all accepted: bonus
                   ["speculate", "Once upon", "-n", "8", "-t", "0.9", "--draft", "tiny-draft"],  # rejections
                   ["speculate", "Once upon", "-n", "6", "-t", "0.9", "--draft", "{model}", "--predict",
-                   "--speedup-rounds", "1", "--audit-width"]],  # prediction, width audit
+                   "--speedup-rounds", "1", "--audit-width"],  # prediction, width audit
+                  ["speculate", "Q?<think>", "-n", "8", "-t", "0", "--draft", "ngram", "--think-tags",
+                   "<think>,</think>", "--thinking-budget", "2"]],  # reasoning
     "score": [["score", "Once upon a time there was", "--against-cache", "full", "--chunk", "2"],
               ["score", "Once upon a time"], ["score", "Answer yes or no:", "--choice", " yes, no"],
-              ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"]],  # kv_kept
+              ["score", "Once upon a time there was", "--cache", "tova:size=3", "--feed", "1"],  # kv_kept
+              ["score", "Answer yes or no:", "--choice", " yes, no", "--think-tags", "<think>,</think>",
+               "--empty-think"],  # summary.thinking
+              ["score", "Q?<think>hmm</think> yes", "--think-tags", "<think>,</think>"]],  # reasoning
     "compare": [["compare", "Once upon", "-V", "g: temperature=0", "-V", "h: temperature=0.9,top_k=5",
-                 "-V", "b: method=beam,beams=2", "-n", "3"]],
+                 "-V", "b: method=beam,beams=2", "-n", "3"],
+                ["compare", "Q?<think>", "--think-tags", "<think>,</think>", "-V", "a: temperature=0,thinking_budget=1",
+                 "-V", "b: temperature=0", "-n", "7"]],  # reasoning
     "bench": [["bench", "--settings", "greedy", "-n", "2", "--rounds", "1"]],
     "stream": [["stream", "Once upon", "-n", "4", "--cache", "sinks:sinks=1,recent=2", "--top", "2", "-t", "0.7"],
+               ["stream", "Q?<think>", "-n", "6", "--think-tags", "<think>,</think>"],  # reasoning
                ["stream", "--text-file", "{text}", "--limit", "40", "--chunk", "16", "--cache", "window:size=8"],
                ["stream", "--text-file", "{text}", "--limit", "40", "--compare-policies", "--window", "8", "--sinks",
                 "2", "--chunk", "16"],
