@@ -1015,7 +1015,7 @@ def test_a_deep_beam_tree_is_readable_at_80_columns(cli, monkeypatch):
     continued:", so every label is whole on one line and no line is wider than 80."""
     from rich.cells import cell_len
 
-    from decodelab.cli.commands.beam import COLLAPSED_DEPTH
+    from decodelab.cli.view.beam_view import COLLAPSED_DEPTH
 
     monkeypatch.setenv("COLUMNS", "80")
     code, out, err = cli("beam", "grok: vt. To", "-n", "24", "--beams", "4", "-m", "tiny", "--tree", "collapsed",

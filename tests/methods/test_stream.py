@@ -569,7 +569,7 @@ def test_stream_generate_takes_the_stop_ids_and_the_compile_setting_it_inherits(
 def test_the_policies_plot_gives_each_policy_its_own_mark():
     """Issue 40: the --policies plot reused letters with new meanings (8 marks, one of them "*", which also means a
     shared point). Every policy of a long list gets a mark of its own, never "*"."""
-    from decodelab.cli.commands.stream import MARKS
+    from decodelab.cli.view.stream_view import MARKS
 
     assert "*" not in MARKS and len(set(MARKS)) == len(MARKS) >= 40
     assert MARKS.startswith("FwWskR")  # the first policies keep the marks they had

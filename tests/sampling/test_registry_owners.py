@@ -70,7 +70,8 @@ def test_vllm_request_fields_come_from_the_rows(with_row):
     assert {k: p.field for k, p in fields.items()} == {
         "repetition_penalty": "repetition_penalty", "frequency_penalty": "frequency_penalty",
         "presence_penalty": "presence_penalty", "min_tokens": "min_new_tokens", "temperature": "temperature",
-        "top_k": "top_k", "top_p": "top_p", "min_p": "min_p"}
+        "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+        "thinking_token_budget": "thinking_budget"}  # issue 39's row: vLLM's SamplingParams field
     # off as vLLM reads it (the row's off-rule; min_tokens 0 the request's neutral value); a temperature is kept
     s, _ = settings_of_request({"top_k": -1, "top_p": 1.0, "min_tokens": 0, "temperature": 1.0, "min_p": 0.1}, {})
     assert (s.top_k, s.top_p, s.min_new_tokens, s.temperature, s.min_p) == (None, None, None, 1.0, 0.1)
