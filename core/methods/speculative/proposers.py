@@ -133,13 +133,18 @@ class NGramProposer:
         return []
 
     def propose(self, seq: Sequence, gamma: int) -> Draft:
-        out = self.lookup(seq.tokens, gamma)
-        if out:
-            seq.ids[0, seq.length : seq.length + len(out)] = torch.tensor(out, dtype=torch.long)
-        return Draft(torch.tensor(out, dtype=torch.long, device=seq.ids.device), None, None)
+        return lookup_draft(seq, self.lookup(seq.tokens, gamma))
 
     def rollback(self, length: int) -> None:
         return None  # the index only ever holds committed tokens
+
+
+def lookup_draft(seq: Sequence, out: list[int]) -> Draft:
+    """A lookup proposer's draft (n-gram, suffix): the looked-up tokens written after the sequence, with no
+    probabilities (a point mass each)."""
+    if out:
+        seq.ids[0, seq.length : seq.length + len(out)] = torch.tensor(out, dtype=torch.long)
+    return Draft(torch.tensor(out, dtype=torch.long, device=seq.ids.device), None, None)
 
 
 def make_selector_for(greedy: bool, generator: torch.Generator | None):

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-import torch
-
-from .proposers import Draft, Sequence
+from .proposers import Draft, Sequence, lookup_draft
 
 DEPTH = 8  # the longest context matched
 MIN_SHARE = 0.1  # a continuation proposed only while it is at least this share of its context's continuations
@@ -66,10 +64,7 @@ class SuffixProposer:
         return out
 
     def propose(self, seq: Sequence, gamma: int) -> Draft:
-        out = self.lookup(seq.tokens, gamma)
-        if out:
-            seq.ids[0, seq.length : seq.length + len(out)] = torch.tensor(out, dtype=torch.long)
-        return Draft(torch.tensor(out, dtype=torch.long, device=seq.ids.device), None, None)
+        return lookup_draft(seq, self.lookup(seq.tokens, gamma))
 
     def rollback(self, length: int) -> None:
         return None  # the counts only ever hold committed tokens
