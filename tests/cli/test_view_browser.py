@@ -464,3 +464,24 @@ def test_an_engine_response_in_the_openai_format(driver, traces, tmp_path):
 def test_a_document_without_a_view_of_its_own(driver, traces, tmp_path):
     open_page(driver, tmp_path, traces["models"])
     assert "tiny" in driver.find_element("id", "content").text
+
+
+# --- a thinking model's run (issue 39) ------------------------------------------------------------------------
+
+
+def test_a_thinking_run_shows_its_reasoning_and_answer_apart(driver, tmp_path):
+    """The page draws the run's split: one label per generated token, as the JSON's parts, where the answer starts,
+    and the per-part summary; a run without markers has no such section."""
+    from selenium.webdriver.common.by import By
+
+    doc = run(["sample", "Q?<think>", "-n", "8", "-t", "0", "--think-tags", "<think>,</think>",
+               "--thinking-budget", "2"])
+    open_page(driver, tmp_path, doc)
+    section = driver.find_element("id", "reasoning")
+    labels = [e.get_attribute("data-part") for e in section.find_elements(By.CSS_SELECTOR, ".parts span")]
+    assert labels == doc["reasoning"]["parts"] and "reasoning" in labels and "answer" in labels
+    assert f"answer starts at generated token {doc['reasoning']['answer_starts_at']}" in section.text
+    assert len(section.find_elements(By.CSS_SELECTOR, "table tbody tr")) == len(doc["reasoning"]["summary"])
+    plain = run(["sample", "Once upon", "-n", "3", "-t", "0"])
+    open_page(driver, tmp_path, plain, "plain")
+    assert not driver.find_elements("id", "reasoning")

@@ -652,6 +652,22 @@
     Object.entries(s).forEach(([k, v]) => { if (isRecords(v)) lists.push([k, v]); else flat[k] = v; });
     section("summary", kv(flat) + lists.map(([k, v]) => `<h3>${esc(k)}</h3>` + recordsTable(v)).join(""), "summary");
   }
+  // --- a thinking model's run: the reasoning / answer split (core/trace/reasoning.py, docs/reasoning.md) -----
+  function reasoning() {
+    const r = DOC.reasoning;
+    if (!r || typeof r !== "object") return;
+    const one = (x) => Object.entries(x.summary || {}).map(([part, v]) => Object.assign({ part }, v));
+    if (Array.isArray(r)) {  // compare: one split per row
+      section("reasoning and answer", r.map((x) => `<h3>${esc(`${x.variant} · prompt ${x.prompt} · seed ${x.seed}`)}</h3>` +
+        recordsTable(one(x))).join(""), "reasoning");
+      return;
+    }
+    const start = r.answer_starts_at === null || r.answer_starts_at === undefined ? "the thinking never ended"
+      : `the answer starts at generated token ${r.answer_starts_at}`;
+    const labels = (r.parts || []).map((part, i) => `<span class="part-${esc(part)}" data-part="${esc(part)}" title="token ${i}: ${esc(part)}">${esc(part[0])}</span>`).join("");
+    section("reasoning and answer", `<p class="note">${esc(start)} (markers ${esc(JSON.stringify(r.tags))}); per generated token: ` +
+      `r reasoning, a answer, m marker, o outside any block</p><p class="parts">${labels}</p>` + recordsTable(one(r)), "reasoning");
+  }
   function config() {
     const c = DOC.config;
     if (!c || typeof c !== "object") return;
@@ -666,6 +682,7 @@
     header();
     if (PAGE.kind !== "openai") config();
     VIEWS[PAGE.view](DOC);
+    reasoning();
     summary();
   } catch (err) {
     content.insertAdjacentHTML("beforeend", `<p class="error" id="page-error">This page could not draw the trace: ${esc(err && err.message)}. The JSON is in the page source (script#trace).</p>`);
