@@ -32,6 +32,16 @@ def test_a_stage_is_switched_on_by_its_first_field_or_any_field():
     assert "ban" not in active_stages(ChainSettings()) and "ban" in active_stages(ChainSettings(ban=("x",)))
 
 
+def test_switched_on_reads_the_first_field_or_any_field():
+    """The same facts asked of the registry row (beam's refusal of sampling-only stages calls it)."""
+    xtc, mirostat, ban = BY_NAME["xtc"], BY_NAME["mirostat"], BY_NAME["ban"]
+    assert not xtc.switched_on(ChainSettings(xtc_threshold=0.2))
+    assert xtc.switched_on(ChainSettings(xtc_probability=0.5))
+    assert mirostat.switched_on(ChainSettings(mirostat_eta=0.2))  # its second field
+    assert not mirostat.switched_on(ChainSettings())
+    assert not ban.switched_on(ChainSettings()) and ban.switched_on(ChainSettings(ban=("x",)))
+
+
 def test_a_stage_named_by_texts_takes_their_resolved_ids_only_when_its_field_is_set():
     value = _texts("ban", "ban")
     assert value(ChainSettings(ban=("x",)), {"ban": ((4, 5),)}) == ((4, 5),)
