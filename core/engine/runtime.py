@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import time  # noqa: F401  (the clock reads time.perf_counter; tests replace it through this name)
 from collections.abc import Iterator
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
 
 from ..errors import ConfigError
 from ..kv import CacheSpec, KVPolicy, make_policy
+from ..kv.attention import install_for
 from .forward import forward, forward_attending, forward_with_queries, model_info
 from .models import LoadedModel
 from .run import clock
@@ -33,6 +35,9 @@ class Runtime:
         self._compiled = None
         self.spec: CacheSpec | None = None  # the spec it was created from (Runtime.create)
         self.compile_s: float | None = None  # the first compiled call's seconds (compile_decode; None: not yet)
+        # a rotating quantized cache attends in its rotated space: the model's attention wrapped for as long as this
+        # runtime lives (None: the model's own attention; a cache with a space then rotates back, the same numbers)
+        self._attention = install_for(model, policy.attention_space)
 
     @classmethod
     def create(cls, model, spec: CacheSpec | None = None, capacity: int | None = None,
@@ -58,6 +63,15 @@ class Runtime:
         if positions.shape[0] != ids.shape[0]:
             positions = positions.expand(ids.shape[0], -1)
         mask = self.policy.attention_mask(n)  # None but for a policy that lays rows out itself (paged)
+        with self.policy.attention_space if self._attention is not None else nullcontext():
+            logits = self._forward(ids, positions, mask, keep)
+        self.calls += 1
+        self.fed += n
+        self.policy.after_forward(n)
+        return logits[:, -1] if keep == "last" else logits
+
+    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor | None, keep: str) -> Tensor:
+        n = ids.shape[1]
         if self._compiled is not None and n == 1 and keep == "last":
             logits = self._compiled_call(ids, positions)
         elif self.policy.wants_attentions(n):  # a score-based press (snapkv, h2o, ...) sees this forward's attention
@@ -71,10 +85,7 @@ class Runtime:
         else:
             logits = forward(self.model, ids, self.policy.model_cache, positions, attention_mask=mask,
                              logits_to_keep=1 if keep == "last" else 0, inference=self._compiled is None)
-        self.calls += 1
-        self.fed += n
-        self.policy.after_forward(n)
-        return logits[:, -1] if keep == "last" else logits
+        return logits
 
     def _feed_one_by_one(self, ids: Tensor, keep: str) -> Tensor:
         rows = [self.feed(ids[:, i : i + 1], keep="last") for i in range(ids.shape[1])]

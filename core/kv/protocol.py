@@ -108,6 +108,9 @@ class KVPolicy:
     params: dict = {}
     feed_invariant = False  # the same logits at any split of a text into forwards (module docstring)
     engine_defaults: dict[str, dict] = {}  # engine -> options its reading sets where the spec is silent
+    # a rotating quantized cache's attention space (.attention.AttentionSpace): the runtime rotates the query and the
+    # attention output instead of the cache rotating every stored token back; None: attention as the model does it
+    attention_space = None
 
     @classmethod
     def compresses_once(cls, options: dict) -> bool:

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ConfigError
+from .attention import AttentionSpace
 from .protocol import (
     ALIASES,
     KVPolicy,
@@ -103,6 +104,30 @@ class Layout:
                 return back.to(dtype)
             return out.copy_(back)
         return self._dequantize(q, dtype, out)
+
+    # the attention space (see .attention): a rotating layout's stored tokens read as they are (x R), the exact
+    # ones and the query rotated into it, attention's output rotated back out of it; without a rotation, the identity
+
+    @property
+    def rotates(self) -> bool:
+        return self.rotation is not None
+
+    def space_width(self, head_dim: int) -> int:
+        return head_dim
+
+    def dequantize_in_space(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+        """deq(codes) as stored: x R for a rotating layout (no D x D product per token)."""
+        return self._dequantize(q, dtype, out)
+
+    def to_space(self, x: Tensor) -> Tensor:
+        """Exact tokens (or the query) into the space: x R in float32, rounded once into x's dtype."""
+        return x if self.rotation is None else self.rotation.forward(x).to(x.dtype)
+
+    query_to_space = to_space  # q . k = (q R) . (k R)
+
+    def output_from_space(self, o: Tensor) -> Tensor:
+        """Attention's output over values stored as v R, back: o R^T (sum_i a_i v_i R = (sum_i a_i v_i) R)."""
+        return o if self.rotation is None else self.rotation.back(o).to(o.dtype)
 
     def _dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         v = dequantize_view(q, dtype, None if out is None else self.view_of(out))
@@ -270,26 +295,57 @@ class Stream:
 # and new tokens already lie side by side) and each layer's new tail is copied out of it.
 
 
+def workable_together(streams: list[Stream]) -> bool:
+    """Whether the streams can be worked on together: same layout, same quantized and exact token counts, not empty."""
+    first = streams[0]
+    return first.tokens > 0 and len({(s.quantized, s.exact, id(s.layout)) for s in streams}) == 1 and \
+        (first.q is None or len({s.q.codes.shape for s in streams}) == 1)
+
+
+def quantized_together(streams: list[Stream]) -> QTensor:
+    """The quantized tokens of every stream as one QTensor, their rows one after another."""
+    qs = [s.q for s in streams]
+    return QTensor(torch.cat([q.codes for q in qs]), torch.cat([q.scale for q in qs]),
+                   None if qs[0].zero is None else torch.cat([q.zero for q in qs]), qs[0].bits, qs[0].last)
+
+
 def stored_with_room(streams: list[Stream], new: Tensor) -> Tensor | None:
     """Every stream's stored tokens (dequantized, then the exact tail) with room for this forward's ``new`` tokens
     after them: one [L * B, H, stored + n, D] tensor in ``new``'s dtype, the quantized tokens of all streams
     dequantized in one pass straight into it; stream i's rows are [i B, (i + 1) B). None when the streams differ
     (layout, quantized or exact token counts) or store nothing: each is then worked on alone."""
-    qs, tails = [s.q for s in streams], [s.tail for s in streams]
-    first = streams[0]
-    if first.tokens == 0 or len({(s.quantized, s.exact, id(s.layout)) for s in streams}) > 1 or \
-            (first.q is not None and len({q.codes.shape for q in qs}) > 1):
+    if not workable_together(streams):
         return None
+    first = streams[0]
     rows, heads, n, dim = new.shape
     quantized, exact = first.quantized, first.exact
     out = torch.empty(len(streams) * rows, heads, quantized + exact + n, dim, dtype=new.dtype, device=new.device)
     if first.q is not None:
-        together = QTensor(torch.cat([q.codes for q in qs]), torch.cat([q.scale for q in qs]),
-                           None if qs[0].zero is None else torch.cat([q.zero for q in qs]), qs[0].bits, qs[0].last)
-        first.layout.dequantize(together, new.dtype, out=out[:, :, :quantized])
+        first.layout.dequantize(quantized_together(streams), new.dtype, out=out[:, :, :quantized])
     if exact:
-        out[:, :, quantized : quantized + exact] = torch.cat(tails)
+        out[:, :, quantized : quantized + exact] = torch.cat([s.tail for s in streams])
     return out
+
+
+def stored_in_space(streams: list[Stream], new: Tensor) -> tuple[Tensor, Tensor] | None:
+    """:func:`stored_with_room` for attention in the layout's space (see .attention), as two tensors: ``space``
+    [L * B, H, stored + n, W], the quantized tokens dequantized as stored (x R, no product per token) with room
+    for the exact ones rotated into the space each forward; ``recent`` [L * B, H, exact + n, D], the exact tails
+    in the model's channels with room for the new tokens (what the tokens leaving the tails are quantized from,
+    as without the space: the stored codes are the same). None as :func:`stored_with_room`."""
+    if not workable_together(streams):
+        return None
+    first = streams[0]
+    rows, heads, n, dim = new.shape
+    quantized, exact = first.quantized, first.exact
+    space = torch.empty(len(streams) * rows, heads, quantized + exact + n, first.layout.space_width(dim),
+                        dtype=new.dtype, device=new.device)
+    if first.q is not None:
+        first.layout.dequantize_in_space(quantized_together(streams), new.dtype, out=space[:, :, :quantized])
+    recent = torch.empty(len(streams) * rows, heads, exact + n, dim, dtype=new.dtype, device=new.device)
+    if exact:
+        recent[:, :, :exact] = torch.cat([s.tail for s in streams])
+    return space, recent
 
 
 def append_together(streams: list[Stream], new: list[Tensor]) -> None:
@@ -320,14 +376,14 @@ def leaving_of(stream: Stream, arriving: int) -> int:
 
 
 def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> None:
-    """:func:`append_together` for streams worked on together, taken from this forward's ``stored`` tensors (see
-    :func:`stored_with_room`), where every stream's exact tail and new tokens already lie side by side after its
-    quantized ones: the tokens that leave are quantized in one pass straight from there, and each stream's new tail
+    """:func:`append_together` for streams worked on together, taken from this forward's tensors (see
+    :func:`stored_with_room`, :func:`stored_in_space`), where every stream's exact tail and new tokens already lie
+    side by side: the tokens that leave are quantized in one pass straight from there, and each stream's new tail
     is copied out of it (one copy a stream; no concatenation of the old tail and the new tokens). ``groups``: (the
-    streams, their stored tensor), one group, or two of the same layout and token counts (keys and values laid out
-    alike), quantized in one pass together (their rows one after another)."""
+    streams, their recent tokens [L * B, H, exact + n, D]), one group, or two of the same layout and token counts
+    (keys and values laid out alike), quantized in one pass together (their rows one after another)."""
     first = groups[0][0][0]
-    recents = [stored[:, :, first.quantized :] for _, stored in groups]  # each [L * B, H, exact + n, D]
+    recents = [recent for _, recent in groups]  # each [L * B, H, exact + n, D]
     leaving = leaving_of(first, recents[0].shape[2] - first.exact)
     keeps_tail = not first.bypasses_tail
     if leaving:
@@ -347,9 +403,11 @@ class LayersTogether:
     """The cache's layers worked on together through one forward (see above): ``update`` is what a layer's
     attention calls; ``commit`` (after the forward) appends what it added."""
 
-    def __init__(self, layers: list):
+    def __init__(self, layers: list, space=None):
         self.layers = layers
-        self.stored: tuple[Tensor | None, Tensor | None] | None = None  # this forward's keys and values, all layers
+        self.space = space  # the policy's attention space (see .attention), or None
+        self.in_space = False  # this forward attends in the space
+        self.stored: tuple | None = None  # this forward's keys and values, all layers (in space: (space, recent))
         self.views: tuple[tuple | None, tuple | None] = (None, None)  # per stream kind: (layer views, their rooms)
         self.pending: dict[int, tuple[Tensor, Tensor]] = {}
 
@@ -358,14 +416,34 @@ class LayersTogether:
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
         if self.stored is None:
-            self.stored = (stored_with_room([la.k for la in self.layers], key_states),
-                           stored_with_room([la.v for la in self.layers], value_states))
-            self.views = tuple(None if t is None else split_rooms(t, key_states.shape[0], key_states.shape[2])
-                               for t in self.stored)
+            self.in_space = self.space is not None and self.space.on
+            build = stored_in_space if self.in_space else stored_with_room
+            self.stored = (build([la.k for la in self.layers], key_states),
+                           build([la.v for la in self.layers], value_states))
+            rows, n = key_states.shape[0], key_states.shape[2]
+            split = space_views if self.in_space else split_rooms
+            self.views = tuple(None if t is None else split(t, rows, n) for t in self.stored)
         self.pending[index] = (key_states, value_states)
         layer.cumulative_length += key_states.shape[-2]
+        if self.in_space:
+            return (self._in_space(self.views[0], layer.k, index, key_states),
+                    self._in_space(self.views[1], layer.v, index, value_states))
         return (self._with(self.views[0], layer.k, index, key_states),
                 self._with(self.views[1], layer.v, index, value_states))
+
+    @staticmethod
+    def _in_space(views: tuple | None, stream: Stream, index: int, new: Tensor) -> Tensor:
+        """This forward's tokens after the stored ones, in the attention space: written into the layer's recent
+        room in the model's channels, then its exact tail and new tokens rotated into the space (O((R + n) D^2),
+        never the quantized tokens)."""
+        if views is None:
+            return layer_states_in_space(stream, new)
+        spaces, recents = views
+        recent = recents[index]
+        recent[:, :, recent.shape[2] - new.shape[2] :].copy_(new)
+        mine = spaces[index]
+        mine[:, :, mine.shape[2] - recent.shape[2] :].copy_(stream.layout.to_space(recent))
+        return mine
 
     @staticmethod
     def _with(views: tuple | None, stream: Stream, index: int, new: Tensor) -> Tensor:
@@ -384,7 +462,8 @@ class LayersTogether:
         for kind, stored in enumerate(self.stored or (None, None)):
             streams = [la.k if kind == 0 else la.v for la in layers]
             if stored is not None and len(done) == len(self.layers):
-                rooms.append((streams, stored))
+                recent = stored[1] if self.in_space else stored[:, :, streams[0].quantized :]
+                rooms.append((streams, recent))
             else:
                 append_together(streams, [self.pending[i][kind] for i in done])
         if rooms:
@@ -394,7 +473,7 @@ class LayersTogether:
             else:
                 for room in rooms:
                     commit_from_room([room], rows)
-        self.stored, self.views, self.pending = None, (None, None), {}
+        self.stored, self.views, self.pending, self.in_space = None, (None, None), {}, False
 
 
 def alike(a: Stream, b: Stream) -> bool:
@@ -409,6 +488,22 @@ def alike(a: Stream, b: Stream) -> bool:
 def split_rooms(stored: Tensor, rows: int, n: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
     """Each layer's rows of ``stored`` (views), and the room for its ``n`` new tokens at their end (views)."""
     return stored.split(rows), stored[:, :, stored.shape[2] - n :].split(rows)
+
+
+def space_views(stored: tuple[Tensor, Tensor], rows: int, n: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """Each layer's rows of the space tensor and of the recent tensor (views) of :func:`stored_in_space`."""
+    space, recent = stored
+    return space.split(rows), recent.split(rows)
+
+
+def layer_states_in_space(stream: Stream, new: Tensor) -> Tensor:
+    """:func:`layer_states` in the attention space: the quantized tokens as stored, then the exact tail and ``new``
+    rotated into the space."""
+    layout = stream.layout
+    exact = new if stream.tail is None else torch.cat([stream.tail.to(new.dtype), new], 2)
+    if stream.q is None:
+        return layout.to_space(exact)
+    return torch.cat([layout.dequantize_in_space(stream.q, new.dtype), layout.to_space(exact)], 2)
 
 
 def layer_states(stream: Stream, new: Tensor) -> Tensor:
@@ -454,8 +549,9 @@ class QuantLayerMixin:
     (the layer keeps its last window - 1 tokens, as transformers' sliding layers do); ``hold``: never evict, so a
     rollback finds every token it needs (runs that roll back; attention still sees only the window)."""
 
-    def setup(self, keys: Stream, values: Stream, window: int | None, hold: bool) -> None:
+    def setup(self, keys: Stream, values: Stream, window: int | None, hold: bool, space=None) -> None:
         self.k, self.v, self.window, self.hold = keys, values, window, hold
+        self.space = space  # the policy's attention space (see .attention), or None
         self.is_sliding = window is not None
         self.cumulative_length = 0  # tokens this layer has seen
 
@@ -492,6 +588,8 @@ class QuantLayerMixin:
         return keys[:, :, -n:], values[:, :, -n:]
 
     def _with(self, stream: Stream, new: Tensor) -> Tensor:
+        if self.space is not None and self.space.on:
+            return layer_states_in_space(stream, new)
         return layer_states(stream, new)
 
     def evict(self) -> None:
@@ -637,6 +735,9 @@ class QuantPolicy(KVPolicy):
         sd = scale_dtype_for(info.dtype)
         layouts = {"key": self._layout("key", sd), "value": self._layout("value", sd)}
         self.layouts = layouts
+        # a rotating layout attends in its rotated space when the runtime wraps the model's attention (.attention)
+        self.attention_space = AttentionSpace(layouts["key"], layouts["value"]) \
+            if layouts["key"].rotates or layouts["value"].rotates else None
         template = quant_cache_class()(config=info.config)
         layers = []
         for i, layer in enumerate(template.layers):
@@ -650,13 +751,13 @@ class QuantPolicy(KVPolicy):
             new = quant_layer_class()()
             new.setup(Stream(layouts["key"], residual, self.tail_dtype),
                       Stream(layouts["value"], residual, self.tail_dtype), window,
-                      hold="truncate" in needs)
+                      hold="truncate" in needs, space=self.attention_space)
             new.is_croppable = "truncate" in self.capabilities_for({"axis": axis, "residual": residual})
             layers.append(new)
         self.model_cache = template
         template.layers = layers
         if all(layer.window is None for layer in layers):  # every layer holds every token: work on them together
-            template.together = LayersTogether(layers)
+            template.together = LayersTogether(layers, self.attention_space)
 
     def after_forward(self, n: int) -> None:
         if self.model_cache.together is not None:

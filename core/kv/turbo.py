@@ -143,6 +143,52 @@ class TurboLayout:
             return x.to(dtype)
         return out.copy_(x)
 
+    # the attention space (see .attention): the stored tokens read as n y (y the rotated direction's centroids),
+    # never rotated back; for ``prod`` keys widened by the QJL term, so that one attention call gives
+    # <q, k_mse> + the residual's estimate
+
+    rotates = True
+
+    def space_width(self, head_dim: int) -> int:
+        return 2 * head_dim if self.prod else head_dim
+
+    @property
+    def qjl_scale(self) -> float:
+        return math.sqrt(math.pi / 2) / self.dim  # r_hat = ||r|| sqrt(pi/2) / D * S^T s
+
+    def dequantize_in_space(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
+        """n y_mse, and for ``prod`` keys [n y_mse, n ||r|| s] (s the signs of S r): q . k_hat = (q P) . (n y_mse)
+        + (qjl_scale S (q P)) . (n ||r|| s), the terms of :meth:`dequantize`'s n (y_mse + r_hat) P^T."""
+        centroids = self._dev(q.codes.device)[0]
+        width = -(-self.dim // 8)
+        norm = q.scale.float()
+        y = centroids[from_planes(q.codes[..., : self.mse_bits * width], self.mse_bits, self.dim).long()] * norm
+        if self.prod:
+            signs = unpack(q.codes[..., self.mse_bits * width :], 1, self.dim, torch.float32) * 2 - 1
+            y = torch.cat([y, signs * (norm * q.zero.float())], -1)
+        if out is None:
+            return y.to(dtype)
+        return out.copy_(y)
+
+    def to_space(self, x: Tensor) -> Tensor:
+        """Exact tokens into the space: x P (for ``prod`` keys [x P, 0]: no residual), float32 rounded once."""
+        y = x.float() @ self._dev(x.device)[2]
+        if self.prod:
+            y = torch.cat([y, torch.zeros_like(y)], -1)
+        return y.to(x.dtype)
+
+    def query_to_space(self, q: Tensor) -> Tensor:
+        """q P, and for ``prod`` keys [q P, qjl_scale S (q P)]."""
+        _, _, p, s = self._dev(q.device)
+        y = q.float() @ p
+        if self.prod:
+            y = torch.cat([y, (y @ s.T) * self.qjl_scale], -1)
+        return y.to(q.dtype)
+
+    def output_from_space(self, o: Tensor) -> Tensor:
+        """o P^T: attention's output over values stored as v P, back in the model's channels."""
+        return (o.float() @ self._dev(o.device)[2].T).to(o.dtype)
+
     @property
     def rotation_kind(self) -> str:  # what tells two layouts apart where streams are worked on together
         return self.name
