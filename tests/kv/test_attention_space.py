@@ -1,0 +1,157 @@
+"""Attention in a rotated cache's space (core/kv/attention.py): the query rotated, the output rotated back, turbo's
+QJL term folded into a doubled head dim, against the path that rotates every stored token back.
+
+The oracle is the old path itself (``Layout.dequantize``: deq(codes) R^T, turbo's n (y + r_hat) P^T), run on the
+same model with the wrapper not installed: the stored codes are the same, so the logits must agree within float32
+rounding of the products. Negative controls: the output rotated by R instead of R^T, and turbo without its QJL term,
+must not agree. The stored tokens are never rotated back on the new path (the old dequantization is not called).
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from conftest import random_model
+
+from decodelab.core.engine import runtime as runtime_module
+from decodelab.core.engine.runtime import Runtime
+from decodelab.core.kv import attention, parse_cache_spec
+from decodelab.core.kv.quant import Layout
+from decodelab.core.kv.turbo import TurboLayout
+
+SPECS = [
+    "quant:bits=4,axis=token,rotate=random",
+    "quant:bits=4,axis=kivi,residual=4,rotate=hadamard",  # keys per channel in blocks, values per group: a tail
+    "quant:bits=2,axis=kivi,residual=32,residual_dtype=16,rotate_values=random",  # values alone rotate
+    "quant:bits=8,axis=token,symmetric=true,rotate_keys=random",  # keys alone rotate
+    "turbo:bits=3",  # prod keys: the doubled head dim
+    "turbo:bits=2,keys=mse",
+    "turbo:bits=4,residual=8",
+]
+
+
+def decode(model, spec: str, ids: torch.Tensor, wrapped: bool = True) -> tuple[torch.Tensor, Runtime]:
+    """Logits of a prefill of 8 tokens, then one token a forward; ``wrapped=False``: the runtime does not install
+    the wrapper (the cache rotates every stored token back, as before)."""
+    if wrapped:
+        rt = Runtime.create(model, parse_cache_spec(spec))
+    else:
+        install = runtime_module.install_for
+        runtime_module.install_for = lambda model, space: None
+        try:
+            rt = Runtime.create(model, parse_cache_spec(spec))
+        finally:
+            runtime_module.install_for = install
+    rows = [rt.prefill(ids[:, :8])[0]]
+    rows += [rt.feed(ids[:, t : t + 1])[0] for t in range(8, ids.shape[1] - 1)]
+    return torch.stack(rows), rt
+
+
+def model_for(arch: str, implementation: str):
+    model = random_model(arch, scale=4.0)
+    if implementation != "eager":
+        model.set_attn_implementation(implementation)
+    return model
+
+
+@pytest.mark.parametrize("arch,implementation", [("llama", "eager"), ("qwen2", "eager"), ("gemma2", "eager"),
+                                                 ("gpt2", "eager"), ("llama", "sdpa"), ("qwen2", "sdpa"),
+                                                 ("gpt2", "sdpa")])
+@pytest.mark.parametrize("spec", SPECS)
+def test_attention_in_the_space_equals_rotating_every_stored_token_back(arch, implementation, spec):
+    """GQA (llama, qwen2), sliding layers and softcapped scores (gemma2, eager), absolute positions (gpt2); the
+    layers worked on together and alone; both exact-window dtypes."""
+    model = model_for(arch, implementation)
+    ids = torch.arange(3, 60).unsqueeze(0)
+    new, rt = decode(model, spec, ids)
+    assert rt._attention is not None and model.config._attn_implementation == attention.PREFIX + implementation
+    old, rt_old = decode(model, spec, ids, wrapped=False)
+    assert rt_old._attention is None
+    torch.testing.assert_close(new, old, rtol=0, atol=2e-5)
+    # what is stored is unchanged: the first layer's codes and exact window bit for bit (its keys and values come
+    # from the embeddings; a later layer's carry the float32 rounding of the attention before it), every layer's bytes
+    a, b = rt.policy.model_cache.layers[0], rt_old.policy.model_cache.layers[0]
+    for sa, sb in ((a.k, b.k), (a.v, b.v)):
+        assert (sa.q is None) == (sb.q is None) and (sa.tail is None) == (sb.tail is None)
+        assert sa.q is None or (torch.equal(sa.q.codes, sb.q.codes) and torch.equal(sa.q.scale, sb.q.scale))
+        assert sa.tail is None or torch.equal(sa.tail, sb.tail)
+    assert rt.policy.layer_nbytes() == rt_old.policy.layer_nbytes()
+
+
+def test_the_new_path_never_rotates_a_stored_token_back(monkeypatch):
+    """The old path's per-token product (Layout.dequantize with its R^T, turbo's dequantize) is never called while
+    decoding through the wrapper; it is called without it (so the spy can see it)."""
+    calls = []
+    for cls in (Layout, TurboLayout):
+        original = cls.dequantize
+
+        def spy(self, *args, original=original, **kwargs):
+            calls.append(type(self).__name__)
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "dequantize", spy)
+    model = random_model("llama", scale=4.0)
+    ids = torch.arange(3, 40).unsqueeze(0)
+    for spec in ("quant:bits=4,axis=kivi,residual=4,rotate=random", "turbo:bits=3"):
+        decode(model, spec, ids)
+        assert calls == [], spec
+        decode(model, spec, ids, wrapped=False)
+        assert calls, spec
+        calls.clear()
+
+
+def test_a_wrong_output_rotation_fails_the_oracle(monkeypatch):
+    """Negative control: the output rotated by R where R^T belongs (a random R: Hadamard is its own transpose)."""
+    model = random_model("llama", scale=4.0)
+    ids = torch.arange(3, 40).unsqueeze(0)
+    spec = "quant:bits=4,axis=token,rotate=random"
+    old, _ = decode(model, spec, ids, wrapped=False)
+    monkeypatch.setattr(Layout, "output_from_space",
+                        lambda self, o: o if self.rotation is None else self.rotation.forward(o).to(o.dtype))
+    wrong, _ = decode(model, spec, ids)
+    assert not torch.allclose(wrong, old, atol=1e-3)
+
+
+def test_dropping_turbos_qjl_term_fails_the_oracle(monkeypatch):
+    """Negative control: the doubled head dim carries the residual's estimate (a query without it differs)."""
+    model = random_model("llama", scale=4.0)
+    ids = torch.arange(3, 40).unsqueeze(0)
+    old, _ = decode(model, "turbo:bits=3", ids, wrapped=False)
+    monkeypatch.setattr(TurboLayout, "qjl_scale", property(lambda self: 0.0))
+    wrong, _ = decode(model, "turbo:bits=3", ids)
+    assert not torch.allclose(wrong, old, atol=1e-3)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_the_models_own_attention_is_set_back_after_the_run(implementation):
+    model = model_for("llama", implementation)
+    ids = torch.arange(3, 30).unsqueeze(0)
+    plain, _ = decode(model, "full", ids)
+    assert model.config._attn_implementation == implementation  # a cache without a space installs nothing
+    a = Runtime.create(model, parse_cache_spec("turbo:bits=3"))
+    b = Runtime.create(model, parse_cache_spec("quant:bits=4,rotate=hadamard"))
+    assert model.config._attn_implementation == attention.PREFIX + implementation
+    a.feed(ids)
+    # the wrapper is transparent to another runtime on the same model: the full cache's logits, bit for bit
+    assert torch.equal(decode(model, "full", ids)[0], plain)
+    del a
+    gc.collect()
+    assert model.config._attn_implementation == attention.PREFIX + implementation  # b still holds it
+    b.feed(ids)
+    del b
+    gc.collect()
+    assert model.config._attn_implementation == implementation
+    assert torch.equal(decode(model, "full", ids)[0], plain)
+
+
+def test_a_model_whose_attention_cannot_be_wrapped_rotates_back():
+    """GPT-2's reordered-and-upcast eager attention runs outside the registry: no wrapper, the old path, the same
+    numbers as the wrapped path of the same model without that option."""
+    model = random_model("gpt2", scale=4.0, reorder_and_upcast_attn=True)
+    ids = torch.arange(3, 30).unsqueeze(0)
+    got, rt = decode(model, "quant:bits=4,rotate=random", ids)
+    assert rt._attention is None and model.config._attn_implementation == "eager"
+    plain = random_model("gpt2", scale=4.0)
+    torch.testing.assert_close(got, decode(plain, "quant:bits=4,rotate=random", ids)[0], rtol=0, atol=2e-5)
