@@ -32,6 +32,7 @@ import math
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .protocol import ModelInfo, choice, non_negative_int, register
@@ -92,6 +93,36 @@ def from_planes(planes: Tensor, bits: int, dim: int) -> Tensor:
     for j in range(bits):
         out |= unpack(planes[..., j * width : (j + 1) * width], 1, dim) << j
     return out
+
+
+def nibble_table(centroids: Tensor, bits: int) -> Tensor:
+    """[2^(4 bits), 4] float32: row i holds the centroids of the four coordinates whose bits are the nibbles of i
+    (plane j's nibble in bits [4 j, 4 j + 4) of i; coordinate k of the nibble is its bit k, as :func:`pack` puts
+    coordinate 8 m + k in bit k of byte m): code_k = sum_j bit(i, 4 j + k) 2^j."""
+    index = torch.arange(2 ** (4 * bits))
+    codes = torch.zeros(index.shape[0], 4, dtype=torch.long)
+    for j in range(bits):
+        for k in range(4):
+            codes[:, k] |= ((index >> (4 * j + k)) & 1) << j
+    return centroids.float()[codes]
+
+
+def sign_table() -> Tensor:
+    """[256, 8] float32: row b holds the signs (+1 for a set bit, -1 else) of the eight coordinates of byte b."""
+    bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+    return bits.float() * 2 - 1
+
+
+def nibble_index(planes: Tensor, bits: int, width: int) -> Tensor:
+    """Bit-planes [..., bits * width] -> int32 indices into :func:`nibble_table` [..., width, 2] (each byte's low
+    and high nibble of every plane, side by side): operations on the packed bytes only."""
+    p = planes.to(torch.int32)
+    low, high = p[..., :width] & 15, p[..., :width] >> 4
+    for j in range(1, bits):
+        plane = p[..., j * width : (j + 1) * width]
+        low |= (plane & 15) << (4 * j)
+        high |= (plane >> 4) << (4 * j)
+    return torch.stack([low, high], -1)
 
 
 class TurboLayout:
@@ -158,17 +189,27 @@ class TurboLayout:
 
     def dequantize_in_space(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         """n y_mse, and for ``prod`` keys [n y_mse, n ||r|| s] (s the signs of S r): q . k_hat = (q P) . (n y_mse)
-        + (qjl_scale S (q P)) . (n ||r|| s), the terms of :meth:`dequantize`'s n (y_mse + r_hat) P^T."""
-        centroids = self._dev(q.codes.device)[0]
+        + (qjl_scale S (q P)) . (n ||r|| s), the terms of :meth:`dequantize`'s n (y_mse + r_hat) P^T. The centroids
+        are read four coordinates at a time from :func:`nibble_table` (the planes' nibbles as one index), the signs
+        eight at a time from :func:`sign_table`: row gathers, no per-coordinate shift or lookup."""
         width = -(-self.dim // 8)
-        norm = q.scale.float()
-        y = centroids[from_planes(q.codes[..., : self.mse_bits * width], self.mse_bits, self.dim).long()] * norm
-        if self.prod:
-            signs = unpack(q.codes[..., self.mse_bits * width :], 1, self.dim, torch.float32) * 2 - 1
-            y = torch.cat([y, signs * (norm * q.zero.float())], -1)
+        nibbles, signs = self._tables(q.codes.device)
+        shape = (*q.codes.shape[:-1], self.space_width(self.dim))
         if out is None:
-            return y.to(dtype)
-        return out.copy_(y)
+            out = torch.empty(shape, dtype=dtype, device=q.codes.device)
+        norm = q.scale.float()
+        y = F.embedding(nibble_index(q.codes[..., : self.mse_bits * width], self.mse_bits, width), nibbles)
+        torch.mul(y.flatten(-3)[..., : self.dim], norm, out=out[..., : self.dim])
+        if self.prod:
+            s = F.embedding(q.codes[..., self.mse_bits * width :].to(torch.int32), signs).flatten(-2)[..., : self.dim]
+            torch.mul(s, norm * q.zero.float(), out=out[..., self.dim :])
+        return out
+
+    def _tables(self, device) -> tuple[Tensor, Tensor]:
+        key = ("tables", device)
+        if key not in self._on:
+            self._on[key] = (nibble_table(self.centroids, self.mse_bits).to(device), sign_table().to(device))
+        return self._on[key]
 
     def to_space(self, x: Tensor) -> Tensor:
         """Exact tokens into the space: x P (for ``prod`` keys [x P, 0]: no residual), float32 rounded once."""

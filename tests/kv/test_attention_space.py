@@ -155,3 +155,23 @@ def test_a_model_whose_attention_cannot_be_wrapped_rotates_back():
     assert rt._attention is None and model.config._attn_implementation == "eager"
     plain = random_model("gpt2", scale=4.0)
     torch.testing.assert_close(got, decode(plain, "quant:bits=4,rotate=random", ids)[0], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("prod", [True, False])
+@pytest.mark.parametrize("dim", [16, 20, 64])
+def test_turbos_table_decoding_equals_the_planes_decoded_one_coordinate_at_a_time(bits, prod, dim):
+    """The nibble and sign tables against from_planes + a centroid per coordinate (a head dim that is not a multiple
+    of 8 included: the last byte's padding dropped)."""
+    from decodelab.core.kv.quantize import unpack
+    from decodelab.core.kv.turbo import from_planes
+
+    layout = TurboLayout(bits, prod, torch.float16, dim)
+    q = layout.quantize(torch.randn(2, 3, 7, dim, generator=torch.Generator().manual_seed(bits)))
+    width = -(-dim // 8)
+    norm = q.scale.float()
+    want = layout.centroids[from_planes(q.codes[..., : layout.mse_bits * width], layout.mse_bits, dim).long()] * norm
+    if prod:
+        signs = unpack(q.codes[..., layout.mse_bits * width :], 1, dim, torch.float32) * 2 - 1
+        want = torch.cat([want, signs * norm * q.zero.float()], -1)
+    assert torch.equal(layout.dequantize_in_space(q, torch.float32), want)
