@@ -29,6 +29,7 @@ import sys
 import weakref
 from contextvars import ContextVar
 
+import torch.nn.functional as F
 from torch import Tensor
 
 PREFIX = "decodelab_kv_space_"  # the wrapper of the model's own ``X`` is registered as PREFIX + X
@@ -77,9 +78,12 @@ def wrapper_of(implementation: str):
             return inner(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
         if scaling is None:  # sdpa's and eager's default, from the head dim before any widening (turbo's prod keys)
             scaling = query.shape[-1] ** -0.5
+        width = value.shape[-1]
+        if implementation == "sdpa" and key.shape[-1] != width:  # turbo's prod keys: torch's fused kernels want
+            value = F.pad(value, (0, key.shape[-1] - width))  # one head dim (zeros: the output's extra dims are 0)
         out, weights = inner(module, space.keys.query_to_space(query), key, value, attention_mask, scaling=scaling,
                              **kwargs)
-        return space.values.output_from_space(out), weights
+        return space.values.output_from_space(out[..., :width]), weights
 
     return space_attention
 

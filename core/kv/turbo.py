@@ -211,20 +211,27 @@ class TurboLayout:
             self._on[key] = (nibble_table(self.centroids, self.mse_bits).to(device), sign_table().to(device))
         return self._on[key]
 
+    def _space_matrices(self, device) -> tuple[Tensor, Tensor]:
+        """(exact, query) [D, W]: x -> [x P, 0] and q -> [q P, qjl_scale (q P) S^T] for ``prod`` keys (one product
+        each), P and P otherwise."""
+        key = ("space", device)
+        if key not in self._on:
+            p, s = self.p, self.s
+            if self.prod:
+                exact = torch.cat([p, torch.zeros_like(p)], 1)
+                query = torch.cat([p, (p.double() @ s.double().T * self.qjl_scale).float()], 1)
+            else:
+                exact = query = p
+            self._on[key] = (exact.to(device), query.to(device))
+        return self._on[key]
+
     def to_space(self, x: Tensor) -> Tensor:
         """Exact tokens into the space: x P (for ``prod`` keys [x P, 0]: no residual), float32 rounded once."""
-        y = x.float() @ self._dev(x.device)[2]
-        if self.prod:
-            y = torch.cat([y, torch.zeros_like(y)], -1)
-        return y.to(x.dtype)
+        return (x.float() @ self._space_matrices(x.device)[0]).to(x.dtype)
 
     def query_to_space(self, q: Tensor) -> Tensor:
-        """q P, and for ``prod`` keys [q P, qjl_scale S (q P)]."""
-        _, _, p, s = self._dev(q.device)
-        y = q.float() @ p
-        if self.prod:
-            y = torch.cat([y, (y @ s.T) * self.qjl_scale], -1)
-        return y.to(q.dtype)
+        """q P, and for ``prod`` keys [q P, qjl_scale S (q P)] = q [P, qjl_scale P S^T]."""
+        return (q.float() @ self._space_matrices(q.device)[1]).to(q.dtype)
 
     def output_from_space(self, o: Tensor) -> Tensor:
         """o P^T: attention's output over values stored as v P, back in the model's channels."""
