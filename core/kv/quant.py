@@ -44,7 +44,7 @@ from .protocol import (
     register,
 )
 from .quantize import QTensor, dequantize_view, fp8_supported, quantize_over
-from .rotation import KINDS as ROTATIONS, Rotation, make_rotation
+from .rotation import KINDS as ROTATIONS, Rotation, as_dtype, make_rotation
 
 AXES = ("tensor", "token", "channel", "group", "kivi")
 DEFAULT_GROUP = 32
@@ -80,8 +80,21 @@ class Layout:
 
     def quantize(self, x: Tensor) -> QTensor:
         """x [B, H, n, D], n a multiple of ``block`` (rotated first: x R, when the layout rotates)."""
-        if self.rotation is not None:
-            x = self.rotation.forward(x)
+        return self._code(self.rotate_in(x))
+
+    def rotate_in(self, x: Tensor) -> Tensor:
+        """What a stream stores, its exact window included: x R (float32 product rounded into x's dtype)."""
+        return x if self.rotation is None else as_dtype(self.rotation.forward(x), x.dtype)
+
+    def rotate_out(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """Stored (rotated) tokens back in the model's channels: x R^T in ``dtype``."""
+        return as_dtype(x, dtype) if self.rotation is None else as_dtype(self.rotation.back(x), dtype)
+
+    def code(self, x: Tensor) -> QTensor:
+        """Quantize tokens already in the stored space (:meth:`rotate_in`): without a rotation, :meth:`quantize`."""
+        return self.quantize(x) if self.rotation is None else self._code(x)
+
+    def _code(self, x: Tensor) -> QTensor:
         if self.axis == "token":
             view, dims = x, (-1,)  # scale [B, H, n, 1]
         elif self.axis == "group":
@@ -119,15 +132,15 @@ class Layout:
         """deq(codes) as stored: x R for a rotating layout (no D x D product per token)."""
         return self._dequantize(q, dtype, out)
 
-    def to_space(self, x: Tensor) -> Tensor:
-        """Exact tokens (or the query) into the space: x R in float32, rounded once into x's dtype."""
-        return x if self.rotation is None else self.rotation.forward(x).to(x.dtype)
+    def widen(self, x: Tensor) -> Tensor:
+        """Stored exact tokens as attention reads them in the space (the stored space itself)."""
+        return x
 
-    query_to_space = to_space  # q . k = (q R) . (k R)
+    query_to_space = rotate_in  # q . k = (q R) . (k R)
 
     def output_from_space(self, o: Tensor) -> Tensor:
         """Attention's output over values stored as v R, back: o R^T (sum_i a_i v_i R = (sum_i a_i v_i) R)."""
-        return o if self.rotation is None else self.rotation.back(o).to(o.dtype)
+        return o if self.rotation is None else as_dtype(self.rotation.back(o), o.dtype)
 
     def _dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         v = dequantize_view(q, dtype, None if out is None else self.view_of(out))
@@ -205,7 +218,7 @@ class Stream:
     def append(self, x: Tensor) -> None:
         leaving = self.enter(x)
         if leaving is not None:
-            self.add(self.layout.quantize(leaving))
+            self.add(self.layout.code(leaving))
 
     @property
     def bypasses_tail(self) -> bool:
@@ -214,8 +227,10 @@ class Stream:
         return self.residual == 0 and self.layout.block == 1 and self.exact == 0
 
     def enter(self, x: Tensor) -> Tensor | None:
-        """New tokens in: what leaves the tail for the quantized part (None: nothing; all of them when the stream
-        :attr:`bypasses_tail`)."""
+        """New tokens in (rotated first when the layout rotates: the exact tail is stored rotated too, so that
+        attention in the rotated space reads it as it is): what leaves the tail for the quantized part, already
+        rotated (None: nothing; all of them when the stream :attr:`bypasses_tail`)."""
+        x = self.layout.rotate_in(x)
         if self.bypasses_tail:
             return x
         self.extend(x)
@@ -242,9 +257,9 @@ class Stream:
         self.q = q.map(torch.clone) if self.q is None else cat_q(self.q, q)
 
     def states(self, dtype: torch.dtype) -> Tensor:
-        """Every stored token, dequantized, then the exact tail: [B, H, tokens, D]."""
+        """Every stored token, dequantized, then the exact tail: [B, H, tokens, D], in the model's channels."""
         parts = [] if self.q is None else [self.layout.dequantize(self.q, dtype)]
-        parts += [] if self.tail is None else [self.tail.to(dtype)]
+        parts += [] if self.tail is None else [self.layout.rotate_out(self.tail, dtype)]
         return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
     def keep_first(self, n: int) -> None:
@@ -323,29 +338,31 @@ def stored_with_room(streams: list[Stream], new: Tensor) -> Tensor | None:
     if first.q is not None:
         first.layout.dequantize(quantized_together(streams), new.dtype, out=out[:, :, :quantized])
     if exact:
-        out[:, :, quantized : quantized + exact] = torch.cat([s.tail for s in streams])
+        out[:, :, quantized : quantized + exact] = first.layout.rotate_out(torch.cat([s.tail for s in streams]),
+                                                                           new.dtype)
     return out
 
 
-def stored_in_space(streams: list[Stream], new: Tensor) -> tuple[Tensor, Tensor] | None:
-    """:func:`stored_with_room` for attention in the layout's space (see .attention), as two tensors: ``space``
-    [L * B, H, stored + n, W], the quantized tokens dequantized as stored (x R, no product per token) with room
-    for the exact ones rotated into the space each forward; ``recent`` [L * B, H, exact + n, D], the exact tails
-    in the model's channels with room for the new tokens (what the tokens leaving the tails are quantized from,
-    as without the space: the stored codes are the same). None as :func:`stored_with_room`."""
+def stored_in_space(streams: list[Stream], new: Tensor) -> Tensor | None:
+    """:func:`stored_with_room` for attention in the layout's space (see .attention): [L * B, H, stored + n, W],
+    the quantized tokens dequantized as stored (x R, no product per token), the exact tails as stored (rotated
+    when they entered), room for the new tokens (each layer writes its own, rotated: :meth:`LayersTogether.update`).
+    W > D (turbo's prod keys): the exact tokens' extra dims are zero (no residual). None as
+    :func:`stored_with_room`."""
     if not workable_together(streams):
         return None
     first = streams[0]
     rows, heads, n, dim = new.shape
     quantized, exact = first.quantized, first.exact
-    space = torch.empty(len(streams) * rows, heads, quantized + exact + n, first.layout.space_width(dim),
-                        dtype=new.dtype, device=new.device)
+    width = first.layout.space_width(dim)
+    space = torch.empty(len(streams) * rows, heads, quantized + exact + n, width, dtype=new.dtype, device=new.device)
     if first.q is not None:
         first.layout.dequantize_in_space(quantized_together(streams), new.dtype, out=space[:, :, :quantized])
-    recent = torch.empty(len(streams) * rows, heads, exact + n, dim, dtype=new.dtype, device=new.device)
+    if width > dim:
+        space[:, :, quantized:, dim:] = 0
     if exact:
-        recent[:, :, :exact] = torch.cat([s.tail for s in streams])
-    return space, recent
+        space[:, :, quantized : quantized + exact, :dim] = torch.cat([s.tail for s in streams])
+    return space
 
 
 def append_together(streams: list[Stream], new: list[Tensor]) -> None:
@@ -357,13 +374,13 @@ def append_together(streams: list[Stream], new: list[Tensor]) -> None:
     shapes = {None if t is None else t.shape for t in leaving}
     if len(shapes) == 1 and len({id(s.layout) for s in streams}) == 1 and len(streams) > 1:
         rows = leaving[0].shape[0]
-        q = streams[0].layout.quantize(torch.cat(leaving))
+        q = streams[0].layout.code(torch.cat(leaving))
         for i, stream in enumerate(streams):
             stream.add(q.map(lambda t, i=i: t[i * rows : (i + 1) * rows]))
         return
     for stream, t in zip(streams, leaving):
         if t is not None:
-            stream.add(stream.layout.quantize(t))
+            stream.add(stream.layout.code(t))
 
 
 def leaving_of(stream: Stream, arriving: int) -> int:
@@ -380,8 +397,9 @@ def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> No
     :func:`stored_with_room`, :func:`stored_in_space`), where every stream's exact tail and new tokens already lie
     side by side: the tokens that leave are quantized in one pass straight from there, and each stream's new tail
     is copied out of it (one copy a stream; no concatenation of the old tail and the new tokens). ``groups``: (the
-    streams, their recent tokens [L * B, H, exact + n, D]), one group, or two of the same layout and token counts
-    (keys and values laid out alike), quantized in one pass together (their rows one after another)."""
+    streams, their recent tokens [L * B, H, exact + n, D] as stored: rotated for a rotating layout), one group, or
+    two of the same layout and token counts (keys and values laid out alike), quantized in one pass together
+    (their rows one after another)."""
     first = groups[0][0][0]
     recents = [recent for _, recent in groups]  # each [L * B, H, exact + n, D]
     leaving = leaving_of(first, recents[0].shape[2] - first.exact)
@@ -390,7 +408,7 @@ def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> No
         views = [r[:, :, :leaving] for r in recents]
         if keeps_tail and first.tail_dtype is not None:  # they passed through the tail: its rounding, as alone
             views = [v.to(first.tail_dtype) for v in views]
-        q = first.layout.quantize(views[0] if len(views) == 1 else torch.cat(views))
+        q = first.layout.code(views[0] if len(views) == 1 else torch.cat(views))
         for i, stream in enumerate(s for streams, _ in groups for s in streams):
             stream.add(q.map(lambda t, i=i: t[i * rows : (i + 1) * rows]))
     if keeps_tail:
@@ -407,7 +425,7 @@ class LayersTogether:
         self.layers = layers
         self.space = space  # the policy's attention space (see .attention), or None
         self.in_space = False  # this forward attends in the space
-        self.stored: tuple | None = None  # this forward's keys and values, all layers (in space: (space, recent))
+        self.stored: tuple | None = None  # this forward's keys and values, all layers (in the space, or not)
         self.views: tuple[tuple | None, tuple | None] = (None, None)  # per stream kind: (layer views, their rooms)
         self.pending: dict[int, tuple[Tensor, Tensor]] = {}
 
@@ -421,8 +439,7 @@ class LayersTogether:
             self.stored = (build([la.k for la in self.layers], key_states),
                            build([la.v for la in self.layers], value_states))
             rows, n = key_states.shape[0], key_states.shape[2]
-            split = space_views if self.in_space else split_rooms
-            self.views = tuple(None if t is None else split(t, rows, n) for t in self.stored)
+            self.views = tuple(None if t is None else split_rooms(t, rows, n) for t in self.stored)
         self.pending[index] = (key_states, value_states)
         layer.cumulative_length += key_states.shape[-2]
         if self.in_space:
@@ -433,17 +450,13 @@ class LayersTogether:
 
     @staticmethod
     def _in_space(views: tuple | None, stream: Stream, index: int, new: Tensor) -> Tensor:
-        """This forward's tokens after the stored ones, in the attention space: written into the layer's recent
-        room in the model's channels, then its exact tail and new tokens rotated into the space (O((R + n) D^2),
-        never the quantized tokens)."""
+        """This forward's tokens after the stored ones, in the attention space: rotated into the layer's room
+        (O(n D^2): never a stored token)."""
         if views is None:
             return layer_states_in_space(stream, new)
-        spaces, recents = views
-        recent = recents[index]
-        recent[:, :, recent.shape[2] - new.shape[2] :].copy_(new)
-        mine = spaces[index]
-        mine[:, :, mine.shape[2] - recent.shape[2] :].copy_(stream.layout.to_space(recent))
-        return mine
+        mine, rooms = views
+        rooms[index][..., : new.shape[-1]].copy_(stream.layout.rotate_in(new))
+        return mine[index]
 
     @staticmethod
     def _with(views: tuple | None, stream: Stream, index: int, new: Tensor) -> Tensor:
@@ -461,9 +474,12 @@ class LayersTogether:
         rooms = []  # (streams, stored) committed from the workspace
         for kind, stored in enumerate(self.stored or (None, None)):
             streams = [la.k if kind == 0 else la.v for la in layers]
-            if stored is not None and len(done) == len(self.layers):
-                recent = stored[1] if self.in_space else stored[:, :, streams[0].quantized :]
-                rooms.append((streams, recent))
+            # from the workspace when it holds what is stored (in the space, or a layout without rotation); a
+            # rotating layout's workspace outside the space is rotated back: its new tokens are appended instead
+            if stored is not None and len(done) == len(self.layers) and \
+                    (self.in_space or not streams[0].layout.rotates):
+                dim = self.pending[done[0]][kind].shape[-1]
+                rooms.append((streams, stored[:, :, streams[0].quantized :, :dim]))
             else:
                 append_together(streams, [self.pending[i][kind] for i in done])
         if rooms:
@@ -490,20 +506,14 @@ def split_rooms(stored: Tensor, rows: int, n: int) -> tuple[tuple[Tensor, ...], 
     return stored.split(rows), stored[:, :, stored.shape[2] - n :].split(rows)
 
 
-def space_views(stored: tuple[Tensor, Tensor], rows: int, n: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
-    """Each layer's rows of the space tensor and of the recent tensor (views) of :func:`stored_in_space`."""
-    space, recent = stored
-    return space.split(rows), recent.split(rows)
-
-
 def layer_states_in_space(stream: Stream, new: Tensor) -> Tensor:
-    """:func:`layer_states` in the attention space: the quantized tokens as stored, then the exact tail and ``new``
-    rotated into the space."""
+    """:func:`layer_states` in the attention space: the quantized tokens and the exact tail as stored, then
+    ``new`` rotated into the space."""
     layout = stream.layout
-    exact = new if stream.tail is None else torch.cat([stream.tail.to(new.dtype), new], 2)
-    if stream.q is None:
-        return layout.to_space(exact)
-    return torch.cat([layout.dequantize_in_space(stream.q, new.dtype), layout.to_space(exact)], 2)
+    parts = [] if stream.q is None else [layout.dequantize_in_space(stream.q, new.dtype)]
+    parts += [] if stream.tail is None else [layout.widen(stream.tail.to(new.dtype))]
+    parts.append(layout.widen(layout.rotate_in(new)))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
 
 def layer_states(stream: Stream, new: Tensor) -> Tensor:

@@ -8,6 +8,9 @@ them. An orthogonal R (R R^T = I) spreads every channel over all of them, and le
 * values: attention's output sum_i a_i v_i is linear, so sum_i a_i deq(Q(v_i R)) R^T = (sum_i a_i deq(Q(v_i R))) R^T:
   rotating each stored value back equals rotating the output back after attention.
 
+Decoding takes the right-hand sides (.attention): the query rotated, the stored tokens read as they are, the output
+rotated back; a stream's exact window is stored rotated as well (x R, rotated once, when a token enters it).
+
 With lossless codes deq(Q(x R)) R^T = x R R^T = x: exact in the unquantized limit (up to float32 rounding of the two
 products). The rotation itself stores nothing per token: a Hadamard matrix is computed, a random one regenerated
 from its seed.
@@ -63,26 +66,37 @@ class Rotation:
 
     def __init__(self, kind: str, matrix: Tensor):
         self.kind, self.matrix = kind, matrix
-        self._on: dict[torch.device, Tensor] = {}
+        self._on: dict[torch.device, tuple[Tensor, Tensor]] = {}
 
-    def _m(self, device: torch.device) -> Tensor:
+    def _m(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """(R, R^T contiguous) on ``device``."""
         if device not in self._on:
-            self._on[device] = self.matrix.to(device)
+            m = self.matrix.to(device)
+            self._on[device] = (m, m.T.contiguous())
         return self._on[device]
 
     def forward(self, x: Tensor) -> Tensor:
         """x R in float32 (what is quantized)."""
-        return x.float() @ self._m(x.device)
+        return as_float32(x) @ self._m(x.device)[0]
 
     def back(self, y: Tensor) -> Tensor:
         """y R^T in float32 (the stored values in the model's channels)."""
-        return y.float() @ self._m(y.device).T
+        return as_float32(y) @ self._m(y.device)[1]
 
     def describe(self) -> str:
         if self.kind == "hadamard":
             block = largest_power_of_two_dividing(self.matrix.shape[0])
             return "hadamard" if block == self.matrix.shape[0] else f"hadamard (blocks of {block})"
         return f"random orthogonal (seed {RANDOM_SEED})"
+
+
+def as_float32(x: Tensor) -> Tensor:
+    """x in float32 (x itself when it is: no operation, where a decode step counts them)."""
+    return x if x.dtype == torch.float32 else x.float()
+
+
+def as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def make_rotation(kind: str, dim: int) -> Rotation | None:

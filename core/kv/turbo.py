@@ -17,7 +17,9 @@ One token's head vector x (D channels) is coded alone:
   with S a D x D Gaussian matrix (fixed seed), and ||r|| stored in 16 bits. For any vector w,
   E[<S w, sign(S r)>] = D sqrt(2/pi) <w, r> / ||r|| (each row s of S: E[(s.w) sign(s.r)] = sqrt(2/pi) (w.r)/||r||),
   so r_hat = ||r|| sqrt(pi/2) / D * S^T s gives E[<w, r_hat>] = <w, r>: an unbiased inner product;
-* decoding: x_hat = n (y_mse + r_hat) P^T; attention reads x_hat, so q . k_hat is the unbiased estimate of q . k.
+* decoding: x_hat = n (y_mse + r_hat) P^T, so q . k_hat is the unbiased estimate of q . k. Attention takes it
+  without forming x_hat (.attention): q' = [q P, c S (q P)] against k' = [n y_mse, n ||r|| s] (c = sqrt(pi/2) / D)
+  gives q . k_hat in one call, values read as n y_mse with the output rotated back by P^T.
 
 The MSE code alone shrinks inner products (E[<w, y_mse>] is below <w, y>: the centroids are conditional means),
 which is the bias on attention scores this layout exists to remove; ``keys=mse`` keeps the full b bits for the
@@ -38,7 +40,7 @@ from torch import Tensor
 from .protocol import ModelInfo, choice, non_negative_int, register
 from .quant import RESIDUAL_DTYPES, QuantPolicy, scale_dtype_for
 from .quantize import QTensor, pack, unpack
-from .rotation import random_orthogonal
+from .rotation import as_dtype, as_float32, random_orthogonal
 
 TURBO_BITS = (2, 3, 4)
 KEY_CODES = ("prod", "mse")
@@ -149,10 +151,22 @@ class TurboLayout:
         return self._on[device]
 
     def quantize(self, x: Tensor) -> QTensor:
+        return self.code(self.rotate_in(x))
+
+    def rotate_in(self, x: Tensor) -> Tensor:
+        """What a stream stores, its exact window included: x P (float32 product rounded into x's dtype)."""
+        return as_dtype(as_float32(x) @ self._dev(x.device)[2], x.dtype)
+
+    def rotate_out(self, x: Tensor, dtype: torch.dtype) -> Tensor:
+        """Stored (rotated) tokens back in the model's channels: x P^T in ``dtype``."""
+        return as_dtype(as_float32(x) @ self._transposed(x.device), dtype)
+
+    def code(self, x: Tensor) -> QTensor:
+        """Code tokens already rotated (:meth:`rotate_in`): the norm ||x P|| = ||x||, the direction x P / ||x||."""
         centroids, edges, p, s = self._dev(x.device)
         v = x.float()
         norm = v.norm(dim=-1, keepdim=True)
-        y = (v / norm.clamp_min(1e-30)) @ p  # unit direction, rotated
+        y = v / norm.clamp_min(1e-30)  # unit direction, rotated
         codes = torch.bucketize(y, edges).to(torch.uint8)  # nearest centroid (edges halfway between)
         planes = [to_planes(codes, self.mse_bits)]
         residual_norm = None
@@ -211,31 +225,33 @@ class TurboLayout:
             self._on[key] = (nibble_table(self.centroids, self.mse_bits).to(device), sign_table().to(device))
         return self._on[key]
 
-    def _space_matrices(self, device) -> tuple[Tensor, Tensor]:
-        """(exact, query) [D, W]: x -> [x P, 0] and q -> [q P, qjl_scale (q P) S^T] for ``prod`` keys (one product
-        each), P and P otherwise."""
-        key = ("space", device)
+    def _query_matrix(self, device) -> Tensor:
+        """[D, W]: q -> [q P, qjl_scale (q P) S^T] for ``prod`` keys (one product), P otherwise."""
+        key = ("query", device)
         if key not in self._on:
-            p, s = self.p, self.s
+            p = self.p
             if self.prod:
-                exact = torch.cat([p, torch.zeros_like(p)], 1)
-                query = torch.cat([p, (p.double() @ s.double().T * self.qjl_scale).float()], 1)
-            else:
-                exact = query = p
-            self._on[key] = (exact.to(device), query.to(device))
+                p = torch.cat([p, (p.double() @ self.s.double().T * self.qjl_scale).float()], 1)
+            self._on[key] = p.to(device)
         return self._on[key]
 
-    def to_space(self, x: Tensor) -> Tensor:
-        """Exact tokens into the space: x P (for ``prod`` keys [x P, 0]: no residual), float32 rounded once."""
-        return (x.float() @ self._space_matrices(x.device)[0]).to(x.dtype)
+    def widen(self, x: Tensor) -> Tensor:
+        """Stored exact tokens (x P) as attention reads them: [x P, 0] for ``prod`` keys (no residual)."""
+        return torch.cat([x, torch.zeros_like(x)], -1) if self.prod else x
 
     def query_to_space(self, q: Tensor) -> Tensor:
         """q P, and for ``prod`` keys [q P, qjl_scale S (q P)] = q [P, qjl_scale P S^T]."""
-        return (q.float() @ self._space_matrices(q.device)[1]).to(q.dtype)
+        return as_dtype(as_float32(q) @ self._query_matrix(q.device), q.dtype)
 
     def output_from_space(self, o: Tensor) -> Tensor:
         """o P^T: attention's output over values stored as v P, back in the model's channels."""
-        return (o.float() @ self._dev(o.device)[2].T).to(o.dtype)
+        return as_dtype(as_float32(o) @ self._transposed(o.device), o.dtype)
+
+    def _transposed(self, device) -> Tensor:
+        key = ("p.T", device)
+        if key not in self._on:
+            self._on[key] = self.p.T.contiguous().to(device)
+        return self._on[key]
 
     @property
     def rotation_kind(self) -> str:  # what tells two layouts apart where streams are worked on together
