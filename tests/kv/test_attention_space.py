@@ -175,3 +175,18 @@ def test_turbos_table_decoding_equals_the_planes_decoded_one_coordinate_at_a_tim
         signs = unpack(q.codes[..., layout.mse_bits * width :], 1, dim, torch.float32) * 2 - 1
         want = torch.cat([want, signs * norm * q.zero.float()], -1)
     assert torch.equal(layout.dequantize_in_space(q, torch.float32), want)
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,residual=4,rotate=random", "turbo:bits=3"])
+def test_in_bfloat16_the_two_paths_differ_by_rounding_well_below_what_quantization_costs(implementation, spec):
+    """bfloat16: the query, the output and the new tokens are rotated in float32 and rounded once, the stored tokens
+    read without a product; the paths then differ by bfloat16 rounding of the logits, less than half of what the
+    quantization itself moves them from the full cache."""
+    model = model_for("llama", implementation).to(torch.bfloat16)
+    ids = torch.arange(3, 60).unsqueeze(0)
+    full, _ = decode(model, "full", ids)
+    new, rt = decode(model, spec, ids)
+    assert rt._attention is not None
+    old, _ = decode(model, spec, ids, wrapped=False)
+    assert (new - old).abs().max() < 0.5 * (old - full).abs().max()
