@@ -102,14 +102,16 @@ def registered(implementation: str) -> str:
 
 
 def own_implementation(model) -> str | None:
-    return getattr(model.config, "_attn_implementation", None)
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 def can_wrap(model) -> bool:
     """Whether the model's own attention is one the wrapper can call (sdpa or eager), through the registry (not
-    GPT-2's reordered-and-upcast eager variant, which the model runs outside it)."""
+    GPT-2's reordered-and-upcast eager variant, which the model runs outside it; not a stand-in without
+    ``set_attn_implementation``)."""
     own = _installs[id(model)][1] if id(model) in _installs else own_implementation(model)
-    return own in WRAPPABLE and not getattr(model.config, "reorder_and_upcast_attn", False)
+    return own in WRAPPABLE and hasattr(model, "set_attn_implementation") and \
+        not getattr(model.config, "reorder_and_upcast_attn", False)
 
 
 class Installed:

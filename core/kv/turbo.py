@@ -117,7 +117,17 @@ def sign_table() -> Tensor:
 
 def nibble_index(planes: Tensor, bits: int, width: int) -> Tensor:
     """Bit-planes [..., bits * width] -> int32 indices into :func:`nibble_table` [..., width, 2] (each byte's low
-    and high nibble of every plane, side by side): operations on the packed bytes only."""
+    and high nibble of every plane, side by side): operations on the packed bytes only (on the bytes themselves
+    while the index fits in 8 bits: one or two planes)."""
+    if bits <= 2:
+        first = planes[..., :width]
+        if bits == 1:
+            low, high = first & 15, first >> 4
+        else:
+            second = planes[..., width : 2 * width]
+            low = (first & 15) | ((second & 15) << 4)
+            high = (first >> 4) | (second & 240)  # the second plane's high nibble already in bits 4-7
+        return torch.stack([low, high], -1).to(torch.int32)
     p = planes.to(torch.int32)
     low, high = p[..., :width] & 15, p[..., :width] >> 4
     for j in range(1, bits):

@@ -190,3 +190,20 @@ def test_in_bfloat16_the_two_paths_differ_by_rounding_well_below_what_quantizati
     assert rt._attention is not None
     old, _ = decode(model, spec, ids, wrapped=False)
     assert (new - old).abs().max() < 0.5 * (old - full).abs().max()
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4])
+def test_the_nibble_index_of_every_byte(bits):
+    """Every byte value in every plane (the one- and two-plane shortcut on the bytes included) against the index
+    written out bit by bit: plane j's low nibble in bits [4 j, 4 j + 4) of the low index, its high nibble likewise."""
+    from decodelab.core.kv.turbo import nibble_index
+
+    width = 3
+    planes = torch.randint(0, 256, (5, 7, bits * width), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    planes[0, :, :] = torch.arange(7 * bits * width).reshape(7, -1) * 37 % 256
+    got = nibble_index(planes, bits, width)
+    p = planes.long()
+    want_low = sum(((p[..., j * width : (j + 1) * width] & 15) << (4 * j)) for j in range(bits))
+    want_high = sum(((p[..., j * width : (j + 1) * width] >> 4) << (4 * j)) for j in range(bits))
+    assert got.dtype == torch.int32
+    assert torch.equal(got.long(), torch.stack([want_low, want_high], -1))
