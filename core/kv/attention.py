@@ -71,8 +71,12 @@ def wrapper_of(implementation: str):
     model's own attention over the cache's keys and values as they are, its output o -> o R^T (out of the values'
     space). Outside a rotated cache's forward: the model's own attention, untouched."""
 
+    inner_of: dict[type, object] = {}  # attention module class -> the model's own function (looked up once)
+
     def space_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, scaling=None, **kwargs):
-        inner = inner_function(module, implementation)
+        inner = inner_of.get(type(module))
+        if inner is None:
+            inner = inner_of[type(module)] = inner_function(module, implementation)
         space = _active.get()
         if space is None:
             return inner(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
