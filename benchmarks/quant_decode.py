@@ -13,7 +13,9 @@ runs does not enter it.
 
 The default caches are issue 38's: ``int8``, ``int4-kivi``, ``int2-kivi``, a rotated 4-bit KIVI layout and
 ``turbo`` at 2, 3 and 4 bits (the rotated layouts attend in their rotated space: the query rotated, the output
-rotated back; see docs/kv-policies.md). ``--small`` is a check that the script runs (a short context, a few tokens,
+rotated back; see docs/kv-policies.md). While a rotated cache's runtime lives on the model, every runtime on it
+attends through decodelab's wrapper of the model's attention (a pass-through for the full cache: one Python call a
+layer), so the full cache's time here includes that call. ``--small`` is a check that the script runs (a short context, a few tokens,
 one round): its figures mean nothing.
 
     python benchmarks/quant_decode.py [--context 384] [--tokens 64] [--rounds 5] [--pairing round|token] [--small]

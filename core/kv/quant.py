@@ -3,7 +3,8 @@
 ``quant:bits=B,axis=tensor|token|channel|group|kivi[,group=G][,residual=R][,symmetric=true|false]``
 
 Each layer's keys and each layer's values are one :class:`Stream`: quantized tokens, oldest first, then a
-full-precision tail (the model's own dtype). A new token enters the tail; tokens leave it for the quantized part in
+full-precision tail (the model's own dtype; a rotating layout stores its tail rotated, x R, and attention reads the
+stream in that rotated space: see .rotation and .attention). A new token enters the tail; tokens leave it for the quantized part in
 *blocks*:
 
 * ``token``, ``group`` (and ``kivi`` values): a token is quantized alone (one scale per token, or per G channels of
