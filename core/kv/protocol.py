@@ -30,7 +30,8 @@ for one: ``check_options`` / ``capabilities_for`` (the spec's values checked tog
 narrow), ``rewrite`` (recompute: the forwards to run instead of the ids), ``wants_attentions``
 / ``observe_attentions`` (a score-based press sees a forward's attention), ``one_token_a_forward`` (layers of unequal
 lengths), ``slot_ranges`` (what the next forward attends to, at which positions), ``kept_positions`` (per-head kept
-positions), ``spec_text``, ``evicted`` and ``last_evicted``.
+positions), ``attention_space`` (a rotating quantized cache: attention in its rotated space, .attention),
+``spec_text``, ``evicted`` and ``last_evicted``.
 
 Policies register in ``POLICIES`` (name -> class). A class declares ``name``, ``capabilities``, ``summary`` (one
 line for ``decodelab models``), ``params`` (allowed ``key=value`` names with their parser) and is built by
