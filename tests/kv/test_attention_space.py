@@ -207,3 +207,31 @@ def test_the_nibble_index_of_every_byte(bits):
     want_high = sum(((p[..., j * width : (j + 1) * width] >> 4) << (4 * j)) for j in range(bits))
     assert got.dtype == torch.int32
     assert torch.equal(got.long(), torch.stack([want_low, want_high], -1))
+
+
+@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,residual=4,rotate=random", "turbo:bits=3"])
+def test_two_rows_reordered_attend_alike_on_both_paths(spec):
+    """Rows of a batch (each its own rooms in the workspace) and a reorder between forwards (beam search): the
+    rotated-space path against the rotate-back path."""
+    model = random_model("llama", scale=4.0)
+    ids = torch.stack([torch.arange(3, 40), torch.arange(50, 87)])
+
+    def run(wrapped: bool) -> torch.Tensor:
+        if wrapped:
+            rt = Runtime.create(model, parse_cache_spec(spec))
+        else:
+            install = runtime_module.install_for
+            runtime_module.install_for = lambda model, space: None
+            try:
+                rt = Runtime.create(model, parse_cache_spec(spec))
+            finally:
+                runtime_module.install_for = install
+        assert (rt._attention is not None) == wrapped
+        rows = [rt.prefill(ids[:, :8])]
+        for t in range(8, ids.shape[1]):
+            if t == 20:
+                rt.reorder(torch.tensor([1, 0]))
+            rows.append(rt.feed(ids[:, t : t + 1]))
+        return torch.stack(rows)
+
+    torch.testing.assert_close(run(True), run(False), rtol=0, atol=2e-5)
