@@ -115,7 +115,13 @@ def can_wrap(model) -> bool:
     ``set_attn_implementation``)."""
     own = _installs[id(model)][1] if id(model) in _installs else own_implementation(model)
     return own in WRAPPABLE and hasattr(model, "set_attn_implementation") and \
-        not getattr(model.config, "reorder_and_upcast_attn", False)
+        not getattr(model.config, "reorder_and_upcast_attn", False) and (own == "sdpa" or eager_findable(model))
+
+
+def eager_findable(model) -> bool:
+    """Every attention layer's modeling file defines the eager function the wrapper would call."""
+    files = {type(m).__module__ for m in model.modules() if hasattr(m, "layer_idx")}
+    return bool(files) and all(hasattr(sys.modules.get(name), "eager_attention_forward") for name in files)
 
 
 class Installed:

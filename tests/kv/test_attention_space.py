@@ -235,3 +235,4 @@ def test_two_rows_reordered_attend_alike_on_both_paths(spec):
         return torch.stack(rows)
 
     torch.testing.assert_close(run(True), run(False), rtol=0, atol=2e-5)
+
