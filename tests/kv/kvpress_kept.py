@@ -1,12 +1,18 @@
 """What NVIDIA's kvpress keeps, per layer and KV head, after the prefill of one prompt.
 
-Run with a Python that has kvpress (it pins transformers < 5.3, so it lives in its own virtual environment):
+Run with a Python that has kvpress (it pins transformers < 5.3, so it lives in its own virtual environment;
+.ci/kvpress-venv.sh builds one):
 
-    python kvpress_kept.py MODEL_DIR '[ids...]' PressName '{"compression_ratio": 0.5, ...}'
+    python kvpress_kept.py MODEL_DIR '[ids...]' PressName '{"compression_ratio": 0.5, ...}' [CONTINUATION OUT.pt]
 
 prints JSON [layer][kv head] -> kept positions, ascending (row 0). kvpress returns the compressed keys, not their
 positions, so each kept key is matched to the position whose uncompressed key is identical (the prefill computes
 every layer's keys before that layer is compressed, so they are the same floats).
+
+With CONTINUATION (JSON ids) and OUT.pt, the continuation is then fed in one forward through the compressed cache as
+kvpress's own pipeline feeds a question (position ids continuing from the uncompressed prompt's length, no further
+compression), and OUT.pt gets {"logprobs": [n, V] float32 log-softmax of each continuation position,
+"kept": the same lists}.
 """
 
 from __future__ import annotations
@@ -28,6 +34,15 @@ def kept_positions(full: torch.Tensor, kept: torch.Tensor) -> list[list[int]]:
     return out
 
 
+def continuation_logprobs(model, cache, prompt_len: int, ids: list[int]) -> torch.Tensor:
+    """[n, V]: log-softmax of the logits at each continuation position, fed in one forward after the compressed
+    prompt, at positions prompt_len .. prompt_len + n - 1 (kvpress's pipeline: generate_answer's position ids)."""
+    x = torch.tensor([ids])
+    positions = torch.arange(prompt_len, prompt_len + len(ids)).unsqueeze(0)
+    logits = model(input_ids=x, past_key_values=cache, position_ids=positions).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
 def main() -> None:
     import kvpress
     from transformers import AutoModelForCausalLM, DynamicCache
@@ -42,8 +57,11 @@ def main() -> None:
         cache = DynamicCache()
         with getattr(kvpress, name)(**kwargs)(model):
             model.model(input_ids=x, past_key_values=cache)
-    print(json.dumps([kept_positions(full.layers[i].keys[0], cache.layers[i].keys[0])
-                      for i in range(len(cache.layers))]))
+        kept = [kept_positions(full.layers[i].keys[0], cache.layers[i].keys[0]) for i in range(len(cache.layers))]
+        if len(sys.argv) > 6:
+            logprobs = continuation_logprobs(model, cache, len(ids), json.loads(sys.argv[5]))
+            torch.save({"logprobs": logprobs, "kept": kept}, sys.argv[6])
+    print(json.dumps(kept))
 
 
 if __name__ == "__main__":
