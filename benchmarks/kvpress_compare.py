@@ -18,7 +18,8 @@ Per press and kept fraction r (decodelab's `ratio=r` is kvpress's `compression_r
     python benchmarks/kvpress_compare.py [--tokens 512] [--prompt 256] [--ratios 0.5,0.25] [--presses all]
                                          [--python PATH] [--out kvpress.json] [--small]
 
---small: 96 tokens, a 64-token prompt, ratio 0.5, keydiff and expected-attention only (checks that the script runs).
+--small: 96 tokens, a 64-token prompt, ratio 0.5, keydiff, expected-attention and keydiff-blocks only (checks that the
+script runs).
 Figures from this script do not depend on timing or load.
 """
 
@@ -52,15 +53,23 @@ PRESSES = {
     "knorm": ("knorm:ratio={r}", "KnormPress", {}),
     "snapkv": ("snapkv:ratio={r},window=8,kernel=5,pool=avg", "SnapKVPress", {"window_size": 8, "kernel_size": 5}),
     "tova": ("tova:ratio={r},compress=prefill", "TOVAPress", {}),
+    # KeyDiff as its paper runs it (block-wise eviction): kvpress's BlockPress keeps the first B = int(r x T) prompt
+    # tokens, then adds BLOCK at a time and keeps the B best; here the prompt is fed B tokens, then BLOCK a forward,
+    # to keydiff:size=B,compress=decode. kvpress computes every key in one forward and evicts afterwards; here each
+    # block's forward attends only to what was kept (a real chunked prefill).
+    "keydiff-blocks": ("keydiff:size={n},compress=decode", "BlockPress", {}),
 }
+BLOCK = 32
 
 
-def ours(model, spec: str, prompt: list[int], rest: list[int]) -> tuple[list, torch.Tensor]:
-    """decodelab: the prompt in one forward (the press compresses after it), the continuation in one more; returns
-    the kept positions [layer][kv head] and the continuation's log-softmax [n, V]."""
+def ours(model, spec: str, prompt: list[int], rest: list[int], chunks: tuple[int, ...] = ()) -> tuple[list, torch.Tensor]:
+    """decodelab: the prompt in one forward (or cut at ``chunks``; the press compresses after each forward), the
+    continuation in one more; returns the kept positions [layer][kv head] after the prompt and the continuation's
+    log-softmax [n, V]."""
     rt = Runtime.create(model, parse_cache_spec(spec))
     with torch.no_grad():
-        rt.feed(torch.tensor([prompt]))
+        for a, b in zip([0, *chunks], [*chunks, len(prompt)]):
+            rt.feed(torch.tensor([prompt[a:b]]))
         kept = rt.policy.kept_positions() if hasattr(rt.policy, "kept_positions") else None
         logits = rt.feed(torch.tensor([rest]), keep="all")[0]
     return kept, torch.log_softmax(logits.float(), dim=-1)
@@ -117,7 +126,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.small:
         args.tokens, args.prompt, args.ratios = 96, 64, "0.5"
-        args.presses = "keydiff,expected-attention" if args.presses == "all" else args.presses
+        args.presses = "keydiff,expected-attention,keydiff-blocks" if args.presses == "all" else args.presses
     if not args.python:
         sys.exit("--python: no kvpress python given (set DECODELAB_KVPRESS_PYTHON; .ci/kvpress-venv.sh builds one)")
     names = list(PRESSES) if args.presses == "all" else args.presses.split(",")
@@ -141,9 +150,13 @@ def main() -> None:
     for r in [float(x) for x in args.ratios.split(",")]:
         for name in names:
             spec_t, press, extra = PRESSES[name]
-            spec = spec_t.format(r=f"{r:g}")
-            kwargs = {"compression_ratio": 1 - r, **extra}
-            mine, my_lp = ours(lm.model, spec, prompt, rest)
+            kwargs, chunks = {"compression_ratio": 1 - r, **extra}, ()
+            if press == "BlockPress":
+                kept = int(len(prompt) * r)
+                kwargs = {"block_size": BLOCK, "press": {"press": "KeyDiffPress", "kwargs": kwargs}}
+                chunks = tuple(range(kept, len(prompt), BLOCK))
+            spec = spec_t.format(r=f"{r:g}", n=int(len(prompt) * r))
+            mine, my_lp = ours(lm.model, spec, prompt, rest, chunks)
             press_kept, their_lp = theirs(args.python, folder, press, kwargs, prompt, rest)
             agree = agreement(mine, press_kept)
             a, b = scored(my_lp, rest), scored(their_lp, rest)

@@ -5,6 +5,8 @@ Run with a Python that has kvpress (it pins transformers < 5.3, so it lives in i
 
     python kvpress_kept.py MODEL_DIR '[ids...]' PressName '{"compression_ratio": 0.5, ...}' [CONTINUATION OUT.pt]
 
+(a keyword whose value is {"press": NAME, "kwargs": {...}} gets that press: BlockPress's ``press``)
+
 prints JSON [layer][kv head] -> kept positions, ascending (row 0). kvpress returns the compressed keys, not their
 positions, so each kept key is matched to the position whose uncompressed key is identical (the prefill computes
 every layer's keys before that layer is compressed, so they are the same floats).
@@ -43,19 +45,29 @@ def continuation_logprobs(model, cache, prompt_len: int, ids: list[int]) -> torc
     return torch.log_softmax(logits.float(), dim=-1)
 
 
+def build(kvpress, name: str, kwargs: dict):
+    """kvpress's press ``name`` from JSON keyword arguments; a value {"press": NAME, "kwargs": {...}} is itself a
+    press (BlockPress's ``press``)."""
+    kwargs = {key: build(kvpress, value["press"], value.get("kwargs", {}))
+              if isinstance(value, dict) and "press" in value else value for key, value in kwargs.items()}
+    return getattr(kvpress, name)(**kwargs)
+
+
 def main() -> None:
     import kvpress
     from transformers import AutoModelForCausalLM, DynamicCache
 
     folder, ids, name, kwargs = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
+    # eager attention returns the weights the attention-scored presses read; BlockPress refuses them (sdpa returns none)
+    attention = "sdpa" if name == "BlockPress" else "eager"
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attention, dtype=torch.float32).eval()
     x = torch.tensor([ids])
     with torch.no_grad():
         full = DynamicCache()
         model.model(input_ids=x, past_key_values=full)
         cache = DynamicCache()
-        with getattr(kvpress, name)(**kwargs)(model):
+        with build(kvpress, name, kwargs)(model):
             model.model(input_ids=x, past_key_values=cache)
         kept = [kept_positions(full.layers[i].keys[0], cache.layers[i].keys[0]) for i in range(len(cache.layers))]
         if len(sys.argv) > 6:
