@@ -485,6 +485,9 @@ KVPRESS_CASES = [
     ("tova:ratio=0.5,compress=prefill", "TOVAPress", {"compression_ratio": 0.5}),
     ("pyramidkv:ratio=0.25,window=4,kernel=5,pool=avg,beta=4", "PyramidKVPress",
      {"compression_ratio": 0.75, "window_size": 4, "kernel_size": 5, "beta": 4}),
+    ("keydiff:ratio=0.5", "KeyDiffPress", {"compression_ratio": 0.5}),
+    ("expected-attention:ratio=0.25", "ExpectedAttentionPress",
+     {"compression_ratio": 0.75, "n_future_positions": 512, "n_sink": 4}),
 ]
 
 
@@ -515,6 +518,42 @@ def test_kept_positions_equal_kvpress(tmp_path, arch, text, press, kwargs):
         for mine, press_kept in zip(our_heads, their_heads):
             assert last in press_kept and set(press_kept) - {last} <= set(mine)
             assert len(set(mine) - set(press_kept)) == (0 if last in mine else 1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not KVPRESS_PYTHON, reason="set DECODELAB_KVPRESS_PYTHON to a python that has kvpress")
+@pytest.mark.parametrize("text,press,kwargs", [
+    ("keydiff:ratio=0.5", "KeyDiffPress", {"compression_ratio": 0.5}),
+    ("expected-attention:ratio=0.5", "ExpectedAttentionPress", {"compression_ratio": 0.5}),
+], ids=["KeyDiffPress", "ExpectedAttentionPress"])
+def test_bundled_model_keeps_and_scores_as_kvpress(tmp_path, text, press, kwargs):
+    """On the bundled model (its own folder, as kvpress loads it), 96 tokens of validation.txt: the 64-token prompt
+    compressed once keeps, per layer and KV head, the positions kvpress keeps, and the 31 continuation tokens fed
+    through the compressed cache get kvpress's log-probabilities (within float32 rounding: the two venvs run
+    different transformers releases). Bug caught: a score, a budget or a position that differs from kvpress's."""
+    import json
+    import subprocess
+    from pathlib import Path
+
+    from decodelab.core.engine.models import bundled_dir, load_model
+
+    lm = load_model("tiny", device="cpu", dtype="float32")
+    folder = bundled_dir("tiny")
+    ids = lm.encode((folder.parent / "validation.txt").read_text(encoding="utf-8"))[:96]
+    prompt, rest = ids[:64], ids[64:]
+    rt = Runtime.create(lm.model, parse_cache_spec(text))
+    with torch.no_grad():
+        rt.feed(torch.tensor([prompt]))
+        kept = rt.policy.kept_positions()
+        mine = torch.log_softmax(rt.feed(torch.tensor([rest]), keep="all")[0].float(), dim=-1)
+    out = tmp_path / "kvpress.pt"
+    run = subprocess.run([KVPRESS_PYTHON, str(Path(__file__).with_name("kvpress_kept.py")), str(folder),
+                          json.dumps(prompt), press, json.dumps(kwargs), json.dumps(rest), str(out)],
+                         check=False, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    theirs = torch.load(out)
+    assert kept == theirs["kept"] == json.loads(run.stdout.strip().splitlines()[-1])
+    assert float((mine - theirs["logprobs"]).abs().max()) < 1e-4
 
 
 # --- exact edges the mutation run (tests/mutation/run.sh, the presses and recompute) showed no test pinned --------
