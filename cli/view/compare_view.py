@@ -26,6 +26,8 @@ def setting_keys(run) -> list[str]:
     for v in run.variants:
         named = (["method"] if v.method != "sample" else []) + (["preset"] if v.preset else []) + [k for k, _ in v.values]
         keys += [k for k in named if k not in keys]
+    for p in run.prompts:  # a prompt's own settings (they override the variants' for that prompt)
+        keys += [k for k in getattr(p, "settings", {}) if k not in keys]
     return keys
 
 
@@ -36,7 +38,7 @@ def settings_row(run, row) -> dict:
 
     flat = flat_row(row)
     v = next(x for x in run.variants if x.name == row.variant)
-    resolved = render.clean(as_dict(run.settings[v.name, row.seed]))
+    resolved = render.clean(as_dict(run.settings_of(v.name, row.prompt, row.seed)))
     values = {"method": v.method, "preset": v.preset or ""}
     cells = {k: values[k] if k in values else resolved.get(k) for k in setting_keys(run)}
     cells = {k: (",".join(map(str, c)) if isinstance(c, (list, tuple)) else c) for k, c in cells.items()}
@@ -49,6 +51,16 @@ def from_there(text: str | None, width: int = 40) -> str:
     if text is None:
         return ""
     return render.cut(repr(text), width) if text else "(ended)"
+
+
+def own_note(prompt) -> str:
+    """The table's note where the prompt has its own settings (a --prompts-file line's): they ran instead of the
+    variants' values for those keys."""
+    own = getattr(prompt, "settings", None)
+    if not own:
+        return ""
+    values = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in own.items())
+    return f"prompt {prompt.id} sets its own {values}: every variant ran with these here, over its own values. "
 
 
 def fmt(value, spec: str = ".3f") -> str:
@@ -91,9 +103,9 @@ def tables(lm, run, pairs: list[dict] | None = None) -> list:
                           fmt(r.mean_logprob), fmt(r.raw_perplexity, ".2f"), fmt(r.distinct_1, ".2f"),
                           fmt(r.distinct_2, ".2f"), fmt(r.repetition_rate, ".2f"), fmt(r.mean_kept, ".1f"),
                           fmt(r.mean_entropy, ".2f"), fmt(r.tokens_per_s, ".1f"))
-            t.caption = ("logp: mean processed log-prob; ppl: the model's own perplexity of the output; d-1/d-2: "
-                         "distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: processed "
-                         "entropy (nats)")
+            t.caption = (own_note(prompt) + "logp: mean processed log-prob; ppl: the model's own perplexity of the "
+                         "output; d-1/d-2: distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: "
+                         "processed entropy (nats)")
             out.append(t)
     from ...core.analysis.compare import variant_summary
 
