@@ -111,7 +111,7 @@ def emit(opts, lm, run: Comparison) -> None:
         jsonl=[{"type": "pair", **render.clean(pair)} for pair in doc["pairs"]]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
                                  doc["summary"])],
-        tables=[(None, [compare_view.settings_row(run, r) for r in run.rows]),
+        tables=[(None, [compare_view.settings_row(run, r, doc["pairs"]) for r in run.rows]),
                 (None, [render.clean(p) for p in doc["pairs"]])],
         views=lambda: compare_view.tables(lm, run, doc["pairs"])))
 

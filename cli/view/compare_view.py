@@ -31,9 +31,26 @@ def setting_keys(run) -> list[str]:
     return keys
 
 
-def settings_row(run, row) -> dict:
-    """A row of the markdown/CSV table: the row's columns, then one column per setting a variant sets, holding this
-    row's resolved value (the variant's method and preset; the others from its settings for the row's seed)."""
+PAIR_COLUMNS = ("vs", "first_divergence", "token_text", "vs_token_text", "after", "vs_after")
+
+
+def pair_cells(row, first: str, pairs: list[dict]) -> dict:
+    """A row's columns against the first variant on its prompt and seed, read from that pair (the document's, texts
+    by Comparison.pair_texts): ``vs`` the first variant, the step where they part (empty: identical), this row's and
+    the first's token there as text, and each output's text from there on; empty on the first variant's own rows."""
+    cells = dict.fromkeys(PAIR_COLUMNS)
+    pair = next((p for p in pairs if (p["a"], p["b"], p["prompt"], p["seed"]) == (first, row.variant, row.prompt,
+                                                                                  row.seed)), None)
+    if pair is not None:
+        cells.update(vs=first, first_divergence=pair["first_divergence"], token_text=pair["b_token_text"],
+                     vs_token_text=pair["a_token_text"], after=pair["b_after"], vs_after=pair["a_after"])
+    return cells
+
+
+def settings_row(run, row, pairs: list[dict] | None = None) -> dict:
+    """A row of the markdown/CSV table: the row's columns, its texts against the first variant where ``pairs`` (the
+    document's) are given (pair_cells), then one column per setting a variant sets, holding this row's resolved value
+    (the variant's method and preset; the others from its settings for the row's seed)."""
     from ...core.settings import as_dict
 
     flat = flat_row(row)
@@ -42,6 +59,8 @@ def settings_row(run, row) -> dict:
     values = {"method": v.method, "preset": v.preset or ""}
     cells = {k: values[k] if k in values else resolved.get(k) for k in setting_keys(run)}
     cells = {k: (",".join(map(str, c)) if isinstance(c, (list, tuple)) else c) for k, c in cells.items()}
+    if pairs is not None:
+        flat.update(pair_cells(row, run.variants[0].name, pairs))
     return {**flat, **{k: c for k, c in cells.items() if k not in flat}}
 
 

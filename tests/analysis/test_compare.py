@@ -1148,6 +1148,34 @@ def test_compare_honours_a_prompts_file_lines_own_settings(cli, toy_model_dir, t
     assert f"--prompts-file {path}: line 2 sets 'seed': the seeds are the comparison's axis" in err
 
 
+def test_compare_csv_holds_each_rows_texts_against_the_first_variant(cli, toy_model_dir):
+    """Issue 40: compare's CSV had no pair texts. Each row carries its pair with the first variant (vs, the step where
+    they part, the two tokens there as text, each output's text from there on), checked against the rows' own ids
+    and the tokenizer; the first variant's rows and an identical pair leave them empty."""
+    import csv
+    import io
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(toy_model_dir)
+    args = ("compare", "Once upon", "-m", toy_model_dir, "-V", "g: temperature=0", "-V", "h: temperature=1.5",
+            "-V", "same: temperature=0", "--seeds", "3", "-n", "6", "--ignore-eos", "--threads", "1")
+    doc = json.loads(cli(*args, "-f", "json")[1])
+    code, out, err = cli(*args, "-f", "csv")
+    assert code == 0, err
+    rows = {r["variant"]: r for r in csv.DictReader(io.StringIO(out))}
+    ids = {r["variant"]: r["token_ids"] for r in doc["rows"]}
+    a, b = ids["g"], ids["h"]
+    d = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)  # temperature 1.5 parts from greedy on this seed
+    text = lambda i: tok.convert_tokens_to_string([tok.convert_ids_to_tokens(i)])  # noqa: E731
+    h = rows["h"]
+    assert (h["vs"], h["first_divergence"], h["token_text"], h["vs_token_text"]) == ("g", str(d), text(b[d]), text(a[d]))
+    assert (h["after"], h["vs_after"]) == (tok.decode(b[d:]), tok.decode(a[d:]))
+    assert rows["same"]["vs"] == "g" and all(rows["same"][k] == "" for k in ("first_divergence", "token_text", "after"))
+    assert all(rows["g"][k] == "" for k in ("vs", "first_divergence", "token_text", "vs_token_text", "after", "vs_after"))
+    assert list(rows["g"])[-1] == "temperature"  # the settings columns stay last
+
+
 def test_a_pair_shows_its_differing_tokens_as_text_at_the_divergence_and_after(cli, toy_model_dir):
     """Issue 40: compare said at which step two variants part, not which tokens. Each pair carries the two tokens
     there as text and each output's text from there on, worked here from the rows' own ids and the tokenizer; the
