@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import render
+from .fit import SameLayout
 
 ROW_COLUMNS = ("variant", "prompt", "seed", "text", "length", "stop_reason", "mean_logprob", "raw_perplexity",
                "distinct_1", "distinct_2", "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s")
@@ -126,6 +127,7 @@ def tables(lm, run, pairs: list[dict] | None = None) -> list:
                          "output; d-1/d-2: distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: "
                          "processed entropy (nats)")
             out.append(t)
+    SameLayout(out)  # one layout for every block: no column moves between panels from one to the next
     from ...core.analysis.compare import variant_summary
 
     out.append(summary_table(variant_summary(run.rows)))
