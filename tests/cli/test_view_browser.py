@@ -213,6 +213,21 @@ def test_greedy_shades_by_raw_and_says_why(driver, traces, tmp_path):
     assert all("s0" in s.get_attribute("class") for s in tokens(driver)), "processed p 1 everywhere"
 
 
+def test_greedy_shows_the_raw_distribution_labelled_raw(driver, traces, tmp_path):
+    """Issue 40: greedy's processed distribution is one-hot; as the terminal's list marked raw:, the page shows each
+    step's raw p and its alternatives' raw p (section #raw-one-hot), and a step's panel lists the raw p first."""
+    doc = traces["greedy"]
+    open_page(driver, tmp_path, doc)
+    section = driver.find_element("id", "raw-one-hot")
+    cells = section.find_elements("css selector", "td[data-f=raw_prob] .n")
+    assert [float(c.get_attribute("data-v")) for c in cells] == [s["raw_prob"] for s in doc["steps"]]
+    assert "raw: " in section.text
+    hover(driver, tokens(driver)[1])
+    shown = panel(driver)
+    assert driver.find_element("css selector", "#detail [data-one-hot]").text.startswith("raw: ")
+    assert_shown(shown["alts"][1], doc["steps"][1]["alternatives"][1], ("token_id", "prob", "raw_prob"))
+
+
 def test_the_keyboard_reaches_and_walks_the_tokens(driver, traces, tmp_path):
     from selenium.webdriver.common.keys import Keys
 
