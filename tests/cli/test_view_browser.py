@@ -213,6 +213,20 @@ def test_greedy_shades_by_raw_and_says_why(driver, traces, tmp_path):
     assert all("s0" in s.get_attribute("class") for s in tokens(driver)), "processed p 1 everywhere"
 
 
+def test_a_greedy_batch_request_shades_by_raw_and_says_why(driver, tmp_path):
+    """Issue 40: a greedy request's processed p is 1 at every step, so its text is shaded by raw p by default, with a
+    note; a sampled request keeps the processed shading."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Once upon a time", "temperature": 0}\n{"prompt": "The cat", "temperature": 0.9}\n',
+                       encoding="utf-8")
+    doc = run(["batch", "--prompts-file", str(prompts), "-n", "3"])
+    open_page(driver, tmp_path, doc)
+    pressed = [b.text for b in driver.find_elements("css selector", "[id^=request-] button[aria-pressed=true]")]
+    assert pressed == ["raw p", "processed p"]
+    (note,) = driver.find_elements("css selector", "#content [data-one-hot]")
+    assert note.text.startswith(f"request {doc['requests'][0]['id']}: every processed p is 1 (greedy)")
+
+
 def test_greedy_shows_the_raw_distribution_labelled_raw(driver, traces, tmp_path):
     """Issue 40: greedy's processed distribution is one-hot; as the terminal's list marked raw:, the page shows each
     step's raw p and its alternatives' raw p (section #raw-one-hot), and a step's panel lists the raw p first."""

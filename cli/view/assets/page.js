@@ -598,15 +598,18 @@
       .map((k) => ({ k, num: ["prefix_hit_tokens", "computed_tokens", "preemptions", "joined", "finished"].includes(k), fmt: ["prompt", "text"].includes(k) ? (r) => tok(r[k]) : undefined })), reqs));
     reqs.forEach((r, k) => {
       if (!r.steps || !r.steps.length) return;
+      /* greedy (every processed p 1: exp(logprob) = 1 at each step): the processed shading is flat, so raw is the default */
+      const flat = r.steps.every((st) => st.logprob === 0);
       tokenView(`request ${r.id}`, {
         id: `request-${k}`,
         tokens: r.steps.map((st) => ({ text: st.token, p: { processed: Math.exp(st.logprob), raw: Math.exp(st.raw_logprob) } })),
         modes: { processed: "each token shaded by exp(logprob) (derived: processed p, the distribution drawn from):", raw: "each token shaded by exp(raw_logprob) (derived: the model's own p):" },
-        mode: "processed", before: r.prompt,
+        mode: flat ? "raw" : "processed", before: r.prompt,
         detail: (i) => `<h3>request ${esc(String(r.id))}, step ${i}</h3>` + kv(r.steps[i], ["index", "token", "token_id", "logprob", "raw_logprob"],
           { logprob: "processed log-probability", raw_logprob: "raw log-probability" }),
         branch: null,
       });
+      if (flat) content.lastElementChild.insertAdjacentHTML("beforeend", `<p class="note" data-one-hot>request ${esc(String(r.id))}: every processed p is 1 (greedy), so the default shading is raw p (the model's own)</p>`);
     });
   }
 
