@@ -227,6 +227,16 @@ def test_a_greedy_batch_request_shades_by_raw_and_says_why(driver, tmp_path):
     assert note.text.startswith(f"request {doc['requests'][0]['id']}: every processed p is 1 (greedy)")
 
 
+def test_compare_says_which_prompt_ran_with_its_own_settings(driver, tmp_path):
+    """Issue 40: a --prompts-file line's own settings override every variant's for that prompt; its block says so."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "prompt": "Hello"}\n{"prompt": "Once", "temperature": 0.7}\n', encoding="utf-8")
+    doc = run(["compare", "--prompts-file", str(prompts), "-V", "a: temperature=0", "-V", "b: temperature=1.2", "-n", "3"])
+    open_page(driver, tmp_path, doc)
+    (note,) = driver.find_elements("css selector", "#content [data-own-settings]")
+    assert note.text.endswith('{"temperature":0.7}')
+
+
 def test_greedy_shows_the_raw_distribution_labelled_raw(driver, traces, tmp_path):
     """Issue 40: greedy's processed distribution is one-hot; as the terminal's list marked raw:, the page shows each
     step's raw p and its alternatives' raw p (section #raw-one-hot), and a step's panel lists the raw p first."""

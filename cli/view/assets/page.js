@@ -521,6 +521,7 @@
     const groups = new Map();
     doc.rows.forEach((r, i) => { const k = r.prompt + "\u0000" + r.seed; if (!groups.has(k)) groups.set(k, []); groups.get(k).push(i); });
     const prompts = new Map((doc.prompts || []).map((p) => [String(p.id), p.text]));
+    const own = new Map((doc.prompts || []).filter((p) => p.settings).map((p) => [String(p.id), p.settings]));
     let html = `<p class="note">Token ids by step (compare keeps ids, not token texts); each row against the first: a bold underlined id differs from the first row's at that step; ◆ marks the pair's first divergence (the deciding stage in the pairs table below).</p>`;
     groups.forEach((idx, key) => {
       const [prompt, seed] = key.split("\u0000");
@@ -529,7 +530,9 @@
       const len = Math.max(...rows.map((r) => r.token_ids.length));
       const div = new Map();
       doc.pairs.filter((p) => String(p.prompt) === prompt && String(p.seed) === seed && p.a === ref.variant).forEach((p) => div.set(p.b, p));
-      html += `<h3>prompt ${esc(prompt)} ${prompts.has(prompt) ? tok(prompts.get(prompt)) : ""}, seed ${esc(seed)}</h3><div class="scroll"><table class="grid"><tr><th>variant</th>` +
+      html += `<h3>prompt ${esc(prompt)} ${prompts.has(prompt) ? tok(prompts.get(prompt)) : ""}, seed ${esc(seed)}</h3>` +
+        (own.has(prompt) ? `<p class="note" data-own-settings>this prompt's own settings, which every variant ran with here over its own values: <code>${esc(JSON.stringify(own.get(prompt)))}</code></p>` : "") +
+        `<div class="scroll"><table class="grid"><tr><th>variant</th>` +
         Array.from({ length: len }, (_, j) => `<th>${j}</th>`).join("") + `<th>text</th></tr>` +
         rows.map((r, ri) => {
           const p = div.get(r.variant);
