@@ -23,6 +23,7 @@ exact but not coupled to plain sampling; beam search is deterministic (no draws)
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import combinations
@@ -308,11 +309,11 @@ def own_settings(variants: list[Variant], prompts: list[Prompt], settings: dict,
     command's. Each is checked before anything runs; a key some variant's method does not have is refused (it
     would apply to some variants and not others), as are two such prompts with one id (rows name their prompt by it)."""
     out: dict = {}
-    ids = [p.id for p in prompts]
+    ids = Counter(p.id for p in prompts)
     for p in prompts:
         if not p.settings:
             continue
-        if ids.count(p.id) > 1:
+        if ids[p.id] > 1:
             raise ConfigError(f"--prompts-file: prompt id {p.id!r} is used twice and one has its own settings; give "
                               "each prompt its own id")
         for v in variants:

@@ -1118,6 +1118,10 @@ def test_a_prompts_own_settings_that_cannot_be_compared_are_refused(llama, tmp_p
         "--prompts-file: prompt 2, variant b: --temperature 0.5: not used by beam search")
     assert refused({"cache": "window:size=8"}).startswith("--prompts-file P: line 2: 'cache' is not a per-request")
     assert refused({"temprature": 0.5}).startswith("--prompts-file P: line 2: ")
+    dup = tmp_path / "dup.jsonl"  # rows name their prompt by its id: one id for two prompts, one with settings
+    dup.write_text('{"id": "a", "prompt": "1 2"}\n{"id": "a", "prompt": "3 4", "temperature": 0.5}\n')
+    with pytest.raises(ConfigError, match="^--prompts-file: prompt id 'a' is used twice and one has its own settings"):
+        cmp.Comparison(Ids(llama), [cmp.parse_variant("v: temperature=1")], cmp.read_prompts(dup), [0])
 
 
 def test_compare_honours_a_prompts_file_lines_own_settings(cli, toy_model_dir, tmp_path):
