@@ -27,7 +27,8 @@ Presets = Annotated[Optional[list[str]], typer.Option("--preset", "-p", help="A 
 Job = Annotated[Optional[Path], typer.Option("--job", help="A job file: TOML ([[variant]] tables, optional prompts, "
                                              "seeds, [defaults]) or JSONL (one variant object a line).")]
 PromptsFile = Annotated[Optional[Path], typer.Option("--prompts-file", help="One prompt a line, or JSONL with "
-                                                     "\"prompt\" and \"id\".")]
+                                                     "\"prompt\", \"id\" and, as in batch, any setting but seed "
+                                                     "(it overrides every variant's for that prompt).")]
 Seeds = Annotated[Optional[str], typer.Option("--seeds", help="Seeds, e.g. 0-9 or 1,3,5 (default 0).",
                                               show_default=False)]
 
@@ -110,7 +111,7 @@ def emit(opts, lm, run: Comparison) -> None:
         jsonl=[{"type": "pair", **render.clean(pair)} for pair in doc["pairs"]]
         + [output.summary_record("compare", lm.name, {"rows": len(run.rows), "pairs": len(run.pairs)},
                                  doc["summary"])],
-        tables=[(None, [compare_view.settings_row(run, r) for r in run.rows]),
+        tables=[(None, [compare_view.settings_row(run, r, doc["pairs"]) for r in run.rows]),
                 (None, [render.clean(p) for p in doc["pairs"]])],
         views=lambda: compare_view.tables(lm, run, doc["pairs"])))
 

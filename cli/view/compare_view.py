@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import render
+from .fit import SameLayout
 
 ROW_COLUMNS = ("variant", "prompt", "seed", "text", "length", "stop_reason", "mean_logprob", "raw_perplexity",
                "distinct_1", "distinct_2", "repetition_rate", "mean_kept", "mean_entropy", "tokens_per_s")
@@ -26,20 +27,41 @@ def setting_keys(run) -> list[str]:
     for v in run.variants:
         named = (["method"] if v.method != "sample" else []) + (["preset"] if v.preset else []) + [k for k, _ in v.values]
         keys += [k for k in named if k not in keys]
+    for p in run.prompts:  # a prompt's own settings (they override the variants' for that prompt)
+        keys += [k for k in getattr(p, "settings", {}) if k not in keys]
     return keys
 
 
-def settings_row(run, row) -> dict:
-    """A row of the markdown/CSV table: the row's columns, then one column per setting a variant sets, holding this
-    row's resolved value (the variant's method and preset; the others from its settings for the row's seed)."""
+PAIR_COLUMNS = ("vs", "first_divergence", "token_text", "vs_token_text", "after", "vs_after")
+
+
+def pair_cells(row, first: str, pairs: list[dict]) -> dict:
+    """A row's columns against the first variant on its prompt and seed, read from that pair (the document's, texts
+    by Comparison.pair_texts): ``vs`` the first variant, the step where they part (empty: identical), this row's and
+    the first's token there as text, and each output's text from there on; empty on the first variant's own rows."""
+    cells = dict.fromkeys(PAIR_COLUMNS)
+    pair = next((p for p in pairs if (p["a"], p["b"], p["prompt"], p["seed"]) == (first, row.variant, row.prompt,
+                                                                                  row.seed)), None)
+    if pair is not None:
+        cells.update(vs=first, first_divergence=pair["first_divergence"], token_text=pair["b_token_text"],
+                     vs_token_text=pair["a_token_text"], after=pair["b_after"], vs_after=pair["a_after"])
+    return cells
+
+
+def settings_row(run, row, pairs: list[dict] | None = None) -> dict:
+    """A row of the markdown/CSV table: the row's columns, its texts against the first variant where ``pairs`` (the
+    document's) are given (pair_cells), then one column per setting a variant sets, holding this row's resolved value
+    (the variant's method and preset; the others from its settings for the row's seed)."""
     from ...core.settings import as_dict
 
     flat = flat_row(row)
     v = next(x for x in run.variants if x.name == row.variant)
-    resolved = render.clean(as_dict(run.settings[v.name, row.seed]))
+    resolved = render.clean(as_dict(run.settings_of(v.name, row.prompt, row.seed)))
     values = {"method": v.method, "preset": v.preset or ""}
     cells = {k: values[k] if k in values else resolved.get(k) for k in setting_keys(run)}
     cells = {k: (",".join(map(str, c)) if isinstance(c, (list, tuple)) else c) for k, c in cells.items()}
+    if pairs is not None:
+        flat.update(pair_cells(row, run.variants[0].name, pairs))
     return {**flat, **{k: c for k, c in cells.items() if k not in flat}}
 
 
@@ -49,6 +71,16 @@ def from_there(text: str | None, width: int = 40) -> str:
     if text is None:
         return ""
     return render.cut(repr(text), width) if text else "(ended)"
+
+
+def own_note(prompt) -> str:
+    """The table's note where the prompt has its own settings (a --prompts-file line's): they ran instead of the
+    variants' values for those keys."""
+    own = getattr(prompt, "settings", None)
+    if not own:
+        return ""
+    values = ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in own.items())
+    return f"prompt {prompt.id} sets its own {values}: every variant ran with these here, over its own values. "
 
 
 def fmt(value, spec: str = ".3f") -> str:
@@ -91,10 +123,11 @@ def tables(lm, run, pairs: list[dict] | None = None) -> list:
                           fmt(r.mean_logprob), fmt(r.raw_perplexity, ".2f"), fmt(r.distinct_1, ".2f"),
                           fmt(r.distinct_2, ".2f"), fmt(r.repetition_rate, ".2f"), fmt(r.mean_kept, ".1f"),
                           fmt(r.mean_entropy, ".2f"), fmt(r.tokens_per_s, ".1f"))
-            t.caption = ("logp: mean processed log-prob; ppl: the model's own perplexity of the output; d-1/d-2: "
-                         "distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: processed "
-                         "entropy (nats)")
+            t.caption = (own_note(prompt) + "logp: mean processed log-prob; ppl: the model's own perplexity of the "
+                         "output; d-1/d-2: distinct uni/bigrams; rep: repeated 4-grams; kept: candidates per step; H: "
+                         "processed entropy (nats)")
             out.append(t)
+    SameLayout(out)  # one layout for every block: no column moves between panels from one to the next
     from ...core.analysis.compare import variant_summary
 
     out.append(summary_table(variant_summary(run.rows)))

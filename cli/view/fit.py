@@ -4,7 +4,8 @@ rich narrows an over-wide table by shrinking its wrapping columns, then every co
 short with an ellipsis (`1.3e-…`) or folds them across lines. Here a table too wide for the terminal is split into
 panels of columns, each repeating the table's key columns (``table.key_columns``, default 1: the first), and each
 column gets at least what it needs: a no-wrap
-column its longest cell, a wrapping column its longest word."""
+column its longest cell, a wrapping column its longest word. Tables of one view that share a ``SameLayout`` are
+measured together, so they split alike."""
 
 from __future__ import annotations
 
@@ -37,6 +38,25 @@ def column_widths(console: Console, table: Table) -> list[tuple[int, int]]:
             need, want = max(need, column.min_width), max(want, column.min_width)
         out.append((need, want))
     return out
+
+
+class SameLayout:
+    """Tables of one view with the same columns (compare's block per prompt and seed) laid out alike: each column's
+    (need, want) is the widest over all of them, so at a given width every one fits or splits into the same panels
+    with the same widths, and no column moves between panels from one table to the next."""
+
+    def __init__(self, tables: list[Table]):
+        self.tables, self._widths = list(tables), {}
+        for t in tables:
+            t.same_layout = self
+
+    def widths(self, console: Console) -> list[tuple[int, int]]:
+        key = console.options.max_width
+        if key not in self._widths:  # measured once per width for all the tables
+            each = [column_widths(console, t) for t in self.tables]
+            self._widths[key] = [(max(w[i][0] for w in each), max(w[i][1] for w in each))
+                                 for i in range(len(each[0]))]
+        return self._widths[key]
 
 
 def chrome(table: Table, count: int) -> int:
@@ -81,13 +101,15 @@ def spread(needs: list[int], wants: list[int], room: int) -> list[int]:
 
 
 def fit_table(table: Table, width: int, console: Console | None = None) -> list:
-    """The table itself when it fits ``width``; else panels of its columns that each fit, with fixed widths, and the
-    caption after the last one at the full width."""
+    """The table itself when it fits ``width`` (at its peers' widths where it shares a SameLayout); else panels of its
+    columns that each fit, with fixed widths, and the caption after the last one at the full width."""
     console = console or Console(width=width)
-    widths = column_widths(console, table)
-    if not widths or chrome(table, len(widths)) + sum(w for _, w in widths) <= width:
+    shared = getattr(table, "same_layout", None)
+    widths = shared.widths(console) if shared is not None else column_widths(console, table)
+    whole = not widths or chrome(table, len(widths)) + sum(w for _, w in widths) <= width
+    if whole and (shared is None or not widths):
         return [table]
-    groups = panels(widths, table, width)
+    groups = [list(range(len(widths)))] if whole else panels(widths, table, width)  # whole: at the shared widths
     out = []
     for k, group in enumerate(groups):
         part = copy.copy(table)
@@ -99,6 +121,6 @@ def fit_table(table: Table, width: int, console: Console | None = None) -> list:
             if hasattr(column, "_index"):  # rich's private position of a column in its table (rich 13-15)
                 column._index = j
         part.title = table.title if k == 0 else None
-        part.caption = None
+        part.caption = table.caption if whole else None
         out.append(part)
-    return out + ([table.caption] if table.caption else [])
+    return out + ([table.caption] if table.caption and not whole else [])

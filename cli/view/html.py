@@ -20,6 +20,7 @@ from ...core.trace.format import DECODELAB, OPENAI, trace_kind
 from ...core.trace.openai import check_openai
 from .branch import sample_command
 from .render import SHADES, clean
+from .steps_view import is_one_hot
 
 # command -> the page's view of it (page.js VIEWS); the commands listed are the ones `decodelab view` accepts
 VIEWS = {
@@ -63,7 +64,16 @@ def page_meta(doc: dict, source: str = "the document") -> dict:
     branch = None
     if command in BRANCHING and (command != "stream" or doc.get("mode") == "generate") and not doc.get("samples"):
         branch = sample_command(doc)
-    return {"kind": DECODELAB, "view": VIEWS[command], "shades": shades(), "branch": branch}
+    return {"kind": DECODELAB, "view": VIEWS[command], "shades": shades(), "branch": branch,
+            "one_hot": one_hot_steps(doc)}
+
+
+def one_hot_steps(doc: dict) -> list[int]:
+    """The steps (their ``index``) whose processed distribution is one-hot, decided as the terminal decides it
+    (steps_view.one_hot: greedy, top-k 1): there the page shows the raw distribution, labelled raw."""
+    steps = doc.get("steps") if isinstance(doc.get("steps"), list) else []
+    return [s["index"] for s in steps if isinstance(s, dict) and "prob" in s and "index" in s
+            and is_one_hot(s["prob"], [a.get("prob") for a in s.get("alternatives") or []])]
 
 
 def shades() -> list[list]:

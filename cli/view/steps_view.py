@@ -152,7 +152,12 @@ def row_lines(layout: Layout, step) -> list[Text]:
 def one_hot(step) -> bool:
     """The processed distribution put all its mass on the token (greedy, top-k 1): every other alternative has p 0,
     so the processed numbers say nothing about them."""
-    return step.prob == 1.0 and any(a.prob == 0.0 for a in step.alternatives)
+    return is_one_hot(step.prob, [a.prob for a in step.alternatives])
+
+
+def is_one_hot(prob, alternative_probs) -> bool:
+    """:func:`one_hot` on the numbers (a step record's ``prob`` and its alternatives' ``prob``), for the HTML page."""
+    return prob == 1.0 and any(p == 0.0 for p in alternative_probs)
 
 
 def alternatives_shown(step) -> list[str]:

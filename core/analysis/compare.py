@@ -23,6 +23,7 @@ exact but not coupled to plain sampling; beam search is deterministic (no draws)
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import combinations
@@ -35,6 +36,7 @@ from ..engine.runtime import Runtime
 from ..engine.warmup import rotated, warm_up
 from ..errors import ConfigError
 from ..inputs import parse_int, parse_json, parse_toml, read_input_text
+from ..methods.batch.run import request_settings
 from ..methods.registry import CONTINUING
 from ..methods.speculative.chained import model_member
 from ..sampling import replay
@@ -246,9 +248,11 @@ def seed_count(ranges: list[tuple[int, int]]) -> int:
 class Prompt:
     id: str
     text: str
+    # the prompt's own settings (a JSONL line's, read as batch reads them): they override every variant's for it
+    settings: dict = field(default_factory=dict)
 
 
-PROMPT_KEYS = ("prompt", "text", "id")  # what a JSONL line of compare's --prompts-file may hold
+PROMPT_KEYS = ("prompt", "text", "id")  # a JSONL line's prompt and id; any other key is one of the prompt's settings
 
 
 def read_prompts(path: str | Path) -> list[Prompt]:
@@ -264,12 +268,12 @@ def read_prompts(path: str | Path) -> list[Prompt]:
             text = obj.get("prompt", obj.get("text")) if isinstance(obj, dict) else None
             if not isinstance(text, str) or not text:
                 raise ConfigError(f"--prompts-file {path}: line {n} has no \"prompt\" text")
-            extra = [k for k in obj if k not in PROMPT_KEYS]
-            if extra:  # batch reads them; compare's settings are its variants': refused rather than ignored
-                raise ConfigError(f"--prompts-file {path}: line {n} sets {extra[0]!r}: compare takes settings per "
-                                  "variant (-V, --preset), the same for every prompt, so a prompt's own settings "
-                                  "would be ignored; allowed keys here: prompt (or text), id")
-            prompts.append(Prompt(str(obj.get("id", n)), text))
+            where = f"--prompts-file {path}: line {n}"
+            own = request_settings(where, obj, PROMPT_KEYS)  # batch's reading of a line's settings
+            if "seed" in own:  # the one setting that cannot differ by prompt: the seeds are what the rows share
+                raise ConfigError(f"{where} sets 'seed': the seeds are the comparison's axis, the same for every "
+                                  "prompt and variant (--seeds); remove it from the line")
+            prompts.append(Prompt(str(obj.get("id", n)), text, own))
         return prompts
     return [Prompt(str(n), line) for n, line in enumerate(lines, 1)]
 
@@ -297,6 +301,36 @@ def settings_for(v: Variant, base: dict, seed: int):
     except ConfigError as exc:
         raise ConfigError(f"variant {v.name}: {exc}") from None
     return settings
+
+
+def own_settings(variants: list[Variant], prompts: list[Prompt], settings: dict, seed: int) -> dict:
+    """(variant, prompt id) -> the settings of that variant on a prompt with its own settings: the variant's
+    (settings_for) with the prompt's keys over them, for that prompt only, as batch lays a line's settings over the
+    command's. Each is checked before anything runs; a key some variant's method does not have is refused (it
+    would apply to some variants and not others), as are two such prompts with one id (rows name their prompt by it)."""
+    out: dict = {}
+    ids = Counter(p.id for p in prompts)
+    for p in prompts:
+        if not p.settings:
+            continue
+        if ids[p.id] > 1:
+            raise ConfigError(f"--prompts-file: prompt id {p.id!r} is used twice and one has its own settings; give "
+                              "each prompt its own id")
+        for v in variants:
+            cls = CONTINUING[v.method].settings
+            names = {f.name for f in fields(cls)}
+            missing = [k for k in p.settings if k not in names]
+            if missing:
+                raise ConfigError(f"--prompts-file: prompt {p.id} sets {missing[0]!r}, which variant {v.name} "
+                                  f"(method={v.method}) does not have; a prompt's own settings must apply to every "
+                                  "variant")
+            try:
+                own = replace(settings[v.name, seed], **p.settings)
+                CONTINUING[v.method].validate(own)
+            except ConfigError as exc:
+                raise ConfigError(f"--prompts-file: prompt {p.id}, variant {v.name}: {exc}") from None
+            out[v.name, p.id] = own
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -397,6 +431,7 @@ class Comparison:
         self.drafts: dict[str, object] = {}
         # every setting checked before anything runs; no alternatives in the trace (rows need none)
         self.settings = {(v.name, s): settings_for(v, {**self.base, "top": 0}, s) for v in variants for s in seeds}
+        self.own = own_settings(variants, prompts, self.settings, seeds[0]) if seeds else {}
         self.rows: list[Row] = []
         self.pairs: list[Pair] = []
         self.interrupted = False  # a Ctrl-C cut the comparison: its rows are the ones finished before
@@ -404,6 +439,14 @@ class Comparison:
     @property
     def total(self) -> int:
         return len(self.prompts) * len(self.seeds) * len(self.variants)
+
+    def settings_of(self, variant: str, prompt: str, seed: int):
+        """What a row ran with: the variant's settings for the seed, or, where its prompt has its own settings,
+        those over them (own_settings)."""
+        own = self.own.get((variant, prompt))
+        if own is None:
+            return self.settings[variant, seed]
+        return replace(own, seed=seed) if hasattr(own, "seed") else own
 
     def run(self) -> Comparison:
         """Every (prompt, seed) runs each variant once. Timings are warm and interleaved (issue 34): the model is
@@ -416,7 +459,8 @@ class Comparison:
             for seed in self.seeds:
                 rows = {}
                 for v in rotated(self.variants, group):
-                    rows[v.name] = self.run_one(v, self.settings[v.name, seed], prompt, prompt_ids, seed)
+                    rows[v.name] = self.run_one(v, self.settings_of(v.name, prompt.id, seed), prompt, prompt_ids,
+                                                seed)
                 group += 1
                 for v in self.variants:
                     self.rows.append(rows[v.name])
@@ -440,7 +484,8 @@ class Comparison:
                 "prompt": {"text": first.text, "token_ids": lm.encode(first.text)},
                 "variants": [{"name": v.name, "method": v.method, "spec": v.describe(),
                               "settings": as_dict(self.settings[v.name, seed])} for v in self.variants],
-                "prompts": [{"id": p.id, "text": p.text} for p in self.prompts],
+                "prompts": [{"id": p.id, "text": p.text, **({"settings": p.settings} if p.settings else {})}
+                            for p in self.prompts],
                 "rows": self.rows, "pairs": [self.pair_texts(p) for p in self.pairs],
                 "summary": {"variants": variant_summary(self.rows), **self.cut_short()},
                 **({"reasoning": split} if (split := self.rows_split()) else {})}
@@ -450,7 +495,7 @@ class Comparison:
         texts = {p.id: p.text for p in self.prompts}
         out = []
         for row in self.rows:
-            settings = self.settings[row.variant, row.seed]
+            settings = self.settings_of(row.variant, row.prompt, row.seed)
             part = reasoning.for_tokens(settings, self.lm, self.lm.encode(texts[row.prompt]), row.token_ids)
             if part:
                 out.append({"variant": row.variant, "prompt": row.prompt, "seed": row.seed, **part["reasoning"]})
@@ -532,7 +577,7 @@ class Comparison:
             pair.deciding_stage, pair.why = "stop", f"{shorter.variant} stopped ({shorter.stop_reason})"
             return pair
         pair.a_token, pair.b_token = ra.token_ids[d], rb.token_ids[d]
-        sa, sb = self.settings[a.name, seed], self.settings[b.name, seed]
+        sa, sb = self.settings_of(a.name, ra.prompt, seed), self.settings_of(b.name, rb.prompt, seed)
         if a.method != b.method:
             pair.deciding_stage, pair.why = "method", f"{a.method} vs {b.method}"
         elif a.method != "sample":

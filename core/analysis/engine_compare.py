@@ -137,6 +137,9 @@ class EngineComparison:
         self.rows: list[Row] = []
         self.pairs: list[EnginePair] = []
         self.settings = {}
+        if own := next((p for p in prompts if p.settings), None):  # the server gets each variant's settings only
+            raise ConfigError(f"--prompts-file: prompt {own.id} sets its own settings ({', '.join(own.settings)}); "
+                              "compare --engine sends each variant's settings only: remove them from the line")
         for v in variants:
             if v.method != "sample":
                 raise ConfigError(f"variant {v.name}: method={v.method}: compare --engine runs sample variants "

@@ -1058,17 +1058,126 @@ def test_compare_csv_has_a_column_per_setting_the_variants_set(cli, toy_model_di
     assert (by["c"]["method"], by["c"]["beams"]) == ("beam", "2")
 
 
-def test_compare_refuses_a_prompts_file_line_with_its_own_settings(cli, toy_model_dir, tmp_path):
-    """Issue 40: `batch` honours a JSONL line's settings and `compare` silently ignored them on the same file. compare
-    varies settings by variant, the same for every prompt: a line's own setting is refused in one line, before the
-    model loads; prompt, text and id are read as before."""
+def test_a_prompts_own_settings_give_the_tokens_of_a_comparison_with_those_settings(llama, tmp_path):
+    """Issue 40: `batch` honours a JSONL line's settings and `compare` refused them on the same file. Now a line's
+    settings, read as batch reads them, override every variant's for that prompt only: each of its rows has the tokens
+    of a comparison of that prompt whose variants set them (oracle: that comparison), and a pair's deciding stage is
+    worked from what the rows ran with; the other prompt's rows are the plain comparison's."""
+    pf = tmp_path / "p.jsonl"
+    pf.write_text(json.dumps({"id": "own", "prompt": PROMPT, "temperature": 0.5, "top_k": 7}) + "\n"
+                  + json.dumps({"id": "plain", "prompt": PROMPT}) + "\n")
+    prompts = cmp.read_prompts(pf)
+    assert [(p.id, p.settings) for p in prompts] == [("own", {"temperature": 0.5, "top_k": 7}), ("plain", {})]
+    variants = ["a: temperature=1.3", "b: top_p=0.9,temperature=1.3", "c: method=speculate,draft=ngram"]
+    own_variants = ["a: temperature=0.5,top_k=7", "b: top_p=0.9,temperature=0.5,top_k=7",
+                    "c: method=speculate,draft=ngram,temperature=0.5,top_k=7"]
+    base = {"max_new_tokens": 12, "ignore_eos": True}
+    run = cmp.Comparison(Ids(llama), [cmp.parse_variant(v, i) for i, v in enumerate(variants)], prompts, [0, 1],
+                         base=base).run()
+    alone = compare(llama, own_variants, seeds=(0, 1))
+    plain = compare(llama, variants, seeds=(0, 1))
+    for seed in (0, 1):
+        for name in "abc":
+            row = next(r for r in run.rows if (r.variant, r.prompt, r.seed) == (name, "own", seed))
+            assert row.token_ids == next(r for r in alone.rows if (r.variant, r.seed) == (name, seed)).token_ids
+            row = next(r for r in run.rows if (r.variant, r.prompt, r.seed) == (name, "plain", seed))
+            assert row.token_ids == next(r for r in plain.rows if (r.variant, r.seed) == (name, seed)).token_ids
+        for a, b in (("a", "b"), ("a", "c"), ("b", "c")):
+            got = next(p for p in run.pairs if (p.a, p.b, p.prompt, p.seed) == (a, b, "own", seed))
+            want = pair(alone, a, b, seed)
+            assert (got.first_divergence, got.deciding_stage, got.why) == (want.first_divergence,
+                                                                            want.deciding_stage, want.why)
+    # the prompt's settings changed the outcome (the test could fail): some row differs from the plain prompt's
+    assert any(r.token_ids != q.token_ids for r in run.rows for q in run.rows
+               if (r.prompt, q.prompt) == ("own", "plain") and (r.variant, r.seed) == (q.variant, q.seed))
+    assert run.settings_of("b", "own", 1).top_k == 7 and run.settings_of("b", "own", 1).seed == 1
+    assert run.settings_of("b", "plain", 1).top_k is None
+    doc = run.document()
+    assert doc["prompts"] == [{"id": "own", "text": PROMPT, "settings": {"temperature": 0.5, "top_k": 7}},
+                              {"id": "plain", "text": PROMPT}]
+
+
+def test_a_prompts_own_settings_that_cannot_be_compared_are_refused(llama, tmp_path):
+    """What cannot be compared is refused in one line: a seed (the comparison's axis), a key some variant's method
+    lacks (beam has no stop strings), a value the method refuses (beam takes no temperature), and what batch refuses too (the shared cache)."""
+    def refused(line, variants=("a: temperature=0.5",)):
+        pf = tmp_path / "p.jsonl"
+        pf.write_text(json.dumps({"prompt": PROMPT}) + "\n" + json.dumps({"prompt": PROMPT, **line}) + "\n")
+        with pytest.raises(ConfigError) as e:
+            cmp.Comparison(Ids(llama), [cmp.parse_variant(v, i) for i, v in enumerate(variants)],
+                           cmp.read_prompts(pf), [0])
+        return str(e.value).replace(str(pf), "P")
+
+    assert refused({"seed": 3}) == ("--prompts-file P: line 2 sets 'seed': the seeds are the comparison's axis, the "
+                                    "same for every prompt and variant (--seeds); remove it from the line")
+    assert refused({"stop": "x"}, ("a: temperature=0.5", "b: method=beam,beams=2")) == (
+        "--prompts-file: prompt 2 sets 'stop', which variant b (method=beam) does not have; a prompt's own settings "
+        "must apply to every variant")
+    assert refused({"top_p": 1.5}).startswith("--prompts-file: prompt 2, variant a: ")
+    assert refused({"temperature": 0.5}, ("a: temperature=1", "b: method=beam,beams=2")).startswith(
+        "--prompts-file: prompt 2, variant b: --temperature 0.5: not used by beam search")
+    assert refused({"cache": "window:size=8"}).startswith("--prompts-file P: line 2: 'cache' is not a per-request")
+    assert refused({"temprature": 0.5}).startswith("--prompts-file P: line 2: ")
+    dup = tmp_path / "dup.jsonl"  # rows name their prompt by its id: one id for two prompts, one with settings
+    dup.write_text('{"id": "a", "prompt": "1 2"}\n{"id": "a", "prompt": "3 4", "temperature": 0.5}\n')
+    with pytest.raises(ConfigError, match="^--prompts-file: prompt id 'a' is used twice and one has its own settings"):
+        cmp.Comparison(Ids(llama), [cmp.parse_variant("v: temperature=1")], cmp.read_prompts(dup), [0])
+
+
+def test_compare_honours_a_prompts_file_lines_own_settings(cli, toy_model_dir, tmp_path):
+    """The command: the JSON names the prompt's own settings, the table says they ran over the variants', the CSV's
+    setting columns hold what each row ran with; prompt, text and id are read as before; a seed is one line, exit 2."""
+    import csv
+    import io
+
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "x", "prompt": "Hello"}\n{"prompt": "Once", "temperature": 0.7}\n')
-    code, out, err = cli("compare", "--prompts-file", path, "-m", "/nonexistent/model", "-V", "a: temperature=0")
-    assert code == 2 and err.count("\n") == 1
-    assert f"--prompts-file {path}: line 2 sets 'temperature': compare takes settings per variant" in err
+    args = ("compare", "--prompts-file", path, "-m", toy_model_dir, "-V", "a: temperature=0", "-V",
+            "b: temperature=1.2", "-n", "3", "--threads", "1")
+    code, out, err = cli(*args, "-f", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["prompts"] == [{"id": "x", "text": "Hello"}, {"id": "2", "text": "Once", "settings": {"temperature": 0.7}}]
+    code, out, err = cli(*args, "-f", "csv")
+    rows = {(r["variant"], r["prompt"]): r["temperature"] for r in csv.DictReader(io.StringIO(out))}
+    assert rows == {("a", "x"): "0.0", ("b", "x"): "1.2", ("a", "2"): "0.7", ("b", "2"): "0.7"}
+    code, out, err = cli(*args)
+    assert code == 0 and "prompt 2 sets its own temperature=0.7: every variant ran with these here" in " ".join(
+        out.split())
     path.write_text('{"id": "x", "prompt": "Hello"}\n{"text": "Once"}\n')
     assert [(p.id, p.text) for p in cmp.read_prompts(path)] == [("x", "Hello"), ("2", "Once")]
+    path.write_text('{"id": "x", "prompt": "Hello"}\n{"prompt": "Once", "seed": 7}\n')
+    code, out, err = cli("compare", "--prompts-file", path, "-m", "/nonexistent/model", "-V", "a: temperature=0")
+    assert code == 2 and err.count("\n") == 1
+    assert f"--prompts-file {path}: line 2 sets 'seed': the seeds are the comparison's axis" in err
+
+
+def test_compare_csv_holds_each_rows_texts_against_the_first_variant(cli, toy_model_dir):
+    """Issue 40: compare's CSV had no pair texts. Each row carries its pair with the first variant (vs, the step where
+    they part, the two tokens there as text, each output's text from there on), checked against the rows' own ids
+    and the tokenizer; the first variant's rows and an identical pair leave them empty."""
+    import csv
+    import io
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(toy_model_dir)
+    args = ("compare", "Once upon", "-m", toy_model_dir, "-V", "g: temperature=0", "-V", "h: temperature=1.5",
+            "-V", "same: temperature=0", "--seeds", "3", "-n", "6", "--ignore-eos", "--threads", "1")
+    doc = json.loads(cli(*args, "-f", "json")[1])
+    code, out, err = cli(*args, "-f", "csv")
+    assert code == 0, err
+    rows = {r["variant"]: r for r in csv.DictReader(io.StringIO(out))}
+    ids = {r["variant"]: r["token_ids"] for r in doc["rows"]}
+    a, b = ids["g"], ids["h"]
+    d = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)  # temperature 1.5 parts from greedy on this seed
+    text = lambda i: tok.convert_tokens_to_string([tok.convert_ids_to_tokens(i)])  # noqa: E731
+    h = rows["h"]
+    assert (h["vs"], h["first_divergence"], h["token_text"], h["vs_token_text"]) == ("g", str(d), text(b[d]), text(a[d]))
+    assert (h["after"], h["vs_after"]) == (tok.decode(b[d:]), tok.decode(a[d:]))
+    assert rows["same"]["vs"] == "g" and all(rows["same"][k] == "" for k in ("first_divergence", "token_text", "after"))
+    assert all(rows["g"][k] == "" for k in ("vs", "first_divergence", "token_text", "vs_token_text", "after", "vs_after"))
+    assert list(rows["g"])[-1] == "temperature"  # the settings columns stay last
 
 
 def test_a_pair_shows_its_differing_tokens_as_text_at_the_divergence_and_after(cli, toy_model_dir):

@@ -245,3 +245,47 @@ def test_fit_table_measures_on_a_console_as_wide_as_the_target_when_given_none()
     t.add_row("k", "v" * 85)
     (part,) = fit_table(t, 94)
     assert part is not t and [c.width for c in part.columns] == [3, 85]
+
+
+def compare_blocks(width: int) -> list[list[str]]:
+    """compare's per-(prompt, seed) tables, rendered as the terminal renders them at ``width``: per block, its header
+    lines (one per panel). The blocks hold texts and numbers of different widths, as real prompts do."""
+    from types import SimpleNamespace
+
+    from decodelab.cli.view import compare_view, render
+    from decodelab.core.analysis.compare import Prompt, Row
+
+    def row(variant, prompt, text, length, speed, logp):
+        return Row(variant=variant, method="sample", prompt=prompt, seed=0, text=text, token_ids=[1] * length,
+                   length=length, stop_reason="length" if length < 100 else "eos", mean_logprob=logp,
+                   raw_perplexity=12.5, distinct_1=0.5, distinct_2=0.75, repetition_rate=0.0, mean_kept=1.0,
+                   mean_entropy=0.0, tokens_per_s=speed)
+
+    prompts = [Prompt("1", "Once upon a time"), Prompt("2", "In the beginning"), Prompt("long-id", "hacker: n.")]
+    rows = [row("greedy", "1", "the first of the first month", 16, 96.8, 0.0),
+            row("nucleus-hot", "1", "it is called the ram", 16, 76.2, -2.59),
+            row("greedy", "2", " the Lord.\nThe Lord is in the way of the Lord", 1000, 5.0, -0.000001),
+            row("nucleus-hot", "2", " and", 1, 12345.6, -12.25),
+            row("greedy", "long-id", "x" * 30, 3, 1.0, None),
+            row("nucleus-hot", "long-id", "a b c d e f g h i j k l m n o p q r s t u v w x y z", 26, 123.4, -1.5)]
+    run = SimpleNamespace(prompts=prompts, seeds=[0], rows=rows)
+    lm = SimpleNamespace(name="tiny")
+    blocks = compare_view.tables(lm, run)[: len(prompts)]
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    out = []
+    for block in blocks:
+        console.file = io.StringIO()
+        for part in render.fitted([block], width, console):
+            console.print(part)
+        out.append([line for line in console.file.getvalue().splitlines() if line.startswith("┃")])
+    return out
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_compare_keeps_its_columns_in_the_same_panels_from_one_block_to_the_next(width):
+    """Issue 40 item 8: compare moved columns between panels from one (prompt, seed) block to the next, each block
+    split by its own cells' widths. The blocks of one comparison share one layout (cli/view/fit.py SameLayout): at
+    a given width every block's headers are the same lines, panel by panel."""
+    blocks = compare_blocks(width)
+    assert all(len(line) <= width for b in blocks for line in b)
+    assert len(blocks) == 3 and all(b == blocks[0] for b in blocks), "\n".join("\n".join(b) for b in blocks)

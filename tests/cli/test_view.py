@@ -244,3 +244,26 @@ def test_views_without_a_run_to_rerun_have_no_branch_command(cli):
                                                                   "top_logprobs": [{"a": -1.0}], "text_offset": [0]}}]}
     assert page_meta(openai) == {"kind": "openai", "view": "openai", "shades": page_meta(openai)["shades"],
                                  "branch": None}
+
+
+def test_the_page_knows_which_steps_are_one_hot_as_the_terminal_decides_it(cli):
+    """Issue 40: the page shows greedy's raw distribution, labelled raw, where the processed one is one-hot; which
+    steps those are is the terminal's decision (steps_view.one_hot), handed to the page (page.one_hot): every step of
+    a greedy run, every step of top-k 1, none of a sampled run; the page holds the labelled section."""
+    from types import SimpleNamespace
+
+    from decodelab.cli.view.steps_view import one_hot
+
+    def as_step(s):
+        return SimpleNamespace(prob=s["prob"], alternatives=[SimpleNamespace(**a) for a in s["alternatives"]])
+
+    args = ("sample", "Once upon", "-n", "4", "--top", "3", "--threads", "1")
+    for extra, expect in ((("-t", "0"), "all"), (("-t", "0.9", "--top-k", "1", "--seed", "1"), "all"),
+                          (("-t", "0.9", "--seed", "1"), "none")):
+        doc = run_json(cli, *args, *extra)
+        meta = page_meta(doc)
+        assert meta["one_hot"] == [s["index"] for s in doc["steps"] if one_hot(as_step(s))]
+        assert meta["one_hot"] == ([s["index"] for s in doc["steps"]] if expect == "all" else [])
+        html = page(doc)
+        assert embedded(html, "page")["one_hot"] == meta["one_hot"]
+        assert "raw distribution where the processed one is one-hot" in html  # page.js draws it for those steps

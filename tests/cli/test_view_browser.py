@@ -213,6 +213,45 @@ def test_greedy_shades_by_raw_and_says_why(driver, traces, tmp_path):
     assert all("s0" in s.get_attribute("class") for s in tokens(driver)), "processed p 1 everywhere"
 
 
+def test_a_greedy_batch_request_shades_by_raw_and_says_why(driver, tmp_path):
+    """Issue 40: a greedy request's processed p is 1 at every step, so its text is shaded by raw p by default, with a
+    note; a sampled request keeps the processed shading."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Once upon a time", "temperature": 0}\n{"prompt": "The cat", "temperature": 0.9}\n',
+                       encoding="utf-8")
+    doc = run(["batch", "--prompts-file", str(prompts), "-n", "3"])
+    open_page(driver, tmp_path, doc)
+    pressed = [b.text for b in driver.find_elements("css selector", "[id^=request-] button[aria-pressed=true]")]
+    assert pressed == ["raw p", "processed p"]
+    (note,) = driver.find_elements("css selector", "#content [data-one-hot]")
+    assert note.text.startswith(f"request {doc['requests'][0]['id']}: every processed p is 1 (greedy)")
+
+
+def test_compare_says_which_prompt_ran_with_its_own_settings(driver, tmp_path):
+    """Issue 40: a --prompts-file line's own settings override every variant's for that prompt; its block says so."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "prompt": "Hello"}\n{"prompt": "Once", "temperature": 0.7}\n', encoding="utf-8")
+    doc = run(["compare", "--prompts-file", str(prompts), "-V", "a: temperature=0", "-V", "b: temperature=1.2", "-n", "3"])
+    open_page(driver, tmp_path, doc)
+    (note,) = driver.find_elements("css selector", "#content [data-own-settings]")
+    assert note.text.endswith('{"temperature":0.7}')
+
+
+def test_greedy_shows_the_raw_distribution_labelled_raw(driver, traces, tmp_path):
+    """Issue 40: greedy's processed distribution is one-hot; as the terminal's list marked raw:, the page shows each
+    step's raw p and its alternatives' raw p (section #raw-one-hot), and a step's panel lists the raw p first."""
+    doc = traces["greedy"]
+    open_page(driver, tmp_path, doc)
+    section = driver.find_element("id", "raw-one-hot")
+    cells = section.find_elements("css selector", "td[data-f=raw_prob] .n")
+    assert [float(c.get_attribute("data-v")) for c in cells] == [s["raw_prob"] for s in doc["steps"]]
+    assert "raw: " in section.text
+    hover(driver, tokens(driver)[1])
+    shown = panel(driver)
+    assert driver.find_element("css selector", "#detail [data-one-hot]").text.startswith("raw: ")
+    assert_shown(shown["alts"][1], doc["steps"][1]["alternatives"][1], ("token_id", "prob", "raw_prob"))
+
+
 def test_the_keyboard_reaches_and_walks_the_tokens(driver, traces, tmp_path):
     from selenium.webdriver.common.keys import Keys
 

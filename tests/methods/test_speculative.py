@@ -1273,3 +1273,37 @@ def test_a_speculative_run_refuses_a_prompt_that_fills_the_context(toy_lm):
                                           "shorten it$"):
         next(iter(run))
     assert len(next(iter(build_speculator(toy_lm, None, settings, [5, 9, 14, 3] * 15, 2))).emitted_ids) >= 1
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_the_alternatives_column_keeps_each_token_with_its_probability(cli, toy_model_dir, draft_dir, monkeypatch,
+                                                                       width):
+    """Issue 40 item 8: speculate's alternatives column put a token and its probability on different lines at 80 and
+    120 columns. Each alternative is token:p with no space inside, so wrapping keeps them together: every item of
+    the column, at each width, is one token:p whose p is the JSON's (drawn from: residual or p) for that round."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", str(width))
+    args = ("speculate", "--model", toy_model_dir, "--draft", draft_dir, "the cat sat", "-n", "6", "-t", "0.9",
+            "--seed", "1", "--speedup-rounds", "1")
+    code, out, err = cli(*args)
+    assert code == 0, err
+    doc = json.loads(cli(*args, "-f", "json")[1])
+    want = {render_p(e["prob"]) for s in doc["steps"] for e in ((s.get("correction") or s.get("bonus")
+                                                                 or s.get("plain") or {}).get("top") or [])}
+    panels, rows = [], []  # the rows of each panel (the table splits into panels at narrow widths)
+    for line in out.splitlines():
+        if line.startswith("┏"):
+            rows = []
+            panels.append(rows)
+        rows.append(line)
+    (panel,) = [p for p in panels if any(line.startswith("┃") and "(top)" in line for line in p)]
+    items = [x for line in panel if line.startswith("│") for x in line.rstrip("│").split("│")[-1].split()]
+    assert items and all(re.fullmatch(r".+:(\d\.\d+(e-\d+)?)", x) for x in items), items
+    assert {x.rsplit(":", 1)[1] for x in items} <= want
+
+
+def render_p(p: float) -> str:
+    from decodelab.cli.view.render import fmt_p
+
+    return fmt_p(p)

@@ -111,6 +111,7 @@
   function select(items, el) { items.forEach((x) => x.classList.remove("sel")); el.classList.add("sel"); }
 
   // --- shading ------------------------------------------------------------------------------------------------
+  const ONE_HOT = new Set(PAGE.one_hot || []); // step indices whose processed distribution is one-hot (html.py)
   const SHADES = PAGE.shades; // [[lower bound, name], ...] most likely first, the last bound 0
   function shade(p) {
     if (typeof p !== "number") return "s4";
@@ -251,9 +252,14 @@
       `<tr><th>rank</th><td>—</td><td data-f="raw_rank">${nx(s.raw_rank)}</td></tr>` +
       `<tr><th>candidates kept</th><td data-f="kept">${nx(s.kept)}</td><td>—</td></tr></table>`;
     if (s.alternatives && s.alternatives.length) {
-      h += `<h3>alternatives</h3><table><tr><th>token</th><th>id</th><th>processed p</th><th>raw p</th></tr>` +
+      /* one-hot (greedy, top-k 1; decided in Python as the terminal decides it): the raw p first, labelled raw */
+      const raw = ONE_HOT.has(s.index);
+      const cols = raw ? [["raw_prob", "raw p (the model's, T = 1)"], ["prob", "processed p (one-hot)"]] : [["prob", "processed p"], ["raw_prob", "raw p"]];
+      h += `<h3>alternatives${raw ? " · raw" : ""}</h3>` +
+        (raw ? `<p class="note" data-one-hot>raw: the processed distribution is one-hot here (p 1 for the chosen token, 0 for every other), so the model's raw p carries the information</p>` : "") +
+        `<table><tr><th>token</th><th>id</th>${cols.map((c) => `<th>${esc(c[1])}</th>`).join("")}</tr>` +
         s.alternatives.map((a, j) => `<tr data-alt="${j}"${a.token_id === s.token_id ? ' class="mark"' : ""}><td>${tok(a.token)}${a.token_id === s.token_id ? " ◀ chosen" : ""}</td>` +
-          `<td data-f="token_id">${nx(a.token_id)}</td><td data-f="prob">${nx(a.prob)}</td><td data-f="raw_prob">${nx(a.raw_prob)}</td></tr>`).join("") + `</table>`;
+          `<td data-f="token_id">${nx(a.token_id)}</td>` + cols.map((c) => `<td data-f="${c[0]}">${nx(a[c[0]])}</td>`).join("") + `</tr>`).join("") + `</table>`;
     }
     if (s.stages && s.stages.length) {
       h += `<h3>stages, in order</h3><table><tr><th>stage</th><th>kept</th><th>entropy</th><th>mass removed</th></tr>` +
@@ -266,9 +272,19 @@
     if (cacheKeys.length) h += `<h3>cache</h3>` + kv(s, cacheKeys, { slots: "slots [start, end, assigned]", evicted: "evicted [start, end)" });
     return h;
   }
+  /* steps whose processed distribution is one-hot: the raw distribution shown in their place, labelled raw */
+  function rawWhereOneHot(steps) {
+    const shown = steps.filter((s) => ONE_HOT.has(s.index));
+    if (!shown.length) return;
+    const alts = (s) => (s.alternatives || []).map((a, j) => `${j ? "" : "raw: "}${esc(JSON.stringify(a.token))} ${short(a.raw_prob)}`).join(" · ");
+    section("raw distribution where the processed one is one-hot", `<p class="note">At these steps the processed distribution is one-hot (greedy, top-k 1): p 1 for the chosen token, 0 for every other, so each is shown with the model's raw p (its own softmax, T = 1), as the terminal's list marked raw: shows it.</p>` +
+      table([{ k: "index", label: "step", num: true }, { k: "token", fmt: (s) => tok(s.token) }, { k: "raw_prob", label: "raw p", num: true },
+        { k: "raw_rank", label: "raw rank", num: true }, { k: "raw_entropy", label: "raw entropy (nats)", num: true },
+        { k: "alternatives", label: "alternatives (raw p)", fmt: alts }], shown), "raw-one-hot");
+  }
   function sampleView(doc) {
     const steps = doc.steps;
-    const greedy = doc.selector === "greedy";
+    const greedy = doc.selector === "greedy" || (steps.length > 0 && steps.every((s) => ONE_HOT.has(s.index)));
     tokenView("text", {
       id: "tokens",
       tokens: steps.map((s) => ({ text: s.token, p: { processed: s.prob, raw: s.raw_prob } })),
@@ -281,7 +297,8 @@
       series: [{ label: "raw log-probability", cls: "raw", values: steps.map((s) => s.raw_logprob) },
                { label: "processed log-probability", cls: "processed", values: steps.map((s) => s.logprob) }],
     });
-    if (greedy) content.insertAdjacentHTML("beforeend", `<p class="note">greedy: every processed p is 1, so the default shading is raw p</p>`);
+    if (greedy) content.insertAdjacentHTML("beforeend", `<p class="note">${doc.selector === "greedy" ? "greedy" : "one-hot"}: every processed p is 1, so the default shading is raw p</p>`);
+    rawWhereOneHot(steps);
   }
   function samplesView(doc) {
     section("samples", table([{ k: "index", num: true }, { k: "seed", num: true }, { k: "text", fmt: (r) => tok(r.text) },
@@ -504,6 +521,7 @@
     const groups = new Map();
     doc.rows.forEach((r, i) => { const k = r.prompt + "\u0000" + r.seed; if (!groups.has(k)) groups.set(k, []); groups.get(k).push(i); });
     const prompts = new Map((doc.prompts || []).map((p) => [String(p.id), p.text]));
+    const own = new Map((doc.prompts || []).filter((p) => p.settings).map((p) => [String(p.id), p.settings]));
     let html = `<p class="note">Token ids by step (compare keeps ids, not token texts); each row against the first: a bold underlined id differs from the first row's at that step; ◆ marks the pair's first divergence (the deciding stage in the pairs table below).</p>`;
     groups.forEach((idx, key) => {
       const [prompt, seed] = key.split("\u0000");
@@ -512,7 +530,9 @@
       const len = Math.max(...rows.map((r) => r.token_ids.length));
       const div = new Map();
       doc.pairs.filter((p) => String(p.prompt) === prompt && String(p.seed) === seed && p.a === ref.variant).forEach((p) => div.set(p.b, p));
-      html += `<h3>prompt ${esc(prompt)} ${prompts.has(prompt) ? tok(prompts.get(prompt)) : ""}, seed ${esc(seed)}</h3><div class="scroll"><table class="grid"><tr><th>variant</th>` +
+      html += `<h3>prompt ${esc(prompt)} ${prompts.has(prompt) ? tok(prompts.get(prompt)) : ""}, seed ${esc(seed)}</h3>` +
+        (own.has(prompt) ? `<p class="note" data-own-settings>this prompt's own settings, which every variant ran with here over its own values: <code>${esc(JSON.stringify(own.get(prompt)))}</code></p>` : "") +
+        `<div class="scroll"><table class="grid"><tr><th>variant</th>` +
         Array.from({ length: len }, (_, j) => `<th>${j}</th>`).join("") + `<th>text</th></tr>` +
         rows.map((r, ri) => {
           const p = div.get(r.variant);
@@ -581,15 +601,18 @@
       .map((k) => ({ k, num: ["prefix_hit_tokens", "computed_tokens", "preemptions", "joined", "finished"].includes(k), fmt: ["prompt", "text"].includes(k) ? (r) => tok(r[k]) : undefined })), reqs));
     reqs.forEach((r, k) => {
       if (!r.steps || !r.steps.length) return;
+      /* greedy (every processed p 1: exp(logprob) = 1 at each step): the processed shading is flat, so raw is the default */
+      const flat = r.steps.every((st) => st.logprob === 0);
       tokenView(`request ${r.id}`, {
         id: `request-${k}`,
         tokens: r.steps.map((st) => ({ text: st.token, p: { processed: Math.exp(st.logprob), raw: Math.exp(st.raw_logprob) } })),
         modes: { processed: "each token shaded by exp(logprob) (derived: processed p, the distribution drawn from):", raw: "each token shaded by exp(raw_logprob) (derived: the model's own p):" },
-        mode: "processed", before: r.prompt,
+        mode: flat ? "raw" : "processed", before: r.prompt,
         detail: (i) => `<h3>request ${esc(String(r.id))}, step ${i}</h3>` + kv(r.steps[i], ["index", "token", "token_id", "logprob", "raw_logprob"],
           { logprob: "processed log-probability", raw_logprob: "raw log-probability" }),
         branch: null,
       });
+      if (flat) content.lastElementChild.insertAdjacentHTML("beforeend", `<p class="note" data-one-hot>request ${esc(String(r.id))}: every processed p is 1 (greedy), so the default shading is raw p (the model's own)</p>`);
     });
   }
 

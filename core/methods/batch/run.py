@@ -82,19 +82,7 @@ def read_prompts(path: str | Path, base: BatchSettings) -> list[Entry]:
         obj = parse_json(where, line)
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"].strip():
             raise ConfigError(f"{where}: needs a non-empty \"prompt\" string")
-        overrides = {}
-        for key, raw in obj.items():
-            if key in ("prompt", "id"):
-                continue
-            try:
-                name = normalize_key(SampleSettings, key)
-                overrides[name] = coerce(SampleSettings, name, raw)
-            except ConfigError as exc:
-                raise ConfigError(f"{where}: {exc}") from None
-            if name in NOT_PER_REQUEST:
-                raise ConfigError(f"{where}: {key!r} is not a per-request setting (allowed: the chain's, seed, "
-                                  "max_new_tokens, stop, ignore_eos)")
-        settings = replace(base, **overrides)
+        settings = replace(base, **request_settings(where, obj))
         try:
             validate_sample(settings)
         except ConfigError as exc:
@@ -104,6 +92,24 @@ def read_prompts(path: str | Path, base: BatchSettings) -> list[Entry]:
     if len(set(ids)) != len(ids):
         raise ConfigError(f"--prompts-file {path}: request ids must be unique")
     return entries
+
+
+def request_settings(where: str, obj: dict, skip: tuple[str, ...] = ("prompt", "id")) -> dict:
+    """A JSONL line's own settings: every key but ``skip``, named and typed as sample's settings (the line's
+    overrides of the command's settings for that request); what every request shares (NOT_PER_REQUEST) refused."""
+    overrides = {}
+    for key, raw in obj.items():
+        if key in skip:
+            continue
+        try:
+            name = normalize_key(SampleSettings, key)
+            overrides[name] = coerce(SampleSettings, name, raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if name in NOT_PER_REQUEST:
+            raise ConfigError(f"{where}: {key!r} is not a per-request setting (allowed: the chain's, seed, "
+                              "max_new_tokens, stop, ignore_eos)")
+    return overrides
 
 
 def build_requests(lm: LoadedModel, entries: list[Entry], chat: bool = False) -> list[Request]:
