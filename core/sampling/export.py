@@ -21,13 +21,12 @@ from ..engine.http.wire import SamplingSettings
 from ..engine.loops import parse_repetition_stop
 from ..errors import ConfigError
 from . import registry
-from .registry import BY_NAME, STAGES, effective, param, params, sampler_names, stage_of
+from .registry import BY_NAME, STAGES, effective, param, params, sampler_names, stage_of, windowed
 from .semantics import (
     ENGINE_NAMES,
     ENGINE_STAGES,
     HF_ORDER,
     LLAMACPP_ORDER,
-    PENALTIES,
     VLLM_ORDER,
     merge_order,
     plan,
@@ -121,7 +120,7 @@ def _sampling(p) -> bool:
 
 def _counted(s: ChainSettings, p) -> list[tuple[str, int | None]]:
     """(scope, window) of each penalty that runs: what the plan counts ("all" and None when it names none)."""
-    return [p.counting.get(name, ("all", None)) for name in PENALTIES if name in (s.chain or ())]
+    return [p.counting.get(name, ("all", None)) for name in windowed() if name in (s.chain or ())]
 
 
 def _sample_fields(settings) -> dict:
