@@ -17,11 +17,12 @@ import math
 import shlex
 from dataclasses import dataclass, field, replace
 
+from ..engine.http.llamacpp import LlamacppAdapter
 from ..engine.http.wire import SamplingSettings
 from ..engine.loops import parse_repetition_stop
 from ..errors import ConfigError
 from . import registry
-from .registry import BY_NAME, STAGES, effective, param, params, sampler_names, stage_of, windowed
+from .registry import BY_NAME, STAGES, constraint_stage, effective, param, params, sampler_names, stage_of, windowed
 from .semantics import (
     ENGINE_NAMES,
     ENGINE_STAGES,
@@ -135,7 +136,7 @@ def stage_fields(target: str, s: ChainSettings, sampling: bool) -> dict:
     out = {}
     for stage in STAGES:
         # the constraint is written whole, once (_vllm_structured, _llamacpp_constraint)
-        if target not in stage.engines or (stage.warper and not sampling) or stage.name == "constraint":
+        if target not in stage.engines or (stage.warper and not sampling) or stage.name == constraint_stage():
             continue
         for i, p in enumerate(stage.params):
             if target not in p.export or p.many or p.pairs:
@@ -407,4 +408,11 @@ def served_settings(settings, top: int, vocab: int, encode=None, token_id=None,
         kw["logit_bias"] = {int(t): float(b) for t, b in kw["logit_bias"].items()}
     if "top_k" in kw and kw["top_k"] is None:
         kw.pop("top_k")
-    return SamplingSettings(logprobs=top, **kw), list(out.notes)
+    return neutral_request(logprobs=top, **kw), list(out.notes)
+
+
+def neutral_request(**fields) -> SamplingSettings:
+    """A served request with these fields (the rest at their neutral values), handed each server kind's
+    neutral body from the registry (llama.cpp's: :func:`llamacpp_server_neutral`), so that no server's own
+    defaults switch a stage on."""
+    return SamplingSettings(**fields, neutral={LlamacppAdapter.kind: llamacpp_server_neutral()})
