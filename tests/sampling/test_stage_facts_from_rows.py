@@ -199,12 +199,26 @@ def test_the_noise_verdict_leaves_out_the_rows_that_scale(with_row, tiny, scales
     assert torch.isfinite(torch.tensor(got.margin))
 
 
+# --- check-sampler's truncation defects: the filters are the rows' ------------------------------------------------
+
+
+@pytest.mark.parametrize("row, filters", [(dict(warper=True), True), (dict(warper=True, scales=True), False),
+                                          (dict(warper=True, needs=frozenset({"state"})), False), (dict(), False)])
+def test_a_new_filter_row_takes_part_in_the_truncation_defects(with_row, row, filters):
+    from decodelab.core.analysis.sampler_check import truncation_filters
+
+    assert set(truncation_filters()) == {"top-n-sigma", "top-k", "top-p", "min-p", "typical-p", "epsilon-cutoff",
+                                         "eta-cutoff"}
+    with_row(fake_stage(**row))
+    assert ("fake-cut" in truncation_filters()) == filters
+
+
 # --- the sites spell no stage name ----------------------------------------------------------------------------------
 
 # the sites that ask the registry; a stage name that is also a settings field ("temperature", "allow", "ban",
 # "softcap") is the field there and is not looked for
 ASKING = ["sampling/semantics.py", "sampling/chain.py", "sampling/settings.py", "methods/choice.py",
-          "trace/records.py", "trace/why.py", "analysis/noise.py"]
+          "trace/records.py", "trace/why.py", "analysis/noise.py", "analysis/sampler_check.py"]
 
 
 @pytest.mark.parametrize("path", ASKING)
