@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # vllm_server.py
 
 from vllm_server import SERVED_NAME, vllm_server  # noqa: E402
 
