@@ -110,3 +110,26 @@ def test_the_llamacpp_adapter_refuses_a_request_without_the_registrys_neutral_bo
                                                  "neutral_request)")
     body = adapter.generate_body("m", [1], SamplingSettings())
     assert not set(llamacpp_server_neutral()) & set(body)  # the adapter spells none of it itself
+
+
+def test_a_served_requests_neutral_values_are_the_rows_vllm_off_values():
+    """Every field a served request writes defaults to what vLLM reads as "stage off" (each row's ``off["vllm"]``),
+    and a vLLM score request switches every stage off the same way (its temperature aside: 0, the prompt's
+    logprobs are raw in every mode)."""
+    from dataclasses import fields
+
+    from decodelab.core.engine.http.vllm import VllmAdapter
+    from decodelab.core.sampling.registry import params, scaling_stage
+
+    neutral, request = SamplingSettings(), {f.name for f in fields(SamplingSettings)}
+    body = VllmAdapter().score_body("m", [1], 2)
+    scaling = registry.BY_NAME[scaling_stage()].params[0].export["vllm"]
+    checked = []
+    for p in params():
+        name = p.export.get("vllm")
+        if name in request and "vllm" in p.off:
+            assert getattr(neutral, name) == p.off["vllm"].value, name
+            assert name == scaling or p.off["vllm"].test(body[name]), name
+            checked.append(name)
+    assert sorted(checked) == ["frequency_penalty", "min_p", "presence_penalty", "repetition_penalty", "temperature",
+                               "top_k", "top_p"]
