@@ -157,9 +157,9 @@ def _hf(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
     for name, value in stage_fields("hf", s, sampling).items():
         kw[param(name).export["hf"]] = value
     # a -inf bias is a ban: bad_words_ids (JSON has no -inf; NoBadWordsLogitsProcessor masks exactly the same)
-    pairs = [((t,), b) for t, b in bias.items()] + list(resolved["sequence-bias"])
+    pairs = [((t,), b) for t, b in bias.items()] + list(resolved[stage_of("sequence_bias").name])
     seq = [[list(ids), b] for ids, b in pairs if b != float("-inf")]
-    bans = [list(ids) for ids, b in pairs if b == float("-inf")] + [list(ids) for ids in resolved["ban"]]
+    bans = [list(ids) for ids, b in pairs if b == float("-inf")] + [list(ids) for ids in resolved[stage_of("ban").name]]
     if seq:
         kw[param("sequence_bias").export["hf"]] = seq
     if bans:
@@ -206,8 +206,9 @@ def _vllm(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None
         kw[param("logit_bias").export["vllm"]] = {t: (b if math.isfinite(b) else -100.0) for t, b in bias.items()}
         if any(not math.isfinite(b) for b in bias.values()):
             out.notes.append("logit_bias -inf written as -100 (the OpenAI-compatible range is [-100, 100])")
-    if resolved["allow"]:
-        kw[param("allow").export["vllm"]] = sorted(set(resolved["allow"]))
+    allow = resolved[stage_of("allow").name]
+    if allow:
+        kw[param("allow").export["vllm"]] = sorted(set(allow))
     if s.ban:
         kw[param("ban").export["vllm"]] = list(s.ban)
     if sample["seed"] is not None:

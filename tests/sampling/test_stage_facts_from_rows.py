@@ -222,9 +222,6 @@ DECLARING = {"core/sampling/registry.py", "core/sampling/biases.py", "core/sampl
              "core/sampling/filters.py", "core/sampling/llamacpp.py", "core/sampling/penalties.py",
              "core/sampling/scaling.py", "core/sampling/thinking.py"}
 SPELLED = {
-    # token resolution's keys, which the rows' value builders read (one contract inside sampling/)
-    "core/sampling/tokens.py": {"bias", "constraint", "sequence-bias"},
-    "core/sampling/export.py": {"sequence-bias"},
     "core/engine/http/llamacpp.py": {"mirostat"},  # the /completion field of llama.cpp's mirostat mode (0: off)
     "cli/options.py": {"constraint"},  # the --help panel's key
     "cli/view/constraint.py": {"constraint"},  # the summary's attribute
