@@ -269,8 +269,9 @@ def _window(last_n: int | None, what: str, context: int | None, out: Export) -> 
     return None
 
 
-# llama.cpp's defaults first, so that the line shows them switched off (then the other stages in registry order)
-LLAMACPP_FIRST = ("temperature", "top_k", "top_p", "min_p")
+# llama.cpp's defaults first, so that the line shows them switched off (then the other stages in registry order):
+# the stages llama.cpp runs unless told (a default for the field that switches them on: temp, top-k, top-p, min-p)
+LLAMACPP_FIRST = tuple(s.params[0].field for s in STAGES if "llamacpp" in s.params[0].defaults)
 
 
 def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
