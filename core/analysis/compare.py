@@ -45,6 +45,7 @@ from ..sampling.registry import DEFAULT_ORDER, STAGES, params, stateful
 from ..sampling.select import make_generator
 from ..sampling.registry import StageContext
 from ..sampling.semantics import merge_order, plan
+from ..sampling.settings import ChainSettings
 from ..sampling.tokens import Tokens, resolve
 from ..settings import META_KEYS, as_dict, coerce, did_you_mean, load_preset, normalize_key
 from ..trace import reasoning
@@ -689,7 +690,7 @@ def variant_summary(rows: list[Row]) -> list[dict]:
 def should_agree(deciding: str | None, sa, sb) -> bool:
     """Two runs that part where no setting explains it (numerics, the cache), or two greedy runs of different
     methods: they should have agreed, and the noise verdict says whether rounding can explain the split."""
-    greedy = getattr(sa, "temperature", None) == 0 and getattr(sb, "temperature", None) == 0
+    greedy = all(isinstance(s, ChainSettings) and plan(s).greedy for s in (sa, sb))  # the plan decides greedy
     return deciding in ("numerics", "cache") or (deciding == "method" and greedy)
 
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ..engine.http.wire import SamplingSettings
+from ..sampling.export import neutral_request
 from ..sampling.replay import forced_logits
 from .engine_compare import truncated_kl
 
@@ -95,8 +95,8 @@ def full_check(engine, lm, prompt_ids: list[int], new_tokens: int, top_n: int, k
     and here; every position from the second on compared."""
     ids = list(prompt_ids)
     if new_tokens > 0:
-        g = engine.generate(ids, SamplingSettings(max_tokens=new_tokens, temperature=0.0, logprobs=1,
-                                                  ignore_eos=True))
+        g = engine.generate(ids, neutral_request(max_tokens=new_tokens, temperature=0.0, logprobs=1,
+                                                 ignore_eos=True))
         ids += list(g.token_ids)
     scored = engine.score(ids, top_n)
     logits = forced_logits(lm.model, ids[:1], ids[1:])
@@ -158,7 +158,7 @@ def speculative_drift(base, spec, prompt_ids: list[int], new_tokens: int, top_n:
                       tolerance: float) -> dict:
     """The same greedy request to two servers of one model, the second with speculative decoding on: the tokens must
     be the same and every listed logprob the same within ``tolerance`` (speculation must not change the law)."""
-    request = SamplingSettings(max_tokens=new_tokens, temperature=0.0, logprobs=top_n, ignore_eos=True)
+    request = neutral_request(max_tokens=new_tokens, temperature=0.0, logprobs=top_n, ignore_eos=True)
     a, b = base.generate(prompt_ids, request), spec.generate(prompt_ids, request)
     same = a.token_ids == b.token_ids
     first = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)

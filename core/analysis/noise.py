@@ -22,11 +22,11 @@ from torch import Tensor
 
 from ..engine import numerics as engine_numerics
 from ..engine.numerics import Forced
+from ..sampling import registry
 
 FLOOR_FACTOR = 4.0  # the margin over the measured rounding envelope (bf16 against fp32 reaches about 2x of it)
 WITHIN = "within numeric noise"
 NOT_EXPLAINED = "not explained by numerics"
-SCALING = ("temperature", "dynatemp")  # stages that divide every logit alike (temperature 0: greedy, an argmax)
 VERDICT_LIMIT = 8  # divergences given a verdict per command (each costs two forwards of its prefix)
 
 
@@ -121,9 +121,10 @@ def noise_verdict(lm, prompt_ids: list[int], generated: list[int], step: int, to
     if chain is not None:  # the stages that shift logits; a temperature scales margin and noise alike: left out
         chain.reset(len(prompt_ids))
         ids = torch.tensor([prefix], device=z.device)
+        scaling = {st.name for st in registry.STAGES if st.scales}  # temperature 0: greedy, an argmax
         with torch.inference_mode():
             for proc in chain.processors:
-                z = z if proc.name in SCALING else proc(ids, z)
+                z = z if proc.name in scaling else proc(ids, z)
     z = z[0].double()
     a = int(generated[step])
     _, top2 = top2_margins(z[None])

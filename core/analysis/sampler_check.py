@@ -51,12 +51,12 @@ from ..methods.sample import REPORT_BLOCK, SampleSettings, build_sampler
 from ..methods.served import Connection, check_vocabulary, request_for
 from ..sampling.replay import forced_logits
 from ..sampling.chain import Chain, build_chain
+from ..sampling import registry
 from ..sampling.select import make_generator
 from ..sampling.semantics import plan
 from ..sampling.tokens import Tokens, resolve
 
 MIN_EXPECTED = 5.0  # a cell's least expected count before it is pooled
-FILTERS = ("min-p", "top-k", "top-p", "typical-p", "epsilon-cutoff", "eta-cutoff", "top-n-sigma")
 INDISTINGUISHABLE_TV = 1e-9
 POOLING_RULE = (f"a token with expected count >= {MIN_EXPECTED:g} is its own cell; the others with positive "
                 f"probability are pooled into one cell, merged into the smallest own cell when its expected count is "
@@ -130,29 +130,39 @@ def _swap(order: list[str], a: str, b: str) -> list[str]:
     return out
 
 
+def truncation_filters() -> list[str]:
+    """The stages that cut the candidate set by a rule on the distribution: from the registry's rows, those that act
+    only when sampling (``warper``) and neither divide the logits (``scales``) nor carry state (XTC's coin,
+    mirostat's mu)."""
+    return [s.name for s in registry.STAGES if s.warper and not s.scales and "state" not in s.needs]
+
+
 def defect_edits(settings: SampleSettings) -> list[tuple[str, str, dict | None, Callable | None]]:
     """(name, what, values edit, order edit) of each known defect these settings could show."""
     p = plan(settings)
     order = p.order
     values = p.settings.stage_values()
-    filters = [n for n in order if n in FILTERS]
+    every = truncation_filters()
+    filters = [n for n in order if n in every]
+    scaling = registry.scaling_stage()
+    top_k, top_p = registry.stage_of("top_k").name, registry.stage_of("top_p").name
     out = []
-    if "temperature" in order:
-        t = float(values["temperature"])
+    if scaling in order:
+        t = float(values[scaling])
         out.append(("temperature applied twice", f"softmax(z / T^2) = softmax(z / {t * t:.4g}) before the filters",
-                    {"temperature": t * t}, None))
+                    {scaling: t * t}, None))
         out.append(("temperature ignored", "the filters on softmax(z) (T = 1)", None,
-                    lambda o: [n for n in o if n != "temperature"]))
+                    lambda o: [n for n in o if n != scaling]))
     elif settings.temperature in (None, 1.0):  # T = 1 is no stage: the defect's law is the exact one (listed so)
         out.append(("temperature applied twice", "softmax(z / 1^2): at T = 1 the same law", None, None))
     if filters:
         out.append(("truncation ignored", f"no {', '.join(filters)}", None,
-                    lambda o: [n for n in o if n not in FILTERS]))
-    if filters and "temperature" in order and order.index("temperature") < order.index(filters[-1]):
+                    lambda o: [n for n in o if n not in every]))
+    if filters and scaling in order and order.index(scaling) < order.index(filters[-1]):
         out.append(("truncation before temperature", f"{', '.join(filters)} on the T = 1 distribution, then "
-                    "temperature on the kept set", None, lambda o: _move(o, "temperature", list(FILTERS))))
-    if "top-k" in order and "top-p" in order:
-        out.append(("top-p before top-k", "the two filters swapped", None, lambda o: _swap(o, "top-k", "top-p")))
+                    "temperature on the kept set", None, lambda o: _move(o, scaling, every)))
+    if top_k in order and top_p in order:
+        out.append(("top-p before top-k", "the two filters swapped", None, lambda o: _swap(o, top_k, top_p)))
     return out
 
 

@@ -35,6 +35,7 @@ from ..sampling.constraint import (
     label_encodings,
     stage_allowed_next,
 )
+from ..sampling.registry import constraint_stage
 from ..sampling.semantics import active_stages
 from ..sampling.tokens import encode_plain
 
@@ -45,7 +46,7 @@ NOT_FOR_CHOICES = ("limit", "chunk", "feed", "against", "against_cache")
 def check_choice_settings(s) -> None:
     """--choice in score: the label probabilities are the model's own, so no other stage may be set, nor the options
     of teacher-forced scoring (one line naming the first offender)."""
-    others = [n for n in active_stages(s) if n != "constraint"]
+    others = [n for n in active_stages(s) if n != constraint_stage()]
     if others:
         raise ConfigError(f"--choice {s.choice!r}: score gives the labels' probabilities under the model alone "
                           f"(temperature 1); drop the {others[0]} stage")

@@ -15,9 +15,9 @@ from ..inputs import check_text
 from ..settings import _check
 from . import biases, constraint, filters, llamacpp, penalties, scaling  # noqa: F401  (each binds its classes)
 from . import thinking  # noqa: F401  (binds the thinking-budget stage)
-from .registry import BY_NAME, DEFAULT_ORDER, StageContext, check_range, params
+from .registry import BY_NAME, StageContext, check_range, params
 from .select import make_generator
-from .semantics import Plan, plan
+from .semantics import Plan, default_order, plan
 from .settings import ChainSettings
 from .tokens import Tokens, resolve
 
@@ -104,13 +104,14 @@ def build_chain(values: dict, order: list[str] | None = None, context: StageCont
     value: the run's generator, the end ids, which tokens each penalty counts.
     """
     context = context or StageContext()
-    active = [name for name in DEFAULT_ORDER if values.get(name) is not None]
+    default = default_order()  # the registry's rows as they are now: a new row takes part
+    active = [name for name in default if values.get(name) is not None]
     if order is None:
         order = active
     else:
         unknown = [n for n in order if n not in BY_NAME]
         if unknown:
-            raise ConfigError(f"--chain: unknown stage {unknown[0]!r}; allowed: {', '.join(DEFAULT_ORDER)}")
+            raise ConfigError(f"--chain: unknown stage {unknown[0]!r}; allowed: {', '.join(default)}")
         if len(set(order)) != len(order):
             raise ConfigError("--chain: a stage is named twice")
         unset = [n for n in order if n not in active]

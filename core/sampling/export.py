@@ -17,17 +17,17 @@ import math
 import shlex
 from dataclasses import dataclass, field, replace
 
+from ..engine.http.llamacpp import LlamacppAdapter
 from ..engine.http.wire import SamplingSettings
 from ..engine.loops import parse_repetition_stop
 from ..errors import ConfigError
 from . import registry
-from .registry import BY_NAME, STAGES, effective, param, params, sampler_names, stage_of
+from .registry import BY_NAME, STAGES, constraint_stage, effective, param, params, sampler_names, stage_of, windowed
 from .semantics import (
     ENGINE_NAMES,
     ENGINE_STAGES,
     HF_ORDER,
     LLAMACPP_ORDER,
-    PENALTIES,
     VLLM_ORDER,
     merge_order,
     plan,
@@ -121,7 +121,7 @@ def _sampling(p) -> bool:
 
 def _counted(s: ChainSettings, p) -> list[tuple[str, int | None]]:
     """(scope, window) of each penalty that runs: what the plan counts ("all" and None when it names none)."""
-    return [p.counting.get(name, ("all", None)) for name in PENALTIES if name in (s.chain or ())]
+    return [p.counting.get(name, ("all", None)) for name in windowed() if name in (s.chain or ())]
 
 
 def _sample_fields(settings) -> dict:
@@ -136,7 +136,7 @@ def stage_fields(target: str, s: ChainSettings, sampling: bool) -> dict:
     out = {}
     for stage in STAGES:
         # the constraint is written whole, once (_vllm_structured, _llamacpp_constraint)
-        if target not in stage.engines or (stage.warper and not sampling) or stage.name == "constraint":
+        if target not in stage.engines or (stage.warper and not sampling) or stage.name == constraint_stage():
             continue
         for i, p in enumerate(stage.params):
             if target not in p.export or p.many or p.pairs:
@@ -157,9 +157,9 @@ def _hf(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
     for name, value in stage_fields("hf", s, sampling).items():
         kw[param(name).export["hf"]] = value
     # a -inf bias is a ban: bad_words_ids (JSON has no -inf; NoBadWordsLogitsProcessor masks exactly the same)
-    pairs = [((t,), b) for t, b in bias.items()] + list(resolved["sequence-bias"])
+    pairs = [((t,), b) for t, b in bias.items()] + list(resolved[stage_of("sequence_bias").name])
     seq = [[list(ids), b] for ids, b in pairs if b != float("-inf")]
-    bans = [list(ids) for ids, b in pairs if b == float("-inf")] + [list(ids) for ids in resolved["ban"]]
+    bans = [list(ids) for ids, b in pairs if b == float("-inf")] + [list(ids) for ids in resolved[stage_of("ban").name]]
     if seq:
         kw[param("sequence_bias").export["hf"]] = seq
     if bans:
@@ -206,8 +206,9 @@ def _vllm(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None
         kw[param("logit_bias").export["vllm"]] = {t: (b if math.isfinite(b) else -100.0) for t, b in bias.items()}
         if any(not math.isfinite(b) for b in bias.values()):
             out.notes.append("logit_bias -inf written as -100 (the OpenAI-compatible range is [-100, 100])")
-    if resolved["allow"]:
-        kw[param("allow").export["vllm"]] = sorted(set(resolved["allow"]))
+    allow = resolved[stage_of("allow").name]
+    if allow:
+        kw[param("allow").export["vllm"]] = sorted(set(allow))
     if s.ban:
         kw[param("ban").export["vllm"]] = list(s.ban)
     if sample["seed"] is not None:
@@ -268,8 +269,9 @@ def _window(last_n: int | None, what: str, context: int | None, out: Export) -> 
     return None
 
 
-# llama.cpp's defaults first, so that the line shows them switched off (then the other stages in registry order)
-LLAMACPP_FIRST = ("temperature", "top_k", "top_p", "min_p")
+# llama.cpp's defaults first, so that the line shows them switched off (then the other stages in registry order):
+# the stages llama.cpp runs unless told (a default for the field that switches them on: temp, top-k, top-p, min-p)
+LLAMACPP_FIRST = tuple(s.params[0].field for s in STAGES if "llamacpp" in s.params[0].defaults)
 
 
 def _llamacpp(s, p, bias, resolved, settings, eos_ids, out: Export, context) -> None:
@@ -408,4 +410,11 @@ def served_settings(settings, top: int, vocab: int, encode=None, token_id=None,
         kw["logit_bias"] = {int(t): float(b) for t, b in kw["logit_bias"].items()}
     if "top_k" in kw and kw["top_k"] is None:
         kw.pop("top_k")
-    return SamplingSettings(logprobs=top, **kw), list(out.notes)
+    return neutral_request(logprobs=top, **kw), list(out.notes)
+
+
+def neutral_request(**fields) -> SamplingSettings:
+    """A served request with these fields (the rest at their neutral values), handed each server kind's
+    neutral body from the registry (llama.cpp's: :func:`llamacpp_server_neutral`), so that no server's own
+    defaults switch a stage on."""
+    return SamplingSettings(**fields, neutral={LlamacppAdapter.kind: llamacpp_server_neutral()})

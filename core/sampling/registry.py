@@ -104,7 +104,13 @@ class Stage:
     engine, its rank in that engine's own order (absent: the engine has no such stage). ``warper``: it only acts when
     sampling (greedy engines drop it). ``any_field``: any of its fields switches it on (else the first).
     ``logits_only``: its value is defined on the raw logits, not on log-probabilities (beam runs the chain on
-    log-probabilities, and refuses it)."""
+    log-probabilities, and refuses it). ``windowed``: a penalty on the tokens seen, whose window is
+    ``--penalty-last-n`` (:attr:`StageContext.counting`); ``counts``: per engine, which tokens it counts where that
+    is not prompt and output ("output": the generated tokens only). ``scales``: it divides every logit of a row by
+    one number (a temperature: margins and rounding scale alike). ``replaces``: a stage it takes over when both are
+    set (the dynamic temperature takes the temperature as its centre). ``notes``: per engine, what that engine does
+    differently with the stage (said in the plan when the stage runs). ``alone``: per engine, the only stages that
+    engine keeps once this one is on (llama.cpp's mirostat)."""
 
     name: str
     params: tuple[Param, ...]
@@ -118,6 +124,12 @@ class Stage:
     cls: type | None = None  # bound by @implements
     variants: dict[str, type] = field(default_factory=dict)  # other classes of the same stage, by role or engine
     any_field: bool = False
+    windowed: bool = False
+    counts: dict[str, str] = field(default_factory=dict)
+    scales: bool = False
+    replaces: str | None = None
+    notes: dict[str, str] = field(default_factory=dict)
+    alone: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.value is None:
@@ -133,11 +145,20 @@ class Stage:
         (llama.cpp's exactly-k top-k), else the stage's own."""
         return self.variants.get(engine, self.cls) if engine is not None else self.cls
 
+    @property
+    def switches(self) -> tuple[str, ...]:
+        """The fields that switch it on: its first (mirostat, constraint: any)."""
+        return self.fields if self.any_field else self.fields[:1]
+
+    @property
+    def biases(self) -> bool:
+        """It adds a bias to the tokens its TEXT=BIAS pairs name (a logit bias, a sequence bias)."""
+        return any(p.pairs for p in self.params)
+
     def switched_on(self, s) -> bool:
         """Whether the settings switch this stage on (its first field set; mirostat, constraint: any field): what
         beam asks before refusing a sampling-only stage."""
-        on = self.params if self.any_field else self.params[:1]
-        return any(getattr(s, p.field) not in (None, ()) for p in on)
+        return any(getattr(s, f) not in (None, ()) for f in self.switches)
 
 
 # --- value builders of the stages with several fields -------------------------------------------------------------
@@ -225,7 +246,15 @@ STAGES: list[Stage] = [
                  panel="constraint", export={"vllm": "structured_outputs.choice", "llamacpp": "--grammar"},
                  metavar="A,B,..")),
           engines={"vllm": -1, "llamacpp": -1}, needs=frozenset({"ids", "tokenizer", "end_ids", "prompt_len"}),
-          value=_constraint, make=lambda cls, v, c: cls.bind(v, c), any_field=True),
+          value=_constraint, make=lambda cls, v, c: cls.bind(v, c), any_field=True,
+          notes={  # how each engine places a constraint (docs/constraints.md); transformers has no grammar stage
+              "hf": "constraint: transformers has no grammar stage (a prefix_allowed_tokens_fn or a logits processor "
+                    "runs where it is placed); kept at decodelab's position, first after allow",
+              "vllm": "constraint: vLLM applies its structured-output bitmask to the logits before the sampler, so "
+                      "before allowed_token_ids, penalties, temperature and top-k/top-p",
+              "llamacpp": "constraint: llama.cpp's grammar sampler checks the token its chain drew and only if the "
+                          "grammar rejects it masks the logits first and draws again; run here grammar first (exact "
+                          "with temperature alone; with top-k/top-p/min-p llama.cpp's law is a mixture of the two)"}),
     Stage("thinking-budget",
           (Param("thinking_budget", int, "After N thinking tokens force the end-of-thinking marker (vLLM's "
                  "thinking_token_budget; needs --think-tags or a chat template with <think>).",
@@ -242,21 +271,23 @@ STAGES: list[Stage] = [
                  off={"hf": _ONE, "vllm": _ONE, "llamacpp": _ONE},
                  export={"hf": "repetition_penalty", "vllm": "repetition_penalty", "llamacpp": "--repeat-penalty"}),),
           engines={"hf": 2, "vllm": 4, "llamacpp": 1}, samplers={"llamacpp": "penalties"}, needs=frozenset({"ids"}),
-          make=lambda cls, v, c: c.repetition(cls, v)),
+          make=lambda cls, v, c: c.repetition(cls, v), windowed=True),
     Stage("frequency-penalty",
           (Param("frequency_penalty", float, "z -= A * (times the token was seen).",
                  off={"vllm": _ZERO, "llamacpp": _ZERO},
                  export={"vllm": "frequency_penalty", "llamacpp": "--frequency-penalty"}),),
           engines={"vllm": 5, "llamacpp": 2}, samplers={"llamacpp": "penalties"},
           needs=frozenset({"ids", "prompt_len"}),
-          make=lambda cls, v, c: cls(value=v, **c.scope_of("frequency-penalty"))),
+          make=lambda cls, v, c: cls(value=v, **c.scope_of("frequency-penalty")), windowed=True,
+          counts={"vllm": "output"}),
     Stage("presence-penalty",
           (Param("presence_penalty", float, "z -= A for every token already seen (once).",
                  off={"vllm": _ZERO, "llamacpp": _ZERO},
                  export={"vllm": "presence_penalty", "llamacpp": "--presence-penalty"}),),
           engines={"vllm": 6, "llamacpp": 3}, samplers={"llamacpp": "penalties"},
           needs=frozenset({"ids", "prompt_len"}),
-          make=lambda cls, v, c: cls(value=v, **c.scope_of("presence-penalty"))),
+          make=lambda cls, v, c: cls(value=v, **c.scope_of("presence-penalty")), windowed=True,
+          counts={"vllm": "output"}),
     Stage("dry", (Param("dry_multiplier", float, "DRY: a token extending a repeat of n >= L tokens loses "
                         "M * base^(n - L) (0 < M).", off={"llamacpp": _ZERO},
                         export={"llamacpp": "--dry-multiplier", "llamacpp-server": "dry_multiplier"}),
@@ -298,14 +329,18 @@ STAGES: list[Stage] = [
                                 export={"hf": "temperature", "vllm": "temperature", "llamacpp": "--temp"},
                                 defaults={"llamacpp": 0.8}),),
           engines={"hf": 7, "vllm": 7, "llamacpp": 11}, samplers={"llamacpp": "temperature"}, value=_temperature,
-          warper=True),
+          warper=True, scales=True),
     Stage("dynatemp", (Param("dynatemp_range", float, "Dynamic temperature: t +- R by the normalized entropy.",
                              off={"llamacpp": _NOT_POSITIVE},
                              export={"llamacpp": "--dynatemp-range", "llamacpp-server": "dynatemp_range"}),
                        Param("dynatemp_exponent", float, "Dynamic temperature exponent (default 1).", fallback=1.0,
                              export={"llamacpp": "--dynatemp-exp"}, defaults={"llamacpp": 1.0})),
           engines={"llamacpp": 12}, samplers={"llamacpp": "temperature"}, value=_dynatemp,
-          make=lambda cls, v, c: cls(**v), warper=True),
+          make=lambda cls, v, c: cls(**v), warper=True, scales=True, replaces="temperature",
+          # llama_sampler_temp_ext_apply: normalized entropy = H / log(size of the array), -inf candidates counted
+          notes={"llamacpp": "dynatemp: llama.cpp normalizes the entropy by log of every candidate, those already at "
+                             "-inf included (a filter before it lowers T); decodelab keeps its rule (log of the "
+                             "candidates left)"}),
     Stage("top-n-sigma", (Param("top_n_sigma", float, "Keep z >= max z - N * std(z).",
                                 off={"llamacpp": Off(-1.0, lambda v: v <= 0)},  # since llama.cpp PR 13345
                                 export={"llamacpp": "--top-nsigma", "llamacpp-server": "top_n_sigma"}),),
@@ -335,7 +370,12 @@ STAGES: list[Stage] = [
                               check=Check(lambda v: 0 < v <= 1, "must be in (0, 1]"),
                               off={"hf": _AT_LEAST_ONE, "llamacpp": _AT_LEAST_ONE},
                               export={"hf": "typical_p", "llamacpp": "--typical", "llamacpp-server": "typical_p"}),),
-          engines={"hf": 11, "llamacpp": 7}, samplers={"llamacpp": "typ_p"}, warper=True),
+          engines={"hf": 11, "llamacpp": 7}, samplers={"llamacpp": "typ_p"}, warper=True,
+          # llama_sampler_typical_apply: entropy = -sum p log p over every candidate; one -inf logit (p = 0, 0 x log 0
+          # = NaN) makes it NaN and no candidate passes the comparison with it, so the stage keeps everything
+          notes={"llamacpp": "typical_p: llama.cpp's typical sampling does nothing once a candidate is at -inf (its "
+                             "entropy takes 0 x log 0 = NaN); decodelab keeps its rule (0 log 0 = 0, removed "
+                             "candidates ranked last)"}),
     Stage("epsilon-cutoff", (Param("epsilon_cutoff", float, "Remove tokens with p < E, (0, 1).",
                                    off={"hf": _ZERO}, export={"hf": "epsilon_cutoff"}),),
           engines={"hf": 12}, warper=True),
@@ -356,7 +396,8 @@ STAGES: list[Stage] = [
                        Param("mirostat_eta", float, "Mirostat 2.0 learning rate (default 0.1).", fallback=0.1,
                              export={"llamacpp": "--mirostat-lr"})),
           engines={"llamacpp": 13}, needs=frozenset({"state"}), value=_mirostat, make=lambda cls, v, c: cls(**v),
-          warper=True, any_field=True),
+          warper=True, any_field=True,
+          alone={"llamacpp": ("constraint", "bias", "temperature")}),  # common_sampler_init; the grammar: no chain
 ]
 BY_NAME: dict[str, Stage] = {s.name: s for s in STAGES}
 DEFAULT_ORDER: tuple[str, ...] = tuple(s.name for s in STAGES)
@@ -396,6 +437,16 @@ def stage_of(field_name: str) -> Stage | None:
 def scaling_stage() -> str:
     """The name of the stage that divides the logits by the temperature (whose temperature 0 is greedy)."""
     return stage_of("temperature").name
+
+
+def constraint_stage() -> str:
+    """The name of the stage that restricts the output to a language (--regex, --json-schema, --grammar, --choice)."""
+    return stage_of("regex").name
+
+
+def windowed() -> tuple[str, ...]:
+    """The penalties on the tokens seen whose window is --penalty-last-n (each row's ``windowed``)."""
+    return tuple(s.name for s in STAGES if s.windowed)
 
 
 def check_range(p: Param, value, engine: str | None = None) -> None:

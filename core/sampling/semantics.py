@@ -35,28 +35,52 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..errors import ConfigError
-from .registry import DEFAULT_ORDER, ENGINES, STAGES, StageContext, engine_order, param, params, stage_of
+from . import registry
+from .registry import ENGINES, StageContext, engine_order, param, params, scaling_stage, stage_of, windowed
 from .select import Greedy, HFMultinomial, Multinomial, make_selector
 from .settings import ChainSettings
 
 DEFAULT_DRY_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp common/common.h dry_sequence_breakers
-PENALTIES = ("repetition-penalty", "frequency-penalty", "presence-penalty")
 VLLM_SAMPLING_EPS = 1e-5  # vllm/v1/sample/sampler.py _SAMPLING_EPS: below it a temperature means greedy
 VLLM_MIN_TEMPERATURE = 1e-2  # vllm/sampling_params.py _MAX_TEMP: a temperature in (0, 0.01) is raised to 0.01
 VLLM_MAX_TEMPERATURE = 2.0  # SamplingParams._verify_args: temperature must be in [0, 2]
 
-# each engine's own order of the stages it has, from the registry; stages it lacks keep decodelab's relative
-# position (merge_order). With mirostat on, llama.cpp runs only logit bias, temperature and mirostat.
-HF_ORDER = engine_order("hf")
-VLLM_ORDER = engine_order("vllm")
-LLAMACPP_ORDER = tuple(n for n in engine_order("llamacpp") if n != "mirostat")
-LLAMACPP_MIROSTAT_ORDER = ("constraint", "bias", "temperature", "mirostat")  # the grammar is not in the chain
 ENGINE_NAMES = {"hf": "transformers", "vllm": "vLLM", "llamacpp": "llama.cpp"}
+
+
+def _row(name: str) -> registry.Stage:
+    """The registry's row of a stage (read from its rows when asked, so a new row takes part)."""
+    return next(st for st in registry.STAGES if st.name == name)
+
+
+def own_order(engine: str) -> tuple[str, ...]:
+    """The engine's own order of the stages it has (the registry's ranks), but a stage that replaces the engine's
+    whole chain when on (each row's ``alone``: llama.cpp's mirostat); stages it lacks keep decodelab's relative
+    position (merge_order)."""
+    return tuple(n for n in engine_order(engine) if engine not in _row(n).alone)
+
+
+# the orders as the registry's rows are now (--export reads them)
+HF_ORDER = own_order("hf")
+VLLM_ORDER = own_order("vllm")
+LLAMACPP_ORDER = own_order("llamacpp")
 ENGINE_STAGES = {engine: engine_order(engine) for engine in ENGINES}
 
-# decodelab stage -> the settings fields that switch it on; the stages that act only when sampling
-STAGE_FIELDS = {s.name: (s.fields if s.any_field else s.fields[:1]) for s in STAGES}
-WARPERS = tuple(s.name for s in STAGES if s.warper)
+
+def default_order() -> list[str]:
+    """decodelab's default order: the registry's rows, in order (read when asked, so a new row takes part)."""
+    return [st.name for st in registry.STAGES]
+
+
+def _off(s: ChainSettings, stages) -> dict:
+    """The settings that switch these stages off: each field that switches one on, unset."""
+    return {f: (() if isinstance(getattr(s, f), tuple) else None) for n in stages
+            for f in _row(n).switches}
+
+
+def _warpers() -> list[str]:
+    """The stages that act only when sampling (each row's ``warper``): a greedy engine drops them."""
+    return [st.name for st in registry.STAGES if st.warper]
 
 
 def possessive(name: str) -> str:
@@ -72,7 +96,7 @@ def engine_off(engine: str, s: ChainSettings) -> ChainSettings:
         value, rule = getattr(s, p.field), p.off.get(engine)
         stage = stage_of(p.field)
         if stage is not None and rule is not None and value is not None and rule.test(value):
-            off.update({f: (() if isinstance(getattr(s, f), tuple) else None) for f in STAGE_FIELDS[stage.name]})
+            off.update(_off(s, [stage.name]))
     return replace(s, **off)
 
 
@@ -139,27 +163,24 @@ def trims_stop(s) -> bool:
 
 
 def active_stages(s: ChainSettings) -> list[str]:
-    """The stages these settings switch on, in decodelab's default order."""
-    on = []
-    for name in DEFAULT_ORDER:
-        values = [getattr(s, f) for f in STAGE_FIELDS[name]]
-        if any(v is not None and v != () for v in values):
-            on.append(name)
-    if "dynatemp" in on and "temperature" in on:
-        on.remove("temperature")  # the dynamic temperature takes the temperature as its centre
-    return on
+    """The stages these settings switch on, in decodelab's default order; a stage another one on takes over is not
+    (``replaces``: the dynamic temperature takes the temperature as its centre)."""
+    on = [st for st in registry.STAGES if st.switched_on(s)]
+    taken = {st.replaces for st in on}
+    return [st.name for st in on if st.name not in taken]
 
 
 def merge_order(engine_order: tuple[str, ...], active: list[str]) -> list[str]:
     """The engine's order for the stages it has; every other active stage right after the last stage that comes
     before it in decodelab's default order (or first)."""
     out = [n for n in engine_order if n in active]
+    default = default_order()
     for name in active:
         if name in out:
             continue
         at = 0
         for i, other in enumerate(out):
-            if DEFAULT_ORDER.index(other) < DEFAULT_ORDER.index(name):
+            if default.index(other) < default.index(name):
                 at = i + 1
         out.insert(at, name)
     return out
@@ -178,7 +199,7 @@ def plan(s: ChainSettings) -> Plan:
 def _penalty_window(s: ChainSettings) -> dict[str, tuple[str, int | None]]:
     if s.penalty_last_n is None:
         return {}
-    return {name: ("all", s.penalty_last_n) for name in PENALTIES}
+    return {name: ("all", s.penalty_last_n) for name in windowed()}
 
 
 def _native(s: ChainSettings) -> Plan:
@@ -187,24 +208,13 @@ def _native(s: ChainSettings) -> Plan:
                 "greedy" if s.temperature == 0 else "multinomial")
 
 
-# how each engine places a constraint (docs/constraints.md); transformers has no grammar stage at all
-CONSTRAINT_NOTES = {
-    "hf": "constraint: transformers has no grammar stage (a prefix_allowed_tokens_fn or a logits processor runs "
-          "where it is placed); kept at decodelab's position, first after allow",
-    "vllm": "constraint: vLLM applies its structured-output bitmask to the logits before the sampler, so before "
-            "allowed_token_ids, penalties, temperature and top-k/top-p",
-    "llamacpp": "constraint: llama.cpp's grammar sampler checks the token its chain drew and only if the grammar "
-                "rejects it masks the logits first and draws again; run here grammar first (exact with temperature "
-                "alone; with top-k/top-p/min-p llama.cpp's law is a mixture of the two)",
-}
-
-
 def _finish(engine: str, s: ChainSettings, user_chain, notes: list[str], engine_order) -> ChainSettings:
-    """The order: the user's --chain if given (noted), else the engine's; note the stages the engine lacks."""
+    """The order: the user's --chain if given (noted), else the engine's; note the stages the engine lacks (but
+    those whose row says how the engine takes them: the constraint) and, for each stage that runs, what its row
+    says the engine does differently (``notes``)."""
     active = active_stages(s)
-    if "constraint" in active:
-        notes.append(CONSTRAINT_NOTES[engine])
-    lacking = [n for n in active if n not in ENGINE_STAGES[engine] and n != "constraint"]  # noted above
+    said = [n for n in active if engine in _row(n).notes]
+    lacking = [n for n in active if n not in registry.engine_order(engine) and n not in said]
     if lacking:
         notes.append(f"{ENGINE_NAMES[engine]} has no {', '.join(lacking)}: kept at decodelab's position")
     if user_chain is not None:
@@ -212,16 +222,16 @@ def _finish(engine: str, s: ChainSettings, user_chain, notes: list[str], engine_
         notes.append(f"order from --chain, not {possessive(ENGINE_NAMES[engine])}")
     else:
         order = merge_order(engine_order, active)
+    notes += [_row(n).notes[engine] for n in order if n in said]
     return replace(s, chain=tuple(order))
 
 
 def _dropped(s: ChainSettings, stages, why: str, notes: list[str]) -> ChainSettings:
     """Switch these stages off, noting which were set."""
-    set_ = [n for n in stages if n in active_stages(s) or (n == "temperature" and s.temperature is not None)]
+    set_ = [n for n in stages if _row(n).switched_on(s)]  # a stage another one took over, too
     if set_:
         notes.append(f"{', '.join(set_)}: {why}")
-    off = {f: (() if isinstance(getattr(s, f), tuple) else None) for n in stages for f in STAGE_FIELDS[n]}
-    return replace(s, **off)
+    return replace(s, **_off(s, stages))
 
 
 def _hf(s: ChainSettings) -> Plan:
@@ -236,7 +246,7 @@ def _hf(s: ChainSettings) -> Plan:
             notes.append(f"top_k={s.top_k}: transformers' default when sampling")
         selector = "hf-multinomial"
     else:
-        s = _dropped(s, WARPERS, "not applied by transformers when do_sample=False", notes)
+        s = _dropped(s, _warpers(), "not applied by transformers when do_sample=False", notes)
         selector = "greedy"
     s = engine_off("hf", s)
     if s.penalty_last_n is not None:
@@ -244,7 +254,7 @@ def _hf(s: ChainSettings) -> Plan:
         s = replace(s, penalty_last_n=None)
     if s.softcap is not None:
         notes.append("softcap: in transformers a model property (final_logit_softcapping), not a processor")
-    s = _finish("hf", s, user_chain, notes, HF_ORDER)
+    s = _finish("hf", s, user_chain, notes, own_order("hf"))
     return Plan("hf", s, {}, selector, "processed", trim_stop=False, notes=notes)
 
 
@@ -258,19 +268,21 @@ def _vllm(s: ChainSettings) -> Plan:
         s = replace(s, temperature=VLLM_MIN_TEMPERATURE)
     temperature = 1.0 if s.temperature is None else s.temperature
     if temperature < VLLM_SAMPLING_EPS:
-        s = _dropped(s, WARPERS, "vLLM's greedy takes the arg-max before temperature and the filters", notes)
+        s = _dropped(s, _warpers(), "vLLM's greedy takes the arg-max before temperature and the filters", notes)
         s = engine_off("vllm", replace(s, temperature=0.0))
         selector = "greedy"
-        s = _finish("vllm", s, user_chain, notes, VLLM_ORDER)
-        s = replace(s, chain=tuple(n for n in s.chain if n != "temperature") + ("temperature",))
+        s = _finish("vllm", s, user_chain, notes, own_order("vllm"))
+        scaling = scaling_stage()  # last: at temperature 0 the arg-max
+        s = replace(s, chain=tuple(n for n in s.chain if n != scaling) + (scaling,))
     else:
         s = engine_off("vllm", s)
         selector = "multinomial"  # vLLM's random_sample: argmax p / q, q ~ Exp(1), the same race
-        s = _finish("vllm", s, user_chain, notes, VLLM_ORDER)
+        s = _finish("vllm", s, user_chain, notes, own_order("vllm"))
     if s.penalty_last_n is not None:
         notes.append("penalty_last_n: vLLM's penalties count the whole sequence; window ignored")
         s = replace(s, penalty_last_n=None)
-    counting = {"frequency-penalty": ("output", None), "presence-penalty": ("output", None)}
+    counting = {n: (_row(n).counts["vllm"], None) for n in windowed()
+                if "vllm" in _row(n).counts}
     notes.append("frequency and presence penalties count generated tokens only; repetition counts the prompt too")
     return Plan("vllm", s, counting, selector, "raw", trim_stop=True, notes=notes)
 
@@ -297,18 +309,6 @@ def _check_llamacpp_windows(s: ChainSettings) -> None:
                               "library reads -1 as 0, off); give 0 (off) or N >= 1 tokens")
 
 
-# where llama.cpp itself misbehaves, decodelab keeps its own rule under --semantics llamacpp and says so
-LLAMACPP_KEPT_RULES = {
-    # llama_sampler_typical_apply: entropy = -sum p log p over every candidate; one -inf logit (p = 0, 0 x log 0 =
-    # NaN) makes it NaN and no candidate passes the comparison with it, so the stage keeps everything
-    "typical-p": "typical_p: llama.cpp's typical sampling does nothing once a candidate is at -inf (its entropy takes "
-                 "0 x log 0 = NaN); decodelab keeps its rule (0 log 0 = 0, removed candidates ranked last)",
-    # llama_sampler_temp_ext_apply: normalized entropy = H / log(size of the array), -inf candidates counted
-    "dynatemp": "dynatemp: llama.cpp normalizes the entropy by log of every candidate, those already at -inf "
-                "included (a filter before it lowers T); decodelab keeps its rule (log of the candidates left)",
-}
-
-
 def _llamacpp(s: ChainSettings) -> Plan:
     notes: list[str] = []
     user_chain = s.chain
@@ -330,20 +330,21 @@ def _llamacpp(s: ChainSettings) -> Plan:
     s = engine_off("llamacpp", replace(s, **changes))
     window = s.penalty_last_n  # 0: every penalty off (llama_sampler_init_penalties)
     if window == 0:
-        s = replace(s, repetition_penalty=None, frequency_penalty=None, presence_penalty=None)
-    counting = {name: ("all", window) for name in PENALTIES}
-    if s.mirostat_tau is not None or s.mirostat_eta is not None:
-        s = _dropped(s, [n for n in DEFAULT_ORDER if n not in LLAMACPP_MIROSTAT_ORDER],
-                     "ignored by llama.cpp when mirostat is on (its chain is logit bias, temperature, mirostat)",
-                     notes)
-        engine_order = LLAMACPP_MIROSTAT_ORDER
+        s = replace(s, **_off(s, windowed()))
+    counting = {name: ("all", window) for name in windowed()}
+    alone = next((st for st in registry.STAGES if "llamacpp" in st.alone and st.switched_on(s)), None)
+    if alone is not None:  # mirostat: llama.cpp's chain is logit bias, temperature, mirostat (the grammar apart)
+        kept = alone.alone["llamacpp"] + (alone.name,)
+        s = _dropped(s, [n for n in default_order() if n not in kept],
+                     f"ignored by llama.cpp when {alone.name} is on (its chain is logit bias, temperature, "
+                     f"{alone.name})", notes)
+        engine_order = tuple(n for n in registry.engine_order("llamacpp") if n in kept)
     else:
-        engine_order = LLAMACPP_ORDER
-    if any(getattr(s, f) is not None for f in ("repetition_penalty", "frequency_penalty", "presence_penalty")):
+        engine_order = own_order("llamacpp")
+    if any(_row(n).switched_on(s) for n in windowed()):
         notes.append(f"penalties count prompt and output, the last {window} tokens")  # those mirostat left
     temperature = s.temperature
     s = replace(s, penalty_last_n=None)
     s = _finish("llamacpp", s, user_chain, notes, engine_order)
-    notes += [LLAMACPP_KEPT_RULES[name] for name in s.chain if name in LLAMACPP_KEPT_RULES]
     selector = "greedy" if temperature == 0 and s.dynatemp_range is None else "multinomial"
     return Plan("llamacpp", s, counting, selector, "raw", trim_stop=True, notes=notes)

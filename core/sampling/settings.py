@@ -10,7 +10,8 @@ from functools import lru_cache
 from ..kv import CacheSpec, engine_reading, parse_cache_spec
 from ..settings import PAIRS
 
-from .registry import STAGES, Param, params
+from . import registry
+from .registry import Param, params
 
 
 def annotation(p: Param):
@@ -28,7 +29,7 @@ def stage_values(self, resolved: dict | None = None) -> dict:
     :func:`~.tokens.resolve` gives them (over ``Tokens.placeholder()`` when no tokenizer exists yet); a set text-valued
     setting without its ids is a KeyError."""
     resolved = resolved or {}
-    return {stage.name: stage.value(self, resolved) for stage in STAGES}
+    return {stage.name: stage.value(self, resolved) for stage in registry.STAGES}  # every row, a new one too
 
 
 @lru_cache(maxsize=64)

@@ -12,6 +12,7 @@ from ..engine.models import LoadedModel
 from ..errors import ConfigError
 from ..inputs import is_int_text, parse_int
 from .constraint import constraint_spec
+from .registry import constraint_stage, stage_of
 from .thinking import ThinkTags, parse_think_tags, tags_from_template
 from .semantics import DEFAULT_DRY_BREAKERS
 from .settings import ChainSettings
@@ -95,10 +96,11 @@ def resolve_token_settings(s: ChainSettings, vocab: int, encode=None, token_id=N
         if not 0 <= t < vocab:
             raise ConfigError(f"--logit-bias {token}={value}: token id out of range [0, {vocab})")
         bias[t] = bias.get(t, 0.0) + value
-    resolved = {
-        "sequence-bias": tuple((token_sequence(t, "--sequence-bias", vocab, encode), b) for t, b in s.sequence_bias),
-        "ban": tuple(token_sequence(t, "--ban", vocab, encode) for t in s.ban),
-        "allow": tuple(i for t in s.allow for i in token_sequence(t, "--allow", vocab, encode)),
+    resolved = {  # keyed by the stage each setting belongs to (the key its row's value builder reads)
+        stage_of("sequence_bias").name: tuple((token_sequence(t, "--sequence-bias", vocab, encode), b)
+                                              for t, b in s.sequence_bias),
+        stage_of("ban").name: tuple(token_sequence(t, "--ban", vocab, encode) for t in s.ban),
+        stage_of("allow").name: tuple(i for t in s.allow for i in token_sequence(t, "--allow", vocab, encode)),
     }
     if s.dry_multiplier is not None:
         resolved["dry-breakers"] = dry_breakers(s.dry_breaker, vocab, encode, token_text)
@@ -120,7 +122,7 @@ def resolve(s: ChainSettings, tokens: Tokens) -> dict:
         spec = replace(spec, after=_needed(tags, "--constraint-after-think"))
     if getattr(s, "thinking_budget", None) is not None:
         _needed(tags, f"--thinking-budget {s.thinking_budget}")
-    return {"bias": bias, **resolved, "constraint": spec, "think-tags": tags}
+    return {stage_of("logit_bias").name: bias, **resolved, constraint_stage(): spec, "think-tags": tags}
 
 
 def think_tags(s: ChainSettings, tokens: Tokens) -> ThinkTags | None:

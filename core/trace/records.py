@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ..sampling.registry import constraint_stage
+
 
 @dataclass
 class Alternative:
@@ -111,24 +113,27 @@ HARDEST = 3  # steps listed in ConstraintSummary.hardest
 
 
 def constraint_summary(steps: list[Step]) -> ConstraintSummary | None:
-    """From the steps' ``constraint.*`` state and the constraint's stage statistic (None: no constraint ran)."""
-    rows = [s for s in steps if "constraint.log_mass_kept" in s.state]
+    """From the steps' ``constraint.*`` state (the stage's name, then its key) and the constraint's stage statistic
+    (None: no constraint ran)."""
+    name = constraint_stage()
+    key = lambda k: f"{name}.{k}"  # noqa: E731
+    rows = [s for s in steps if key("log_mass_kept") in s.state]
     if not rows:
         return None
-    rows = [s for s in rows if s.state.get("constraint.active", 1.0) > 0]  # --constraint-after-think: while active
+    rows = [s for s in rows if s.state.get(key("active"), 1.0) > 0]  # --constraint-after-think: while active
     bitten = []
     for s in rows:
-        removed = next((st.mass_removed for st in s.stages if st.name == "constraint"), float("nan"))
-        bitten.append(ConstraintStep(s.index, s.position, s.token, int(s.state["constraint.allowed"]), removed,
-                                     s.state["constraint.log_mass_kept"]))
+        removed = next((st.mass_removed for st in s.stages if st.name == name), float("nan"))
+        bitten.append(ConstraintStep(s.index, s.position, s.token, int(s.state[key("allowed")]), removed,
+                                     s.state[key("log_mass_kept")]))
     run = longest = 0
     for s in steps:
         run = run + 1 if s.token.isspace() else 0  # "".isspace() is False
         longest = max(longest, run)
-    count = lambda key: sum(1 for s in rows if s.state[key] > 0)  # noqa: E731
+    count = lambda k: sum(1 for s in rows if s.state[key(k)] > 0)  # noqa: E731
     worst = sorted((b for b in bitten if b.log_mass_kept < 0), key=lambda b: b.log_mass_kept)[:HARDEST]
-    return ConstraintSummary(-sum(b.log_mass_kept for b in bitten), len(rows), count("constraint.forced"),
-                             count("constraint.top1_banned"), count("constraint.whitespace_only"), longest, worst)
+    return ConstraintSummary(-sum(b.log_mass_kept for b in bitten), len(rows), count("forced"),
+                             count("top1_banned"), count("whitespace_only"), longest, worst)
 
 
 @dataclass

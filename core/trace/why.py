@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..sampling import registry
+
 MODEL = "model"
 FORCED = "forced"
 
@@ -76,5 +78,6 @@ def decide(names: list[str], chosen: int, winners: list[int], ranks: list[int], 
     before = "the raw " + pick if s == 1 else f"the {pick} after {names[s - 1]}"
     if removed[s - 1]:
         return Decision(stage, f"{stage} removed {before}")
-    verb = "brought it in" if stage == "bias" else "lifted it"
+    row = registry.BY_NAME.get(stage)  # a stage of the registry's (a library's own processor: none)
+    verb = "brought it in" if row is not None and row.biases else "lifted it"
     return Decision(stage, f"{stage} {verb} from rank {ranks[s - 1]}")

@@ -33,6 +33,10 @@ from decodelab.core.engine.http.sglang import SglangAdapter  # noqa: E402
 from decodelab.core.engine.http.transport import EngineError, Transport, base_url  # noqa: E402
 from decodelab.core.engine.http.vllm import VllmAdapter  # noqa: E402
 from decodelab.core.engine.http.wire import PROCESSED, RAW, Labels, SamplingSettings  # noqa: E402
+from decodelab.core.sampling.export import llamacpp_server_neutral  # noqa: E402
+
+# what a request built above the engine hands llama.cpp's adapter (the sampling registry's neutral body)
+NEUTRAL = {"llamacpp": llamacpp_server_neutral()}
 
 pytestmark = pytest.mark.skipif(not RECORDING.exists(), reason="no vLLM recording")
 MODES = ("raw_logprobs", "processed_logprobs")
@@ -330,7 +334,7 @@ def test_sglang_body_and_answer():
 
 def test_llamacpp_body_and_answer():
     a, t = LlamacppAdapter(), Transport("http://127.0.0.1:9")
-    s = SamplingSettings(max_tokens=1, temperature=0.0, seed=None, logprobs=2, logit_bias={4: -1.0})
+    s = SamplingSettings(max_tokens=1, temperature=0.0, seed=None, logprobs=2, logit_bias={4: -1.0}, neutral=NEUTRAL)
     body = a.generate_body("m", [1, 2], s)
     assert body["prompt"] == [1, 2] and body["n_predict"] == 1 and body["seed"] == -1
     assert body["logit_bias"] == [[4, -1.0]] and body["post_sampling_probs"] is False and body["cache_prompt"] is False
@@ -601,7 +605,7 @@ def test_llamacpp_bodies_field_by_field():
     a = LlamacppAdapter()
     s = SamplingSettings(max_tokens=7, temperature=0.7, top_p=0.9, top_k=4, min_p=0.05, repetition_penalty=1.2,
                          presence_penalty=0.3, frequency_penalty=0.4, seed=11, ignore_eos=True, logprobs=3,
-                         logit_bias={4: 1.5}, stop=("\n\n",))
+                         logit_bias={4: 1.5}, stop=("\n\n",), neutral=NEUTRAL)
     assert a.generate_body("m", (1, 2), s) == {
         "prompt": [1, 2], "n_predict": 7, "temperature": 0.7, "top_k": 4, "top_p": 0.9, "min_p": 0.05,
         "typical_p": 1.0, "repeat_penalty": 1.2, "repeat_last_n": -1, "presence_penalty": 0.3,

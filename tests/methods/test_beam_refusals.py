@@ -46,10 +46,24 @@ class WithFakeCut(BeamSettings):
     fake_cut: float | None = None
 
 
+@dataclass
+class FakeCut:
+    """The new row's stage: leaves the logits as they are."""
+
+    value: float
+    name: str = "fake-cut"
+
+    def __call__(self, ids, logits):
+        return logits
+
+
 @pytest.mark.parametrize("warper", [True, False])
 def test_a_new_warper_row_is_refused_with_no_edit_to_beam(monkeypatch, warper):
     fake = Stage("fake-cut", (Param("fake_cut", float, "A new filter."),), warper=warper)
+    # the whole row (the list, the index by name, a class): the settings' plan and the chain builder read it too
+    fake.cls = FakeCut
     monkeypatch.setattr(registry, "STAGES", registry.STAGES + [fake])
+    monkeypatch.setitem(registry.BY_NAME, fake.name, fake)
     if not warper:
         validate_beam(WithFakeCut(fake_cut=0.3))  # no warper: runs
         return

@@ -22,6 +22,7 @@ from decodelab.core.engine.http.wire import PROCESSED, RAW, SamplingSettings  # 
 from decodelab.core.errors import ConfigError  # noqa: E402
 from decodelab.core.methods import served as m  # noqa: E402
 from decodelab.core.methods.sample import SampleSettings  # noqa: E402
+from decodelab.core.sampling.export import neutral_request  # noqa: E402
 
 URL = "http://127.0.0.1:9"
 
@@ -217,7 +218,7 @@ def test_sample_without_a_replay_or_tokens(local):
         {"id": 7, "logprob": -0.5, "top_logprobs": [{"id": 7, "logprob": -0.5}]},
         {"id": 0, "logprob": -0.25, "top_logprobs": [{"id": 0, "logprob": -0.25}]}]}
     conn = connection(local, {"/completion": generation}, owned_by="llamacpp")
-    run = m.ServedSample(conn, [4, 5], SamplingSettings(max_tokens=2, logprobs=1))
+    run = m.ServedSample(conn, [4, 5], neutral_request(max_tokens=2, logprobs=1))
     assert [s.raw_logprob for s in run] == [-0.5, -0.25] and run.replayed is None and run.error is None
     assert [path for _, path, _ in conn.engine.transport.sent] == ["/v1/models", "/completion"]  # no replay sent
     assert run.stop_reason == "eos" and run.summary().stop_reason == "eos" and run.summary().finish_reason == "stop"

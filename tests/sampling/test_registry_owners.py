@@ -13,7 +13,7 @@ from decodelab.core.analysis.compare import STATEFUL_WHY
 from decodelab.core.engine.http.llamacpp import LlamacppAdapter
 from decodelab.core.engine.http.wire import SamplingSettings
 from decodelab.core.sampling import registry
-from decodelab.core.sampling.export import export, llamacpp_server_neutral
+from decodelab.core.sampling.export import export, llamacpp_server_neutral, neutral_request, served_settings
 from decodelab.core.sampling.registry import Off, Param, Stage, sampler_names, stateful
 from decodelab.core.settings import PAIRS, as_dict, coerce
 from decodelab.core.methods.sample import SampleSettings
@@ -52,12 +52,15 @@ def test_the_llamacpp_servers_neutral_body_is_the_adapters(with_row):
     """The adapter's body agrees with the registry's (the server's off-values of every stage a request does not
     carry, and llama.cpp's order of those it carries), and a new llama.cpp-only stage is switched off there."""
     neutral = llamacpp_server_neutral()
-    body = LlamacppAdapter().generate_body("m", [1], SamplingSettings())
+    request, _ = served_settings(SampleSettings(), 2, 100)  # the request as every served run builds it
+    body = LlamacppAdapter().generate_body("m", [1], request)
     assert {k: body[k] for k in neutral} == neutral
     assert neutral["samplers"] == ["penalties", "top_k", "top_p", "min_p", "temperature"]
     with_row(fake_stage(engines={"llamacpp": 99}, param={"export": {"llamacpp-server": "fake_cut"},
                                                           "off": {"llamacpp": Off(0.0, lambda v: v <= 0)}}))
     assert llamacpp_server_neutral()["fake_cut"] == 0.0
+    # and reaches the body the adapter sends, with no edit to the adapter
+    assert LlamacppAdapter().generate_body("m", [1], neutral_request())["fake_cut"] == 0.0
     carried = fake_stage(engines={"llamacpp": 99, "vllm": 99}, samplers={"llamacpp": "fake_cut"},
                          param={"export": {"llamacpp-server": "fake_cut"}, "off": {"llamacpp": Off(0.0, bool)}})
     carried.name = "fake-carried"
@@ -95,3 +98,38 @@ def test_a_pair_valued_setting_is_known_by_its_type():
     assert coerce(WithPairs, "fake_pairs", "a=1,b=-inf") == (("a", 1.0), ("b", float("-inf")))
     doc = as_dict(WithPairs(fake_pairs=(("x", 2.0),), logit_bias=(("7", 1.0),)))
     assert doc["fake_pairs"] == {"x": 2.0} and doc["logit_bias"] == {"7": 1.0} and doc["sequence_bias"] == {}
+
+
+def test_the_llamacpp_adapter_refuses_a_request_without_the_registrys_neutral_body():
+    """The engine layer knows no stage: a request built without the registry's body would leave the server's own
+    defaults (its --samplers, a DRY it was started with) in force, so it is refused, not sent."""
+    adapter = LlamacppAdapter()
+    assert adapter.check(neutral_request()) is None
+    assert adapter.check(SamplingSettings()) == ("the request does not switch off llama.cpp's own stages (build it "
+                                                 "with decodelab.core.sampling.export.served_settings or "
+                                                 "neutral_request)")
+    body = adapter.generate_body("m", [1], SamplingSettings())
+    assert not set(llamacpp_server_neutral()) & set(body)  # the adapter spells none of it itself
+
+
+def test_a_served_requests_neutral_values_are_the_rows_vllm_off_values():
+    """Every field a served request writes defaults to what vLLM reads as "stage off" (each row's ``off["vllm"]``),
+    and a vLLM score request switches every stage off the same way (its temperature aside: 0, the prompt's
+    logprobs are raw in every mode)."""
+    from dataclasses import fields
+
+    from decodelab.core.engine.http.vllm import VllmAdapter
+    from decodelab.core.sampling.registry import params, scaling_stage
+
+    neutral, request = SamplingSettings(), {f.name for f in fields(SamplingSettings)}
+    body = VllmAdapter().score_body("m", [1], 2)
+    scaling = registry.BY_NAME[scaling_stage()].params[0].export["vllm"]
+    checked = []
+    for p in params():
+        name = p.export.get("vllm")
+        if name in request and "vllm" in p.off:
+            assert getattr(neutral, name) == p.off["vllm"].value, name
+            assert name == scaling or p.off["vllm"].test(body[name]), name
+            checked.append(name)
+    assert sorted(checked) == ["frequency_penalty", "min_p", "presence_penalty", "repetition_penalty", "temperature",
+                               "top_k", "top_p"]

@@ -10,7 +10,7 @@ import pytest
 from decodelab.core.engine.http.wire import SamplingSettings
 from decodelab.core.errors import ConfigError
 from decodelab.core.methods.sample import SampleSettings
-from decodelab.core.sampling.export import served_settings
+from decodelab.core.sampling.export import llamacpp_server_neutral, served_settings
 
 
 def request(**kw) -> tuple[SamplingSettings, list[str]]:
@@ -86,7 +86,8 @@ def test_the_whole_request():
                                  repetition_penalty=1.2, presence_penalty=0.0, frequency_penalty=0.3, seed=11,
                                  min_tokens=2, ignore_eos=False, logprobs=5, logit_bias={2: 1.5},
                                  stop_token_ids=(7, 8), stop=("END",), include_stop_str_in_output=False,
-                                 allowed_token_ids=(2, 3), bad_words=("4",))
+                                 allowed_token_ids=(2, 3), bad_words=("4",),
+                                 neutral={"llamacpp": llamacpp_server_neutral()})
     assert notes == []
 
 

@@ -44,23 +44,27 @@ class LlamacppAdapter(Adapter):
             return "stop_token_ids: llama.cpp's server has no such field"
         if s.allowed_token_ids or s.bad_words:
             return "allowed_token_ids / bad_words: llama.cpp's server has no such field"
+        if self.kind not in s.neutral:  # else the server's own defaults (its --samplers, its DRY) would apply
+            return ("the request does not switch off llama.cpp's own stages (build it with "
+                    "decodelab.core.sampling.export.served_settings or neutral_request)")
         return None
 
     def score_body(self, model: str, ids: Sequence[int], top_n: int) -> dict:
         raise EngineError("llama.cpp's server returns no prompt logprobs: it cannot score a sequence")
 
     def generate_body(self, model: str, ids: Sequence[int], s: SamplingSettings) -> dict:
-        # the sampler order is written out, so the server's --samplers default cannot reorder the chain
+        """The fields the request carries, then what it hands in for llama.cpp (``s.neutral``, the registry's):
+        the stages it does not carry switched off, the sampler order written out, so that neither the server's
+        --samplers nor its defaults change the chain. Penalties count every token (repeat_last_n -1, as vLLM), the
+        mirostat mode is off, min_keep 0."""
         return {"prompt": list(ids), "n_predict": s.max_tokens, "temperature": s.temperature, "top_k": s.top_k,
-                "top_p": s.top_p, "min_p": s.min_p, "typical_p": 1.0, "repeat_penalty": s.repetition_penalty,
+                "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repetition_penalty,
                 "repeat_last_n": -1, "presence_penalty": s.presence_penalty,
-                "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "xtc_probability": 0.0,
-                "top_n_sigma": -1.0, "mirostat": 0, "dynatemp_range": 0.0, "min_keep": 0,
+                "frequency_penalty": s.frequency_penalty, "mirostat": 0, "min_keep": 0,
                 "seed": -1 if s.seed is None else s.seed, "ignore_eos": s.ignore_eos, "n_probs": s.logprobs,
                 "post_sampling_probs": self.values == PROCESSED,
-                "logit_bias": [[t, b] for t, b in s.logit_bias.items()],
-                "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"], "return_tokens": True,
-                "stop": list(s.stop), "cache_prompt": False, "stream": False}
+                "logit_bias": [[t, b] for t, b in s.logit_bias.items()], "return_tokens": True,
+                "stop": list(s.stop), "cache_prompt": False, "stream": False, **s.neutral.get(self.kind, {})}
 
     def read_score(self, t: Transport, body: dict, resp: dict):
         raise t.fail("llama.cpp's server returns no prompt logprobs")

@@ -17,6 +17,7 @@ or the raw logit when the server runs in a logits mode. Where the facts come fro
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 RAW = "raw"
@@ -130,6 +131,10 @@ class SamplingSettings:
     include_stop_str_in_output: bool = False
     allowed_token_ids: tuple[int, ...] = ()  # an allow-list mask (empty: every token)
     bad_words: tuple[str, ...] = ()  # texts never to produce (the server tokenises them)
+    # per server kind, what its body adds to the fields above: every stage of that server's a request does not carry
+    # switched off, and its order of those it carries. The sampling registry's (this layer knows no stage): whoever
+    # builds the request hands it in (decodelab.core.sampling.export.served_settings, neutral_request)
+    neutral: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
 
 def read_value(value: float, masked: float | None) -> float:

@@ -2,7 +2,7 @@
 request with n, and seeded requests), its full prompt logprobs agree with the local model within the stated
 tolerance, and as an audit-numerics condition it is within float32 rounding. Needs the vLLM venv:
 
-    DECODELAB_VLLM_PYTHON=~/.cache/decodelab/vllm-0.32.0/bin/python pytest -m vllm tests/engine/test_vllm_audit.py
+    DECODELAB_VLLM_PYTHON=~/.cache/decodelab/vllm-0.32.0/bin/python pytest -m vllm tests/analysis/test_vllm_audit.py
 
 One server (--logprobs-mode raw_logprobs), started once for the module (90-200 s on 2 cores).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))  # vllm_server.py
 
 from vllm_server import SERVED_NAME, vllm_server  # noqa: E402
 
