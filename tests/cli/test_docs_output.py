@@ -1,0 +1,290 @@
+"""Every documented example that shows its printed output (README.md, docs/*.md) is run and its output compared with
+what the doc shows, so the docs cannot drift again (issue 40); every other fast example is run and must exit 0.
+
+What a doc block shows is compared line by line, exactly (trailing spaces aside), with the docs' own conventions
+for what it leaves out or cannot fix:
+
+* a line ``…`` alone (or ``… (a note)``) stands for any number of printed lines, none included; a block that does
+  not start (end) with one must match the output's first (last) line;
+* ``…`` inside a line stands for any text (``summary: ... kv_bytes=190464 …``: the rest of the line cut);
+* an HTML comment right before the block, ``<!-- output: varies: LABEL, LABEL; columns: 80 -->``, names the values
+  that cannot be fixed (timings, speeds): a number after a LABEL (``tokens_per_s=142.3``, ``min 0.96x``) or every
+  cell of the table column headed LABEL, or every number with ``varies: numbers``. Those become placeholders in the
+  doc and in the output alike; in such a block runs of spaces and of table rules count as one (a timing's width moves
+  a column) and a summary wrapped over several lines is one line. ``columns`` is the width the output was captured
+  at (100 unless said); ``continues`` marks a block that shows more of the example before it.
+
+Everything else (greedy runs, seeded samples on the bundled models with one thread, token texts, numbers rounded as
+printed, table layout at the stated width) must be as printed. A command runs as written from the repository root
+with ``OMP_NUM_THREADS=1`` and ``COLUMNS`` set (in this process when it is one plain ``decodelab`` command, else
+with bash); its stdout is compared, followed by its stderr where the marker says ``stderr`` (the machine-load note left out:
+it depends on other jobs).
+
+Examples that take more than about ten seconds carry the ``slow`` marker (CI runs them after the fast suite);
+:data:`NOT_RUN` lists the ones never run here, each with its reason."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+SOURCES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", flags=re.S | re.M)
+MARKER = re.compile(r"<!--\s*output:(.*?)-->", flags=re.S)
+SHELL = re.compile(r"(&&|\|\||[|<>;]|2>|\$\()")
+
+
+@dataclass
+class Example:
+    where: str  # file:line of the command
+    command: str  # one shell line, continuations joined, the comment dropped
+    shown: list[str] | None = None  # the printed lines the doc shows (None: none)
+    varies: tuple[str, ...] = ()
+    columns: int = 100
+    stderr: bool = False  # the doc shows stderr's lines too (after stdout's)
+
+    @property
+    def id(self) -> str:
+        return f"{self.where}:{self.command[len('decodelab '):][:60]}"
+
+
+def command_lines(block: str) -> list[tuple[int, str]]:
+    """(line offset, the line) of each ``decodelab`` line of a bash block: continuations joined, comments cut."""
+    out, offset = [], 0
+    for raw in re.split(r"(?<!\\)\n", block):
+        line = re.sub(r"\\\n\s*", " ", raw).strip()
+        line = re.split(r"\s#\s|\s+#\s", " " + line)[0].strip() if " #" in line else line
+        if line.startswith("decodelab "):
+            out.append((offset, line))
+        offset += raw.count("\n") + 1
+    return out
+
+
+def read_marker(text: str) -> dict:
+    """The fields of an ``<!-- output: ... -->`` comment: ``varies: a, b; columns: 80; continues``."""
+    fields: dict = {}
+    for part in text.split(";"):
+        key, _, value = part.strip().partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def examples() -> list[Example]:
+    found: list[Example] = []
+    for path in SOURCES:
+        text = path.read_text(encoding="utf-8")
+        blocks = list(FENCE.finditer(text))
+        for k, block in enumerate(blocks):
+            lang, body = block.group(1), block.group(2)
+            line_no = text.count("\n", 0, block.start()) + 2
+            where = f"{path.relative_to(ROOT)}:{line_no}"
+            if lang == "bash":
+                for offset, command in command_lines(body):
+                    found.append(Example(f"{path.relative_to(ROOT)}:{line_no + offset}", command))
+                continue
+            between = text[blocks[k - 1].end():block.start()] if k else "x"
+            marker = MARKER.search(between)
+            adjacent = not (between.replace(marker.group(0), "") if marker else between).strip()
+            fields = read_marker(marker.group(1)) if marker and adjacent else {}
+            lines = body.rstrip("\n").split("\n")
+            if all(line.startswith("decodelab ") for line in lines):  # commands in a block without a language
+                found += [Example(f"{where[:where.rindex(':')]}:{line_no + i}", line) for i, line in enumerate(lines)]
+                continue
+            if lines[0].startswith("$ decodelab "):  # a command shown with its output in one block
+                example = Example(where, lines[0][2:])
+                found.append(example)
+                lines = lines[1:]
+            elif "continues" in fields:
+                example = found[-1]
+                lines = ["…"] + lines
+            elif adjacent and blocks[k - 1].group(1) == "bash":
+                commands = command_lines(blocks[k - 1].group(2))
+                assert len(commands) == 1, f"{where}: an output block after a bash block of {len(commands)} commands"
+                example = found[-1]
+            else:
+                continue  # not output: a diagram, a formula, a file
+            example.shown = (example.shown or []) + lines
+            if "varies" in fields:
+                example.varies += tuple(v.strip() for v in fields["varies"].split(",") if v.strip())
+            if "columns" in fields:
+                example.columns = int(fields["columns"])
+            example.stderr = example.stderr or "stderr" in fields
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- comparing
+
+
+NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d+)?|\.\d+)(?:e[-+]?\d+)?x?%?"
+SKIP = re.compile(r"…(\s*\(.*\))?")
+PLACEHOLDER = "<n>"
+
+
+def placeholders(line: str, label: str) -> str:
+    """The line with the numbers `label` names made placeholders: ``{} vs {} tokens/s`` names the numbers at its
+    ``{}``; a plain label the number after it (``tokens_per_s=142.3``, ``min 0.96x``, ``ratio c: 0.198``)."""
+    if "{}" in label:
+        parts = label.split("{}")
+        found = re.compile(NUMBER.join(re.escape(part) for part in parts))
+        return found.sub(lambda m: PLACEHOLDER.join(parts), line)
+    found = re.compile(rf"(?<![\w-]){re.escape(label)}(=|:\s*|\s+){NUMBER}")
+    return found.sub(lambda m: f"{label}{m.group(1)}{PLACEHOLDER}", line)
+
+
+def normalize(lines: list[str], varies: tuple[str, ...]) -> list[str]:
+    """The lines with every varying value a placeholder; where anything varies, a wrapped summary joined into one line
+    and spaces and rules collapsed: in the lines holding a placeholder, or in every line when a table column varies
+    (see the module's docstring)."""
+    lines = [line.rstrip() for line in lines]
+    if not varies:
+        return lines
+    out: list[str] = []
+    columns: set[int] = set()
+    width, a_column = 0, False
+    for line in lines:
+        if not SKIP.fullmatch(line.strip()):
+            if "numbers" in varies:
+                line = re.sub(rf"(?<![\w<]){NUMBER}(?![\w>])", PLACEHOLDER, line)
+            for label in varies:
+                line = placeholders(line, label)
+            if "┃" in line:
+                cells = line.split("┃")
+                named = {i for i, cell in enumerate(cells) if cell.strip() in varies}
+                if named or len(cells) != width:
+                    columns, width = named | (columns if len(cells) == width else set()), len(cells)
+                a_column = a_column or bool(named)
+            elif "│" in line and columns and len(cells := line.split("│")) == width:
+                line = "│".join(f" {PLACEHOLDER} " if i in columns and cell.strip() else cell
+                                for i, cell in enumerate(cells))
+        if out and re.fullmatch(r"(\S+=\S+\s*)+(…)?", line) and out[-1].startswith("summary:"):
+            out[-1] += "  " + line
+        else:
+            out.append(line)
+    collapse = [a_column or "numbers" in varies or PLACEHOLDER in line for line in out]
+    return [re.sub(r" +", " ", re.sub(r"([━─═])\1+", r"\1", line)).strip() if c else line
+            for line, c in zip(out, collapse)]
+
+
+def line_pattern(shown: str) -> re.Pattern:
+    return re.compile(".*".join(re.escape(part) for part in shown.split("…")))
+
+
+def compare(shown: list[str], printed: list[str], varies: tuple[str, ...] = ()) -> str | None:
+    """None when the printed lines are what the doc shows (the conventions above), else a diff to read."""
+    doc, out = normalize(shown, varies), normalize(printed, varies)
+    patterns = [None if SKIP.fullmatch(line.strip()) else line_pattern(line) for line in doc]
+
+    furthest = [0, 0]  # the last doc line reached, and the first printed line it was tried at
+
+    @lru_cache(maxsize=None)
+    def match(i: int, j: int) -> bool:
+        if (i, -j) > (furthest[0], -furthest[1]):
+            furthest[:] = [i, j]
+        if i == len(patterns):
+            return j == len(out)
+        if patterns[i] is None:
+            return any(match(i + 1, k) for k in range(j, len(out) + 1))
+        return j < len(out) and patterns[i].fullmatch(out[j]) is not None and match(i + 1, j + 1)
+
+    if match(0, 0):
+        return None
+    i, j = furthest
+    missing = doc[i] if i < len(doc) else "(the end of the output)"
+    near = "\n".join(f"    {line}" for line in out[max(0, j - 2):j + 3])
+    diff = "\n".join(difflib.unified_diff(doc, out, "the doc shows", "printed", lineterm="", n=1))
+    return f"the doc's line {i + 1} {missing!r} is not printed where expected; printed there:\n{near}\n{diff}"
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+MACHINE_NOTE = "note: load average "
+
+
+def run(example: Example, cli, monkeypatch, timeout: float = 600) -> tuple[int, list[str], str]:
+    """(exit status, the printed lines, stderr) of the example run as written from the root: the lines are stdout's,
+    then stderr's where the doc shows them (``stderr`` in its marker)."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("COLUMNS", str(example.columns))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    words = shlex.split(example.command)
+    if not any(SHELL.fullmatch(w) for w in words) and "$(" not in example.command:
+        code, out, err = cli(*words[1:])
+    else:
+        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        done = subprocess.run(["bash", "-c", f"set -eo pipefail; {example.command}"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    err_lines = [line for line in err.splitlines() if not line.startswith(MACHINE_NOTE)]
+    return code, out.splitlines() + (err_lines if example.stderr else []), err
+
+
+# ---------------------------------------------------------------------------------------------- the examples
+
+
+def unique(found: list[Example]) -> list[Example]:
+    """One example per distinct command (the first place it is documented; the output any place shows)."""
+    seen: dict[str, Example] = {}
+    for example in found:
+        first = seen.setdefault(example.command, example)
+        if first is not example and example.shown is not None:
+            assert first.shown is None, f"{example.where}: a second output for {example.command!r} ({first.where})"
+            first.shown, first.varies, first.columns = example.shown, example.varies, example.columns
+    return list(seen.values())
+
+
+EXAMPLES = unique(examples())
+
+# never run here, each with why (matched as a substring of the command)
+NOT_RUN = {
+    "--engine ": "needs a served model (the same commands run against a real vLLM in tests/engine/test_vllm_real.py)",
+    "./my-model": "a placeholder for the user's own model folder",
+    "essay.txt": "a placeholder for the user's own text",
+    "my.txt": "a placeholder for the user's own text",
+    "rollouts.jsonl": "a placeholder for the user's own rollouts",
+    "sampled_at_top_p_0.8.txt": "a placeholder for the user's own sample",
+    "person.schema.json": "a placeholder for the user's own JSON schema",
+    "prompts.txt -n 64 -t 0 --engine": "needs a served model",
+}
+
+# run only under `pytest -m slow` (CI runs them after the fast suite): more than about ten seconds on one thread
+SLOW: dict[str, str] = {}
+
+
+def reason_not_run(example: Example) -> str | None:
+    return next((why for part, why in NOT_RUN.items() if part in example.command), None)
+
+
+def params(shown: bool) -> list:
+    out = []
+    for example in EXAMPLES:
+        if (example.shown is not None) != shown or reason_not_run(example):
+            continue
+        slow = any(part in example.command for part in SLOW)
+        out.append(pytest.param(example, id=example.id, marks=[pytest.mark.slow] if slow else []))
+    return out
+
+
+@pytest.mark.parametrize("example", params(shown=True))
+def test_a_documented_output_is_what_the_example_prints(example, cli, monkeypatch):
+    code, printed, err = run(example, cli, monkeypatch)
+    assert code == 0, (example.where, err[-2000:])
+    drift = compare(example.shown, printed, example.varies)
+    assert drift is None, f"{example.where}: `{example.command}` no longer prints what the doc shows:\n{drift}"
+
+
+@pytest.mark.parametrize("example", params(shown=False))
+def test_a_documented_example_without_output_runs(example, cli, monkeypatch, tmp_path):
+    code, printed, err = run(example, cli, monkeypatch)
+    assert code == 0, (example.where, err[-2000:])
