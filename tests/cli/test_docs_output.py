@@ -95,8 +95,9 @@ def examples() -> list[Example]:
                 continue
             between = text[blocks[k - 1].end():block.start()] if k else "x"
             marker = MARKER.search(between)
+            marker = marker if marker and not between[marker.end():].strip() else None  # right before the block
             adjacent = not (between.replace(marker.group(0), "") if marker else between).strip()
-            fields = read_marker(marker.group(1)) if marker and adjacent else {}
+            fields = read_marker(marker.group(1)) if marker else {}
             lines = body.rstrip("\n").split("\n")
             if all(line.startswith("decodelab ") for line in lines):  # commands in a block without a language
                 found += [Example(f"{where[:where.rindex(':')]}:{line_no + i}", line) for i, line in enumerate(lines)]
