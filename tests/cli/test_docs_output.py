@@ -53,22 +53,30 @@ class Example:
     varies: tuple[str, ...] = ()
     columns: int = 100
     stderr: bool = False  # the doc shows stderr's lines too (after stdout's)
+    setup: str = ""  # an earlier example of the same page that writes a file this one reads
+    claims: tuple[str, ...] = ()  # what its comment says it prints (each must be in its stdout)
 
     @property
     def id(self) -> str:
         return f"{self.where}:{self.command[len('decodelab '):][:60]}"
 
 
-def command_lines(block: str) -> list[tuple[int, str]]:
-    """(line offset, the line) of each ``decodelab`` line of a bash block: continuations joined, comments cut."""
+def command_lines(block: str) -> list[tuple[int, str, str]]:
+    """(line offset, the line, its comment) of each ``decodelab`` line of a bash block: continuations joined."""
     out, offset = [], 0
     for raw in re.split(r"(?<!\\)\n", block):
         line = re.sub(r"\\\n\s*", " ", raw).strip()
-        line = re.split(r"\s#\s|\s+#\s", " " + line)[0].strip() if " #" in line else line
-        if line.startswith("decodelab "):
-            out.append((offset, line))
+        line, _, comment = (re.split(r"(\s+#\s)", " " + line, maxsplit=1) + ["", ""])[:3]
+        if line.strip().startswith("decodelab "):
+            out.append((offset, line.strip(), comment.strip()))
         offset += raw.count("\n") + 1
     return out
+
+
+def claims(comment: str) -> list[str]:
+    """What a command's comment says it prints: its quoted texts and decimal numbers (``# ' 3749.' then EOS``,
+    ``# 0.444 0.333 0.222``)."""
+    return re.findall(r"'([^']+)'", comment) + re.findall(r"(?<![\w.])\d+\.\d+(?![\w.])", comment)
 
 
 def read_marker(text: str) -> dict:
@@ -78,6 +86,24 @@ def read_marker(text: str) -> dict:
         key, _, value = part.strip().partition(":")
         fields[key.strip()] = value.strip()
     return fields
+
+
+def written(command: str) -> list[str]:
+    """The files a command line writes (``> F``, ``-o F``)."""
+    words = shlex.split(command)
+    return [words[i + 1] for i, w in enumerate(words[:-1]) if w in (">", "-o", "--output")]
+
+
+def with_setup(found: list[Example]) -> list[Example]:
+    """Each example that reads a file an earlier example of its page writes gets that example as its setup."""
+    writers: dict[tuple[str, str], str] = {}
+    for example in found:
+        page = example.where.rsplit(":", 1)[0]
+        for word in shlex.split(example.command):
+            if (page, word) in writers and word not in written(example.command):
+                example.setup = writers[page, word]
+        writers.update({(page, name): example.command for name in written(example.command)})
+    return found
 
 
 def examples() -> list[Example]:
@@ -90,8 +116,9 @@ def examples() -> list[Example]:
             line_no = text.count("\n", 0, block.start()) + 2
             where = f"{path.relative_to(ROOT)}:{line_no}"
             if lang == "bash":
-                for offset, command in command_lines(body):
-                    found.append(Example(f"{path.relative_to(ROOT)}:{line_no + offset}", command))
+                for offset, command, comment in command_lines(body):
+                    found.append(Example(f"{path.relative_to(ROOT)}:{line_no + offset}", command,
+                                         claims=tuple(claims(comment))))
                 continue
             between = text[blocks[k - 1].end():block.start()] if k else "x"
             marker = MARKER.search(between)
@@ -121,7 +148,7 @@ def examples() -> list[Example]:
             if "columns" in fields:
                 example.columns = int(fields["columns"])
             example.stderr = example.stderr or "stderr" in fields
-    return found
+    return with_setup(found)
 
 
 # ---------------------------------------------------------------------------------------------- comparing
@@ -213,19 +240,30 @@ def compare(shown: list[str], printed: list[str], varies: tuple[str, ...] = ()) 
 MACHINE_NOTE = "note: load average "
 
 
-def run(example: Example, cli, monkeypatch, timeout: float = 600) -> tuple[int, list[str], str]:
-    """(exit status, the printed lines, stderr) of the example run as written from the root: the lines are stdout's,
-    then stderr's where the doc shows them (``stderr`` in its marker)."""
-    monkeypatch.chdir(ROOT)
+def run(example: Example, cli, monkeypatch, folder: Path, timeout: float = 600) -> tuple[int, list[str], str]:
+    """(exit status, the printed lines, stderr) of the example run as written in `folder`, which sees the
+    repository's examples/ and presets/ (the files a command writes land there): the lines are stdout's, then
+    stderr's where the doc shows them (``stderr`` in its marker)."""
+    for name in ("examples", "presets"):
+        if not (folder / name).exists():
+            (folder / name).symlink_to(ROOT / name)
+    monkeypatch.chdir(folder)
     monkeypatch.setenv("COLUMNS", str(example.columns))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+    def shell(line: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f"set -eo pipefail; {line}"], cwd=folder, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    if example.setup:
+        done = shell(example.setup)
+        assert done.returncode == 0, (example.setup, done.stderr[-2000:])
     words = shlex.split(example.command)
     if not any(SHELL.fullmatch(w) for w in words) and "$(" not in example.command:
         code, out, err = cli(*words[1:])
     else:
-        env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-        done = subprocess.run(["bash", "-c", f"set -eo pipefail; {example.command}"], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        done = shell(example.command)
         code, out, err = done.returncode, done.stdout, done.stderr
     err_lines = [line for line in err.splitlines() if not line.startswith(MACHINE_NOTE)]
     return code, out.splitlines() + (err_lines if example.stderr else []), err
@@ -235,10 +273,11 @@ def run(example: Example, cli, monkeypatch, timeout: float = 600) -> tuple[int, 
 
 
 def unique(found: list[Example]) -> list[Example]:
-    """One example per distinct command (the first place it is documented; the output any place shows)."""
+    """One example per distinct command (the first place it is documented; the output and claims any place shows)."""
     seen: dict[str, Example] = {}
     for example in found:
         first = seen.setdefault(example.command, example)
+        first.claims = first.claims or example.claims
         if first is not example and example.shown is not None:
             assert first.shown is None, f"{example.where}: a second output for {example.command!r} ({first.where})"
             first.shown, first.varies, first.columns = example.shown, example.varies, example.columns
@@ -259,8 +298,27 @@ NOT_RUN = {
     "prompts.txt -n 64 -t 0 --engine": "needs a served model",
 }
 
-# run only under `pytest -m slow` (CI runs them after the fast suite): more than about ten seconds on one thread
-SLOW: dict[str, str] = {}
+# run only under `pytest -m slow` (CI runs them after the fast suite): more than about ten seconds each on the shared
+# 2-core machine (seconds measured there under load, 2026-12-04), matched as a substring of the command
+SLOW = {
+    "--compare-policies --window 128": "seven policies scored over 768 tokens (187 s at --limit 1024 --window 256)",
+    "bench -n 32 --rounds 3 --settings greedy,sampling,beam,speculative": "every setting against generate "
+                                                                           "(155 s at -n 128 --rounds 7)",
+    "--limit 2048 --cache window:size=256": "2048 tokens scored (77 s at --limit 8192)",
+    "--compile": "torch.compile (50 s)",
+    'stream "In the beginning" -n 2000': "2000 tokens (36 s)",
+    "check-sampler": "500 draws and the exact law (29 s)",
+    "quantize-kv": "every quantize-kv example: a grid, presses or a projection (17-30 s)",
+    "> trace.json": "a second process (22 s)",
+    "--resume trace.json": "after the example that writes trace.json (15 s)",
+    "decodelab view ": "two processes (16-18 s)",
+    "$(head -c 1500": "a second process and a 1500-byte prompt (13 s)",
+}
+
+# fails on this branch, passes once issue 40's compare change (per-request settings in --prompts-file) is merged
+KNOWN = {
+    "compare --prompts-file examples/prompts.jsonl --job": "compare refuses a prompt's own settings (ux3's change)",
+}
 
 
 def reason_not_run(example: Example) -> str | None:
@@ -272,14 +330,15 @@ def params(shown: bool) -> list:
     for example in EXAMPLES:
         if (example.shown is not None) != shown or reason_not_run(example):
             continue
-        slow = any(part in example.command for part in SLOW)
-        out.append(pytest.param(example, id=example.id, marks=[pytest.mark.slow] if slow else []))
+        marks = [pytest.mark.slow] if any(part in example.command for part in SLOW) else []
+        marks += [pytest.mark.xfail(reason=why) for part, why in KNOWN.items() if part in example.command]
+        out.append(pytest.param(example, id=example.id, marks=marks))
     return out
 
 
 @pytest.mark.parametrize("example", params(shown=True))
-def test_a_documented_output_is_what_the_example_prints(example, cli, monkeypatch):
-    code, printed, err = run(example, cli, monkeypatch)
+def test_a_documented_output_is_what_the_example_prints(example, cli, monkeypatch, tmp_path):
+    code, printed, err = run(example, cli, monkeypatch, tmp_path)
     assert code == 0, (example.where, err[-2000:])
     drift = compare(example.shown, printed, example.varies)
     assert drift is None, f"{example.where}: `{example.command}` no longer prints what the doc shows:\n{drift}"
@@ -287,5 +346,72 @@ def test_a_documented_output_is_what_the_example_prints(example, cli, monkeypatc
 
 @pytest.mark.parametrize("example", params(shown=False))
 def test_a_documented_example_without_output_runs(example, cli, monkeypatch, tmp_path):
-    code, printed, err = run(example, cli, monkeypatch)
+    code, printed, err = run(example, cli, monkeypatch, tmp_path)
     assert code == 0, (example.where, err[-2000:])
+    stdout = "\n".join(printed)
+    missing = [claim for claim in example.claims if claim not in stdout]
+    assert not missing, f"{example.where}: `{example.command}` does not print {missing}, as its comment says"
+
+
+# ---------------------------------------------------------------------------------------------- the check bites
+
+
+def test_the_docs_have_outputs_to_check():
+    shown = [e for e in EXAMPLES if e.shown is not None]
+    assert len(shown) >= 18 and {e.where.split(":")[0] for e in shown} >= {"README.md", "docs/speculative.md",
+                                                                           "docs/semantics.md"}
+
+
+def test_every_output_marker_is_understood():
+    for path in SOURCES:
+        for marker in MARKER.finditer(path.read_text(encoding="utf-8")):
+            assert set(read_marker(marker.group(1))) <= {"varies", "columns", "continues", "stderr"}, marker.group(0)
+
+
+def test_the_conventions():
+    printed = ["title", "a 1", "b 2", "c 3", "summary: x=1  speed=12.5", "y=2"]
+    assert compare(["title", "…", "c 3", "…"], printed) is None
+    assert compare(["title", "a 1", "b 2", "c 3", "…"], printed) is None
+    assert compare(["…", "b 2", "…"], printed) is None
+    assert compare(["title", "a …", "…"], printed) is None  # `…` in a line: the rest of the line
+    assert compare(["title", "…", "summary: x=1  speed=99", "y=2"], printed, ("speed",)) is None
+    assert compare(["title", "…", "summary: x=1  speed=99  y=2"], printed, ("speed",)) is None  # wrapped or not
+    assert compare(["title", "…", "summary: x=1  speed=12.5", "y=2"], printed) is None
+    # drifts
+    assert compare(["title", "b 2", "…"], printed) is not None  # a line left out without `…`
+    assert compare(["title", "…", "c 3"], printed) is not None  # not the end
+    assert compare(["…", "b 2", "a 1", "…"], printed) is not None  # order
+    assert compare(["title", "…", "summary: x=2  speed=99", "y=2"], printed, ("speed",)) is not None
+    assert compare(["title", "…", "summary: x=1  speed=99", "y=2"], printed) is not None  # not said to vary
+    assert compare(["…", "summary: x=1  speed=12.5", "y=3"], printed, ("speed",)) is not None
+
+
+def test_a_varying_column_and_numbers_in_a_phrase():
+    table = ["┃ name ┃ tok/s ┃ a ┃", "┡━━━━━━╇━━━━━━━╇━━━┩", "│ x    │ 150.6 │ 1 │", "│ y    │ 99.1  │ 2 │",
+             "12.5 vs 30.1 tokens/s, max 1.2x"]
+    doc = ["┃ name ┃ tok/s ┃ a ┃", "┡━━━━━━╇━━━━━━━━━╇━━━┩", "│ x    │ 1234.5 │ 1 │", "│ y    │ 9.1 │ 2 │",
+           "1.0 vs 2.0 tokens/s, max 9.9x"]
+    assert compare(doc, table, ("tok/s", "{} vs {} tokens/s", "max")) is None
+    assert compare(doc, table, ("tok/s", "max")) is not None  # the phrase not said to vary
+    assert compare([*doc[:3], "│ y    │ 9.1 │ 3 │", doc[4]], table, ("tok/s", "{} vs {} tokens/s", "max")) is not None
+
+
+def test_a_planted_drift_in_a_real_doc_block_fails(cli, monkeypatch, tmp_path):
+    """Negative control on real output: a copy of two README blocks (an exact one and one with timings), each edited
+    the way a drift would change it, no longer matches what the command prints; the unedited copy does."""
+    models = next(e for e in EXAMPLES if e.command == "decodelab models")
+    sample = next(e for e in EXAMPLES if e.command.startswith('decodelab sample "The compiler" -t 0.8 --top-p 0.95'))
+    for example, drifts in (
+            (models, [("2,739,328", "2,739,329"), ("│     12 │", "│     13 │"), ("tiny-draft", "tiny-drift")]),
+            (sample, [("mean_logprob=-3.485", "mean_logprob=-3.484"), ("␣format", "␣formats"),
+                      ("0.097    0.061", "0.097    0.062"), ("temperature 0.8 · ", "")])):
+        code, printed, _ = run(example, cli, monkeypatch, tmp_path)
+        assert code == 0 and compare(example.shown, printed, example.varies) is None
+        for old, new in drifts:
+            edited = [line.replace(old, new) for line in example.shown]
+            assert edited != example.shown, old
+            assert compare(edited, printed, example.varies) is not None, (example.command, old, new)
+    # a timing is not a drift: the sample's speeds edited, the block still matches
+    code, printed, _ = run(sample, cli, monkeypatch, tmp_path)
+    edited = [re.sub(r"tokens_per_s=[\d.]+", "tokens_per_s=1", line) for line in sample.shown]
+    assert edited != sample.shown and compare(edited, printed, sample.varies) is None
