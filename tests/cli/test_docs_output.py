@@ -8,17 +8,19 @@ for what it leaves out or cannot fix:
   not start (end) with one must match the output's first (last) line;
 * ``…`` inside a line stands for any text (``summary: ... kv_bytes=190464 …``: the rest of the line cut);
 * an HTML comment right before the block, ``<!-- output: varies: LABEL, LABEL; columns: 80 -->``, names the values
-  that cannot be fixed (timings, speeds): a number after a LABEL (``tokens_per_s=142.3``, ``min 0.96x``) or every
-  cell of the table column headed LABEL, or every number with ``varies: numbers``. Those become placeholders in the
-  doc and in the output alike; in such a block runs of spaces and of table rules count as one (a timing's width moves
-  a column) and a summary wrapped over several lines is one line. ``columns`` is the width the output was captured
-  at (100 unless said); ``continues`` marks a block that shows more of the example before it.
+  that cannot be fixed (timings, speeds): a number after a LABEL (``tokens_per_s=142.3``, ``min 0.96x``), the
+  numbers at the ``{}`` of a phrase (``{} vs {} tokens/s``), every cell of the table column headed LABEL, or every
+  number with ``varies: numbers``. Those become placeholders in the doc and in the output alike; in such a block
+  runs of spaces and of table rules count as one (a timing's width moves a column) and a summary wrapped over
+  several lines is one line. ``columns`` is the width the output was captured at (100 unless said); ``continues``
+  marks a block that shows more of the example before it (prose between them); ``stderr`` that the block shows
+  stderr's lines too, after stdout's.
 
 Everything else (greedy runs, seeded samples on the bundled models with one thread, token texts, numbers rounded as
-printed, table layout at the stated width) must be as printed. A command runs as written from the repository root
-with ``OMP_NUM_THREADS=1`` and ``COLUMNS`` set (in this process when it is one plain ``decodelab`` command, else
-with bash); its stdout is compared, followed by its stderr where the marker says ``stderr`` (the machine-load note left out:
-it depends on other jobs).
+printed, table layout at the stated width) must be as printed. A command runs as written, in a fresh folder that
+sees the repository's examples/ and presets/, with ``OMP_NUM_THREADS=1`` and ``COLUMNS`` set (in this process when
+it is one plain ``decodelab`` command, else with bash); its stdout is compared (stderr's machine-load note is never:
+it depends on other jobs). A comment that quotes what a command prints (``# 0.444 0.333 0.222``) is checked too.
 
 Examples that take more than about ten seconds carry the ``slow`` marker (CI runs them after the fast suite);
 :data:`NOT_RUN` lists the ones never run here, each with its reason."""
@@ -31,7 +33,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -107,6 +108,8 @@ def with_setup(found: list[Example]) -> list[Example]:
 
 
 def examples() -> list[Example]:
+    """Every ``decodelab`` command of the pages' bash blocks (and of blocks holding only commands), each with the
+    output block that follows it, a ``$ decodelab ...`` block's own lines, and ``continues`` blocks attached."""
     found: list[Example] = []
     for path in SOURCES:
         text = path.read_text(encoding="utf-8")
