@@ -107,6 +107,9 @@ def with_setup(found: list[Example]) -> list[Example]:
     return found
 
 
+UNATTACHED: list[str] = []  # text blocks that follow no command (filled by examples())
+
+
 def examples() -> list[Example]:
     """Every ``decodelab`` command of the pages' bash blocks (and of blocks holding only commands), each with the
     output block that follows it, a ``$ decodelab ...`` block's own lines, and ``continues`` blocks attached."""
@@ -143,8 +146,10 @@ def examples() -> list[Example]:
                 commands = command_lines(blocks[k - 1].group(2))
                 assert len(commands) == 1, f"{where}: an output block after a bash block of {len(commands)} commands"
                 example = found[-1]
-            else:
-                continue  # not output: a diagram, a formula, a file
+            else:  # not output (a diagram, a formula, a file), unless it says it is: then it must be attached
+                if lang == "text":
+                    UNATTACHED.append(where)
+                continue
             example.shown = (example.shown or []) + lines
             if "varies" in fields:
                 example.varies += tuple(v.strip() for v in fields["varies"].split(",") if v.strip())
@@ -363,6 +368,12 @@ def test_the_docs_have_outputs_to_check():
     shown = [e for e in EXAMPLES if e.shown is not None]
     assert len(shown) >= 18 and {e.where.split(":")[0] for e in shown} >= {"README.md", "docs/speculative.md",
                                                                            "docs/semantics.md"}
+
+
+def test_every_text_block_is_the_output_of_an_example():
+    """A ```text block is output: right after its command's bash block, a ``$ decodelab`` line of its own, or marked
+    ``continues``; one that is none of these would go unchecked."""
+    assert not UNATTACHED
 
 
 def test_every_output_marker_is_understood():
