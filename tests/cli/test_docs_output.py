@@ -429,3 +429,15 @@ def test_a_planted_drift_in_a_real_doc_block_fails(cli, monkeypatch, tmp_path):
     code, printed, _ = run(sample, cli, monkeypatch, tmp_path)
     edited = [re.sub(r"tokens_per_s=[\d.]+", "tokens_per_s=1", line) for line in sample.shown]
     assert edited != sample.shown and compare(edited, printed, sample.varies) is None
+
+
+if __name__ == "__main__":  # `PYTHONPATH=tests python tests/cli/test_docs_output.py TEXT`: what each example with
+    # shown output and TEXT in its command prints now, at its width (to bring a block up to date after a change)
+    for found in EXAMPLES:
+        if found.shown is not None and all(part in found.command for part in sys.argv[1:]):
+            env = dict(os.environ, COLUMNS=str(found.columns), OMP_NUM_THREADS="1")
+            done = subprocess.run(["bash", "-c", found.command], cwd=ROOT, env=env, capture_output=True, text=True)
+            print(f"== {found.where} (COLUMNS={found.columns})\n$ {found.command}")
+            print("\n".join(line.rstrip() for line in done.stdout.splitlines()))
+            if found.stderr:
+                print("\n".join(line for line in done.stderr.splitlines() if not line.startswith(MACHINE_NOTE)))
