@@ -1,7 +1,7 @@
 """Every `decodelab ...` example in the bash blocks of docs/*.md and README.md parses with the current command line:
 its command exists and every option it gives exists and takes the values given (issue 40: examples drifted from the
 options). Parsing only (typer's own parser, no run): the README's examples also run as written in test_readme.py
-(`-m slow`); the docs' outputs are not compared here."""
+(`-m slow`), and every example is run and its shown output compared in test_docs_output.py."""
 
 from __future__ import annotations
 
