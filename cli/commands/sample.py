@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -198,26 +197,19 @@ def on_engine(opts: o.Opts, settings: SampleSettings, refused: dict, kept_ids: b
     conn = connect(opts, local, sample_needs(settings, kept_ids))
     require_logprobs(conn, "sample")
     request, notes = request_for(conn, settings, settings.top)
-    run = ServedSample(conn, prompt_ids, request, notes)
+    run = ServedSample(conn, prompt_ids, request, notes, settings=settings, prompt_text=text)
     drive(run, opts.fmt, text_of=lambda: local.decode(run.new_ids))
-    emit_engine(opts, conn, settings, text, prompt_ids, run)
+    emit_engine(opts, conn, settings, text, run)
     if run.error is not None:  # the tokens are printed; the replay's failure is the exit status
         note_error(run.error)
 
 
-def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, prompt_ids: list[int], run) -> None:
-    from ...core.sampling.semantics import plan
-    from ..served import document
-
-    summary, ids = run.summary(), run.new_ids
-    out_text = conn.local.decode(ids)
-    effective = plan(replace(settings, semantics="vllm"))
-    head = document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
-                    selector="greedy" if effective.greedy else "engine")
+def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, run) -> None:
+    """The run's document (built in core: ServedSample.document) in its format."""
+    document = run.document()
+    summary, ids, out_text = document["summary"], document["token_ids"], document["text"]
     output.emit_for(opts, output.Output(
-        document={**head, "request": run.generated.request if run.generated else None, "notes": run.notes,
-                  "steps": run.steps, "text": out_text, "token_ids": ids, "summary": summary},
-        text=out_text,
+        document=document, text=out_text,
         jsonl=[output.summary_record("sample", conn.local.name, {"text": out_text, "token_ids": ids}, summary)],
         tables=[(None, sample_view.engine_rows(run.steps))],
         views=lambda: sample_view.engine_views(conn, run, summary, text, settings.top)))

@@ -166,19 +166,17 @@ def on_engine(opts: o.Opts, settings, body: str) -> None:
     conn = connect(opts, local, needs)
     cap = conn.engine.capabilities.max_top_n
     top = max(1, min(settings.top, cap) if cap is not None else settings.top)
-    run = ServedScore(conn, ids, top, settings.chunk)
+    run = ServedScore(conn, ids, top, settings.chunk, settings=settings, text=body)
     run_with_progress(run, opts.fmt)
-    emit_engine(opts, conn, settings, body, ids, run)
+    emit_engine(opts, conn, ids, run)
 
 
-def emit_engine(opts: o.Opts, conn, settings, body: str, ids: list[int], run) -> None:
-    from ..served import document
-
-    summary = run.summary()
-    rows = [r.to_dict() for r in run.steps]
+def emit_engine(opts: o.Opts, conn, ids: list[int], run) -> None:
+    """The run's document (built in core: ServedScore.document) in its format."""
+    document = run.document()
+    summary, rows = document["summary"], document["steps"]
     output.emit_for(opts, output.Output(
-        document={**document("score", conn, as_dict(settings), [], body, ids), "steps": rows, "text": "",
-                  "token_ids": [], "summary": summary},
+        document=document,
         jsonl=[output.summary_record("score", conn.local.name, summary)],
         tables=[(None, score_view.engine_rows(rows))],
         views=lambda: score_view.engine_views(conn, run, summary, ids)))

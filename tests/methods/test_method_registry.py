@@ -14,6 +14,7 @@ from decodelab.core.methods import registry
 from decodelab.core.methods.batch.run import Entry
 from decodelab.cli.view.render import clean
 from conftest import ROOT
+from fake_server import fake_vllm  # noqa: F401 (the fixture)
 
 TINY = ROOT / "presets" / "models" / "tiny"
 PROMPT = "Once upon a time"
@@ -158,3 +159,59 @@ def test_the_readmes_python_example_runs_as_written(lm, capsys):
     exec(compile(example, "README.md", "exec"), {})
     printed = capsys.readouterr().out
     assert "['temperature']" in printed and len(printed.splitlines()) >= 1
+
+
+# --- on a served engine: the document is the run's too (core/methods/served.py, core/analysis/engine_compare.py) ---
+
+
+def served_run(kind: str, url: str, lm):
+    """The run ``kind`` of tests/engine/engine_cases.py, built and driven in core against the server at ``url``."""
+    from engine_cases import TEXT
+
+    from decodelab.core.analysis.compare import Prompt, parse_variant
+    from decodelab.core.analysis.engine_compare import EngineComparison
+    from decodelab.core.engine.models import load_tokenizer
+    from decodelab.core.methods import served
+
+    if kind == "compare":
+        variants = [parse_variant("g: temperature=0", 0), parse_variant("t: temperature=0.8,top_k=20", 1)]
+        run = EngineComparison(lm, None, variants, [Prompt("1", PROMPT)], [0], {"max_new_tokens": 6,
+                                                                                 "ignore_eos": True})
+        run.conn = served.connect(url, lm, {"generate": "compare --engine", "replay": "compare --engine"})
+        return run.run()
+    local = load_tokenizer("tiny")
+    if kind == "score":
+        settings = registry.settings_for("score")
+        ids = local.encode(TEXT)
+        conn = served.connect(url, local, served.score_needs(settings, []))
+        run = served.ServedScore(conn, ids, settings.top, settings.chunk, settings=settings, text=TEXT)
+    else:
+        settings = registry.settings_for("sample", options={"max_new_tokens": 6, "temperature": 0.7, "top_k": 5,
+                                                            "seed": 3, "ignore_eos": True})
+        conn = served.connect(url, local, served.sample_needs(settings))
+        request, notes = served.request_for(conn, settings, settings.top)
+        run = served.ServedSample(conn, local.encode(PROMPT), request, notes, settings=settings, prompt_text=PROMPT)
+    drain(run)
+    return run
+
+
+@pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
+@pytest.mark.parametrize("case, kind", [("sample_t07_k5", "sample"), ("score", "score"), ("compare", "compare")])
+def test_the_json_an_engine_command_prints_is_its_runs_document_built_in_core(cli, lm, fake_vllm, tmp_path, mode,
+                                                                               case, kind):
+    from engine_cases import args_for
+
+    server = fake_vllm(mode)
+    code, out, err = cli(*args_for(case, server.url, tmp_path), "--threads", "1")
+    assert code == 0, err
+    printed = json.loads(out)
+    made = clean(served_run(kind, server.url, lm).document())
+    printed.pop("machine", None)
+    for document in (printed, made):
+        document.pop("format_version", None), document.pop("versions", None)
+        for part in [document] + document.get("rows", []) + document.get("engine_pairs", []):
+            if isinstance(part.get("summary"), dict):
+                part["summary"] = without_timing(part["summary"])
+            for key in TIMING & set(part):
+                part.pop(key)
+    assert list(printed) == list(made) and printed == made
