@@ -137,7 +137,7 @@ def emit(opts: o.Opts, lm, spec, sweep, prediction=None, audit=None) -> None:
     document = spec.document()
     document.update(reasoning.for_tokens(spec.settings, lm, spec.prompt_ids, spec.new_ids))  # docs/reasoning.md
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
-    output.emit(output.Output(
+    output.emit_for(opts, output.Output(
         document=document, text=document["text"],
         jsonl=[{"type": "sweep", **render.clean(row)} for row in document.get("sweep", [])]
         + [output.summary_record("speculate", lm.name, delivered, document["summary"],
@@ -145,11 +145,7 @@ def emit(opts: o.Opts, lm, spec, sweep, prediction=None, audit=None) -> None:
         tables=[(None, speculate_view.sweep_rows(sweep.rows) if sweep.rows
                  else speculate_view.round_rows(spec.rounds))],
         views=lambda: speculate_view.views(lm.name, spec, document["prompt"]["text"], spec.summary(), sweep)
-        + analysis_views(spec.summary(), sweep, prediction, audit)),
-        opts.fmt.value, opts.save_html, opts.save_svg)  # (no prompt.chat mark here, as before: see emit_for)
-    from ..early import temperature_note
-
-    temperature_note(opts)  # as emit_for gives every other command
+        + analysis_views(spec.summary(), sweep, prediction, audit)))  # --chat: prompt.chat, as every command
 
 
 def analysis_views(summary, sweep, prediction, audit) -> list:

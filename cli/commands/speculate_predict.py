@@ -26,8 +26,7 @@ def predict_only_run(opts, lm, draft_lm, settings, chain, text, prompt_ids, pred
                            draft=settings.draft, gamma=settings.gamma, verification=prediction.verification)
     out_text = lm.decode(new_ids)
     rows = [{k: v for k, v in p.to_dict().items() if k != "per_position_acceptance"} for p in prediction.plans]
-    output.emit(output.Output(
+    output.emit_for(opts, output.Output(
         document={**head, "text": out_text, "token_ids": new_ids, "prediction": prediction.to_dict()},
         text=out_text, jsonl=[{"type": "prediction", **prediction.to_dict()}],
-        tables=[(None, rows)], views=lambda: prediction_views(prediction, [])),
-        opts.fmt.value, opts.save_html, opts.save_svg)
+        tables=[(None, rows)], views=lambda: prediction_views(prediction, [])))
