@@ -152,8 +152,8 @@ def noise_line(v: dict):
 def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable, printed: bool = False) -> None:
     """The run's document (built in core) in its format; ``printed``: the table's rows are already on the terminal
     (live)."""
-    document = sampler.document()
-    document.update(thinking_parts(lm, settings, sampler))
+    document = sampler.document()  # the reasoning split included (core: Sampler.reasoning_part)
+    document.update(loop_part(lm, settings, sampler))
     kept = document.get("kv_kept")
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
     kept_sets = [{"type": "kept", **k} for k in getattr(sampler, "kept_sets", [])]  # --kept-ids
@@ -167,16 +167,14 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable,
         screen=(lambda: sample_view.screen_views(*parts)) if printed else None))
 
 
-def thinking_parts(lm, settings: SampleSettings, sampler) -> dict:
-    """The run's reasoning / answer split (core/trace/reasoning.py) and, for a run stopped by the repetition stop,
-    the loop's period, count and who kept it (core/analysis/loops.py: analysis, so it is asked from here)."""
-    from ...core.trace import reasoning
-    part = reasoning.for_run(settings, lm, sampler.prompt_ids, sampler.steps)
-    if sampler.stop_reason == "repetition":
-        from ...core.analysis.loops import attribute
-        report = attribute(lm, settings, sampler.prompt_ids, sampler.new_ids, sampler.rules.repetition)
-        part["loop"] = report.to_dict() if report is not None else None
-    return part
+def loop_part(lm, settings: SampleSettings, sampler) -> dict:
+    """For a run stopped by the repetition stop, the loop's period, count and who kept it (core/analysis/loops.py:
+    analysis, so it is asked from here)."""
+    if sampler.stop_reason != "repetition":
+        return {}
+    from ...core.analysis.loops import attribute
+    report = attribute(lm, settings, sampler.prompt_ids, sampler.new_ids, sampler.rules.repetition)
+    return {"loop": report.to_dict() if report is not None else None}
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------

@@ -108,9 +108,7 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 def emit(opts, lm, settings, scorer) -> None:
     """The run's document (built in core) in its format."""
-    from ...core.trace import reasoning
-    document = scorer.document()
-    document.update(reasoning.for_score(settings, lm, scorer.ids, scorer.steps))  # the split (docs/reasoning.md)
+    document = scorer.document()  # the reasoning split included (docs/reasoning.md)
     kept = document.get("kv_kept")
     output.emit_for(opts, output.Output(
         document=document,

@@ -133,9 +133,7 @@ def progress(message: str) -> None:
 
 def emit(opts: o.Opts, lm, spec, sweep, prediction=None, audit=None) -> None:
     """The run's document (built in core) in its format."""
-    from ...core.trace import reasoning
-    document = spec.document()
-    document.update(reasoning.for_tokens(spec.settings, lm, spec.prompt_ids, spec.new_ids))  # docs/reasoning.md
+    document = spec.document()  # the reasoning split included (docs/reasoning.md)
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
     output.emit_for(opts, output.Output(
         document=document, text=document["text"],

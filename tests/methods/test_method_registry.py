@@ -150,6 +150,65 @@ def test_the_json_a_command_prints_is_its_runs_document_built_in_core(cli, lm, a
     assert list(printed) == list(made) and printed == made
 
 
+THINK = "Q?<think>"
+TAGS = "<think>,</think>"
+
+
+def comparable(document: dict, drop: tuple[str, ...] = ()) -> dict:
+    """A document as -f json prints it, its timings, versions and the CLI's machine note aside."""
+    document = clean(document)
+    for key in ("format_version", "versions", "machine", *drop):
+        document.pop(key, None)
+    if isinstance(document.get("summary"), dict):
+        document["summary"] = without_timing(document["summary"])
+    for step in document.get("steps") or []:  # speculate's rounds time their draft and target forwards
+        for key in [k for k in step if isinstance(step, dict) and k.endswith("_ms")]:
+            step.pop(key)
+    return document
+
+
+@pytest.mark.parametrize("args, name, options", [
+    (["sample", THINK, "-n", "8", "-t", "0", "--think-tags", TAGS, "--thinking-budget", "1"], "sample",
+     {"max_new_tokens": 8, "temperature": 0.0, "think_tags": TAGS, "thinking_budget": 1}),
+    (["score", THINK + "hmm</think> yes", "--think-tags", TAGS], "score", {"think_tags": TAGS}),
+    (["beam", THINK, "-n", "8", "-b", "2", "--think-tags", TAGS], "beam",
+     {"max_new_tokens": 8, "beams": 2, "think_tags": TAGS}),
+    (["stream", THINK, "-n", "6", "--think-tags", TAGS], "stream", {"max_new_tokens": 6, "think_tags": TAGS}),
+    (["speculate", THINK, "-n", "8", "-t", "0", "--draft", "ngram", "--think-tags", TAGS, "--thinking-budget", "2",
+      "--speedup-rounds", "1"], "speculate",
+     {"max_new_tokens": 8, "temperature": 0.0, "draft": "ngram", "think_tags": TAGS, "thinking_budget": 2,
+      "speedup_rounds": 1}),
+])
+def test_the_reasoning_split_is_part_of_the_runs_document_built_in_core(cli, lm, args, name, options):
+    """With thinking markers the split (core/trace/reasoning.py) is the run's: a script's document has it too."""
+    code, out, err = cli(*args, "-f", "json", "--threads", "1")
+    assert code == 0, err
+    printed = json.loads(out)
+    text = args[1]
+    run = registry.METHODS[name].build(lm, registry.settings_for(name, options=options), text, lm.encode(text))
+    drain(run)
+    drop = ("summary",) if name == "speculate" else ()  # its summary holds the CLI's timing rounds
+    made, printed = comparable(run.document(), drop), comparable(printed, drop)
+    assert made["reasoning"]["tags"] == ["<think>", "</think>"] and made["reasoning"]["parts"]
+    assert list(printed) == list(made) and printed == made
+
+
+def test_check_logprobs_report_has_the_split_built_in_core(cli, lm, tmp_path):
+    from decodelab.core.analysis.check_logprobs import check, read_answers
+
+    code, out, err = cli("sample", THINK, "--think-tags", TAGS, "--thinking-budget", "2", "-t", "0", "-n", "9",
+                         "--threads", "1", "-f", "openai")
+    assert code == 0, err
+    answer = tmp_path / "answer.jsonl"
+    answer.write_text(json.dumps({"request": {"prompt": THINK, "temperature": 0}, "response": json.loads(out)}))
+    code, out, err = cli("check-logprobs", str(answer), "--think-tags", TAGS, "--threads", "1", "-f", "json")
+    assert code == 0, err
+    settings = registry.settings_for("sample", options={"think_tags": TAGS})
+    report = check(lm, read_answers(answer, lm, {}), 1e-3, markers_from=settings)
+    made = comparable(report.document(lm, {"file": str(answer)}))
+    assert made["reasoning"][0]["parts"] and comparable(json.loads(out)) == made
+
+
 def test_the_readmes_python_example_runs_as_written(lm, capsys):
     """README.md's Python block (the registry from a script) runs and prints the run's text and chain."""
     import re
