@@ -109,18 +109,8 @@ def speculate(
         phase(timing.run)
         spec.timed = timing.rounds
     spec.warmup_s = warm.get("s", float("nan"))
-    summary = spec.summary()
-    prediction = None
-    if predict:
-        from ...core.methods.speculative.planning import prediction_for
-        prediction = phase(lambda: prediction_for(lm, draft_lm, settings, prompt_ids, processors, spec.new_ids,
-                                                  "run", summary.cost_ratio, spec.rounds))
-    audit = None
-    if audit_width:
-        from ...core.methods.speculative.width import audit_width as run_audit
-        audit = phase(lambda: run_audit(lm.model, prompt_ids, spec.new_ids, settings.gamma + 1, settings.cache_spec))
-    spec.analyses = {**({"prediction": prediction.to_dict()} if prediction is not None else {}),
-                     **({"width_audit": audit.to_dict()} if audit is not None else {})}
+    from ...core.methods.speculative.analyses import analyse
+    prediction, audit = analyse(spec, lm, draft_lm, processors, predict, audit_width, guard=phase)  # in its document
     emit(opts, lm, spec, sweep, prediction, audit)
 
 

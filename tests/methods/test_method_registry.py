@@ -209,6 +209,35 @@ def test_check_logprobs_report_has_the_split_built_in_core(cli, lm, tmp_path):
     assert made["reasoning"][0]["parts"] and comparable(json.loads(out)) == made
 
 
+def test_speculates_predict_and_width_audit_are_part_of_the_runs_document_built_in_core(cli, lm):
+    """--predict and --audit-width (core/methods/speculative/analyses.py): asked of a run built in core, its
+    document carries them as the command's JSON does (the prediction's plans and policies aside: they read the
+    timing rounds' cost ratio, which only the command measures)."""
+    from decodelab.core.engine.models import load_model
+    from decodelab.core.methods.speculative.analyses import analyse
+
+    code, out, err = cli("speculate", "Once upon", "-n", "6", "-t", "0", "--draft", "tiny-draft", "--predict",
+                         "--audit-width", "--speedup-rounds", "1", "-f", "json", "--threads", "1")
+    assert code == 0, err
+    printed = json.loads(out)
+    draft = load_model("tiny-draft", device="cpu")
+    settings = registry.settings_for("speculate", options={"max_new_tokens": 6, "temperature": 0.0,
+                                                           "draft": "tiny-draft", "speedup_rounds": 1})
+    run = registry.METHODS["speculate"].build(lm, settings, "Once upon", lm.encode("Once upon"), draft=draft)
+    drain(run)
+    prediction, audit = analyse(run, lm, draft, run.chain, predict=True, width=True)
+    made = clean(run.document())
+    assert made["token_ids"] == printed["token_ids"] and made["width_audit"] == printed["width_audit"] == clean(
+        audit.to_dict())
+    timed = ("plans", "policies", "policies_gamma", "cost_ratio")
+    assert {k: v for k, v in made["prediction"].items() if k not in timed} == {
+        k: v for k, v in printed["prediction"].items() if k not in timed} and made["prediction"]["alpha"]
+    assert made["prediction"] == clean(prediction.to_dict())
+    run.analyses = {}
+    analyse(run, lm, draft, run.chain)  # nothing asked: nothing in the document
+    assert "prediction" not in run.document() and "width_audit" not in run.document()
+
+
 def test_the_readmes_python_example_runs_as_written(lm, capsys):
     """README.md's Python block (the registry from a script) runs and prints the run's text and chain."""
     import re
