@@ -15,7 +15,7 @@ from ..view import batch_view, output, render
 from ..view.live import LiveSteps
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
-    from ...core.methods.batch.run import BatchReport, BatchSettings
+    from ...core.methods.batch.run import BatchSettings
 
 BATCH = "Batching"
 
@@ -78,8 +78,9 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     if conn is not None:
         phase(lambda: engine_baseline(conn, lm, entries, report, opts.chat))
-    noise = phase(lambda: baseline_noise(lm, entries, run.report())) or []
-    emit(opts, lm, settings, run, rows, conn, noise)
+    from ...core.analysis.agreement import baseline_noise
+    phase(lambda: baseline_noise(run))  # into the run's document (run.noise)
+    emit(opts, lm, settings, run, rows, conn)
     for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
         if r.stop_reason == EMPTY_CHAIN:
             note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
@@ -87,26 +88,11 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
             break
 
 
-def baseline_noise(lm, entries, report: BatchReport) -> list[dict]:
-    """Greedy requests whose baseline tokens part from the iteration-level run's (they should agree): the noise
-    verdict at the first step they part, for the first few (core/analysis/noise.py)."""
-    from ...core.analysis.noise import VERDICT_LIMIT, divergence_verdicts
-    from ...core.sampling.chain import make_chain
-
-    out: list[dict] = []
-    for b in report.baselines:
-        for e, r, ids in zip(entries, report.results, b.outputs):
-            if e.settings.temperature == 0 and list(ids) != r.new_ids and len(out) < VERDICT_LIMIT:
-                out += [{"request": r.id, **v} for v in divergence_verdicts(
-                    lm, r.prompt_ids, r.new_ids, [(b.name, list(ids))], make_chain(lm, e.settings))]
-    return out
-
-
-def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None,
-         noise: list[dict] | None = None) -> None:
-    """The run's document (built in core) in its format."""
-    run.extra_part = {**engine_fields(run.report(), conn), **({"noise": noise} if noise else {})}
+def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None) -> None:
+    """The run's document (built in core, the noise verdicts included) in its format."""
+    run.extra_part = engine_fields(run.report(), conn)
     document = run.document()
+    noise = run.noise
     requests, summary, report = document["requests"], document["summary"], run.report()
     if rows == Rows.iterations:
         table = [{k: (",".join(v) if isinstance(v, list) else v) for k, v in render.clean(i).items()}

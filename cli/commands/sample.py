@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
 from ..view import kept as kept_view
@@ -106,39 +105,19 @@ def trace_block(fmt: o.Format, branched: bool, terminal: bool) -> int:
 
 
 def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], n: int) -> None:
-    """-N: the samples and their spread."""
-    from ...core.engine.run import Origin
-    from ...core.engine.stopping import stop_rules
-    from ...core.methods.many import many_document, sample_many
-    from ...core.sampling.chain import make_chain, refuse_stepwise_stages
-    from ...core.sampling.semantics import plan, trims_stop
-    chain = make_chain(lm, settings)
-    refuse_stepwise_stages(chain, "sample -N")
-    selector = plan(settings).selector
-    rows, spread = sample_many(lm.model, prompt_ids, chain, selector, settings.seed, n,
-                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec,
-                               trim=trims_stop(settings))
-    origin = Origin.of("sample", lm, as_dict(settings), chain.names, text, prompt_ids)
-    noise = greedy_noise(lm, settings, prompt_ids, rows, chain)
-    document = many_document(origin, rows, spread, selector, noise)
+    """-N: the samples and their spread, and where greedy samples part, the noise verdicts (the report and its
+    document built in core: core/analysis/agreement.py)."""
+    from ...core.analysis.agreement import sample_many_report
+    report = sample_many_report(lm, settings, text, prompt_ids, n)
+    rows, spread, noise = report.rows, report.spread, report.noise
+    document = report.document()
     output.emit_for(opts, output.Output(
         document=document,
         jsonl=[{"type": "sample", **render.clean(r)} for r in rows]
         + [output.summary_record("sample", lm.name, spread)],
         tables=[(None, [render.clean(r) for r in rows])],
-        views=lambda: render.samples_views(rows, spread, sample_view.many_title(lm.name, n, chain.names))
+        views=lambda: render.samples_views(rows, spread, sample_view.many_title(lm.name, n, report.chain))
         + [noise_line(v) for v in noise]))
-
-
-def greedy_noise(lm, settings: SampleSettings, prompt_ids: list[int], rows, chain) -> list[dict]:
-    """Greedy samples should all be sample 0: where one parts from it, the noise verdict there
-    (core/analysis/noise.py)."""
-    if settings.temperature != 0 or len({tuple(r.token_ids) for r in rows}) < 2:
-        return []
-    from ...core.analysis.noise import divergence_verdicts
-
-    return divergence_verdicts(lm, prompt_ids, rows[0].token_ids, [(f"sample {r.index}", r.token_ids)
-                                                                   for r in rows[1:]], chain)
 
 
 def noise_line(v: dict):

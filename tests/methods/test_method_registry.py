@@ -238,6 +238,66 @@ def test_speculates_predict_and_width_audit_are_part_of_the_runs_document_built_
     assert "prediction" not in run.document() and "width_audit" not in run.document()
 
 
+def parting(monkeypatch):
+    """Greedy samples and a batch's static baseline made to part (as tests/analysis/test_noise_verdicts.py does), so
+    that the noise verdicts have something to say."""
+    from decodelab.core.methods import many
+    from decodelab.core.methods.batch import run as batch_run
+
+    real_many, real_static = many.sample_many, batch_run.static_baseline
+
+    def parted(*args, **kwargs):
+        rows, spread = real_many(*args, **kwargs)
+        rows[-1].token_ids = rows[-1].token_ids[:2] + [rows[-1].token_ids[2] + 1] + rows[-1].token_ids[3:]
+        return rows, spread
+
+    def parted_static(*args, **kwargs):
+        base = real_static(*args, **kwargs)
+        base.outputs[1] = base.outputs[1][:3] + [base.outputs[1][3] + 1] + base.outputs[1][4:]
+        return base
+
+    monkeypatch.setattr(many, "sample_many", parted)
+    monkeypatch.setattr(batch_run, "static_baseline", parted_static)
+
+
+def test_sample_n_and_its_noise_verdicts_are_the_document_built_in_core(cli, lm, monkeypatch):
+    """sample -N's report (core/analysis/agreement.py): the samples, their spread and, where greedy samples part,
+    the noise verdicts, as the command prints them."""
+    from decodelab.core.analysis.agreement import sample_many_report
+
+    parting(monkeypatch)
+    code, out, err = cli("sample", PROMPT, "-t", "0", "-N", "3", "-n", "6", "--ignore-eos", "-f", "json",
+                         "--threads", "1")
+    assert code == 0, err
+    settings = registry.settings_for("sample", options={"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True})
+    report = sample_many_report(lm, settings, PROMPT, lm.encode(PROMPT), 3)
+    made, printed = comparable(report.document()), comparable(json.loads(out))
+    assert [v["against"] for v in made["noise"]] == ["sample 2"] and list(printed) == list(made) and printed == made
+
+
+def test_batchs_noise_verdicts_are_part_of_the_runs_document_built_in_core(cli, lm, monkeypatch, tmp_path):
+    """batch: where a greedy request's baseline parts from it, the verdict is the run's (analysis/agreement.py)."""
+    from decodelab.core.analysis.agreement import baseline_noise
+    from decodelab.core.methods.batch.run import read_prompts
+
+    parting(monkeypatch)
+    path = tmp_path / "p.txt"
+    path.write_text("Once upon a time\nThe little dog\n")
+    code, out, err = cli("batch", "--prompts-file", path, "-t", "0", "-n", "5", "--ignore-eos", "--baselines",
+                         "static", "-f", "json", "--threads", "1")
+    assert code == 0, err
+    settings = registry.settings_for("batch", options={"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True,
+                                                       "baselines": ("static",)})
+    run = registry.METHODS["batch"].build(lm, settings, read_prompts(path, settings))
+    drain(run)
+    run.run_baselines(run.report())
+    assert "noise" not in run.document()
+    verdicts = baseline_noise(run)
+    made, printed = clean(run.document()), json.loads(out)
+    assert [v["request"] for v in verdicts] == ["1"] and made["noise"] == printed["noise"] == clean(verdicts)
+    assert list(made) == [k for k in printed if k not in ("format_version", "versions", "machine")]
+
+
 def test_the_readmes_python_example_runs_as_written(lm, capsys):
     """README.md's Python block (the registry from a script) runs and prints the run's text and chain."""
     import re
