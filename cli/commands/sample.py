@@ -131,8 +131,9 @@ def noise_line(v: dict):
 def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable, printed: bool = False) -> None:
     """The run's document (built in core) in its format; ``printed``: the table's rows are already on the terminal
     (live)."""
-    document = sampler.document()  # the reasoning split included (core: Sampler.reasoning_part)
-    document.update(loop_part(lm, settings, sampler))
+    from ...core.analysis.loops import explain
+    explain(sampler, lm)  # a repetition stop's loop, into the run's document
+    document = sampler.document()  # the reasoning split and the loop included (built in core)
     kept = document.get("kv_kept")
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
     kept_sets = [{"type": "kept", **k} for k in getattr(sampler, "kept_sets", [])]  # --kept-ids
@@ -144,16 +145,6 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable,
         tables=[(None, render.step_rows(sampler.steps)), *kept_view.table_part(kept)],
         views=lambda: sample_view.run_views(*parts),
         screen=(lambda: sample_view.screen_views(*parts)) if printed else None))
-
-
-def loop_part(lm, settings: SampleSettings, sampler) -> dict:
-    """For a run stopped by the repetition stop, the loop's period, count and who kept it (core/analysis/loops.py:
-    analysis, so it is asked from here)."""
-    if sampler.stop_reason != "repetition":
-        return {}
-    from ...core.analysis.loops import attribute
-    report = attribute(lm, settings, sampler.prompt_ids, sampler.new_ids, sampler.rules.repetition)
-    return {"loop": report.to_dict() if report is not None else None}
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------

@@ -201,6 +201,7 @@ class Sampler(Run):
         self.resumed: list[int] = []  # a resumed run's saved tokens (set by Branched): delivered before the new ones
         self.settings: SampleSettings | None = None  # what it delivers and reports by (set by build_sampler)
         self.lm: LoadedModel | None = None  # the model it ran (set by sample_run): its markers for the split
+        self.loop_part: dict = {}  # a repetition stop's loop and who kept it (analysis/loops.py explain)
 
     def __iter__(self) -> Iterator[Step]:
         runtime = self.runtime or Runtime.create(self.model, self.cache,
@@ -292,7 +293,8 @@ class Sampler(Run):
     def document(self) -> dict:
         """``sample``'s JSON document: the head with the selector (and the semantics, the kept sets when asked),
         the steps, the delivered text and ids, the summary, the kept map of a score-based cache, the reasoning /
-        answer split when the settings or the model name thinking markers (core/trace/reasoning.py)."""
+        answer split when the settings or the model name thinking markers (core/trace/reasoning.py), the loop
+        that stopped it when it was explained (core/analysis/loops.py: ``explain``)."""
         s, kept = self.settings, self.kv_kept()
         extra = {"selector": self.selector.name}
         if s is not None and s.semantics is not None:
@@ -301,7 +303,7 @@ class Sampler(Run):
             extra["kept_sets"] = self.kept_sets
         ids, text = self.delivered(self.detok, self.resumed + list(self.new_ids))
         return self.origin.head(**extra, steps=self.steps, text=text, token_ids=ids, summary=self.summary(),
-                                **document_part(kept), **self.reasoning_part())
+                                **document_part(kept), **self.reasoning_part(), **self.loop_part)
 
     def reasoning_part(self) -> dict:
         """``{"reasoning": ...}``: the split of the traced steps after the prompt the model continued (a resumed

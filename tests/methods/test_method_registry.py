@@ -238,6 +238,25 @@ def test_speculates_predict_and_width_audit_are_part_of_the_runs_document_built_
     assert "prediction" not in run.document() and "width_audit" not in run.document()
 
 
+def test_a_repetition_stops_loop_is_part_of_the_runs_document_built_in_core(cli, lm):
+    """The loop that stopped a run and who kept it (core/analysis/loops.py explain), as the command prints it."""
+    from decodelab.core.analysis.loops import explain
+
+    args = ["Once upon", "--regex", "(a b )+", "--repetition-stop", "max_pattern_size=4,min_count=3", "-t", "0",
+            "-n", "40"]
+    code, out, err = cli("sample", *args, "-f", "json", "--threads", "1")
+    assert code == 0, err
+    settings = registry.settings_for("sample", options={"regex": "(a b )+", "temperature": 0.0, "max_new_tokens": 40,
+                                                        "repetition_stop": "max_pattern_size=4,min_count=3"})
+    run = registry.METHODS["sample"].build(lm, settings, "Once upon", lm.encode("Once upon"))
+    drain(run)
+    assert "loop" not in run.document()  # not asked for
+    part = explain(run, lm)
+    made, printed = comparable(run.document()), comparable(json.loads(out))
+    assert part["loop"]["count"] >= 3 and made["loop"] == clean(part["loop"])
+    assert list(printed) == list(made) and printed == made
+
+
 def parting(monkeypatch):
     """Greedy samples and a batch's static baseline made to part (as tests/analysis/test_noise_verdicts.py does), so
     that the noise verdicts have something to say."""
