@@ -238,6 +238,30 @@ def test_speculates_predict_and_width_audit_are_part_of_the_runs_document_built_
     assert "prediction" not in run.document() and "width_audit" not in run.document()
 
 
+@pytest.mark.parametrize("given", [None, " there was a dog"])
+def test_speculate_predict_only_is_a_report_built_in_core(cli, lm, given):
+    """--predict-only (core/methods/speculative/analyses.py predict_only): the document a script gets is the
+    command's, but for what reads the measured cost ratio (timing)."""
+    from decodelab.core.engine.models import load_model
+    from decodelab.core.methods.speculative.analyses import predict_only
+    from decodelab.core.sampling.chain import make_chain
+
+    extra = ["--predict-text", given] if given is not None else []
+    code, out, err = cli("speculate", "Once upon", "-n", "6", "-t", "0", "--draft", "tiny-draft", "--predict-only",
+                         *extra, "-f", "json", "--threads", "1")
+    assert code == 0, err
+    settings = registry.settings_for("speculate", options={"max_new_tokens": 6, "temperature": 0.0,
+                                                           "draft": "tiny-draft"})
+    draft = load_model("tiny-draft", device="cpu")
+    report = predict_only(lm, draft, settings, make_chain(lm, settings), "Once upon", lm.encode("Once upon"), given)
+    timed = ("plans", "policies", "policies_gamma", "cost_ratio")
+    made, printed = comparable(report.document()), comparable(json.loads(out))
+    for document in (made, printed):
+        document["prediction"] = {k: v for k, v in document["prediction"].items() if k not in timed}
+    assert made["prediction"]["source"] == ("text" if given else "plain") and made["token_ids"]
+    assert list(printed) == list(made) and printed == made
+
+
 def test_a_repetition_stops_loop_is_part_of_the_runs_document_built_in_core(cli, lm):
     """The loop that stopped a run and who kept it (core/analysis/loops.py explain), as the command prints it."""
     from decodelab.core.analysis.loops import explain
