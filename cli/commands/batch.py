@@ -72,15 +72,16 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     lm = load(opts)
     conn = engine_connection(opts, lm, entries)
     run = batch_run(lm, settings, entries, chat=opts.chat)
+    run.conn = conn  # with --engine: the same requests on the server, part of the run's document
     with LiveSteps(render.console(), None, unit="iterations", enabled=opts.fmt == o.Format.table) as live:
         drive(run, opts.fmt, kind="iteration", on_step=live.add)
     report = run.report()
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     if conn is not None:
-        phase(lambda: engine_baseline(conn, lm, entries, report, opts.chat))
+        phase(lambda: engine_baseline(run, opts.chat))
     from ...core.analysis.agreement import baseline_noise
     phase(lambda: baseline_noise(run))  # into the run's document (run.noise)
-    emit(opts, lm, settings, run, rows, conn)
+    emit(opts, lm, settings, run, rows)
     for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
         if r.stop_reason == EMPTY_CHAIN:
             note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
@@ -88,9 +89,8 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
             break
 
 
-def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None) -> None:
-    """The run's document (built in core, the noise verdicts included) in its format."""
-    run.extra_part = engine_fields(run.report(), conn)
+def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows) -> None:
+    """The run's document (built in core, the engine's part and the noise verdicts included) in its format."""
     document = run.document()
     noise = run.noise
     requests, summary, report = document["requests"], document["summary"], run.report()
@@ -127,21 +127,14 @@ def engine_connection(opts: o.Opts, lm, entries):
     return connect(opts, lm, {"generate": "batch --engine"})
 
 
-def engine_baseline(conn, lm, entries, report, chat: bool) -> None:
+def engine_baseline(run, chat: bool) -> None:
     """The same requests on the server, all sent at once (its continuous batching): figures in the summary
     (engine_*), its tokens per request in the JSON (engine_requests); a failed request is the exit status."""
-    from ...core.methods.served import engine_baseline as run_on_engine
+    from ...core.methods.served import batch_on_engine
 
-    base = run_on_engine(conn, entries, [lm.encode(e.prompt, chat=chat) for e in entries], report.results)
-    report.baselines.append(base)
+    base = batch_on_engine(run, chat)
     if base.reason:
         from ...core.engine.http.transport import EngineError
 
         note_error(EngineError(base.reason))
 
-
-def engine_fields(report, conn) -> dict:
-    if conn is None:
-        return {}
-    rows = next((b.requests for b in report.baselines if b.name == "engine"), [])
-    return {"engine": conn.describe(), "engine_requests": rows}

@@ -405,6 +405,17 @@ def score_needs(settings, active_stages: list[str], kept: bool = False) -> dict[
 # batch: the engine's own continuous batching on the same requests
 
 
+def batch_on_engine(run, chat: bool = False) -> Baseline:
+    """``batch --engine``: the requests of the batch ``run`` (:class:`~.batch.run.BatchRun`, its ``conn`` set) on
+    the server, all at once (:func:`engine_baseline`); the baseline joins the run's, so its figures are in the
+    summary and its answers per request in the run's document (``engine_requests``)."""
+    entries = run.entries
+    base = engine_baseline(run.conn, entries, [run.lm.encode(e.prompt, chat=chat) for e in entries],
+                           run.report().results)
+    run.baselines.append(base)
+    return base
+
+
 def engine_baseline(conn: Connection, entries: list[Entry], prompt_ids: list[list[int]], reference) -> Baseline:
     """Every request sent at once (one thread each, up to MAX_THREADS) so the server batches them itself;
     wall time from the first sent to the last answered. Prefix-cache hits: the server's own counters before and

@@ -355,7 +355,7 @@ def test_the_readmes_python_example_runs_as_written(lm, capsys):
 # --- on a served engine: the document is the run's too (core/methods/served.py, core/analysis/engine_compare.py) ---
 
 
-def served_run(kind: str, url: str, lm):
+def served_run(kind: str, url: str, lm, prompts=None):
     """The run ``kind`` of tests/engine/engine_cases.py, built and driven in core against the server at ``url``."""
     from engine_cases import TEXT
 
@@ -370,6 +370,18 @@ def served_run(kind: str, url: str, lm):
                                                                                  "ignore_eos": True})
         run.conn = served.connect(url, lm, {"generate": "compare --engine", "replay": "compare --engine"})
         return run.run()
+    if kind == "batch":
+        from decodelab.core.methods.batch.run import read_prompts
+
+        from dataclasses import replace
+
+        settings = replace(registry.settings_for("batch", options={"max_new_tokens": 6, "temperature": 0.0,
+                                                                   "ignore_eos": True}), baselines=())  # "none"
+        run = registry.METHODS["batch"].build(lm, settings, read_prompts(prompts, settings))
+        run.conn = served.connect(url, lm, {"generate": "batch --engine"})
+        drain(run)
+        served.batch_on_engine(run)
+        return run
     local = load_tokenizer("tiny")
     if kind == "score":
         settings = registry.settings_for("score")
@@ -386,8 +398,15 @@ def served_run(kind: str, url: str, lm):
     return run
 
 
+# batch --engine's timings, and the server-wide prefix-cache counters read before and after (/metrics: the fake server
+# answers the recorded readings in order, so a second client of the same server reads other ones)
+SERVED = {"engine_tokens_per_s", "speedup_vs_engine", "engine_prefix_hit_tokens", "engine_prefix_query_tokens",
+          "engine_prefix_hit_rate"}
+
+
 @pytest.mark.parametrize("mode", ["raw_logprobs", "processed_logprobs"])
-@pytest.mark.parametrize("case, kind", [("sample_t07_k5", "sample"), ("score", "score"), ("compare", "compare")])
+@pytest.mark.parametrize("case, kind", [("sample_t07_k5", "sample"), ("score", "score"), ("compare", "compare"),
+                                        ("batch", "batch")])
 def test_the_json_an_engine_command_prints_is_its_runs_document_built_in_core(cli, lm, fake_vllm, tmp_path, mode,
                                                                                case, kind):
     from engine_cases import args_for
@@ -396,13 +415,14 @@ def test_the_json_an_engine_command_prints_is_its_runs_document_built_in_core(cl
     code, out, err = cli(*args_for(case, server.url, tmp_path), "--threads", "1")
     assert code == 0, err
     printed = json.loads(out)
-    made = clean(served_run(kind, server.url, lm).document())
+    made = clean(served_run(kind, server.url, lm, tmp_path / "prompts.txt").document())
     printed.pop("machine", None)
     for document in (printed, made):
         document.pop("format_version", None), document.pop("versions", None)
-        for part in [document] + document.get("rows", []) + document.get("engine_pairs", []):
+        for part in [document] + [row for key in ("rows", "engine_pairs", "requests", "engine_requests",
+                                                  "iterations") for row in document.get(key, [])]:
             if isinstance(part.get("summary"), dict):
-                part["summary"] = without_timing(part["summary"])
+                part["summary"] = {k: v for k, v in without_timing(part["summary"]).items() if k not in SERVED}
             for key in TIMING & set(part):
                 part.pop(key)
     assert list(printed) == list(made) and printed == made
