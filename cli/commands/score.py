@@ -132,11 +132,9 @@ def choices(opts, settings, body: str, empty_think: bool | None = None) -> None:
     if empty_think:  # the labels after a forced empty thinking block (core/methods/choice_thinking.py)
         from ...core.methods.choice_thinking import empty_block
         body, ids, thinking = empty_block(lm, settings, body, ids)
-    report = score_choices(lm, settings, body, ids, chain, settings.cache_spec)
+    report = score_choices(lm, settings, body, ids, chain, settings.cache_spec, thinking)
     document = report.document(Origin.of("score", lm, as_dict(settings), chain.names, body, ids))
     rows, summary = document["choices"], document["summary"]
-    if thinking is not None:
-        summary["thinking"] = thinking
     output.emit_for(opts, output.Output(
         document=document,
         jsonl=[{"type": "choice", **render.clean(r)} for r in rows] + [output.summary_record("score", lm.name,

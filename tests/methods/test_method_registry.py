@@ -281,6 +281,27 @@ def test_a_repetition_stops_loop_is_part_of_the_runs_document_built_in_core(cli,
     assert list(printed) == list(made) and printed == made
 
 
+def test_score_choice_after_an_empty_think_block_is_the_document_built_in_core(cli, lm):
+    """score --choice --empty-think: what closed the block is in the report's summary (core/methods/choice.py)."""
+    from decodelab.core.engine.run import Origin
+    from decodelab.core.methods.choice import score_choices
+    from decodelab.core.methods.choice_thinking import empty_block
+    from decodelab.core.sampling.chain import make_chain
+    from decodelab.core.settings import as_dict
+
+    text = "Answer yes or no:"
+    code, out, err = cli("score", text, "--choice", " yes, no", "--think-tags", TAGS, "--empty-think", "-f", "json",
+                         "--threads", "1")
+    assert code == 0, err
+    settings = registry.settings_for("score", options={"choice": " yes, no", "think_tags": TAGS})
+    chain = make_chain(lm, settings)
+    body, ids, thinking = empty_block(lm, settings, text, lm.encode(text))
+    report = score_choices(lm, settings, body, ids, chain, settings.cache_spec, thinking)
+    made = comparable(report.document(Origin.of("score", lm, as_dict(settings), chain.names, body, ids)))
+    printed = comparable(json.loads(out))
+    assert made["summary"]["thinking"]["appended"] and list(printed) == list(made) and printed == made
+
+
 def parting(monkeypatch):
     """Greedy samples and a batch's static baseline made to part (as tests/analysis/test_noise_verdicts.py does), so
     that the noise verdicts have something to say."""
