@@ -302,6 +302,27 @@ def test_score_choice_after_an_empty_think_block_is_the_document_built_in_core(c
     assert made["summary"]["thinking"]["appended"] and list(printed) == list(made) and printed == made
 
 
+def test_check_sampler_and_audit_numerics_documents_are_built_in_core(cli, lm):
+    """The two checks' reports (core/analysis/sampler_check.py, numerics.py) give the documents they print."""
+    from decodelab.core.analysis.numerics import audit, greedy_text, parse_condition
+    from decodelab.core.analysis.sampler_check import check_sampler
+
+    code, out, err = cli("check-sampler", "Once upon", "-t", "0.8", "--top-k", "5", "-N", "12", "--prefixes", "2",
+                         "-f", "json", "--threads", "1")
+    assert code in (0, 1), err  # 1: the draws failed the test (12 draws are few)
+    settings = registry.settings_for("sample", options={"temperature": 0.8, "top_k": 5})
+    ids = lm.encode("Once upon")
+    made = comparable(check_sampler(lm, settings, ids, 2, 12, 0.01).document(lm, settings, "Once upon", ids))
+    assert made["source"] == {"embedded": True} and comparable(json.loads(out)) == made
+    code, out, err = cli("audit-numerics", "Once upon", "--greedy", "2", "--conditions", "dtype:bf16,decode",
+                         "-f", "json", "--threads", "1")
+    assert code == 0, err
+    chosen = [parse_condition(c) for c in ("dtype:bf16", "decode")]
+    result = audit(lm, greedy_text(lm.model, ids, 2), chosen)
+    made = comparable(result.document(lm, chosen, 2, "bf16", "Once upon", ids))
+    assert made["config"]["engine_dtype"] is None and comparable(json.loads(out)) == made
+
+
 def parting(monkeypatch):
     """Greedy samples and a batch's static baseline made to part (as tests/analysis/test_noise_verdicts.py does), so
     that the noise verdicts have something to say."""
