@@ -1,5 +1,6 @@
 """``--engine URL`` on the commands: the local tokenizer, the connection (made once, before anything runs), and the
-JSON document's top level for a run on a served engine."""
+refusal of options with no meaning there (the JSON document's top level is core's: core/methods/served.py
+engine_head)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,6 @@ def connect(opts: Opts, local, needs: dict[str, str]):
 
     with status(f"contacting {opts.engine}"):
         return reach(opts.engine, local, needs, model=opts.engine_model, timeout=opts.engine_timeout)
-
-
-def document(command: str, conn, config: dict, chain: list[str], prompt_text: str, prompt_ids: list[int],
-             **rest) -> dict:
-    """The shared top level (docs/json.md) for a run on a served engine: ``device`` and ``dtype`` are the server's
-    (null), ``engine`` says which server, what its numbers are and how that was found."""
-    return {"command": command, "model": conn.local.name, "device": None, "dtype": None, "engine": conn.describe(),
-            "config": config, "chain": chain, "prompt": {"text": prompt_text, "token_ids": prompt_ids}, **rest}
 
 
 def refuse_options(command: str, given: dict[str, object]) -> None:

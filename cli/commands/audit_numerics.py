@@ -59,12 +59,8 @@ def audit_numerics(opts: o.Opts, conditions: Conditions = None, greedy: Greedy =
         conn = connect(opts, lm, {"score": "audit-numerics --engine"})
     with render.status(f"running {len(chosen)} conditions"):
         result = audit(lm, ids, chosen, conn.engine if conn is not None else None, engine_dtype, engine_top)
-    doc = render.document("audit-numerics", lm, {"conditions": [c.name for c in chosen], "greedy": greedy,
-                                                 "engine_dtype": engine_dtype if conn else None},
-                          [], text, lm.encode(text, opts.chat), text_token_ids=ids, reference=result.reference,
-                          conditions=[c.to_dict() for c in result.conditions], floors=result.floors,
-                          summary=result.summary(),
-                          **({"source": {"engine": conn.describe()}} if conn is not None else {}))
+    doc = result.document(lm, chosen, greedy, engine_dtype, text, lm.encode(text, opts.chat),
+                          conn.describe() if conn is not None else None)  # built in core
     rows = [{k: v for k, v in c.to_dict().items() if k not in ("layers", "flips", "abs_delta_logprob")}
             | {"flips": len(c.flips)} for c in result.conditions]
     output.emit_for(opts, output.Output(

@@ -15,7 +15,7 @@ from ..view import batch_view, output, render
 from ..view.live import LiveSteps
 
 if TYPE_CHECKING:  # the core (and torch) load when a command runs, not for --help
-    from ...core.methods.batch.run import BatchReport, BatchSettings
+    from ...core.methods.batch.run import BatchSettings
 
 BATCH = "Batching"
 
@@ -72,14 +72,16 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     lm = load(opts)
     conn = engine_connection(opts, lm, entries)
     run = batch_run(lm, settings, entries, chat=opts.chat)
+    run.conn = conn  # with --engine: the same requests on the server, part of the run's document
     with LiveSteps(render.console(), None, unit="iterations", enabled=opts.fmt == o.Format.table) as live:
         drive(run, opts.fmt, kind="iteration", on_step=live.add)
     report = run.report()
     phase(lambda: run.run_baselines(report))  # skipped after a Ctrl-C; one inside keeps the baselines measured
     if conn is not None:
-        phase(lambda: engine_baseline(conn, lm, entries, report, opts.chat))
-    noise = phase(lambda: baseline_noise(lm, entries, run.report())) or []
-    emit(opts, lm, settings, run, rows, conn, noise)
+        phase(lambda: engine_baseline(run, opts.chat))
+    from ...core.analysis.agreement import baseline_noise
+    phase(lambda: baseline_noise(run))  # into the run's document (run.noise)
+    emit(opts, lm, settings, run, rows)
     for r in report.results:  # every request was served and printed; one whose chain emptied makes the status 2
         if r.stop_reason == EMPTY_CHAIN:
             note_error(ChainError(f"request {r.id}: its chain [{', '.join(r.chain)}] left no candidate token after "
@@ -87,26 +89,10 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
             break
 
 
-def baseline_noise(lm, entries, report: BatchReport) -> list[dict]:
-    """Greedy requests whose baseline tokens part from the iteration-level run's (they should agree): the noise
-    verdict at the first step they part, for the first few (core/analysis/noise.py)."""
-    from ...core.analysis.noise import VERDICT_LIMIT, divergence_verdicts
-    from ...core.sampling.chain import make_chain
-
-    out: list[dict] = []
-    for b in report.baselines:
-        for e, r, ids in zip(entries, report.results, b.outputs):
-            if e.settings.temperature == 0 and list(ids) != r.new_ids and len(out) < VERDICT_LIMIT:
-                out += [{"request": r.id, **v} for v in divergence_verdicts(
-                    lm, r.prompt_ids, r.new_ids, [(b.name, list(ids))], make_chain(lm, e.settings))]
-    return out
-
-
-def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows, conn=None,
-         noise: list[dict] | None = None) -> None:
-    """The run's document (built in core) in its format."""
-    run.extra_part = {**engine_fields(run.report(), conn), **({"noise": noise} if noise else {})}
+def emit(opts: o.Opts, lm, settings: BatchSettings, run, rows: Rows) -> None:
+    """The run's document (built in core, the engine's part and the noise verdicts included) in its format."""
     document = run.document()
+    noise = run.noise
     requests, summary, report = document["requests"], document["summary"], run.report()
     if rows == Rows.iterations:
         table = [{k: (",".join(v) if isinstance(v, list) else v) for k, v in render.clean(i).items()}
@@ -141,21 +127,14 @@ def engine_connection(opts: o.Opts, lm, entries):
     return connect(opts, lm, {"generate": "batch --engine"})
 
 
-def engine_baseline(conn, lm, entries, report, chat: bool) -> None:
+def engine_baseline(run, chat: bool) -> None:
     """The same requests on the server, all sent at once (its continuous batching): figures in the summary
     (engine_*), its tokens per request in the JSON (engine_requests); a failed request is the exit status."""
-    from ...core.methods.served import engine_baseline as run_on_engine
+    from ...core.methods.served import batch_on_engine
 
-    base = run_on_engine(conn, entries, [lm.encode(e.prompt, chat=chat) for e in entries], report.results)
-    report.baselines.append(base)
+    base = batch_on_engine(run, chat)
     if base.reason:
         from ...core.engine.http.transport import EngineError
 
         note_error(EngineError(base.reason))
 
-
-def engine_fields(report, conn) -> dict:
-    if conn is None:
-        return {}
-    rows = next((b.requests for b in report.baselines if b.name == "engine"), [])
-    return {"engine": conn.describe(), "engine_requests": rows}

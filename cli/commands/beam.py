@@ -75,9 +75,7 @@ def beam(
         drive(search, opts.fmt, on_step=live.add)
     if penalties is not None:
         phase(lambda: search.run_sweep(penalties))
-    from ...core.trace import reasoning
-    document = search.document()
-    document.update(reasoning.for_tokens(settings, lm, prompt_ids, document["token_ids"]))  # the best's split
+    document = search.document()  # the best hypothesis's reasoning split included (docs/reasoning.md)
     result = {k: document[k] for k in ("text", "token_ids", "hypotheses", "sweep") if k in document}
     tables = beam_view.tables(document)
     output.emit_for(opts, output.Output(  # csv: the sweep when there is one, else the hypotheses

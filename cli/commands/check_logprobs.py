@@ -82,9 +82,8 @@ def check_logprobs(opts: o.Opts, file: FileArg = None, prompt: PromptOpt = None,
     else:
         answers, conn = ask_engine(opts, lm, settings, prompt)
         source = {"engine": conn.describe()}
-    report = check(lm, answers, tolerance)
-    from ...core.trace.reasoning import for_answers
-    emit(opts, lm, source, report, for_answers(settings, lm, answers))
+    report = check(lm, answers, tolerance, markers_from=settings)
+    emit(opts, lm, source, report)
 
 
 # the settings a vLLM request carries: every field with a vLLM name, the structured outputs (sent whole) aside
@@ -113,13 +112,12 @@ def ask_engine(opts: o.Opts, lm, settings, prompt: str | None):
     return [answer_of_query(g, settings, f"--engine {conn.engine.url}", lm)], conn
 
 
-def emit(opts: o.Opts, lm, source: dict, report, split: list | None = None) -> None:
+def emit(opts: o.Opts, lm, source: dict, report) -> None:
+    """The report's document (built in core, the reasoning split included) in its format."""
     from ..view import output
     from ..view.served_view import check_table, defects_lines, figures_table
 
     document = report.document(lm, source)
-    if split:
-        document["reasoning"] = split
     rows = document["tokens"]
 
     def views() -> list:

@@ -37,15 +37,11 @@ def check_full(opts: o.Opts, file, prompt: str | None, tolerance: float, top: in
         max_top_n=top)
     with render.status(f"scoring {len(prompt_ids) + n} tokens on {opts.engine}"):
         report = full_check(engine, lm, prompt_ids, n, top)
-    spec = None
     if spec_engine is not None:
         other = ServedEngine(spec_engine, model=conn.engine.model, timeout=opts.engine_timeout)
-        spec = speculative_drift(conn.engine, other, prompt_ids, n, min(top, 20), tolerance)
-    summary = {**report.summary, "defects": [spec["defect"]] if spec and spec["defect"] else []}
-    doc = {"command": "check-logprobs", "model": lm.name, "device": str(lm.device),
-           "dtype": str(lm.dtype).replace("torch.", ""), "source": {"engine": conn.describe()}, "full": True,
-           "prompt": {"text": prompt, "token_ids": prompt_ids}, "positions": [r.to_dict() for r in report.positions],
-           "speculative": spec, "summary": summary}
+        report.speculative = speculative_drift(conn.engine, other, prompt_ids, n, min(top, 20), tolerance)
+    doc = report.document(lm, {"engine": conn.describe()}, prompt, prompt_ids)  # built in core
+    spec, summary = report.speculative, doc["summary"]
     output.emit_for(opts, output.Output(
         document=doc, jsonl=[{"type": "position", **render.clean(r.to_dict())} for r in report.positions]
         + [output.summary_record("check-logprobs", lm.name, summary)],

@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict
 from .. import options as o
 
 CHECK = "Sampler check"
@@ -68,17 +67,7 @@ def check_sampler(opts: o.Opts, draws: Draws = 1000, prefixes: Prefixes = 3, alp
         conn = connect(opts, lm, {"generate": "check-sampler --engine", "seeded": "--how seeded"})
     with render.status(f"drawing {draws} tokens at each of {prefixes} prefixes"):
         result = run_check(lm, settings, prompt_ids, prefixes, draws, alpha, conn, how)
-    from dataclasses import replace
-
-    from ...core.sampling.semantics import plan
-
-    from ...core.analysis.sampler_check import SERVER_SEMANTICS
-
-    read = replace(settings, semantics=SERVER_SEMANTICS.get(conn.kind, settings.semantics)) if conn is not None \
-        else settings  # as the check read them
-    doc = render.document("check-sampler", lm, as_dict(read), plan(read).order, text, prompt_ids,
-                          source={"engine": conn.describe()} if conn is not None else {"embedded": True},
-                          prefixes=[p.to_dict() for p in result.prefixes], summary=result.summary())
+    doc = result.document(lm, settings, text, prompt_ids, conn)  # built in core
     rows = [{k: v for k, v in p.to_dict().items() if k not in ("top", "log_likelihood", "prefix_token_ids")}
             for p in result.prefixes]
     where = conn.engine.url if conn is not None else "the embedded runtime"

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from ...core.errors import EMPTY_CHAIN, ChainError, ConfigError
-from ...core.settings import as_dict
 from .. import options as o
 from ..loop import note_error, note_interrupt
 from ..view import compare_view, output, render
@@ -129,27 +128,20 @@ def on_engine(opts, variants, prompts, seeds, base: dict) -> None:
     lm = load(opts)
     run = EngineComparison(lm, None, variants, prompts, seeds, base)  # every setting checked before contact
     run.conn = connect(opts, lm, {"generate": "compare --engine", "replay": "compare --engine (teacher-forced KL)"})
-    conn = run.conn
     with compare_view.progress(run.total * 2, opts.fmt) as advance:
         run.on_row = lambda row: (advance(row), stream_row(row, opts.fmt))
         try:
             run.run()
         except KeyboardInterrupt:
             note_interrupt()
-    emit_engine(opts, lm, conn, run)
+    emit_engine(opts, lm, run)
 
 
-def emit_engine(opts, lm, conn, run) -> None:
-    from ..served import document
+def emit_engine(opts, lm, run) -> None:
+    """The comparison's document (built in core: EngineComparison.document) in its format."""
     from ..view.served_view import engine_pairs_table
 
-    first = run.prompts[0]
-    config = {"seeds": run.seeds, **{k: v for k, v in render.clean(run.base).items() if v is not None}}
-    doc = document("compare", conn, config, [], first.text, lm.encode(first.text))
-    doc.update(device=str(lm.device), dtype=str(lm.dtype).replace("torch.", ""),
-               variants=[{"name": v.name, "method": v.method, "spec": v.describe(),
-                          "settings": as_dict(run.settings[v.name, run.seeds[0]])} for v in run.variants],
-               prompts=[{"id": p.id, "text": p.text} for p in run.prompts], rows=run.rows, engine_pairs=run.pairs)
+    doc = run.document()
     rows_only = SimpleNamespace(prompts=run.prompts, seeds=run.seeds, rows=run.rows, pairs=[])
     output.emit_for(opts, output.Output(
         document=doc,

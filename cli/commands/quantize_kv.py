@@ -72,6 +72,7 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
         QuantizeKVSettings,
         measure_grid,
         measure_ranking,
+        measure_reuse,
         run_quantize_kv,
         validate_quantize_kv,
     )
@@ -94,25 +95,9 @@ def quantize_kv(opts: o.Opts, text: TextArg = None, text_file: TextFile = None, 
     measure_grid(lm, ids, settings, report, phase, tell)
     if report.stop_reason != "interrupted":
         measure_ranking(lm, ids, settings, report, phase, tell)
-    if settings.reuse is not None and report.stop_reason != "interrupted":
-        measure_reuse(lm, ids, settings, report, tell)
+    if report.stop_reason != "interrupted":
+        measure_reuse(lm, ids, settings, report, phase, tell)  # --reuse (nothing without it)
     emit(opts, lm, settings, body, ids, report)
-
-
-def measure_reuse(lm, ids: list[int], settings, report, tell) -> None:
-    """--reuse: each --policies cache compressed once and asked every question (one cache at a time)."""
-    from ...core.analysis.quantize_kv import ranking_cells
-    from ...core.analysis.reuse import build_case, ranked, reuse_row
-    case = build_case(lm.tokenizer, ids, settings.reuse, lm.context_length)
-    rows = []
-    for k, (label, cell) in enumerate(ranking_cells(settings).items()):
-        tell(f"reuse {k + 1}: {label}")
-        measured = phase(lambda: reuse_row(lm.model, case, cell, label))  # noqa: B023 (called at once)
-        if measured is None:
-            report.stop_reason = "interrupted"
-            break
-        rows.append(measured)
-    report.reuse = [r.row() for r in ranked(rows)] if rows else []
 
 
 def _read(text: str | None, text_file: Path | None) -> str:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from ...core.errors import ConfigError
-from ...core.settings import as_dict
 from .. import options as o
 from ..loop import drive
 from ..view import kept as kept_view
@@ -107,39 +105,19 @@ def trace_block(fmt: o.Format, branched: bool, terminal: bool) -> int:
 
 
 def many(opts: o.Opts, lm, settings: SampleSettings, text: str, prompt_ids: list[int], n: int) -> None:
-    """-N: the samples and their spread."""
-    from ...core.engine.run import Origin
-    from ...core.engine.stopping import stop_rules
-    from ...core.methods.many import many_document, sample_many
-    from ...core.sampling.chain import make_chain, refuse_stepwise_stages
-    from ...core.sampling.semantics import plan, trims_stop
-    chain = make_chain(lm, settings)
-    refuse_stepwise_stages(chain, "sample -N")
-    selector = plan(settings).selector
-    rows, spread = sample_many(lm.model, prompt_ids, chain, selector, settings.seed, n,
-                               stop_rules(lm, settings), lm.decode, lm.token_text, settings.cache_spec,
-                               trim=trims_stop(settings))
-    origin = Origin.of("sample", lm, as_dict(settings), chain.names, text, prompt_ids)
-    noise = greedy_noise(lm, settings, prompt_ids, rows, chain)
-    document = many_document(origin, rows, spread, selector, noise)
+    """-N: the samples and their spread, and where greedy samples part, the noise verdicts (the report and its
+    document built in core: core/analysis/agreement.py)."""
+    from ...core.analysis.agreement import sample_many_report
+    report = sample_many_report(lm, settings, text, prompt_ids, n)
+    rows, spread, noise = report.rows, report.spread, report.noise
+    document = report.document()
     output.emit_for(opts, output.Output(
         document=document,
         jsonl=[{"type": "sample", **render.clean(r)} for r in rows]
         + [output.summary_record("sample", lm.name, spread)],
         tables=[(None, [render.clean(r) for r in rows])],
-        views=lambda: render.samples_views(rows, spread, sample_view.many_title(lm.name, n, chain.names))
+        views=lambda: render.samples_views(rows, spread, sample_view.many_title(lm.name, n, report.chain))
         + [noise_line(v) for v in noise]))
-
-
-def greedy_noise(lm, settings: SampleSettings, prompt_ids: list[int], rows, chain) -> list[dict]:
-    """Greedy samples should all be sample 0: where one parts from it, the noise verdict there
-    (core/analysis/noise.py)."""
-    if settings.temperature != 0 or len({tuple(r.token_ids) for r in rows}) < 2:
-        return []
-    from ...core.analysis.noise import divergence_verdicts
-
-    return divergence_verdicts(lm, prompt_ids, rows[0].token_ids, [(f"sample {r.index}", r.token_ids)
-                                                                   for r in rows[1:]], chain)
 
 
 def noise_line(v: dict):
@@ -153,8 +131,9 @@ def noise_line(v: dict):
 def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable, printed: bool = False) -> None:
     """The run's document (built in core) in its format; ``printed``: the table's rows are already on the terminal
     (live)."""
-    document = sampler.document()
-    document.update(thinking_parts(lm, settings, sampler))
+    from ...core.analysis.loops import explain
+    explain(sampler, lm)  # a repetition stop's loop, into the run's document
+    document = sampler.document()  # the reasoning split and the loop included (built in core)
     kept = document.get("kv_kept")
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
     kept_sets = [{"type": "kept", **k} for k in getattr(sampler, "kept_sets", [])]  # --kept-ids
@@ -166,18 +145,6 @@ def emit(opts: o.Opts, lm, settings: SampleSettings, sampler, table: StepsTable,
         tables=[(None, render.step_rows(sampler.steps)), *kept_view.table_part(kept)],
         views=lambda: sample_view.run_views(*parts),
         screen=(lambda: sample_view.screen_views(*parts)) if printed else None))
-
-
-def thinking_parts(lm, settings: SampleSettings, sampler) -> dict:
-    """The run's reasoning / answer split (core/trace/reasoning.py) and, for a run stopped by the repetition stop,
-    the loop's period, count and who kept it (core/analysis/loops.py: analysis, so it is asked from here)."""
-    from ...core.trace import reasoning
-    part = reasoning.for_run(settings, lm, sampler.prompt_ids, sampler.steps)
-    if sampler.stop_reason == "repetition":
-        from ...core.analysis.loops import attribute
-        report = attribute(lm, settings, sampler.prompt_ids, sampler.new_ids, sampler.rules.repetition)
-        part["loop"] = report.to_dict() if report is not None else None
-    return part
 
 
 # --- on a served engine (--engine URL) ----------------------------------------------------------------------------
@@ -198,26 +165,19 @@ def on_engine(opts: o.Opts, settings: SampleSettings, refused: dict, kept_ids: b
     conn = connect(opts, local, sample_needs(settings, kept_ids))
     require_logprobs(conn, "sample")
     request, notes = request_for(conn, settings, settings.top)
-    run = ServedSample(conn, prompt_ids, request, notes)
+    run = ServedSample(conn, prompt_ids, request, notes, settings=settings, prompt_text=text)
     drive(run, opts.fmt, text_of=lambda: local.decode(run.new_ids))
-    emit_engine(opts, conn, settings, text, prompt_ids, run)
+    emit_engine(opts, conn, settings, text, run)
     if run.error is not None:  # the tokens are printed; the replay's failure is the exit status
         note_error(run.error)
 
 
-def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, prompt_ids: list[int], run) -> None:
-    from ...core.sampling.semantics import plan
-    from ..served import document
-
-    summary, ids = run.summary(), run.new_ids
-    out_text = conn.local.decode(ids)
-    effective = plan(replace(settings, semantics="vllm"))
-    head = document("sample", conn, as_dict(settings), effective.order, text, prompt_ids,
-                    selector="greedy" if effective.greedy else "engine")
+def emit_engine(opts: o.Opts, conn, settings: SampleSettings, text: str, run) -> None:
+    """The run's document (built in core: ServedSample.document) in its format."""
+    document = run.document()
+    summary, ids, out_text = document["summary"], document["token_ids"], document["text"]
     output.emit_for(opts, output.Output(
-        document={**head, "request": run.generated.request if run.generated else None, "notes": run.notes,
-                  "steps": run.steps, "text": out_text, "token_ids": ids, "summary": summary},
-        text=out_text,
+        document=document, text=out_text,
         jsonl=[output.summary_record("sample", conn.local.name, {"text": out_text, "token_ids": ids}, summary)],
         tables=[(None, sample_view.engine_rows(run.steps))],
         views=lambda: sample_view.engine_views(conn, run, summary, text, settings.top)))

@@ -108,9 +108,7 @@ def run_with_progress(scorer, fmt: o.Format) -> None:
 
 def emit(opts, lm, settings, scorer) -> None:
     """The run's document (built in core) in its format."""
-    from ...core.trace import reasoning
-    document = scorer.document()
-    document.update(reasoning.for_score(settings, lm, scorer.ids, scorer.steps))  # the split (docs/reasoning.md)
+    document = scorer.document()  # the reasoning split included (docs/reasoning.md)
     kept = document.get("kv_kept")
     output.emit_for(opts, output.Output(
         document=document,
@@ -134,11 +132,9 @@ def choices(opts, settings, body: str, empty_think: bool | None = None) -> None:
     if empty_think:  # the labels after a forced empty thinking block (core/methods/choice_thinking.py)
         from ...core.methods.choice_thinking import empty_block
         body, ids, thinking = empty_block(lm, settings, body, ids)
-    report = score_choices(lm, settings, body, ids, chain, settings.cache_spec)
+    report = score_choices(lm, settings, body, ids, chain, settings.cache_spec, thinking)
     document = report.document(Origin.of("score", lm, as_dict(settings), chain.names, body, ids))
     rows, summary = document["choices"], document["summary"]
-    if thinking is not None:
-        summary["thinking"] = thinking
     output.emit_for(opts, output.Output(
         document=document,
         jsonl=[{"type": "choice", **render.clean(r)} for r in rows] + [output.summary_record("score", lm.name,
@@ -166,19 +162,17 @@ def on_engine(opts: o.Opts, settings, body: str) -> None:
     conn = connect(opts, local, needs)
     cap = conn.engine.capabilities.max_top_n
     top = max(1, min(settings.top, cap) if cap is not None else settings.top)
-    run = ServedScore(conn, ids, top, settings.chunk)
+    run = ServedScore(conn, ids, top, settings.chunk, settings=settings, text=body)
     run_with_progress(run, opts.fmt)
-    emit_engine(opts, conn, settings, body, ids, run)
+    emit_engine(opts, conn, ids, run)
 
 
-def emit_engine(opts: o.Opts, conn, settings, body: str, ids: list[int], run) -> None:
-    from ..served import document
-
-    summary = run.summary()
-    rows = [r.to_dict() for r in run.steps]
+def emit_engine(opts: o.Opts, conn, ids: list[int], run) -> None:
+    """The run's document (built in core: ServedScore.document) in its format."""
+    document = run.document()
+    summary, rows = document["summary"], document["steps"]
     output.emit_for(opts, output.Output(
-        document={**document("score", conn, as_dict(settings), [], body, ids), "steps": rows, "text": "",
-                  "token_ids": [], "summary": summary},
+        document=document,
         jsonl=[output.summary_record("score", conn.local.name, summary)],
         tables=[(None, score_view.engine_rows(rows))],
         views=lambda: score_view.engine_views(conn, run, summary, ids)))

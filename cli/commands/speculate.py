@@ -109,18 +109,8 @@ def speculate(
         phase(timing.run)
         spec.timed = timing.rounds
     spec.warmup_s = warm.get("s", float("nan"))
-    summary = spec.summary()
-    prediction = None
-    if predict:
-        from ...core.methods.speculative.planning import prediction_for
-        prediction = phase(lambda: prediction_for(lm, draft_lm, settings, prompt_ids, processors, spec.new_ids,
-                                                  "run", summary.cost_ratio, spec.rounds))
-    audit = None
-    if audit_width:
-        from ...core.methods.speculative.width import audit_width as run_audit
-        audit = phase(lambda: run_audit(lm.model, prompt_ids, spec.new_ids, settings.gamma + 1, settings.cache_spec))
-    spec.analyses = {**({"prediction": prediction.to_dict()} if prediction is not None else {}),
-                     **({"width_audit": audit.to_dict()} if audit is not None else {})}
+    from ...core.methods.speculative.analyses import analyse
+    prediction, audit = analyse(spec, lm, draft_lm, processors, predict, audit_width, guard=phase)  # in its document
     emit(opts, lm, spec, sweep, prediction, audit)
 
 
@@ -133,11 +123,9 @@ def progress(message: str) -> None:
 
 def emit(opts: o.Opts, lm, spec, sweep, prediction=None, audit=None) -> None:
     """The run's document (built in core) in its format."""
-    from ...core.trace import reasoning
-    document = spec.document()
-    document.update(reasoning.for_tokens(spec.settings, lm, spec.prompt_ids, spec.new_ids))  # docs/reasoning.md
+    document = spec.document()  # the reasoning split included (docs/reasoning.md)
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
-    output.emit(output.Output(
+    output.emit_for(opts, output.Output(
         document=document, text=document["text"],
         jsonl=[{"type": "sweep", **render.clean(row)} for row in document.get("sweep", [])]
         + [output.summary_record("speculate", lm.name, delivered, document["summary"],
@@ -145,11 +133,7 @@ def emit(opts: o.Opts, lm, spec, sweep, prediction=None, audit=None) -> None:
         tables=[(None, speculate_view.sweep_rows(sweep.rows) if sweep.rows
                  else speculate_view.round_rows(spec.rounds))],
         views=lambda: speculate_view.views(lm.name, spec, document["prompt"]["text"], spec.summary(), sweep)
-        + analysis_views(spec.summary(), sweep, prediction, audit)),
-        opts.fmt.value, opts.save_html, opts.save_svg)  # (no prompt.chat mark here, as before: see emit_for)
-    from ..early import temperature_note
-
-    temperature_note(opts)  # as emit_for gives every other command
+        + analysis_views(spec.summary(), sweep, prediction, audit)))  # --chat: prompt.chat, as every command
 
 
 def analysis_views(summary, sweep, prediction, audit) -> list:

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-from ...core.settings import as_dict
 from ..loop import phase
-from ..view import output, render
+from ..view import output
 from ..view.speculation import prediction_views
 
 
 def predict_only_run(opts, lm, draft_lm, settings, chain, text, prompt_ids, predict_text) -> None:
-    from ...core.methods.speculative.planning import (
-        measured_cost_ratio,
-        plain_continuation,
-        prediction_for,
-        text_continuation,
-    )
+    """The prediction and its document (built in core: core/methods/speculative/analyses.py) in its format."""
+    from ...core.methods.speculative.analyses import predict_only
 
-    if predict_text is not None:
-        new_ids, source = text_continuation(lm, predict_text), "text"
-    else:
-        new_ids, source = phase(lambda: plain_continuation(lm, settings, prompt_ids, chain), []), "plain"
-    cost = phase(lambda: measured_cost_ratio(lm, draft_lm, settings, prompt_ids, chain))  # None: cut by Ctrl-C
-    prediction = prediction_for(lm, draft_lm, settings, prompt_ids, chain, new_ids, source, cost)
-    head = render.document("speculate", lm, as_dict(settings), chain.names, text, prompt_ids,
-                           draft=settings.draft, gamma=settings.gamma, verification=prediction.verification)
-    out_text = lm.decode(new_ids)
+    report = predict_only(lm, draft_lm, settings, chain, text, prompt_ids, predict_text, guard=phase)
+    prediction = report.prediction
     rows = [{k: v for k, v in p.to_dict().items() if k != "per_position_acceptance"} for p in prediction.plans]
-    output.emit(output.Output(
-        document={**head, "text": out_text, "token_ids": new_ids, "prediction": prediction.to_dict()},
-        text=out_text, jsonl=[{"type": "prediction", **prediction.to_dict()}],
-        tables=[(None, rows)], views=lambda: prediction_views(prediction, [])),
-        opts.fmt.value, opts.save_html, opts.save_svg)
+    output.emit_for(opts, output.Output(
+        document=report.document(), text=report.text, jsonl=[{"type": "prediction", **prediction.to_dict()}],
+        tables=[(None, rows)], views=lambda: prediction_views(prediction, [])))

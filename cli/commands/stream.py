@@ -146,9 +146,7 @@ def run_generate(opts, lm, settings: StreamSettings, text: str, chain) -> None:
             drive(run, opts.fmt, on_step=live.add)
     else:
         drive(run, opts.fmt, text_of=lambda: lm.decode(run.new_ids), stops=tuple(settings.stop))
-    from ...core.trace import reasoning
-    document = run.document()
-    document.update(reasoning.for_run(settings, lm, prompt_ids, run.steps))  # the split (docs/reasoning.md)
+    document = run.document()  # the reasoning split included (docs/reasoning.md)
     summary, kept = document["summary"], document.get("kv_kept")
     delivered = {"text": document["text"], "token_ids": document["token_ids"]}
     output.emit_for(opts, output.Output(

@@ -55,6 +55,7 @@ from ..sampling import replay
 from ..sampling.chain import make_chain
 from ..sampling.registry import engine_order, param, params, scaling_stage
 from ..sampling.semantics import plan as semantics_plan
+from ..trace import reasoning
 from .full_logprobs import reasoning_split
 
 LABELS = ("raw", "penalized", "temperature-scaled", "renormalized", "unexplained")
@@ -609,17 +610,20 @@ class Report:
     answers: list[dict]
     tokens: list[Checked]
     summary: dict
+    reasoning: list[dict] = field(default_factory=list)  # per answer with thinking markers, its split
 
     def document(self, lm, source: dict) -> dict:
         """``check-logprobs``' JSON document: the local model, where the answers came from, each answer, a row per
-        checked token, the summary and verdict."""
+        checked token, the summary and verdict, each answer's reasoning / answer split when there are markers."""
         return {"command": "check-logprobs", "model": lm.name, "device": str(lm.device),
                 "dtype": str(lm.dtype).replace("torch.", ""), "source": source, "answers": self.answers,
-                "tokens": [r.to_dict() for r in self.tokens], "summary": self.summary}
+                "tokens": [r.to_dict() for r in self.tokens], "summary": self.summary,
+                **({"reasoning": self.reasoning} if self.reasoning else {})}
 
 
-def check(lm, answers: list[Answer], tolerance: float = 1e-3) -> Report:
-    """Every answer checked: per token rows, per answer its defects and notes, one summary."""
+def check(lm, answers: list[Answer], tolerance: float = 1e-3, markers_from: SampleSettings | None = None) -> Report:
+    """Every answer checked: per token rows, per answer its defects and notes, one summary; ``markers_from``: the
+    settings whose thinking markers (--think-tags, else the chat template's) split each answer (None: no split)."""
     rows: list[Checked] = []
     heads, prompt_pairs, defects = [], [], []
     for n, a in enumerate(answers):
@@ -644,7 +648,8 @@ def check(lm, answers: list[Answer], tolerance: float = 1e-3) -> Report:
                "defects": defects}
     summary["ambiguous"] = sum(1 for r in rows if r.ambiguous)
     summary["verdict"] = _verdict(rows, defects)
-    return Report(heads, rows, summary)
+    split = reasoning.for_answers(markers_from, lm, answers) if markers_from is not None else []
+    return Report(heads, rows, summary, split)
 
 
 def _settings_dict(s: SampleSettings | None) -> dict | None:

@@ -35,11 +35,12 @@ from ..engine.http.wire import PROCESSED
 from ..errors import ConfigError
 from ..methods.sample import REPORT_BLOCK, build_sampler
 from ..engine.backend import Capabilities, refuse_lacking
-from ..methods.served import Connection, finish_to_stop, request_for, request_of
+from ..methods.served import Connection, engine_head, finish_to_stop, request_for, request_of
 from ..sampling import replay
 from ..sampling.chain import make_chain
 from ..sampling.registry import scaling_stage
 from ..sampling.semantics import plan as semantics_plan
+from ..settings import as_dict
 from .compare import (
     Prompt,
     Row,
@@ -169,6 +170,20 @@ class EngineComparison:
                 for v in self.variants:
                     self.pairs.append(self.run_one(v, self.settings[v.name, seed], prompt, prompt_ids, seed))
         return self
+
+    def document(self) -> dict:
+        """``compare --engine``'s JSON document: the engine's head (the local model's device and dtype: the local
+        side ran here), the command's options and seeds, the variants (first seed's settings) and prompts, every
+        row (engine and local) and every engine pair."""
+        lm, first = self.lm, self.prompts[0]
+        config = {"seeds": self.seeds, **{k: v for k, v in self.base.items() if v is not None}}
+        doc = engine_head("compare", self.conn, config, [], first.text, lm.encode(first.text))
+        doc.update(device=str(lm.device), dtype=str(lm.dtype).replace("torch.", ""),
+                   variants=[{"name": v.name, "method": v.method, "spec": v.describe(),
+                              "settings": as_dict(self.settings[v.name, self.seeds[0]])} for v in self.variants],
+                   prompts=[{"id": p.id, "text": p.text} for p in self.prompts], rows=self.rows,
+                   engine_pairs=self.pairs)
+        return doc
 
     def _emit(self, row: Row) -> None:
         self.rows.append(row)

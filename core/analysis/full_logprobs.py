@@ -59,6 +59,21 @@ class FullReport:
     positions: list[FullPosition]
     summary: dict
     defects: list[str] = field(default_factory=list)
+    speculative: dict | None = None  # --spec-engine: the second server's drift (:func:`speculative_drift`)
+
+    def full_summary(self) -> dict:
+        """The summary with the defects found (a speculative server that drifts)."""
+        spec = self.speculative
+        return {**self.summary, "defects": [spec["defect"]] if spec and spec["defect"] else []}
+
+    def document(self, lm, source: dict, prompt_text: str, prompt_ids: list[int]) -> dict:
+        """``check-logprobs --full``'s JSON document: the local model, the engine (``source``), the prompt, a row per
+        position, the speculative server's drift (null without one), the summary."""
+        return {"command": "check-logprobs", "model": lm.name, "device": str(lm.device),
+                "dtype": str(lm.dtype).replace("torch.", ""), "source": source, "full": True,
+                "prompt": {"text": prompt_text, "token_ids": prompt_ids},
+                "positions": [r.to_dict() for r in self.positions], "speculative": self.speculative,
+                "summary": self.full_summary()}
 
 
 def tv_bounds(listed: list[tuple[int, float]], local: torch.Tensor) -> tuple[float, float]:

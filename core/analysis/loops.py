@@ -26,6 +26,7 @@ import torch
 
 from ..engine.forward import forward
 from ..engine.loops import RepetitionRule, copies
+from ..methods.branch import Branched
 from ..sampling.chain import make_chain
 from ..sampling.registry import BY_NAME
 
@@ -86,6 +87,18 @@ def attribute(lm, settings, prompt_ids: list[int], generated: list[int], rule: R
     note = (f"stages with state or a coin of their own ({', '.join(stateful)}) are replayed fresh: their numbers at "
             "the repeated positions are not the run's") if stateful else None
     return LoopReport(period, count, start, list(generated[-period:]), positions, dict(kept), dict(acted), note)
+
+
+def explain(run, lm) -> dict:
+    """A ``sample`` run (:class:`~..methods.sample.Sampler`) that the repetition stop ended: its loop and who kept
+    it (:func:`attribute`; null when the rule finds none) as ``{"loop": ...}``, kept on the run (``loop_part``, part
+    of its document: a forced or resumed run's is the wrapped run's); ``{}`` for a run that ended otherwise."""
+    part = {}
+    if run.stop_reason == "repetition":
+        report = attribute(lm, run.settings, run.prompt_ids, run.new_ids, run.rules.repetition)
+        part = {"loop": report.to_dict() if report is not None else None}
+    (run.run if isinstance(run, Branched) else run).loop_part = part
+    return part
 
 
 def _position(index: int, c: int, stages: list, acted: Counter) -> LoopPosition:

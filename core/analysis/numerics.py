@@ -35,6 +35,7 @@ from torch import Tensor
 
 from ..engine import numerics as engine_numerics
 from ..engine.numerics import DTYPES, Forced
+from ..engine.run import head
 from ..errors import ConfigError
 from .check_logprobs import RATIO_BAND
 from .engine_compare import truncated_kl
@@ -232,6 +233,17 @@ class Audit:
                 "not_explained": [c.condition for c in self.conditions if c.within_noise is False],
                 "skipped": [c.condition for c in self.conditions if c.skipped],
                 "floor_rule": self.floor_rule}
+
+    def document(self, lm, conditions: list[Condition], greedy: int, engine_dtype: str | None, prompt_text: str,
+                 prompt_ids: list[int], engine: dict | None = None) -> dict:
+        """``audit-numerics``' JSON document: the head (the conditions asked, ``greedy`` tokens generated, the
+        engine's dtype with an engine), the audited text's ids, the reference, a result per condition, the floors,
+        the summary, and ``engine`` (the connection's description) as the source when one was audited."""
+        config = {"conditions": [c.name for c in conditions], "greedy": greedy,
+                  "engine_dtype": engine_dtype if engine is not None else None}
+        return head("audit-numerics", lm, config, [], prompt_text, prompt_ids, text_token_ids=self.text_token_ids,
+                    reference=self.reference, conditions=[c.to_dict() for c in self.conditions], floors=self.floors,
+                    summary=self.summary(), **({"source": {"engine": engine}} if engine is not None else {}))
 
 
 FLOOR_RULE = (f"rounding envelope measured on the reference: every element of the embeddings and of each layer's output "

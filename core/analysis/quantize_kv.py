@@ -31,6 +31,8 @@ from ..kv.press import PressPolicy
 from ..kv.quant import AXES, QuantPolicy, Stream
 from ..kv.quantize import dequantize, quantize
 from .reuse import NAMES as REUSE_NAMES
+from .reuse import build_case, reuse_row
+from .reuse import ranked as ranked_reuse
 from ..methods.score import Scorer, ScoreSettings, blocks
 from ..sampling.chain import build_chain
 from ..sampling.settings import ChainSettings
@@ -545,3 +547,23 @@ def measure_ranking(lm: LoadedModel, ids: list[int], settings: QuantizeKVSetting
     report.ranking = ranked(rows)
     if prober is not None and rows:
         report.probe = prober.report([]).document()
+
+
+def measure_reuse(lm: LoadedModel, ids: list[int], settings: QuantizeKVSettings, report: QuantizeKVReport,
+                  guard=call, progress=None) -> None:
+    """--reuse K: each --policies cache compressed once and asked every question (one cache at a time, core/analysis/
+    reuse.py) into ``report.reuse``, best first; an interrupt (``guard`` giving None) keeps the rows measured.
+    Nothing without --reuse."""
+    if settings.reuse is None:
+        return
+    tell = progress or (lambda label: None)
+    case = build_case(lm.tokenizer, ids, settings.reuse, lm.context_length)
+    rows = []
+    for k, (label, cell) in enumerate(ranking_cells(settings).items()):
+        tell(f"reuse {k + 1}: {label}")
+        measured = guard(lambda: reuse_row(lm.model, case, cell, label))  # noqa: B023 (called at once)
+        if measured is None:
+            report.stop_reason = "interrupted"
+            break
+        rows.append(measured)
+    report.reuse = [r.row() for r in ranked_reuse(rows)] if rows else []

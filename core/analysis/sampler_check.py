@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 from torch import Tensor
 
-from ..engine.run import drain
+from ..engine.run import drain, head
 from ..errors import ConfigError
 from ..methods.sample import REPORT_BLOCK, SampleSettings, build_sampler
 from ..methods.served import Connection, check_vocabulary, request_for
@@ -55,6 +55,7 @@ from ..sampling import registry
 from ..sampling.select import make_generator
 from ..sampling.semantics import plan
 from ..sampling.tokens import Tokens, resolve
+from ..settings import as_dict
 
 MIN_EXPECTED = 5.0  # a cell's least expected count before it is pooled
 INDISTINGUISHABLE_TV = 1e-9
@@ -370,6 +371,16 @@ class SamplerCheck:
 
     def summary(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k not in ("prefixes",)}
+
+    def document(self, lm, settings: SampleSettings, prompt_text: str, prompt_ids: list[int],
+                 conn: Connection | None = None) -> dict:
+        """``check-sampler``'s JSON document: the head with the settings as the check read them (a server's own
+        semantics with ``conn``) and their chain, where the draws came from, a row per prefix, the summary."""
+        read = replace(settings, semantics=SERVER_SEMANTICS.get(conn.kind, settings.semantics)) if conn is not None \
+            else settings
+        return head("check-sampler", lm, as_dict(read), plan(read).order, prompt_text, prompt_ids,
+                    source={"engine": conn.describe()} if conn is not None else {"embedded": True},
+                    prefixes=[p.to_dict() for p in self.prefixes], summary=self.summary())
 
 
 def check_draws(lm, draws: list[list[int]], exact: Law, defects: list[Law], prefixes: list[list[int]],

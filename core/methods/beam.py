@@ -75,6 +75,7 @@ from ..sampling.chain import (
 from ..sampling import registry
 from ..sampling.settings import ChainSettings
 from ..settings import _check, as_dict
+from ..trace import reasoning
 
 NORMS = ("hf", "gnmt", "prompt-inclusive", "none")
 EARLY_STOPPING = {"true": True, "false": False, "never": "never"}
@@ -315,6 +316,8 @@ class BeamSearch(Run):
     [B, V]`` (:class:`ModelStepper`, or a table of fixed logits in tests).
     """
 
+    lm: LoadedModel | None = None  # the model it searched with (set by beam_run): its markers for the split
+
     def __init__(self, stepper, prompt_ids: list[int], chain: Chain, settings: BeamSettings,
                  eos_ids: tuple[int, ...] = (), detok: Callable[[list[int]], str] | None = None,
                  context_length: int | None = None, record: bool = False,
@@ -524,13 +527,15 @@ class BeamSearch(Run):
 
     def document(self) -> dict:
         """``beam``'s JSON document: the steps, the best hypothesis's text and ids, every returned hypothesis, the
-        sweep when one ran, the summary."""
+        sweep when one ran, the summary, the best hypothesis's reasoning / answer split when the settings or the
+        model name thinking markers (parts and counts: a hypothesis keeps no per-token numbers in one list)."""
         hyps = self.hypotheses
         best = hyps[0] if hyps else None
         result = {"text": best.text if best else "", "token_ids": best.token_ids if best else [], "hypotheses": hyps}
         if self.sweep is not None:
             result["sweep"] = self.sweep
-        return self.origin.head(steps=self.steps, **result, summary=self.summary())
+        split = {} if self.lm is None else reasoning.for_tokens(self.s, self.lm, self.prompt_ids, result["token_ids"])
+        return self.origin.head(steps=self.steps, **result, summary=self.summary(), **split)
 
     def summary(self) -> BeamSummary:
         best = self.pool[0] if self.pool else None
@@ -615,6 +620,7 @@ def beam_run(lm: LoadedModel, settings: BeamSettings, prompt_text: str, prompt_i
     that reads the result alone)."""
     run = build_beam(lm, settings, prompt_ids, chain, record=record and not summary_only)
     run.origin = Origin.of("beam", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
+    run.lm = lm
     run.new_stepper = lambda: beam_stepper(lm, settings)
     return run
 

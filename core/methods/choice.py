@@ -105,13 +105,15 @@ class ChoiceReport:
     min_mass: float
     forwards: int  # prefixes scored after the prompt
     seconds: float
+    thinking: dict | None = None  # --empty-think: the block closed after the prompt (choice_thinking.py)
 
     def summary(self) -> dict:
         labels = self.scores.labels
         return {"labels": len(labels), "exact_total": sum(lab.exact for lab in labels),
                 "all_paths_total": sum(lab.all_paths for lab in labels), "sampler_lost": self.scores.sampler_lost,
                 "sampler_unexplored": self.scores.sampler_unexplored, "min_mass": self.min_mass,
-                "forwards": self.forwards, "seconds": self.seconds}
+                "forwards": self.forwards, "seconds": self.seconds,
+                **({"thinking": self.thinking} if self.thinking is not None else {})}
 
     def document(self, origin) -> dict:
         """``score --choice``'s JSON document: the head (an :class:`~decodelab.core.engine.run.Origin`), a row per
@@ -130,9 +132,10 @@ class ChoiceReport:
 
 
 def score_choices(lm: LoadedModel, settings, prompt_text: str, prompt_ids: list[int], chain: Chain,
-                  cache: CacheSpec | None = None) -> ChoiceReport:
+                  cache: CacheSpec | None = None, thinking: dict | None = None) -> ChoiceReport:
     """The labels of ``settings.choice`` after the prompt (``chain`` is the --choice constraint alone, built by the
-    chain builder: its stage gives the allowed tokens of every prefix the sampler walks)."""
+    chain builder: its stage gives the allowed tokens of every prefix the sampler walks); ``thinking``: with
+    ``--empty-think``, what closed the thinking block (:func:`~.choice_thinking.empty_block`), in the summary."""
     check_prompt(len(prompt_ids), lm.context_length)
     stage = chain.processors[0]
     if not isinstance(stage, ConstraintStage) or stage.spec.kind != "choice":
@@ -145,5 +148,5 @@ def score_choices(lm: LoadedModel, settings, prompt_text: str, prompt_ids: list[
         scores = choice_probabilities(scorer, encodings, eos_ids=stage.eos_ids, allowed_next=stage_allowed_next(stage),
                                       min_mass=settings.min_mass)
     texts = {t: lm.token_text(t) for toks in encodings.values() for tok in toks for t in tok}
-    return ChoiceReport(scores, texts, settings.min_mass, scorer.forwards, time.perf_counter() - start)
+    return ChoiceReport(scores, texts, settings.min_mass, scorer.forwards, time.perf_counter() - start, thinking)
 

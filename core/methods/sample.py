@@ -31,6 +31,7 @@ from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
 from ..sampling.step import check_selected, read_selected, select
 from ..settings import _check, as_dict
+from ..trace import reasoning
 from ..trace.records import Alternative, StageStat, Step, Tally, summarize
 from ..trace.stats import Numbers, TraceBlock, kept_ids, pack, unpack
 from ..trace.why import decide
@@ -199,6 +200,8 @@ class Sampler(Run):
         self.decode = detok
         self.resumed: list[int] = []  # a resumed run's saved tokens (set by Branched): delivered before the new ones
         self.settings: SampleSettings | None = None  # what it delivers and reports by (set by build_sampler)
+        self.lm: LoadedModel | None = None  # the model it ran (set by sample_run): its markers for the split
+        self.loop_part: dict = {}  # a repetition stop's loop and who kept it (analysis/loops.py explain)
 
     def __iter__(self) -> Iterator[Step]:
         runtime = self.runtime or Runtime.create(self.model, self.cache,
@@ -289,7 +292,9 @@ class Sampler(Run):
 
     def document(self) -> dict:
         """``sample``'s JSON document: the head with the selector (and the semantics, the kept sets when asked),
-        the steps, the delivered text and ids, the summary, the kept map of a score-based cache."""
+        the steps, the delivered text and ids, the summary, the kept map of a score-based cache, the reasoning /
+        answer split when the settings or the model name thinking markers (core/trace/reasoning.py), the loop
+        that stopped it when it was explained (core/analysis/loops.py: ``explain``)."""
         s, kept = self.settings, self.kv_kept()
         extra = {"selector": self.selector.name}
         if s is not None and s.semantics is not None:
@@ -298,7 +303,14 @@ class Sampler(Run):
             extra["kept_sets"] = self.kept_sets
         ids, text = self.delivered(self.detok, self.resumed + list(self.new_ids))
         return self.origin.head(**extra, steps=self.steps, text=text, token_ids=ids, summary=self.summary(),
-                                **document_part(kept))
+                                **document_part(kept), **self.reasoning_part(), **self.loop_part)
+
+    def reasoning_part(self) -> dict:
+        """``{"reasoning": ...}``: the split of the traced steps after the prompt the model continued (a resumed
+        run's: the prompt and the saved tokens); ``{}`` without markers."""
+        if self.lm is None or self.settings is None:
+            return {}
+        return reasoning.for_run(self.settings, self.lm, self.prompt_ids, self.steps)
 
 
 # --- sample and probs ----------------------------------------------------------------------------------------------
@@ -327,4 +339,5 @@ def sample_run(lm: LoadedModel, settings: SampleSettings, prompt_text: str, prom
         parts.setdefault("block", REPORT_BLOCK)
     run = build_sampler(lm, settings, context_ids if context_ids is not None else prompt_ids, **parts)
     run.origin = Origin.of("sample", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
+    run.lm = lm
     return run

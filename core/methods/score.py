@@ -40,6 +40,7 @@ from ..sampling.chain import Chain, make_chain, validate_chain
 from ..sampling.semantics import plan
 from ..sampling.settings import ChainSettings
 from ..settings import _check, as_dict
+from ..trace import reasoning
 from ..trace.stats import COLUMN, kept_ids, scored_rows
 from .choice import check_choice_settings
 
@@ -189,6 +190,8 @@ class TextScore(Run):
 class Scorer(TextScore):
     """Iterate for one :class:`ScoredToken` per scored position; ``summary()`` afterwards."""
 
+    lm = None  # the model it scored with (set by score_run): its thinking markers for the split
+
     def __init__(self, model, token_ids: list[int], chain: Chain, token_text, settings: ScoreSettings,
                  cache: CacheSpec | None = None, reference=None, reference_cache: CacheSpec | None = None,
                  reference_name: str | None = None):
@@ -261,10 +264,15 @@ class Scorer(TextScore):
 
     def document(self) -> dict:
         """``score``'s JSON document: a step per scored token, no generated text, the summary, the kept map of a
-        score-based cache."""
+        score-based cache, the reasoning / answer split when the settings or the model name thinking markers."""
         kept = kept_after(getattr(self, "runtime", None), len(self.ids))
         return self.origin.head(steps=[r.to_dict() for r in self.steps], text="", token_ids=[],
-                                summary=self.summary(), **document_part(kept))
+                                summary=self.summary(), **document_part(kept), **self.reasoning_part())
+
+    def reasoning_part(self) -> dict:
+        """``{"reasoning": ...}``: the split of the scored tokens (core/trace/reasoning.py); ``{}`` without
+        markers."""
+        return {} if self.lm is None else reasoning.for_score(self.s, self.lm, self.ids, self.steps)
 
     def summary(self) -> ScoreSummary:
         steps = self.steps
@@ -325,6 +333,7 @@ def score_run(lm, settings: ScoreSettings, text: str, token_ids: list[int], chai
     chain = chain or make_chain(lm, settings)
     run = build_scorer(lm, settings, token_ids, chain, reference)
     run.origin = Origin.of("score", lm, as_dict(settings), chain.names, text, token_ids)
+    run.lm = lm
     return run
 
 

@@ -36,6 +36,7 @@ from ..engine.http.wire import LOGPROB_KINDS, PROCESSED, RAW, Generated, Positio
 from ..errors import ConfigError
 from ..sampling.export import served_settings
 from ..sampling.semantics import plan as semantics_plan
+from ..settings import as_dict
 from .batch.run import Baseline, Entry
 from .score import ChunkPerplexity, TextScore, check_scorable
 
@@ -104,6 +105,15 @@ def connect(url: str, local, needs: dict[str, str], model: str | None = None, ti
     else:
         mode, found = engine.logprobs_mode, "adapter default"
     return Connection(engine, local, mode, found, checked)
+
+
+def engine_head(command: str, conn: Connection, config: dict, chain: list[str], prompt_text: str,
+                prompt_ids: list[int], **rest) -> dict:
+    """The shared top level (docs/json.md) of a run on a served engine: ``device`` and ``dtype`` are the server's
+    (null), ``engine`` says which server, what its numbers are and how that was found; ``rest``: the command's own
+    fields that follow it."""
+    return {"command": command, "model": conn.local.name, "device": None, "dtype": None, "engine": conn.describe(),
+            "config": config, "chain": chain, "prompt": {"text": prompt_text, "token_ids": prompt_ids}, **rest}
 
 
 def refuse_on_engine(conn: Connection, needs: dict[str, str]) -> None:
@@ -210,9 +220,13 @@ class EngineSampleSummary:
 class ServedSample(Run):
     """``sample --engine``: one generation request, then a replay for the raw values; iterate for the steps."""
 
-    def __init__(self, conn: Connection, prompt_ids: list[int], request, notes: list[str] | None = None):
+    def __init__(self, conn: Connection, prompt_ids: list[int], request, notes: list[str] | None = None,
+                 settings=None, prompt_text: str = ""):
+        """``settings`` and ``prompt_text``: what the run was asked (its document's config, chain and prompt)."""
         self.conn, self.prompt_ids, self.request = conn, list(prompt_ids), request
         self.notes = list(notes or [])
+        self.settings, self.prompt_text = settings, prompt_text
+        self.decode = conn.local.decode
         self.steps: list[EngineStep] = []
         self.generated: Generated | None = None
         self.replayed: Scored | None = None
@@ -264,6 +278,16 @@ class ServedSample(Run):
             n, sum(processed) / n if processed and len(processed) == n else None,
             math.exp(-sum(raw) / n) if raw_from else None, n / seconds if seconds > 0 else math.nan, seconds,
             self.stop_reason, g.finish_reason if g is not None else None, values, raw_from, self.request.logprobs)
+
+    def document(self) -> dict:
+        """``sample --engine``'s JSON document: the engine's head with the chain and selector as the server reads
+        the settings (vLLM's semantics), the request sent, the notes on it, the steps, the text, the summary."""
+        effective = semantics_plan(replace(self.settings, semantics="vllm"))
+        ids = self.new_ids
+        return engine_head("sample", self.conn, as_dict(self.settings), effective.order, self.prompt_text,
+                           self.prompt_ids, selector="greedy" if effective.greedy else "engine",
+                           request=self.generated.request if self.generated else None, notes=self.notes,
+                           steps=self.steps, text=self.conn.local.decode(ids), token_ids=ids, summary=self.summary())
 
 
 def sample_needs(settings, kept_ids: bool = False) -> dict[str, str]:
@@ -321,9 +345,12 @@ class EngineScoreSummary:
 class ServedScore(TextScore):
     """``score --engine``: the text's token ids scored by the server (prompt logprobs), one request."""
 
-    def __init__(self, conn: Connection, token_ids: list[int], top_n: int, chunk: int | None = None):
+    def __init__(self, conn: Connection, token_ids: list[int], top_n: int, chunk: int | None = None,
+                 settings=None, text: str = ""):
+        """``settings`` and ``text``: what the run was asked (its document's config and prompt)."""
         check_scorable(token_ids)
         self.conn, self.ids, self.top_n, self.chunk = conn, list(token_ids), top_n, chunk
+        self.settings, self.text_scored = settings, text
         self.steps: list[EngineScoredToken] = []
         self.seconds = math.nan
         self.stop_reason = "end"
@@ -352,6 +379,12 @@ class ServedScore(TextScore):
                                   n / self.seconds if self.seconds > 0 else math.nan, self.seconds, self.stop_reason,
                                   RAW, self.top_n)
 
+    def document(self) -> dict:
+        """``score --engine``'s JSON document: the engine's head (no chain: the server's prompt logprobs are raw),
+        a step per scored token, no generated text, the summary."""
+        return engine_head("score", self.conn, as_dict(self.settings), [], self.text_scored, self.ids,
+                           steps=[r.to_dict() for r in self.steps], text="", token_ids=[], summary=self.summary())
+
 
 def score_needs(settings, active_stages: list[str], kept: bool = False) -> dict[str, str]:
     """What ``score --engine`` asks of the backend, by option: the chain's processed log-probability, a
@@ -370,6 +403,17 @@ def score_needs(settings, active_stages: list[str], kept: bool = False) -> dict[
 
 # ---------------------------------------------------------------------------------------------------------------
 # batch: the engine's own continuous batching on the same requests
+
+
+def batch_on_engine(run, chat: bool = False) -> Baseline:
+    """``batch --engine``: the requests of the batch ``run`` (:class:`~.batch.run.BatchRun`, its ``conn`` set) on
+    the server, all at once (:func:`engine_baseline`); the baseline joins the run's, so its figures are in the
+    summary and its answers per request in the run's document (``engine_requests``)."""
+    entries = run.entries
+    base = engine_baseline(run.conn, entries, [run.lm.encode(e.prompt, chat=chat) for e in entries],
+                           run.report().results)
+    run.baselines.append(base)
+    return base
 
 
 def engine_baseline(conn: Connection, entries: list[Entry], prompt_ids: list[list[int]], reference) -> Baseline:

@@ -33,6 +33,7 @@ from ..sampling.chain import Chain, make_chain
 from ..sampling.semantics import plan as semantics_plan, trims_stop
 from ..sampling.settings import ChainSettings
 from ..settings import _check, as_dict
+from ..trace import reasoning
 from ..trace.records import Step
 from .sample import Sampler, SampleSettings, validate_sample
 from .score import Scorer, ScoreSettings
@@ -330,11 +331,13 @@ class StreamGenerate(Run):
 
     def document(self) -> dict:
         """``stream``'s JSON document when it generates: the steps with their cache state, the text, the summary,
-        the kept map of a score-based cache."""
+        the kept map of a score-based cache, the reasoning / answer split when the settings or the model name
+        thinking markers (core/trace/reasoning.py)."""
         kept = kept_after(self.runtime, len(self.origin.prompt_ids))
         ids, text = self.delivered(self.lm.decode)
+        split = reasoning.for_run(self.settings, self.lm, self.origin.prompt_ids, self.steps)
         return self.origin.head(mode="generate", selector=self.selector.name, steps=self.steps, text=text,
-                                token_ids=ids, summary=self.summary(), **document_part(kept))
+                                token_ids=ids, summary=self.summary(), **document_part(kept), **split)
 
     def summary(self) -> StreamSummary:
         base = self.sampler.summary()

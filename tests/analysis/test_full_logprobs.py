@@ -123,6 +123,27 @@ def test_cli_check_logprobs_full(cli, tiny, serve):
     assert code == 2 and "--engine" in err and "Traceback" not in err
 
 
+def test_cli_check_logprobs_full_prints_the_document_built_in_core(cli, tiny, serve):
+    """--full (and --spec-engine): the JSON is core's FullReport.document, the drift and its defect included."""
+    from decodelab.cli.view.render import clean
+
+    server, other = serve(), serve(logprob_shift=0.05)
+    code, out, err = cli("check-logprobs", "--full", "--engine", server.url, "--prompt", PROMPT, "-n", "4",
+                         "--full-top", "6", "--spec-engine", other.url, "-f", "json", "--threads", "1")
+    assert code == 0, err
+    printed = json.loads(out)
+    conn = connect(server.url, tiny, {"score": "check-logprobs --full"})
+    ids = tiny.encode(PROMPT)
+    report = fl.full_check(conn.engine, tiny, ids, 4, 6)
+    report.speculative = fl.speculative_drift(conn.engine, connect(other.url, tiny, {}).engine, ids, 4, 6, 1e-3)
+    made = clean(report.document(tiny, {"engine": conn.describe()}, PROMPT, ids))
+    for document in (printed, made):
+        for key in ("format_version", "versions", "machine"):
+            document.pop(key, None)
+    assert made["summary"]["defects"] == [made["speculative"]["defect"]] and made["summary"]["defects"][0]
+    assert list(printed) == list(made) and printed == made
+
+
 def test_the_whole_vocabulary_gives_exact_figures(tiny, serve):
     """With every token listed (a vLLM run with --max-logprobs -1), nothing is truncated: the KL bounds meet."""
     from decodelab.core.engine.http.client import ServedEngine

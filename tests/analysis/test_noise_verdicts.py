@@ -71,6 +71,17 @@ def test_sample_n_greedy_reports_a_sample_that_parts(cli, tiny, monkeypatch):
     assert v["words"] == noise.verdict_words(v["margin"], v["floor"])
 
 
+def test_sample_n_asks_the_plan_whether_it_is_greedy(cli):
+    """-t 0 with --dynatemp-range under llama.cpp's semantics samples (the plan's selector is multinomial): samples
+    that part are the draws', not noise, and get no verdict (a `temperature == 0` check called them a bug)."""
+    code, out, err = cli("sample", PROMPT, "-t", "0", "--dynatemp-range", "0.5", "--semantics", "llamacpp", "-N",
+                         "3", "-n", "6", "--ignore-eos", "-f", "json", "--threads", "1")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["selector"] == "multinomial" and len({tuple(s["token_ids"]) for s in doc["samples"]}) > 1
+    assert "noise" not in doc
+
+
 def test_batch_reports_a_greedy_request_whose_baseline_parts(cli, tiny, tmp_path, monkeypatch):
     path = tmp_path / "p.jsonl"
     path.write_text("\n".join(json.dumps({"id": f"r{i}", "prompt": p}) for i, p in

@@ -141,3 +141,31 @@ def test_turbo_bytes_and_the_attention_score_bias_of_its_key_codes(cli):
     assert docs["prod"]["outliers"] == []
     bias = {k: sum(r["score_bias"] for r in d["reconstruction"]) / len(d["reconstruction"]) for k, d in docs.items()}
     assert bias["mse"] < 0 and abs(bias["prod"]) < abs(bias["mse"]) / 2, bias
+
+
+def test_reuse_rows_are_measured_in_core(cli):
+    """--reuse: the JSON's rows are core's measure_reuse (core/analysis/quantize_kv.py) on the same text and
+    settings, so a script gets them too; a guard that says "interrupted" keeps the rows so far."""
+    from types import SimpleNamespace
+
+    from decodelab.core.analysis.quantize_kv import QuantizeKVSettings, measure_reuse
+    from decodelab.core.engine.models import bundled_dir, load_model
+
+    doc = run_json(cli, "--limit", "120", "--prefill", "60", "--policies", "knorm:ratio=0.5", "--reuse", "2",
+                   "--threads", "1")
+    assert [r["policy"] for r in doc["reuse"]] == ["full", "knorm:ratio=0.5"]
+    lm = load_model("tiny", device="cpu")
+    ids = lm.encode((bundled_dir("tiny").parent / "validation.txt").read_text(encoding="utf-8"))[:120]
+    settings = QuantizeKVSettings(limit=120, prefill=60, policies="knorm:ratio=0.5", reuse=2)
+    report = SimpleNamespace(stop_reason="end", reuse=None)
+    told = []
+    measure_reuse(lm, ids, settings, report, progress=told.append)
+    assert json.loads(json.dumps(report.reuse)) == doc["reuse"] and told == ["reuse 1: full",
+                                                                           "reuse 2: knorm:ratio=0.5"]
+    calls = []
+    cut = SimpleNamespace(stop_reason="end", reuse=None)
+    measure_reuse(lm, ids, settings, cut, guard=lambda fn: (calls.append(1), fn() if len(calls) == 1 else None)[1])
+    assert cut.stop_reason == "interrupted" and [r["policy"] for r in cut.reuse] == ["full"]
+    untouched = SimpleNamespace(stop_reason="end", reuse=None)
+    measure_reuse(lm, ids, QuantizeKVSettings(policies="knorm:ratio=0.5"), untouched)  # no --reuse: nothing
+    assert untouched.reuse is None and untouched.stop_reason == "end"

@@ -123,6 +123,22 @@ def test_a_chat_trace_says_so_and_its_branch_command_wraps_the_prompt_again(cli,
     assert "chat" not in json.loads(out)["prompt"]
 
 
+@pytest.mark.parametrize("extra", [[], ["--predict-only"]])
+def test_a_speculate_trace_says_chat_as_every_command_does(cli, with_template, extra):
+    """speculate printed through the one output path without the chat mark; its JSON now says `prompt.chat` too
+    (--predict-only's document as well), and says nothing without --chat."""
+    folder = with_template(SIMPLE)
+    args = ["speculate", "Hi", "-m", folder, "-n", "3", "-t", "0", "--draft", folder if extra else "ngram",
+            "--speedup-rounds", "1", *extra, "--threads", "1", "-f", "json"]
+    code, out, err = cli(*args, "--chat")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["prompt"]["chat"] is True
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert "chat" not in json.loads(out)["prompt"]
+
+
 # --- mutation run of core/engine/chat.py (2026-12-01): the failure lines and the in-process path, called here in
 # this process (the CLI tests above render in a forked child, whose calls the mutation run cannot see) -----------
 

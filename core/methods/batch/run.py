@@ -241,7 +241,8 @@ class BatchRun(Run):
         self.scheduler = scheduler_for(lm, settings, build_requests(lm, entries, chat), static=False)
         self.stop_reason = "end"
         self.baselines: list[Baseline] = []  # shared by every report of the run: a baseline run once stays
-        self.extra_part: dict = {}  # engine and engine_requests (the same requests on a served engine), noise
+        self.conn = None  # a served engine the same requests also run on (batch --engine: methods/served.py)
+        self.noise: list[dict] = []  # where a greedy request's baseline parts from it (analysis/agreement.py)
 
     def __iter__(self) -> Iterator[Iteration]:
         return iter(self.scheduler)
@@ -287,12 +288,22 @@ class BatchRun(Run):
 
     def document(self) -> dict:
         """``batch``'s JSON document: the model and settings, the command-level chain, every request, every
-        iteration, the summary (with the baselines run), and the engine's part when the requests also ran on one."""
+        iteration, the summary (with the baselines run), the engine's part when the requests also ran on one, and
+        the noise verdicts where a greedy request's baseline parted from it."""
         lm, report = self.lm, self.report()
         return {"command": "batch", "model": lm.name, "device": str(lm.device),
                 "dtype": str(lm.dtype).replace("torch.", ""), "config": as_dict(self.settings),
                 "chain": chain_names(self.settings), "requests": self.requests(), "iterations": report.iterations,
-                "summary": report.summary(), **self.extra_part}
+                "summary": report.summary(), **self.engine_part(report),
+                **({"noise": self.noise} if self.noise else {})}
+
+    def engine_part(self, report: BatchReport) -> dict:
+        """With a served engine: which server, what its numbers are (``engine``), and its answer per request
+        (``engine_requests``: none until its baseline ran)."""
+        if self.conn is None:
+            return {}
+        rows = next((b.requests for b in report.baselines if b.name == "engine"), [])
+        return {"engine": self.conn.describe(), "engine_requests": rows}
 
     def run_baselines(self, report: BatchReport) -> None:
         """Every baseline timed warm: static batching runs the run's own kernels at the run's batch size, warmed by

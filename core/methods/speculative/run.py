@@ -28,6 +28,7 @@ from ...sampling.distribution import softmax
 from ...sampling.select import make_generator
 from ...sampling.semantics import plan as semantics_plan, trims_stop
 from ...sampling.step import check_selected
+from ...trace import reasoning
 from ..sample import SampleSettings, validate_sample
 from .chained import make_proposer, proposer_spec
 from .proposers import (
@@ -199,6 +200,8 @@ class Speculator(Run):
     ``generator`` None means greedy verification (temperature 0); otherwise the explicit RNG for u and the
     residual/bonus draws (the proposer's own selector should share it, for one seed per run). ``cache`` is the
     target's KV policy (it must be able to truncate: a rejected draft suffix is rolled back)."""
+
+    lm: LoadedModel | None = None  # the target (set by speculate_run): its thinking markers for the split
 
     def __init__(self, target, proposer: Proposer, prompt_ids: list[int], chain: Chain, rules: StopRules,
                  gamma: int, generator: torch.Generator | None = None,
@@ -422,12 +425,19 @@ class Speculator(Run):
 
     def document(self) -> dict:
         """``speculate``'s JSON document: the head with the proposer, gamma and verification rule, a step per
-        verification round, the text and ids, the summary (speedups from ``timed``), the sweep when one ran."""
+        verification round, the text and ids, the summary (speedups from ``timed``), the sweep when one ran, the
+        prediction and width audit when asked for, the reasoning / answer split of the new tokens when the settings
+        or the model name thinking markers (parts and counts: rounds keep no per-token numbers in one list)."""
         extra = {} if self.settings is None else {"draft": self.settings.draft, "gamma": self.settings.gamma}
         head = self.origin.head(**extra, verification="greedy" if self.greedy else "speculative-sampling")
         ids, text = self.delivered(self.detok)
         return {**head, "steps": [r.to_dict() for r in self.rounds], "text": text, "token_ids": ids,
-                "summary": self.summary().to_dict(), **self.sweep_part, **self.analyses}
+                "summary": self.summary().to_dict(), **self.sweep_part, **self.analyses, **self.reasoning_part()}
+
+    def reasoning_part(self) -> dict:
+        if self.lm is None or self.settings is None:
+            return {}
+        return reasoning.for_tokens(self.settings, self.lm, self.prompt_ids, self.new_ids)
 
 
 class _Outcome(NamedTuple):
@@ -583,6 +593,7 @@ def speculate_run(lm: LoadedModel, settings: SpeculateSettings, prompt_text: str
     run = build_speculator(lm, draft, settings, prompt_ids, settings.gamma, chain, record=record and not summary_only)
     run.settings = settings
     run.origin = Origin.of("speculate", lm, as_dict(settings), run.chain.names, prompt_text, prompt_ids)
+    run.lm = lm
     return run
 
 
