@@ -101,3 +101,41 @@ def test_invariant_mode_refuses_static_batching_and_prefix_caching():
         with pytest.raises(ConfigError) as e:
             Scheduler(model, [request("t", target, False)], invariant=True, **extra)
         assert str(e.value).startswith("batch-invariant mode: not with static batching or prefix caching")
+
+
+# --- through the command --------------------------------------------------------------------------------------
+
+
+def test_cli_invariant_requests_carry_their_lone_runs_bits_and_the_cost_is_measured(cli, toy_model_dir, tmp_path):
+    """`batch --batch-invariant`: each request's steps equal those of the same request in a prompts file of its own
+    (bit for bit: JSON floats round-trip exactly); `--baselines batched` reports the ordinary mode beside it."""
+    import json
+
+    prompts = ["Once upon a time there was a", "Hello", "The cat sat on the mat and then it went to", "In the"]
+    both = tmp_path / "all.txt"
+    both.write_text("\n".join(prompts) + "\n")
+    common = ["-m", toy_model_dir, "-n", "5", "-t", "0.9", "--seed", "4", "--max-tokens-per-iteration", "4",
+              "--threads", "1", "-f", "json"]
+    code, out, err = cli("batch", "--prompts-file", both, "--batch-invariant", "--baselines", "batched", *common)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["config"]["batch_invariant"] is True
+    summary = doc["summary"]
+    assert summary["batched_tokens_per_s"] > 0 and summary["speedup_vs_batched"] > 0
+    assert summary["batched_warmup_s"] >= 0 and 0 <= summary["batched_same_tokens"] <= len(prompts)
+    steps = lambda r: [(s["token_id"], s["logprob"], s["raw_logprob"]) for s in r["steps"]]  # noqa: E731
+    for i, prompt in enumerate(prompts):
+        one = tmp_path / f"p{i}.txt"
+        one.write_text(prompt + "\n")
+        code, out, err = cli("batch", "--prompts-file", one, "--baselines", "none", *common)
+        assert code == 0, err
+        assert steps(doc["requests"][i]) == steps(json.loads(out)["requests"][0]), prompt
+
+
+def test_cli_the_batched_baseline_needs_the_invariant_mode(cli, toy_model_dir, tmp_path):
+    path = tmp_path / "p.txt"
+    path.write_text("Hello\n")
+    code, out, err = cli("batch", "--prompts-file", path, "-m", toy_model_dir, "--baselines", "batched")
+    assert code == 2 and out == ""
+    assert err == ("error: --baselines batched: the ordinary batched mode is the run itself without "
+                   "--batch-invariant; give --batch-invariant to time one against the other\n")
