@@ -41,6 +41,14 @@ if [ -f "$VENV/.stamp" ] && [ "$(installed 2>/dev/null)" = "$(cat "$VENV/.stamp"
 else
     echo "floors: building $VENV"
     rm -rf "$VENV"
+    for old in "$CACHE"/venv-floors-*; do  # other pins' venvs (1.2 GB each), unless a run holds one now
+        case "$old" in "$VENV"*|*.lock) continue ;; esac
+        if command -v flock >/dev/null 2>&1; then
+            (flock -n 8 && rm -rf "$old") 8>"$old.lock" && rm -f "$old.lock" || true
+        else
+            rm -rf "$old"
+        fi
+    done
     python3 -m venv "$VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
     "$VENV/bin/python" -m pip install -q $FLOORS $TOOLS
