@@ -39,9 +39,15 @@ Blocks = Annotated[Optional[int], typer.Option("--blocks", help="Blocks in the p
                                                "longest request's blocks); fewer forces preemption.",
                                                rich_help_panel=BATCH, show_default=False)]
 Baselines = Annotated[Optional[str], typer.Option("--baselines", help="Also time the same requests under: static "
-                                                  "(fixed batches), transformers (its continuous batching); "
+                                                  "(fixed batches), transformers (its continuous batching), batched (the ordinary mode, with "
+                                                  "--batch-invariant); "
                                                   "comma-separated, or none (default static).",
                                                   rich_help_panel=BATCH, show_default=False)]
+Invariant = Annotated[Optional[bool], typer.Option(
+    "--batch-invariant", help="One forward per row at shapes the request alone sets (its own prefill chunks, no "
+    "shared prefix blocks): each request's tokens and log-probabilities are those of a lone run, whatever shares the "
+    "batch. --baselines batched times the ordinary mode beside it (the cost).", rich_help_panel=BATCH,
+    show_default=False)]
 RowsOpt = Annotated[Rows, typer.Option("--rows", help="What markdown/csv print: requests or iterations.",
                                        rich_help_panel=o.OUT)]
 
@@ -50,7 +56,7 @@ RowsOpt = Annotated[Rows, typer.Option("--rows", help="What markdown/csv print: 
            without=("prompt", "prompt_file", "cache", "top"))
 def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, max_tokens_per_iteration: MaxTokens =
           None, block_size: BlockSize = None, blocks: Blocks = None, baselines: Baselines = None,
-          rows: RowsOpt = Rows.requests) -> None:
+          rows: RowsOpt = Rows.requests, batch_invariant: Invariant = None) -> None:
     """Serve many requests at once: one forward per iteration over the running sequences (prefill chunks and
     decodes together), finished ones leave and waiting ones join; KV in a paged pool with shared prefix blocks."""
     from ...core.methods.batch.run import batch_run, read_prompts
@@ -58,7 +64,7 @@ def batch(opts: o.Opts, prompts_file: PromptsFile, max_batch: MaxBatch = None, m
     explicit = o.explicit(opts, "max_new_tokens", "seed", "ignore_eos", "stop")
     explicit.pop("cache", None)
     explicit.update(max_batch=max_batch, max_tokens_per_iteration=max_tokens_per_iteration, block_size=block_size,
-                    blocks=blocks)
+                    blocks=blocks, batch_invariant=batch_invariant)
     if baselines is not None:
         names = tuple(b.strip() for b in baselines.split(",") if b.strip())
         explicit["baselines"] = () if names in ((), ("none",)) else names

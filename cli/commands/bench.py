@@ -45,7 +45,7 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     and prompt lookup), trace on and off: interleaved rounds, medians and paired ratios."""
     import torch
 
-    from ...core.analysis.bench import Bench, bench_document, parse_settings
+    from ...core.analysis.bench import Bench, bench_document, parse_settings, warm_summary
     from ...core.engine.models import load_draft
     from ..pipeline import load, read_prompt
 
@@ -71,7 +71,7 @@ def bench(opts: o.Opts, max_new_tokens: o.MaxNew = None, rounds: Rounds = 5, dra
     rows = run.rows() if run.keep_whole_rounds() else []
     config = {"max_new_tokens": n, "rounds": rounds, "draft": draft if draft_lm else None, "gammas": list(g),
               "settings": list(chosen), "beams": beams, "threads": torch.get_num_threads()}
-    doc = bench_document(lm, config, chosen, text, prompt_ids, rows, stop_reason)
+    doc = bench_document(lm, config, chosen, text, prompt_ids, rows, stop_reason, warm_summary(run))
     output.emit_for(opts, output.Output(
         document=doc,
         jsonl=[{"type": "row", **render.clean(r)} for r in rows]

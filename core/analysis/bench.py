@@ -6,6 +6,11 @@ figure is the median of its rounds, and ``ratio`` is the median of the per-round
 / transformers tokens/s in the same round), with the lowest and highest of them. Times are end to end: prefill,
 loop and (trace on) the trace as `sample -f json` builds it (steps traced in blocks), device-synchronised.
 
+Warm-up, reported apart and in no rate (issue 34): the models' own first-call warm-up first (engine/warmup.py:
+``model_warmup_s``), then every run once, untimed by the rounds and each on the one clock: its first call's seconds
+(a width, a draft or `generate`'s own first-call costs) are its row's ``decodelab_warmup_s`` /
+``transformers_warmup_s``; ``warmup_s`` is all of it.
+
 `generate` is configured as its best users would and fairly: EOS ignored with ``eos_token_id=None`` (decodelab:
 ``ignore_eos``), no ``min_new_tokens``; sampling with ``top_k=0`` (transformers otherwise adds a top-50 filter the
 decodelab chain does not have); beam search with the same beams, length penalty and early stopping; speculative
@@ -24,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 from ..engine.reference import hf_generate
 from ..engine.run import clock
-from ..engine.warmup import rotated
+from ..engine.warmup import rotated, warm_up
 from ..engine.stopping import StopRules
 from ..errors import ConfigError
 from ..methods.beam import BeamSearch, BeamSettings, ModelStepper
@@ -63,6 +68,8 @@ class BenchRow:
     tokens: int  # new tokens per run (both sides)
     rounds: int
     note: str = ""
+    decodelab_warmup_s: float | None = None  # its run's first, untimed call (in no rate); None: not warmed here
+    transformers_warmup_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,6 +108,9 @@ class Bench:
         self.runs: dict[str, Callable[[], list[int]]] = {}
         self.pairings: list[Pairing] = []
         self.times: dict[str, list[float]] = {}
+        self.warmups: dict[str, float] = {}  # run name -> seconds of its first, untimed call (warm)
+        self.model_warmup_s = 0.0  # the models' own first-call warm-up (engine/warmup.py), before any run
+        self.warmup_s = 0.0  # all of it: the models' and every run's first call
         self.best: dict[str, tuple[str, str]] = {}  # setting -> (our best run, their best run), set after timing
         self.groups: dict[str, tuple[list[str], list[str]]] = {}
         self._build()
@@ -200,7 +210,22 @@ class Bench:
     def check(self) -> dict[str, list[int]]:
         """Every run once (the warm-up): the right token count, and every greedy run (everything but sampling)
         equal to `generate`'s greedy output and to each other (beam: to `generate(num_beams)`)."""
-        outputs = {name: fn() for name, fn in self.runs.items()}
+        return self.verify({name: fn() for name, fn in self.runs.items()})
+
+    def warm(self) -> dict[str, list[int]]:
+        """The models' own warm-up (``model_warmup_s``), then every run once, each call on the one clock (its
+        seconds in ``warmups``); the outputs, for :meth:`verify`."""
+        self.model_warmup_s = sum(warm_up(m) for m in (self.model, self.draft) if m is not None)
+        outputs = {}
+        for name, fn in self.runs.items():
+            start = clock(self.device)
+            outputs[name] = fn()
+            self.warmups[name] = clock(self.device) - start
+        self.warmup_s = self.model_warmup_s + sum(self.warmups.values())
+        return outputs
+
+    def verify(self, outputs: dict[str, list[int]]) -> dict[str, list[int]]:
+        """The checks of :meth:`check` on every run's output."""
         for name, ids in outputs.items():
             if len(ids) != self.n:
                 raise RuntimeError(f"bench: {name} produced {len(ids)} tokens, not {self.n}")
@@ -215,12 +240,10 @@ class Bench:
         return outputs
 
     def time(self, rounds: int, on_round: Callable[[int], None] | None = None) -> None:
-        """:meth:`check` is every run's untimed warm-up (``warmup_s``); then ``rounds`` rounds, the order rotated
-        each round (engine/warmup.py's rule: whichever runs first pays no more than the others), each run timed on
-        the one clock."""
-        start = clock(self.device)
-        self.check()
-        self.warmup_s = clock(self.device) - start
+        """:meth:`warm` (every run's untimed warm-up, each timed apart) and :meth:`verify`; then ``rounds`` rounds,
+        the order rotated each round (engine/warmup.py's rule: whichever runs first pays no more than the others),
+        each run timed on the one clock."""
+        self.verify(self.warm())
         self.times = {name: [] for name in self.runs}
         names = list(self.runs)
         for r in range(rounds):
@@ -245,7 +268,7 @@ class Bench:
     def _row(self, setting: str, ours: str, theirs: str, note: str = "") -> BenchRow:
         ratios = [t / o for o, t in zip(self.times[ours], self.times[theirs])]  # time ratio = tokens/s ratio
         return BenchRow(setting, self.tps(ours), self.tps(theirs), statistics.median(ratios), min(ratios),
-                        max(ratios), self.n, len(ratios), note)
+                        max(ratios), self.n, len(ratios), note, self.warmups.get(ours), self.warmups.get(theirs))
 
     def rows(self) -> list[BenchRow]:
         out = [self._row(p.setting, p.ours, p.theirs, p.note) for p in self.pairings]
@@ -256,21 +279,27 @@ class Bench:
         return out
 
 
-def bench_summary(rows: list[BenchRow], stop_reason: str) -> dict:
-    """The ratios over every row: decodelab's tokens/s over transformers' (median per row), least and most."""
+def bench_summary(rows: list[BenchRow], stop_reason: str, warm: dict | None = None) -> dict:
+    """The ratios over every row: decodelab's tokens/s over transformers' (median per row), least and most; and
+    ``warm``, the warm-up's seconds (:func:`warm_summary`)."""
     ratios = [r.ratio for r in rows]
-    return {"rows": len(rows), "stop_reason": stop_reason,
+    return {"rows": len(rows), "stop_reason": stop_reason, **(warm or {}),
             "min_ratio": min(ratios) if ratios else None, "max_ratio": max(ratios) if ratios else None,
             "geomean_ratio": math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None}
 
 
+def warm_summary(bench: Bench) -> dict:
+    """The warm-up apart from every rate: the models' own first calls and all of it (theirs and every run's)."""
+    return {"warmup_s": bench.warmup_s, "model_warmup_s": bench.model_warmup_s}
+
+
 def bench_document(lm, config: dict, chosen: tuple[str, ...], text: str, prompt_ids: list[int], rows: list[BenchRow],
-                   stop_reason: str) -> dict:
+                   stop_reason: str, warm: dict | None = None) -> dict:
     """``bench``'s JSON document: the model, the run's options (``config``), each setting's stages, the rows and
-    their summary."""
+    their summary (with ``warm``: :func:`warm_summary`)."""
     return {"command": "bench", "model": lm.name, "device": str(lm.device),
             "dtype": str(lm.dtype).replace("torch.", ""), "config": config,
             "chain": list(dict.fromkeys(stage for name in chosen for stage in chain_names(name))),
             "chains": {name: chain_names(name) for name in chosen},
             "prompt": {"text": text, "token_ids": prompt_ids}, "rows": rows, "stop_reason": stop_reason,
-            "summary": bench_summary(rows, stop_reason)}
+            "summary": bench_summary(rows, stop_reason, warm)}

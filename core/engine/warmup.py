@@ -2,9 +2,10 @@
 (CUDA kernel loading and cuBLAS handles, the caching allocator growing, oneDNN primitives on the CPU), so a timing
 that includes them is no steady-state figure, and of two runs compared the first would pay them alone.
 
-* :func:`warm_up`: once per model per process, a short prefill and a few one-token decodes through a runtime of
-  its own under the run's kind of cache (no run's cache is touched), before any stopwatch starts; its seconds are
-  the run's ``warmup_s``.
+* :func:`warm_up`: once per model and decode width per process, a short one-row prefill and a few one-token
+  decodes at the run's width (``rows``: beam search decodes its beams together, and a GPU's kernels are chosen per
+  shape) through a runtime of its own under the run's kind of cache (no run's cache is touched), before any
+  stopwatch starts; its seconds are the run's ``warmup_s``.
 * :func:`interleaved`: the comparison rule. Each variant is called once untimed (its own warm-up, reported apart),
   then ``rounds`` timed rounds, the order rotated each round, so whichever runs first pays no more than the others.
 """
@@ -30,18 +31,19 @@ WARM_DECODES = 2  # one-token forwards after it (the decode kernels differ from 
 # Runtime.feed to watch a run (a test's interrupt after the n-th token, say) does not see them.
 FEED = Runtime.feed
 
-_warm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> seconds its warm-up took
+_warm: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {decode rows: seconds its warm-up took}
 
 
 def device_of(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def warm_up(model, spec: CacheSpec | None = None) -> float:
-    """Warm ``model`` up once in this process, through a runtime of its own under ``spec`` (the run's kind of cache:
-    its kernels are the ones warmed); the seconds it took, 0.0 when it was warm already (a model that is no
-    ``torch.nn.Module`` with parameters, a test's stand-in, has nothing to warm)."""
-    if not isinstance(model, torch.nn.Module) or model in _warm:
+def warm_up(model, spec: CacheSpec | None = None, rows: int = 1) -> float:
+    """Warm ``model`` up once in this process for decodes of ``rows`` rows, through a runtime of its own under
+    ``spec`` (the run's kind of cache: its kernels are the ones warmed): the prompt's row is prefilled, copied to
+    ``rows`` rows (as beam search expands its prompt) and decoded. The seconds it took, 0.0 when it was warm already
+    at that width (a model that is no ``torch.nn.Module`` with parameters, a test's stand-in, has nothing to warm)."""
+    if not isinstance(model, torch.nn.Module) or rows in _warm.get(model, {}):
         return 0.0
     try:
         device = device_of(model)
@@ -49,24 +51,28 @@ def warm_up(model, spec: CacheSpec | None = None) -> float:
         return 0.0
     start = clock(device)
     # a runtime of its own (the only caller of a model), made apart from Runtime.create: no run's runtime
-    runtime = Runtime(model, warm_policy(model, spec))
+    runtime = Runtime(model, warm_policy(model, spec, rows))
     ids = torch.zeros(1, WARM_TOKENS, dtype=torch.long, device=device)
     FEED(runtime, ids)
+    if rows > 1:
+        runtime.reorder(torch.zeros(rows, dtype=torch.long, device=device))
     for _ in range(WARM_DECODES):
-        FEED(runtime, ids[:, :1])
+        FEED(runtime, torch.zeros(rows, 1, dtype=torch.long, device=device))
     seconds = clock(device) - start
-    _warm[model] = seconds
+    _warm.setdefault(model, {})[rows] = seconds
     return seconds
 
 
-def warm_policy(model, spec: CacheSpec | None):
-    """The run's kind of cache at the warm-up's size; where that size is refused (a policy that needs more room than
-    the warm-up's few tokens), the default cache: the warm-up never fails a run that would run."""
+def warm_policy(model, spec: CacheSpec | None, rows: int = 1):
+    """The run's kind of cache at the warm-up's size (able to copy rows when ``rows`` > 1); where that is refused (a
+    policy that needs more room than the warm-up's few tokens), the default cache: the warm-up never fails a run that
+    would run."""
     info, capacity = model_info(model), WARM_TOKENS + WARM_DECODES
+    needs = frozenset({"reorder", "rows"}) if rows > 1 else frozenset()
     try:
-        return make_policy(spec or CacheSpec(), info, capacity)
+        return make_policy(spec or CacheSpec(), info, capacity, needs)
     except ConfigError:
-        return make_policy(CacheSpec(), info, capacity)
+        return make_policy(CacheSpec(), info, capacity, needs)
 
 
 def is_warm(model) -> bool:

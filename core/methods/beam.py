@@ -62,6 +62,7 @@ from ..engine.models import LoadedModel
 from ..engine.run import Origin, Run, Stopwatch
 from ..engine.runtime import Runtime
 from ..engine.tokens import TokenBuffer, check_prompt
+from ..engine.warmup import warm_up
 from ..errors import ConfigError
 from ..inputs import parse_float
 from ..kv import CacheSpec, require
@@ -251,6 +252,7 @@ class BeamSummary:
     stop_reason: str  # length | context | all-finished | no-improvement | interrupted
     decode_tokens_per_s: float = float("nan")  # forward_tokens / search time (prefill and trace excluded)
     prefill_s: float = float("nan")
+    warmup_s: float = float("nan")  # first-call costs paid before the timed part (engine/warmup.py), in no rate
 
 
 # --- the model behind the search ---------------------------------------------------------------------------
@@ -269,6 +271,11 @@ class ModelStepper:
     def plan(self, positions: int) -> None:
         """The search says how many positions it may need (a static cache preallocates them)."""
         self.capacity = self.capacity or positions
+
+    def warm_up(self, beams: int) -> float:
+        """The model's first-call costs at this search's shapes (a one-row prefill, ``beams``-row decodes) under
+        its kind of cache, paid once per process before anything is timed; seconds (0.0 once warm)."""
+        return warm_up(self.model, self.spec, beams)
 
     def start(self, prompt_ids: list[int]) -> Tensor:
         """Logits [1, V] after the prompt (computed once, whatever the beam count)."""
@@ -354,6 +361,8 @@ class BeamSearch(Run):
 
     def __iter__(self) -> Iterator[BeamStep]:
         self.watch = Stopwatch(getattr(self.stepper, "device", "cpu"))
+        warm = getattr(self.stepper, "warm_up", None)  # a table of fixed logits has nothing to warm
+        self.watch.timing.warmup_s += warm(self.s.beams) if warm else 0.0  # before the stopwatch starts
         self.watch.start()
         for step in self._run():
             self.watch.lap("trace" if self.record else "loop")
@@ -555,6 +564,7 @@ class BeamSearch(Run):
             stop_reason=self.stop_reason,
             decode_tokens_per_s=timing.decode_tokens_per_s(forward_tokens),
             prefill_s=timing.prefill_s,
+            warmup_s=timing.warmup_s,
         )
 
 

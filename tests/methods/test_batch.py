@@ -706,7 +706,8 @@ def test_cli_batch_json_fields_are_the_json_docs(cli, toy_model_dir, tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "Once upon a time", "id": "x", "temperature": 0}\n{"prompt": "Once upon a time it"}\n')
     printed = set()
-    for args in (["--baselines", "static,transformers"], ["--baselines", "none"]):
+    for args in (["--baselines", "static,transformers"], ["--baselines", "none"],
+                 ["--batch-invariant", "--baselines", "batched"]):
         code, out, err = cli("batch", "--prompts-file", path, "-m", toy_model_dir, "-n", "3", "--block-size", "4",
                              *args, "-f", "json")
         assert code == 0, err

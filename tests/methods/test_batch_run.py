@@ -80,7 +80,7 @@ def test_batch_settings_bounds_each_edge_allowed_and_past_it_refused():
             assert str(err.value) == f"{option} {bad}: must be an integer in [1, {top}]"
     with pytest.raises(ConfigError) as err:
         validate_batch(BatchSettings(baselines=("static", "vllm")))
-    assert str(err.value) == "--baselines 'vllm': allowed: static, transformers (comma-separated), or none"
+    assert str(err.value) == "--baselines 'vllm': allowed: static, transformers, batched (comma-separated), or none"
     with pytest.raises(ConfigError) as err:
         validate_batch(BatchSettings(max_new_tokens=0))
     assert str(err.value) == "--max-new-tokens 0: must be >= 1"

@@ -12,6 +12,7 @@ import pytest
 import torch
 from conftest import BUNDLED_TOKENIZER, ROOT, random_model
 
+from decodelab.core.engine import warmup
 from decodelab.core.errors import ConfigError
 from decodelab.core.methods.beam import (
     BeamSearch,
@@ -158,12 +159,18 @@ def test_raw_sum_logprob_is_the_models_own_log_probability():
 
 
 def test_prompt_is_prefilled_once_and_each_step_feeds_one_token_per_beam():
+    """The run's forwards, counted apart from the warm-up's (engine/warmup.py: those run before the model is marked
+    warm, at the search's shapes: a one-row prefill and 4-row decodes)."""
     model = eos_model("llama", 0, 2.0)
-    shapes = []
-    model.model.embed_tokens.register_forward_hook(lambda m, i, o: shapes.append(tuple(i[0].shape)))
+    calls = []  # (input shape, whether the model was warm: False for the warm-up's own forwards)
+    model.model.embed_tokens.register_forward_hook(
+        lambda m, i, o: calls.append((tuple(i[0].shape), warmup.is_warm(model))))
     search = beam_search(model, PROMPT, build_chain({}), settings(4, 1.0, "never", 6), eos_ids=())
+    shapes = [shape for shape, warm in calls if warm]  # the run's
     assert search.n_steps == 6 and search.stop_reason == "length"
     assert shapes == [(1, len(PROMPT))] + [(4, 1)] * 5  # no recompute: the cache rows follow the beams
+    assert [shape for shape, warm in calls if not warm] == [(1, warmup.WARM_TOKENS)] + [(4, 1)] * warmup.WARM_DECODES
+    assert calls[:warmup.WARM_DECODES + 1] == [(shape, False) for shape, warm in calls if not warm]  # first
 
 
 # --- hand-built log-probability tables ----------------------------------------------------------------------

@@ -27,7 +27,7 @@ from ...settings import as_dict, coerce, normalize_key
 from ..sample import SampleSettings, validate_sample
 from .scheduler import Iteration, Request, Result, Scheduler
 
-BASELINES = ("static", "transformers")
+BASELINES = ("static", "transformers", "batched")  # batched: the ordinary mode, beside --batch-invariant (its cost)
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class BatchSettings(SampleSettings):
     block_size: int = 16
     blocks: int | None = None  # pool size; None: max_batch x the longest request's blocks
     baselines: tuple[str, ...] = ("static",)
+    batch_invariant: bool = False  # one forward per row at its own shapes: its bits those of a lone run (scheduler)
 
 
 NOT_PER_REQUEST = ("cache", "compile", "top")  # the pool, the forward and the trace are shared by every request
@@ -55,6 +56,9 @@ def validate_batch(s: BatchSettings) -> None:
     for name in s.baselines:
         if name not in BASELINES:
             raise ConfigError(f"--baselines {name!r}: allowed: {', '.join(BASELINES)} (comma-separated), or none")
+    if "batched" in s.baselines and not s.batch_invariant:
+        raise ConfigError("--baselines batched: the ordinary batched mode is the run itself without "
+                          "--batch-invariant; give --batch-invariant to time one against the other")
 
 
 @dataclass
@@ -191,7 +195,22 @@ class BatchReport:
 def scheduler_for(lm: LoadedModel, settings: BatchSettings, requests: list[Request], static: bool) -> Scheduler:
     return Scheduler(lm.model, requests, max_batch=settings.max_batch,
                      max_tokens_per_iteration=settings.max_tokens_per_iteration, block_size=settings.block_size,
-                     num_blocks=settings.blocks, static=static)
+                     num_blocks=settings.blocks, static=static, invariant=settings.batch_invariant and not static)
+
+
+def batched_baseline(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], reference: list[Result],
+                     chat: bool = False) -> Baseline:
+    """The same requests in the ordinary batched mode (one forward per iteration over every row), warmed at its
+    batch size first (its ``warmup_s``): beside a --batch-invariant run, ``speedup_vs_batched`` is that mode's cost
+    and ``batched_same_tokens`` how many requests the batch moved."""
+    ordinary = replace(settings, batch_invariant=False)
+    warm = warm_up(lm, ordinary, len(entries))
+    sched = scheduler_for(lm, ordinary, build_requests(lm, entries, chat), static=False)
+    results = sched.run()
+    tokens = sum(len(r.new_ids) for r in results)
+    same = sum(a.new_ids == b.new_ids for a, b in zip(results, reference))
+    return Baseline("batched", tokens / sched.seconds, sched.seconds, same, details={"warmup_s": warm},
+                    outputs=[list(r.new_ids) for r in results])
 
 
 def static_baseline(lm: LoadedModel, settings: BatchSettings, entries: list[Entry], reference: list[Result],
@@ -313,6 +332,8 @@ class BatchRun(Run):
         for name in settings.baselines:
             if name == "static":
                 base = static_baseline(lm, settings, self.entries, report.results, self.chat)
+            elif name == "batched":
+                base = batched_baseline(lm, settings, self.entries, report.results, self.chat)
             else:
                 try:
                     warm = warm_transformers(lm, settings, count)
@@ -365,8 +386,8 @@ def warm_up(lm: LoadedModel, settings: BatchSettings, count: int = 2, static: bo
     requests = [Request(f"warm{i}", p, build_chain({}), make_selector("greedy", 0, device),
                         StopRules(n, ignore_eos=True))
                 for i, (p, n) in enumerate(warm_work(settings, count))]
-    Scheduler(lm.model, requests, max_batch=len(requests),
-              block_size=settings.block_size, **({"static": True} if static else {})).run()
+    Scheduler(lm.model, requests, max_batch=len(requests), block_size=settings.block_size,
+              **({"static": True} if static else {"invariant": True} if settings.batch_invariant else {})).run()
     return clock(device) - start
 
 

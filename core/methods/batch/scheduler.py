@@ -17,6 +17,17 @@ computing (as ``generate`` does with padding) until the last member finishes. No
 
 A waiting request whose next uncached full block is being computed by a running prefill waits for it (one or two
 iterations) instead of computing the same block again.
+
+Batch-invariant mode (``invariant=True``; issue 34): a request's bits do not depend on the batch it shares. One
+batched forward is not: a row's numbers come out of GEMMs and attention whose shapes (rows x padded tokens, the
+padded context) are set by its neighbours, and kernels pick their blocking, hence their reduction order, by shape
+(measured on this CPU in float32: a request's logprobs moved by up to 7e-7 between batches). So in this mode every
+row is its own forward at shapes set by the request alone: its chunk is min(pending tokens,
+``max_tokens_per_iteration``) whatever else runs (the budget is per row, not shared), it is computed alone
+(batch 1, its own context), and it never reads a cached block another request computed (prefix caching off). Its
+bits are those of the request run alone; the cost is one forward per row instead of one per iteration. A preempted
+request (``--blocks`` too small) recomputes its output as a prefill, which no lone run does: preemption is the one
+thing left that can move its bits (its ``preemptions`` count says so).
 """
 
 from __future__ import annotations
@@ -134,7 +145,7 @@ class Scheduler:
 
     def __init__(self, model, requests: list[Request], max_batch: int = 8, max_tokens_per_iteration: int = 512,
                  block_size: int = 16, num_blocks: int | None = None, static: bool = False,
-                 prefix_caching: bool | None = None):
+                 prefix_caching: bool | None = None, invariant: bool = False):
         if max_batch < 1:
             raise ConfigError(f"--max-batch {max_batch}: must be an integer >= 1")
         if max_tokens_per_iteration < 1:
@@ -144,10 +155,14 @@ class Scheduler:
             raise ConfigError("--prompts-file: request ids must be unique")
         for r in requests:
             check_prompt(len(r.prompt_ids), r.rules.context_length)
+        if invariant and (static or prefix_caching):
+            raise ConfigError("batch-invariant mode: not with static batching or prefix caching (a shared block was "
+                              "computed in another request's forward)")
         self.model, self.requests = model, list(requests)
-        self.max_batch, self.static = max_batch, static
-        self.budget = float("inf") if static else max_tokens_per_iteration
-        self.prefix_caching = (not static) if prefix_caching is None else prefix_caching
+        self.max_batch, self.static, self.invariant = max_batch, static, invariant
+        self.budget = float("inf") if static or invariant else max_tokens_per_iteration
+        self.chunk = max_tokens_per_iteration if invariant else float("inf")  # a row's own cap (invariant: per row)
+        self.prefix_caching = (not static and not invariant) if prefix_caching is None else prefix_caching
         longest = max((len(r.prompt_ids) + r.rules.max_new_tokens for r in requests), default=1)
         if static:  # a finished row keeps growing until its batch's longest output is done
             longest = max((len(r.prompt_ids) for r in requests), default=1) + \
@@ -216,7 +231,7 @@ class Scheduler:
         schedule: list[tuple[Seq, int]] = []
         preempted: list[str] = []
         for seq in sorted(running, key=lambda s: (s.pending > 1, s.join_seq)):
-            n = min(seq.pending, budget)
+            n = min(seq.pending, budget, self.chunk)
             if n <= 0 or seq not in running:
                 continue
             while seq in running:
@@ -242,7 +257,7 @@ class Scheduler:
             if len(self.running) >= self.max_batch or budget <= 0:
                 break
             hit = self.policy.admit(seq.key, seq.tokens, share=self.prefix_caching)
-            n = min(len(seq.tokens) - hit, budget)
+            n = min(len(seq.tokens) - hit, budget, self.chunk)
             try:
                 self.policy.reserve(seq.key, n)
             except PoolFull:
@@ -322,8 +337,7 @@ class Scheduler:
         rows = [(s.key, s.tokens[s.computed : s.computed + n]) for s, n in schedule]
         # a decode feeds the newest generated token, everything before it computed (else: prompt or recompute)
         decodes = sum(1 for s, _ in schedule if s.pending == 1 and len(s.tokens) > len(s.req.prompt_ids))
-        ids = self.policy.plan(rows)
-        logits = self.runtime.feed(ids)  # [B, V]: every row's last new token (rows are left-padded)
+        logits = self._feed_rows(rows)
         for s, n in schedule:
             s.computed += n
             s.fed += n
@@ -348,6 +362,13 @@ class Scheduler:
                 if s.stop_reason is not None and not s.pending:
                     s.tokens.append(s.tokens[-1])
         return finished, decodes
+
+    def _feed_rows(self, rows: list[tuple[str, list[int]]]) -> Tensor:
+        """[B, V]: every row's last new token. One forward over all rows (left-padded), or, batch-invariant, one
+        forward per row at its own shapes (the rows' logits stacked)."""
+        if not self.invariant:
+            return self.runtime.feed(self.policy.plan(rows))
+        return torch.cat([self.runtime.feed(self.policy.plan([row])) for row in rows])
 
     def _select(self, schedule: list[tuple[Seq, int]], logits: Tensor) -> tuple[list[tuple[Seq, Tensor]], list]:
         """Each row whose last pending token was computed selects its next token with its own chain and selector;
