@@ -31,7 +31,7 @@ def check_sampler(opts: o.Opts, draws: Draws = 1000, prefixes: Prefixes = 3, alp
     Pearson's chi-square (cells with expected count < 5 pooled) with its p-value, the KL of the empirical
     frequencies, and, when the draws fail, the known defect they match (temperature applied twice, temperature
     ignored, truncation ignored or in the wrong order, a greedy cut-off). Exit status 1 when the check fails."""
-    from ...core.analysis.sampler_check import check_sampler as run_check
+    from ...core.analysis.sampler_check import check_sampler as run_check, require_sampled
     from ...core.methods.registry import settings_for
     from ..pipeline import load, read_prompt
     from ..view import output, render
@@ -54,9 +54,7 @@ def check_sampler(opts: o.Opts, draws: Draws = 1000, prefixes: Prefixes = 3, alp
     if opts.engine is not None and settings.min_new_tokens:
         raise ConfigError("--min-new-tokens: not with --engine (each draw is a one-token request with EOS allowed to "
                           "be drawn; vLLM holds EOS back only without ignore_eos)")
-    if settings.temperature == 0:
-        raise ConfigError("--temperature 0: greedy has no law to sample; check-sampler tests a sampled law "
-                          "(compare checks greedy parity)")
+    require_sampled(settings)  # before the model loads (the plan decides greedy; core asks again in the server's reading)
     text = read_prompt(opts.prompt, opts.prompt_file)
     lm = load(opts)
     prompt_ids = lm.encode(text, opts.chat)

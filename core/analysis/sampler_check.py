@@ -434,19 +434,27 @@ def name_failure(fits: list[LawFit], alpha: float, passed: bool) -> tuple[str | 
                          f"{exact.log_likelihood:.1f}), which does not fit either (p = {best.p_value:.3g})")
 
 
+def require_sampled(settings: SampleSettings) -> None:
+    """Refuse a greedy plan: an arg-max has no law to draw from. Greedy or not is the plan's decision (its selector),
+    so ``-t 0 --dynatemp-range 0.5 --semantics llamacpp``, which llama.cpp samples, is checked."""
+    if plan(settings).greedy:
+        raise ConfigError(f"--temperature {settings.temperature:g}: this plan is greedy "
+                          f"({settings.semantics or 'decodelab'} semantics), which has no law to sample; check-sampler "
+                          "tests a sampled law (compare checks greedy parity)")
+
+
 def check_sampler(lm, settings: SampleSettings, prompt_ids: list[int], prefixes: int, draws: int, alpha: float,
                   conn: Connection | None = None, how: str = "seeded",
                   on_prefix: Callable[[int], None] | None = None) -> SamplerCheck:
     """The whole check: prefixes, laws, draws (the engine's, or the embedded runtime's), the statistics."""
-    if settings.temperature == 0:
-        raise ConfigError("--temperature 0: greedy has no law to sample; check-sampler tests a sampled law "
-                          "(compare checks greedy parity)")
+    require_sampled(settings)
     if not 0 < alpha < 1:
         raise ConfigError(f"--alpha {alpha}: the false-alarm rate must be in (0, 1)")
     if draws < 1 or prefixes < 1:
         raise ConfigError("-N and --prefixes must be >= 1")
     if conn is not None:  # the exact law as the server reads the settings (vLLM's reading; llama.cpp's own)
         settings = replace(settings, semantics=SERVER_SEMANTICS.get(conn.kind, settings.semantics))
+        require_sampled(settings)
     fixed = prefixes_of(lm, prompt_ids, prefixes)
     exact, defects = laws(lm, settings, fixed)
     out = []

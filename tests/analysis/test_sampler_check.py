@@ -260,3 +260,29 @@ def test_cli_check_sampler_embedded_table(cli):
 def test_cli_check_sampler_bad_input_is_one_line_and_status_2(cli, args, words):
     code, out, err = cli("check-sampler", PROMPT, *args)
     assert code == 2 and words in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# greedy or not is the plan's decision (issue 36): check-sampler asks it, never temperature == 0
+
+
+def test_a_plan_that_samples_at_temperature_0_is_checked_not_refused(tiny):
+    # llama.cpp's dynamic temperature samples at -t 0 (its plan's selector is multinomial): a law to check
+    settings = SampleSettings(temperature=0.0, dynatemp_range=0.5, semantics="llamacpp", seed=3)
+    sc.require_sampled(settings)
+    result = sc.check_sampler(tiny, settings, tiny.encode(PROMPT), 1, 150, 0.01)
+    assert result.passed, result.verdict
+
+
+@pytest.mark.parametrize("settings", [SampleSettings(temperature=0.0),
+                                      SampleSettings(temperature=0.0, semantics="vllm")])
+def test_a_greedy_plan_is_refused_in_core(settings):
+    with pytest.raises(sc.ConfigError, match="greedy"):
+        sc.require_sampled(settings)
+
+
+def test_cli_checks_the_llamacpp_dynatemp_plan_at_temperature_0(cli):
+    code, out, err = cli("check-sampler", PROMPT, "-t", "0", "--dynatemp-range", "0.5", "--semantics", "llamacpp",
+                         "-N", "60", "--prefixes", "1")
+    assert code == 0, err
+    assert "verdict: passed" in out.replace("\n", " ")
