@@ -10,6 +10,7 @@
 #
 # Prints the venv's python on the last line (for DECODELAB_KVPRESS_PYTHON).
 set -euo pipefail
+. "$(dirname "$0")/side-venv.sh"
 
 KVPRESS_VERSION=0.5.5
 TORCH_VERSION=2.13.0   # the CPU build decodelab runs on
@@ -17,33 +18,13 @@ VENV="${DECODELAB_KVPRESS_VENV:-$HOME/.cache/decodelab/kvpress-$KVPRESS_VERSION}
 MARKER="$VENV/.decodelab-kvpress-ready"
 PY="$VENV/bin/python"
 
-if [[ -f "$MARKER" ]]; then
-    echo "kvpress venv ready (marker $MARKER)"
-    echo "$PY"
-    exit 0
-fi
+side_venv_ready kvpress "$VENV" "$MARKER"
 
 started=$(date +%s)
-mkdir -p "$(dirname "$VENV")"
-# A half-built venv from an interrupted run is rebuilt from scratch, not patched; anything at that path that
-# is not a venv (no pyvenv.cfg) is left alone and refused.
-if [[ -e "$VENV" ]]; then
-    if [[ ! -f "$VENV/pyvenv.cfg" ]]; then
-        echo "error: $VENV exists and is not a venv; set DECODELAB_KVPRESS_VENV elsewhere" >&2
-        exit 2
-    fi
-    rm -rf "$VENV"
-fi
-python3 -m venv "$VENV"
-"$PY" -m pip install -q --upgrade pip
+side_venv_fresh "$VENV" DECODELAB_KVPRESS_VENV
 # torch first, so kvpress's resolver keeps it (its own pin is torch < 3); safetensors to read the bundled models
 "$PY" -m pip install -q "torch==$TORCH_VERSION" safetensors
 "$PY" -m pip install -q "kvpress==$KVPRESS_VERSION" "torch==$TORCH_VERSION"
 "$PY" -c 'import kvpress, torch, transformers; print("kvpress", "'"$KVPRESS_VERSION"'", "torch", torch.__version__, "transformers", transformers.__version__)'
 
-{
-    echo "kvpress==$KVPRESS_VERSION torch==$TORCH_VERSION"
-    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(( $(date +%s) - started )) s"
-} > "$MARKER"
-echo "kvpress venv built in $(( $(date +%s) - started )) s"
-echo "$PY"
+side_venv_done kvpress "$VENV" "$MARKER" "$started" "kvpress==$KVPRESS_VERSION torch==$TORCH_VERSION"

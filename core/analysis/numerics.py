@@ -31,7 +31,6 @@ import math
 from dataclasses import asdict, dataclass, field
 
 import torch
-from torch import Tensor
 
 from ..engine import numerics as engine_numerics
 from ..engine.numerics import DTYPES, Forced
