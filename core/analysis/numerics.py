@@ -36,6 +36,7 @@ from ..engine import numerics as engine_numerics
 from ..engine.numerics import DTYPES, Forced
 from ..engine.run import head
 from ..errors import ConfigError
+from ..kv.attention import own_implementation
 from .check_logprobs import RATIO_BAND
 from .engine_compare import truncated_kl
 from .noise import (FLOOR_FACTOR, NOT_EXPLAINED, WITHIN, Floor, Floors, coarser, relative_errors,  # noqa: F401
@@ -285,7 +286,7 @@ def audit(lm, ids: list[int], conditions: list[Condition], engine=None, engine_d
         out.append(compare_engine(engine, ids, ref, floors.of(coarser(ref_dtype, DTYPES[engine_dtype])), top_n,
                                   engine_dtype))
     reference = {"dtype": str(ref_dtype).replace("torch.", ""), "device": str(lm.device),
-                 "attention": engine_numerics.attention_of(model), "batch": 1, "forward": "whole text"}
+                 "attention": own_implementation(model), "batch": 1, "forward": "whole text"}
     used = [asdict(f) | {"logprob": f.logprob} for f in floors.measured()]
     return Audit(reference, list(ids), out, used, FLOOR_RULE)
 

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..kv import ModelInfo, Rotary
+from ..kv.attention import own_implementation
 
 
 def cache_kwarg(model) -> str:
@@ -65,7 +66,7 @@ def forward_attending(
     policy that scores tokens by attention). Fused kernels return no weights, so the call runs under eager
     attention and the model's own implementation is restored afterwards; a model that still returns none gives
     ``None`` entries (the policy refuses it with one line)."""
-    previous = getattr(model.config, "_attn_implementation", None)
+    previous = own_implementation(model)
     if previous != "eager":
         model.set_attn_implementation("eager")
     try:
@@ -120,7 +121,7 @@ def forward_with_queries(model, ids: Tensor, cache, position_ids: Tensor, attent
 def attention_weights(model, ids: Tensor) -> list[Tensor]:
     """Per-layer attention weights [B, H, T, T] of one causal forward over ``ids`` without a cache (eager attention
     for this call, since fused kernels do not return weights; the model's own implementation is restored)."""
-    previous = getattr(model.config, "_attn_implementation", None)
+    previous = own_implementation(model)
     if previous != "eager":
         model.set_attn_implementation("eager")
     try:

@@ -90,10 +90,6 @@ def copy_as(model, dtype: torch.dtype | None = None, attention: str | None = Non
     return other.eval()
 
 
-def attention_of(model) -> str | None:
-    return getattr(model.config, "_attn_implementation", None)
-
-
 def flash_available() -> bool:
     """flash_attention_2 needs CUDA and the flash_attn package."""
     try:

@@ -106,6 +106,8 @@ def registered(implementation: str) -> str:
 
 
 def own_implementation(model) -> str | None:
+    """The model's attention implementation as its config names it (None for a stand-in without a config); transformers
+    5.25 has no public getter, so this is the one place that reads the config's ``_attn_implementation``."""
     return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
