@@ -28,7 +28,7 @@ from ..engine.runtime import Runtime
 from ..errors import ConfigError
 from ..kv import POLICIES, CacheSpec, compresses_once, parse_cache_spec, parse_policy_list
 from ..kv.press import PressPolicy
-from ..kv.quant import AXES, QuantPolicy, Stream
+from ..kv.quant import AXES, QuantPolicy
 from ..kv.quantize import dequantize, quantize
 from .reuse import NAMES as REUSE_NAMES
 from .reuse import build_case, reuse_row
@@ -244,8 +244,8 @@ def reconstruction(kv: list[tuple[Tensor, Tensor]], policy: QuantPolicy) -> list
     rows = []
     for index, (keys, values) in enumerate(kv):
         errors, stored = {}, {}
-        for kind, x, layout in (("key", keys, policy.layouts["key"]), ("value", values, policy.layouts["value"])):
-            stream = Stream(layout, policy.residual, policy.tail_dtype)
+        for kind, x in (("key", keys), ("value", values)):
+            stream = policy.stream(kind)
             stream.append(x.unsqueeze(0))
             stored[kind] = stream.states(torch.float32)[0]
             diff = stored[kind] - x  # [H, T, D]

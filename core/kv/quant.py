@@ -1,6 +1,7 @@
 """``quant``: keys and values stored quantized (8, 4 or 2 bits packed, or fp8), dequantized when attention needs them.
 
-``quant:bits=B,axis=tensor|token|channel|group|kivi[,group=G][,residual=R][,symmetric=true|false]``
+``quant:bits=B,axis=tensor|token|channel|group|kivi[,group=G][,residual=R][,symmetric=true|false]
+[,kivi_keys=chunks|window]``
 
 Each layer's keys and each layer's values are one :class:`Stream`: quantized tokens, oldest first, then a
 full-precision tail (the model's own dtype; a rotating layout stores its tail rotated, x R, and attention reads the
@@ -9,9 +10,12 @@ stream in that rotated space: see .rotation and .attention). A new token enters 
 
 * ``token``, ``group`` (and ``kivi`` values): a token is quantized alone (one scale per token, or per G channels of
   it), so it leaves the tail as soon as ``R`` newer tokens follow it: the last ``R`` tokens stay exact.
-* ``channel``, ``tensor`` (and ``kivi`` keys): one scale spans ``G`` tokens (per channel, or per whole block of one
-  row), so tokens leave in blocks of ``G`` once ``R + G`` are in the tail: the last ``R`` tokens (up to ``R + G - 1``)
-  stay exact.
+* ``channel``, ``tensor`` (and ``kivi`` keys with ``kivi_keys=window``): one scale spans ``G`` tokens (per channel,
+  or per whole block of one row), so tokens leave in blocks of ``G`` once ``R + G`` are in the tail: the last ``R``
+  tokens (up to ``R + G - 1``) stay exact.
+* ``kivi`` keys (``kivi_keys=chunks``, the default): KIVI's own rule (Algorithm 1): the key tail is quantized whole,
+  in blocks of ``G``, each time it holds ``R`` tokens, and emptied: after T tokens ``T mod R`` keys are exact (0 to
+  R - 1). ``R`` must be a multiple of ``G``.
 
 ``kivi`` is KIVI's layout (Liu et al. 2024): keys per channel (their outliers live in fixed channels), values per
 token in groups of G channels, asymmetric by default. Every batch row has its own scales (a beam never shares a
@@ -48,6 +52,8 @@ from .quantize import QTensor, dequantize_view, fp8_supported, quantize_over
 from .rotation import KINDS as ROTATIONS, Rotation, as_dtype, make_rotation
 
 AXES = ("tensor", "token", "channel", "group", "kivi")
+# how kivi's keys leave their exact tail: KIVI's chunks of R (T mod R exact), or a sliding window of R (R to R + G - 1)
+KIVI_KEYS = ("chunks", "window")
 DEFAULT_GROUP = 32
 DEFAULT_KIVI_RESIDUAL = 32
 
@@ -191,11 +197,23 @@ def cat_q(a: QTensor | None, b: QTensor) -> QTensor:
                    None if a.zero is None else torch.cat([a.zero, b.zero], 2), a.bits, a.last)
 
 
-class Stream:
-    """The keys (or values) of one layer: quantized tokens, then a full-precision tail of the newest ones."""
+def leaving_count(exact: int, residual: int, block: int, chunked: bool = False) -> int:
+    """How many of a tail's ``exact`` tokens leave it for the quantized part. Sliding window (the default): the
+    tokens beyond the last ``residual``, in whole blocks of ``block``. ``chunked`` (KIVI's keys, Algorithm 1 of Liu
+    et al. 2024): the tail is flushed whole each time it holds ``residual`` tokens (``residual`` a multiple of
+    ``block``), so it keeps ``exact mod residual``; with ``residual`` 0 the two rules agree (blocks leave as soon as
+    they are whole)."""
+    if chunked and residual:
+        return exact // residual * residual
+    return max((exact - residual) // block * block, 0)
 
-    def __init__(self, layout: Layout, residual: int, tail_dtype: torch.dtype | None = None):
-        self.layout, self.residual = layout, residual
+
+class Stream:
+    """The keys (or values) of one layer: quantized tokens, then a full-precision tail of the newest ones.
+    ``chunked``: the tail leaves in chunks of ``residual`` tokens (:func:`leaving_count`)."""
+
+    def __init__(self, layout: Layout, residual: int, tail_dtype: torch.dtype | None = None, chunked: bool = False):
+        self.layout, self.residual, self.chunked = layout, residual, chunked
         self.tail_dtype = tail_dtype  # the exact tail's storage dtype (None: the model's, as fed)
         self.q: QTensor | None = None
         self.tail: Tensor | None = None
@@ -244,9 +262,8 @@ class Stream:
         self.tail = self.own(x) if self.tail is None else torch.cat([self.tail, self.own(x)], 2)
 
     def take_leaving(self) -> Tensor | None:
-        """The tokens beyond the last ``residual`` that leave the tail, in whole blocks (None: none leave); the tail
-        keeps the rest."""
-        leaving = (self.exact - self.residual) // self.layout.block * self.layout.block
+        """The tokens that leave the tail (:func:`leaving_count`; None: none leave); the tail keeps the rest."""
+        leaving = leaving_count(self.exact, self.residual, self.layout.block, self.chunked)
         if leaving <= 0:
             return None
         out = self.tail[:, :, :leaving]
@@ -389,8 +406,7 @@ def leaving_of(stream: Stream, arriving: int) -> int:
     :meth:`Stream.enter` takes from the tail, in whole blocks beyond the last ``residual``)."""
     if stream.bypasses_tail:
         return arriving
-    total = stream.exact + arriving
-    return max((total - stream.residual) // stream.layout.block * stream.layout.block, 0)
+    return leaving_count(stream.exact + arriving, stream.residual, stream.layout.block, stream.chunked)
 
 
 def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> None:
@@ -496,10 +512,10 @@ class LayersTogether:
 def alike(a: Stream, b: Stream) -> bool:
     """Two streams quantized the same way that hold the same numbers of quantized and exact tokens."""
     la, lb = a.layout, b.layout
-    return (la.axis, la.group, la.bits, la.symmetric, la.scale_dtype, la.rotation_kind, a.residual, a.tail_dtype,
-            a.quantized, a.exact) == \
-        (lb.axis, lb.group, lb.bits, lb.symmetric, lb.scale_dtype, lb.rotation_kind, b.residual, b.tail_dtype,
-         b.quantized, b.exact)
+    return (la.axis, la.group, la.bits, la.symmetric, la.scale_dtype, la.rotation_kind, a.residual, a.chunked,
+            a.tail_dtype, a.quantized, a.exact) == \
+        (lb.axis, lb.group, lb.bits, lb.symmetric, lb.scale_dtype, lb.rotation_kind, b.residual, b.chunked,
+         b.tail_dtype, b.quantized, b.exact)
 
 
 def split_rooms(stored: Tensor, rows: int, n: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
@@ -524,16 +540,21 @@ def layer_states(stream: Stream, new: Tensor) -> Tensor:
     return torch.cat([stream.states(new.dtype), new], 2)
 
 
-def held_after(tokens: int, residual: int, block: int, window: int | None = None) -> tuple[int, int]:
+def held_after(tokens: int, residual: int, block: int, window: int | None = None,
+               chunked: bool = False) -> tuple[int, int]:
     """(quantized, exact) tokens a stream holds after ``tokens`` tokens, mirroring :class:`Stream` without tensors
-    (sliding layers: fed one token a forward, the decode path). Exact tokens: R + (T - R) mod block once T >= R."""
+    (sliding layers: fed one token a forward, the decode path). Exact tokens: R + (T - R) mod block once T >= R;
+    ``chunked`` (R > 0): T mod R."""
     if window is None:
-        exact = tokens if tokens < residual else residual + (tokens - residual) % block
+        if chunked and residual:
+            exact = tokens % residual
+        else:
+            exact = tokens if tokens < residual else residual + (tokens - residual) % block
         return tokens - exact, exact
     quantized = exact = 0
     for _ in range(tokens):
         exact += 1
-        leaving = (exact - residual) // block * block
+        leaving = leaving_count(exact, residual, block, chunked)
         if leaving > 0:
             quantized, exact = quantized + leaving, exact - leaving
         extra = quantized + exact - (window - 1)
@@ -695,7 +716,8 @@ class QuantPolicy(KVPolicy):
                "rolls back only per token/group with residual=0")
     params = {"bits": parse_bits, "axis": choice(*AXES), "group": positive_int, "residual": non_negative_int,
               "symmetric": boolean, "rotate": choice(*ROTATIONS), "rotate_keys": choice(*ROTATIONS),
-              "rotate_values": choice(*ROTATIONS), "residual_dtype": choice(*RESIDUAL_DTYPES)}
+              "rotate_values": choice(*ROTATIONS), "residual_dtype": choice(*RESIDUAL_DTYPES),
+              "kivi_keys": choice(*KIVI_KEYS)}
     # what an engine's reading turns on when the spec does not say (--semantics): llama.cpp rotates the keys and the
     # values of a quantized cache with a Hadamard matrix (llama.cpp's attention rotation for quantized K/V types)
     engine_defaults = {"llamacpp": {"rotate_keys": "hadamard", "rotate_values": "hadamard"}}
@@ -719,6 +741,8 @@ class QuantPolicy(KVPolicy):
             raise ValueError("bits=fp8 is symmetric (no zero point); drop symmetric=false")
         if "group" in out and out["axis"] == "token":
             raise ValueError("group applies to axis=group, channel, tensor or kivi, not to axis=token")
+        if "kivi_keys" in out and out["axis"] != "kivi":
+            raise ValueError(f"kivi_keys applies to axis=kivi, not to axis={out['axis']}")
         return out
 
     @staticmethod
@@ -730,7 +754,8 @@ class QuantPolicy(KVPolicy):
 
     def __init__(self, info: ModelInfo, capacity: int | None = None, needs: frozenset[str] = frozenset(),
                  bits=8, axis: str = "token", group: int | None = None, residual: int = 0, symmetric: bool = True,
-                 rotate_keys: str = "none", rotate_values: str = "none", residual_dtype: str = "model"):
+                 rotate_keys: str = "none", rotate_values: str = "none", residual_dtype: str = "model",
+                 kivi_keys: str = "chunks"):
         super().__init__(info, capacity, needs)
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
@@ -739,6 +764,12 @@ class QuantPolicy(KVPolicy):
                           "value": make_rotation(rotate_values, info.head_dim)}
         self.tail_dtype = exact_window_dtype(residual_dtype, info.dtype)
         self.group = self._group(group, info.head_dim)
+        # KIVI's keys leave their tail in chunks of R (each quantized in blocks of G): R must be a multiple of G
+        self.chunked = {"key": axis == "kivi" and kivi_keys == "chunks" and residual > 0, "value": False}
+        if self.chunked["key"] and residual % self.group:
+            raise ConfigError(f"--cache quant:axis=kivi: residual={residual} must be a multiple of group={self.group} "
+                              "(keys leave the exact window in chunks of residual tokens, quantized in blocks of "
+                              "group); or kivi_keys=window")
         missing = set(needs) - self.capabilities_for({"axis": axis, "residual": residual})
         if missing:
             raise ConfigError(f"--cache quant: this run needs the cache to {sorted(missing)[0]}, which "
@@ -760,8 +791,7 @@ class QuantPolicy(KVPolicy):
                 raise ConfigError(f"--cache quant: layer {i} of this model is a {type(layer).__name__}; quant "
                                   "handles full and sliding attention layers only")
             new = quant_layer_class()()
-            new.setup(Stream(layouts["key"], residual, self.tail_dtype),
-                      Stream(layouts["value"], residual, self.tail_dtype), window,
+            new.setup(self.stream("key"), self.stream("value"), window,
                       hold="truncate" in needs, space=self.attention_space)
             new.is_croppable = "truncate" in self.capabilities_for({"axis": axis, "residual": residual})
             layers.append(new)
@@ -774,6 +804,10 @@ class QuantPolicy(KVPolicy):
         if self.model_cache.together is not None:
             self.model_cache.together.commit()
         super().after_forward(n)
+
+    def stream(self, which: str) -> Stream:
+        """A new, empty stream of this policy's keys (``which="key"``) or values."""
+        return Stream(self.layouts[which], self.residual, self.tail_dtype, self.chunked[which])
 
     def _group(self, group: int | None, head_dim: int) -> int:
         """Channels per group (axis=group; kivi values) must divide head_dim; the default is 32, or head_dim when
@@ -821,8 +855,8 @@ class QuantPolicy(KVPolicy):
         total = 0
         for layer in self.model_cache.layers:
             window = None if layer.hold else layer.window
-            for layout in (self.layouts["key"], self.layouts["value"]):
-                quantized, exact = held_after(tokens, self.residual, layout.block, window)
+            for which, layout in self.layouts.items():
+                quantized, exact = held_after(tokens, self.residual, layout.block, window, self.chunked[which])
                 total += layout.nbytes_for(quantized, rows, info.kv_heads, info.head_dim)
                 total += rows * info.kv_heads * exact * info.head_dim * exact_bytes
         return total

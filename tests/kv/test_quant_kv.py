@@ -338,12 +338,51 @@ def test_kivi_bytes_by_formula():
     leave the tail in blocks of 16 while more than 32 remain -> 32 quantized (2 blocks), 38 exact; values leave
     one by one -> 38 quantized, 32 exact. Exact tokens in the model's float32, scales and zeros in float16."""
     model = random_model("llama")
-    rt = Runtime.create(model, parse_cache_spec("quant:bits=4,axis=kivi,group=16,residual=32"))
+    rt = Runtime.create(model, parse_cache_spec("quant:bits=4,axis=kivi,group=16,residual=32,kivi_keys=window"))
     rt.prefill(torch.arange(3, 73).unsqueeze(0))
     H, D, f32, f16 = 2, 16, 4, 2
     keys = H * 32 * D // 2 + 2 * H * 2 * D * f16 + H * 38 * D * f32  # codes + (scale, zero) per block & channel
     values = H * 38 * D // 2 + 2 * H * 38 * (D // 16) * f16 + H * 32 * D * f32
     assert rt.policy.layer_nbytes() == [keys + values] * 2
+
+
+def test_kivi_bytes_by_formula_with_kivis_key_chunks():
+    """The same 70-token prefill under KIVI's own key rule (kivi_keys=chunks, the default; Algorithm 1 of Liu et al.
+    2024): the prefill quantizes the first 70 - (70 mod 32) = 64 keys (4 blocks of 16 tokens), 6 stay exact; values
+    as before (the last 32 exact). Then one token a forward: the key tail grows to 32 and is flushed whole (back to
+    0 exact keys at T = 96), the values keep their last 32."""
+    model = random_model("llama")
+    rt = Runtime.create(model, parse_cache_spec("quant:bits=4,axis=kivi,group=16,residual=32"))
+    rt.prefill(torch.arange(3, 73).unsqueeze(0))
+    H, D, f32, f16 = 2, 16, 4, 2
+    keys = H * 64 * D // 2 + 2 * H * 4 * D * f16 + H * 6 * D * f32  # codes + (scale, zero) per block & channel
+    values = H * 38 * D // 2 + 2 * H * 38 * (D // 16) * f16 + H * 32 * D * f32
+    assert rt.policy.layer_nbytes() == [keys + values] * 2
+    for t in range(70, 100):
+        layer = rt.policy.model_cache.layers[0]
+        assert (layer.k.quantized, layer.k.exact) == (t - t % 32, t % 32), t
+        assert (layer.v.quantized, layer.v.exact) == (t - 32, 32), t
+        assert rt.policy.bytes_at(t) == rt.policy.nbytes(), t
+        rt.feed(torch.tensor([[5 + t % 50]]))
+
+
+@pytest.mark.parametrize("spec,words", [
+    ("quant:bits=4,axis=kivi,group=16,residual=24", "residual=24 must be a multiple of group=16"),
+    ("int4-kivi", "residual=32 must be a multiple of group=12"),
+])
+def test_kivi_key_chunks_need_a_residual_that_is_a_multiple_of_the_group(spec, words):
+    """KIVI's keys leave in chunks of R, each quantized in blocks of G: R not a multiple of G is refused in one line
+    (the default group is the whole head, 12, on a head_dim of 12), naming both values; kivi_keys=window takes it."""
+    model = random_model("llama") if "residual=24" in spec else random_model("llama", head_dim=12)
+    with pytest.raises(ConfigError, match=words) as info:
+        Runtime.create(model, parse_cache_spec(spec))
+    assert "\n" not in str(info.value) and "kivi_keys=window" in str(info.value)
+    Runtime.create(model, parse_cache_spec(spec.replace("int4-kivi", "quant:bits=4,axis=kivi") + ",kivi_keys=window"))
+
+
+def test_kivi_keys_applies_to_kivi_only():
+    with pytest.raises(ConfigError, match="kivi_keys applies to axis=kivi, not to axis=channel"):
+        parse_cache_spec("quant:axis=channel,kivi_keys=window")
 
 
 def test_kivi_bytes_per_stream_tell_the_key_layout_from_the_value_layout():
@@ -601,7 +640,9 @@ def test_greedy_sampling_with_a_4bit_cache_runs_end_to_end(tiny):
 @pytest.mark.parametrize("arch,spec", [("llama", "int8"), ("llama", "int2-kivi"), ("llama", "fp8"),
                                        ("llama", "quant:bits=4,axis=tensor,group=8,residual=3"),
                                        ("qwen2", "quant:bits=4,axis=channel,group=8,residual=5"),
-                                       ("gemma2", "quant:bits=4,axis=kivi,group=8,residual=3"),
+                                       ("gemma2", "quant:bits=4,axis=kivi,group=8,residual=3,kivi_keys=window"),
+                                       ("gemma2", "quant:bits=4,axis=kivi,group=4,residual=8"),
+                                       ("gemma2", "quant:bits=4,axis=kivi,group=8,residual=8"),
                                        ("gemma2", "int8")])
 def test_projected_bytes_equal_the_stored_bytes(arch, spec):
     """bytes_at(T) (formula, no tensors) = the real bytes after T tokens fed one a forward, at several T
@@ -621,7 +662,8 @@ def test_projected_bytes_equal_the_stored_bytes(arch, spec):
 @pytest.mark.parametrize("arch,spec", [("llama", "int4-kivi"), ("llama", "quant:bits=4,axis=tensor,group=4,residual=2"),
                                        ("llama", "quant:bits=2,axis=group,group=8,residual=3"),
                                        ("llama", "quant:bits=4,axis=channel,group=8,residual=5,symmetric=true"),
-                                       ("gemma2", "quant:bits=4,axis=kivi,group=8,residual=3")])
+                                       ("gemma2", "quant:bits=4,axis=kivi,group=8,residual=3,kivi_keys=window"),
+                                       ("gemma2", "quant:bits=4,axis=kivi,group=4,residual=8")])
 def test_projected_bytes_of_several_rows_equal_the_stored_bytes(arch, spec):
     """bytes_at(T, rows=3) = the real bytes of a 3-row run after T tokens fed one a forward: every term of the
     formula scales with the rows (a factor dropped or a per-row scale counted once would be invisible at one row).
@@ -679,6 +721,24 @@ def test_held_counts_equal_a_stream_fed_one_token_a_forward(residual, block, win
         if window is not None and s.tokens > window - 1:
             s.drop_first(s.tokens - (window - 1))
         assert held_after(t + 1, residual, block, window) == (s.quantized, s.exact), t + 1
+
+
+@pytest.mark.parametrize("residual,block", [(8, 4), (4, 4), (6, 3), (8, 1)])
+@pytest.mark.parametrize("window", [None, 6, 9, 13])
+def test_held_counts_of_kivis_key_chunks_equal_a_stream_fed_one_token_a_forward(residual, block, window):
+    """held_after(chunked=True) = a real chunked stream (KIVI's keys) fed one token a forward, with the sliding
+    layer's eviction, at every length up to 30; without a window, T mod R exact tokens (the oracle written from
+    KIVI's Algorithm 1, not from the stream)."""
+    axis = "channel" if block > 1 else "token"
+    s = Stream(Layout(axis, block, 8, True, torch.float16), residual, chunked=True)
+    x = kv_like(shape=(1, 1, 30, 4))
+    for t in range(30):
+        s.append(x[:, :, t : t + 1])
+        if window is not None and s.tokens > window - 1:
+            s.drop_first(s.tokens - (window - 1))
+        assert held_after(t + 1, residual, block, window, chunked=True) == (s.quantized, s.exact), t + 1
+        if window is None:
+            assert (s.quantized, s.exact) == (t + 1 - (t + 1) % residual, (t + 1) % residual), t + 1
 
 
 @pytest.mark.parametrize("spec", ["int8", "quant:bits=4,axis=group,group=8"])
@@ -787,7 +847,8 @@ def test_policy_description_names_both_layouts_and_the_larger_exact_window():
     channel in blocks of 16 tokens, values per token in groups of 16 channels. After 40 tokens in one forward with
     a residual of 32: no block of 16 keys has left (40 - 32 = 8 < 16), so 40 keys are exact; 8 values left, 32
     exact. The description gives the larger, 40, with the base policy's seen and stored counts."""
-    rt = Runtime.create(random_model("llama"), parse_cache_spec("quant:bits=4,axis=kivi,residual=32,residual_dtype=model"))
+    rt = Runtime.create(random_model("llama"),
+                        parse_cache_spec("quant:bits=4,axis=kivi,residual=32,residual_dtype=model,kivi_keys=window"))
     rt.feed(torch.arange(3, 43).unsqueeze(0))
     layer = rt.policy.model_cache.layers[0]
     assert (layer.k.exact, layer.v.exact) == (40, 32)
@@ -800,11 +861,22 @@ def test_the_description_gives_the_largest_exact_window_of_any_layer():
     """Gemma 2 alternates sliding (window 16) and full layers, layer 0 sliding: under int4-kivi after 40 tokens the
     sliding layer holds at most its window, the full one 40 keys exact (no block of 16 has left the residual of 32):
     the description reports 40, the full layer's, not the first layer's."""
-    rt = Runtime.create(random_model("gemma2"), parse_cache_spec("int4-kivi"))
+    rt = Runtime.create(random_model("gemma2"), parse_cache_spec("quant:bits=4,axis=kivi,residual=32,residual_dtype=16,kivi_keys=window"))
     rt.feed(torch.arange(3, 43).unsqueeze(0))
     sliding, full = rt.policy.model_cache.layers[:2]
     assert max(sliding.k.exact, sliding.v.exact) < 40 == full.k.exact
     assert rt.policy.describe()["exact_tokens"] == 40
+
+
+def test_the_description_under_kivis_key_chunks():
+    """int4-kivi (KIVI's key chunks, the default) on the random Llama (group 16, residual 32) after 40 tokens in one
+    forward: the first 32 keys left as one chunk (2 blocks of 16), 8 are exact; 8 values left, 32 exact. The
+    description gives the larger, 32."""
+    rt = Runtime.create(random_model("llama"), parse_cache_spec("int4-kivi"))
+    rt.feed(torch.arange(3, 43).unsqueeze(0))
+    layer = rt.policy.model_cache.layers[0]
+    assert (layer.k.quantized, layer.k.exact, layer.v.quantized, layer.v.exact) == (32, 8, 8, 32)
+    assert rt.policy.describe()["exact_tokens"] == 32
 
 
 def test_transformers_crop_removes_the_last_tokens_of_each_layer():
