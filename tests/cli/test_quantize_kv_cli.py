@@ -45,7 +45,8 @@ def test_kivi_bytes_as_stored_and_as_a_float16_model_would_store_them(cli):
     remain, so all 40 key tokens and 32 value tokens stay exact, stored in the bundled model's float32; the
     float16-model figure counts those at 2 bytes. Per layer and KV head (head_dim 32): keys 40 x 32 exact; values
     8 x (16 code bytes + a float16 scale and zero) quantized and 32 x 32 exact."""
-    doc = run_json(cli, TEXT, "--cache", "quant:bits=4,axis=kivi,residual=32,residual_dtype=model", "--limit", "40")
+    doc = run_json(cli, TEXT, "--cache", "quant:bits=4,axis=kivi,residual=32,residual_dtype=model,kivi_keys=window",
+                   "--limit", "40")
     s = doc["summary"]
     rows = TINY["layers"] * TINY["kv_heads"]
     quantized = 8 * (32 // 2 + 2 * 2)
@@ -53,6 +54,17 @@ def test_kivi_bytes_as_stored_and_as_a_float16_model_would_store_them(cli):
     assert s["fp16_model_bytes_ratio"] * s["fp16_kv_bytes"] == pytest.approx(rows * (40 * 32 * 2 + quantized +
                                                                                     32 * 32 * 2))
     assert s["bytes_ratio"] > 1 > s["fp16_model_bytes_ratio"]  # 40 tokens: the exact window is most of the cache
+
+
+def test_kivi_bytes_under_kivis_key_chunks(cli):
+    """The same 40 tokens under KIVI's own key rule (the default): the first 32 keys leave as one chunk (a block of
+    32 tokens: 16 code bytes a channel plus a float16 scale and zero per channel), 8 keys stay exact; values as
+    above (8 quantized, 32 exact), in float32."""
+    doc = run_json(cli, TEXT, "--cache", "quant:bits=4,axis=kivi,residual=32,residual_dtype=model", "--limit", "40")
+    rows = TINY["layers"] * TINY["kv_heads"]
+    keys = 32 * 32 // 2 + 32 * 2 * 2 + 8 * 32 * 4
+    values = 8 * (32 // 2 + 2 * 2) + 32 * 32 * 4
+    assert doc["summary"]["kv_bytes"] == rows * (keys + values)
 
 
 def test_baseline_perplexity_is_scores(cli):
@@ -68,9 +80,11 @@ def test_baseline_perplexity_is_scores(cli):
 
 
 def test_overrides_projection_and_activations(cli):
-    doc = run_json(cli, TEXT, "--cache", "int4-kivi", "--bits", "2", "--residual", "4", "--limit", "12",
-                   "--context", "4096", "--batch", "8", "--activations", "3")
-    assert doc["summary"]["cache"] == "quant:axis=kivi,bits=2,residual=4,residual_dtype=16,symmetric=false"
+    doc = run_json(cli, TEXT, "--cache", "quant:bits=4,axis=kivi,residual=32,residual_dtype=16,kivi_keys=window",
+                   "--bits", "2", "--residual", "4", "--limit", "12", "--context", "4096", "--batch", "8",
+                   "--activations", "3")
+    assert doc["summary"]["cache"] == \
+        "quant:axis=kivi,bits=2,kivi_keys=window,residual=4,residual_dtype=16,symmetric=false"
     at = {p["at"]: p for p in doc["projections"]}
     assert at["context_length"]["tokens"] == 512
     assert at["context"]["tokens"] == 4096 and at["context"]["batch"] == 8

@@ -23,7 +23,8 @@ from decodelab.core.kv.turbo import TurboLayout
 
 SPECS = [
     "quant:bits=4,axis=token,rotate=random",
-    "quant:bits=4,axis=kivi,residual=4,rotate=hadamard",  # keys per channel in blocks, values per group: a tail
+    "quant:bits=4,axis=kivi,residual=4,kivi_keys=window,rotate=hadamard",  # keys per channel in blocks, values per group: a tail
+    "quant:bits=4,axis=kivi,group=4,residual=8,rotate=hadamard",  # KIVI's key chunks: the key tail flushed whole
     "quant:bits=2,axis=kivi,residual=32,residual_dtype=16,rotate_values=random",  # values alone rotate
     "quant:bits=8,axis=token,symmetric=true,rotate_keys=random",  # keys alone rotate
     "turbo:bits=3",  # prod keys: the doubled head dim
@@ -94,7 +95,7 @@ def test_the_new_path_never_rotates_a_stored_token_back(monkeypatch):
         monkeypatch.setattr(cls, "dequantize", spy)
     model = random_model("llama", scale=4.0)
     ids = torch.arange(3, 40).unsqueeze(0)
-    for spec in ("quant:bits=4,axis=kivi,residual=4,rotate=random", "turbo:bits=3"):
+    for spec in ("quant:bits=4,axis=kivi,residual=4,kivi_keys=window,rotate=random", "turbo:bits=3"):
         decode(model, spec, ids)
         assert calls == [], spec
         decode(model, spec, ids, wrapped=False)
@@ -178,7 +179,7 @@ def test_turbos_table_decoding_equals_the_planes_decoded_one_coordinate_at_a_tim
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,residual=4,rotate=random", "turbo:bits=3"])
+@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,residual=4,kivi_keys=window,rotate=random", "turbo:bits=3"])
 def test_in_bfloat16_the_two_paths_differ_by_rounding_well_below_what_quantization_costs(implementation, spec):
     """bfloat16: the query, the output and the new tokens are rotated in float32 and rounded once, the stored tokens
     read without a product; the paths then differ by bfloat16 rounding of the logits, less than half of what the
@@ -209,7 +210,7 @@ def test_the_nibble_index_of_every_byte(bits):
     assert torch.equal(got.long(), torch.stack([want_low, want_high], -1))
 
 
-@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,residual=4,rotate=random", "turbo:bits=3"])
+@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,residual=4,kivi_keys=window,rotate=random", "turbo:bits=3"])
 def test_two_rows_reordered_attend_alike_on_both_paths(spec):
     """Rows of a batch (each its own rooms in the workspace) and a reorder between forwards (beam search): the
     rotated-space path against the rotate-back path."""

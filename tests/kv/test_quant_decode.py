@@ -23,14 +23,15 @@ from decodelab.core.kv import parse_cache_spec
 from decodelab.core.kv.quantize import dequantize, fp8_supported, quantize
 
 
-def layouts_of(options: dict, group: int) -> dict[str, tuple[str, int]]:
-    """(axis, G) of keys and values from the spec's options (G as the policy resolved it: the default 32, or the
-    head dim where 32 does not divide it), as the docs describe kivi: keys per channel in blocks of G tokens,
-    values per token in groups of G channels."""
+def layouts_of(options: dict, group: int) -> dict[str, tuple[str, int, bool]]:
+    """(axis, G, chunks) of keys and values from the spec's options (G as the policy resolved it: the default 32, or
+    the head dim where 32 does not divide it), as the docs describe kivi: keys per channel in blocks of G tokens,
+    values per token in groups of G channels; ``chunks``: KIVI's own key rule (kivi_keys=chunks, the default)."""
     axis = options["axis"]
     if axis == "kivi":
-        return {"key": ("channel", group), "value": ("group", group)}
-    return {"key": (axis, group), "value": (axis, group)}
+        return {"key": ("channel", group, options.get("kivi_keys", "chunks") == "chunks"),
+                "value": ("group", group, False)}
+    return {"key": (axis, group, False), "value": (axis, group, False)}
 
 
 def from_scratch(x: torch.Tensor, axis: str, group: int, bits, symmetric: bool) -> torch.Tensor:
@@ -49,8 +50,12 @@ def from_scratch(x: torch.Tensor, axis: str, group: int, bits, symmetric: bool) 
     return torch.cat([torch.cat([qd(b[r : r + 1], "tensor") for r in range(b.shape[0])]) for b in blocks], 2)
 
 
-def quantized_count(stored: int, residual: int, block: int) -> int:
-    """Stored tokens that are quantized: those beyond the last R, in whole blocks."""
+def quantized_count(stored: int, residual: int, block: int, chunks: bool = False) -> int:
+    """Stored tokens that are quantized: those beyond the last R, in whole blocks. KIVI's keys (``chunks``,
+    Algorithm 1 of Liu et al. 2024: the full-precision key residual is quantized and emptied each time it holds R
+    tokens; the prefill quantizes the first T - T mod R): all but the last ``stored mod R``."""
+    if chunks and residual:
+        return stored - stored % residual
     if residual == 0 and block == 1:
         return stored
     return max((stored - residual) // block * block, 0)
@@ -69,9 +74,9 @@ def recompute_cache(model, options: dict, group: int):
             return seen(keys, stored, layouts["key"]), seen(values, stored, layouts["value"])
 
     def seen(x, stored, layout):
-        axis, group = layout
+        axis, group, chunks = layout
         block = group if axis in ("channel", "tensor") else 1
-        n = quantized_count(stored, options["residual"], block)
+        n = quantized_count(stored, options["residual"], block, chunks)
         if n == 0:
             return x
         return torch.cat([from_scratch(x[:, :, :n], axis, group, options["bits"], options["symmetric"]),
@@ -98,10 +103,13 @@ def decode_both(model, spec: str, ids: torch.Tensor, chunks: list[int]):
 
 SPECS = [
     "int8",
-    "quant:bits=4,axis=kivi,group=8,residual=5",  # kivi: keys per channel (blocks of 8), values per token
-    "quant:bits=2,axis=kivi,group=8,residual=5",
-    "quant:bits=4,axis=kivi,group=8,residual=5,symmetric=true",
+    "quant:bits=4,axis=kivi,group=8,residual=5,kivi_keys=window",  # kivi: keys per channel (blocks of 8), values per token
+    "quant:bits=2,axis=kivi,group=8,residual=5,kivi_keys=window",
+    "quant:bits=4,axis=kivi,group=8,residual=5,symmetric=true,kivi_keys=window",
     "quant:bits=4,axis=kivi,group=16,residual=0",  # blocks flush the forward they fill, no window
+    "quant:bits=4,axis=kivi,group=4,residual=8",  # KIVI's key chunks: 8 keys flushed at once, in blocks of 4
+    "quant:bits=2,axis=kivi,group=8,residual=8",
+    "quant:bits=4,axis=kivi,group=8,residual=16,symmetric=true",
     "quant:bits=4,axis=channel,group=4,residual=3",
     "quant:bits=4,axis=tensor,group=4,residual=3",
     "quant:bits=8,axis=group,group=8,residual=3,symmetric=false",
@@ -127,7 +135,7 @@ def test_decode_equals_recomputing_from_scratch(spec):
     assert first.k.quantized > 0 and first.v.quantized > 0  # the test reached the quantized part
 
 
-@pytest.mark.parametrize("spec", ["int4-kivi", "quant:bits=4,axis=kivi,group=8,residual=5,symmetric=true"])
+@pytest.mark.parametrize("spec", ["int4-kivi", "quant:bits=4,axis=kivi,group=8,residual=5,symmetric=true,kivi_keys=window"])
 def test_decode_in_bfloat16_equals_recomputing_from_scratch(spec):
     """bfloat16 model: the codes dequantized in float32 and rounded once to bfloat16, as from scratch."""
     model = random_model("llama", scale=4.0).to(torch.bfloat16)
@@ -141,15 +149,28 @@ def test_the_reference_is_not_vacuous():
     """The reference with another residual gives other logits: it really depends on which tokens are quantized."""
     model = random_model("llama", scale=4.0)
     ids = torch.arange(3, 33).unsqueeze(0)
-    got, _, _ = decode_both(model, "quant:bits=4,axis=kivi,group=8,residual=5", ids, [11] + [1] * 19)
-    _, other, _ = decode_both(model, "quant:bits=4,axis=kivi,group=8,residual=6", ids, [11] + [1] * 19)
+    got, _, _ = decode_both(model, "quant:bits=4,axis=kivi,group=8,residual=5,kivi_keys=window", ids, [11] + [1] * 19)
+    _, other, _ = decode_both(model, "quant:bits=4,axis=kivi,group=8,residual=6,kivi_keys=window", ids, [11] + [1] * 19)
     assert not all(torch.equal(a, b) for a, b in zip(got, other))
+
+
+def test_the_reference_tells_kivis_key_chunks_from_the_sliding_key_window():
+    """The chunked reference and the sliding-window one give other logits for the same R and G: which rule the
+    cache follows is pinned (a cache that kept the old window would fail the chunked specs above)."""
+    model = random_model("llama", scale=4.0)
+    ids = torch.arange(3, 33).unsqueeze(0)
+    got, want, _ = decode_both(model, "quant:bits=4,axis=kivi,group=4,residual=8", ids, [11] + [1] * 19)
+    _, window, _ = decode_both(model, "quant:bits=4,axis=kivi,group=4,residual=8,kivi_keys=window", ids,
+                               [11] + [1] * 19)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert not all(torch.equal(a, b) for a, b in zip(got, window))
 
 
 # --- the mutation run of core/kv/quant.py (2026-12-01): a model of one layer ----------------------------------------
 
 
-@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,group=8,residual=5", "quant:bits=4,axis=tensor,group=4,residual=3"])
+@pytest.mark.parametrize("spec", ["quant:bits=4,axis=kivi,group=8,residual=5,kivi_keys=window", "quant:bits=4,axis=tensor,group=4,residual=3",
+                                  "quant:bits=4,axis=kivi,group=4,residual=8"])
 def test_decode_of_a_one_layer_model_equals_recomputing_from_scratch(spec):
     """One layer: the layers-together path works on one stream per kind (a first stream looked up as the second
     of the list would not exist); logits bit for bit as from scratch, past several blocks."""

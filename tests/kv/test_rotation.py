@@ -143,7 +143,7 @@ def test_rotated_kivi_through_the_model_stays_close_to_the_full_cache():
     model = random_model("llama", scale=4.0)
     ids = torch.arange(3, 60).unsqueeze(0)
     full = decode_logits(model, "full", ids).log_softmax(-1)
-    for spec in ("quant:bits=4,axis=kivi,residual=4,rotate=hadamard", "quant:bits=8,axis=token,rotate=random"):
+    for spec in ("quant:bits=4,axis=kivi,residual=4,kivi_keys=window,rotate=hadamard", "quant:bits=8,axis=token,rotate=random"):
         q = decode_logits(model, spec, ids).log_softmax(-1)
         kl = (full.exp() * (full - q)).sum(-1).mean().item()
         assert kl < 0.05, (spec, kl)
