@@ -6,11 +6,12 @@ do not depend on what the model makes of it), and the cache's stored tensors are
 and zero point, and the exact window (`KVPolicy.nbytes()`, the storages the layers hold). The float16 full cache is
 2 x layers x kv_heads x head_dim x 2 bytes a token.
 
-Keys in the kivi layout share a scale over blocks of G tokens, so they leave the exact window in blocks: after T
-tokens with residual R = 32 and G = 32, T - 32 - ((T - 32) mod 32) keys are quantized and 32 to 63 are exact (values:
-the last 32). The ratio is therefore a sawtooth in T: lowest at T = 32k, highest at T = 32k + 31. The table gives
-each context, the worst length at or below it (T = 32k + 31, where the key window is full: 479 for 480), and the
-asymptote (codes + scales only).
+Keys in the kivi layout follow KIVI's own rule (Algorithm 1 of Liu et al. 2024): the full-precision key tail is
+quantized whole (per channel, in blocks of G = 32 tokens) each time it holds R = 32 tokens, so after T tokens
+T - (T mod 32) keys are quantized and T mod 32 (0 to 31) are exact; values: the last 32 exact. The ratio is therefore
+a sawtooth in T: lowest at T = 32k, highest at T = 32k + 31. The table gives each context, the worst length at or
+below it (T = 32k + 31, where the key tail is full: 479 for 480), and the asymptote (codes + scales only). The row
+with ``kivi_keys=window`` is the sliding key window decodelab kept before (the last 32 keys exact always, 32 to 63).
 
     python benchmarks/kivi_bytes.py [--contexts 480,512,1024,2048,4096] [--small]
 
@@ -33,10 +34,12 @@ SPECS = {
     "int4-kivi": "int4-kivi",
     "int4-kivi, symmetric": "quant:bits=4,axis=kivi,residual=32,residual_dtype=16,symmetric=true",
     "int2-kivi": "int2-kivi",
+    "int4-kivi, sliding key window": "quant:bits=4,axis=kivi,residual=32,residual_dtype=16,kivi_keys=window",
     "4-bit per token, groups of 32, symmetric (llama.cpp q4_0's bits)": "quant:bits=4,axis=group,group=32,symmetric=true",
 }
 # bits a value once every token is quantized: codes + 16-bit scale (+ 16-bit zero) per 32 values
 ASYMPTOTE = {"int4-kivi": 5 / 16, "int4-kivi, symmetric": 4.5 / 16, "int2-kivi": 3 / 16,
+             "int4-kivi, sliding key window": 5 / 16,
              "4-bit per token, groups of 32, symmetric (llama.cpp q4_0's bits)": 4.5 / 16}
 
 
