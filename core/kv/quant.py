@@ -329,10 +329,15 @@ class Stream:
 
 
 def workable_together(streams: list[Stream]) -> bool:
-    """Whether the streams can be worked on together: same layout, same quantized and exact token counts, not empty."""
+    """Whether the streams can be worked on together: same layout, same quantized and exact token counts (the same
+    code and tail shapes), not empty."""
     first = streams[0]
-    return first.tokens > 0 and len({(s.quantized, s.exact, id(s.layout)) for s in streams}) == 1 and \
-        (first.q is None or len({s.q.codes.shape for s in streams}) == 1)
+    if first.q is None and first.tail is None:
+        return False
+    shape = None if first.q is None else first.q.codes.shape
+    tail = None if first.tail is None else first.tail.shape
+    return all(s.layout is first.layout and (None if s.q is None else s.q.codes.shape) == shape and
+               (None if s.tail is None else s.tail.shape) == tail for s in streams)
 
 
 def quantized_together(streams: list[Stream]) -> QTensor:
@@ -355,9 +360,10 @@ def stored_with_room(streams: list[Stream], new: Tensor) -> Tensor | None:
     out = torch.empty(len(streams) * rows, heads, quantized + exact + n, dim, dtype=new.dtype, device=new.device)
     if first.q is not None:
         first.layout.dequantize(quantized_together(streams), new.dtype, out=out[:, :, :quantized])
-    if exact:
-        out[:, :, quantized : quantized + exact] = first.layout.rotate_out(torch.cat([s.tail for s in streams]),
-                                                                           new.dtype)
+    if exact:  # without a rotation the copy converts the tails' dtype into the model's (one rounding, as .to)
+        tails = torch.cat([s.tail for s in streams])
+        out[:, :, quantized : quantized + exact] = first.layout.rotate_out(tails, new.dtype) \
+            if first.layout.rotates else tails
     return out
 
 
@@ -401,6 +407,12 @@ def append_together(streams: list[Stream], new: list[Tensor]) -> None:
             stream.add(stream.layout.code(t))
 
 
+def split_q(q: QTensor, rows: int) -> list[QTensor]:
+    """``q``'s rows in parts of ``rows`` (views), one per stream: what ``q.map`` slicing each part gives."""
+    zeros = [None] * (q.codes.shape[0] // rows) if q.zero is None else q.zero.split(rows)
+    return [QTensor(c, s, z, q.bits, q.last) for c, s, z in zip(q.codes.split(rows), q.scale.split(rows), zeros)]
+
+
 def leaving_of(stream: Stream, arriving: int) -> int:
     """How many tokens leave the tail for the quantized part when ``arriving`` tokens enter it (what
     :meth:`Stream.enter` takes from the tail, in whole blocks beyond the last ``residual``)."""
@@ -426,8 +438,8 @@ def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> No
         if keeps_tail and first.tail_dtype is not None:  # they passed through the tail: its rounding, as alone
             views = [v.to(first.tail_dtype) for v in views]
         q = first.layout.code(views[0] if len(views) == 1 else torch.cat(views))
-        for i, stream in enumerate(s for streams, _ in groups for s in streams):
-            stream.add(q.map(lambda t, i=i: t[i * rows : (i + 1) * rows]))
+        for stream, part in zip((s for streams, _ in groups for s in streams), split_q(q, rows)):
+            stream.add(part)
     if keeps_tail:
         for (streams, _), recent in zip(groups, recents):
             for stream, tail in zip(streams, recent[:, :, leaving:].split(rows)):

@@ -100,6 +100,8 @@ def pack(codes: Tensor, bits: int) -> Tensor:
     pad = (-n) % per
     if pad:
         codes = torch.nn.functional.pad(codes, (0, pad))
+    if per == 2:  # two operations: the low code, or the high one shifted up (the bits do not overlap: or = sum)
+        return codes[..., 0::2] | (codes[..., 1::2] << 4)
     grouped = codes.unflatten(-1, (-1, per))  # [..., bytes, per]
     shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=codes.device)  # code j in bits [j b, (j + 1) b)
     return (grouped << shifts).sum(dim=-1, dtype=torch.uint8)
@@ -124,6 +126,12 @@ def unpack(packed: Tensor, bits: int, n: int, dtype: torch.dtype = torch.uint8) 
 # --- quantize / dequantize over explicit reduce dims -----------------------------------------------------------------
 
 
+def divisor(scale: Tensor) -> Tensor:
+    """A scale to divide by, in float32: a zero scale (a group whose elements are all zero, or all equal to its
+    zero point: every numerator is zero) replaced by 1."""
+    return torch.where(scale > 0, scale.float(), 1.0)
+
+
 def quantize_over(x: Tensor, bits: int | str, dims: tuple[int, ...], symmetric: bool = True,
                   scale_dtype: torch.dtype = torch.float16) -> QTensor:
     """Quantize ``x`` with one scale (and zero point) per slice over ``dims`` (the dims reduced)."""
@@ -131,20 +139,18 @@ def quantize_over(x: Tensor, bits: int | str, dims: tuple[int, ...], symmetric: 
     if bits == "fp8":
         absmax = v.abs().amax(dim=dims, keepdim=True)
         scale = round_up(absmax / FP8_MAX, scale_dtype)
-        safe = torch.where(scale > 0, scale.float(), torch.ones_like(absmax))
-        codes = (v / safe).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        codes = (v / divisor(scale)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         return QTensor(codes, scale, None, bits, x.shape[-1])
     if symmetric:
         qmax = 2 ** (bits - 1) - 1
         scale = round_up(v.abs().amax(dim=dims, keepdim=True) / qmax, scale_dtype)
-        safe = torch.where(scale > 0, scale.float(), torch.ones_like(scale, dtype=torch.float32))
-        q = torch.round(v / safe).clamp(-qmax, qmax) + 2 ** (bits - 1)
+        q = torch.round(v / divisor(scale)).clamp(-qmax, qmax) + 2 ** (bits - 1)
         return QTensor(pack(q.to(torch.uint8), bits), scale, None, bits, x.shape[-1])
     levels = 2**bits - 1
     zero = round_down(v.amin(dim=dims, keepdim=True), scale_dtype)
-    scale = round_up((v.amax(dim=dims, keepdim=True) - zero.float()) / levels, scale_dtype)
-    safe = torch.where(scale > 0, scale.float(), torch.ones_like(scale, dtype=torch.float32))
-    q = torch.round((v - zero.float()) / safe).clamp(0, levels)
+    low = zero.float()
+    scale = round_up((v.amax(dim=dims, keepdim=True) - low) / levels, scale_dtype)
+    q = torch.round((v - low) / divisor(scale)).clamp(0, levels)
     return QTensor(pack(q.to(torch.uint8), bits), scale, zero, bits, x.shape[-1])
 
 
