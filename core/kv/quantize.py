@@ -76,16 +76,28 @@ class QTensor:
 # --- rounding into the scale dtype, in the safe direction ------------------------------------------------------------
 
 
+_INFINITIES: dict = {}
+
+
+def infinity(sign: float, like: Tensor) -> Tensor:
+    """+-inf as a 0-dim tensor of ``like``'s dtype and device, made once (nextafter broadcasts it: one operation
+    fewer a call than a full tensor of it)."""
+    key = (sign, like.dtype, like.device)
+    if key not in _INFINITIES:
+        _INFINITIES[key] = torch.tensor(sign * math.inf, dtype=like.dtype, device=like.device)
+    return _INFINITIES[key]
+
+
 def round_down(x: Tensor, dtype: torch.dtype) -> Tensor:
     """The largest value of ``dtype`` <= x (x float32)."""
     y = x.to(dtype)
-    return torch.where(y.float() > x, torch.nextafter(y, torch.full_like(y, -math.inf)), y)
+    return torch.where(y.float() > x, torch.nextafter(y, infinity(-1.0, y)), y)
 
 
 def round_up(x: Tensor, dtype: torch.dtype) -> Tensor:
     """The smallest value of ``dtype`` >= x (x float32)."""
     y = x.to(dtype)
-    return torch.where(y.float() < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
+    return torch.where(y.float() < x, torch.nextafter(y, infinity(1.0, y)), y)
 
 
 # --- packing ---------------------------------------------------------------------------------------------------------

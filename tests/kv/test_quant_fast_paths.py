@@ -112,3 +112,16 @@ def test_the_reference_quantizer_is_not_vacuous():
     zero = round_down(x.amin(dim=-1, keepdim=True), torch.float16)
     scale = round_up((x.amax(dim=-1, keepdim=True) - zero.float()) / 15, torch.float16)
     assert scale.item() == 0 and math.isnan(((x - zero.float()) / scale.float()).sum().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rounding_into_the_scale_dtype_gives_the_plain_forms_bits(dtype):
+    """round_up / round_down (nextafter towards a cached 0-dim infinity) = the plain form (towards a full tensor of
+    it), over 35 decades, zeros, subnormals and values beyond the dtype's range; and they bracket x."""
+    x = torch.cat([torch.randn(2000, generator=torch.Generator().manual_seed(5)) * torch.logspace(-45, 6, 2000),
+                   torch.tensor([0.0, -0.0, 1e-40, -1e-40, 7e4, -7e4])])
+    y = x.to(dtype)
+    up = torch.where(y.float() < x, torch.nextafter(y, torch.full_like(y, math.inf)), y)
+    down = torch.where(y.float() > x, torch.nextafter(y, torch.full_like(y, -math.inf)), y)
+    assert torch.equal(round_up(x, dtype), up) and torch.equal(round_down(x, dtype), down)
+    assert bool((round_up(x, dtype).float() >= x).all()) and bool((round_down(x, dtype).float() <= x).all())
