@@ -390,7 +390,8 @@ def grid_specs(bits: tuple = GRID_BITS, axes: tuple[str, ...] = GRID_AXES, group
                residual: int | None = None) -> list[CacheSpec]:
     """bits x layout, every cell with the same exact residual window (``residual``, default GRID_RESIDUAL: none), so
     the layouts are compared on equal terms (kivi's own default of 32 exact tokens against none for the others made
-    the grid compare windows, not layouts)."""
+    the grid compare windows, not layouts). With a window, kivi's keys keep it as the others do (``kivi_keys=window``:
+    the last R exact, not KIVI's T mod R), and any R goes."""
     residual = GRID_RESIDUAL if residual is None else residual
     specs = []
     for b in bits:
@@ -398,6 +399,8 @@ def grid_specs(bits: tuple = GRID_BITS, axes: tuple[str, ...] = GRID_AXES, group
             parts = [f"bits={b}", f"axis={axis}", f"residual={residual}"]
             if group is not None and axis != "token":
                 parts.append(f"group={group}")
+            if axis == "kivi" and residual:
+                parts.append("kivi_keys=window")
             specs.append(parse_cache_spec("quant:" + ",".join(parts)))
     return specs
 

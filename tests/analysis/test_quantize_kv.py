@@ -294,6 +294,15 @@ def test_grid_specs_and_cells():
     assert str(cells[1]) == "quant:axis=token,bits=8,residual=2,symmetric=true"
 
 
+def test_grid_kivi_cells_keep_the_same_window_as_the_others():
+    """With --residual R, the grid's kivi cell keeps its last R keys exact like every other layout
+    (kivi_keys=window: KIVI's own T mod R rule would compare windows, not layouts, and refuses an R that is no
+    multiple of the group); with no window the two rules agree and the spec stays as it was."""
+    kivi = [str(s) for s in qkv.grid_specs((4,), ("kivi",), residual=5)]
+    assert kivi == ["quant:axis=kivi,bits=4,kivi_keys=window,residual=5,symmetric=false"]
+    assert "kivi_keys" not in str(qkv.grid_specs((4,), ("kivi",))[0])
+
+
 def test_ranking_cells_put_full_first_once():
     assert qkv.ranking_cells(qkv.QuantizeKVSettings()) == {}
     cells = qkv.ranking_cells(qkv.QuantizeKVSettings(policies="int8,full,h2o:size=4"))
