@@ -109,6 +109,31 @@ def nibble_table(centroids: Tensor, bits: int) -> Tensor:
     return centroids.float()[codes]
 
 
+def byte_table(centroids: Tensor, bits: int) -> Tensor:
+    """[2^(8 bits), 8] float32: row i holds the centroids of the eight coordinates of one byte position whose
+    planes' bytes are the bytes of i (plane j's byte in bits [8 j, 8 j + 8) of i; coordinate k is bit k of each, as
+    :func:`pack` puts coordinate 8 m + k in bit k of byte m): code_k = sum_j bit(i, 8 j + k) 2^j. For one or two
+    planes (256 or 65,536 rows): one row gather per eight coordinates."""
+    index = torch.arange(2 ** (8 * bits))
+    codes = torch.zeros(index.shape[0], 8, dtype=torch.long)
+    for j in range(bits):
+        for k in range(8):
+            codes[:, k] |= ((index >> (8 * j + k)) & 1) << j
+    return centroids.float()[codes]
+
+
+def byte_index(planes: Tensor, bits: int, width: int) -> Tensor:
+    """Bit-planes [..., bits * width] (bits 1 or 2) -> int32 indices into :func:`byte_table` [..., width]: plane
+    j's byte in bits [8 j, 8 j + 8)."""
+    index = planes[..., :width].to(torch.int32)
+    if bits == 2:
+        index |= planes[..., width : 2 * width].to(torch.int32) << 8
+    return index
+
+
+BYTE_TABLE_BITS = (1, 2)  # MSE codes read a byte position at a time (larger tables: a nibble at a time)
+
+
 def sign_table() -> Tensor:
     """[256, 8] float32: row b holds the signs (+1 for a set bit, -1 else) of the eight coordinates of byte b."""
     bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
@@ -214,16 +239,21 @@ class TurboLayout:
     def dequantize_in_space(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         """n y_mse, and for ``prod`` keys [n y_mse, n ||r|| s] (s the signs of S r): q . k_hat = (q P) . (n y_mse)
         + (qjl_scale S (q P)) . (n ||r|| s), the terms of :meth:`dequantize`'s n (y_mse + r_hat) P^T. The centroids
-        are read four coordinates at a time from :func:`nibble_table` (the planes' nibbles as one index), the signs
-        eight at a time from :func:`sign_table`: row gathers, no per-coordinate shift or lookup."""
+        are read eight coordinates at a time from :func:`byte_table` for one or two MSE planes (the planes' bytes as
+        one index), else four at a time from :func:`nibble_table` (the planes' nibbles as one index), the signs eight
+        at a time from :func:`sign_table`: row gathers, no per-coordinate shift or lookup."""
         width = -(-self.dim // 8)
-        nibbles, signs = self._tables(q.codes.device)
+        centroids, signs = self._tables(q.codes.device)
         shape = (*q.codes.shape[:-1], self.space_width(self.dim))
         if out is None:
             out = torch.empty(shape, dtype=dtype, device=q.codes.device)
         norm = q.scale.float()
-        y = F.embedding(nibble_index(q.codes[..., : self.mse_bits * width], self.mse_bits, width), nibbles)
-        torch.mul(y.flatten(-3)[..., : self.dim], norm, out=out[..., : self.dim])
+        planes = q.codes[..., : self.mse_bits * width]
+        if self.mse_bits in BYTE_TABLE_BITS:
+            y = F.embedding(byte_index(planes, self.mse_bits, width), centroids).flatten(-2)
+        else:
+            y = F.embedding(nibble_index(planes, self.mse_bits, width), centroids).flatten(-3)
+        torch.mul(y[..., : self.dim], norm, out=out[..., : self.dim])
         if self.prod:
             s = F.embedding(q.codes[..., self.mse_bits * width :].to(torch.int32), signs).flatten(-2)[..., : self.dim]
             torch.mul(s, norm * q.zero.float(), out=out[..., self.dim :])
@@ -232,7 +262,8 @@ class TurboLayout:
     def _tables(self, device) -> tuple[Tensor, Tensor]:
         key = ("tables", device)
         if key not in self._on:
-            self._on[key] = (nibble_table(self.centroids, self.mse_bits).to(device), sign_table().to(device))
+            table = byte_table if self.mse_bits in BYTE_TABLE_BITS else nibble_table
+            self._on[key] = (table(self.centroids, self.mse_bits).to(device), sign_table().to(device))
         return self._on[key]
 
     def _query_matrix(self, device) -> Tensor:
