@@ -112,8 +112,8 @@ def nibble_table(centroids: Tensor, bits: int) -> Tensor:
 def byte_table(centroids: Tensor, bits: int) -> Tensor:
     """[2^(8 bits), 8] float32: row i holds the centroids of the eight coordinates of one byte position whose
     planes' bytes are the bytes of i (plane j's byte in bits [8 j, 8 j + 8) of i; coordinate k is bit k of each, as
-    :func:`pack` puts coordinate 8 m + k in bit k of byte m): code_k = sum_j bit(i, 8 j + k) 2^j. For one or two
-    planes (256 or 65,536 rows): one row gather per eight coordinates."""
+    :func:`pack` puts coordinate 8 m + k in bit k of byte m): code_k = sum_j bit(i, 8 j + k) 2^j. One row gather
+    per eight coordinates (256 rows for one plane, 65,536 for two)."""
     index = torch.arange(2 ** (8 * bits))
     codes = torch.zeros(index.shape[0], 8, dtype=torch.long)
     for j in range(bits):
@@ -131,7 +131,8 @@ def byte_index(planes: Tensor, bits: int, width: int) -> Tensor:
     return index
 
 
-BYTE_TABLE_BITS = (1, 2)  # MSE codes read a byte position at a time (larger tables: a nibble at a time)
+BYTE_TABLE_BITS = (1,)  # MSE codes read a byte position at a time (two planes: a nibble at a time, the 65,536-row
+# byte table measured slower inside a forward, where it falls out of the cache between decodes)
 
 
 def sign_table() -> Tensor:
@@ -202,14 +203,22 @@ class TurboLayout:
         v = x.float()
         norm = v.norm(dim=-1, keepdim=True)
         y = v / norm.clamp_min(1e-30)  # unit direction, rotated
-        codes = torch.bucketize(y, edges).to(torch.uint8)  # nearest centroid (edges halfway between)
-        planes = [to_planes(codes, self.mse_bits)]
+        codes = torch.bucketize(y, edges)  # nearest centroid (edges halfway between)
+        bits = (codes.unsqueeze(-2) >> self._plane_shifts(x.device)) & 1  # [..., mse_bits, D]: bit j of each code
         residual_norm = None
         if self.prod:
-            r = y - centroids[codes.long()]
-            planes.append(pack((r @ s.T >= 0).to(torch.uint8), 1))  # sign(S r), one bit a coordinate
+            r = y - centroids[codes]
+            bits = torch.cat([bits, (r @ s.T >= 0).unsqueeze(-2)], -2)  # the last plane: sign(S r)
             residual_norm = r.norm(dim=-1, keepdim=True).to(self.scale_dtype)
-        return QTensor(torch.cat(planes, -1), norm.to(self.scale_dtype), residual_norm, self.name, self.dim)
+        planes = pack(bits.to(torch.uint8), 1).flatten(-2)  # every plane packed in one pass: as :func:`to_planes`
+        return QTensor(planes, norm.to(self.scale_dtype), residual_norm, self.name, self.dim)
+
+    def _plane_shifts(self, device) -> Tensor:
+        """[mse_bits, 1]: 0, 1, ..., mse_bits - 1 (code >> j & 1 is plane j's bit)."""
+        key = ("shifts", device)
+        if key not in self._on:
+            self._on[key] = torch.arange(self.mse_bits, device=device).unsqueeze(-1)
+        return self._on[key]
 
     def dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         centroids, _, p, s = self._dev(q.codes.device)
@@ -239,8 +248,8 @@ class TurboLayout:
     def dequantize_in_space(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         """n y_mse, and for ``prod`` keys [n y_mse, n ||r|| s] (s the signs of S r): q . k_hat = (q P) . (n y_mse)
         + (qjl_scale S (q P)) . (n ||r|| s), the terms of :meth:`dequantize`'s n (y_mse + r_hat) P^T. The centroids
-        are read eight coordinates at a time from :func:`byte_table` for one or two MSE planes (the planes' bytes as
-        one index), else four at a time from :func:`nibble_table` (the planes' nibbles as one index), the signs eight
+        are read eight coordinates at a time from :func:`byte_table` for one MSE plane (its byte as the index),
+        else four at a time from :func:`nibble_table` (the planes' nibbles as one index), the signs eight
         at a time from :func:`sign_table`: row gathers, no per-coordinate shift or lookup."""
         width = -(-self.dim // 8)
         centroids, signs = self._tables(q.codes.device)
