@@ -144,22 +144,21 @@ def sign_table() -> Tensor:
 def nibble_index(planes: Tensor, bits: int, width: int) -> Tensor:
     """Bit-planes [..., bits * width] -> int32 indices into :func:`nibble_table` [..., width, 2] (each byte's low
     and high nibble of every plane, side by side): operations on the packed bytes only (on the bytes themselves
-    while the index fits in 8 bits: one or two planes)."""
+    while the index fits in 8 bits: one or two planes). The planes are first laid out one after another, each
+    contiguous (one copy), so that every operation runs over contiguous memory rather than a strided slice."""
+    p = planes.unflatten(-1, (bits, width)).movedim(-2, 0).contiguous()  # [bits, ..., width]: p[j] is plane j
     if bits <= 2:
-        first = planes[..., :width]
         if bits == 1:
-            low, high = first & 15, first >> 4
+            low, high = p[0] & 15, p[0] >> 4
         else:
-            second = planes[..., width : 2 * width]
-            low = (first & 15) | ((second & 15) << 4)
-            high = (first >> 4) | (second & 240)  # the second plane's high nibble already in bits 4-7
+            low = (p[0] & 15) | (p[1] << 4)  # the second plane's low nibble into bits 4-7 (uint8 drops the rest)
+            high = (p[0] >> 4) | (p[1] & 240)  # the second plane's high nibble already in bits 4-7
         return torch.stack([low, high], -1).to(torch.int32)
-    p = planes.to(torch.int32)
-    low, high = p[..., :width] & 15, p[..., :width] >> 4
+    p = p.to(torch.int32)
+    low, high = p[0] & 15, p[0] >> 4
     for j in range(1, bits):
-        plane = p[..., j * width : (j + 1) * width]
-        low |= (plane & 15) << (4 * j)
-        high |= (plane >> 4) << (4 * j)
+        low |= (p[j] & 15) << (4 * j)
+        high |= (p[j] >> 4) << (4 * j)
     return torch.stack([low, high], -1)
 
 
