@@ -109,6 +109,32 @@ def nibble_table(centroids: Tensor, bits: int) -> Tensor:
     return centroids.float()[codes]
 
 
+def byte_table(centroids: Tensor, bits: int) -> Tensor:
+    """[2^(8 bits), 8] float32: row i holds the centroids of the eight coordinates of one byte position whose
+    planes' bytes are the bytes of i (plane j's byte in bits [8 j, 8 j + 8) of i; coordinate k is bit k of each, as
+    :func:`pack` puts coordinate 8 m + k in bit k of byte m): code_k = sum_j bit(i, 8 j + k) 2^j. One row gather
+    per eight coordinates (256 rows for one plane, 65,536 for two)."""
+    index = torch.arange(2 ** (8 * bits))
+    codes = torch.zeros(index.shape[0], 8, dtype=torch.long)
+    for j in range(bits):
+        for k in range(8):
+            codes[:, k] |= ((index >> (8 * j + k)) & 1) << j
+    return centroids.float()[codes]
+
+
+def byte_index(planes: Tensor, bits: int, width: int) -> Tensor:
+    """Bit-planes [..., bits * width] (bits 1 or 2) -> int32 indices into :func:`byte_table` [..., width]: plane
+    j's byte in bits [8 j, 8 j + 8)."""
+    index = planes[..., :width].to(torch.int32)
+    if bits == 2:
+        index |= planes[..., width : 2 * width].to(torch.int32) << 8
+    return index
+
+
+BYTE_TABLE_BITS = (1,)  # MSE codes read a byte position at a time (two planes: a nibble at a time, the 65,536-row
+# byte table measured slower inside a forward, where it falls out of the cache between decodes)
+
+
 def sign_table() -> Tensor:
     """[256, 8] float32: row b holds the signs (+1 for a set bit, -1 else) of the eight coordinates of byte b."""
     bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
@@ -118,22 +144,21 @@ def sign_table() -> Tensor:
 def nibble_index(planes: Tensor, bits: int, width: int) -> Tensor:
     """Bit-planes [..., bits * width] -> int32 indices into :func:`nibble_table` [..., width, 2] (each byte's low
     and high nibble of every plane, side by side): operations on the packed bytes only (on the bytes themselves
-    while the index fits in 8 bits: one or two planes)."""
+    while the index fits in 8 bits: one or two planes). The planes are first laid out one after another, each
+    contiguous (one copy), so that every operation runs over contiguous memory rather than a strided slice."""
+    p = planes.unflatten(-1, (bits, width)).movedim(-2, 0).contiguous()  # [bits, ..., width]: p[j] is plane j
     if bits <= 2:
-        first = planes[..., :width]
         if bits == 1:
-            low, high = first & 15, first >> 4
+            low, high = p[0] & 15, p[0] >> 4
         else:
-            second = planes[..., width : 2 * width]
-            low = (first & 15) | ((second & 15) << 4)
-            high = (first >> 4) | (second & 240)  # the second plane's high nibble already in bits 4-7
+            low = (p[0] & 15) | (p[1] << 4)  # the second plane's low nibble into bits 4-7 (uint8 drops the rest)
+            high = (p[0] >> 4) | (p[1] & 240)  # the second plane's high nibble already in bits 4-7
         return torch.stack([low, high], -1).to(torch.int32)
-    p = planes.to(torch.int32)
-    low, high = p[..., :width] & 15, p[..., :width] >> 4
+    p = p.to(torch.int32)
+    low, high = p[0] & 15, p[0] >> 4
     for j in range(1, bits):
-        plane = p[..., j * width : (j + 1) * width]
-        low |= (plane & 15) << (4 * j)
-        high |= (plane >> 4) << (4 * j)
+        low |= (p[j] & 15) << (4 * j)
+        high |= (p[j] >> 4) << (4 * j)
     return torch.stack([low, high], -1)
 
 
@@ -177,14 +202,22 @@ class TurboLayout:
         v = x.float()
         norm = v.norm(dim=-1, keepdim=True)
         y = v / norm.clamp_min(1e-30)  # unit direction, rotated
-        codes = torch.bucketize(y, edges).to(torch.uint8)  # nearest centroid (edges halfway between)
-        planes = [to_planes(codes, self.mse_bits)]
+        codes = torch.bucketize(y, edges)  # nearest centroid (edges halfway between)
+        bits = (codes.unsqueeze(-2) >> self._plane_shifts(x.device)) & 1  # [..., mse_bits, D]: bit j of each code
         residual_norm = None
         if self.prod:
-            r = y - centroids[codes.long()]
-            planes.append(pack((r @ s.T >= 0).to(torch.uint8), 1))  # sign(S r), one bit a coordinate
+            r = y - centroids[codes]
+            bits = torch.cat([bits, (r @ s.T >= 0).unsqueeze(-2)], -2)  # the last plane: sign(S r)
             residual_norm = r.norm(dim=-1, keepdim=True).to(self.scale_dtype)
-        return QTensor(torch.cat(planes, -1), norm.to(self.scale_dtype), residual_norm, self.name, self.dim)
+        planes = pack(bits.to(torch.uint8), 1).flatten(-2)  # every plane packed in one pass: as :func:`to_planes`
+        return QTensor(planes, norm.to(self.scale_dtype), residual_norm, self.name, self.dim)
+
+    def _plane_shifts(self, device) -> Tensor:
+        """[mse_bits, 1]: 0, 1, ..., mse_bits - 1 (code >> j & 1 is plane j's bit)."""
+        key = ("shifts", device)
+        if key not in self._on:
+            self._on[key] = torch.arange(self.mse_bits, device=device).unsqueeze(-1)
+        return self._on[key]
 
     def dequantize(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         centroids, _, p, s = self._dev(q.codes.device)
@@ -214,16 +247,21 @@ class TurboLayout:
     def dequantize_in_space(self, q: QTensor, dtype: torch.dtype, out: Tensor | None = None) -> Tensor:
         """n y_mse, and for ``prod`` keys [n y_mse, n ||r|| s] (s the signs of S r): q . k_hat = (q P) . (n y_mse)
         + (qjl_scale S (q P)) . (n ||r|| s), the terms of :meth:`dequantize`'s n (y_mse + r_hat) P^T. The centroids
-        are read four coordinates at a time from :func:`nibble_table` (the planes' nibbles as one index), the signs
-        eight at a time from :func:`sign_table`: row gathers, no per-coordinate shift or lookup."""
+        are read eight coordinates at a time from :func:`byte_table` for one MSE plane (its byte as the index),
+        else four at a time from :func:`nibble_table` (the planes' nibbles as one index), the signs eight
+        at a time from :func:`sign_table`: row gathers, no per-coordinate shift or lookup."""
         width = -(-self.dim // 8)
-        nibbles, signs = self._tables(q.codes.device)
+        centroids, signs = self._tables(q.codes.device)
         shape = (*q.codes.shape[:-1], self.space_width(self.dim))
         if out is None:
             out = torch.empty(shape, dtype=dtype, device=q.codes.device)
         norm = q.scale.float()
-        y = F.embedding(nibble_index(q.codes[..., : self.mse_bits * width], self.mse_bits, width), nibbles)
-        torch.mul(y.flatten(-3)[..., : self.dim], norm, out=out[..., : self.dim])
+        planes = q.codes[..., : self.mse_bits * width]
+        if self.mse_bits in BYTE_TABLE_BITS:
+            y = F.embedding(byte_index(planes, self.mse_bits, width), centroids).flatten(-2)
+        else:
+            y = F.embedding(nibble_index(planes, self.mse_bits, width), centroids).flatten(-3)
+        torch.mul(y[..., : self.dim], norm, out=out[..., : self.dim])
         if self.prod:
             s = F.embedding(q.codes[..., self.mse_bits * width :].to(torch.int32), signs).flatten(-2)[..., : self.dim]
             torch.mul(s, norm * q.zero.float(), out=out[..., self.dim :])
@@ -232,7 +270,8 @@ class TurboLayout:
     def _tables(self, device) -> tuple[Tensor, Tensor]:
         key = ("tables", device)
         if key not in self._on:
-            self._on[key] = (nibble_table(self.centroids, self.mse_bits).to(device), sign_table().to(device))
+            table = byte_table if self.mse_bits in BYTE_TABLE_BITS else nibble_table
+            self._on[key] = (table(self.centroids, self.mse_bits).to(device), sign_table().to(device))
         return self._on[key]
 
     def _query_matrix(self, device) -> Tensor:

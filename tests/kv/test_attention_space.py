@@ -237,3 +237,18 @@ def test_two_rows_reordered_attend_alike_on_both_paths(spec):
 
     torch.testing.assert_close(run(True), run(False), rtol=0, atol=2e-5)
 
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_the_byte_table_decodes_every_pair_of_plane_bytes_as_from_planes_does(bits):
+    """Every byte value of every plane (all 65,536 pairs for two planes), decoded by one row of the byte table per
+    byte position, against from_planes and a centroid per coordinate."""
+    import torch.nn.functional as F
+
+    from decodelab.core.kv.turbo import byte_index, byte_table, from_planes, lloyd_max
+
+    centroids = lloyd_max(32, bits).float()
+    values = torch.arange(2 ** (8 * bits))
+    planes = torch.stack([(values >> (8 * j)) & 255 for j in range(bits)], -1).to(torch.uint8)  # [N, bits], width 1
+    got = F.embedding(byte_index(planes, bits, 1), byte_table(centroids, bits)).flatten(-2)
+    assert torch.equal(got, centroids[from_planes(planes, bits, 8).long()])

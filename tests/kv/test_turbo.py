@@ -167,3 +167,24 @@ def test_keys_and_values_keep_their_own_codes():
     assert layer.k.q.zero is not None and layer.v.q.zero is None
     assert layer.k.q.codes.shape[-1] == layer.v.q.codes.shape[-1]  # 2 MSE planes + 1 sign plane vs 3 MSE planes
     assert "QJL" in rt.policy.describe()["keys"] and "QJL" not in rt.policy.describe()["values"]
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4])
+@pytest.mark.parametrize("prod", [True, False])
+@pytest.mark.parametrize("dim", [20, 32])
+def test_the_stored_planes_are_the_nearest_centroids_bits_then_the_qjl_signs(bits, prod, dim):
+    """The bytes a token is stored as, written out plane by plane: the nearest centroid of each rotated coordinate
+    (argmin of the distance, not the midpoints), its bits as planes, then for ``prod`` the signs of S r packed."""
+    from decodelab.core.kv.quantize import pack
+
+    layout = TurboLayout(bits, prod, torch.float16, dim)
+    x = torch.randn(2, 3, 5, dim, generator=torch.Generator().manual_seed(bits))
+    q = layout.quantize(x)
+    rotated = x @ layout.p
+    y = rotated / rotated.norm(dim=-1, keepdim=True)
+    codes = (y.unsqueeze(-1) - layout.centroids).abs().argmin(-1)
+    planes = [to_planes(codes.to(torch.uint8), layout.mse_bits)]
+    if prod:
+        r = y - layout.centroids[codes]
+        planes.append(pack((r @ layout.s.T >= 0).to(torch.uint8), 1))
+    assert torch.equal(q.codes, torch.cat(planes, -1))
