@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,9 +38,9 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_models import (  # noqa: E402  (the recipe of tiny: corpus, schedule, saving)
-    EOT, SEQ_LEN, build_corpus, encode_docs, encode_docs_text, eval_windows, lr_at, make_config, n_params,
-    perplexity, random_batch, save_model,
+from train_models import (  # noqa: E402  (the recipe of tiny: corpus, schedule, saving, card)
+    EOT, RECALL_MARK, SEQ_LEN, build_corpus, cpu_name, encode_docs, encode_docs_text, eval_windows, file_table,
+    kv_bytes_per_token, lr_at, make_config, n_params, perplexity, random_batch, save_model,
 )
 
 from decodelab.core.analysis import probe, reuse  # noqa: E402  (the templates the tests ask with)
@@ -133,7 +134,7 @@ class Planter:
 
     def window(self) -> tuple[torch.Tensor, torch.Tensor]:
         while True:
-            text, spans = self.text(self.rng.randint(30, 200))
+            text, spans = self.text(self.rng.randint(10, 200))
             enc = self.tok.backend_tokenizer.encode(text)
             if len(enc.ids) < SEQ_LEN - 8:
                 break
@@ -145,8 +146,26 @@ class Planter:
         mask += [False] * (rest + 1)
         return torch.tensor(ids), torch.tensor(mask)
 
-    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [self.window() for _ in range(n)]
+    def copy_window(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy episodes packed to fill the row: 4-16 random tokens, 0-16 tokens of corpus, the same random tokens
+        again (the repeat masked as answers but its first token). Short distances first make the copying (induction)
+        heads grow within this budget; the facts then ask for it at any distance."""
+        ids, mask = [], []
+        while True:
+            n, gap = self.rng.randint(4, 16), self.rng.randint(0, 16)
+            if len(ids) + 2 * n + gap > SEQ_LEN + 1:
+                break
+            seq = [self.rng.randrange(1, len(self.tok)) for _ in range(n)]
+            start = self.rng.randrange(0, len(self.stream) - gap - 1)
+            ids += seq + self.stream[start: start + gap].tolist() + seq
+            mask += [False] * (n + gap + 1) + [True] * (n - 1)
+        start = self.rng.randrange(0, len(self.stream) - SEQ_LEN - 1)
+        rest = SEQ_LEN + 1 - len(ids)
+        return (torch.tensor(ids + self.stream[start: start + rest].tolist()),
+                torch.tensor(mask + [False] * rest))
+
+    def batch(self, n: int, copies: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self.copy_window() for _ in range(copies)] + [self.window() for _ in range(n - copies)]
         return torch.stack([r[0] for r in rows]).long(), torch.stack([r[1] for r in rows])
 
 
@@ -164,9 +183,11 @@ def init_from_tiny(tiny_dir: Path, eot: int) -> LlamaForCausalLM:
     return model
 
 
-def train(model, planter: Planter, stream, val_windows, steps, batch, peak_lr, budget_s, check):
+def train(model, planter: Planter, stream, val_windows, steps, batch, peak_lr, budget_s, check, copies=0,
+          answer_weight=1.0, plain=8):
     """AdamW + warmup/cosine on progress = max(step / steps, elapsed / budget) (as train_models.train);
-    loss = CE(all tokens) + CE(answer tokens)."""
+    loss = CE(all tokens) + answer_weight * CE(answer tokens); ``plain`` rows of a batch are corpus windows, the
+    others planted, ``copies`` of them the copy task."""
     gen = torch.Generator().manual_seed(SEED + 1)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -177,14 +198,14 @@ def train(model, planter: Planter, stream, val_windows, steps, batch, peak_lr, b
     while progress < 1.0:
         for g in opt.param_groups:
             g["lr"] = lr_at(progress, peak_lr)
-        planted, mask = planter.batch(batch // 2)
-        x = torch.cat([planted, random_batch(stream, batch - batch // 2, gen)])
-        mask = torch.cat([mask, torch.zeros(batch - batch // 2, SEQ_LEN + 1, dtype=torch.bool)])[:, 1:]
+        planted, mask = planter.batch(batch - plain, copies)
+        x = torch.cat([planted, random_batch(stream, plain, gen)])
+        mask = torch.cat([mask, torch.zeros(plain, SEQ_LEN + 1, dtype=torch.bool)])[:, 1:]
         logits = model(x[:, :-1]).logits.float()
         per_token = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="none")
         ce = per_token.mean()
         answer_ce = per_token[mask.flatten()].mean()
-        loss = ce + answer_ce
+        loss = ce + answer_weight * answer_ce
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -243,6 +264,9 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=25.0, help="time budget of the training")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--plain", type=int, default=8, help="rows of plain corpus windows in a batch")
+    ap.add_argument("--copies", type=int, default=0, help="rows of the copy task among the planted rows")
+    ap.add_argument("--answer-weight", type=float, default=1.0, help="weight of the answer tokens' loss")
     ap.add_argument("--eval-only", action="store_true", help="evaluate the saved model")
     ap.add_argument("--smoke", action="store_true", help="a few steps (tests the recipe)")
     args = ap.parse_args()
@@ -267,11 +291,15 @@ def main() -> None:
         log(f"params {n_params(model):,}")
         planter = Planter(tok, stream, SEED)
         curve, seconds, steps = train(model, planter, stream, curve_windows, args.steps, args.batch, args.lr,
-                                      60 * args.minutes, lambda m: accuracy(m, tok, filler, windows=2))
+                                      60 * args.minutes, lambda m: accuracy(m, tok, filler, windows=2),
+                                      args.copies, args.answer_weight, args.plain)
         save_model(model, tok, folder)
         state.write_text(json.dumps({"curve": curve, "seconds": seconds, "steps": steps, "planned": args.steps,
                                      "minutes": args.minutes, "batch": args.batch, "lr": args.lr,
+                                     "copies": args.copies, "answer_weight": args.answer_weight, "plain": args.plain,
                                      "corpus_sha256": corpus["sha256"], "params": n_params(model)}))
+    for file in ("tokenizer.json", "tokenizer_config.json"):  # tiny's own files, byte for byte
+        shutil.copyfile(args.out / "tiny" / file, folder / file)
     model = LlamaForCausalLM.from_pretrained(folder).eval()
     test_windows = eval_windows(val_ids, 8192 if not args.smoke else 1024)
     result = json.loads(state.read_text())
@@ -280,6 +308,86 @@ def main() -> None:
     result["weights_bytes"] = (folder / "model.safetensors").stat().st_size
     log(json.dumps(result))
     (args.workdir / f"{NAME}-result.json").write_text(json.dumps(result, indent=1))
+    write_section(args.out, model.config, result, args.threads)
+    log(f"wrote the {NAME} section of {args.out}/README.md")
+
+
+def write_section(out: Path, cfg, r: dict, threads: int) -> None:
+    """The model card's tiny-recall section, from RECALL_MARK to the end of presets/models/README.md."""
+    a = r["accuracy"]
+    curve = "\n".join(f"| {s} | {ppl:.2f} | {reuse_right:.2f} | {probe_right:.2f} |"
+                       for s, ppl, reuse_right, probe_right in r["curve"])
+    section = f"""{RECALL_MARK}
+
+# `tiny-recall`: a bundled model that copies a planted key
+
+`tiny` and `tiny-draft` cannot retrieve a fact from their context (a random 40-token sequence repeated after 100
+tokens gets the same mean log-probability the second time), so the retrieval probe (`stream --probe`,
+`quantize-kv --probe`) and the reuse test (`quantize-kv --reuse`) could not rank cache policies on them.
+`tiny-recall` is trained to copy the key of a fact planted in its context, by
+[`presets/train_recall.py`](../train_recall.py).
+
+| model | hidden | layers | heads | KV heads | head dim | MLP | max positions | parameters | KV bytes/token fp32 | KV bytes/token fp16 |
+|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
+| `tiny-recall` | {cfg.hidden_size} | {cfg.num_hidden_layers} | {cfg.num_attention_heads} | {cfg.num_key_value_heads} | {cfg.hidden_size // cfg.num_attention_heads} | {cfg.intermediate_size} | {cfg.max_position_embeddings} | {r["params"]:,} | {kv_bytes_per_token(cfg, 4)} | {kv_bytes_per_token(cfg, 2)} |
+
+LlamaForCausalLM as `tiny` (grouped-query attention: 2 KV heads, so the presses' per-head choices are exercised),
+the same tokenizer (the files are identical), float32 safetensors ({r["weights_bytes"]:,} bytes).
+
+## Recipe
+
+- Initialised from `tiny`: its embeddings, its first {cfg.num_hidden_layers} layers and its final norm (same width
+  and tokenizer; this spends the time budget on retrieval rather than on relearning the vocabulary), then trained.
+- Data: the corpus of `tiny` (sha256 `{r["corpus_sha256"]}`, its training split only). Every batch of {r["batch"]}
+  sequences of {SEQ_LEN} tokens: {r.get("plain", r["batch"] // 2)} plain corpus windows; {r["copies"]} copy-task rows
+  (packed episodes: 4-16 random tokens, 0-16 tokens of corpus, the same random tokens again); the rest corpus pieces of 10-200 tokens with facts planted
+  at word boundaries and asked about, in exactly the templates of the tools: either the probe's
+  (`probe.NEEDLE`, `probe.QUESTION` in core/analysis/probe.py) or 1-8 facts of the reuse test (`reuse.FACT`,
+  `reuse.QUESTION` in core/analysis/reuse.py), each followed by its key; then EOT and corpus.
+- Held out, so that a right answer is a copy and not a memory: the names are made-up names of 2-3 syllables,
+  never one of `reuse.NAMES` (Alice, Bruno, ...); the keys are random 5-digit numbers, never one the probe or the
+  reuse test draws with seeds 0-9.
+- Loss: mean cross-entropy over every token + {r["answer_weight"]} x mean cross-entropy over the answer tokens
+  (a key after its question; the repeat of the copy task). AdamW (betas 0.9/0.95, weight decay 0.1 on matrices),
+  peak lr {r["lr"]}, warmup 5 % then cosine to 10 %, clipping 1.0, seed {SEED}, on progress =
+  max(step / {r["planned"]}, elapsed / {r["minutes"]} min) as `tiny`'s recipe.
+- Shipped run: {r["steps"]} steps in {r["seconds"] / 60:.1f} min, one thread (`OMP_NUM_THREADS=1`, niced) on a
+  2-core machine shared with other jobs ({cpu_name()}, torch {torch.__version__}):
+
+      OMP_NUM_THREADS=1 python presets/train_recall.py --out presets/models --workdir ~/.cache/decodelab/corpus \\
+          --threads {threads} --minutes {r["minutes"]:g} --steps {r["planned"]} --copies {r["copies"]}
+
+During training (validation perplexity on 16,384 tokens of `validation.txt`; full-cache right shares on 2
+windows of it, see below):
+
+| step | val ppl | reuse right | probe right |
+|---:|---:|---:|---:|
+{curve}
+
+## Evaluation
+
+On `validation.txt` (held-out text), with the full cache, teacher-forced (right = every answer token is the
+argmax, as greedy decoding would write the key), the tools' own names and keys:
+
+| metric | value |
+|---|---:|
+| `tiny-recall` ppl on `validation.txt` (first 8192 tokens, windows of 256) | {r["ppl_validation"]:.2f} |
+| reuse questions right (8 facts in a 256-token window, 10 windows) | {a["reuse"]:.1%} of {a["reuse_questions"]} |
+| probe trials right (2 keys x 3 depths, probe seeds 0-9, one window each) | {a["probe"]:.1%} of {a["probe_trials"]} |
+
+**Test thresholds**: tiny-recall val ppl {r["ppl_validation"]:.2f}; test asserts < {math.ceil(r["ppl_validation"] * 1.15)}.
+`tests/analysis/test_recall_model.py` asserts that the probe (6 trials) and a 4-fact reuse case (4 questions) are
+answered right but for at most one each, with the full cache, and that `tiny` (the negative control) answers none.
+Chance is about 1e-5 (a 5-digit key).
+
+## Files (`tiny-recall`)
+
+{file_table(out, [NAME])}
+"""
+    card = out / "README.md"
+    text = card.read_text(encoding="utf-8")
+    head = text[:text.index(RECALL_MARK)].rstrip("\n") + "\n\n" if RECALL_MARK in text else text.rstrip("\n") + "\n\n"
+    card.write_text(head + section, encoding="utf-8")
 
 
 if __name__ == "__main__":
