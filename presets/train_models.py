@@ -532,7 +532,7 @@ def write_card(out: Path, r: dict) -> None:
     sink_rows = "\n".join(f"| {l} | {a:.4f} | {b:.4f} | {c:.1f} |" for l, a, b, c in r["sinks"])
     sample_rows = "\n".join(f"| {md_escape(p)} | {md_escape(g)} | {md_escape(s)} |" for p, g, s in r["samples"])
     t = r["thresholds"]
-    card = f"""# Bundled models: `tiny` and `tiny-draft`
+    card = f"""# Bundled models: `tiny` and `tiny-draft` (and `tiny-recall`, at the end)
 
 Two very small Llama-architecture causal LMs trained from scratch on CPU by
 [`presets/train_models.py`](../train_models.py), so that every decodelab command works offline.
