@@ -52,7 +52,7 @@ Prompt = Annotated[Optional[str], typer.Argument(help="The prompt text; '-' read
                                                   "dropped, as echo adds it).", show_default=False)]
 PromptFile = Annotated[Optional[Path], typer.Option("--prompt-file", help="Read the prompt from a file.",
                                                     rich_help_panel=RUN)]
-Model = Annotated[str, typer.Option("--model", "-m", help="Bundled name (tiny, tiny-draft), a local model folder, "
+Model = Annotated[str, typer.Option("--model", "-m", help="Bundled name (tiny, tiny-draft, tiny-recall), a local model folder, "
                                     "or a model id already in the local HF cache. Never downloads.",
                                     rich_help_panel=RUN)]
 Preset = Annotated[Optional[str], typer.Option("--preset", "-p", help="Bundled preset name or a path to a .toml.",

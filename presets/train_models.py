@@ -532,7 +532,7 @@ def write_card(out: Path, r: dict) -> None:
     sink_rows = "\n".join(f"| {l} | {a:.4f} | {b:.4f} | {c:.1f} |" for l, a, b, c in r["sinks"])
     sample_rows = "\n".join(f"| {md_escape(p)} | {md_escape(g)} | {md_escape(s)} |" for p, g, s in r["samples"])
     t = r["thresholds"]
-    card = f"""# Bundled models: `tiny` and `tiny-draft`
+    card = f"""# Bundled models: `tiny` and `tiny-draft` (and `tiny-recall`, at the end)
 
 Two very small Llama-architecture causal LMs trained from scratch on CPU by
 [`presets/train_models.py`](../train_models.py), so that every decodelab command works offline.
@@ -649,7 +649,17 @@ Hashes of every shipped file (the tests check them):
 
 {file_table(out, ["tiny", "tiny-draft", "validation.txt"])}
 """
-    (out / "README.md").write_text(card, encoding="utf-8")
+    (out / "README.md").write_text(card + recall_section(out), encoding="utf-8")
+
+
+RECALL_MARK = "<!-- tiny-recall: this section is written by presets/train_recall.py -->"
+
+
+def recall_section(out: Path) -> str:
+    """The card's tiny-recall section as train_recall.py wrote it (kept when this script rewrites the card)."""
+    card = out / "README.md"
+    text = card.read_text(encoding="utf-8") if card.is_file() else ""
+    return "\n" + text[text.index(RECALL_MARK):] if RECALL_MARK in text else ""
 
 
 # ---------------------------------------------------------------------------------------------

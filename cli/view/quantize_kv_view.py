@@ -127,8 +127,9 @@ def ranking_views(report) -> list:
     if report.probe is not None:
         out.append(Text("probe: " + report.probe["verdict"], style="cyan"))
     if report.reuse:
-        from .reuse import reuse_table, reuse_verdict
-        out += [reuse_table(report.reuse), Text("reuse: " + reuse_verdict(report.reuse), style="cyan")]
+        from .reuse import reuse_plot, reuse_table, reuse_verdict
+        out += [reuse_table(report.reuse), reuse_plot(report.reuse),
+                Text("reuse: " + reuse_verdict(report.reuse), style="cyan")]
     return out
 
 

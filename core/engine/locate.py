@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import ModelLoadError
 
-BUNDLED = ("tiny", "tiny-draft")
+BUNDLED = ("tiny", "tiny-draft", "tiny-recall")
 
 
 def bundled_dir(name: str) -> Path:

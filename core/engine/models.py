@@ -24,9 +24,10 @@ from .locate import BUNDLED, bundled_dir, cached_snapshot, hub_offline  # noqa: 
 from .locate import model_folder as find_model_folder
 from .machine_load import load_average
 
-# the windows the bundled models were trained on (presets/train_models.py: sequence length 256), shorter than the
-# positions their config allows (max_position_embeddings 512): past 256 tokens they extrapolate
-TRAINED_CONTEXT = {"tiny": 256, "tiny-draft": 256}
+# the windows the bundled models were trained on (presets/train_models.py and train_recall.py: sequence length
+# 256), shorter than the positions their config allows (max_position_embeddings 512): past 256 tokens they
+# extrapolate
+TRAINED_CONTEXT = {"tiny": 256, "tiny-draft": 256, "tiny-recall": 256}
 DEVICES = ("auto", "cpu", "cuda", "mps")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -101,3 +101,22 @@ def test_the_verdict_says_when_the_full_cache_answers_nothing():
     assert reuse_verdict(nothing).startswith("the full cache answers no question")
     assert reuse_verdict([{"first_right": True, "others_right": 0.5}]).startswith("policies ranked")
     assert bar(0.0) == "█" * 10 and bar(float("-inf")) == "·" * 10 and bar(-0.6931471805599453) == "█" * 5 + "·" * 5
+
+
+def test_the_plot_shows_the_mean_probability_of_the_other_questions():
+    """The plot's second bar is the mean of exp(logprob) over questions 2..K (here (0.5 + 0) / 2 = 0.25: 6 of 24
+    characters), not exp of the mean log-probability (which would be 0)."""
+    from rich.console import Console
+
+    from decodelab.cli.view.reuse import PLOT, reuse_plot
+
+    answers = [{"name": n, "logprob": lp, "right": lp == 0.0}
+               for n, lp in (("A", 0.0), ("B", -0.6931471805599453), ("C", float("-inf")))]
+    rows = [{"policy": "some-press", "first_logprob": 0.0, "first_right": True, "others_right": 0.0,
+             "answers": answers}]
+    console = Console(width=200, record=True)
+    console.print(reuse_plot(rows))
+    line = next(t for t in console.export_text().splitlines() if "some-press" in t)
+    assert "█" * PLOT + " 1.00" in line
+    assert "█" * 6 + "·" * 18 + " 0.25" in line
+    assert "yes / 0%" in line

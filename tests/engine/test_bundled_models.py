@@ -1,7 +1,8 @@
-"""The bundled models `tiny` and `tiny-draft` load offline with plain transformers and are trained.
+"""The bundled models `tiny`, `tiny-draft` and `tiny-recall` load offline with plain transformers and are trained.
 
 Everything is checked against the model card `presets/models/README.md` written by
-`presets/train_models.py`: the file hashes and the perplexity / agreement thresholds are parsed from it.
+`presets/train_models.py` (its `tiny-recall` section by `presets/train_recall.py`): the file hashes and the
+perplexity / agreement thresholds are parsed from it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 MODELS = Path(__file__).parents[2] / "presets" / "models"
 CARD = MODELS / "README.md"
-NAMES = ("tiny", "tiny-draft")
+NAMES = ("tiny", "tiny-draft", "tiny-recall")
 EOT = "<|endoftext|>"
 SEQ_LEN = 256            # the recipe's evaluation windows: SEQ_LEN + 1 tokens, stride SEQ_LEN
 MAX_WEIGHT_BYTES = 25_000_000
@@ -93,9 +94,10 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(MODELS / "tiny")
 
 
-def test_both_models_ship_the_same_tokenizer():
+def test_every_model_ships_the_same_tokenizer():
     for file in ("tokenizer.json", "tokenizer_config.json"):
-        assert (MODELS / "tiny" / file).read_bytes() == (MODELS / "tiny-draft" / file).read_bytes()
+        for other in ("tiny-draft", "tiny-recall"):
+            assert (MODELS / "tiny" / file).read_bytes() == (MODELS / other / file).read_bytes(), (other, file)
 
 
 def test_tokenizer_special_tokens(tokenizer):
@@ -181,6 +183,12 @@ def test_draft_validation_perplexity_below_card_threshold(val_logits, val_window
     ppl = perplexity(val_logits["tiny-draft"], val_windows)
     assert ppl < card_number(r"tiny-draft val ppl [\d.]+; test asserts < (\d+)")
     assert ppl > perplexity(val_logits["tiny"], val_windows)   # the draft is the weaker model
+
+
+def test_recall_validation_perplexity_below_card_threshold(val_logits, val_windows):
+    ppl = perplexity(val_logits["tiny-recall"], val_windows)
+    assert ppl < card_number(r"tiny-recall val ppl [\d.]+; test asserts < (\d+)")
+    assert ppl < 200   # an untrained model sits near the vocab size (4096)
 
 
 def test_draft_agrees_with_target_greedily(val_logits):

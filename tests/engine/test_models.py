@@ -133,7 +133,7 @@ def test_the_bundled_table_against_the_files_themselves():
     from safetensors import safe_open
 
     rows = models.describe_bundled()
-    assert [r["name"] for r in rows] == ["tiny", "tiny-draft"]
+    assert [r["name"] for r in rows] == ["tiny", "tiny-draft", "tiny-recall"]
     for row in rows:
         folder = models.bundled_dir(row["name"])
         cfg = json.loads((folder / "config.json").read_text())
@@ -170,7 +170,8 @@ def test_a_model_spec_is_a_bundled_name_a_folder_or_a_cached_hub_id(tmp_path, hf
     for spec in (str(tmp_path / "absent"), "./absent", "~/absent-decodelab-folder"):
         with pytest.raises(ModelLoadError) as err:
             models.model_folder(spec)
-        assert str(err.value) == (f"--model {spec}: no model folder there; give a bundled name (tiny, tiny-draft), "
+        assert str(err.value) == (f"--model {spec}: no model folder there; give a bundled name "
+                                  "(tiny, tiny-draft, tiny-recall), "
                                   "a local model folder or a model id in the local Hugging Face cache")
     a_file = tmp_path / "weights.bin"
     a_file.write_text("x")
@@ -188,7 +189,8 @@ def test_a_bundled_name_whose_files_are_missing(tmp_path, monkeypatch):
 def test_a_hub_id_not_in_the_cache_or_not_an_id(hf_cache):
     with pytest.raises(ModelLoadError) as err:
         models.cached_snapshot("someorg/absent")
-    assert str(err.value) == ("--model someorg/absent: not a bundled name (tiny, tiny-draft), a local folder, or a "
+    assert str(err.value) == ("--model someorg/absent: not a bundled name (tiny, tiny-draft, tiny-recall), a local "
+                              "folder, or a "
                               "model in the local Hugging Face cache (decodelab never downloads)")
     with pytest.raises(ModelLoadError) as err:
         models.cached_snapshot("a/b/c/d")
@@ -196,7 +198,8 @@ def test_a_hub_id_not_in_the_cache_or_not_an_id(hf_cache):
 
     with pytest.raises(ValueError) as invalid:  # the hub's own reason, its first line
         validate_repo_id("a/b/c/d")
-    assert str(err.value) == ("--model a/b/c/d: not a bundled name (tiny, tiny-draft), a local folder, or a model in "
+    assert str(err.value) == ("--model a/b/c/d: not a bundled name (tiny, tiny-draft, tiny-recall), a local folder, "
+                              "or a model in "
                               "the local Hugging Face cache (decodelab never downloads): "
                               + str(invalid.value).strip().splitlines()[0])
 
