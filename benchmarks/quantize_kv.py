@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from decodelab.core.kv import KVPolicy, ModelInfo, choice, non_negative_int, parse_cache_spec, positive_int, register
+from decodelab.core.kv import KVPolicy, ModelInfo, parse_cache_spec, register
+from decodelab.core.kv.protocol import choice, non_negative_int, positive_int
 from decodelab.core.engine.models import load_model
 from decodelab.core.engine.forward import model_info
 from decodelab.core.analysis.quantize_kv import fidelity
