@@ -130,7 +130,7 @@ def test_models_json(cli):
     code, out, _ = cli("models", "-f", "json")
     doc = json.loads(out)
     assert code == 0
-    assert [m["name"] for m in doc["models"]] == ["tiny", "tiny-draft"]
+    assert [m["name"] for m in doc["models"]] == ["tiny", "tiny-draft", "tiny-recall"]
     names = {p["name"] for p in doc["presets"]}
     assert {"greedy", "nucleus", "creative", "softcap"} <= names
 

@@ -19,10 +19,10 @@ def in_fresh_python(*args: str) -> tuple[int, str, list[str]]:
 
 
 CASES = [
-    (["sample", "Once", "-m", "someorg/nosuch"], "--model someorg/nosuch: not a bundled name (tiny, tiny-draft), a "
+    (["sample", "Once", "-m", "someorg/nosuch"], "--model someorg/nosuch: not a bundled name (tiny, tiny-draft, tiny-recall), a "
      "local folder, or a model in the local Hugging Face cache (decodelab never downloads)"),
     (["sample", "Once", "-m", "gpt2"], "--model gpt2: not a bundled name"),
-    (["speculate", "Once", "--draft", "tiny-drft"], "--draft tiny-drft: not a bundled name (tiny, tiny-draft)"),
+    (["speculate", "Once", "--draft", "tiny-drft"], "--draft tiny-drft: not a bundled name (tiny, tiny-draft, tiny-recall)"),
     (["score", "Once upon", "--against", "nosuch"], "--against nosuch: not a bundled name"),
     (["sample", ""], "PROMPT: the prompt is empty (0 tokens); give some text"),
     (["beam", "", "-m", "tiny-draft"], "PROMPT: the prompt is empty (0 tokens); give some text"),
