@@ -399,8 +399,8 @@ def append_together(streams: list[Stream], new: list[Tensor]) -> None:
     if len(shapes) == 1 and len({id(s.layout) for s in streams}) == 1 and len(streams) > 1:
         rows = leaving[0].shape[0]
         q = streams[0].layout.code(torch.cat(leaving))
-        for i, stream in enumerate(streams):
-            stream.add(q.map(lambda t, i=i: t[i * rows : (i + 1) * rows]))
+        for stream, part in zip(streams, split_q(q, rows)):
+            stream.add(part)
         return
     for stream, t in zip(streams, leaving):
         if t is not None:

@@ -136,9 +136,9 @@ BYTE_TABLE_BITS = (1,)  # MSE codes read a byte position at a time (two planes: 
 
 
 def sign_table() -> Tensor:
-    """[256, 8] float32: row b holds the signs (+1 for a set bit, -1 else) of the eight coordinates of byte b."""
-    bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
-    return bits.float() * 2 - 1
+    """[256, 8] float32: row b holds the signs (+1 for a set bit, -1 else) of the eight coordinates of byte b: the
+    one-plane :func:`byte_table` of the two "centroids" -1 (bit 0) and +1 (bit 1)."""
+    return byte_table(torch.tensor([-1.0, 1.0]), 1)
 
 
 def nibble_index(planes: Tensor, bits: int, width: int) -> Tensor:
