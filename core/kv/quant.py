@@ -215,8 +215,41 @@ class Stream:
     def __init__(self, layout: Layout, residual: int, tail_dtype: torch.dtype | None = None, chunked: bool = False):
         self.layout, self.residual, self.chunked = layout, residual, chunked
         self.tail_dtype = tail_dtype  # the exact tail's storage dtype (None: the model's, as fed)
-        self.q: QTensor | None = None
-        self.tail: Tensor | None = None
+        self._q: QTensor | None = None
+        self._tail: Tensor | None = None
+        # a member of a :class:`Joint` (its rows there, index ``index``) holds no tensors of its own; ``q`` and
+        # ``tail`` then read its rows of the joint's, and setting either gives every member its own copy first
+        self.joint: Joint | None = None
+        self.index = 0
+
+    @property
+    def q(self) -> QTensor | None:
+        """The quantized tokens (codes, scales, zero points)."""
+        if self.joint is None:
+            return self._q
+        return None if self.joint.q is None else self.joint.q.map(self.joint.rows_of(self.index))
+
+    @q.setter
+    def q(self, value: QTensor | None) -> None:
+        self.leave_joint()
+        self._q = value
+
+    @property
+    def tail(self) -> Tensor | None:
+        """The exact tail (stored rotated for a rotating layout)."""
+        if self.joint is None:
+            return self._tail
+        return None if self.joint.tail is None else self.joint.rows_of(self.index)(self.joint.tail)
+
+    @tail.setter
+    def tail(self, value: Tensor | None) -> None:
+        self.leave_joint()
+        self._tail = value
+
+    def leave_joint(self) -> None:
+        """Before this stream's tensors change on their own: every member of its joint gets its own copy."""
+        if self.joint is not None:
+            self.joint.dissolve()
 
     def own(self, x: Tensor) -> Tensor:
         """A copy of ``x`` in the tail's storage dtype (its own storage, never a view)."""
@@ -224,11 +257,13 @@ class Stream:
 
     @property
     def quantized(self) -> int:
-        return 0 if self.q is None else self.layout.tokens(self.q)
+        q = self._q if self.joint is None else self.joint.q  # token counts: every member's are the joint's
+        return 0 if q is None else self.layout.tokens(q)
 
     @property
     def exact(self) -> int:
-        return 0 if self.tail is None else self.tail.shape[2]
+        tail = self._tail if self.joint is None else self.joint.tail
+        return 0 if tail is None else tail.shape[2]
 
     @property
     def tokens(self) -> int:
@@ -309,8 +344,51 @@ class Stream:
             self.tail = self.tail.index_select(0, rows.to(self.tail.device))
 
     def nbytes(self) -> int:
+        if self.joint is not None:
+            return self.joint.share()
+        tail = 0 if self._tail is None else self._tail.numel() * self._tail.element_size()
+        return (0 if self._q is None else self._q.nbytes) + tail
+
+
+class Joint:
+    """The stored tokens of several streams of one kind (the keys of every layer, say) as one set of tensors: codes,
+    scales, zero points and exact tail, each with the members' rows one after another on the batch dim (member i's
+    rows [i B, (i + 1) B)). What the members store is what they would store alone, bit for bit (a scale never spans
+    rows); appending to every member is then one operation a tensor instead of one a member. Its bytes are the
+    members' together: each member reports its rows' share (every tensor's batch dim is members x B, so the shares
+    are equal and add up to the storage exactly)."""
+
+    def __init__(self, members: list[Stream], q: QTensor | None, tail: Tensor | None):
+        self.members, self.q, self.tail = members, q, tail
+        self.rows = (q.codes if q is not None else tail).shape[0] // len(members)
+        for i, stream in enumerate(members):
+            stream._q = stream._tail = None
+            stream.joint, stream.index = self, i
+
+    @staticmethod
+    def of(streams: list[Stream]) -> Joint | None:
+        """The joint whose members are exactly ``streams``, in order (None: they are not one joint)."""
+        joint = streams[0].joint
+        if joint is None or len(joint.members) != len(streams):
+            return None
+        return joint if all(a is b for a, b in zip(joint.members, streams)) else None
+
+    def rows_of(self, index: int):
+        """Member ``index``'s rows of a joint tensor (a view)."""
+        return lambda t: t[index * self.rows : (index + 1) * self.rows]
+
+    def share(self) -> int:
         tail = 0 if self.tail is None else self.tail.numel() * self.tail.element_size()
-        return (0 if self.q is None else self.q.nbytes) + tail
+        return ((0 if self.q is None else self.q.nbytes) + tail) // len(self.members)
+
+    def dissolve(self) -> None:
+        """Every member back on its own: a copy of its rows (its own storage, exactly what it reports)."""
+        for i, stream in enumerate(self.members):
+            take = self.rows_of(i)
+            stream._q = None if self.q is None else self.q.map(lambda t: take(t).clone())
+            stream._tail = None if self.tail is None else take(self.tail).clone()
+            stream.joint = None
+        self.members, self.q, self.tail = [], None, None
 
 
 # --- the streams of every layer at once -----------------------------------------------------------------------------
@@ -331,6 +409,8 @@ class Stream:
 def workable_together(streams: list[Stream]) -> bool:
     """Whether the streams can be worked on together: same layout, same quantized and exact token counts (the same
     code and tail shapes), not empty."""
+    if Joint.of(streams) is not None:  # one joint: alike by construction, never empty
+        return True
     first = streams[0]
     if first.q is None and first.tail is None:
         return False
@@ -341,10 +421,19 @@ def workable_together(streams: list[Stream]) -> bool:
 
 
 def quantized_together(streams: list[Stream]) -> QTensor:
-    """The quantized tokens of every stream as one QTensor, their rows one after another."""
+    """The quantized tokens of every stream as one QTensor, their rows one after another (a joint's own: no copy)."""
+    joint = Joint.of(streams)
+    if joint is not None:
+        return joint.q
     qs = [s.q for s in streams]
     return QTensor(torch.cat([q.codes for q in qs]), torch.cat([q.scale for q in qs]),
                    None if qs[0].zero is None else torch.cat([q.zero for q in qs]), qs[0].bits, qs[0].last)
+
+
+def tails_together(streams: list[Stream]) -> Tensor:
+    """The exact tails of every stream as one tensor, their rows one after another (a joint's own: no copy)."""
+    joint = Joint.of(streams)
+    return joint.tail if joint is not None else torch.cat([s.tail for s in streams])
 
 
 def stored_with_room(streams: list[Stream], new: Tensor) -> Tensor | None:
@@ -358,10 +447,10 @@ def stored_with_room(streams: list[Stream], new: Tensor) -> Tensor | None:
     rows, heads, n, dim = new.shape
     quantized, exact = first.quantized, first.exact
     out = torch.empty(len(streams) * rows, heads, quantized + exact + n, dim, dtype=new.dtype, device=new.device)
-    if first.q is not None:
+    if quantized:
         first.layout.dequantize(quantized_together(streams), new.dtype, out=out[:, :, :quantized])
     if exact:  # without a rotation the copy converts the tails' dtype into the model's (one rounding, as .to)
-        tails = torch.cat([s.tail for s in streams])
+        tails = tails_together(streams)
         out[:, :, quantized : quantized + exact] = first.layout.rotate_out(tails, new.dtype) \
             if first.layout.rotates else tails
     return out
@@ -380,12 +469,12 @@ def stored_in_space(streams: list[Stream], new: Tensor) -> Tensor | None:
     quantized, exact = first.quantized, first.exact
     width = first.layout.space_width(dim)
     space = torch.empty(len(streams) * rows, heads, quantized + exact + n, width, dtype=new.dtype, device=new.device)
-    if first.q is not None:
+    if quantized:
         first.layout.dequantize_in_space(quantized_together(streams), new.dtype, out=space[:, :, :quantized])
     if width > dim:
         space[:, :, quantized:, dim:] = 0
     if exact:
-        space[:, :, quantized : quantized + exact, :dim] = torch.cat([s.tail for s in streams])
+        space[:, :, quantized : quantized + exact, :dim] = tails_together(streams)
     return space
 
 
@@ -424,26 +513,43 @@ def leaving_of(stream: Stream, arriving: int) -> int:
 def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> None:
     """:func:`append_together` for streams worked on together, taken from this forward's tensors (see
     :func:`stored_with_room`, :func:`stored_in_space`), where every stream's exact tail and new tokens already lie
-    side by side: the tokens that leave are quantized in one pass straight from there, and each stream's new tail
-    is copied out of it (one copy a stream; no concatenation of the old tail and the new tokens). ``groups``: (the
-    streams, their recent tokens [L * B, H, exact + n, D] as stored: rotated for a rotating layout), one group, or
-    two of the same layout and token counts (keys and values laid out alike), quantized in one pass together
-    (their rows one after another)."""
+    side by side: the tokens that leave are quantized in one pass straight from there, and the new tails are copied
+    out of it, each group's streams then stored as one :class:`Joint` (one concatenation a tensor for all of them,
+    one copy for all their tails). ``groups``: (the streams, their recent tokens [L * B, H, exact + n, D] as stored:
+    rotated for a rotating layout), one group, or two of the same layout and token counts (keys and values laid
+    out alike), quantized in one pass together (their rows one after another)."""
     first = groups[0][0][0]
     recents = [recent for _, recent in groups]  # each [L * B, H, exact + n, D]
     leaving = leaving_of(first, recents[0].shape[2] - first.exact)
     keeps_tail = not first.bypasses_tail
+    parts: list[QTensor | None] = [None] * len(groups)
     if leaving:
         views = [r[:, :, :leaving] for r in recents]
         if keeps_tail and first.tail_dtype is not None:  # they passed through the tail: its rounding, as alone
             views = [v.to(first.tail_dtype) for v in views]
         q = first.layout.code(views[0] if len(views) == 1 else torch.cat(views))
-        for stream, part in zip((s for streams, _ in groups for s in streams), split_q(q, rows)):
-            stream.add(part)
-    if keeps_tail:
-        for (streams, _), recent in zip(groups, recents):
-            for stream, tail in zip(streams, recent[:, :, leaving:].split(rows)):
-                stream.tail = stream.own(tail)
+        size = recents[0].shape[0]  # each group's rows
+        parts = [q] if len(groups) == 1 else \
+            [q.map(lambda t, g=g: t[g * size : (g + 1) * size]) for g in range(len(groups))]
+    for (streams, recent), part in zip(groups, parts):
+        join(streams, part, first.own(recent[:, :, leaving:]) if keeps_tail else None)
+
+
+def join(streams: list[Stream], new: QTensor | None, tail: Tensor | None) -> None:
+    """The streams (worked on together) store their quantized tokens then ``new`` (None: none arrive), and ``tail``
+    as their exact tails, all as one :class:`Joint`."""
+    joint = Joint.of(streams)
+    old = quantized_together(streams) if streams[0].quantized else None
+    if new is None:
+        q = old
+    else:
+        q = new.map(torch.clone) if old is None else cat_q(old, new)  # a first block may be a view: copied
+    if joint is not None:
+        joint.q, joint.tail = q, tail
+        return
+    for stream in streams:
+        stream.leave_joint()  # (after their tokens were read)
+    Joint(streams, q, tail)
 
 
 class LayersTogether:

@@ -4,6 +4,7 @@ outliers, rollback and reorder, and fidelity on the bundled model."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -311,26 +312,43 @@ def stored_tensors(obj, seen=None) -> list[torch.Tensor]:
 
 def storage_bytes(tensors: list[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind the tensors (a view into a bigger tensor counts the bigger one)."""
-    storages = {}
-    for t in tensors:
-        st = t.untyped_storage()
-        storages[st.data_ptr()] = st.nbytes()
-    return sum(storages.values())
+    return sum(storages_of(tensors).values())
+
+
+def storages_of(tensors: list[torch.Tensor]) -> dict[int, int]:
+    """The distinct storages behind the tensors: address -> bytes."""
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+
+
+def layer_shares(layers) -> list[float]:
+    """Bytes of the storages each layer holds (walked from its own attributes), a storage that n layers hold
+    counted 1/n to each of them (the layers' rows stored as one tensor: each holds its share)."""
+    held = [storages_of(stored_tensors(layer.__dict__)) for layer in layers]
+    holders = Counter(address for storages in held for address in storages)
+    return [sum(n / holders[address] for address, n in storages.items()) for storages in held]
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4-kivi", "int2-kivi", "fp8", "quant:bits=4,axis=tensor,group=8",
                                   "quant:bits=2,axis=group,group=8,symmetric=true"])
 def test_reported_bytes_are_the_stored_tensors(spec):
-    """layer_nbytes() = the bytes of the storages each layer really holds (walked independently)."""
+    """layer_nbytes() = the bytes of the storages each layer really holds (walked independently), a storage the
+    layers hold together (their rows one after another: the decode path's joint store) split evenly among them;
+    their sum = every distinct storage the cache holds. Decoding stores the layers jointly (one storage held by
+    every layer); a reorder gives each layer its own copy again (no storage shared), with the same bytes."""
     model = random_model("llama")
     rt = Runtime.create(model, parse_cache_spec(spec))
     rt.prefill(torch.arange(3, 40).unsqueeze(0))
     for t in range(5):
         rt.feed(torch.tensor([[7 + t]]))
-    per_layer = rt.policy.layer_nbytes()
-    for layer, reported in zip(rt.policy.model_cache.layers, per_layer):
-        assert reported == storage_bytes(stored_tensors(layer.__dict__))
-    assert rt.policy.nbytes() == sum(per_layer) > 0
+    layers = rt.policy.model_cache.layers
+    for shared in (True, False):
+        per_layer = rt.policy.layer_nbytes()
+        assert per_layer == layer_shares(layers)
+        everything = storage_bytes([t for layer in layers for t in stored_tensors(layer.__dict__)])
+        assert rt.policy.nbytes() == sum(per_layer) == everything > 0
+        held = [set(storages_of(stored_tensors(layer.__dict__))) for layer in layers]
+        assert bool(set.intersection(*held)) == shared
+        rt.policy.reorder(torch.tensor([0]))
 
 
 def test_kivi_bytes_by_formula():
