@@ -18,8 +18,13 @@ attends through decodelab's wrapper of the model's attention (a pass-through for
 layer), so the full cache's time here includes that call. ``--small`` is a check that the script runs (a short context, a few tokens,
 one round): its figures mean nothing.
 
+``--shape llama3-8b`` decodes instead with a stack of ``--layers`` (default 2) decoder layers of Llama-3-8B's shapes
+(hidden 4096, MLP 14336, 32 query heads and 8 KV heads of 128 dims; random weights, the bundled tokenizer's 4096-token
+vocabulary): where the model's own products dominate a token's time, as they do at the sizes people serve, rather
+than the cache's per-layer operations, as they do on the bundled model (hidden 128, 2 KV heads of 32 dims).
+
     python benchmarks/quant_decode.py [--context 384] [--tokens 64] [--rounds 5] [--pairing round|token] [--small]
-                                      [--caches int8,int4-kivi,...]
+                                      [--caches int8,int4-kivi,...] [--shape tiny|llama3-8b] [--layers 2]
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -79,12 +85,16 @@ def main() -> None:
     ap.add_argument("--pairing", choices=("round", "token"), default="round")
     ap.add_argument("--caches", default=DEFAULT_CACHES)
     ap.add_argument("--small", action="store_true", help="a check that it runs: context 48, 4 tokens, 1 round")
+    ap.add_argument("--shape", choices=("tiny", "llama3-8b"), default="tiny")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers of --shape llama3-8b")
     args = ap.parse_args()
     if args.small:
         args.context, args.tokens, args.rounds = 48, 4, 1
     torch.set_num_threads(1)
     lm = load_model("tiny", device="cpu")
     ids = lm.encode(TEXT.read_text())[: args.context + args.tokens]
+    if args.shape == "llama3-8b":
+        lm = SimpleNamespace(model=llama3_8b_shaped(args.layers, lm.model.config.vocab_size))
     caches = merge_specs(args.caches)
     for spec in caches:  # warm-up
         decode_seconds(lm, spec, ids[: args.context + 4], args.context)
@@ -106,7 +116,8 @@ def main() -> None:
     paired = "token by token" if args.pairing == "token" else "round by round"
     if args.small:
         print("--small: a check that the script runs; these figures mean nothing")
-    print(f"tiny, one thread, context {args.context} then {args.tokens} one-token forwards, {args.rounds} rounds "
+    model = "tiny" if args.shape == "tiny" else f"{args.layers} layers of Llama-3-8B's shapes (random weights)"
+    print(f"{model}, one thread, context {args.context} then {args.tokens} one-token forwards, {args.rounds} rounds "
           f"paired {paired}; "
           f"1-minute load average {load_before:.1f} before the rounds, {os.getloadavg()[0]:.1f} after, on "
           f"{os.cpu_count()} cores")
@@ -116,6 +127,17 @@ def main() -> None:
     for spec, ts in times.items():
         print(f"| `{spec}` | {1000 * statistics.median(ts):.2f} | {ratio(ts, times['full'])} | "
               f"{ratio(cpu[spec], cpu['full'])} | {stored[spec]:,} |")
+
+
+def llama3_8b_shaped(layers: int, vocab: int):
+    """A Llama of Llama-3-8B's layer shapes, ``layers`` deep, random weights (seed 0), float32, eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=vocab,
+                                  rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
 def ratio(ours: list[float], full: list[float]) -> str:

@@ -87,7 +87,9 @@ def wrapper_of(implementation: str):
             value = F.pad(value, (0, key.shape[-1] - width))  # one head dim (zeros: the output's extra dims are 0)
         out, weights = inner(module, space.keys.query_to_space(query), key, value, attention_mask, scaling=scaling,
                              **kwargs)
-        return space.values.output_from_space(out[..., :width]), weights
+        if out.shape[-1] != width:  # the padded value dims (zero) dropped
+            out = out[..., :width]
+        return space.values.output_from_space(out), weights
 
     return space_attention
 

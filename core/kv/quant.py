@@ -18,7 +18,8 @@ stream in that rotated space: see .rotation and .attention). A new token enters 
   R - 1). ``R`` must be a multiple of ``G``.
 
 ``kivi`` is KIVI's layout (Liu et al. 2024): keys per channel (their outliers live in fixed channels), values per
-token in groups of G channels, asymmetric by default. Every batch row has its own scales (a beam never shares a
+token in groups of G channels, asymmetric by default. Without ``group``, the keys' blocks are 32 tokens whatever the
+head dim and the values' groups 32 channels, or the whole head where 32 does not divide head_dim. Every batch row has its own scales (a beam never shares a
 scale with another beam). Scales and zero points are stored in float16 (bfloat16 for a bfloat16 model).
 
 The tokens of the forward that adds them attend to their own full-precision keys and values; later forwards see
@@ -590,7 +591,10 @@ class LayersTogether:
         if views is None:
             return layer_states_in_space(stream, new)
         mine, rooms = views
-        rooms[index][..., : new.shape[-1]].copy_(stream.layout.rotate_in(new))
+        room = rooms[index]
+        if room.shape[-1] != new.shape[-1]:  # turbo's prod keys: the new tokens' extra dims stay zero
+            room = room[..., : new.shape[-1]]
+        room.copy_(stream.layout.rotate_in(new))
         return mine[index]
 
     @staticmethod
@@ -882,12 +886,15 @@ class QuantPolicy(KVPolicy):
                           "value": make_rotation(rotate_values, info.head_dim)}
         self.tail_dtype = exact_window_dtype(residual_dtype, info.dtype)
         self.group = self._group(group, info.head_dim)
+        # kivi's keys are quantized per channel in blocks of G tokens: any head_dim takes the default 32 (the
+        # values' channel groups fall back to the whole head where 32 does not divide head_dim; the keys need not)
+        self.key_block = (DEFAULT_GROUP if group is None else group) if axis == "kivi" else self.group
         # KIVI's keys leave their tail in chunks of R (each quantized in blocks of G): R must be a multiple of G
         self.chunked = {"key": axis == "kivi" and kivi_keys == "chunks" and residual > 0, "value": False}
-        if self.chunked["key"] and residual % self.group:
-            raise ConfigError(f"--cache quant:axis=kivi: residual={residual} must be a multiple of group={self.group} "
-                              "(keys leave the exact window in chunks of residual tokens, quantized in blocks of "
-                              "group); or kivi_keys=window")
+        if self.chunked["key"] and residual % self.key_block:
+            raise ConfigError(f"--cache quant:axis=kivi: residual={residual} must be a multiple of group="
+                              f"{self.key_block} (keys leave the exact window in chunks of residual tokens, quantized "
+                              "in blocks of group tokens); or kivi_keys=window")
         missing = set(needs) - self.capabilities_for({"axis": axis, "residual": residual})
         if missing:
             raise ConfigError(f"--cache quant: this run needs the cache to {sorted(missing)[0]}, which "
@@ -938,10 +945,10 @@ class QuantPolicy(KVPolicy):
         return group
 
     def _layout(self, which: str, scale_dtype: torch.dtype) -> Layout:
-        axis = self.axis
+        axis, group = self.axis, self.group
         if axis == "kivi":
-            axis = "channel" if which == "key" else "group"
-        return Layout(axis, self.group, self.bits, self.symmetric, scale_dtype, self.rotations[which])
+            axis, group = ("channel", self.key_block) if which == "key" else ("group", self.group)
+        return Layout(axis, group, self.bits, self.symmetric, scale_dtype, self.rotations[which])
 
     @property
     def stored(self) -> int:

@@ -25,11 +25,12 @@ from decodelab.core.kv.quantize import dequantize, fp8_supported, quantize
 
 def layouts_of(options: dict, group: int) -> dict[str, tuple[str, int, bool]]:
     """(axis, G, chunks) of keys and values from the spec's options (G as the policy resolved it: the default 32, or
-    the head dim where 32 does not divide it), as the docs describe kivi: keys per channel in blocks of G tokens,
-    values per token in groups of G channels; ``chunks``: KIVI's own key rule (kivi_keys=chunks, the default)."""
+    the head dim where 32 does not divide it), as the docs describe kivi: keys per channel in blocks of G tokens
+    (the group given, else 32 whatever the head dim), values per token in groups of G channels; ``chunks``: KIVI's
+    own key rule (kivi_keys=chunks, the default)."""
     axis = options["axis"]
     if axis == "kivi":
-        return {"key": ("channel", group, options.get("kivi_keys", "chunks") == "chunks"),
+        return {"key": ("channel", options.get("group", 32), options.get("kivi_keys", "chunks") == "chunks"),
                 "value": ("group", group, False)}
     return {"key": (axis, group, False), "value": (axis, group, False)}
 

@@ -386,16 +386,32 @@ def test_kivi_bytes_by_formula_with_kivis_key_chunks():
 
 @pytest.mark.parametrize("spec,words", [
     ("quant:bits=4,axis=kivi,group=16,residual=24", "residual=24 must be a multiple of group=16"),
-    ("int4-kivi", "residual=32 must be a multiple of group=12"),
+    ("quant:bits=4,axis=kivi,group=12,residual=32", "residual=32 must be a multiple of group=12"),
 ])
 def test_kivi_key_chunks_need_a_residual_that_is_a_multiple_of_the_group(spec, words):
-    """KIVI's keys leave in chunks of R, each quantized in blocks of G: R not a multiple of G is refused in one line
-    (the default group is the whole head, 12, on a head_dim of 12), naming both values; kivi_keys=window takes it."""
+    """KIVI's keys leave in chunks of R, each quantized in blocks of G: R not a multiple of G is refused in one line,
+    naming both values; kivi_keys=window takes it."""
     model = random_model("llama") if "residual=24" in spec else random_model("llama", head_dim=12)
     with pytest.raises(ConfigError, match=words) as info:
         Runtime.create(model, parse_cache_spec(spec))
     assert "\n" not in str(info.value) and "kivi_keys=window" in str(info.value)
-    Runtime.create(model, parse_cache_spec(spec.replace("int4-kivi", "quant:bits=4,axis=kivi") + ",kivi_keys=window"))
+    Runtime.create(model, parse_cache_spec(spec + ",kivi_keys=window"))
+
+
+def test_the_kivi_aliases_work_on_a_head_dim_that_32_does_not_divide():
+    """head_dim 12 (as 80, 96 and other head dims that 32 does not divide): the values' channel groups are the whole
+    head, the keys' token blocks keep the default 32, so the aliases' R = 32 is a multiple of it (a whole-head group
+    of 12 tokens would refuse them). 70 tokens: 64 keys quantized (two blocks of 32), 6 exact; 38 values quantized,
+    32 exact."""
+    model = random_model("llama", head_dim=12)
+    for alias in ("int4-kivi", "int2-kivi"):
+        rt = Runtime.create(model, parse_cache_spec(alias))
+        assert rt.policy.describe()["keys"].endswith("per channel, blocks of 32 tokens")
+        assert rt.policy.describe()["values"].endswith("per token, groups of 12 channels")
+        rt.prefill(torch.arange(3, 73).unsqueeze(0))
+        layer = rt.policy.model_cache.layers[0]
+        assert (layer.k.quantized, layer.k.exact, layer.v.quantized, layer.v.exact) == (64, 6, 38, 32)
+        assert rt.policy.bytes_at(70) == rt.policy.nbytes()
 
 
 def test_kivi_keys_applies_to_kivi_only():
@@ -861,17 +877,18 @@ def test_layout_descriptions_by_hand():
 
 
 def test_policy_description_names_both_layouts_and_the_larger_exact_window():
-    """int4-kivi on the random Llama (head_dim 16: 32 does not divide it, so the group is the whole head): keys per
-    channel in blocks of 16 tokens, values per token in groups of 16 channels. After 40 tokens in one forward with
-    a residual of 32: no block of 16 keys has left (40 - 32 = 8 < 16), so 40 keys are exact; 8 values left, 32
-    exact. The description gives the larger, 40, with the base policy's seen and stored counts."""
+    """int4-kivi on the random Llama (head_dim 16: 32 does not divide it, so the values' group is the whole head):
+    keys per channel in blocks of 32 tokens (the default, whatever the head dim), values per token in groups of 16
+    channels. After 40 tokens in one forward with a residual of 32: no block of 32 keys has left (40 - 32 = 8 <
+    32), so 40 keys are exact; 8 values left, 32 exact. The description gives the larger, 40, with the base
+    policy's seen and stored counts."""
     rt = Runtime.create(random_model("llama"),
                         parse_cache_spec("quant:bits=4,axis=kivi,residual=32,residual_dtype=model,kivi_keys=window"))
     rt.feed(torch.arange(3, 43).unsqueeze(0))
     layer = rt.policy.model_cache.layers[0]
     assert (layer.k.exact, layer.v.exact) == (40, 32)
     assert rt.policy.describe() == {"policy": "quant", "seen": 40, "stored": 40,
-                                    "keys": "4-bit per channel, blocks of 16 tokens",
+                                    "keys": "4-bit per channel, blocks of 32 tokens",
                                     "values": "4-bit per token, groups of 16 channels", "exact_tokens": 40}
 
 
