@@ -339,6 +339,9 @@ class Stream:
         return gone
 
     def reorder(self, rows: Tensor) -> None:
+        if self.joint is not None and rows.numel() == self.joint.rows:  # a beam step: this member's rows, in place
+            self.joint.reorder_member(self.index, rows)
+            return
         if self.q is not None:
             self.q = self.q.map(lambda t: t.index_select(0, rows.to(t.device)))
         if self.tail is not None:
@@ -381,6 +384,16 @@ class Joint:
     def share(self) -> int:
         tail = 0 if self.tail is None else self.tail.numel() * self.tail.element_size()
         return ((0 if self.q is None else self.q.nbytes) + tail) // len(self.members)
+
+    def reorder_member(self, index: int, rows: Tensor) -> None:
+        """Member ``index``'s rows gathered by ``rows`` (as many as it has), written back in place: the same as
+        the member's own reorder, no member leaving."""
+        take = self.rows_of(index)
+        tensors = [] if self.q is None else [self.q.codes, self.q.scale, self.q.zero]
+        for t in tensors + [self.tail]:
+            if t is not None:
+                part = take(t)
+                part.copy_(part.index_select(0, rows.to(t.device)))
 
     def dissolve(self) -> None:
         """Every member back on its own: a copy of its rows (its own storage, exactly what it reports)."""

@@ -334,21 +334,24 @@ def test_reported_bytes_are_the_stored_tensors(spec):
     """layer_nbytes() = the bytes of the storages each layer really holds (walked independently), a storage the
     layers hold together (their rows one after another: the decode path's joint store) split evenly among them;
     their sum = every distinct storage the cache holds. Decoding stores the layers jointly (one storage held by
-    every layer); a reorder gives each layer its own copy again (no storage shared), with the same bytes."""
+    every layer); a reorder that keeps the number of rows (a beam step) keeps it so, with the same bytes; one that
+    changes it (a row duplicated) gives each layer its own copy (no storage shared), twice the bytes."""
     model = random_model("llama")
     rt = Runtime.create(model, parse_cache_spec(spec))
     rt.prefill(torch.arange(3, 40).unsqueeze(0))
     for t in range(5):
         rt.feed(torch.tensor([[7 + t]]))
     layers = rt.policy.model_cache.layers
-    for shared in (True, False):
+    first = rt.policy.nbytes()
+    for rows, shared, factor in ((None, True, 1), ([0], True, 1), ([0, 0], False, 2)):
+        if rows is not None:
+            rt.policy.reorder(torch.tensor(rows))
         per_layer = rt.policy.layer_nbytes()
         assert per_layer == layer_shares(layers)
         everything = storage_bytes([t for layer in layers for t in stored_tensors(layer.__dict__)])
-        assert rt.policy.nbytes() == sum(per_layer) == everything > 0
+        assert rt.policy.nbytes() == sum(per_layer) == everything == factor * first > 0
         held = [set(storages_of(stored_tensors(layer.__dict__))) for layer in layers]
         assert bool(set.intersection(*held)) == shared
-        rt.policy.reorder(torch.tensor([0]))
 
 
 def test_kivi_bytes_by_formula():
