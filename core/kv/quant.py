@@ -385,6 +385,17 @@ class Joint:
         tail = 0 if self.tail is None else self.tail.numel() * self.tail.element_size()
         return ((0 if self.q is None else self.q.nbytes) + tail) // len(self.members)
 
+    def reorder(self, rows: Tensor) -> None:
+        """Every member's rows gathered by ``rows`` (as many as each has) in one gather a tensor: member i's row j
+        becomes its row rows[j], that is joint row i B + rows[j]."""
+        index = (torch.arange(len(self.members), device=rows.device).unsqueeze(1) * self.rows + rows).flatten()
+
+        def gather(t: Tensor) -> Tensor:
+            return t.index_select(0, index.to(t.device))
+
+        self.q = None if self.q is None else self.q.map(gather)
+        self.tail = None if self.tail is None else gather(self.tail)
+
     def reorder_member(self, index: int, rows: Tensor) -> None:
         """Member ``index``'s rows gathered by ``rows`` (as many as it has), written back in place: the same as
         the member's own reorder, no member leaving."""
@@ -807,6 +818,19 @@ class QuantCacheMixin:
         if self.together is None:
             return super().update(key_states, value_states, layer_idx, *args, **kwargs)
         return self.together.update(layer_idx, key_states, value_states)
+
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        """Every layer's rows gathered by ``beam_idx``: a joint store (see :class:`Joint`) once for all its members
+        (one gather a tensor), a stream on its own by itself."""
+        done: set[int] = set()
+        for layer in self.layers:
+            for stream in (layer.k, layer.v):
+                joint = stream.joint
+                if joint is None or beam_idx.numel() != joint.rows:
+                    stream.reorder(beam_idx)
+                elif id(joint) not in done:
+                    joint.reorder(beam_idx)
+                    done.add(id(joint))
 
 
 _cache_class = None
