@@ -19,8 +19,9 @@ stream in that rotated space: see .rotation and .attention). A new token enters 
 
 ``kivi`` is KIVI's layout (Liu et al. 2024): keys per channel (their outliers live in fixed channels), values per
 token in groups of G channels, asymmetric by default. Without ``group``, the keys' blocks are 32 tokens whatever the
-head dim and the values' groups 32 channels, or the whole head where 32 does not divide head_dim. Every batch row has its own scales (a beam never shares a
-scale with another beam). Scales and zero points are stored in float16 (bfloat16 for a bfloat16 model).
+head dim and the values' groups 32 channels, or the whole head where 32 does not divide head_dim. Every batch row
+has its own scales (a beam never shares a scale with another beam). Scales and zero points are stored in float16
+(bfloat16 for a bfloat16 model).
 
 The tokens of the forward that adds them attend to their own full-precision keys and values; later forwards see
 what the cache stores. The model's own sliding layers stay sliding (the window's tokens are kept, older ones dropped).
@@ -339,9 +340,8 @@ class Stream:
         return gone
 
     def reorder(self, rows: Tensor) -> None:
-        if self.joint is not None and rows.numel() == self.joint.rows:  # a beam step: this member's rows, in place
-            self.joint.reorder_member(self.index, rows)
-            return
+        """This stream's rows gathered by ``rows`` (a member of a joint first gets its own copy: the cache reorders
+        a whole joint at once, :meth:`Joint.reorder`)."""
         if self.q is not None:
             self.q = self.q.map(lambda t: t.index_select(0, rows.to(t.device)))
         if self.tail is not None:
@@ -395,16 +395,6 @@ class Joint:
 
         self.q = None if self.q is None else self.q.map(gather)
         self.tail = None if self.tail is None else gather(self.tail)
-
-    def reorder_member(self, index: int, rows: Tensor) -> None:
-        """Member ``index``'s rows gathered by ``rows`` (as many as it has), written back in place: the same as
-        the member's own reorder, no member leaving."""
-        take = self.rows_of(index)
-        tensors = [] if self.q is None else [self.q.codes, self.q.scale, self.q.zero]
-        for t in tensors + [self.tail]:
-            if t is not None:
-                part = take(t)
-                part.copy_(part.index_select(0, rows.to(t.device)))
 
     def dissolve(self) -> None:
         """Every member back on its own: a copy of its rows (its own storage, exactly what it reports)."""
