@@ -525,7 +525,7 @@ def leaving_of(stream: Stream, arriving: int) -> int:
     return leaving_count(stream.exact + arriving, stream.residual, stream.layout.block, stream.chunked)
 
 
-def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> None:
+def commit_from_room(groups: list[tuple[list[Stream], Tensor]]) -> None:
     """:func:`append_together` for streams worked on together, taken from this forward's tensors (see
     :func:`stored_with_room`, :func:`stored_in_space`), where every stream's exact tail and new tokens already lie
     side by side: the tokens that leave are quantized in one pass straight from there, and the new tails are copied
@@ -543,9 +543,7 @@ def commit_from_room(groups: list[tuple[list[Stream], Tensor]], rows: int) -> No
         if keeps_tail and first.tail_dtype is not None:  # they passed through the tail: its rounding, as alone
             views = [v.to(first.tail_dtype) for v in views]
         q = first.layout.code(views[0] if len(views) == 1 else torch.cat(views))
-        size = recents[0].shape[0]  # each group's rows
-        parts = [q] if len(groups) == 1 else \
-            [q.map(lambda t, g=g: t[g * size : (g + 1) * size]) for g in range(len(groups))]
+        parts = split_q(q, recents[0].shape[0])  # each group's rows
     for (streams, recent), part in zip(groups, parts):
         join(streams, part, first.own(recent[:, :, leaving:]) if keeps_tail else None)
 
@@ -635,13 +633,11 @@ class LayersTogether:
                 rooms.append((streams, stored[:, :, streams[0].quantized :, :dim]))
             else:
                 append_together(streams, [self.pending[i][kind] for i in done])
-        if rooms:
-            rows = self.pending[done[0]][0].shape[0]
-            if len(rooms) == 2 and alike(rooms[0][0][0], rooms[1][0][0]):
-                commit_from_room(rooms, rows)  # keys and values quantized in one pass
-            else:
-                for room in rooms:
-                    commit_from_room([room], rows)
+        if len(rooms) == 2 and alike(rooms[0][0][0], rooms[1][0][0]):
+            commit_from_room(rooms)  # keys and values quantized in one pass
+        else:
+            for room in rooms:
+                commit_from_room([room])
         self.stored, self.views, self.pending, self.in_space = None, (None, None), {}, False
 
 

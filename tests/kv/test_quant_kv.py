@@ -1003,9 +1003,9 @@ def test_layers_together_take_the_one_pass_path_after_the_first_forward(spec, gr
         built.append(out is not None)
         return out
 
-    def commit(groups, rows):
+    def commit(groups):
         committed.append(len(groups))
-        real_commit(groups, rows)
+        real_commit(groups)
 
     monkeypatch.setattr(quant, "stored_with_room", room)
     monkeypatch.setattr(quant, "commit_from_room", commit)
